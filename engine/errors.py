@@ -1,0 +1,24 @@
+"""Typed errors the engine raises; the worker maps them to OpenAI error objects in one place."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(EngineError):
+    """A request parameter is out of range or inconsistent (HTTP 400, invalid_request_error)."""
+
+
+class ContextTooLong(EngineError):
+    """The prompt, or prompt + max_tokens, does not fit in max_model_len (HTTP 400, context_length_exceeded)."""
+
+
+class UnsupportedModel(EngineError):
+    """The checkpoint's architecture or layout is one the engine cannot run."""

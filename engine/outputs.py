@@ -1,0 +1,46 @@
+"""What the engine hands back per step: token deltas per choice, with logprobs and usage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Logprob:
+    token_id: int
+    token: str  # the decoded text of this one token (may be a partial UTF-8 piece, as OpenAI shows it)
+    logprob: float
+
+
+@dataclass
+class PositionLogprobs:
+    """The chosen token at one position and the top-k alternatives, highest first."""
+
+    chosen: Logprob
+    top: list[Logprob] = field(default_factory=list)
+
+
+@dataclass
+class CompletionDelta:
+    """What one choice produced since the previous RequestOutput (all of it when not streamed)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort", set on the choice's last delta
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it, if any
+
+
+@dataclass
+class RequestOutput:
+    """One increment of a request: deltas for the choices that advanced, plus running usage."""
+
+    request_id: str
+    outputs: list[CompletionDelta]
+    finished: bool  # every choice has finished
+    prompt_token_ids: list[int]
+    prompt_logprobs: list[PositionLogprobs | None] | None = None  # entry 0 is None; sent on the first output
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0  # over all choices so far
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache

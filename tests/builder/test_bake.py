@@ -1,0 +1,203 @@
+"""The baker: every source kind produces a runnable folder + manifest; every failure is one line, nothing left."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from builder.bake import MANIFEST, bake
+from builder.sources import DEFAULT_GGUF_FILE, default_gguf_path, resolve
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
+
+
+def run_baker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory, baked_model_path: Path) -> Path:
+    """A random-weight two-layer Llama with the default model's tokenizer, saved as a HF folder."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(baked_model_path / name, folder / name)
+    return folder
+
+
+def leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir()) if parent.exists() else []
+
+
+def test_default_gguf_bake_generates_like_the_gguf_model(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    manifest = bake(resolve("", None), out)
+    for name in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "chat_template.jinja", "generation_config.json", MANIFEST]:
+        assert (out / name).is_file(), name
+    assert manifest["served_model_name"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert manifest["architecture"] == "LlamaForCausalLM"
+    assert set(manifest["files"]) >= {"model.safetensors", "tokenizer.json"}
+    assert leftovers(tmp_path) == ["model"]
+
+    gguf = default_gguf_path()
+    tok = AutoTokenizer.from_pretrained(out)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    baked = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)
+    reference = LlamaForCausalLM.from_pretrained(gguf.parent, gguf_file=DEFAULT_GGUF_FILE, dtype=torch.float32)
+    got = baked.generate(ids, max_new_tokens=12, do_sample=False)
+    want = reference.generate(ids, max_new_tokens=12, do_sample=False)
+    assert got.tolist() == want.tolist()
+    assert "Paris" in tok.decode(got[0, ids.shape[1]:])
+
+
+def test_local_folder_source(tmp_path: Path, tiny_llama: Path) -> None:
+    (tiny_llama / "README.md").write_text("not copied")
+    out = tmp_path / "baked"
+    result = run_baker("--model", str(tiny_llama), "--out", str(out), "--served-name", "tiny")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["served_model_name"] == "tiny"
+    assert manifest["source"] == {"kind": "local", "ref": tiny_llama.name}
+    assert not (out / "README.md").exists()
+    assert (out / "model.safetensors").read_bytes() == (tiny_llama / "model.safetensors").read_bytes()
+    assert AutoTokenizer.from_pretrained(out).encode("hello") == AutoTokenizer.from_pretrained(tiny_llama).encode("hello")
+    # --if-missing leaves an existing bake alone
+    again = run_baker("--model", "/nonexistent", "--out", str(out), "--if-missing")
+    assert again.returncode == 0 and "already baked" in again.stdout
+
+
+def test_bin_checkpoint_is_converted(tmp_path: Path, tiny_llama: Path) -> None:
+    src = tmp_path / "bin-model"
+    shutil.copytree(tiny_llama, src)
+    model = LlamaForCausalLM.from_pretrained(src)
+    (src / "model.safetensors").unlink()
+    torch.save(model.state_dict(), src / "pytorch_model.bin")
+    out = tmp_path / "baked"
+    bake(resolve(str(src), None), out)
+    assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin"))
+    reloaded = LlamaForCausalLM.from_pretrained(out)
+    torch.testing.assert_close(reloaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+def test_hub_source_from_offline_cache(tmp_path: Path, tiny_llama: Path) -> None:
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = tmp_path / "hub" / "models--acme--tiny-llama"
+    shutil.copytree(tiny_llama, repo_dir / "snapshots" / commit)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(commit)
+    out = tmp_path / "baked"
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "MODEL_NAME": "acme/tiny-llama"}
+    result = run_baker("--out", str(out), env=env)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["served_model_name"] == "acme/tiny-llama"
+    assert manifest["source"]["kind"] == "hub" and manifest["revision"] == commit
+
+
+class FakeHub(http.server.BaseHTTPRequestHandler):
+    """Answers every hub API call the way huggingface.co does for one failure (set on the server)."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        status, code = self.server.answer  # type: ignore[attr-defined]
+        self.send_response(status)
+        self.send_header("X-Error-Code", code)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"error": "no"}')
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_hub():
+    def start(status: int, code: str) -> str:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
+        server.answer = (status, code)  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    servers: list = []
+    yield start
+    for server in servers:
+        server.shutdown()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "answer, token, message",
+    [
+        ((404, "RepoNotFound"), None, "acme/missing is not a model repository on the Hugging Face hub"),
+        ((403, "GatedRepo"), None, "gated repository: accept its terms on the hub and set HF_TOKEN"),
+        (None, None, "cannot reach the Hugging Face hub"),
+    ],
+    ids=["unknown-repo", "gated-no-token", "no-network"],
+)
+def test_hub_failures_are_one_clear_line(tmp_path: Path, fake_hub, answer, token, message) -> None:
+    endpoint = fake_hub(*answer) if answer else f"http://127.0.0.1:{closed_port()}"
+    env = {"HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_ETAG_TIMEOUT": "2",
+           "HF_HUB_DOWNLOAD_TIMEOUT": "2", "HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
+    out_parent = tmp_path / "models"
+    result = run_baker("--model", "acme/missing", "--out", str(out_parent / "model"), env=env)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("error: ") and message in lines[-1], result.stderr
+    assert "Traceback" not in result.stderr
+    assert leftovers(out_parent) == []
+
+
+def test_folder_failures_leave_nothing(tmp_path: Path, tiny_llama: Path) -> None:
+    cases = {
+        "unsupported": ("config.json", "architecture GPT2LMHeadModel is not supported by the engine"),
+        "no-weights": ("model.safetensors", "the model has no weights"),
+        "no-tokenizer": ("tokenizer.json", "the model has no tokenizer"),
+    }
+    out_parent = tmp_path / "models"
+    for name, (victim, message) in cases.items():
+        src = tmp_path / name
+        shutil.copytree(tiny_llama, src)
+        if name == "unsupported":
+            config = json.loads((src / victim).read_text())
+            config["architectures"] = ["GPT2LMHeadModel"]
+            (src / victim).write_text(json.dumps(config))
+        else:
+            (src / victim).unlink()
+        result = run_baker("--model", str(src), "--out", str(out_parent / "model"))
+        assert result.returncode == 1
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: ") and message in last, result.stderr
+        assert "Traceback" not in result.stderr
+        assert leftovers(out_parent) == [], name
+
+
+def test_missing_path_is_one_line(tmp_path: Path) -> None:
+    result = run_baker("--model", "./no/such/folder", "--out", str(tmp_path / "model"))
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: model path './no/such/folder' does not exist"
