@@ -1,0 +1,297 @@
+"""The sampler: one step's logits -> next tokens, batched over rows, each row drawing from its own RNG.
+
+Order as vLLM: logit_bias, allowed_token_ids, bad_words and min_tokens masks; then repetition,
+frequency and presence penalties; then temperature; then top_k, top_p, min_p; then the draw.
+Reported logprobs come from log_softmax of the raw logits, before any of that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampling import SamplingParams
+
+NEG_INF = float("-inf")
+TOP_P_HEAD = 256  # tokens ranked by topk before falling back to a full sort
+
+
+@dataclass
+class SamplingRow:
+    """One sequence's share of a sampling step."""
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: torch.Generator | None = None  # None: the global RNG (no per-request seed)
+    eos_token_ids: set[int] = field(default_factory=set)
+    bad_words_ids: list[list[int]] = field(default_factory=list)
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[float]  # of each chosen token under the raw model distribution
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per row, [] for rows that did not ask
+
+
+def _has_penalty(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+
+
+def _has_mask(row: SamplingRow) -> bool:
+    p = row.params
+    return bool(p.logit_bias or p.allowed_token_ids or row.bad_words_ids or len(row.output_token_ids) < p.min_tokens)
+
+
+def _banned_tokens(row: SamplingRow) -> list[int]:
+    p = row.params
+    out = row.output_token_ids
+    banned: list[int] = []
+    for word in row.bad_words_ids:
+        # A multi-token word bans its last token only right after the rest of it.
+        prefix = len(word) - 1
+        if prefix <= len(out) and (prefix == 0 or out[-prefix:] == word[:-1]):
+            banned.append(word[-1])
+    if len(out) < p.min_tokens:
+        banned += p.stop_token_ids or []
+        if not p.ignore_eos:
+            banned += row.eos_token_ids
+    return banned
+
+
+def _pair_keys(rows: list[tuple[int, SamplingRow]], vocab: int, device: torch.device, prompt: bool) -> torch.Tensor:
+    """row * vocab + token for every token of each row's prompt (or output), as one flat tensor."""
+    keys = [i * vocab + t for i, r in rows for t in (r.prompt_token_ids if prompt else r.output_token_ids)]
+    return torch.tensor(keys, dtype=torch.long, device=device)
+
+
+def tokenize_bad_words(tokenizer, bad_words: list[str]) -> list[list[int]]:
+    """Token ids of each bad word, alone and after a space, as vLLM bans them."""
+    out: list[list[int]] = []
+    for word in bad_words:
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        out.append(plain)
+        # A leading space that merges into the first token gives a distinct word to ban.
+        if spaced and plain and spaced[0] != plain[0] and len(spaced) == len(plain):
+            out.append(spaced)
+    return out
+
+
+def compute_logprobs(logits: torch.Tensor, token_ids: list[int], k: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Per position: the logprob of token_ids[i] and the top-k (id, logprob), highest first (prompt_logprobs)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    index = torch.tensor(token_ids, dtype=torch.long, device=logits.device)
+    chosen = logprobs.gather(1, index[:, None]).squeeze(1).tolist()
+    if k > 0:
+        values, ids = logprobs.topk(k, dim=-1)
+        tops = [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+    else:
+        tops = [[] for _ in token_ids]
+    return list(zip(chosen, tops, strict=True))
+
+
+class Sampler:
+    """Stateless; __call__ samples one token per row of `logits` [B, V] float32."""
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+        assert logits.dim() == 2 and logits.shape[0] == len(rows)
+        raw = logits.float()
+        processed = self.process(raw, rows)
+        sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
+        if not sampled:
+            tokens = processed.argmax(dim=-1)
+        elif len(sampled) == len(rows):
+            tokens = self._sample(processed, rows)
+        else:
+            device = raw.device
+            greedy = torch.tensor([i for i, row in enumerate(rows) if row.params.greedy], device=device)
+            index = torch.tensor(sampled, device=device)
+            tokens = torch.empty(len(rows), dtype=torch.long, device=device)
+            tokens[greedy] = processed[greedy].argmax(dim=-1)
+            tokens[index] = self._sample(processed[index], [rows[i] for i in sampled])
+
+        lse = torch.logsumexp(raw, dim=-1)
+        chosen = raw.gather(1, tokens[:, None]).squeeze(1) - lse
+        top = self._top_logprobs(raw, lse, rows)
+        return SamplerOutput(token_ids=tokens.tolist(), logprobs=chosen.tolist(), top_logprobs=top)
+
+    def process(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Masks and penalties, before temperature (beam search ranks candidates on these logits).
+
+        Returns `logits` itself when no row needs either; never modifies it.
+        """
+        raw = logits.float()
+        masked = [i for i, r in enumerate(rows) if _has_mask(r)]
+        penalised = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
+        if not masked and not penalised:
+            return raw
+        out = raw.clone()
+        if masked:
+            self._apply_masks(out, [(i, rows[i]) for i in masked])
+        if penalised:
+            self._apply_penalties(out, [(i, rows[i]) for i in penalised])
+        # A row whose every token got masked would sample NaN; let it fall back to the raw logits.
+        dead = out.amax(dim=-1) == NEG_INF
+        if bool(dead.any()):
+            out[dead] = raw[dead]
+        return out
+
+    def _apply_masks(self, out: torch.Tensor, rows: list[tuple[int, SamplingRow]]) -> None:
+        """In place: logit_bias, then allowed_token_ids, bad_words and min_tokens as -inf."""
+        device = out.device
+        bias_index: tuple[list[int], list[int]] = ([], [])
+        bias_values: list[float] = []
+        banned: tuple[list[int], list[int]] = ([], [])
+        allowed_rows: list[int] = []
+        allowed_index: tuple[list[int], list[int]] = ([], [])
+        for i, row in rows:
+            p = row.params
+            if p.logit_bias:
+                bias_index[0].extend([i] * len(p.logit_bias))
+                bias_index[1].extend(p.logit_bias.keys())
+                bias_values.extend(p.logit_bias.values())
+            if p.allowed_token_ids:
+                allowed_rows.append(i)
+                allowed_index[0].extend([i] * len(p.allowed_token_ids))
+                allowed_index[1].extend(p.allowed_token_ids)
+            ids = _banned_tokens(row)
+            banned[0].extend([i] * len(ids))
+            banned[1].extend(ids)
+        if allowed_rows:
+            # Keep the allowed logits, blank only the restricted rows, put the kept ones back.
+            index = (torch.tensor(allowed_index[0], device=device), torch.tensor(allowed_index[1], device=device))
+            kept = out[index]
+            out.index_fill_(0, torch.tensor(allowed_rows, device=device), NEG_INF)
+            out[index] = kept
+        if bias_values:
+            index = (torch.tensor(bias_index[0], device=device), torch.tensor(bias_index[1], device=device))
+            out.index_put_(index, torch.tensor(bias_values, device=device), accumulate=True)
+        if banned[0]:
+            out[torch.tensor(banned[0], device=device), torch.tensor(banned[1], device=device)] = NEG_INF
+
+    @staticmethod
+    def _apply_penalties(out: torch.Tensor, rows: list[tuple[int, SamplingRow]]) -> None:
+        """In place, touching only the (row, token) pairs that occur: repetition, then frequency and presence.
+
+        The work is proportional to the tokens seen, not to batch x vocabulary.
+        """
+        device = out.device
+        vocab = out.shape[1]
+        flat = out.view(-1)
+        per_row = [[1.0] * out.shape[0], [0.0] * out.shape[0], [0.0] * out.shape[0]]
+        for i, row in rows:
+            p = row.params
+            per_row[0][i], per_row[1][i], per_row[2][i] = p.repetition_penalty, p.frequency_penalty, p.presence_penalty
+        rep, freq, presence = torch.tensor(per_row, device=device)
+
+        out_keys, out_counts = torch.unique(_pair_keys(rows, vocab, device, prompt=False), return_counts=True)
+        rep_rows = [(i, r) for i, r in rows if r.params.repetition_penalty != 1.0]
+        if rep_rows:
+            # Repetition covers the prompt and the output; a token counts once however often it occurs.
+            seen = torch.unique(torch.cat([_pair_keys(rep_rows, vocab, device, prompt=True), out_keys]))
+            values = flat[seen]
+            penalty = rep[seen // vocab]
+            flat[seen] = torch.where(values > 0, values / penalty, values * penalty)
+        if out_keys.numel():
+            owner = out_keys // vocab
+            flat[out_keys] -= freq[owner] * out_counts + presence[owner]
+
+    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Temperature, top_k / top_p / min_p, then one draw per row from its own generator."""
+        device = logits.device
+        temps = torch.tensor([r.params.temperature for r in rows], device=device)[:, None]
+        logits = logits / temps
+        # Only rows that truncate pay for the sort over the vocabulary.
+        truncated = [i for i, r in enumerate(rows) if r.params.top_k > 0 or r.params.top_p < 1.0]
+        if truncated:
+            index = torch.tensor(truncated, device=device)
+            top_k = [rows[i].params.top_k for i in truncated]
+            top_p = [rows[i].params.top_p for i in truncated]
+            logits[index] = self._top_k_top_p(logits[index], top_k, top_p)
+        probs = torch.softmax(logits, dim=-1)
+        min_p = [r.params.min_p for r in rows]
+        if any(m > 0.0 for m in min_p):
+            floor = torch.tensor(min_p, device=device)[:, None] * probs.amax(dim=-1, keepdim=True)
+            probs = probs.masked_fill(probs < floor, 0.0)
+
+        # Inverse CDF: one uniform per row, drawn from the row's own generator, so a seeded row gets
+        # the same token whatever else shares the batch. (One number per row, not one per token as an
+        # exponential race would need: the RNG dominates a CPU step otherwise.)
+        u = torch.empty(len(rows), device=device)
+        unseeded = [i for i, r in enumerate(rows) if r.generator is None]
+        if len(unseeded) == len(rows):
+            u.uniform_()
+        else:
+            for i, row in enumerate(rows):
+                if row.generator is not None:
+                    u[i] = torch.rand(1, generator=row.generator, device=device)[0]
+            if unseeded:
+                u[torch.tensor(unseeded, device=device)] = torch.rand(len(unseeded), device=device)
+        cdf = probs.cumsum(dim=-1)
+        total = cdf[:, -1:]
+        # Strictly below the total, so the first cdf entry above it is a token of nonzero probability
+        # (a zero-probability token repeats the entry before it and is never the first to exceed).
+        target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+        return torch.searchsorted(cdf, target, right=True).squeeze(1)
+
+    @staticmethod
+    def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+        """Mask all but each row's top_k, then all but the smallest head holding top_p of the mass."""
+        vocab = logits.shape[1]
+        ks = [k if 0 < k < vocab else vocab for k in top_k]
+        # A full sort of the vocabulary is slow on CPU; the nucleus almost always lies in a short head,
+        # so rank only that head (and any larger top_k) and sort the rows whose nucleus runs past it.
+        width = min(vocab, max([TOP_P_HEAD, *(k for k in ks if k < vocab)]))
+        head_logits, head_ids = logits.topk(width, dim=-1)
+        drop, covered = Sampler._head_drop(logits, head_logits, ks, top_p)
+        out = torch.full_like(logits, NEG_INF).scatter_(1, head_ids, head_logits.masked_fill(drop, NEG_INF))
+        if not bool(covered.all()):
+            rest = (~covered).nonzero().squeeze(1)
+            sorted_logits, order = logits[rest].sort(dim=-1, descending=True)
+            picked = rest.tolist()
+            drop, _ = Sampler._head_drop(
+                logits[rest], sorted_logits, [ks[i] for i in picked], [top_p[i] for i in picked]
+            )
+            out[rest] = torch.empty_like(sorted_logits).scatter_(1, order, sorted_logits.masked_fill(drop, NEG_INF))
+        return out
+
+    @staticmethod
+    def _head_drop(
+        logits: torch.Tensor, head: torch.Tensor, ks: list[int], top_p: list[float]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which of the sorted `head` logits top_k / top_p drop, and per row whether the head sufficed."""
+        device = logits.device
+        width = head.shape[1]
+        k = torch.tensor(ks, device=device)[:, None]
+        drop = torch.arange(width, device=device)[None, :] >= k
+        p = torch.tensor(top_p, device=device)[:, None]
+        covered = torch.ones(len(ks), dtype=torch.bool, device=device)
+        if bool((p < 1.0).any()):
+            # top_p renormalises over the top_k survivors (all inside the head) or the whole vocabulary.
+            full = k[:, 0] >= logits.shape[1]
+            lse = torch.where(
+                full, torch.logsumexp(logits, dim=-1), torch.logsumexp(head.masked_fill(drop, NEG_INF), -1)
+            )
+            probs = (head - lse[:, None]).exp().masked_fill(drop, 0.0)
+            cum = probs.cumsum(dim=-1)
+            # Keep a token while the mass strictly before it is below top_p: the top token always stays.
+            drop |= (cum - probs) >= p
+            covered = ~full | (p[:, 0] >= 1.0) | (cum[:, -1] >= p[:, 0]) | (width == logits.shape[1])
+        return drop, covered
+
+    @staticmethod
+    def _top_logprobs(
+        raw: torch.Tensor, lse: torch.Tensor, rows: list[SamplingRow]
+    ) -> list[list[tuple[int, float]]] | None:
+        if all(r.params.logprobs is None for r in rows):
+            return None
+        ks = [r.params.logprobs or 0 for r in rows]
+        k = max(ks)
+        if k == 0:
+            return [[] for _ in rows]
+        values, ids = raw.topk(k, dim=-1)
+        values = values - lse[:, None]
+        return [list(zip(i[:n], v[:n], strict=True)) for i, v, n in zip(ids.tolist(), values.tolist(), ks, strict=True)]
