@@ -1,0 +1,35 @@
+"""The inference engine: continuous batching over a paged KV cache (knows nothing of RunPod or HTTP).
+
+Names are exported lazily, so that `import engine.errors` (the worker's side) does not load torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "AsyncEngine": "engine.engine",
+    "LLMEngine": "engine.engine",
+    "LLM": "engine.llm",
+    "FinalOutput": "engine.llm",
+    "CompletionOutput": "engine.llm",
+    "EngineConfig": "engine.config",
+    "SamplingParams": "engine.sampling",
+    "RequestOutput": "engine.outputs",
+    "CompletionDelta": "engine.outputs",
+    "PositionLogprobs": "engine.outputs",
+    "Logprob": "engine.outputs",
+    "EngineError": "engine.errors",
+    "InvalidRequest": "engine.errors",
+    "ContextTooLong": "engine.errors",
+    "UnsupportedModel": "engine.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,139 @@
+"""AsyncEngine: one background thread drives LLMEngine.step(); asyncio callers stream RequestOutputs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from engine.config import EngineConfig
+from engine.errors import InvalidRequest
+from engine.outputs import RequestOutput
+from engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.engine import LLMEngine
+
+log = logging.getLogger(__name__)
+
+
+class AsyncEngine:
+    """LLMEngine behind one background thread; asyncio callers stream RequestOutputs from generate()."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        from engine.engine import LLMEngine  # engine.engine re-exports this class: import it late
+
+        self.engine: LLMEngine = LLMEngine(config)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def describe(self) -> dict:
+        return self.engine.describe()
+
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """Streams the request's outputs; raises its error instead. Closing or cancelling aborts it."""
+        if self._stopped:
+            raise RuntimeError("the engine is shut down")
+        if request_id in self._streams:
+            raise InvalidRequest(f"request id {request_id!r} is already running", param="request_id")
+        prompt = self.engine.validate(prompt_token_ids, params)
+        loop = asyncio.get_running_loop()
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (loop, stream)
+        self._post(("add", request_id, prompt, params))
+        done = False
+        try:
+            while True:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                done = item.finished
+                yield item
+                if done:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not done:
+                self._post(("abort", request_id))
+
+    def abort(self, request_id: str) -> None:
+        """Ends the request: its pages are freed before the next step, its stream gets a last "abort" output."""
+        self._post(("abort", request_id))
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def _post(self, command: tuple) -> None:
+        self._inbox.put(command)
+        self._wake.set()
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        target = self._streams.get(request_id)
+        if target is None:
+            return
+        loop, stream = target
+        try:
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody listens any more
+            self._streams.pop(request_id, None)
+            self.engine.abort(request_id)
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                _, request_id, prompt, params = command
+                if request_id not in self._streams:
+                    continue  # cancelled before it started
+                try:
+                    self.engine.add_request(request_id, prompt, params)
+                except Exception as exc:
+                    self._deliver(request_id, exc)
+            else:
+                output = self.engine.abort(command[1])
+                if output is not None:
+                    self._deliver(command[1], output)
+
+    def _loop(self) -> None:
+        while not self._stopped:
+            try:
+                self._drain_inbox()
+                if not self.engine.has_unfinished():
+                    self._wake.wait()
+                    self._wake.clear()
+                    continue
+                outputs = self.engine.step()
+            except Exception as exc:  # a bug outside any one request: fail what runs, keep serving
+                log.exception("engine loop failed")
+                for request_id in self.engine.abort_all():
+                    self._deliver(request_id, exc)
+                continue
+            for output in outputs:
+                self._deliver(output.request_id, output)
+            for request_id, exc in self.engine.pop_failures():
+                self._deliver(request_id, exc)
+        for request_id in list(self._streams):
+            self._deliver(request_id, RuntimeError("the engine shut down"))

@@ -1,0 +1,232 @@
+"""FlashInfer attention on CUDA: paged prefill/decode wrappers over the NHD pool, planned once per step.
+
+Pinned to flashinfer-python 0.5.3 (see requirements-cuda.txt); the package is imported lazily so that this
+module imports on machines without CUDA or FlashInfer. Kernels are JIT-compiled on first use and cached
+under ~/.cache/flashinfer (FLASHINFER_WORKSPACE_BASE moves it); warmup() triggers that at start-up.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.attention.base import AttentionMetadata
+
+WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace (split-KV partial results)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+# NOTE: FA2 for prefill on every GPU: on Hopper "auto" would pick FA3, a second large JIT build per head
+# dim, while prompts of a few hundred tokens spend little of a step in attention. Pass "auto" to get FA3.
+DEFAULT_PREFILL_BACKEND = "fa2"
+
+
+def use_tensor_core_decode(num_q_heads: int, num_kv_heads: int) -> bool:
+    """FlashInfer's advice: the tensor-core (prefill-kernel) decode wins once a KV head serves >= 4 q heads."""
+    return num_q_heads // num_kv_heads >= 4
+
+
+def write_kv_slots(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """Scatters k, v [tokens, kv_heads, head_dim] into the flat slots (page * page_size + offset) of the pool."""
+    _, _, h, d = k_cache.shape
+    # view() (not reshape) so that a non-contiguous pool raises instead of writing into a copy.
+    k_cache.view(-1, h, d).index_copy_(0, slots, k)
+    v_cache.view(-1, h, d).index_copy_(0, slots, v)
+
+
+class FlashInferBackend:
+    """AttentionBackend on FlashInfer: BatchPrefillWithPagedKVCacheWrapper for steps with any prefill,
+    BatchDecodeWithPagedKVCacheWrapper for pure decode steps, one shared 128 MiB workspace.
+
+    The head counts and dtype are taken from the constructor when given (plan() then plans at once), else
+    from the first run() of a step (which plans then; later layers reuse it).
+    """
+
+    name = "flashinfer"
+
+    def __init__(
+        self,
+        device: torch.device | str = "cuda",
+        *,
+        num_q_heads: int | None = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        dtype: torch.dtype | None = None,
+        workspace_bytes: int = WORKSPACE_BYTES,
+        prefill_backend: str = DEFAULT_PREFILL_BACKEND,
+        **_: object,
+    ) -> None:
+        import flashinfer
+
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"FlashInfer attention needs a CUDA device, got {self.device}")
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if dtype is not None and dtype not in HALF_DTYPES:
+            raise ValueError(f"FlashInfer attention needs float16 or bfloat16, got {dtype} (use the torch backend)")
+        self.shape = (num_q_heads, num_kv_heads, head_dim, dtype)
+        # Zeroed: FlashInfer asks for a zero-initialised float workspace before its first use.
+        self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend=prefill_backend
+        )
+        self._decode: dict[bool, object] = {}  # by use_tensor_cores; one is ever used per model
+        self._meta: AttentionMetadata | None = None
+        self._active: object | None = None  # the wrapper planned for the current step
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        self._meta = meta
+        self._active = None
+        if None not in self.shape:
+            self._plan(*self.shape)
+
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        assert self._meta is not None, "plan() was not called for this step"
+        write_kv_slots(k, v, k_cache, v_cache, self._meta.slot_mapping)
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        if self._active is None:
+            self._plan(q.shape[1], k_cache.shape[2], q.shape[2], q.dtype, kv_dtype=k_cache.dtype)
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        return self._active.run(q, (k_cache, v_cache))
+
+    def _plan(
+        self, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+        kv_dtype: torch.dtype | None = None,
+    ) -> None:
+        if dtype not in HALF_DTYPES:
+            raise ValueError(f"FlashInfer attention needs float16 or bfloat16, got {dtype} (use the torch backend)")
+        meta = self._meta
+        assert meta is not None, "plan() was not called for this step"
+        common = dict(q_data_type=dtype, kv_data_type=kv_dtype or dtype, sm_scale=1.0 / math.sqrt(head_dim))
+        if meta.is_decode:
+            wrapper = self._decode_wrapper(use_tensor_core_decode(num_q_heads, num_kv_heads))
+            wrapper.plan(
+                meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
+                num_q_heads, num_kv_heads, head_dim, meta.page_size,
+                **common,
+            )
+        else:
+            wrapper = self._prefill
+            wrapper.plan(
+                meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
+                num_q_heads, num_kv_heads, head_dim, meta.page_size,
+                causal=True,  # FlashInfer aligns the causal mask to the end of the KV: the query offset
+                **common,
+            )
+        self._active = wrapper
+
+    def _decode_wrapper(self, tensor_cores: bool) -> object:
+        if tensor_cores not in self._decode:
+            import flashinfer
+
+            self._decode[tensor_cores] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_tensor_cores=tensor_cores
+            )
+        return self._decode[tensor_cores]
+
+    def graph_decode(self, batch_size: int, max_num_indices: int) -> FlashInferGraphDecode:
+        """An attention object for decode steps of exactly `batch_size` rows under a CUDA graph."""
+        num_q_heads, num_kv_heads, head_dim, dtype = self.shape
+        if None in self.shape:
+            raise ValueError("graph_decode() needs num_q_heads, num_kv_heads, head_dim and dtype at construction")
+        return FlashInferGraphDecode(
+            self.workspace, batch_size, max_num_indices, num_q_heads, num_kv_heads, head_dim, dtype
+        )
+
+    def warmup(self, page_size: int) -> None:
+        """Runs one tiny prefill and one decode on scratch pages, so the JIT builds happen now, not on a request."""
+        num_q_heads, num_kv_heads, head_dim, dtype = self.shape
+        if None in self.shape:
+            raise ValueError("warmup() needs num_q_heads, num_kv_heads, head_dim and dtype at construction")
+        dev, i32 = self.device, torch.int32
+        cache = torch.zeros(2, 2, page_size, num_kv_heads, head_dim, dtype=dtype, device=dev)
+        k_cache, v_cache = cache[0], cache[1]
+        n = page_size + 1  # two pages, the second partly filled
+        prefill = AttentionMetadata(
+            qo_indptr=torch.tensor([0, n], dtype=i32, device=dev),
+            kv_indptr=torch.tensor([0, 2], dtype=i32, device=dev),
+            kv_indices=torch.tensor([0, 1], dtype=i32, device=dev),
+            kv_last_page_len=torch.tensor([1], dtype=i32, device=dev),
+            slot_mapping=torch.arange(n, device=dev),
+            page_size=page_size,
+            is_decode=False,
+        )
+        decode = AttentionMetadata(
+            qo_indptr=torch.tensor([0, 1], dtype=i32, device=dev),
+            kv_indptr=prefill.kv_indptr,
+            kv_indices=prefill.kv_indices,
+            kv_last_page_len=torch.tensor([2], dtype=i32, device=dev),
+            slot_mapping=torch.tensor([n], device=dev),
+            page_size=page_size,
+            is_decode=True,
+        )
+        for meta in (prefill, decode):
+            t = meta.slot_mapping.numel()
+            q = torch.randn(t, num_q_heads, head_dim, dtype=dtype, device=dev)
+            kv = torch.randn(t, num_kv_heads, head_dim, dtype=dtype, device=dev)
+            self.plan(meta)
+            self.write_kv(kv, kv, k_cache, v_cache)
+            self.run(q, k_cache, v_cache)
+        torch.cuda.synchronize(dev)
+        self._meta = self._active = None
+
+
+class FlashInferGraphDecode:
+    """Decode attention for one captured batch size: a CUDA-graph decode wrapper over fixed buffers.
+
+    plan() runs outside the graph before each replay: it copies the step's page table into the fixed
+    buffers (the wrapper's own plan does that) and the KV slots into a fixed slot buffer, so the captured
+    kernels read the new step's values at their old addresses.
+    """
+
+    def __init__(
+        self, workspace: torch.Tensor, batch_size: int, max_num_indices: int,
+        num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+    ) -> None:
+        import flashinfer
+
+        dev, i32 = workspace.device, torch.int32
+        self.batch_size = batch_size
+        self.shape = (num_q_heads, num_kv_heads, head_dim, dtype)
+        self.kv_indptr = torch.zeros(batch_size + 1, dtype=i32, device=dev)
+        self.kv_indices = torch.zeros(max_num_indices, dtype=i32, device=dev)
+        self.kv_last_page_len = torch.ones(batch_size, dtype=i32, device=dev)
+        self.slot_mapping = torch.zeros(batch_size, dtype=torch.int64, device=dev)
+        self.source_rows = torch.arange(batch_size, device=dev)  # which row's k/v each slot receives
+        self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=use_tensor_core_decode(num_q_heads, num_kv_heads),
+            paged_kv_indptr_buffer=self.kv_indptr,
+            paged_kv_indices_buffer=self.kv_indices,
+            paged_kv_last_page_len_buffer=self.kv_last_page_len,
+        )
+
+    def plan(self, meta: AttentionMetadata, source_rows: torch.Tensor | None = None) -> tuple[int, ...]:
+        """Plans for `meta` (exactly batch_size rows); returns FlashInfer's plan info (the captured kernel
+        arguments depend on it, so a replay is only valid when it equals the one at capture)."""
+        num_q_heads, num_kv_heads, head_dim, dtype = self.shape
+        self.wrapper.plan(
+            meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
+            num_q_heads, num_kv_heads, head_dim, meta.page_size,
+            q_data_type=dtype, kv_data_type=dtype, sm_scale=1.0 / math.sqrt(head_dim),
+        )
+        self.slot_mapping.copy_(meta.slot_mapping, non_blocking=True)
+        if source_rows is not None:
+            self.source_rows.copy_(source_rows, non_blocking=True)
+        return tuple(int(x) for x in self.wrapper._plan_info)
+
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        # NOTE: padding rows write the real row 0's k/v to row 0's slot (duplicate index, identical value),
+        # so whatever a padding row computes never reaches the pool.
+        rows = self.source_rows
+        write_kv_slots(k.index_select(0, rows), v.index_select(0, rows), k_cache, v_cache, self.slot_mapping)
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        return self.wrapper.run(q, (k_cache, v_cache))

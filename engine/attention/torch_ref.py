@@ -1,0 +1,133 @@
+"""Paged attention in plain torch: FlashInfer's semantics, the CPU product path and the GPU oracle.
+
+plan() turns the CSR page table into gather indices once per step. Single-token (decode) requests are
+batched: their KV is gathered into one padded [B, max_kv_len] block and attended with one
+SDPA call under a length mask, the GQA group folded into the query rows. Longer (prefill) requests run
+one SDPA call each, causal with the query offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.base import AttentionMetadata
+
+
+def _head_rows(slots: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """Rows of the pool seen as [slots * kv_heads, head_dim] that gather slots [..., L] as [..., Hk, L, D].
+
+    NOTE: gathering head-major rows makes K/V contiguous for SDPA, which is ~2x faster than handing it
+    the transposed NHD gather.
+    """
+    heads = torch.arange(num_kv_heads, device=slots.device)
+    return (slots.unsqueeze(-2) * num_kv_heads + heads[:, None]).flatten()
+
+
+@dataclass
+class _Prefill:
+    rows: slice  # the request's query rows in the flattened batch
+    slots: torch.Tensor  # [kv_len] flat pool slots (page * page_size + offset)
+    mask: torch.Tensor | None  # [q_len, kv_len] bool, None when q_len == kv_len (plain causal)
+    gather: torch.Tensor | None = None  # _head_rows(slots), built by the step's first run()
+
+
+@dataclass
+class _Decode:
+    rows: torch.Tensor | None  # query rows of the single-token requests; None: all rows in order
+    slots: torch.Tensor  # [B, max_kv_len] flat pool slots; padding repeats each request's last slot
+    mask: torch.Tensor | None  # [B, 1, 1, max_kv_len] bool; None when every kv_len is equal
+    gather: torch.Tensor | None = None  # _head_rows(slots), built by the step's first run()
+
+
+class TorchRefBackend:
+    """AttentionBackend over the NHD paged pool using torch.nn.functional.scaled_dot_product_attention."""
+
+    def __init__(self, device: torch.device | str = "cpu", **_: object) -> None:
+        self.device = torch.device(device)
+        self._slots: torch.Tensor | None = None
+        self._decode: _Decode | None = None
+        self._prefills: list[_Prefill] = []
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        ps = meta.page_size
+        qo = meta.qo_indptr.tolist()
+        kv = meta.kv_indptr.tolist()
+        last = meta.kv_last_page_len.tolist()
+        indices = meta.kv_indices.to(torch.long)
+        self._slots = meta.slot_mapping.to(torch.long)
+        decode_ids: list[int] = []
+        self._prefills = []
+        for i in range(len(qo) - 1):
+            q_len, kv_len = qo[i + 1] - qo[i], (kv[i + 1] - kv[i] - 1) * ps + last[i]
+            if q_len == 1:
+                decode_ids.append(i)
+                continue
+            mask = None
+            cols = torch.arange(kv_len, device=self.device)
+            if q_len != kv_len:
+                rows = torch.arange(q_len, device=self.device)
+                mask = cols[None, :] <= rows[:, None] + (kv_len - q_len)
+            slots = indices[kv[i] + cols // ps] * ps + cols % ps
+            self._prefills.append(_Prefill(slice(qo[i], qo[i + 1]), slots, mask))
+        self._decode = self._plan_decode(decode_ids, qo, kv, last, indices, ps) if decode_ids else None
+
+    def _plan_decode(
+        self, ids: list[int], qo: list[int], kv: list[int], last: list[int], indices: torch.Tensor, ps: int
+    ) -> _Decode:
+        dev = self.device
+        kv_lens = [(kv[i + 1] - kv[i] - 1) * ps + last[i] for i in ids]
+        max_len = max(kv_lens)
+        lens = torch.tensor(kv_lens, device=dev)
+        starts = torch.tensor([kv[i] for i in ids], device=dev)
+        # NOTE: padding repeats the request's last token, so only written slots are read: a stale or NaN
+        # slot would poison the softmax even under a mask (0 * NaN).
+        t = torch.minimum(torch.arange(max_len, device=dev)[None, :], lens[:, None] - 1)
+        slots = indices[starts[:, None] + t // ps] * ps + t % ps
+        mask = None
+        if min(kv_lens) != max_len:
+            mask = (torch.arange(max_len, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+        rows = None if len(ids) == len(qo) - 1 else torch.tensor([qo[i] for i in ids], device=dev)
+        return _Decode(rows, slots, mask)
+
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        _, _, h, d = k_cache.shape
+        k_cache.view(-1, h, d).index_copy_(0, self._slots, k)
+        v_cache.view(-1, h, d).index_copy_(0, self._slots, v)
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        if self._decode is not None and self._decode.rows is None:
+            return self._run_decode(q, k_cache, v_cache, self._decode)
+        out = torch.empty_like(q)
+        if self._decode is not None:
+            rows = self._decode.rows
+            out.index_copy_(0, rows, self._run_decode(q.index_select(0, rows), k_cache, v_cache, self._decode))
+        for p in self._prefills:
+            out[p.rows] = self._run_prefill(q[p.rows], k_cache, v_cache, p)
+        return out
+
+    @staticmethod
+    def _run_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Decode) -> torch.Tensor:
+        b, hq, d = q.shape
+        hk = k_cache.shape[2]
+        if plan.gather is None:
+            plan.gather = _head_rows(plan.slots, hk)
+        k = k_cache.view(-1, d).index_select(0, plan.gather).view(b, hk, -1, d)
+        v = v_cache.view(-1, d).index_select(0, plan.gather).view(b, hk, -1, d)
+        # The GQA group becomes the query rows: q [B, Hk, group, D] against K/V [B, Hk, L, D].
+        out = F.scaled_dot_product_attention(q.view(b, hk, hq // hk, d), k, v, attn_mask=plan.mask)
+        return out.view(b, hq, d)
+
+    @staticmethod
+    def _run_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Prefill) -> torch.Tensor:
+        hk, d = k_cache.shape[2], k_cache.shape[3]
+        if plan.gather is None:
+            plan.gather = _head_rows(plan.slots, hk)
+        k = k_cache.view(-1, d).index_select(0, plan.gather).view(hk, -1, d)
+        v = v_cache.view(-1, d).index_select(0, plan.gather).view(hk, -1, d)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k, v, attn_mask=plan.mask, is_causal=plan.mask is None, enable_gqa=True
+        )
+        return out.transpose(0, 1)

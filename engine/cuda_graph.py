@@ -1,0 +1,153 @@
+"""Decode steps under CUDA graphs: one graph per batch size of a ladder, replayed over static buffers.
+
+A decode batch of b rows is padded to the smallest captured size >= b. Padding rows run token 0 at
+position 0 against one written slot of row 0's page and write nothing of their own (FlashInferGraphDecode
+routes row 0's K/V to their slot), so their results are simply dropped. Steps with prefill and batches
+above the largest size run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.base import AttentionMetadata
+from engine.attention.flashinfer import FlashInferBackend, FlashInferGraphDecode
+
+log = logging.getLogger(__name__)
+
+# model(input_ids, positions, meta, kv_caches, backend) -> hidden [tokens, hidden_size], as CausalLM.forward
+ModelForward = Callable[..., torch.Tensor]
+
+
+def batch_size_ladder(max_batch_size: int) -> list[int]:
+    """1, 2, 4, 8, then every 16 up to max_batch_size (which is always included)."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_batch_size] + list(range(16, max_batch_size, 16))
+    return sorted(set(sizes) | {max_batch_size})
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    attention: FlashInferGraphDecode
+    output: torch.Tensor  # [batch_size, hidden], overwritten by every replay
+    plan_info: tuple[int, ...]  # FlashInfer's plan at capture; replays must plan the same
+
+
+class CudaGraphRunner:
+    """Runs one model step: decode batches by CUDA graph replay, everything else eagerly through `backend`.
+
+    capture() must run before any request holds KV pages: capturing writes scratch K/V into page 0.
+    """
+
+    def __init__(
+        self,
+        model: ModelForward,
+        backend: FlashInferBackend,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        *,
+        batch_sizes: Sequence[int],
+        max_pages_per_seq: int,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.kv_caches = kv_caches
+        self.batch_sizes = sorted(set(batch_sizes))
+        self.max_pages_per_seq = max_pages_per_seq
+        self.page_size = kv_caches[0][0].shape[1]
+        dev = backend.device
+        max_bs = self.batch_sizes[-1] if self.batch_sizes else 0
+        self.input_ids = torch.zeros(max_bs, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(max_bs, dtype=torch.long, device=dev)
+        self.graphs: dict[int, _Graph] = {}
+        self.replays = 0
+        self.eager_fallbacks = 0  # decode steps that could not replay (plan changed): should stay 0
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Captures every batch size, largest first, all sharing one memory pool."""
+        pool = torch.cuda.graph_pool_handle()
+        torch.cuda.synchronize(self.backend.device)
+        for bs in reversed(self.batch_sizes):
+            attention = self.backend.graph_decode(bs, bs * self.max_pages_per_seq)
+            meta = self._dummy_meta(bs)
+            plan_info = attention.plan(meta)
+            ids, pos = self.input_ids[:bs], self.positions[:bs]
+            for _ in range(2):  # warm-up outside the graph: lazy buffers, cuBLAS handles, autotuning
+                self.model(ids, pos, meta, self.kv_caches, attention)
+            torch.cuda.synchronize(self.backend.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                output = self.model(ids, pos, meta, self.kv_caches, attention)
+            self.graphs[bs] = _Graph(graph, attention, output, plan_info)
+        torch.cuda.synchronize(self.backend.device)
+        log.info("captured CUDA graphs for decode batch sizes %s", self.batch_sizes)
+
+    def _dummy_meta(self, bs: int) -> AttentionMetadata:
+        dev, i32 = self.backend.device, torch.int32
+        return AttentionMetadata(
+            qo_indptr=torch.arange(bs + 1, dtype=i32, device=dev),
+            kv_indptr=torch.arange(bs + 1, dtype=i32, device=dev),
+            kv_indices=torch.zeros(bs, dtype=i32, device=dev),
+            kv_last_page_len=torch.ones(bs, dtype=i32, device=dev),
+            slot_mapping=torch.zeros(bs, dtype=torch.long, device=dev),
+            page_size=self.page_size,
+            is_decode=True,
+        )
+
+    def graph_size(self, meta: AttentionMetadata, num_tokens: int) -> int | None:
+        """The captured batch size this step would replay at, or None when it runs eagerly."""
+        if not meta.is_decode or not self.graphs:
+            return None
+        i = bisect_left(self.batch_sizes, num_tokens)
+        return self.batch_sizes[i] if i < len(self.batch_sizes) else None
+
+    @torch.inference_mode()
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """hidden [tokens, hidden_size] for the step. A replayed result is a view of a static buffer that
+        the next replay overwrites: use it (compute logits) before the next call."""
+        b = input_ids.shape[0]
+        bs = self.graph_size(meta, b)
+        if bs is not None:
+            g = self.graphs[bs]
+            if g.attention.plan(*_pad_meta(meta, bs)) == g.plan_info:
+                self.input_ids[:b].copy_(input_ids)
+                self.positions[:b].copy_(positions)
+                self.input_ids[b:bs].fill_(0)
+                self.positions[b:bs].fill_(0)
+                g.graph.replay()
+                self.replays += 1
+                return g.output[:b]
+            self.eager_fallbacks += 1
+            log.warning("FlashInfer plan for batch %d differs from its capture; running eagerly", bs)
+        self.backend.plan(meta)
+        return self.model(input_ids, positions, meta, self.kv_caches, self.backend)
+
+
+def _pad_meta(meta: AttentionMetadata, bs: int) -> tuple[AttentionMetadata, torch.Tensor]:
+    """Decode metadata of b rows grown to bs rows, plus the source row of each row's K/V write."""
+    b = meta.kv_last_page_len.shape[0]
+    dev = meta.kv_indptr.device
+    pad = bs - b
+    rows = torch.arange(bs, device=dev)
+    if pad == 0:
+        return meta, rows
+    i32 = torch.int32
+    ones = torch.ones(pad, dtype=i32, device=dev)
+    row0_slot = meta.slot_mapping[:1]
+    row0_page = (row0_slot // meta.page_size).to(i32)
+    rows[b:] = 0
+    padded = AttentionMetadata(
+        qo_indptr=torch.arange(bs + 1, dtype=i32, device=dev),
+        kv_indptr=torch.cat([meta.kv_indptr, meta.kv_indptr[-1:] + torch.cumsum(ones, 0, dtype=i32)]),
+        kv_indices=torch.cat([meta.kv_indices, row0_page.expand(pad)]),
+        kv_last_page_len=torch.cat([meta.kv_last_page_len, ones]),
+        slot_mapping=torch.cat([meta.slot_mapping, row0_slot.expand(pad)]),
+        page_size=meta.page_size,
+        is_decode=True,
+    )
+    return padded, rows

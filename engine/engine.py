@@ -1,0 +1,264 @@
+"""LLMEngine (add_request / step / abort); AsyncEngine (engine/async_engine.py) drives it from a thread."""
+
+from __future__ import annotations
+
+import logging
+from itertools import count
+
+import torch
+from transformers import AutoTokenizer
+
+from engine.async_engine import AsyncEngine
+from engine.attention import create_backend
+from engine.beam_search import BeamSearch
+from engine.config import EngineConfig
+from engine.detokenizer import Detokenizer
+from engine.errors import ContextTooLong, InvalidRequest
+from engine.kv_cache import PageAllocator, PagePool
+from engine.loader import load_model
+from engine.model_runner import ModelRunner
+from engine.output_processor import OutputProcessor
+from engine.outputs import RequestOutput
+from engine.sampler import Sampler, tokenize_bad_words
+from engine.sampling import SamplingParams
+from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from engine.sequence import Sequence, SequenceGroup
+
+__all__ = ["AsyncEngine", "LLMEngine"]  # AsyncEngine is re-exported: engine.engine.AsyncEngine is the agreed name
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# CPU default pool: room for max_num_seqs requests of this many tokens, but at most CPU_KV_BYTES.
+CPU_CONTEXT_PER_SEQ = 2048
+CPU_KV_BYTES = 1 << 30
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise InvalidRequest(f"unknown dtype {name!r} (auto, {', '.join(DTYPES)})", param="dtype")
+    return DTYPES[name]
+
+
+class LLMEngine:
+    """The synchronous engine: add requests, call step() until has_unfinished() is false."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        torch.manual_seed(config.seed)
+        self.model, self.spec = load_model(config.model_path, self.dtype, self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        self.max_model_len = min(config.max_model_len or self.spec.max_position_embeddings,
+                                 self.spec.max_position_embeddings)
+        if config.max_model_len and config.max_model_len > self.spec.max_position_embeddings:
+            raise InvalidRequest(f"max_model_len {config.max_model_len} is above the model's limit of "
+                                 f"{self.spec.max_position_embeddings}", param="max_model_len")
+        self.backend = create_backend(config.attention_backend, self.device)
+        s = self.spec
+        num_pages = self._num_pages(PagePool.bytes_per_page(s.num_layers, config.page_size, s.num_kv_heads,
+                                                            s.head_dim, self.dtype))
+        self.pool = PagePool(s.num_layers, num_pages, config.page_size, s.num_kv_heads, s.head_dim,
+                             self.dtype, self.device)
+        self.allocator = PageAllocator(num_pages, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.allocator, config.page_size, config.max_num_seqs,
+                                   config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.pool, self.backend, Sampler(), self.device)
+        self._seq_ids = count()
+        self._arrivals = count()
+        self.processor = OutputProcessor(self.tokenizer, self.scheduler, self.max_model_len,
+                                         lambda: next(self._seq_ids))
+        self._groups: dict[str, SequenceGroup] = {}
+        self._failures: list[tuple[str, Exception]] = []
+
+    def _num_pages(self, page_bytes: int) -> int:
+        c, ps = self.config, self.config.page_size
+        full_seq = -(-self.max_model_len // ps)
+        if c.num_kv_pages:
+            pages = c.num_kv_pages
+        elif c.kv_cache_bytes:
+            pages = c.kv_cache_bytes // page_bytes
+        elif self.device.type == "cuda":
+            pages = self._profile_cuda_pages(page_bytes)
+        else:
+            want = c.max_num_seqs * min(self.max_model_len, CPU_CONTEXT_PER_SEQ)
+            pages = max(full_seq, min(-(-want // ps), CPU_KV_BYTES // page_bytes))
+        if pages < full_seq:
+            if c.max_model_len:
+                raise InvalidRequest(f"the KV cache ({pages} pages of {ps} tokens) cannot hold one sequence of "
+                                     f"max_model_len={self.max_model_len} tokens", param="max_model_len")
+            log.warning("max_model_len lowered to %d tokens to fit the KV cache", pages * ps)
+            self.max_model_len = pages * ps
+        return pages
+
+    def _profile_cuda_pages(self, page_bytes: int) -> int:
+        """CUDA: pages that fit in gpu_memory_utilization of the device after the weights and the peak
+        activations of one full-budget prefill (measured on a throwaway pool)."""
+        c, ps = self.config, self.config.page_size
+        free, total = torch.cuda.mem_get_info(self.device)
+        other = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
+        torch.cuda.reset_peak_memory_stats(self.device)
+        n = min(c.max_num_batched_tokens, self.max_model_len)
+        s = self.spec
+        pool = PagePool(s.num_layers, -(-n // ps), ps, s.num_kv_heads, s.head_dim, self.dtype, self.device)
+        runner = ModelRunner(self.model, pool, self.backend, Sampler(), self.device)
+        seq = Sequence(-1, [0] * n, n, pages=list(range(pool.num_pages)))
+        group = SequenceGroup("profile", seq.token_ids, SamplingParams(max_tokens=1, temperature=0.0), [seq], 0)
+        runner.execute(SchedulerOutput(scheduled=[ScheduledSeq(seq, group, 0, n)]))
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - pool.nbytes
+        del pool, runner
+        torch.cuda.empty_cache()
+        budget = total * c.gpu_memory_utilization - other - peak
+        return max(0, int(budget // page_bytes))
+
+    # ---- requests
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> list[int]:
+        """The prompt as it will run (after truncate_prompt_tokens); raises InvalidRequest / ContextTooLong."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequest("params must be SamplingParams", param="sampling_params")
+        prompt = list(prompt_token_ids)
+        if params.truncate_prompt_tokens:
+            prompt = prompt[-params.truncate_prompt_tokens :]
+        if not prompt:
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        vocab = self.spec.vocab_size
+        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt):
+            raise InvalidRequest(f"the prompt has token ids outside the vocabulary (size {vocab})", param="prompt")
+        params.check_vocab(vocab)
+        limit = self.max_model_len
+        if len(prompt) >= limit:
+            raise ContextTooLong(f"This model's maximum context length is {limit} tokens. However, your prompt "
+                                 f"has {len(prompt)} tokens, leaving no room for the completion.", param="prompt")
+        if params.max_tokens is not None and len(prompt) + params.max_tokens > limit:
+            raise ContextTooLong(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(prompt) + params.max_tokens} tokens ({len(prompt)} in the prompt, {params.max_tokens} in "
+                "the completion). Please reduce the length of the prompt or the completion.", param="max_tokens")
+        width = params.num_sequences
+        if width > min(self.config.max_num_seqs, self.config.max_num_batched_tokens):
+            raise InvalidRequest(f"{width} sequences per request exceed this engine's max_num_seqs "
+                                 f"({self.config.max_num_seqs})", param="best_of" if params.best_of else "n")
+        return prompt
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self._groups:
+            raise InvalidRequest(f"request id {request_id!r} is already running", param="request_id")
+        prompt = self.validate(prompt_token_ids, params)
+        eos = set(self.spec.eos_token_ids)
+        beam = None
+        if params.use_beam_search:
+            stops = (set() if params.ignore_eos else eos) | set(params.stop_token_ids or ())
+            max_tokens = min(params.max_tokens or self.max_model_len, self.max_model_len - len(prompt))
+            beam = BeamSearch(params.num_sequences, length_penalty=params.length_penalty,
+                              early_stopping=params.early_stopping, stop_token_ids=stops, max_tokens=max_tokens)
+            seqs = [Sequence(next(self._seq_ids), list(prompt), len(prompt))]
+        else:
+            seqs = [
+                Sequence(next(self._seq_ids), list(prompt), len(prompt), index=i,
+                         generator=self._generator(params.seed, i), detokenizer=self._detokenizer(params, prompt))
+                for i in range(params.num_sequences)
+            ]
+        bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
+        group = SequenceGroup(request_id, prompt, params, seqs, next(self._arrivals), eos_token_ids=eos,
+                              bad_words_ids=bad_words, beam=beam)
+        self._groups[request_id] = group
+        self.scheduler.add(group)
+
+    def _generator(self, seed: int | None, index: int) -> torch.Generator | None:
+        if seed is None:
+            return None
+        # Choice i of a seeded request draws from its own stream, fixed by (seed, i) alone.
+        return torch.Generator(device=self.device).manual_seed((seed + index * 0x9E3779B97F4A7C15) % 2**64)
+
+    def _detokenizer(self, params: SamplingParams, prompt: list[int]) -> Detokenizer:
+        return Detokenizer(
+            self.tokenizer, skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens, stop=params.stop,
+            include_stop_str_in_output=params.include_stop_str_in_output, prompt_token_ids=prompt,
+        )
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Frees the request's pages now; returns its last output (finish_reason "abort"), None if unknown."""
+        group = self._groups.pop(request_id, None)
+        if group is None:
+            return None
+        self.scheduler.remove(group)
+        return self.processor.abort(group)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._groups)
+
+    def abort_all(self) -> list[str]:
+        """Drops every request (after a failure outside any one of them); returns their ids."""
+        ids = list(self._groups)
+        for request_id in ids:
+            self.abort(request_id)
+        return ids
+
+    def pop_failures(self) -> list[tuple[str, Exception]]:
+        """Requests that failed since the last call (they are gone from the engine), with their errors."""
+        failures, self._failures = self._failures, []
+        return failures
+
+    def _fail(self, group: SequenceGroup, exc: Exception) -> None:
+        log.error("request %s failed: %r", group.request_id, exc)
+        if self._groups.pop(group.request_id, None) is not None:
+            self.scheduler.remove(group)
+            self._failures.append((group.request_id, exc))
+
+    # ---- the step
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        for group, exc in out.failed:
+            self._fail(group, exc)
+        if not out.scheduled:
+            return []
+        by_group: dict[int, tuple[SequenceGroup, list[tuple[int, ScheduledSeq]]]] = {}
+        for i, s in enumerate(out.scheduled):
+            by_group.setdefault(id(s.group), (s.group, []))[1].append((i, s))
+        try:
+            result = self.runner.execute(out)
+        except Exception as exc:  # the batch as a whole failed: so do its requests, the engine goes on
+            for group, _ in by_group.values():
+                self._fail(group, exc)
+            return []
+        self.scheduler.commit(out)
+        outputs = []
+        for group, items in by_group.values():
+            try:
+                output = self.processor.process(group, items, result)
+            except Exception as exc:
+                self._fail(group, exc)
+                continue
+            if group.finished:
+                self._groups.pop(group.request_id, None)
+                self.scheduler.remove(group)
+            if output is not None:
+                outputs.append(output)
+        return outputs
+
+    def describe(self) -> dict:
+        return {
+            "model": self.config.model_path,
+            "architecture": self.spec.architecture,
+            "backend": type(self.backend).__name__,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "device": str(self.device),
+            "max_model_len": self.max_model_len,
+            "kv_pages": self.pool.num_pages,
+            "page_size": self.pool.page_size,
+            "kv_bytes": self.pool.nbytes,
+            "max_num_seqs": self.config.max_num_seqs,
+            "max_num_batched_tokens": self.config.max_num_batched_tokens,
+            "prefix_caching": self.config.enable_prefix_caching,
+        }

@@ -1,0 +1,187 @@
+"""Fused kernels from FlashInfer (RMSNorm, RoPE, SiLU-and-mul, top-k/top-p sampling) with torch fallbacks.
+
+Each function takes FlashInfer's kernel when its tensors are float16/bfloat16 on CUDA (any dtype on CUDA
+for sampling) and flashinfer imports; otherwise the torch code here runs, which follows transformers'
+math and is what the GPU tests compare the kernels against. flashinfer is imported lazily.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+import torch.nn.functional as F
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def flashinfer_available() -> bool:
+    """Whether flashinfer imports (a broken CUDA install raises more than ImportError)."""
+    try:
+        importlib.import_module("flashinfer")
+    except Exception:
+        return False
+    return True
+
+
+def _fused(t: torch.Tensor) -> bool:
+    return t.is_cuda and t.dtype in HALF_DTYPES and flashinfer_available()
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of x [tokens, dim] or [tokens, heads, dim]; weight [dim] in x's dtype."""
+    if _fused(x) and x.dim() in (2, 3) and x.stride(-1) == 1:
+        import flashinfer
+
+        return flashinfer.norm.rmsnorm(x, weight, eps)
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    # transformers: normalise in float32, cast back, then scale in the model dtype.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def fused_add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place: residual += x, then x = rmsnorm(residual). Returns (x, residual), both [tokens, dim]."""
+    if _fused(x) and x.dim() == 2 and x.stride(-1) == 1 and residual.stride(-1) == 1:
+        import flashinfer
+
+        flashinfer.norm.fused_add_rmsnorm(x, residual, weight, eps)
+        return x, residual
+    residual.add_(x)
+    x.copy_(rmsnorm(residual, weight, eps))
+    return x, residual
+
+
+def cos_sin_cache(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """FlashInfer's RoPE table from cos, sin [positions, rotary_dim / 2]: [positions, rotary_dim] float32,
+    cos in the first half. Build it from float32 cos/sin (not ones already cast to bf16)."""
+    return torch.cat([cos, sin], dim=-1).float().contiguous()
+
+
+def apply_rope_with_cos_sin_cache_inplace(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
+    cos_sin_cache: torch.Tensor, is_neox: bool = True,
+) -> None:
+    """Rotates q [tokens, q_heads, head_dim] and k [tokens, kv_heads, head_dim] in place (views welcome).
+
+    cos_sin_cache: [max_positions, rotary_dim] float32 from cos_sin_cache(); positions: [tokens] int.
+    """
+    if _fused(q) and q.stride(-1) == 1 and k.stride(-1) == 1:
+        import flashinfer
+
+        flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(positions, q, k, head_dim, cos_sin_cache, is_neox)
+        return
+    half = cos_sin_cache.shape[-1] // 2
+    table = cos_sin_cache[positions]
+    # Like transformers: the table is cast to the activations' dtype before the rotation.
+    cos, sin = table[:, None, :half].to(q.dtype), table[:, None, half:].to(q.dtype)
+    for x in (q.view(q.shape[0], -1, head_dim), k.view(k.shape[0], -1, head_dim)):
+        rot = x[..., : 2 * half]
+        x1, x2 = (rot[..., :half], rot[..., half:]) if is_neox else (rot[..., 0::2], rot[..., 1::2])
+        x1_orig = x1.clone()
+        x1.mul_(cos).addcmul_(x2, sin, value=-1)
+        x2.mul_(cos).addcmul_(x1_orig, sin)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU on a fused gate|up projection [..., 2 * n] -> silu(gate) * up [..., n]."""
+    if _fused(x) and x.stride(-1) == 1 and (x.shape[-1] * x.element_size()) % 16 == 0:
+        import flashinfer
+
+        return flashinfer.activation.silu_and_mul(x)
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate).mul_(up)
+
+
+def top_k_top_p_sampling_from_logits(
+    logits: torch.Tensor, top_k: torch.Tensor | int, top_p: torch.Tensor | float,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One token per row of logits [rows, vocab]: top-k first (k <= 0 keeps all), then top-p on the
+    renormalised rest. Returns int64 [rows]. generator None: the device's default generator."""
+    rows, vocab = logits.shape
+    top_k = _per_row(top_k, rows, logits.device, torch.int64)
+    top_k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+    top_p = _per_row(top_p, rows, logits.device, torch.float32)
+    if logits.is_cuda and flashinfer_available():
+        import flashinfer
+
+        # NOTE: flashinfer 0.5.3 draws from a *fresh* default-seeded generator when given None,
+        # which would repeat the same "random" numbers every call.
+        gen = generator or torch.cuda.default_generators[logits.device.index or 0]
+        samples = flashinfer.sampling.top_k_top_p_sampling_from_logits(
+            logits.float(), top_k.int(), top_p, filter_apply_order="top_k_first", generator=gen
+        )
+        return samples.long()
+    sorted_logits, order = logits.float().sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device)
+    sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    # Keep a token while the mass before it is below top_p (the first token always stays).
+    outside = (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+    probs = probs.masked_fill(outside, 0.0)
+    choice = torch.multinomial(probs, 1, generator=generator)
+    return order.gather(1, choice).squeeze(1)
+
+
+def _per_row(value: torch.Tensor | float, rows: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=dtype).reshape(rows)
+    return torch.full((rows,), value, device=device, dtype=dtype)
+
+
+def warmup(hidden_size: int, intermediate_size: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Calls each kernel once on a few rows, so FlashInfer's JIT builds happen at start-up."""
+    x = torch.randn(4, hidden_size, dtype=dtype, device=device)
+    w = torch.ones(hidden_size, dtype=dtype, device=device)
+    rmsnorm(x, w, 1e-6)
+    fused_add_rmsnorm(x.clone(), x.clone(), w, 1e-6)
+    silu_and_mul(torch.randn(4, 2 * intermediate_size, dtype=dtype, device=device))
+    half = torch.zeros(8, head_dim // 2, device=device)
+    qk = torch.randn(4, 2, head_dim, dtype=dtype, device=device)
+    apply_rope_with_cos_sin_cache_inplace(
+        torch.arange(4, device=device), qk[:, :1], qk[:, 1:], head_dim, cos_sin_cache(half.cos(), half.sin())
+    )
+    top_k_top_p_sampling_from_logits(torch.randn(2, 1000, device=device), 5, 0.9)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+KERNEL_MODULES = ("norm", "activation", "rope", "sampling")
+
+
+def precompile(
+    head_dims: list[int], dtype: torch.dtype, kernels: tuple[str, ...] = KERNEL_MODULES, cuda_arch: str | None = None
+) -> list[str]:
+    """Builds FlashInfer's JIT modules (attention for each head dim, plus `kernels`) without a GPU: nvcc is enough.
+
+    For a Docker build set cuda_arch (e.g. "9.0a"; or FLASHINFER_CUDA_ARCH_LIST, read when flashinfer is
+    first imported) to the target GPU's; the cache lands where the runtime looks for it
+    (FLASHINFER_WORKSPACE_BASE/.cache/flashinfer). The module arguments mirror what the wrappers and the
+    functions above ask for at run time. Returns the names of the modules built.
+    """
+    import os
+
+    if cuda_arch:
+        os.environ["FLASHINFER_CUDA_ARCH_LIST"] = cuda_arch
+    from flashinfer.jit import activation, attention, build_jit_specs, norm, rope, sampling
+
+    from engine.attention.flashinfer import DEFAULT_PREFILL_BACKEND
+
+    makers = {"norm": norm.gen_norm_module, "rope": rope.gen_rope_module, "sampling": sampling.gen_sampling_module,
+              "activation": lambda: activation.gen_act_and_mul_module("silu")}
+    specs = [makers[name]() for name in kernels]
+    for d in head_dims:
+        # prefill (and tensor-core decode, which reuses the FA2 prefill module) and CUDA-core decode;
+        # the trailing flags: no RoPE in the kernel, no sliding window, no soft cap (, no fp16 QK)
+        specs.append(attention.gen_batch_prefill_module(
+            DEFAULT_PREFILL_BACKEND, dtype, dtype, dtype, torch.int32, d, d, 0, False, False, False))
+        specs.append(attention.gen_batch_decode_module(dtype, dtype, dtype, torch.int32, d, d, 0, False, False))
+    build_jit_specs(specs, verbose=False)
+    return [s.name for s in specs]

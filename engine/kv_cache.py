@@ -1,0 +1,143 @@
+"""Paged KV cache: the per-layer K/V page pools, a reference-counted page allocator and the prefix cache.
+
+A full page is immutable once written, so it can be shared: by the children of one request (n, best_of,
+beams) and, through the prefix cache, by later requests whose tokens hash to the same chain of pages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict, deque
+
+import torch
+
+
+def page_hash(parent: bytes | None, tokens: list[int]) -> bytes:
+    """Chained hash of one full page: it names the page's tokens and every token before them.
+
+    NOTE: a cryptographic hash, so that a crafted prompt cannot collide with another user's prefix.
+    """
+    h = hashlib.blake2b(parent or b"", digest_size=16)
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
+
+
+class PagePool:
+    """The KV pages of every layer, allocated once: K and V per layer as [pages, page_size, kv_heads, head_dim]."""
+
+    def __init__(
+        self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
+        dtype: torch.dtype, device: torch.device | str,
+    ) -> None:
+        self.num_pages, self.page_size = num_pages, page_size
+        # One allocation: a page of every layer is copied in one indexing op (copy-on-write of forks).
+        # NOTE: torch.empty, not zeros: backends read only written slots, and untouched CPU memory stays
+        # out of the resident set until used.
+        self.data = torch.empty(
+            (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
+        )
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = [(layer[0], layer[1]) for layer in self.data]
+
+    @staticmethod
+    def bytes_per_page(num_layers: int, page_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return num_layers * 2 * page_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def copy_pages(self, src: list[int], dst: list[int]) -> None:
+        """Copies whole pages src[i] -> dst[i] in every layer, K and V."""
+        if src:
+            device = self.data.device
+            self.data[:, :, torch.tensor(dst, device=device)] = self.data[:, :, torch.tensor(src, device=device)]
+
+
+class PageAllocator:
+    """Page ids with reference counts; full pages registered under their chained hash form the prefix cache.
+
+    A page whose count drops to zero goes back to the free list, or, when it is cached, to an LRU of
+    evictable pages that a prefix hit can revive. Allocation takes never-cached pages first, then evicts
+    the least recently freed cached page.
+    """
+
+    def __init__(self, num_pages: int, enable_prefix_caching: bool = True) -> None:
+        self.num_pages = num_pages
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_pages
+        self._free: deque[int] = deque(range(num_pages))
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._cached: dict[bytes, int] = {}  # page hash -> page id
+        self._page_hash: list[bytes | None] = [None] * num_pages
+
+    @property
+    def num_free(self) -> int:
+        """Pages an allocation can take now (free plus evictable cached pages)."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    def allocate(self, count: int) -> list[int]:
+        if count > self.num_free:
+            raise MemoryError(f"asked for {count} KV pages, {self.num_free} free")
+        pages = []
+        for _ in range(count):
+            if self._free:
+                page = self._free.popleft()
+            else:
+                page, _ = self._evictable.popitem(last=False)
+                del self._cached[self._page_hash[page]]
+                self._page_hash[page] = None
+            self.ref_counts[page] = 1
+            pages.append(page)
+        return pages
+
+    def share(self, pages: list[int]) -> None:
+        """One more owner for each page (a forked child)."""
+        for page in pages:
+            self.ref_counts[page] += 1
+
+    def free(self, pages: list[int]) -> None:
+        """Drops one reference to each page; the last page is released first, so a prefix outlives its tail."""
+        for page in reversed(pages):
+            count = self.ref_counts[page] - 1
+            if count < 0:
+                raise RuntimeError(f"KV page {page} freed more often than allocated")
+            self.ref_counts[page] = count
+            if count == 0:
+                if self._page_hash[page] is not None:
+                    self._evictable[page] = None
+                else:
+                    self._free.append(page)
+
+    def lookup(self, hashes: list[bytes]) -> list[int]:
+        """The cached pages of the longest prefix of `hashes`, each with one more reference taken."""
+        if not self.enable_prefix_caching:
+            return []
+        pages = []
+        for h in hashes:
+            page = self._cached.get(h)
+            if page is None:
+                break
+            if self.ref_counts[page] == 0:
+                del self._evictable[page]
+            self.ref_counts[page] += 1
+            pages.append(page)
+        return pages
+
+    def register(self, page: int, h: bytes) -> None:
+        """Offers a just-filled page to the prefix cache (a page with the same hash already there wins)."""
+        if self.enable_prefix_caching and h not in self._cached and self._page_hash[page] is None:
+            self._cached[h] = page
+            self._page_hash[page] = h
+
+    def check(self) -> None:
+        """Asserts the bookkeeping invariants (tests call this every step)."""
+        used = sum(1 for c in self.ref_counts if c > 0)
+        assert used + self.num_free == self.num_pages, (used, self.num_free, self.num_pages)
+        assert all(self.ref_counts[p] == 0 for p in self._free)
+        assert all(self.ref_counts[p] == 0 and self._page_hash[p] is not None for p in self._evictable)
+        assert all(self._page_hash[p] == h for h, p in self._cached.items())

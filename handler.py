@@ -1,0 +1,131 @@
+"""RunPod Serverless entry point: one async generator handler over the in-process engine.
+
+    python handler.py                       on RunPod (RUNPOD_WEBHOOK_GET_JOB set): the serverless worker loop
+    python handler.py --test_input '<json>' run one job locally (test_input.json when no JSON is given, or
+                                            when started outside RunPod), print each output and the aggregate
+    python handler.py --serve [--host H] [--port P]
+                                            a local endpoint with RunPod's URL layout (see worker/server.py)
+
+Settings come from the environment (worker/settings.py). Slow imports (runpod probes the CPU for a
+second, torch and transformers take seconds) are deferred or overlapped with loading the model, since
+cold start is what a serverless worker pays on every scale-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+STARTED_AT = time.perf_counter()
+log = logging.getLogger("worker")
+
+
+async def handler(job: dict[str, Any]) -> AsyncIterator[Any]:
+    """The production handler: every route of the local endpoint goes through it too."""
+    from worker.jobs import run_job
+    from worker.runtime import current
+
+    async for output in run_job(job, current()):
+        yield output
+
+
+async def run_test_job(job_input: Any) -> int:
+    """Run one job through `handler`, print each output and the aggregate as JSON; 1 on an error."""
+    from worker.job_store import is_error
+
+    job = {"id": "local-test", "input": job_input}
+    outputs = []
+    async for output in handler(job):
+        if not outputs:
+            log.info("first output %.2f s after start", time.perf_counter() - STARTED_AT)
+        print(json.dumps({"output": output}, ensure_ascii=False), flush=True)
+        if is_error(output):
+            print(json.dumps({"id": job["id"], "status": "FAILED", "error": output["error"]}), flush=True)
+            return 1
+        outputs.append(output)
+    print(json.dumps({"id": job["id"], "status": "COMPLETED", "output": outputs}, ensure_ascii=False), flush=True)
+    return 0
+
+
+def _load_test_input(value: str | None) -> Any:
+    if value:
+        return json.loads(value)
+    for folder in (Path.cwd(), Path(__file__).resolve().parent):
+        path = folder / "test_input.json"
+        if path.is_file():
+            return json.loads(path.read_text())["input"]
+    raise FileNotFoundError("no --test_input JSON given and no test_input.json found")
+
+
+def _import_in_background(*modules: str) -> threading.Thread:
+    """Import `modules` on a thread while the model loads (their import time is mostly I/O and subprocesses)."""
+    import importlib
+
+    thread = threading.Thread(target=lambda: [importlib.import_module(m) for m in modules], daemon=True)
+    thread.start()
+    return thread
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--test_input", nargs="?", const="", default=None, help="a job input as JSON")
+    parser.add_argument("--serve", action="store_true", help="run the local HTTP endpoint")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from worker.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from worker import runtime
+
+    on_runpod = os.environ.get("RUNPOD_WEBHOOK_GET_JOB") is not None or "--rp_serve_api" in rest
+    if args.serve:
+        imports = _import_in_background("uvicorn", "fastapi", "worker.server")
+        runtime.start(settings)
+        imports.join()
+        from worker.server import serve
+
+        serve(handler, settings, host=args.host, port=args.port)
+        return 0
+    if args.test_input is not None or not on_runpod:
+        try:
+            job_input = _load_test_input(args.test_input)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"error: bad test input: {exc}", file=sys.stderr)
+            return 2
+        runtime.start(settings)
+        return asyncio.run(run_test_job(job_input))
+
+    imports = _import_in_background("runpod")
+    runtime.start(settings)
+    imports.join()
+    import runpod
+
+    log.info("ready %.2f s after start", time.perf_counter() - STARTED_AT)
+    sys.argv = [sys.argv[0], *rest]
+    runpod.serverless.start({
+        "handler": handler,
+        "return_aggregate_stream": True,
+        "concurrency_modifier": lambda current: settings.max_concurrency,
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

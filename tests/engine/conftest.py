@@ -1,0 +1,144 @@
+"""Engine test helpers: tiny random-weight checkpoints and a small paged-KV harness that builds step metadata."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.attention.base import AttentionMetadata
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+)
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+
+
+def tiny_config(kind: str):
+    """A transformers config for one of the families we serve, shrunk to a few kilobytes of weights."""
+    import transformers as tf
+
+    if kind == "llama":
+        return tf.LlamaConfig(**TINY, tie_word_embeddings=False)
+    if kind == "llama_tied":
+        return tf.LlamaConfig(**TINY, tie_word_embeddings=True)
+    if kind == "llama3_rope":
+        return tf.LlamaConfig(**TINY, tie_word_embeddings=False, rope_parameters=dict(LLAMA3_ROPE))
+    if kind == "llama_linear_rope":
+        rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+        return tf.LlamaConfig(**TINY, tie_word_embeddings=True, rope_parameters=rope)
+    if kind == "mistral":
+        return tf.MistralConfig(**TINY, tie_word_embeddings=False, sliding_window=None)
+    if kind == "qwen2":
+        return tf.Qwen2Config(**TINY, tie_word_embeddings=True)
+    if kind == "qwen3":
+        return tf.Qwen3Config(**TINY, tie_word_embeddings=False)
+    raise ValueError(kind)
+
+
+def build_tiny_checkpoint(kind: str, path: Path, max_shard_size: str | None = None):
+    """Saves a random-weight model of `kind` to path (safetensors) and returns the transformers model (fp32)."""
+    import transformers as tf
+
+    config = tiny_config(kind)
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    config.architectures = [type(model).__name__]
+    # Default init (std 0.02, norms at 1) gives near-zero logits; bigger weights make parity meaningful.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.15)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **kwargs)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint():
+    """build_tiny_checkpoint(kind, path, max_shard_size=None) -> the transformers reference model."""
+    return build_tiny_checkpoint
+
+
+@dataclass
+class PagedHarness:
+    """A page pool with shuffled free pages; step() allocates pages and builds one step's metadata."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int = 4
+    num_pages: int = 64
+    dtype: torch.dtype = torch.float32
+    seed: int = 0
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = field(init=False)
+    pages: dict[str, list[int]] = field(init=False, default_factory=dict)
+    lengths: dict[str, int] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        shape = (self.num_pages, self.page_size, self.num_kv_heads, self.head_dim)
+        # NaN-filled so that reading a slot that was never written shows up in the output.
+        self.kv_caches = [
+            (torch.full(shape, float("nan"), dtype=self.dtype), torch.full(shape, float("nan"), dtype=self.dtype))
+            for _ in range(self.num_layers)
+        ]
+        self.free = list(range(self.num_pages))
+        random.Random(self.seed).shuffle(self.free)
+
+    def step(self, batch: list[tuple[str, list[int]]]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """batch: (request id, new token ids) per request, in order. Returns input_ids, positions, meta."""
+        ids, positions, slots = [], [], []
+        qo, kv, indices, last = [0], [0], [], []
+        for rid, tokens in batch:
+            start = self.lengths.get(rid, 0)
+            pages = self.pages.setdefault(rid, [])
+            end = start + len(tokens)
+            while len(pages) * self.page_size < end:
+                pages.append(self.free.pop())
+            for pos in range(start, end):
+                slots.append(pages[pos // self.page_size] * self.page_size + pos % self.page_size)
+            self.lengths[rid] = end
+            ids += tokens
+            positions += range(start, end)
+            qo.append(qo[-1] + len(tokens))
+            indices += pages
+            kv.append(len(indices))
+            last.append(end - (len(pages) - 1) * self.page_size)
+        i32 = dict(dtype=torch.int32)
+        meta = AttentionMetadata(
+            qo_indptr=torch.tensor(qo, **i32),
+            kv_indptr=torch.tensor(kv, **i32),
+            kv_indices=torch.tensor(indices, **i32),
+            kv_last_page_len=torch.tensor(last, **i32),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            page_size=self.page_size,
+            is_decode=all(len(t) == 1 for _, t in batch),
+        )
+        return torch.tensor(ids), torch.tensor(positions), meta
+
+
+@pytest.fixture(scope="session")
+def paged_harness() -> type[PagedHarness]:
+    """The PagedHarness class: PagedHarness(num_layers, num_kv_heads, head_dim, page_size=4, ...)."""
+    return PagedHarness

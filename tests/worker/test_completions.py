@@ -1,0 +1,94 @@
+"""POST /v1/completions: every prompt form, echo, logprobs and the legacy parameters."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from openai_schema import validate
+
+PROMPT = "The capital of France is"
+REPEAT = "Hello hello hello hello hello"
+
+
+def complete(client: openai.OpenAI, model: str, prompt=PROMPT, **kw):
+    kw.setdefault("max_tokens", 6)
+    kw.setdefault("temperature", 0)
+    response = client.completions.create(model=model, prompt=prompt, **kw)
+    validate(response)
+    return response
+
+
+def test_default_max_tokens_is_16(client, model_name) -> None:
+    response = client.completions.create(model=model_name, prompt=PROMPT, temperature=0,
+                                         extra_body={"ignore_eos": True})
+    validate(response)
+    assert response.usage.completion_tokens == 16 and response.choices[0].finish_reason == "length"
+    assert response.object == "text_completion" and response.id.startswith("cmpl-")
+
+
+def test_every_prompt_form_gives_the_same_text(client, model_name, tokenizer) -> None:
+    ids = tokenizer.encode(PROMPT)
+    text = complete(client, model_name).choices[0].text
+    assert complete(client, model_name, ids).choices[0].text == text
+    batch = complete(client, model_name, [PROMPT, "One, two, three,"])
+    assert [c.index for c in batch.choices] == [0, 1] and batch.choices[0].text == text
+    by_ids = complete(client, model_name, [ids, tokenizer.encode("One, two, three,")])
+    assert [c.text for c in by_ids.choices] == [c.text for c in batch.choices]
+    single = complete(client, model_name, "One, two, three,")
+    assert batch.usage.prompt_tokens == len(ids) + single.usage.prompt_tokens
+    assert batch.usage.completion_tokens == complete(client, model_name).usage.completion_tokens + \
+        single.usage.completion_tokens
+
+
+def test_n_per_prompt_numbers_choices_prompt_major(client, model_name) -> None:
+    response = complete(client, model_name, [PROMPT, "One, two,"], n=2, temperature=1.0, seed=9, max_tokens=3)
+    assert [c.index for c in response.choices] == [0, 1, 2, 3]
+
+
+def test_echo_and_logprobs(client, model_name, tokenizer) -> None:
+    plain = complete(client, model_name, logprobs=2)
+    lp = plain.choices[0].logprobs
+    assert len(lp.tokens) == plain.usage.completion_tokens == len(lp.token_logprobs) == len(lp.top_logprobs)
+    assert "".join(lp.tokens) == plain.choices[0].text
+    assert lp.text_offset[0] == 0 and all(len(t) >= 1 for t in lp.top_logprobs)
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert top[token] == pytest.approx(logprob) and max(top.values()) == pytest.approx(logprob, abs=1e-4)
+    echoed = complete(client, model_name, echo=True, logprobs=1)
+    assert echoed.choices[0].text == PROMPT + plain.choices[0].text
+    elp = echoed.choices[0].logprobs
+    n_prompt = len(tokenizer.encode(PROMPT))
+    assert len(elp.tokens) == n_prompt + plain.usage.completion_tokens
+    assert elp.token_logprobs[0] is None and all(x is not None for x in elp.token_logprobs[1:])
+    assert elp.text_offset[n_prompt] == len(PROMPT)
+    assert elp.token_logprobs[n_prompt:] == pytest.approx(lp.token_logprobs, abs=1e-4)
+
+
+def test_echo_streams_the_prompt_first(client, model_name) -> None:
+    chunks = [validate(c) for c in client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=3, temperature=0, echo=True, stream=True)]
+    assert chunks[0]["choices"][0]["text"] == PROMPT
+    whole = complete(client, model_name, max_tokens=3, echo=True)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole.choices[0].text
+
+
+def test_penalties_change_a_repetitive_greedy_continuation(client, model_name) -> None:
+    base = complete(client, model_name, REPEAT, max_tokens=8).choices[0].text
+    assert base.count("hello") >= 4  # greedy keeps repeating: the penalties below have something to change
+    for knobs in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"extra_body": {"repetition_penalty": 2.0}}):
+        changed = complete(client, model_name, REPEAT, max_tokens=8, **knobs).choices[0].text
+        assert changed != base and changed.lower().count("hello") < base.count("hello"), knobs
+
+
+def test_return_token_ids_prompt_logprobs_and_add_special_tokens(client, model_name, tokenizer) -> None:
+    response = complete(client, model_name, max_tokens=3, extra_body={
+        "return_token_ids": True, "prompt_logprobs": 0, "add_special_tokens": False})
+    choice = response.choices[0].model_extra
+    assert choice["prompt_token_ids"] == tokenizer.encode(PROMPT, add_special_tokens=False)
+    assert tokenizer.decode(choice["token_ids"], skip_special_tokens=True) == response.choices[0].text
+    assert len(choice["prompt_logprobs"]) == len(choice["prompt_token_ids"])
+
+
+def test_suffix_is_refused_rather_than_dropped(client, model_name) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        complete(client, model_name, suffix="!")
+    assert info.value.body["param"] == "suffix"

@@ -1,0 +1,50 @@
+"""`python handler.py --test_input` really runs the async generator job, as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from local_worker import ROOT, worker_env
+from openai_schema import parse_sse, validate
+
+Q = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def run_cli(model_path, *args: str, **env: str) -> tuple[int, list[dict], str]:
+    done = subprocess.run([sys.executable, str(ROOT / "handler.py"), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=worker_env(model_path, **env))
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return done.returncode, lines, done.stderr
+
+
+def test_test_input_streams_and_aggregates_like_runsync(baked_model_path, client, model_name) -> None:
+    body = {"model": model_name, "messages": Q, "max_tokens": 8, "temperature": 0}
+    job = {"openai_route": "/v1/chat/completions", "openai_input": {**body, "stream": True}}
+    code, lines, stderr = run_cli(baked_model_path, "--test_input", json.dumps(job))
+    assert code == 0, stderr
+    *outputs, aggregate = lines
+    assert aggregate["status"] == "COMPLETED" and aggregate["output"] == [o["output"] for o in outputs]
+    assert len(outputs) > 1  # each yield printed as it came
+    events = [validate(e) for e in parse_sse("".join(aggregate["output"]))]
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    assert text == client.chat.completions.create(**body).choices[0].message.content
+    assert "serving model=" in stderr and "first output" in stderr  # the start-up line and the cold-start figure
+
+
+def test_test_input_json_is_the_default_and_errors_exit_non_zero(baked_model_path) -> None:
+    code, lines, stderr = run_cli(baked_model_path)  # outside RunPod, no argument: test_input.json
+    assert code == 0, stderr
+    assert lines[-1]["status"] == "COMPLETED"
+    assert all("choices" in o and "usage" in o for o in lines[-1]["output"])
+    bad_route = json.dumps({"openai_route": "/v1/nothing", "openai_input": {}})
+    code, lines, _ = run_cli(baked_model_path, "--test_input", bad_route)
+    assert code == 1 and lines[-1]["status"] == "FAILED" and lines[-1]["error"]["code"] == "unknown_url"
+
+
+def test_bad_input_or_settings_stop_before_loading_the_model(baked_model_path) -> None:
+    code, lines, stderr = run_cli(baked_model_path, "--test_input", "{not json")
+    assert code == 2 and lines == [] and "bad test input" in stderr
+    code, _, stderr = run_cli(baked_model_path, "--test_input", "{}", MAX_CONCURRENCY="many")
+    assert code == 2 and stderr.strip().splitlines()[-1].startswith("error: environment variable MAX_CONCURRENCY=")

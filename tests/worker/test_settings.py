@@ -1,0 +1,59 @@
+"""Settings: defaults, RunPod's variable names, one-line errors, served-name resolution."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from worker.settings import SettingsError, accepted_model_names, load_settings, served_model_name
+
+
+def test_defaults_match_runpods_vllm_worker() -> None:
+    s = load_settings({})
+    assert s.raw_openai_output is True
+    assert s.response_role == "assistant"
+    assert s.served_model_name_override is None
+    assert (s.max_concurrency, s.default_batch_size, s.default_min_batch_size) == (30, 50, 1)
+    assert s.default_batch_size_growth_factor == 3
+    assert s.model_path == "/models/model"
+    assert s.enable_prefix_caching is True and s.dtype == "auto" and s.api_key is None
+
+
+def test_values_are_parsed_and_empty_strings_are_unset() -> None:
+    s = load_settings({
+        "RAW_OPENAI_OUTPUT": "0", "BASE_PATH": "/baked", "MAX_MODEL_LEN": "4096", "MAX_NUM_SEQS": "8",
+        "ENABLE_PREFIX_CACHING": "false", "DTYPE": "half", "MAX_CONCURRENCY": "7", "OPENAI_RESPONSE_ROLE": "bot",
+        "OPENAI_SERVED_MODEL_NAME_OVERRIDE": "", "CUSTOM_CHAT_TEMPLATE": "{{ messages }}",
+    })
+    assert s.raw_openai_output is False and s.model_path == "/baked/model"
+    assert (s.max_model_len, s.max_num_seqs, s.max_concurrency) == (4096, 8, 7)
+    assert s.enable_prefix_caching is False and s.dtype == "float16" and s.response_role == "bot"
+    assert s.served_model_name_override is None and s.custom_chat_template == "{{ messages }}"
+    assert load_settings({"MODEL_PATH": "/elsewhere", "BASE_PATH": "/baked"}).model_path == "/elsewhere"
+
+
+@pytest.mark.parametrize("name, value", [
+    ("MAX_CONCURRENCY", "lots"), ("MAX_CONCURRENCY", "0"), ("RAW_OPENAI_OUTPUT", "maybe"), ("DTYPE", "int3"),
+    ("DEFAULT_BATCH_SIZE_GROWTH_FACTOR", "0.5"), ("GPU_MEMORY_UTILIZATION", "1.5"), ("MAX_MODEL_LEN", "-1"),
+    ("DEVICE", "tpu"),
+])
+def test_a_bad_value_is_one_line_naming_the_variable(name: str, value: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings({name: value})
+    message = str(info.value)
+    assert name in message and repr(value) in message and "\n" not in message
+
+
+def test_served_name_comes_from_the_manifest_then_the_folder(tmp_path) -> None:
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    settings = load_settings({"MODEL_PATH": str(folder)})
+    assert served_model_name(settings) == "my-model"
+    (folder / "manifest.json").write_text(json.dumps({"served_model_name": "org/Model-1B"}))
+    assert served_model_name(settings) == "org/Model-1B"
+    override = load_settings({"MODEL_PATH": str(folder), "OPENAI_SERVED_MODEL_NAME_OVERRIDE": "mine"})
+    assert served_model_name(override) == "mine"
+    with_alias = load_settings({"MODEL_PATH": str(folder), "OPENAI_SERVED_MODEL_NAME_OVERRIDE": "mine",
+                                "MODEL_NAME": "hub/name"})
+    assert accepted_model_names(with_alias) == ["mine", "org/Model-1B", "hub/name"]

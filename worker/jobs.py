@@ -1,0 +1,92 @@
+"""A RunPod job -> its outputs: OpenAI pass-through (`openai_route` + `openai_input`) or a native job.
+
+Everything that can reject a request (parsing, model name, parameters, the prompt's length) runs
+before the first output, so a bad job yields exactly one OpenAI error object and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from worker.native import run_native
+from worker.openai.chat import complete_chat, prepare_chat, stream_chat
+from worker.openai.completions import complete, prepare_completion, stream_completion
+from worker.openai.errors import BadRequest, RouteNotFound, error_body
+from worker.openai.models import list_models, retrieve_model
+from worker.openai.streaming import BatchSize, openai_stream
+from worker.runtime import Runtime
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MODELS = "/v1/models"
+
+
+async def run_job(job: Any, runtime: Runtime) -> AsyncIterator[Any]:
+    """Yield the outputs of one job (`{"id": ..., "input": {...}}`); failures become error objects."""
+    source: AsyncIterator[Any] | None = None
+    try:
+        job_input = job.get("input") if isinstance(job, dict) else None
+        if not isinstance(job_input, dict):
+            raise BadRequest("the job's input must be a JSON object", param="input")
+        source = _openai(job_input, runtime) if "openai_route" in job_input else run_native(job_input, runtime)
+        first = await source.__anext__()
+    except StopAsyncIteration:
+        return
+    except Exception as exc:
+        if source is not None:
+            await source.aclose()
+        yield error_body(exc)
+        return
+    try:
+        yield first
+        async for output in source:
+            yield output
+    except Exception as exc:  # a native stream that fails midway: its partial output already went out
+        yield error_body(exc)
+    finally:
+        await source.aclose()
+
+
+def normalize_route(route: Any) -> str:
+    """`/v1/chat/completions`, also when written `v1/chat/completions/` or `/openai/v1/chat/completions`."""
+    if not isinstance(route, str):
+        raise BadRequest("openai_route must be a string such as /v1/chat/completions", param="openai_route")
+    path = "/" + route.strip().strip("/")
+    return path.removeprefix("/openai")
+
+
+async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[Any]:
+    route = normalize_route(job_input.get("openai_route"))
+    body = job_input.get("openai_input")
+    body = {} if body is None else body
+    if route == MODELS:
+        yield list_models(runtime)
+    elif route.startswith(MODELS + "/"):
+        yield retrieve_model(runtime, route[len(MODELS) + 1:])
+    elif route in (CHAT, COMPLETIONS):
+        call = prepare_chat(body, runtime) if route == CHAT else prepare_completion(body, runtime)
+        if not call.stream:
+            yield await (complete_chat(call) if route == CHAT else complete(call))
+            return
+        chunks = stream_chat(call) if route == CHAT else stream_completion(call)
+        first = await chunks.__anext__()  # the engine request has started: the request was accepted
+        settings = runtime.settings
+        sizes = BatchSize(settings.default_batch_size, settings.default_min_batch_size,
+                          settings.default_batch_size_growth_factor)
+        async with aclosing(openai_stream(_prepend(first, chunks), settings.raw_openai_output, sizes)) as groups:
+            async for group in groups:
+                yield group
+    else:
+        raise RouteNotFound(f"Unknown openai_route {route!r}: this worker serves {CHAT}, {COMPLETIONS} and {MODELS}",
+                            param="openai_route")
+
+
+async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()

@@ -1,0 +1,1 @@
+"""OpenAI-compatible routes: protocol models, chat, completions, models, streaming and errors."""

@@ -1,0 +1,86 @@
+"""Chat messages -> prompt token ids through the model's (or a custom) Jinja chat template."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.openai.errors import BadRequest
+
+
+@dataclass
+class ChatPrompt:
+    """What the template produced: its text and token ids, plus the messages as the template saw them."""
+
+    text: str
+    token_ids: list[int]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+
+def message_text(content: Any, index: int) -> str:
+    """A message's content as one string: text parts joined; other part types are not supported."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        kind = part.get("type")
+        if kind in ("text", "input_text") and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            raise BadRequest(f"content part type {kind!r} is not supported by this model; only text is",
+                             param=f"messages.[{index}].content")
+    return "\n".join(texts)
+
+
+def template_messages(messages: list[Any]) -> list[dict[str, Any]]:
+    """Messages as plain dicts with string content, the form every chat template handles."""
+    out = []
+    for index, message in enumerate(messages):
+        item = message.model_dump(exclude_none=True) if hasattr(message, "model_dump") else dict(message)
+        item["content"] = message_text(item.get("content"), index)
+        out.append(item)
+    return out
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: list[Any],
+    *,
+    chat_template: str | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    add_special_tokens: bool = False,
+    documents: list[dict[str, Any]] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> ChatPrompt:
+    """Render `messages` with the template (request's, else CUSTOM_CHAT_TEMPLATE, else the model's) and tokenize."""
+    plain = template_messages(messages)
+    if continue_final_message and plain[-1]["role"] == "system":
+        raise BadRequest("continue_final_message needs a final user or assistant message", param="messages")
+    kwargs = dict(template_kwargs or {})
+    # A user's kwargs must not override the arguments the API itself controls.
+    for reserved in ("messages", "tokenize", "chat_template", "add_generation_prompt", "continue_final_message"):
+        kwargs.pop(reserved, None)
+    if documents is not None:
+        kwargs["documents"] = documents
+    if tools is not None:
+        kwargs["tools"] = tools
+    if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
+        raise BadRequest("this model has no chat template; pass chat_template or use /v1/completions",
+                         param="chat_template")
+    try:
+        text = tokenizer.apply_chat_template(
+            plain,
+            tokenize=False,
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **kwargs,
+        )
+    except BadRequest:
+        raise
+    except Exception as exc:  # Jinja syntax errors, raise_exception() inside templates, bad kwargs
+        raise BadRequest(f"the chat template failed: {exc}", param="chat_template") from None
+    token_ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    return ChatPrompt(text=text, token_ids=token_ids, messages=plain)

@@ -1,0 +1,218 @@
+"""POST /v1/completions: prompts as text, token ids or lists of either; whole answers or streamed chunks.
+
+Each prompt is its own engine request; choice i of prompt p is index p * n + i, as in OpenAI's API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from engine.detokenizer import token_text
+from engine.outputs import PositionLogprobs, RequestOutput
+from engine.sampling import SamplingParams
+from worker.openai.errors import BadRequest
+from worker.openai.generation import Collected, collect, engine_request_id, merge, response_id, start_all
+from worker.openai.logprobs import completion_logprobs, prompt_logprobs
+from worker.openai.models import check_model
+from worker.openai.params import openai_sampling_params
+from worker.openai.protocol import CompletionRequest
+from worker.openai.usage import usage
+from worker.runtime import Runtime
+
+
+@dataclass
+class CompletionCall:
+    """A validated completions request: its prompts tokenized, ready to run."""
+
+    runtime: Runtime
+    request: CompletionRequest
+    prompts: list[list[int]]
+    params: SamplingParams
+    id: str
+    created: int
+    model: str
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.request.stream)
+
+
+def prepare_completion(body: Any, runtime: Runtime) -> CompletionCall:
+    """Parse, check the model and parameters, and tokenize every prompt."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    request = CompletionRequest.model_validate(body)
+    model = check_model(runtime, request.model)
+    params = openai_sampling_params(request, runtime.max_model_len)
+    prompts = _tokenize(runtime.tokenizer, request.prompt, request.add_special_tokens)
+    return CompletionCall(runtime, request, prompts, params, response_id("cmpl", request.request_id),
+                          int(time.time()), model)
+
+
+def _tokenize(tokenizer: Any, prompt: Any, add_special_tokens: bool) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [tokenizer.encode(prompt, add_special_tokens=add_special_tokens)]
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    return [list(p) if isinstance(p, list) else tokenizer.encode(p, add_special_tokens=add_special_tokens)
+            for p in prompt]
+
+
+async def complete(call: CompletionCall) -> dict[str, Any]:
+    """The whole `text_completion` object."""
+    started = await start_all(call.runtime.engine, call.prompts, call.params, engine_request_id(call.id))
+    tasks = [asyncio.ensure_future(collect(s)) for s in started]
+    try:
+        results = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:  # one prompt failed or the caller went away: stop the others too
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    request = call.request
+    choices = []
+    for p, result in enumerate(results):
+        echo = _Echo(call, result.prompt_token_ids, result.prompt_logprobs) if request.echo else None
+        for index in sorted(result.choices):
+            choice = result.choices[index]
+            text = (echo.text if echo else "") + choice.text
+            logprobs = None
+            if request.logprobs is not None:
+                generated = list(choice.logprobs or [])
+                logprobs = echo.logprobs(generated, request.logprobs) if echo else completion_logprobs(
+                    generated, request.logprobs)
+            item = {"index": p * request.n + index, "text": text, "logprobs": logprobs,
+                    "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
+            _extras(call, item, result, choice.token_ids)
+            choices.append(item)
+    return {
+        "id": call.id,
+        "object": "text_completion",
+        "created": call.created,
+        "model": call.model,
+        "choices": choices,
+        "usage": _total_usage(results),
+        "system_fingerprint": None,
+    }
+
+
+def _extras(call: CompletionCall, item: dict[str, Any], result: Collected, token_ids: list[int]) -> None:
+    """vLLM's optional fields: prompt_token_ids / token_ids and prompt_logprobs."""
+    if call.request.return_token_ids:
+        item["prompt_token_ids"] = list(result.prompt_token_ids)
+        item["token_ids"] = list(token_ids)
+    if call.request.prompt_logprobs is not None:
+        item["prompt_logprobs"] = prompt_logprobs(result.prompt_logprobs)
+
+
+def _total_usage(results: list[Collected]) -> dict[str, Any]:
+    return usage(sum(r.num_prompt_tokens for r in results), sum(r.num_generated_tokens for r in results),
+                 sum(r.num_cached_tokens for r in results))
+
+
+class _Echo:
+    """The prompt as `echo` returns it: its text, and per token its text and logprobs (the first has none)."""
+
+    def __init__(self, call: CompletionCall, prompt_ids: list[int], positions: list[PositionLogprobs | None] | None):
+        tokenizer = call.runtime.tokenizer
+        self.text = tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        self.positions: list[PositionLogprobs | None] = list(positions or [None] * len(prompt_ids))
+        self.texts = [token_text(tokenizer, tid) for tid in prompt_ids]
+
+    def logprobs(self, generated: list[PositionLogprobs], top: int) -> dict[str, Any]:
+        """Completion logprobs of the echoed prompt followed by the generated tokens."""
+        texts = self.texts + [position.chosen.token for position in generated]
+        return completion_logprobs(self.positions + list(generated), top, tokens_text=texts)
+
+
+async def stream_completion(call: CompletionCall) -> AsyncIterator[dict[str, Any]]:
+    """`text_completion` chunks: text deltas per choice, a finish chunk per choice, then usage if asked.
+
+    Every prompt's request starts before the first chunk, so a bad request raises from the first
+    `__anext__` instead of streaming.
+    """
+    started = await start_all(call.runtime.engine, call.prompts, call.params, engine_request_id(call.id))
+    state = _StreamState(call)
+    try:
+        async for p, output in merge(started):
+            for chunk in state.chunks(p, output):
+                yield chunk
+    finally:
+        for stream in started:
+            await stream.aclose()
+    if state.include_usage:
+        yield state.usage_chunk()
+
+
+class _StreamState:
+    """What a completions stream remembers between engine outputs: per-choice text offsets, per-prompt usage."""
+
+    def __init__(self, call: CompletionCall) -> None:
+        self.call = call
+        options = call.request.stream_options
+        self.include_usage = bool(options and options.include_usage)
+        self.offsets: dict[int, int] = {}  # choice index -> characters sent so far
+        self.first: dict[int, RequestOutput] = {}  # prompt -> its first output (prompt ids and logprobs)
+        self.latest: dict[int, RequestOutput] = {}  # prompt -> its latest output (running usage)
+
+    def chunk(self, choice: dict[str, Any] | None, usage_: dict[str, Any] | None = None) -> dict[str, Any]:
+        call = self.call
+        out = {"id": call.id, "object": "text_completion", "created": call.created, "model": call.model,
+               "choices": [choice] if choice is not None else []}
+        if self.include_usage:
+            out["usage"] = usage_
+        return out
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return self.chunk(None, _total_usage([_as_collected(o) for o in self.latest.values()]))
+
+    def chunks(self, p: int, output: RequestOutput) -> list[dict[str, Any]]:
+        request = self.call.request
+        self.first.setdefault(p, output)
+        self.latest[p] = output
+        out = []
+        for delta in output.outputs:
+            index = p * request.n + delta.index
+            if index not in self.offsets:
+                self.offsets[index] = 0
+                if request.echo or request.return_token_ids or request.prompt_logprobs is not None:
+                    out.append(self.chunk(self._opening(index, self.first[p])))
+            logprobs = None
+            if request.logprobs is not None and delta.logprobs:
+                logprobs = completion_logprobs(list(delta.logprobs), request.logprobs, offset=self.offsets[index])
+            self.offsets[index] += len(delta.text)
+            if delta.text or logprobs is not None or (request.return_token_ids and delta.token_ids):
+                item = {"index": index, "text": delta.text, "logprobs": logprobs, "finish_reason": None}
+                if request.return_token_ids:
+                    item["token_ids"] = list(delta.token_ids)
+                out.append(self.chunk(item))
+            if delta.finish_reason is not None:
+                out.append(self.chunk({"index": index, "text": "", "logprobs": None,
+                                       "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason}))
+        return out
+
+    def _opening(self, index: int, first: RequestOutput) -> dict[str, Any]:
+        """A choice's opening chunk: the echoed prompt (with its logprobs) and the prompt-level extras."""
+        request = self.call.request
+        item: dict[str, Any] = {"index": index, "text": "", "logprobs": None, "finish_reason": None}
+        if request.echo:
+            echo = _Echo(self.call, list(first.prompt_token_ids), first.prompt_logprobs)
+            item["text"] = echo.text
+            if request.logprobs is not None:
+                item["logprobs"] = echo.logprobs([], request.logprobs)
+            self.offsets[index] = len(echo.text)
+        if request.return_token_ids:
+            item["prompt_token_ids"] = list(first.prompt_token_ids)
+            item["token_ids"] = []
+        if request.prompt_logprobs is not None:
+            item["prompt_logprobs"] = prompt_logprobs(first.prompt_logprobs)
+        return item
+
+
+def _as_collected(output: RequestOutput) -> Collected:
+    return Collected(num_prompt_tokens=output.num_prompt_tokens or len(output.prompt_token_ids),
+                     num_generated_tokens=output.num_generated_tokens, num_cached_tokens=output.num_cached_tokens)

@@ -1,0 +1,110 @@
+"""The one place where errors become OpenAI error objects with an HTTP-style status.
+
+Inside, code raises typed exceptions (the engine's InvalidRequest / ContextTooLong, this module's
+ModelNotFound / AuthenticationFailed, pydantic's ValidationError at the request edge); `error_body`
+turns any of them into `{"error": {"message", "type", "param", "code"}}` and `status_of` reads the
+status back from such a body (from its type and code), so the handler yields plain OpenAI JSON and
+the local server still answers with the right status code.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+
+from engine.errors import ContextTooLong, EngineError, InvalidRequest
+
+log = logging.getLogger("worker")
+
+
+class WorkerError(Exception):
+    """An error raised by the worker layer itself, with its OpenAI type, code and status."""
+
+    status = 400
+    type = "invalid_request_error"
+    code: str | None = None
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class BadRequest(WorkerError):
+    """A malformed request or a value out of range (400)."""
+
+
+class ModelNotFound(WorkerError):
+    """The request names a model this worker does not serve (404)."""
+
+    status = 404
+    code = "model_not_found"
+
+
+class RouteNotFound(WorkerError):
+    """An openai_route (or URL) this worker does not serve (404)."""
+
+    status = 404
+    code = "unknown_url"
+
+
+class AuthenticationFailed(WorkerError):
+    """A missing or wrong API key on the local endpoint (401)."""
+
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+def _param_of(loc: tuple[Any, ...]) -> str | None:
+    """pydantic's error location as OpenAI writes params: messages.[0].content."""
+    parts = [f"[{p}]" if isinstance(p, int) else str(p) for p in loc]
+    return ".".join(parts) or None
+
+
+def _describe_validation(exc: ValidationError) -> tuple[str, str | None]:
+    error = exc.errors()[0]
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    param = _param_of(loc)
+    if error["type"] == "missing":
+        return f"Missing required parameter: '{param}'.", param
+    # Unions report the branch they tried (e.g. "str"); that is noise for a client.
+    loc = tuple(p for p in loc if p not in {"str", "list[str]", "list[int]", "list[list[int]]", "int", "float"})
+    param = _param_of(loc)
+    message = error["msg"].removeprefix("Value error, ")
+    return (f"Invalid value for '{param}': {message}" if param else message), param
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    """The OpenAI error object for any exception; unexpected ones are logged with their stack, not shown."""
+    if isinstance(exc, WorkerError):
+        return _body(exc.message, exc.type, exc.param, exc.code, exc.status)
+    if isinstance(exc, ValidationError):
+        message, param = _describe_validation(exc)
+        return _body(message, "invalid_request_error", param, None, 400)
+    if isinstance(exc, ContextTooLong):
+        return _body(exc.message, "invalid_request_error", exc.param, "context_length_exceeded", 400)
+    if isinstance(exc, (InvalidRequest, EngineError)):
+        return _body(exc.message, "invalid_request_error", exc.param, None, 400)
+    log.exception("unexpected error while serving a request", exc_info=exc)
+    return _body(f"Internal server error ({type(exc).__name__}).", "server_error", None, None, 500)
+
+
+def _body(message: str, type_: str, param: str | None, code: str | None, status: int) -> dict[str, Any]:
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    assert status_of(body) == status, (type_, code, status)
+    return body
+
+
+_STATUS_BY_CODE = {"model_not_found": 404, "unknown_url": 404}
+_STATUS_BY_TYPE = {"authentication_error": 401, "server_error": 500}
+
+
+def status_of(body: Any) -> int | None:
+    """The HTTP status of an OpenAI error body, or None when `body` is not one."""
+    if not (isinstance(body, dict) and isinstance(body.get("error"), dict)):
+        return None
+    error = body["error"]
+    return _STATUS_BY_CODE.get(error.get("code")) or _STATUS_BY_TYPE.get(error.get("type"), 400)

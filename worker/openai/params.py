@@ -1,0 +1,111 @@
+"""Request fields -> the engine's SamplingParams, for OpenAI requests and native `sampling_params`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.sampling import SamplingParams
+from worker.openai.errors import BadRequest
+from worker.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+# RunPod's vLLM worker documents 0.7 as the temperature default of its OpenAI routes.
+DEFAULT_TEMPERATURE = 0.7
+# Native jobs stop after this many tokens unless they say otherwise (RunPod's vLLM worker does the same).
+NATIVE_DEFAULT_MAX_TOKENS = 100
+
+# Fields copied under the same name when the request sets them.
+_SHARED = (
+    "n", "best_of", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed",
+    "use_beam_search", "length_penalty", "early_stopping", "stop_token_ids", "include_stop_str_in_output",
+    "ignore_eos", "min_tokens", "allowed_token_ids", "bad_words", "skip_special_tokens",
+    "spaces_between_special_tokens", "prompt_logprobs",
+)
+
+
+def openai_sampling_params(request: ChatCompletionRequest | CompletionRequest, max_model_len: int) -> SamplingParams:
+    """The engine parameters of an OpenAI request; raises BadRequest naming the parameter."""
+    if request.response_format is not None and request.response_format.type != "text":
+        raise BadRequest(f"response_format type {request.response_format.type!r} is not supported; "
+                         "only 'text' is", param="response_format")
+    if isinstance(request, CompletionRequest) and request.suffix:
+        raise BadRequest("suffix is not supported", param="suffix")
+    fields: dict[str, Any] = {name: getattr(request, name) for name in _SHARED if getattr(request, name) is not None}
+    fields["temperature"] = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
+    fields["top_k"] = request.top_k if request.top_k is not None else 0
+    fields["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
+    fields["logit_bias"] = _logit_bias(request)
+    fields["max_tokens"] = request.output_limit
+    fields["truncate_prompt_tokens"] = _truncation(request.truncate_prompt_tokens, max_model_len)
+    if isinstance(request, ChatCompletionRequest):
+        fields["logprobs"] = (request.top_logprobs or 0) if request.logprobs else None
+    else:
+        fields["logprobs"] = request.logprobs
+        if request.echo and request.logprobs is not None:
+            # Echoed prompt tokens carry logprobs too, as in vLLM and OpenAI's legacy API.
+            fields["prompt_logprobs"] = max(request.logprobs, request.prompt_logprobs or 0)
+    return SamplingParams(**fields)
+
+
+def _logit_bias(request: SamplingFields) -> dict[int, float] | None:
+    if not request.logit_bias:
+        return None
+    bias = {}
+    for key, value in request.logit_bias.items():
+        try:
+            bias[int(key)] = value
+        except ValueError:
+            raise BadRequest(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+    return bias
+
+
+def _truncation(value: int | None, max_model_len: int) -> int | None:
+    # vLLM reads -1 as "keep as many prompt tokens as the context holds".
+    return max_model_len if value == -1 else value
+
+
+class NativeSamplingParams(BaseModel):
+    """`sampling_params` of a native job: vLLM's SamplingParams names; unknown names are a 400."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = 1
+    best_of: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool = False
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    max_tokens: int | None = Field(NATIVE_DEFAULT_MAX_TOKENS)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
+
+
+def native_sampling_params(raw: Any, max_model_len: int) -> SamplingParams:
+    """The engine parameters of a native job's `sampling_params` (raises ValidationError / InvalidRequest)."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise BadRequest("sampling_params must be an object", param="sampling_params")
+    fields = NativeSamplingParams.model_validate(raw).model_dump()
+    fields["top_k"] = 0 if fields["top_k"] == -1 else fields["top_k"]
+    fields["truncate_prompt_tokens"] = _truncation(fields["truncate_prompt_tokens"], max_model_len)
+    return SamplingParams(**fields)

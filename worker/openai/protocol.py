@@ -1,0 +1,145 @@
+"""Request models of the OpenAI routes: OpenAI's parameters plus vLLM's and SGLang's extras.
+
+Unknown fields are accepted and ignored (clients such as LangChain send their own); known ones are
+typed and range-checked here, so a bad value is a 400 that names the parameter as the client spelled
+it (cross-field checks raise BadRequest, which pydantic lets through, to name theirs). Defaults follow
+OpenAI: completions stop after 16 tokens, chat runs to the end of the context.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+
+from worker.openai.errors import BadRequest
+
+MAX_LOGPROBS = 20
+INT64 = 2**63
+
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: StrictBool | None = False
+    continuous_usage_stats: StrictBool | None = False
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema"]
+
+
+class SamplingFields(BaseModel):
+    """The sampling parameters chat and completions share (vLLM's names where OpenAI has none)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    n: int = Field(1, ge=1, le=128)
+    best_of: int | None = Field(None, ge=1, le=128)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    logit_bias: dict[str, Bias] | None = None
+    seed: int | None = Field(None, ge=-INT64, lt=INT64)
+    stop: str | list[str] | None = None
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    use_beam_search: StrictBool = False
+    length_penalty: float = 1.0
+    early_stopping: StrictBool = False
+    ignore_eos: StrictBool = False
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    bad_words: list[str] | None = None
+    echo: StrictBool = False
+    request_id: str | None = Field(None, min_length=1, max_length=256)
+    return_token_ids: StrictBool | None = False
+    response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def _check_best_of(self) -> SamplingFields:
+        if self.best_of is not None and self.best_of < self.n:
+            raise BadRequest(f"best_of must be >= n, got best_of={self.best_of} and n={self.n}", param="best_of")
+        if self.stream_options is not None and not self.stream:
+            raise BadRequest("stream_options is only allowed when stream is true", param="stream_options")
+        return self
+
+
+class ChatMessage(BaseModel):
+    """One chat message; content may be a string or a list of content parts (text only here)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(min_length=1)
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: StrictBool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _check_chat(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise BadRequest("logprobs must be true when top_logprobs is set", param="top_logprobs")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise BadRequest("continue_final_message and add_generation_prompt cannot both be true; "
+                             "set add_generation_prompt to false to continue the final message",
+                             param="continue_final_message")
+        return self
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: Prompt
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_special_tokens: StrictBool = True
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _check_prompt(self) -> CompletionRequest:
+        if self.prompt == [] or self.prompt == "" or any(p == [] for p in self.prompt if isinstance(p, list)):
+            raise BadRequest("prompt must not be empty", param="prompt")
+        return self
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_tokens

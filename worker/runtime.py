@@ -1,0 +1,100 @@
+"""The engine singleton and what every request needs next to it (settings, served names, start time).
+
+The engine import happens here, inside `start`, so importing `worker` stays free of torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from worker.settings import Settings, accepted_model_names
+
+log = logging.getLogger("worker")
+
+
+@dataclass
+class Runtime:
+    """The running engine plus the worker's view of it."""
+
+    settings: Settings
+    engine: Any  # engine.engine.AsyncEngine (not imported at module level: it brings torch)
+    model_names: list[str]  # accepted request names; the first is the one responses carry
+    created: int  # unix time the model was loaded, reported by /v1/models
+
+    @property
+    def served_model_name(self) -> str:
+        return self.model_names[0]
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+
+_current: Runtime | None = None
+
+
+def start(settings: Settings) -> Runtime:
+    """Build the engine once (later calls return the same runtime) and log one line describing it."""
+    global _current
+    if _current is not None:
+        return _current
+    from engine.config import EngineConfig
+    from engine.engine import AsyncEngine
+
+    config = EngineConfig(
+        model_path=settings.model_path,
+        dtype=settings.dtype,
+        device=settings.device,
+        attention_backend=settings.attention_backend,
+        max_model_len=settings.max_model_len,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        page_size=settings.block_size,
+        num_kv_pages=settings.num_gpu_blocks_override,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        enforce_eager=settings.enforce_eager,
+        seed=settings.seed,
+    )
+    engine = AsyncEngine(config)
+    _current = Runtime(settings=settings, engine=engine, model_names=accepted_model_names(settings),
+                       created=int(time.time()))
+    log.info("serving %s", describe(_current))
+    return _current
+
+
+def current() -> Runtime:
+    """The runtime `start` built; a RuntimeError before that."""
+    if _current is None:
+        raise RuntimeError("the engine has not been started (worker.runtime.start)")
+    return _current
+
+
+def engine_stats(runtime: Runtime) -> dict[str, Any]:
+    """describe() plus the live load (free KV pages, cached prefix pages included) for /health."""
+    info = dict(runtime.engine.describe())
+    inner = getattr(runtime.engine, "engine", None)  # AsyncEngine's LLMEngine
+    allocator = getattr(inner, "allocator", None)
+    if "kv_pages_free" not in info and allocator is not None:
+        info["kv_pages_free"] = allocator.num_free
+    return info
+
+
+def describe(runtime: Runtime) -> str:
+    """One line: model, served name, backend, dtype and KV pool size."""
+    info = dict(runtime.engine.describe())
+    kv_bytes = info.get("kv_bytes") or info.get("kv bytes")
+    kv_size = f" ({kv_bytes / 2**20:.0f} MiB)" if isinstance(kv_bytes, (int, float)) else ""
+    return (
+        f"model={info.get('model', runtime.settings.model_path)} served_as={runtime.served_model_name} "
+        f"backend={info.get('backend')} dtype={info.get('dtype')} device={info.get('device')} "
+        f"kv_pages={info.get('kv_pages', info.get('kv pages'))}x{info.get('page_size', info.get('page size'))}"
+        f"{kv_size} max_model_len={runtime.max_model_len}"
+    )

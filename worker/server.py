@@ -1,0 +1,178 @@
+"""The local endpoint: RunPod's URL layout on loopback, every route through the production handler.
+
+    /openai/v1/{models, models/<id>, chat/completions, completions}    (also under /v2/<endpoint_id>/)
+    /v2/<endpoint_id>/{run, runsync, stream/<job_id>, status/<job_id>, cancel/<job_id>, health}
+    /run, /runsync, /stream/<job_id>, ... and /health                     (the RunPod SDK's local paths)
+
+OpenAI routes wrap the request body into the job RunPod's platform would send
+(`{"openai_route": ..., "openai_input": ...}`) and stream the handler's SSE text back as it comes.
+When RUNPOD_API_KEY is set, every route except /health needs `Authorization: Bearer <key>`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from worker.job_store import Handler, JobStore, is_error
+from worker.openai.errors import AuthenticationFailed, BadRequest, RouteNotFound, error_body, status_of
+from worker.openai.streaming import SSE_DONE, sse
+from worker.settings import Settings
+
+OPENAI_PREFIXES = ("/openai/v1", "/v2/{endpoint_id}/openai/v1")
+JOB_PREFIXES = ("", "/v2/{endpoint_id}")
+
+
+def _error(exc: Exception, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = error_body(exc)
+    return JSONResponse(body, status_code=status_of(body) or 500, headers=headers)
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("We could not parse the JSON body of your request. The body must be valid JSON.") from None
+
+
+def create_app(handler: Handler, settings: Settings) -> FastAPI:
+    """The FastAPI app; `handler` is the production async generator handler."""
+    app = FastAPI(title="RunPod LLM worker (local)", docs_url=None, redoc_url=None, openapi_url=None)
+    store = JobStore(handler)
+    app.state.jobs = store
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Any) -> Response:
+        if settings.api_key and not request.url.path.rstrip("/").endswith("/health"):
+            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+            if not secrets.compare_digest(given.encode(), settings.api_key.encode()):
+                return _error(AuthenticationFailed("Incorrect API key provided."))
+        return await call_next(request)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
+        return _error(exc)
+
+    openai = APIRouter()
+
+    @openai.get("/models")
+    async def models() -> Response:
+        return await _openai_call(handler, "/v1/models", {}, None)
+
+    @openai.get("/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        return await _openai_call(handler, f"/v1/models/{model_id}", {}, None)
+
+    @openai.post("/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await _openai_call(handler, "/v1/chat/completions", await _json_body(request), request)
+
+    @openai.post("/completions")
+    async def completions(request: Request) -> Response:
+        return await _openai_call(handler, "/v1/completions", await _json_body(request), request)
+
+    @openai.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    async def unknown(rest: str) -> Response:
+        return _error(RouteNotFound(f"Unknown route /v1/{rest}", param=None))
+
+    jobs = APIRouter()
+
+    @jobs.post("/run")
+    async def run(request: Request) -> Response:
+        job = store.submit(await _job_input(request))
+        return JSONResponse({"id": job.id, "status": job.status})
+
+    @jobs.post("/runsync")
+    async def runsync(request: Request) -> Response:
+        job = store.submit(await _job_input(request))
+        return JSONResponse(await store.wait(job))
+
+    @jobs.api_route("/stream/{job_id}", methods=["GET", "POST"])
+    async def stream(job_id: str) -> Response:
+        job = store.get(job_id)
+        return JSONResponse(await store.stream(job)) if job else _job_not_found(job_id)
+
+    @jobs.api_route("/status/{job_id}", methods=["GET", "POST"])
+    async def status(job_id: str) -> Response:
+        job = store.get(job_id)
+        return JSONResponse(job.result()) if job else _job_not_found(job_id)
+
+    @jobs.post("/cancel/{job_id}")
+    async def cancel(job_id: str) -> Response:
+        job = store.get(job_id)
+        return JSONResponse(await store.cancel(job)) if job else _job_not_found(job_id)
+
+    @jobs.get("/health")
+    async def health() -> Response:
+        from worker.runtime import current, engine_stats
+
+        jobs = store.health()
+        running = int(jobs["inProgress"] > 0)
+        return JSONResponse({"jobs": jobs, "workers": {"idle": 1 - running, "running": running},
+                             "engine": engine_stats(current())})
+
+    for prefix in OPENAI_PREFIXES:
+        app.include_router(openai, prefix=prefix)
+    for prefix in JOB_PREFIXES:
+        app.include_router(jobs, prefix=prefix)
+    return app
+
+
+async def _job_input(request: Request) -> Any:
+    body = await _json_body(request)
+    if not isinstance(body, dict) or "input" not in body:
+        raise BadRequest('the body must be a JSON object with an "input" field', param="input")
+    return body["input"]
+
+
+def _job_not_found(job_id: str) -> JSONResponse:
+    return _error(RouteNotFound(f"no job {job_id!r} on this worker", param="job_id"))
+
+
+async def _openai_call(handler: Handler, route: str, body: Any, request: Request | None) -> Response:
+    """Run an OpenAI request as the job RunPod would send, answering JSON or an SSE stream."""
+    header_id = request.headers.get("x-request-id") if request is not None else None
+    if header_id and isinstance(body, dict) and not body.get("request_id"):
+        body = {**body, "request_id": header_id}
+    request_id = header_id or (body.get("request_id") if isinstance(body, dict) else None)
+    headers = {"X-Request-Id": str(request_id)} if request_id else None
+    job = {"id": f"openai-{uuid.uuid4().hex}", "input": {"openai_route": route, "openai_input": body}}
+    outputs = handler(job)
+    try:
+        first = await outputs.__anext__()
+    except StopAsyncIteration:
+        return _error(RuntimeError("the handler produced no output"))
+    except BaseException:
+        await outputs.aclose()
+        raise
+    if is_error(first) or not (isinstance(body, dict) and body.get("stream") is True):
+        await outputs.aclose()
+        return JSONResponse(first, status_code=status_of(first) or 200, headers=headers)
+    return StreamingResponse(_sse(first, outputs), media_type="text/event-stream", headers=headers)
+
+
+async def _sse(first: Any, outputs: AsyncIterator[Any]) -> AsyncIterator[str]:
+    """The handler's yields as SSE text: raw text as is; lists of chunk objects (RAW_OPENAI_OUTPUT=0) encoded."""
+    raw = isinstance(first, str)
+    try:
+        yield first if raw else "".join(sse(chunk) for chunk in first)
+        async for output in outputs:
+            yield output if isinstance(output, str) else "".join(sse(chunk) for chunk in output)
+        if not raw:
+            yield SSE_DONE
+    finally:
+        await outputs.aclose()
+
+
+def serve(handler: Handler, settings: Settings, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve the local endpoint until interrupted."""
+    import uvicorn
+
+    uvicorn.run(create_app(handler, settings), host=host, port=port, log_level="info", timeout_graceful_shutdown=5)

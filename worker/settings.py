@@ -1,0 +1,119 @@
+"""Every environment variable the worker reads, typed and validated in one place.
+
+Names follow RunPod's vLLM worker where one exists. Plain pydantic rather than pydantic-settings: it
+imports in a third of the time, and cold start is what serverless pays for. Empty strings count as
+unset, because RunPod templates often carry variables with blank values.
+
+`RUNPOD_API_KEY`, when set, is the key the local endpoint (`handler.py --serve`) requires as
+`Authorization: Bearer <key>` on every route except /health; clients configured for the hosted
+endpoint (api_key=RUNPOD_API_KEY) then work unchanged against the local one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MANIFEST = "manifest.json"
+
+
+class SettingsError(ValueError):
+    """A bad environment variable: the message is one line naming it and what it accepts."""
+
+
+class Settings(BaseModel):
+    """The worker's configuration; field aliases are the environment variable names."""
+
+    model_config = ConfigDict(populate_by_name=True, frozen=True, extra="ignore")
+
+    # Model and naming
+    base_path: str = Field("/models", alias="BASE_PATH")
+    model_path_env: str | None = Field(None, alias="MODEL_PATH")
+    model_name: str | None = Field(None, alias="MODEL_NAME")
+    served_model_name_override: str | None = Field(None, alias="OPENAI_SERVED_MODEL_NAME_OVERRIDE")
+    response_role: str = Field("assistant", alias="OPENAI_RESPONSE_ROLE", min_length=1)
+    raw_openai_output: bool = Field(True, alias="RAW_OPENAI_OUTPUT")
+    custom_chat_template: str | None = Field(None, alias="CUSTOM_CHAT_TEMPLATE")
+
+    # Engine
+    max_model_len: int | None = Field(None, alias="MAX_MODEL_LEN", ge=1)
+    max_num_seqs: int = Field(256, alias="MAX_NUM_SEQS", ge=1)
+    max_num_batched_tokens: int = Field(2048, alias="MAX_NUM_BATCHED_TOKENS", ge=1)
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field("auto", alias="DTYPE")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", alias="DEVICE")
+    attention_backend: Literal["auto", "flashinfer", "torch"] = Field("auto", alias="ATTENTION_BACKEND")
+    enable_prefix_caching: bool = Field(True, alias="ENABLE_PREFIX_CACHING")
+    block_size: int = Field(16, alias="BLOCK_SIZE", ge=1)
+    gpu_memory_utilization: float = Field(0.90, alias="GPU_MEMORY_UTILIZATION", gt=0.0, le=1.0)
+    num_gpu_blocks_override: int | None = Field(None, alias="NUM_GPU_BLOCKS_OVERRIDE", ge=1)
+    enforce_eager: bool = Field(False, alias="ENFORCE_EAGER")
+    seed: int = Field(0, alias="SEED")
+
+    # RunPod job handling
+    max_concurrency: int = Field(30, alias="MAX_CONCURRENCY", ge=1)
+    default_batch_size: int = Field(50, alias="DEFAULT_BATCH_SIZE", ge=1)
+    default_min_batch_size: int = Field(1, alias="DEFAULT_MIN_BATCH_SIZE", ge=1)
+    default_batch_size_growth_factor: float = Field(3.0, alias="DEFAULT_BATCH_SIZE_GROWTH_FACTOR", ge=1.0)
+
+    # Local endpoint
+    api_key: str | None = Field(None, alias="RUNPOD_API_KEY")
+
+    @property
+    def model_path(self) -> str:
+        return self.model_path_env or str(Path(self.base_path) / "model")
+
+
+_DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _env_names() -> dict[str, str]:
+    return {field.alias: name for name, field in Settings.model_fields.items() if field.alias}
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read the settings from `environ` (default os.environ); raise SettingsError with a one-line message."""
+    environ = os.environ if environ is None else environ
+    values = {alias: environ[alias] for alias in _env_names() if environ.get(alias, "").strip() != ""}
+    if "DTYPE" in values:
+        dtype = values["DTYPE"].strip().lower()
+        values["DTYPE"] = _DTYPE_ALIASES.get(dtype, dtype)
+    for key in ("DEVICE", "ATTENTION_BACKEND"):
+        if key in values:
+            values[key] = values[key].strip().lower()
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = str(error["loc"][0]) if error["loc"] else "settings"
+        got = environ.get(name, "")
+        raise SettingsError(f"environment variable {name}={got!r} is invalid: {error['msg']}") from None
+
+
+def served_model_name(settings: Settings) -> str:
+    """The name the model is served under: the override, else the baker's manifest, else the folder name."""
+    if settings.served_model_name_override:
+        return settings.served_model_name_override
+    return baked_model_name(settings.model_path)
+
+
+def baked_model_name(model_path: str) -> str:
+    """`served_model_name` from the folder's manifest.json, or the folder's own name when there is none."""
+    manifest = Path(model_path) / MANIFEST
+    try:
+        name = json.loads(manifest.read_text()).get("served_model_name")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return name if isinstance(name, str) and name else Path(model_path).resolve().name
+
+
+def accepted_model_names(settings: Settings) -> list[str]:
+    """Every name a request's `model` may carry, the served (primary) one first."""
+    names = [served_model_name(settings), baked_model_name(settings.model_path)]
+    if settings.model_name:
+        names.append(settings.model_name)
+    return list(dict.fromkeys(names))
