@@ -26,6 +26,11 @@ def flashinfer_available() -> bool:
     return True
 
 
+def use_fused_kernels(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a model on `device` in `dtype` should run FlashInfer's norm / RoPE / activation kernels."""
+    return device.type == "cuda" and dtype in HALF_DTYPES and flashinfer_available()
+
+
 def _fused(t: torch.Tensor) -> bool:
     return t.is_cuda and t.dtype in HALF_DTYPES and flashinfer_available()
 
@@ -136,8 +141,12 @@ def _per_row(value: torch.Tensor | float, rows: int, device: torch.device, dtype
     return torch.full((rows,), value, device=device, dtype=dtype)
 
 
-def warmup(hidden_size: int, intermediate_size: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-    """Calls each kernel once on a few rows, so FlashInfer's JIT builds happen at start-up."""
+def warmup(
+    hidden_size: int, intermediate_size: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+    sampling: bool = True,
+) -> None:
+    """Calls each kernel once on a few rows, so FlashInfer's JIT builds happen at start-up.
+    sampling=False skips the sampling kernel (a build of minutes) when nothing will call it."""
     x = torch.randn(4, hidden_size, dtype=dtype, device=device)
     w = torch.ones(hidden_size, dtype=dtype, device=device)
     rmsnorm(x, w, 1e-6)
@@ -148,7 +157,8 @@ def warmup(hidden_size: int, intermediate_size: int, head_dim: int, dtype: torch
     apply_rope_with_cos_sin_cache_inplace(
         torch.arange(4, device=device), qk[:, :1], qk[:, 1:], head_dim, cos_sin_cache(half.cos(), half.sin())
     )
-    top_k_top_p_sampling_from_logits(torch.randn(2, 1000, device=device), 5, 0.9)
+    if sampling:
+        top_k_top_p_sampling_from_logits(torch.randn(2, 1000, device=device), 5, 0.9)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

@@ -1,4 +1,8 @@
-"""Building blocks of Llama-family decoders: RMSNorm, rotary embedding (with HF rope scaling), SiLU-and-mul."""
+"""Building blocks of Llama-family decoders: RMSNorm, rotary embedding (with HF rope scaling), SiLU-and-mul.
+
+On CUDA with a half dtype the model switches these to engine.kernels (FlashInfer) once, at init_rotary();
+the torch code below is the CPU path and stays exactly as it was.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +12,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import kernels
 from engine.errors import UnsupportedModel
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in float32 like transformers, optionally fused with the residual add."""
+    """RMSNorm computed in float32 like transformers, optionally fused with the residual add.
+
+    `fused` (set once by the model on CUDA) routes both methods to FlashInfer's kernels.
+    """
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fused = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return kernels.rmsnorm(x, self.weight, self.eps)
         if x.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         # transformers: normalise in float32, cast back, then scale in the model dtype. F.rms_norm's
@@ -27,7 +38,11 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (norm(x + residual), x + residual): the pre-norm decoder's residual stream step."""
+        """Returns (norm(x + residual), x + residual): the pre-norm decoder's residual stream step.
+
+        Both inputs may be overwritten (they are step-local activations)."""
+        if self.fused:
+            return kernels.fused_add_rmsnorm(x, residual, self.weight, self.eps)
         residual = x.add_(residual)
         return self.forward(residual), residual
 
@@ -136,6 +151,9 @@ def _yarn_inv_freq(head_dim: int, base: float, rope: dict, max_pos: int) -> tupl
 class RotaryEmbedding:
     """Precomputed cos/sin tables (half head_dim wide) indexed by absolute positions.
 
+    fused (CUDA): instead of the model-dtype cos/sin, one float32 cos|sin table (`cos_sin_cache`) for
+    FlashInfer's in-place RoPE kernel, built from the float32 angles so no bf16 rounding enters it.
+
     Dynamic NTK: positions inside max_position_embeddings use the plain frequencies; a position p past it
     uses the base transformers derives for a sequence of p + 1 tokens, which is what a cached decode in
     transformers applies to that token.
@@ -149,14 +167,21 @@ class RotaryEmbedding:
         max_positions: int,
         dtype: torch.dtype,
         device: torch.device,
+        fused: bool = False,
     ) -> None:
         inv_freq, scale = rope_inv_freq(head_dim, rope, max_position_embeddings)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]
         if rope.get("rope_type", rope.get("type")) == "dynamic" and max_positions > max_position_embeddings:
             freqs[max_position_embeddings:] = _dynamic_freqs(head_dim, rope, max_position_embeddings, max_positions)
-        self.cos = (freqs.cos() * scale).to(dtype=dtype, device=device)
-        self.sin = (freqs.sin() * scale).to(dtype=dtype, device=device)
+        self.cos: torch.Tensor | None = None
+        self.sin: torch.Tensor | None = None
+        self.cos_sin_cache: torch.Tensor | None = None
+        if fused:
+            self.cos_sin_cache = kernels.cos_sin_cache(freqs.cos() * scale, freqs.sin() * scale).to(device)
+        else:
+            self.cos = (freqs.cos() * scale).to(dtype=dtype, device=device)
+            self.sin = (freqs.sin() * scale).to(dtype=dtype, device=device)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [T, 1, head_dim / 2] for the step's positions (once per forward)."""

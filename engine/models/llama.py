@@ -1,6 +1,8 @@
 """One Llama-family decoder: Llama (incl. tied embeddings, SmolLM), Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
 
 Runs on the flattened tokens of a step; attention goes through the backend over the paged KV cache.
+On CUDA in half precision, RMSNorm, RoPE and SiLU-and-mul run FlashInfer's kernels (decided once, in
+init_rotary()); elsewhere the torch path of engine.layers.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from engine import kernels
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.layers import RMSNorm, RotaryEmbedding, apply_rotary_, silu_and_mul
 
@@ -56,12 +59,15 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(q_size, a.hidden_size, bias=a.o_bias)
         self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
         self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
+        # Set by init_rotary() on the fused path: RoPE by FlashInfer from this float32 cos|sin table.
+        self.cos_sin_cache: torch.Tensor | None = None
 
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         backend: AttentionBackend,
@@ -69,7 +75,12 @@ class LlamaAttention(nn.Module):
         t, hq, hk, d = x.shape[0], self.num_q, self.num_kv, self.head_dim
         qkv = self.qkv_proj(x)
         v = qkv[:, (hq + hk) * d :].view(t, hk, d)
-        if self.q_norm is None:
+        if self.cos_sin_cache is not None:
+            q, k = qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            kernels.apply_rope_with_cos_sin_cache_inplace(positions, q, k, d, self.cos_sin_cache)
+        elif self.q_norm is None:
             # q and k sit side by side in each qkv row: one rotation covers both.
             qk = apply_rotary_(qkv[:, : (hq + hk) * d].view(t, hq + hk, d), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]
@@ -87,9 +98,11 @@ class LlamaMLP(nn.Module):
         n = a.intermediate_size
         self.gate_up_proj = FusedLinear(a.hidden_size, {"gate_proj": n, "up_proj": n}, a.mlp_bias)
         self.down_proj = nn.Linear(n, a.hidden_size, bias=a.mlp_bias)
+        self.fused = False  # set by init_rotary(): FlashInfer's silu_and_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        return self.down_proj(kernels.silu_and_mul(gate_up) if self.fused else silu_and_mul(gate_up))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -104,8 +117,9 @@ class LlamaDecoderLayer(nn.Module):
         self,
         h: torch.Tensor,
         residual: torch.Tensor | None,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         backend: AttentionBackend,
@@ -114,7 +128,7 @@ class LlamaDecoderLayer(nn.Module):
             residual, h = h, self.input_layernorm(h)
         else:
             h, residual = self.input_layernorm.add_forward(h, residual)
-        h = self.self_attn(h, cos, sin, k_cache, v_cache, backend)
+        h = self.self_attn(h, positions, cos, sin, k_cache, v_cache, backend)
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
         return self.mlp(h), residual
 
@@ -136,11 +150,25 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(args)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.rotary: RotaryEmbedding | None = None
+        self.fused_kernels = False  # FlashInfer's norm / RoPE / activation kernels (CUDA, half dtypes)
 
-    def init_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Builds the cos/sin tables once the weights live on their device."""
+    def init_rotary(
+        self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
+    ) -> None:
+        """Builds the rotary tables once the weights live on their device, and chooses the kernels for good:
+        fused (FlashInfer) when `fused`, or when None, on CUDA in fp16/bf16 with flashinfer importable."""
         a = self.args
-        self.rotary = RotaryEmbedding(a.head_dim, a.rope, a.max_position_embeddings, max_positions, dtype, device)
+        if fused is None:
+            fused = kernels.use_fused_kernels(torch.device(device), dtype)
+        self.rotary = RotaryEmbedding(
+            a.head_dim, a.rope, a.max_position_embeddings, max_positions, dtype, device, fused=fused
+        )
+        self.fused_kernels = fused
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, LlamaMLP)):
+                module.fused = fused
+            elif isinstance(module, LlamaAttention):
+                module.cos_sin_cache = self.rotary.cos_sin_cache
 
     def tie_weights(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
@@ -154,11 +182,11 @@ class LlamaForCausalLM(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         assert self.rotary is not None, "init_rotary() was not called"
-        cos, sin = self.rotary.lookup(positions)
+        cos, sin = (None, None) if self.fused_kernels else self.rotary.lookup(positions)
         h = self.model.embed_tokens(input_ids)
         residual = None
         for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches, strict=True):
-            h, residual = layer(h, residual, cos, sin, k_cache, v_cache, backend)
+            h, residual = layer(h, residual, positions, cos, sin, k_cache, v_cache, backend)
         h, _ = self.model.norm.add_forward(h, residual)
         return h
 
