@@ -131,12 +131,21 @@ def child(side: str, dtype: str, threads: int, batches: list[int]) -> None:
     print(json.dumps(result))
 
 
+def wait_quiet(limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while os.getloadavg()[0] >= 0.5 and time.monotonic() < deadline:
+        time.sleep(5)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--hf-batches", default="16,32,64")
     ap.add_argument("--sides", default="engine,transformers")
+    ap.add_argument("--wait-quiet", type=float, default=0.0,
+                    help="before each side, wait up to this many seconds for the 1-minute load average to drop "
+                         "below 0.5 (a shared machine skews every figure)")
     ap.add_argument("--child", nargs=2, metavar=("SIDE", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     batches = [int(b) for b in args.hf_batches.split(",")]
@@ -146,6 +155,7 @@ def main() -> None:
     results: dict[str, dict[str, dict]] = {}
     for dtype in args.dtypes.split(","):
         for side in args.sides.split(","):
+            wait_quiet(args.wait_quiet)
             cmd = [sys.executable, __file__, "--child", side, dtype, "--threads", str(args.threads),
                    "--hf-batches", args.hf_batches]
             env = dict(os.environ, PYTHONPATH=str(ROOT))

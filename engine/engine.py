@@ -8,6 +8,7 @@ from itertools import count
 import torch
 from transformers import AutoTokenizer
 
+from engine import cuda_setup
 from engine.async_engine import AsyncEngine
 from engine.attention import create_backend
 from engine.beam_search import BeamSearch
@@ -21,7 +22,7 @@ from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
 from engine.sampler import Sampler, tokenize_bad_words
 from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Sequence, SequenceGroup
 
 __all__ = ["AsyncEngine", "LLMEngine"]  # AsyncEngine is re-exported: engine.engine.AsyncEngine is the agreed name
@@ -63,8 +64,11 @@ class LLMEngine:
         if config.max_model_len and config.max_model_len > self.spec.max_position_embeddings:
             raise InvalidRequest(f"max_model_len {config.max_model_len} is above the model's limit of "
                                  f"{self.spec.max_position_embeddings}", param="max_model_len")
-        self.backend = create_backend(config.attention_backend, self.device)
         s = self.spec
+        backend = cuda_setup.attention_backend_name(config.attention_backend, self.device, self.dtype)
+        self.backend = create_backend(backend, self.device, **cuda_setup.backend_kwargs(s, self.dtype))
+        if self.device.type == "cuda":
+            cuda_setup.warm_up(self.model, self.backend, config.page_size)  # JIT builds now, not on a request
         num_pages = self._num_pages(PagePool.bytes_per_page(s.num_layers, config.page_size, s.num_kv_heads,
                                                             s.head_dim, self.dtype))
         self.pool = PagePool(s.num_layers, num_pages, config.page_size, s.num_kv_heads, s.head_dim,
@@ -73,6 +77,11 @@ class LLMEngine:
         self.scheduler = Scheduler(self.allocator, config.page_size, config.max_num_seqs,
                                    config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.pool, self.backend, Sampler(), self.device)
+        if self.device.type == "cuda":
+            self.runner.graph_runner = cuda_setup.prepare_cuda(
+                self.model, self.backend, self.pool.kv_caches, page_size=config.page_size,
+                max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+                enforce_eager=config.enforce_eager)
         self._seq_ids = count()
         self._arrivals = count()
         self.processor = OutputProcessor(self.tokenizer, self.scheduler, self.max_model_len,
@@ -88,7 +97,10 @@ class LLMEngine:
         elif c.kv_cache_bytes:
             pages = c.kv_cache_bytes // page_bytes
         elif self.device.type == "cuda":
-            pages = self._profile_cuda_pages(page_bytes)
+            reserve = cuda_setup.reserve_bytes(
+                self.model.args, self.dtype, max_num_batched_tokens=c.max_num_batched_tokens,
+                max_num_seqs=c.max_num_seqs, max_pages_per_seq=full_seq, graphs=not c.enforce_eager)
+            pages = cuda_setup.kv_budget_bytes(self.device, c.gpu_memory_utilization, reserve) // page_bytes
         else:
             want = c.max_num_seqs * min(self.max_model_len, CPU_CONTEXT_PER_SEQ)
             pages = max(full_seq, min(-(-want // ps), CPU_KV_BYTES // page_bytes))
@@ -99,27 +111,6 @@ class LLMEngine:
             log.warning("max_model_len lowered to %d tokens to fit the KV cache", pages * ps)
             self.max_model_len = pages * ps
         return pages
-
-    def _profile_cuda_pages(self, page_bytes: int) -> int:
-        """CUDA: pages that fit in gpu_memory_utilization of the device after the weights and the peak
-        activations of one full-budget prefill (measured on a throwaway pool)."""
-        c, ps = self.config, self.config.page_size
-        free, total = torch.cuda.mem_get_info(self.device)
-        other = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
-        torch.cuda.reset_peak_memory_stats(self.device)
-        n = min(c.max_num_batched_tokens, self.max_model_len)
-        s = self.spec
-        pool = PagePool(s.num_layers, -(-n // ps), ps, s.num_kv_heads, s.head_dim, self.dtype, self.device)
-        runner = ModelRunner(self.model, pool, self.backend, Sampler(), self.device)
-        seq = Sequence(-1, [0] * n, n, pages=list(range(pool.num_pages)))
-        group = SequenceGroup("profile", seq.token_ids, SamplingParams(max_tokens=1, temperature=0.0), [seq], 0)
-        runner.execute(SchedulerOutput(scheduled=[ScheduledSeq(seq, group, 0, n)]))
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - pool.nbytes
-        del pool, runner
-        torch.cuda.empty_cache()
-        budget = total * c.gpu_memory_utilization - other - peak
-        return max(0, int(budget // page_bytes))
 
     # ---- requests
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> list[int]:

@@ -49,13 +49,18 @@ class ModelRunner:
         self.model, self.pool, self.backend, self.sampler, self.device = model, pool, backend, sampler, device
         self.page_size = pool.page_size
         self.num_tokens_run = 0  # tokens fed to the model over the runner's life (prefix hits are not)
+        self.graph_runner = None  # CUDA: engine.cuda_graph.CudaGraphRunner for decode steps
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
         self.pool.copy_pages([s for s, _ in out.copies], [d for _, d in out.copies])
         input_ids, positions, meta, sample_at, prompt_at = self._prepare(out.scheduled)
-        self.backend.plan(meta)
-        hidden = self.model(input_ids, positions, meta, self.pool.kv_caches, self.backend)
+        if self.graph_runner is not None:
+            # NOTE: a replayed hidden is a static buffer the next replay overwrites: logits come first.
+            hidden = self.graph_runner(input_ids, positions, meta)
+        else:
+            self.backend.plan(meta)
+            hidden = self.model(input_ids, positions, meta, self.pool.kv_caches, self.backend)
         self.num_tokens_run += input_ids.numel()
         result = StepResult()
         if prompt_at:
