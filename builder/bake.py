@@ -90,13 +90,18 @@ def _manifest(source: Source, folder: Path, revision: str | None, architecture: 
     config = json.loads((folder / "config.json").read_text())
     return {
         "served_model_name": served_name,
-        "source": {"kind": source.kind, "ref": source.ref if source.kind in ("hub", "default") else Path(source.ref).name},
+        "source": {"kind": source.kind, "ref": _source_ref(source)},
         "revision": revision,
         "architecture": architecture,
         "dtype": str(config.get("dtype") or config.get("torch_dtype") or "float32"),
         "files": {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST},
         "baked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def _source_ref(source: Source) -> str:
+    """Hub ids and the default are names; of a local path only the last part, never this machine's layout."""
+    return source.ref if source.kind in ("hub", "default") else Path(source.ref).name
 
 
 def _sha256(path: Path) -> str:

@@ -108,7 +108,9 @@ def _fetch_hub(source: Source, staging: Path, token: str | None) -> str | None:
         hint = "" if token else " (if it is private, set HF_TOKEN)"
         raise BakeError(f"{repo} is not a model repository on the Hugging Face hub{hint}") from None
     except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled):
-        raise BakeError(f"cannot reach the Hugging Face hub to download {repo}, and it is not in the local cache") from None
+        raise BakeError(
+            f"cannot reach the Hugging Face hub to download {repo}, and it is not in the local cache"
+        ) from None
     snapshot = Path(folder)
     _copy_local(snapshot, staging)
     return snapshot.name  # snapshots are named by commit hash
