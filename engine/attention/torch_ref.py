@@ -127,7 +127,9 @@ class TorchRefBackend:
             plan.gather = _head_rows(plan.slots, hk)
         k = k_cache.view(-1, d).index_select(0, plan.gather).view(hk, -1, d)
         v = v_cache.view(-1, d).index_select(0, plan.gather).view(hk, -1, d)
+        # NOTE: 4-D inputs: with 3-D ones CPU SDPA takes the math path (materialised scores, ~4x slower).
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k, v, attn_mask=plan.mask, is_causal=plan.mask is None, enable_gqa=True
+            q.transpose(0, 1)[None], k[None], v[None], attn_mask=plan.mask, is_causal=plan.mask is None,
+            enable_gqa=True,
         )
-        return out.transpose(0, 1)
+        return out[0].transpose(0, 1)
