@@ -12,7 +12,7 @@ _EXPORTS = {
     "LLMEngine": "engine.engine",
     "LLM": "engine.llm",
     "FinalOutput": "engine.llm",
-    "CompletionOutput": "engine.llm",
+    "CompletionOutput": "engine.outputs",
     "EngineConfig": "engine.config",
     "SamplingParams": "engine.sampling",
     "RequestOutput": "engine.outputs",

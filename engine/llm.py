@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.outputs import PositionLogprobs, RequestOutput
+from engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from engine.sampling import SamplingParams
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[PositionLogprobs] | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
 
 
 @dataclass
@@ -86,10 +76,4 @@ class LLM:
         for delta in output.outputs:
             while len(final.outputs) <= delta.index:
                 final.outputs.append(CompletionOutput(len(final.outputs)))
-            choice = final.outputs[delta.index]
-            choice.text += delta.text
-            choice.token_ids += delta.token_ids
-            if delta.logprobs is not None:
-                choice.logprobs = (choice.logprobs or []) + delta.logprobs
-            if delta.finish_reason is not None:
-                choice.finish_reason, choice.stop_reason = delta.finish_reason, delta.stop_reason
+            final.outputs[delta.index].add(delta)

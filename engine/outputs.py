@@ -33,6 +33,27 @@ class CompletionDelta:
 
 
 @dataclass
+class CompletionOutput:
+    """Everything one choice produced, joined from its deltas."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def add(self, delta: CompletionDelta) -> None:
+        """Append one delta of this choice."""
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + list(delta.logprobs)
+        if delta.finish_reason is not None:
+            self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+
+
+@dataclass
 class RequestOutput:
     """One increment of a request: deltas for the choices that advanced, plus running usage."""
 

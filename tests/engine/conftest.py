@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine.attention.base import AttentionMetadata
+from tests.paging import PageTable
 
 TINY = dict(
     hidden_size=64,
@@ -93,8 +94,7 @@ class PagedHarness:
     dtype: torch.dtype = torch.float32
     seed: int = 0
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = field(init=False)
-    pages: dict[str, list[int]] = field(init=False, default_factory=dict)
-    lengths: dict[str, int] = field(init=False, default_factory=dict)
+    table: PageTable = field(init=False)
 
     def __post_init__(self) -> None:
         shape = (self.num_pages, self.page_size, self.num_kv_heads, self.head_dim)
@@ -103,39 +103,14 @@ class PagedHarness:
             (torch.full(shape, float("nan"), dtype=self.dtype), torch.full(shape, float("nan"), dtype=self.dtype))
             for _ in range(self.num_layers)
         ]
-        self.free = list(range(self.num_pages))
-        random.Random(self.seed).shuffle(self.free)
+        free = list(range(self.num_pages))
+        random.Random(self.seed).shuffle(free)
+        self.table = PageTable(self.page_size, free)
 
     def step(self, batch: list[tuple[str, list[int]]]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """batch: (request id, new token ids) per request, in order. Returns input_ids, positions, meta."""
-        ids, positions, slots = [], [], []
-        qo, kv, indices, last = [0], [0], [], []
-        for rid, tokens in batch:
-            start = self.lengths.get(rid, 0)
-            pages = self.pages.setdefault(rid, [])
-            end = start + len(tokens)
-            while len(pages) * self.page_size < end:
-                pages.append(self.free.pop())
-            for pos in range(start, end):
-                slots.append(pages[pos // self.page_size] * self.page_size + pos % self.page_size)
-            self.lengths[rid] = end
-            ids += tokens
-            positions += range(start, end)
-            qo.append(qo[-1] + len(tokens))
-            indices += pages
-            kv.append(len(indices))
-            last.append(end - (len(pages) - 1) * self.page_size)
-        i32 = dict(dtype=torch.int32)
-        meta = AttentionMetadata(
-            qo_indptr=torch.tensor(qo, **i32),
-            kv_indptr=torch.tensor(kv, **i32),
-            kv_indices=torch.tensor(indices, **i32),
-            kv_last_page_len=torch.tensor(last, **i32),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            page_size=self.page_size,
-            is_decode=all(len(t) == 1 for _, t in batch),
-        )
-        return torch.tensor(ids), torch.tensor(positions), meta
+        positions, meta = self.table.step([(rid, len(tokens)) for rid, tokens in batch])
+        return torch.tensor([t for _, tokens in batch for t in tokens]), positions, meta
 
 
 @pytest.fixture(scope="session")

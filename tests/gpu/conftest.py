@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine.attention.base import AttentionMetadata
+from tests.paging import PageTable
 
 HERE = Path(__file__).resolve().parent
 
@@ -55,15 +56,23 @@ class GpuPager:
     pools: tuple[str, ...] = ("ref", "test")
     fill: float = 7.0  # unwritten slots hold this, so stray writes and stray reads both show
     caches: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = field(init=False)
-    pages: dict[str, list[int]] = field(init=False, default_factory=dict)
-    lengths: dict[str, int] = field(init=False, default_factory=dict)
+    table: PageTable = field(init=False)
 
     def __post_init__(self) -> None:
         shape = (self.num_layers, 2, self.num_pages, self.page_size, self.num_kv_heads, self.head_dim)
         self.data = {name: torch.full(shape, self.fill, dtype=self.dtype, device="cuda") for name in self.pools}
         self.caches = {name: [(layer[0], layer[1]) for layer in data] for name, data in self.data.items()}
-        self.free = list(range(1, self.num_pages))
-        random.Random(0).shuffle(self.free)
+        free = list(range(1, self.num_pages))
+        random.Random(0).shuffle(free)
+        self.table = PageTable(self.page_size, free)
+
+    @property
+    def pages(self) -> dict[str, list[int]]:
+        return self.table.pages
+
+    @property
+    def lengths(self) -> dict[str, int]:
+        return self.table.lengths
 
     def share(self, src: str, dst: str, num_pages: int) -> None:
         """dst starts with src's first num_pages (full) pages: a prefix-cache hit."""
@@ -76,31 +85,7 @@ class GpuPager:
 
     def step(self, batch: list[tuple[str, int]]) -> tuple[torch.Tensor, AttentionMetadata]:
         """batch: (request, number of new tokens). Returns positions and the step's metadata (on CUDA)."""
-        positions, slots = [], []
-        qo, kv, indices, last = [0], [0], [], []
-        for rid, n in batch:
-            start = self.lengths.get(rid, 0)
-            pages = self.pages.setdefault(rid, [])
-            end = start + n
-            while len(pages) * self.page_size < end:
-                pages.append(self.free.pop())
-            slots += [pages[p // self.page_size] * self.page_size + p % self.page_size for p in range(start, end)]
-            positions += range(start, end)
-            self.lengths[rid] = end
-            qo.append(qo[-1] + n)
-            indices += pages
-            kv.append(len(indices))
-            last.append(end - (len(pages) - 1) * self.page_size)
-
-        def i32(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int32, device="cuda")
-
-        meta = AttentionMetadata(
-            qo_indptr=i32(qo), kv_indptr=i32(kv), kv_indices=i32(indices), kv_last_page_len=i32(last),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device="cuda"),
-            page_size=self.page_size, is_decode=all(n == 1 for _, n in batch),
-        )
-        return torch.tensor(positions, device="cuda"), meta
+        return self.table.step(batch, device="cuda")
 
 
 @pytest.fixture

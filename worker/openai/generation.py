@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.outputs import PositionLogprobs, RequestOutput
+from engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 
 
 def response_id(prefix: str, request_id: str | None) -> str:
@@ -107,22 +107,10 @@ async def merge(streams: list[Started]) -> AsyncIterator[tuple[int, RequestOutpu
 
 
 @dataclass
-class ChoiceResult:
-    """Everything one choice produced, joined from its deltas."""
-
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[PositionLogprobs] | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass
 class Collected:
     """A whole request's result: its choices by index and its usage."""
 
-    choices: dict[int, ChoiceResult] = field(default_factory=dict)
+    choices: dict[int, CompletionOutput] = field(default_factory=dict)
     prompt_token_ids: list[int] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_prompt_tokens: int = 0
@@ -138,14 +126,7 @@ class Collected:
         self.num_generated_tokens = output.num_generated_tokens
         self.num_cached_tokens = output.num_cached_tokens
         for delta in output.outputs:
-            choice = self.choices.setdefault(delta.index, ChoiceResult(delta.index))
-            choice.text += delta.text
-            choice.token_ids.extend(delta.token_ids)
-            if delta.logprobs is not None:
-                choice.logprobs = (choice.logprobs or []) + list(delta.logprobs)
-            if delta.finish_reason is not None:
-                choice.finish_reason = delta.finish_reason
-                choice.stop_reason = delta.stop_reason
+            self.choices.setdefault(delta.index, CompletionOutput(delta.index)).add(delta)
 
 
 async def collect(stream: Started) -> Collected:

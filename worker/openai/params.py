@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from engine.sampling import SamplingParams
 from worker.openai.errors import BadRequest
@@ -65,38 +66,29 @@ def _truncation(value: int | None, max_model_len: int) -> int | None:
     return max_model_len if value == -1 else value
 
 
-class NativeSamplingParams(BaseModel):
-    """`sampling_params` of a native job: vLLM's SamplingParams names; unknown names are a 400."""
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return Field(default_factory=f.default_factory)
+    return ... if f.default is dataclasses.MISSING else f.default  # ... marks a required field
 
-    model_config = ConfigDict(extra="forbid")
 
-    n: int = 1
-    best_of: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[int, float] | None = None
-    seed: int | None = None
-    use_beam_search: bool = False
-    length_penalty: float = 1.0
-    early_stopping: bool = False
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    max_tokens: int | None = Field(NATIVE_DEFAULT_MAX_TOKENS)
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    truncate_prompt_tokens: int | None = None
+# Native jobs accept exactly SamplingParams' fields (vLLM's names) and nothing else; only these differ.
+_NATIVE_OVERRIDES: dict[str, tuple[Any, Any]] = {
+    "top_k": (int, -1),  # vLLM's spelling of "no top-k"; mapped to the engine's 0 below
+    "max_tokens": (int | None, NATIVE_DEFAULT_MAX_TOKENS),
+    # str before list[str]: a bad value then reports "should be a valid string" (errors show the first branch).
+    "stop": (str | list[str] | None, None),
+}
+
+# get_type_hints, not Field.type: sampling.py's annotations are strings (from __future__ import annotations).
+_HINTS = get_type_hints(SamplingParams)
+NativeSamplingParams: type[BaseModel] = create_model(
+    "NativeSamplingParams",
+    __config__=ConfigDict(extra="forbid"),
+    __doc__="`sampling_params` of a native job: vLLM's SamplingParams names; unknown names are a 400.",
+    **{f.name: _NATIVE_OVERRIDES.get(f.name, (_HINTS[f.name], _default(f)))
+       for f in dataclasses.fields(SamplingParams)},
+)
 
 
 def native_sampling_params(raw: Any, max_model_len: int) -> SamplingParams:
