@@ -14,6 +14,7 @@ import torch
 from engine.sampling import SamplingParams
 
 NEG_INF = float("-inf")
+NAN = float("nan")
 TOP_P_HEAD = 256  # tokens ranked by topk before falling back to a full sort
 
 
@@ -32,12 +33,17 @@ class SamplingRow:
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
-    logprobs: list[float]  # of each chosen token under the raw model distribution
+    logprobs: list[float]  # of each chosen token under the raw model distribution; NaN where not needed
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per row, [] for rows that did not ask
 
 
 def _has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+
+
+def _needs_logprob(p: SamplingParams) -> bool:
+    """The chosen token's logprob is reported (logprobs) or ranks the samples (best_of > n)."""
+    return p.logprobs is not None or p.num_sequences > p.n
 
 
 def _has_mask(row: SamplingRow) -> bool:
@@ -113,10 +119,25 @@ class Sampler:
             tokens[greedy] = processed[greedy].argmax(dim=-1)
             tokens[index] = self._sample(processed[index], [rows[i] for i in sampled])
 
+        token_ids = tokens.tolist()
+        # NOTE: the log-normaliser costs a pass over [B, vocab]; only rows that report logprobs or rank
+        # their samples (best_of > n) pay for it, the others get NaN.
+        need = [i for i, row in enumerate(rows) if _needs_logprob(row.params)]
+        if not need:
+            return SamplerOutput(token_ids=token_ids, logprobs=[NAN] * len(rows))
+        if len(need) < len(rows):
+            index = torch.tensor(need, device=raw.device)
+            raw, tokens, rows = raw.index_select(0, index), tokens.index_select(0, index), [rows[i] for i in need]
         lse = torch.logsumexp(raw, dim=-1)
-        chosen = raw.gather(1, tokens[:, None]).squeeze(1) - lse
+        chosen = (raw.gather(1, tokens[:, None]).squeeze(1) - lse).tolist()
         top = self._top_logprobs(raw, lse, rows)
-        return SamplerOutput(token_ids=tokens.tolist(), logprobs=chosen.tolist(), top_logprobs=top)
+        logprobs = [NAN] * len(token_ids)
+        tops = None if top is None else [[] for _ in token_ids]
+        for j, i in enumerate(need):
+            logprobs[i] = chosen[j]
+            if tops is not None:
+                tops[i] = top[j]
+        return SamplerOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=tops)
 
     def process(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Masks and penalties, before temperature (beam search ranks candidates on these logits).

@@ -1,9 +1,9 @@
 """Paged attention in plain torch: FlashInfer's semantics, the CPU product path and the GPU oracle.
 
 plan() turns the CSR page table into gather indices once per step. Single-token (decode) requests are
-batched: their KV is gathered into one padded [B, max_kv_len] block and attended with one
-SDPA call under a length mask, the GQA group folded into the query rows. Longer (prefill) requests run
-one SDPA call each, causal with the query offset.
+batched: sorted by KV length into a few buckets, each bucket's KV is gathered into one padded
+[B, max_kv_len] block and attended with one SDPA call under a length mask, the GQA group folded into the
+query rows. Longer (prefill) requests run one SDPA call each, causal with the query offset.
 """
 
 from __future__ import annotations
@@ -14,6 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.base import AttentionMetadata
+
+# A decode bucket costs about as much fixed work (a gather and an SDPA call) as this many padded KV rows;
+# splitting the sorted requests is worth it when it saves more padding than that.
+BUCKET_OVERHEAD_ROWS = 512
+MAX_BUCKET_DEPTH = 2  # split twice at most: up to 4 buckets
 
 
 def _head_rows(slots: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -36,7 +41,7 @@ class _Prefill:
 
 @dataclass
 class _Decode:
-    rows: torch.Tensor | None  # query rows of the single-token requests; None: all rows in order
+    rows: torch.Tensor | None  # query rows of this bucket's requests; None: all rows of the step, in order
     slots: torch.Tensor  # [B, max_kv_len] flat pool slots; padding repeats each request's last slot
     mask: torch.Tensor | None  # [B, 1, 1, max_kv_len] bool; None when every kv_len is equal
     gather: torch.Tensor | None = None  # _head_rows(slots), built by the step's first run()
@@ -48,7 +53,7 @@ class TorchRefBackend:
     def __init__(self, device: torch.device | str = "cpu", **_: object) -> None:
         self.device = torch.device(device)
         self._slots: torch.Tensor | None = None
-        self._decode: _Decode | None = None
+        self._decodes: list[_Decode] = []
         self._prefills: list[_Prefill] = []
 
     def plan(self, meta: AttentionMetadata) -> None:
@@ -72,13 +77,28 @@ class TorchRefBackend:
                 mask = cols[None, :] <= rows[:, None] + (kv_len - q_len)
             slots = indices[kv[i] + cols // ps] * ps + cols % ps
             self._prefills.append(_Prefill(slice(qo[i], qo[i + 1]), slots, mask))
-        self._decode = self._plan_decode(decode_ids, qo, kv, last, indices, ps) if decode_ids else None
+        self._decodes = self._plan_decodes(decode_ids, qo, kv, last, indices, ps) if decode_ids else []
+
+    def _plan_decodes(
+        self, ids: list[int], qo: list[int], kv: list[int], last: list[int], indices: torch.Tensor, ps: int
+    ) -> list[_Decode]:
+        lens = {i: (kv[i + 1] - kv[i] - 1) * ps + last[i] for i in ids}
+        ordered = sorted(ids, key=lens.__getitem__)
+        spans = _split([lens[i] for i in ordered], 0, len(ordered), MAX_BUCKET_DEPTH)
+        if len(spans) == 1 and len(ids) == len(qo) - 1:
+            return [self._plan_decode(ids, [lens[i] for i in ids], None, kv, indices, ps)]
+        buckets = [ordered[lo:hi] for lo, hi in spans]
+        return [
+            self._plan_decode(b, [lens[i] for i in b], torch.tensor([qo[i] for i in b], device=self.device), kv,
+                              indices, ps)
+            for b in buckets
+        ]
 
     def _plan_decode(
-        self, ids: list[int], qo: list[int], kv: list[int], last: list[int], indices: torch.Tensor, ps: int
+        self, ids: list[int], kv_lens: list[int], rows: torch.Tensor | None, kv: list[int], indices: torch.Tensor,
+        ps: int,
     ) -> _Decode:
         dev = self.device
-        kv_lens = [(kv[i + 1] - kv[i] - 1) * ps + last[i] for i in ids]
         max_len = max(kv_lens)
         lens = torch.tensor(kv_lens, device=dev)
         starts = torch.tensor([kv[i] for i in ids], device=dev)
@@ -89,7 +109,6 @@ class TorchRefBackend:
         mask = None
         if min(kv_lens) != max_len:
             mask = (torch.arange(max_len, device=dev)[None, :] < lens[:, None])[:, None, None, :]
-        rows = None if len(ids) == len(qo) - 1 else torch.tensor([qo[i] for i in ids], device=dev)
         return _Decode(rows, slots, mask)
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -98,12 +117,11 @@ class TorchRefBackend:
         v_cache.view(-1, h, d).index_copy_(0, self._slots, v)
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        if self._decode is not None and self._decode.rows is None:
-            return self._run_decode(q, k_cache, v_cache, self._decode)
+        if len(self._decodes) == 1 and self._decodes[0].rows is None:
+            return self._run_decode(q, k_cache, v_cache, self._decodes[0])
         out = torch.empty_like(q)
-        if self._decode is not None:
-            rows = self._decode.rows
-            out.index_copy_(0, rows, self._run_decode(q.index_select(0, rows), k_cache, v_cache, self._decode))
+        for d in self._decodes:
+            out.index_copy_(0, d.rows, self._run_decode(q.index_select(0, d.rows), k_cache, v_cache, d))
         for p in self._prefills:
             out[p.rows] = self._run_prefill(q[p.rows], k_cache, v_cache, p)
         return out
@@ -133,3 +151,19 @@ class TorchRefBackend:
             enable_gqa=True,
         )
         return out[0].transpose(0, 1)
+
+
+def _split(lens: list[int], lo: int, hi: int, depth: int) -> list[tuple[int, int]]:
+    """Spans of ascending `lens[lo:hi]` whose padded KV (size x longest) plus a fixed cost per span is least.
+
+    Bisects at the best single cut, `depth` times at most.
+    """
+    best, cut = (hi - lo) * lens[hi - 1], None
+    if depth > 0:
+        for i in range(lo + 1, hi):
+            cost = (i - lo) * lens[i - 1] + (hi - i) * lens[hi - 1] + BUCKET_OVERHEAD_ROWS
+            if cost < best:
+                best, cut = cost, i
+    if cut is None:
+        return [(lo, hi)]
+    return _split(lens, lo, cut, depth - 1) + _split(lens, cut, hi, depth - 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -218,3 +220,18 @@ def test_top_p_matches_a_full_sort_reference(scale: float) -> None:
         got = set(draws(logits, 1000, seed=6, top_p=top_p, top_k=top_k))
         assert got <= keep
         assert len(got) >= min(len(keep), 50)  # the draw spreads over the nucleus
+
+
+def test_logprobs_only_computed_for_rows_that_report_or_rank_them() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(4, 32) * 3
+    rows = [row(temperature=0), row(temperature=0, logprobs=2), row(temperature=0), row(temperature=0, best_of=3)]
+    out = Sampler()(logits, rows)
+    ref = torch.log_softmax(logits, -1)
+    assert out.token_ids == logits.argmax(-1).tolist()
+    assert math.isnan(out.logprobs[0]) and math.isnan(out.logprobs[2])
+    for i in (1, 3):
+        assert out.logprobs[i] == pytest.approx(ref[i, out.token_ids[i]].item(), abs=1e-5)
+    assert out.top_logprobs[0] == [] and out.top_logprobs[3] == []
+    assert [t for t, _ in out.top_logprobs[1]] == ref[1].topk(2).indices.tolist()
+    assert Sampler()(logits, [row(temperature=0)] * 4).top_logprobs is None

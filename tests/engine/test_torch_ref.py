@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.attention import create_backend
-from engine.attention.torch_ref import TorchRefBackend
+from engine.attention.torch_ref import BUCKET_OVERHEAD_ROWS, TorchRefBackend, _split
 from engine.errors import InvalidRequest
 
 HQ, HK, D = 6, 2, 8
@@ -68,6 +68,27 @@ def test_mixed_step_chunked_prefill_and_decode(paged_harness):
         [("a", 1), ("b", 1), ("c", 1), ("d", 1)],
     ]
     run_steps(harness, steps)
+
+
+def test_decode_rows_of_very_different_lengths_in_buckets(paged_harness):
+    # Lengths from 2 to ~600 tokens: the decode rows are split into length buckets, in a pure-decode step
+    # and in a step that also holds a prefill; every row must still see exactly its own KV.
+    lengths = [2, 600, 35, 410, 90, 5, 260, 599, 150, 17, 333, 64]
+    harness = paged_harness(num_layers=1, num_kv_heads=HK, head_dim=D, page_size=4, num_pages=1024)
+    names = [f"r{i}" for i in range(len(lengths))]
+    prefill = [[(n, length)] for n, length in zip(names, lengths, strict=True)]
+    decode = [(n, 1) for n in names]
+    run_steps(harness, prefill + [decode, decode[::-1] + [("late", 9)], decode])
+
+
+def test_bucket_split_cuts_where_padding_outweighs_a_bucket():
+    short, long = [10] * 8, [1000] * 8
+    assert _split(short + long, 0, 16, 2) == [(0, 8), (8, 16)]
+    # Equal lengths never split; neither do lengths whose padding costs less than one more bucket.
+    assert _split([50] * 16, 0, 16, 2) == [(0, 16)]
+    near = [100] * 4 + [100 + BUCKET_OVERHEAD_ROWS // 8] * 4
+    assert _split(near, 0, 8, 2) == [(0, 8)]
+    assert _split([7], 0, 1, 2) == [(0, 1)]
 
 
 def test_single_decode_request(paged_harness):
