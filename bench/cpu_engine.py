@@ -1,6 +1,7 @@
 """CPU benchmark: our engine against transformers generate, same model, prompts and dtype, in one run.
 
     python bench/cpu_engine.py [--dtypes float32,bfloat16] [--threads 2] [--hf-batches 16,32,64] [--repeat 2]
+                               [--sides engine,engine-int4,transformers]
 
 Each side runs in its own subprocess (so peak RSS is that side's alone) and prints one JSON line:
 batch-1 decode tok/s, throughput of 64 requests x 128 output tokens (ignore_eos; transformers at its
@@ -28,6 +29,10 @@ QUICK = os.environ.get("BENCH_QUICK") == "1"
 DECODE_TOKENS = 8 if QUICK else 128
 THROUGHPUT_REQUESTS = 8 if QUICK else 64
 TTFT_PROMPT = 512
+# Engine sides: the name on the command line -> the engine's quantization. "engine-int4" runs the decoder
+# layers with 4-bit weights (activations in the dtype under test) against transformers at that dtype: a
+# different arithmetic, so its ratios are labelled apart from the same-dtype comparison.
+ENGINE_SIDES = {"engine": None, "engine-int4": "int4"}
 
 
 def model_path() -> str:
@@ -53,12 +58,12 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_engine(dtype: str) -> dict:
+def run_engine(dtype: str, quantization: str | None = None) -> dict:
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from engine.sampling import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model_path=model_path(), dtype=dtype, device="cpu"))
+    engine = LLMEngine(EngineConfig(model_path=model_path(), dtype=dtype, device="cpu", quantization=quantization))
     tok = engine.tokenizer
 
     def greedy(n: int) -> SamplingParams:
@@ -127,7 +132,10 @@ def child(side: str, dtype: str, threads: int, batches: list[int]) -> None:
 
     torch.set_num_threads(threads)
     load = os.getloadavg()[0]
-    result = run_engine(dtype) if side == "engine" else run_transformers(dtype, batches)
+    if side == "transformers":
+        result = run_transformers(dtype, batches)
+    else:
+        result = run_engine(dtype, quantization=ENGINE_SIDES[side])
     # The 1-minute load average around the run: other processes on the machine skew every figure.
     result["loadavg_1m"] = [round(load, 2), round(os.getloadavg()[0], 2)]
     print(json.dumps(result))
@@ -184,15 +192,17 @@ def main() -> None:
                 runs.setdefault(dtype, {}).setdefault(side, []).append(json.loads(line))
                 print(f"{dtype} {side}: {line}", flush=True)
         results[dtype] = {side: best_of(side_runs) for side, side_runs in runs[dtype].items()}
-    print(f"\n{'dtype':9} {'metric':22} {'engine':>10} {'transformers':>13} {'ratio':>7}")
+    print(f"\n{'dtype':9} {'side':12} {'metric':22} {'engine':>10} {'transformers':>13} {'ratio':>7}")
     for dtype, sides in results.items():
-        e, t = sides.get("engine"), sides.get("transformers")
-        for key, label in (("decode_tok_s", "batch-1 decode tok/s"), ("throughput_tok_s", "64x128 tok/s"),
-                           ("ttft_512_s", "TTFT 512 (s)"), ("peak_rss_mib", "peak RSS (MiB)")):
-            ev, tv = (e or {}).get(key), (t or {}).get(key)
-            ratio = f"{ev / tv:.2f}" if ev and tv else "-"
-            print(f"{dtype:9} {label:22} {ev if ev is None else round(ev, 3)!s:>10} "
-                  f"{tv if tv is None else round(tv, 3)!s:>13} {ratio:>7}")
+        t = sides.get("transformers")
+        for side in (s for s in sides if s != "transformers"):
+            e = sides[side]
+            for key, label in (("decode_tok_s", "batch-1 decode tok/s"), ("throughput_tok_s", "64x128 tok/s"),
+                               ("ttft_512_s", "TTFT 512 (s)"), ("peak_rss_mib", "peak RSS (MiB)")):
+                ev, tv = e.get(key), (t or {}).get(key)
+                ratio = f"{ev / tv:.2f}" if ev and tv else "-"
+                print(f"{dtype:9} {side:12} {label:22} {round(ev, 3)!s:>10} "
+                      f"{tv if tv is None else round(tv, 3)!s:>13} {ratio:>7}")
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "cpu_engine.json").write_text(json.dumps({"best": results, "runs": runs}, indent=2))

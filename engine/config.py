@@ -9,6 +9,7 @@ from dataclasses import dataclass
 class EngineConfig:
     model_path: str
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, fp32 on CPU)
+    quantization: str | None = None  # None | "int4": 4-bit weights in the decoder layers (CPU only)
     device: str = "auto"  # auto | cpu | cuda
     attention_backend: str = "auto"  # auto | flashinfer | torch
     max_model_len: int | None = None  # None: the checkpoint's max_position_embeddings

@@ -57,7 +57,7 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         torch.manual_seed(config.seed)
-        self.model, self.spec = load_model(config.model_path, self.dtype, self.device)
+        self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         self.max_model_len = min(config.max_model_len or self.spec.max_position_embeddings,
                                  self.spec.max_position_embeddings)
@@ -244,6 +244,7 @@ class LLMEngine:
             "architecture": self.spec.architecture,
             "backend": type(self.backend).__name__,
             "dtype": str(self.dtype).removeprefix("torch."),
+            "quantization": self.config.quantization,
             "device": str(self.device),
             "max_model_len": self.max_model_len,
             "kv_pages": self.pool.num_pages,

@@ -12,11 +12,12 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 from engine.errors import UnsupportedModel
-from engine.layers import pack_linears_for_cpu
+from engine.layers import pack_linears_for_cpu, quantize_linears_int4
 from engine.models import model_class
 from engine.models.llama import FusedLinear, LlamaArgs, LlamaForCausalLM
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+QUANTIZATIONS = ("int4",)
 # Buffers some checkpoints carry that we recompute.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -37,11 +38,21 @@ class ModelSpec:
     dtype: torch.dtype
 
 
-def load_model(model_path: str, dtype: torch.dtype, device: torch.device) -> tuple[LlamaForCausalLM, ModelSpec]:
-    """Reads config.json and the safetensors shards under model_path; returns the model (eval, on device)."""
+def load_model(
+    model_path: str, dtype: torch.dtype, device: torch.device, quantization: str | None = None
+) -> tuple[LlamaForCausalLM, ModelSpec]:
+    """Reads config.json and the safetensors shards under model_path; returns the model (eval, on device).
+
+    quantization "int4": the decoder layers' linears become 4-bit weight-only (CPU); embeddings, norms
+    and lm_head stay in `dtype`.
+    """
     if dtype not in SUPPORTED_DTYPES:
         raise UnsupportedModel(f"dtype {dtype} is not supported (float32, bfloat16, float16)", param="dtype")
     device = torch.device(device)
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise UnsupportedModel(f"quantization {quantization!r} is not supported (int4)", param="quantization")
+    if quantization == "int4" and device.type != "cpu":
+        raise UnsupportedModel("quantization 'int4' runs on CPU only", param="quantization")
     config = AutoConfig.from_pretrained(model_path)
     architecture = (getattr(config, "architectures", None) or ["<none>"])[0]
     cls = model_class(architecture)
@@ -61,6 +72,8 @@ def load_model(model_path: str, dtype: torch.dtype, device: torch.device) -> tup
     if tied:
         model.tie_weights()
     _load_weights(model, files, tied)
+    if quantization == "int4":
+        quantize_linears_int4(model.model.layers, dtype)
     if device.type == "cpu" and dtype == torch.bfloat16:
         pack_linears_for_cpu(model)
     model.init_rotary(args.max_position_embeddings, dtype, device)
