@@ -41,9 +41,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device, quantization: str | None = None) -> torch.dtype:
+    """auto: bf16 on CUDA, and on CPU with int4 weights (torch's int4 kernel is vectorised for bf16 only);
+    else fp32."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or quantization == "int4" else torch.float32
     if name not in DTYPES:
         raise InvalidRequest(f"unknown dtype {name!r} (auto, {', '.join(DTYPES)})", param="dtype")
     return DTYPES[name]
@@ -55,7 +57,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype = resolve_dtype(config.dtype, self.device, config.quantization)
         torch.manual_seed(config.seed)
         self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)

@@ -51,7 +51,7 @@ def start(settings: Settings) -> Runtime:
     config = EngineConfig(
         model_path=settings.model_path,
         dtype=settings.dtype,
-        quantization=settings.quantization,
+        quantization=None if settings.quantization == "none" else settings.quantization,
         device=settings.device,
         attention_backend=settings.attention_backend,
         max_model_len=settings.max_model_len,

@@ -45,7 +45,7 @@ class Settings(BaseModel):
     max_num_seqs: int = Field(256, alias="MAX_NUM_SEQS", ge=1)
     max_num_batched_tokens: int = Field(2048, alias="MAX_NUM_BATCHED_TOKENS", ge=1)
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field("auto", alias="DTYPE")
-    quantization: Literal["int4"] | None = Field(None, alias="QUANTIZATION")
+    quantization: Literal["none", "int4"] = Field("none", alias="QUANTIZATION")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", alias="DEVICE")
     attention_backend: Literal["auto", "flashinfer", "torch"] = Field("auto", alias="ATTENTION_BACKEND")
     enable_prefix_caching: bool = Field(True, alias="ENABLE_PREFIX_CACHING")

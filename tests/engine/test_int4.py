@@ -86,33 +86,36 @@ def greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list
 
 
 @pytest.fixture(scope="module")
-def int4_fp32(baked_model_path) -> LLMEngine:
-    return LLMEngine(EngineConfig(model_path=str(baked_model_path), dtype="float32", quantization="int4",
-                                  num_kv_pages=256))
+def int4_bf16(baked_model_path) -> LLMEngine:
+    # dtype auto: int4 on CPU runs bf16 activations (torch's int4 kernel is vectorised for bf16 only).
+    engine = LLMEngine(EngineConfig(model_path=str(baked_model_path), quantization="int4", num_kv_pages=128))
+    assert engine.describe()["dtype"] == "bfloat16" and engine.describe()["quantization"] == "int4"
+    return engine
 
 
-def test_int4_serves_the_default_model_as_published(baked_model_path, int4_fp32) -> None:
-    # The default model is a Q4_1 GGUF: its int4 codes are recovered exactly, so greedy decoding matches the
-    # unquantized fp32 checkpoint token for token.
-    plain = LLMEngine(EngineConfig(model_path=str(baked_model_path), dtype="float32", num_kv_pages=256))
-    prompts = [plain.tokenizer.encode(t) for t in ("The capital of France is", "Once upon a time, a small fox")]
-    assert greedy(int4_fp32, prompts, 24) == greedy(plain, prompts, 24)
-    assert int4_fp32.describe()["quantization"] == "int4"
+def test_int4_fp32_serves_the_default_model_as_published(baked_model_path) -> None:
+    # The default model is a Q4_1 GGUF: its int4 codes come back exactly, so with fp32 activations greedy
+    # decoding matches the unquantized fp32 checkpoint token for token.
+    prompts = [[504, 3575, 282, 4649, 314]]  # "The capital of France is"
+    runs = [
+        greedy(LLMEngine(EngineConfig(model_path=str(baked_model_path), dtype="float32", quantization=q,
+                                      num_kv_pages=32)), prompts, 12)
+        for q in (None, "int4")
+    ]
+    assert runs[0] == runs[1]
 
 
-def test_int4_alone_equals_in_a_batch(int4_fp32) -> None:
-    tok = int4_fp32.tokenizer
-    prompts = [tok.encode(t) for t in ("1, 2, 3,", "The sea is", "Water boils at", "My favourite colour is")]
-    together = greedy(int4_fp32, prompts, 16)
-    assert [greedy(int4_fp32, [p], 16)[0] for p in prompts] == together
+def test_int4_alone_equals_in_a_batch(int4_bf16) -> None:
+    tok = int4_bf16.tokenizer
+    prompts = [tok.encode(t) for t in ("1, 2, 3,", "The sea is", "Water boils at")]
+    together = greedy(int4_bf16, prompts, 8)
+    assert [greedy(int4_bf16, [p], 8)[0] for p in prompts] == together
 
 
-def test_int4_bf16_answers(baked_model_path) -> None:
-    engine = LLMEngine(EngineConfig(model_path=str(baked_model_path), dtype="bfloat16", quantization="int4",
-                                    num_kv_pages=64))
-    prompt = engine.tokenizer.apply_chat_template(
+def test_int4_answers(int4_bf16) -> None:
+    tok = int4_bf16.tokenizer
+    prompt = tok.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
     )
-    ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
-    text = engine.tokenizer.decode(greedy(engine, [ids], 20)[0])
+    text = tok.decode(greedy(int4_bf16, [tok.encode(prompt, add_special_tokens=False)], 20)[0])
     assert "Paris" in text

@@ -31,12 +31,14 @@ def test_values_are_parsed_and_empty_strings_are_unset() -> None:
     assert s.enable_prefix_caching is False and s.dtype == "float16" and s.response_role == "bot"
     assert s.served_model_name_override is None and s.custom_chat_template == "{{ messages }}"
     assert load_settings({"MODEL_PATH": "/elsewhere", "BASE_PATH": "/baked"}).model_path == "/elsewhere"
+    assert load_settings({"QUANTIZATION": " INT4 "}).quantization == "int4"
+    assert load_settings({"QUANTIZATION": ""}).quantization == "none"
 
 
 @pytest.mark.parametrize("name, value", [
     ("MAX_CONCURRENCY", "lots"), ("MAX_CONCURRENCY", "0"), ("RAW_OPENAI_OUTPUT", "maybe"), ("DTYPE", "int3"),
     ("DEFAULT_BATCH_SIZE_GROWTH_FACTOR", "0.5"), ("GPU_MEMORY_UTILIZATION", "1.5"), ("MAX_MODEL_LEN", "-1"),
-    ("DEVICE", "tpu"),
+    ("DEVICE", "tpu"), ("QUANTIZATION", "int8"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable(name: str, value: str) -> None:
     with pytest.raises(SettingsError) as info:
