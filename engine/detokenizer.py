@@ -52,11 +52,12 @@ class Detokenizer:
         self.output_text = ""
         self.stopped: str | None = None
 
-    def push(self, token_ids: list[int]) -> DetokenizerDelta:
+    def push(self, token_ids: list[int], check_stop: bool = True) -> DetokenizerDelta:
+        """check_stop False (before min_tokens, as vLLM): stop strings neither match nor hold text back."""
         if self.stopped is not None:
             raise RuntimeError("Detokenizer.push after a stop string matched")
         self._ids.extend(token_ids)
-        return self._release(self._pending + self._decode_new(), final=False)
+        return self._release(self._pending + self._decode_new(), final=not check_stop, check_stop=check_stop)
 
     def flush(self) -> str:
         """All held text (a trailing invalid UTF-8 sequence included), for a finish that is not a stop string."""
@@ -85,9 +86,9 @@ class Detokenizer:
             self._prefix_text = self._decode(self._ids[self._prefix : self._read])
         return self._prefix_text
 
-    def _release(self, text: str, final: bool) -> DetokenizerDelta:
+    def _release(self, text: str, final: bool, check_stop: bool = True) -> DetokenizerDelta:
         """Emit `text` except a stop string (and what follows) or a tail that may start one."""
-        match = self._find_stop(text)
+        match = self._find_stop(text) if check_stop else None
         if match is not None:
             at, stop = match
             emitted = text[: at + len(stop)] if self.include_stop_str_in_output else text[:at]

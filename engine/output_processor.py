@@ -84,7 +84,8 @@ class OutputProcessor:
             if p.include_stop_str_in_output:
                 text = seq.detokenizer.push([token]).text
         else:
-            delta = seq.detokenizer.push([token])
+            # As vLLM: stop strings count only once min_tokens are out (stop ids and EOS are masked until then).
+            delta = seq.detokenizer.push([token], check_stop=len(seq.output_token_ids) >= p.min_tokens)
             text = delta.text
             if delta.stop_string is not None:
                 seq.finish_reason, seq.stop_reason = "stop", delta.stop_string

@@ -6,6 +6,7 @@ before the first output, so a bad job yields exactly one OpenAI error object and
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -66,7 +67,8 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
     elif route.startswith(MODELS + "/"):
         yield retrieve_model(runtime, route[len(MODELS) + 1:])
     elif route in (CHAT, COMPLETIONS):
-        call = prepare_chat(body, runtime) if route == CHAT else prepare_completion(body, runtime)
+        # NOTE: off the event loop: rendering and tokenizing a long prompt would stall every other stream.
+        call = await asyncio.to_thread(prepare_chat if route == CHAT else prepare_completion, body, runtime)
         if not call.stream:
             yield await (complete_chat(call) if route == CHAT else complete(call))
             return

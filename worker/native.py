@@ -7,6 +7,7 @@ streamed, one yield whose tokens list holds each choice's whole text.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -58,7 +59,7 @@ async def run_native(raw: dict[str, Any], runtime: Runtime) -> AsyncIterator[dic
     """Yield the job's outputs; every check runs, and the engine request starts, before the first yield."""
     job = NativeJob.model_validate(raw)
     params = native_sampling_params(job.sampling_params, runtime.max_model_len)
-    prompt_ids = _prompt_ids(job, runtime)
+    prompt_ids = await asyncio.to_thread(_prompt_ids, job, runtime)  # off the event loop, as OpenAI routes
     request_id = f"native-{job.request_id or uuid.uuid4().hex}-{uuid.uuid4().hex[:8]}"
     started = await start(runtime.engine, prompt_ids, params, request_id)
     settings = runtime.settings

@@ -11,6 +11,7 @@ When RUNPOD_API_KEY is set, every route except /health needs `Authorization: Bea
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import uuid
@@ -26,6 +27,10 @@ from worker.openai.streaming import SSE_DONE, sse
 from worker.settings import Settings
 
 OPENAI_PREFIXES = ("/openai/v1", "/v2/{endpoint_id}/openai/v1")
+# How often a request waiting for its answer checks that its HTTP client is still connected.
+DISCONNECT_POLL_S = 0.5
+# What a request answers once its client has gone (nobody reads it; nginx's "client closed request").
+CLIENT_CLOSED_REQUEST = 499
 JOB_PREFIXES = ("", "/v2/{endpoint_id}")
 
 
@@ -42,19 +47,34 @@ async def _json_body(request: Request) -> Any:
         raise BadRequest("We could not parse the JSON body of your request. The body must be valid JSON.") from None
 
 
+class ApiKeyGuard:
+    """Every route but /health needs `Authorization: Bearer <key>`.
+
+    NOTE: a plain ASGI middleware; FastAPI's @app.middleware("http") would hide a client's disconnect from
+    the routes, which need to see it to abort the request.
+    """
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not scope["path"].rstrip("/").endswith("/health"):
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"").decode("latin-1").removeprefix("Bearer ").strip()
+            if not secrets.compare_digest(given.encode("latin-1"), self.key):
+                await _error(AuthenticationFailed("Incorrect API key provided."))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(handler: Handler, settings: Settings) -> FastAPI:
     """The FastAPI app; `handler` is the production async generator handler."""
     app = FastAPI(title="RunPod LLM worker (local)", docs_url=None, redoc_url=None, openapi_url=None)
     store = JobStore(handler)
     app.state.jobs = store
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Any) -> Response:
-        if settings.api_key and not request.url.path.rstrip("/").endswith("/health"):
-            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            if not secrets.compare_digest(given.encode(), settings.api_key.encode()):
-                return _error(AuthenticationFailed("Incorrect API key provided."))
-        return await call_next(request)
+    if settings.api_key:
+        app.add_middleware(ApiKeyGuard, key=settings.api_key)
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
@@ -146,9 +166,12 @@ async def _openai_call(handler: Handler, route: str, body: Any, request: Request
     job = {"id": f"openai-{uuid.uuid4().hex}", "input": {"openai_route": route, "openai_input": body}}
     outputs = handler(job)
     try:
-        first = await outputs.__anext__()
+        first = await _first_output(outputs, request)
     except StopAsyncIteration:
         return _error(RuntimeError("the handler produced no output"))
+    except ClientGone:
+        await outputs.aclose()
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     except BaseException:
         await outputs.aclose()
         raise
@@ -156,6 +179,30 @@ async def _openai_call(handler: Handler, route: str, body: Any, request: Request
         await outputs.aclose()
         return JSONResponse(first, status_code=status_of(first) or 200, headers=headers)
     return StreamingResponse(_sse(first, outputs), media_type="text/event-stream", headers=headers)
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer was ready."""
+
+
+async def _first_output(outputs: AsyncIterator[Any], request: Request | None) -> Any:
+    """The handler's first output (the whole answer when not streamed).
+
+    NOTE: a non-streamed answer is only written at the end, so nothing else notices a client that leaves
+    meanwhile: poll for it, and cancel the job (which aborts its engine request and frees its pages).
+    """
+    if request is None:
+        return await outputs.__anext__()
+    pending = asyncio.ensure_future(outputs.__anext__())
+    try:
+        while not (await asyncio.wait({pending}, timeout=DISCONNECT_POLL_S))[0]:
+            if await request.is_disconnected():
+                raise ClientGone
+        return pending.result()
+    finally:
+        if not pending.done():
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
 
 
 async def _sse(first: Any, outputs: AsyncIterator[Any]) -> AsyncIterator[str]:

@@ -137,3 +137,14 @@ def test_token_text_and_bytes(tok) -> None:
     # A token that is one byte of a multi-byte character is shown escaped, as OpenAI's logprobs do.
     assert token_text(tok, ids[0]) == "\\xec"
     assert token_text(tok, 2) == "<|im_end|>"
+
+
+def test_before_min_tokens_a_stop_string_neither_matches_nor_holds(tok) -> None:
+    ids = encode(tok, "the end, then the end again")
+    detok = Detokenizer(tok, stop=["the end"])
+    early = "".join(detok.push([t], check_stop=False).text for t in ids[:4])
+    assert early == tok.decode(ids[:4]) and detok.stopped is None  # released whole, "the end" included
+    rest = stream(detok, ids[4:])
+    assert detok.stopped == "the end"
+    assert early + "".join(rest) == detok.output_text
+    assert detok.output_text == "the end, then "

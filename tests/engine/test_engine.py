@@ -246,6 +246,21 @@ def test_stop_strings_and_stop_token_ids(tiny):
     assert (by_id.finish_reason, by_id.stop_reason) == ("stop", token)
 
 
+def test_stop_strings_wait_for_min_tokens(tiny):
+    prompt = random_prompts(1, 10, 10, seed=8)[0]
+    full = alone(tiny, prompt, greedy(24, ignore_eos=True))
+    text = full.text
+    stop = next(text[i : i + 3] for i in range(4, len(text) - 3) if text[i : i + 3].strip() and
+                text.find(text[i : i + 3]) == i)
+    # The first token whose text reaches past the stop string's first occurrence.
+    end = text.find(stop) + len(stop)
+    upto = next(n for n in range(1, 25) if len(tiny.tokenizer.decode(full.token_ids[:n])) >= end)
+    got = alone(tiny, prompt, greedy(24, ignore_eos=True, stop=[stop], min_tokens=upto + 1))
+    assert len(got.token_ids) >= upto + 1 and got.text.startswith(text[:end])
+    assert got.token_ids == full.token_ids[: len(got.token_ids)]
+    assert got.finish_reason == "length" or (got.finish_reason, got.stop_reason) == ("stop", stop)
+
+
 def test_eos_min_tokens_and_ignore_eos(tiny):
     prompt = [5, 6, 7]
     forced = {2: 100.0}  # makes <|im_end|> (eos) the best token every step

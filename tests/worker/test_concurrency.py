@@ -56,3 +56,32 @@ def test_a_client_that_disconnects_mid_stream_frees_its_pages(worker, http, mode
         time.sleep(0.2)
     assert _free_pages(http)[0] == total
     assert http.get("/health").json()["jobs"]["inProgress"] == 0
+
+
+def test_a_client_that_leaves_before_a_non_streamed_answer_frees_its_pages(worker, http, model_name) -> None:
+    free, total = _free_pages(http)
+    assert free == total
+    # Long enough (about 2000 tokens) that without an abort it would still hold its pages well after the checks.
+    body = {"model": model_name, "messages": _messages("everything"), "max_tokens": 1900, "temperature": 0,
+            "ignore_eos": True}
+
+    def ask() -> Exception | None:
+        with httpx.Client(base_url=worker.base, timeout=httpx.Timeout(60, read=3.0)) as own:
+            try:
+                own.post("/openai/v1/chat/completions", json=body)
+            except httpx.ReadTimeout as exc:  # the client gives up and closes its connection
+                return exc
+        return None
+
+    with ThreadPoolExecutor(1) as pool:
+        gave_up = pool.submit(ask)
+        deadline = time.monotonic() + 3
+        while _free_pages(http)[0] == total and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _free_pages(http)[0] < total  # the request is running
+        assert isinstance(gave_up.result(), httpx.ReadTimeout)
+    deadline = time.monotonic() + 10
+    while _free_pages(http)[0] != total and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _free_pages(http)[0] == total
+    assert http.get("/health").json()["jobs"]["inProgress"] == 0
