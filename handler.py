@@ -92,12 +92,23 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from engine.errors import EngineError
     from worker import runtime
+
+    def start() -> bool:
+        """Build the engine; a model that cannot be served is one line on stderr, not a traceback."""
+        try:
+            runtime.start(settings)
+        except EngineError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return False
+        return True
 
     on_runpod = os.environ.get("RUNPOD_WEBHOOK_GET_JOB") is not None or "--rp_serve_api" in rest
     if args.serve:
         imports = _import_in_background("uvicorn", "fastapi", "worker.server")
-        runtime.start(settings)
+        if not start():
+            return 2
         imports.join()
         from worker.server import serve
 
@@ -109,11 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError) as exc:
             print(f"error: bad test input: {exc}", file=sys.stderr)
             return 2
-        runtime.start(settings)
+        if not start():
+            return 2
         return asyncio.run(run_test_job(job_input))
 
     imports = _import_in_background("runpod")
-    runtime.start(settings)
+    if not start():
+        return 2
     imports.join()
     import runpod
 

@@ -49,6 +49,11 @@ def load_model(
     if dtype not in SUPPORTED_DTYPES:
         raise UnsupportedModel(f"dtype {dtype} is not supported (float32, bfloat16, float16)", param="dtype")
     device = torch.device(device)
+    if not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise UnsupportedModel(
+            f"no model at {model_path!r} (no config.json there): bake one with `python -m builder --out "
+            f"{model_path}`, or point MODEL_PATH (or BASE_PATH) at a baked folder", param="model",
+        )
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise UnsupportedModel(f"quantization {quantization!r} is not supported (int4)", param="quantization")
     if quantization == "int4" and device.type != "cpu":

@@ -48,3 +48,12 @@ def test_bad_input_or_settings_stop_before_loading_the_model(baked_model_path) -
     assert code == 2 and lines == [] and "bad test input" in stderr
     code, _, stderr = run_cli(baked_model_path, "--test_input", "{}", MAX_CONCURRENCY="many")
     assert code == 2 and stderr.strip().splitlines()[-1].startswith("error: environment variable MAX_CONCURRENCY=")
+
+
+def test_a_missing_model_is_one_line_naming_the_folder(tmp_path) -> None:
+    missing = tmp_path / "no-model-here"
+    code, lines, stderr = run_cli(missing, "--test_input", "{}")
+    last = stderr.strip().splitlines()[-1]
+    assert code == 2 and lines == []
+    assert last.startswith("error: no model at") and str(missing) in last and "python -m builder" in last
+    assert "Traceback" not in stderr
