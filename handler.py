@@ -57,8 +57,11 @@ async def run_test_job(job_input: Any) -> int:
 
 
 def _load_test_input(value: str | None) -> Any:
+    """The job input: `--test_input` JSON, either a whole job as RunPod's SDK takes it (`{"input": {...}}`) or
+    the input alone; without a value, test_input.json's `input`."""
     if value:
-        return json.loads(value)
+        given = json.loads(value)
+        return given["input"] if isinstance(given, dict) and "input" in given else given
     for folder in (Path.cwd(), Path(__file__).resolve().parent):
         path = folder / "test_input.json"
         if path.is_file():

@@ -95,7 +95,8 @@ def describe(runtime: Runtime) -> str:
     kv_size = f" ({kv_bytes / 2**20:.0f} MiB)" if isinstance(kv_bytes, (int, float)) else ""
     return (
         f"model={info.get('model', runtime.settings.model_path)} served_as={runtime.served_model_name} "
-        f"backend={info.get('backend')} dtype={info.get('dtype')} device={info.get('device')} "
+        f"backend={info.get('backend')} dtype={info.get('dtype')}"
+        f"{' quantization=' + info['quantization'] if info.get('quantization') else ''} device={info.get('device')} "
         f"kv_pages={info.get('kv_pages', info.get('kv pages'))}x{info.get('page_size', info.get('page size'))}"
         f"{kv_size} max_model_len={runtime.max_model_len}"
     )

@@ -38,6 +38,11 @@ def test_test_input_json_is_the_default_and_errors_exit_non_zero(baked_model_pat
     assert code == 0, stderr
     assert lines[-1]["status"] == "COMPLETED"
     assert all("choices" in o and "usage" in o for o in lines[-1]["output"])
+    # RunPod's SDK takes the whole job, {"input": {...}}: the same job in that form gives the same answer.
+    job = json.loads((ROOT / "test_input.json").read_text())
+    code, wrapped, stderr = run_cli(baked_model_path, "--test_input", json.dumps(job))
+    assert code == 0, stderr
+    assert wrapped[-1]["status"] == "COMPLETED" and wrapped[-1]["output"] == lines[-1]["output"]
     bad_route = json.dumps({"openai_route": "/v1/nothing", "openai_input": {}})
     code, lines, _ = run_cli(baked_model_path, "--test_input", bad_route)
     assert code == 1 and lines[-1]["status"] == "FAILED" and lines[-1]["error"]["code"] == "unknown_url"
