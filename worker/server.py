@@ -27,11 +27,11 @@ from worker.openai.streaming import SSE_DONE, sse
 from worker.settings import Settings
 
 OPENAI_PREFIXES = ("/openai/v1", "/v2/{endpoint_id}/openai/v1")
+JOB_PREFIXES = ("", "/v2/{endpoint_id}")
 # How often a request waiting for its answer checks that its HTTP client is still connected.
 DISCONNECT_POLL_S = 0.5
 # What a request answers once its client has gone (nobody reads it; nginx's "client closed request").
 CLIENT_CLOSED_REQUEST = 499
-JOB_PREFIXES = ("", "/v2/{endpoint_id}")
 
 
 def _error(exc: Exception, headers: dict[str, str] | None = None) -> JSONResponse:
