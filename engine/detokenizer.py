@@ -57,7 +57,7 @@ class Detokenizer:
         if self.stopped is not None:
             raise RuntimeError("Detokenizer.push after a stop string matched")
         self._ids.extend(token_ids)
-        return self._release(self._pending + self._decode_new(), final=not check_stop, check_stop=check_stop)
+        return self._release(self._pending + self._decode_new(), final=False, check_stop=check_stop)
 
     def flush(self) -> str:
         """All held text (a trailing invalid UTF-8 sequence included), for a finish that is not a stop string."""
@@ -95,7 +95,7 @@ class Detokenizer:
             self.stopped, self._pending = stop, ""
             self.output_text += emitted
             return DetokenizerDelta(emitted, stop)
-        hold = 0 if final else self._partial_stop_length(text)
+        hold = 0 if final or not check_stop else self._partial_stop_length(text)
         emitted, self._pending = text[: len(text) - hold], text[len(text) - hold :]
         self.output_text += emitted
         return DetokenizerDelta(emitted)

@@ -228,12 +228,20 @@ def test_seeded_sampling_is_reproducible_across_batches(tiny):
     assert alone(tiny, prompt, other_seed).token_ids != solo
 
 
-def test_stop_strings_and_stop_token_ids(tiny):
+def unstopped_run(engine: LLMEngine) -> tuple[list[int], Choice, str]:
+    """A prompt, its 24 greedy tokens, and a 3-character piece of their text (after the first 4 characters)
+    that occurs there for the first time: a stop string that will cut the text there."""
     prompt = random_prompts(1, 10, 10, seed=8)[0]
-    full = alone(tiny, prompt, greedy(24, ignore_eos=True))
+    full = alone(engine, prompt, greedy(24, ignore_eos=True))
     text = full.text
     stop = next(text[i : i + 3] for i in range(4, len(text) - 3) if text[i : i + 3].strip() and
                 text.find(text[i : i + 3]) == i)
+    return prompt, full, stop
+
+
+def test_stop_strings_and_stop_token_ids(tiny):
+    prompt, full, stop = unstopped_run(tiny)
+    text = full.text
     cut = text.find(stop)
     got = alone(tiny, prompt, greedy(24, ignore_eos=True, stop=[stop]))
     assert (got.text, got.finish_reason, got.stop_reason) == (text[:cut], "stop", stop)
@@ -247,11 +255,8 @@ def test_stop_strings_and_stop_token_ids(tiny):
 
 
 def test_stop_strings_wait_for_min_tokens(tiny):
-    prompt = random_prompts(1, 10, 10, seed=8)[0]
-    full = alone(tiny, prompt, greedy(24, ignore_eos=True))
+    prompt, full, stop = unstopped_run(tiny)
     text = full.text
-    stop = next(text[i : i + 3] for i in range(4, len(text) - 3) if text[i : i + 3].strip() and
-                text.find(text[i : i + 3]) == i)
     # The first token whose text reaches past the stop string's first occurrence.
     end = text.find(stop) + len(stop)
     upto = next(n for n in range(1, 25) if len(tiny.tokenizer.decode(full.token_ids[:n])) >= end)
