@@ -13,6 +13,7 @@ from engine.async_engine import AsyncEngine
 from engine.attention import create_backend
 from engine.beam_search import BeamSearch
 from engine.config import EngineConfig
+from engine.cpu_threads import size_thread_pool
 from engine.detokenizer import Detokenizer
 from engine.errors import ContextTooLong, InvalidRequest
 from engine.kv_cache import PageAllocator, PagePool
@@ -58,6 +59,7 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device, config.quantization)
+        self.threads = size_thread_pool() if self.device.type == "cpu" else None
         torch.manual_seed(config.seed)
         self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
@@ -248,6 +250,7 @@ class LLMEngine:
             "dtype": str(self.dtype).removeprefix("torch."),
             "quantization": self.config.quantization,
             "device": str(self.device),
+            "threads": self.threads,
             "max_model_len": self.max_model_len,
             "kv_pages": self.pool.num_pages,
             "page_size": self.pool.page_size,

@@ -96,7 +96,8 @@ def describe(runtime: Runtime) -> str:
     return (
         f"model={info.get('model', runtime.settings.model_path)} served_as={runtime.served_model_name} "
         f"backend={info.get('backend')} dtype={info.get('dtype')}"
-        f"{' quantization=' + info['quantization'] if info.get('quantization') else ''} device={info.get('device')} "
+        f"{' quantization=' + info['quantization'] if info.get('quantization') else ''} device={info.get('device')}"
+        f"{' threads=' + str(info['threads']) if info.get('threads') else ''} "
         f"kv_pages={info.get('kv_pages', info.get('kv pages'))}x{info.get('page_size', info.get('page size'))}"
         f"{kv_size} max_model_len={runtime.max_model_len}"
     )

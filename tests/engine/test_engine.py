@@ -119,6 +119,10 @@ def smol(baked_model_path):
     return make_engine(baked_model_path, dtype="float32", num_kv_pages=512)
 
 
+def test_a_cpu_engine_reports_its_thread_pool(smol):
+    assert smol.describe()["threads"] == torch.get_num_threads()
+
+
 def test_greedy_matches_transformers_generate(smol, baked_model_path):
     import transformers as tf
 
