@@ -18,10 +18,11 @@ from engine.detokenizer import Detokenizer
 from engine.errors import ContextTooLong, InvalidRequest
 from engine.kv_cache import PageAllocator, PagePool
 from engine.loader import load_model
+from engine.logits_processor import tokenize_bad_words
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
-from engine.sampler import Sampler, tokenize_bad_words
+from engine.sampler import Sampler
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Sequence, SequenceGroup

@@ -12,6 +12,7 @@ import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.kv_cache import PagePool
+from engine.logits_processor import process_logits
 from engine.sampler import Sampler, SamplingRow, compute_logprobs
 from engine.scheduler import ScheduledSeq, SchedulerOutput
 from engine.sequence import Sequence, SequenceGroup
@@ -175,7 +176,7 @@ class ModelRunner:
     def _beam_candidates(self, logits: torch.Tensor, s: ScheduledSeq) -> list[Sample]:
         """The 2*width best next tokens of one beam, by logprob after masks and penalties."""
         row = self._row(s.group, s.seq)
-        logprobs = torch.log_softmax(self.sampler.process(logits, [row]), dim=-1)[0]
+        logprobs = torch.log_softmax(process_logits(logits, [row]), dim=-1)[0]
         values, ids = logprobs.topk(min(2 * s.group.beam.width, logprobs.numel()))
         return [Sample(t, lp) for t, lp in zip(ids.tolist(), values.tolist(), strict=True)]
 

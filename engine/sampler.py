@@ -1,8 +1,7 @@
 """The sampler: one step's logits -> next tokens, batched over rows, each row drawing from its own RNG.
 
-Order as vLLM: logit_bias, allowed_token_ids, bad_words and min_tokens masks; then repetition,
-frequency and presence penalties; then temperature; then top_k, top_p, min_p; then the draw.
-Reported logprobs come from log_softmax of the raw logits, before any of that.
+Order as vLLM: the masks and penalties of engine.logits_processor; then temperature; then top_k, top_p,
+min_p; then the draw. Reported logprobs come from log_softmax of the raw logits, before any of that.
 """
 
 from __future__ import annotations
@@ -11,9 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.logits_processor import NEG_INF, process_logits
 from engine.sampling import SamplingParams
 
-NEG_INF = float("-inf")
 NAN = float("nan")
 TOP_P_HEAD = 256  # tokens ranked by topk before falling back to a full sort
 
@@ -37,53 +36,9 @@ class SamplerOutput:
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per row, [] for rows that did not ask
 
 
-def _has_penalty(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-
-
 def _needs_logprob(p: SamplingParams) -> bool:
     """The chosen token's logprob is reported (logprobs) or ranks the samples (best_of > n)."""
     return p.logprobs is not None or p.num_sequences > p.n
-
-
-def _has_mask(row: SamplingRow) -> bool:
-    p = row.params
-    return bool(p.logit_bias or p.allowed_token_ids or row.bad_words_ids or len(row.output_token_ids) < p.min_tokens)
-
-
-def _banned_tokens(row: SamplingRow) -> list[int]:
-    p = row.params
-    out = row.output_token_ids
-    banned: list[int] = []
-    for word in row.bad_words_ids:
-        # A multi-token word bans its last token only right after the rest of it.
-        prefix = len(word) - 1
-        if prefix <= len(out) and (prefix == 0 or out[-prefix:] == word[:-1]):
-            banned.append(word[-1])
-    if len(out) < p.min_tokens:
-        banned += p.stop_token_ids or []
-        if not p.ignore_eos:
-            banned += row.eos_token_ids
-    return banned
-
-
-def _pair_keys(rows: list[tuple[int, SamplingRow]], vocab: int, device: torch.device, prompt: bool) -> torch.Tensor:
-    """row * vocab + token for every token of each row's prompt (or output), as one flat tensor."""
-    keys = [i * vocab + t for i, r in rows for t in (r.prompt_token_ids if prompt else r.output_token_ids)]
-    return torch.tensor(keys, dtype=torch.long, device=device)
-
-
-def tokenize_bad_words(tokenizer, bad_words: list[str]) -> list[list[int]]:
-    """Token ids of each bad word, alone and after a space, as vLLM bans them."""
-    out: list[list[int]] = []
-    for word in bad_words:
-        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
-        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
-        out.append(plain)
-        # A leading space that merges into the first token gives a distinct word to ban.
-        if spaced and plain and spaced[0] != plain[0] and len(spaced) == len(plain):
-            out.append(spaced)
-    return out
 
 
 def compute_logprobs(logits: torch.Tensor, token_ids: list[int], k: int) -> list[tuple[float, list[tuple[int, float]]]]:
@@ -105,7 +60,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         assert logits.dim() == 2 and logits.shape[0] == len(rows)
         raw = logits.float()
-        processed = self.process(raw, rows)
+        processed = process_logits(raw, rows)
         sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
         if not sampled:
             tokens = processed.argmax(dim=-1)
@@ -138,87 +93,6 @@ class Sampler:
             if tops is not None:
                 tops[i] = top[j]
         return SamplerOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=tops)
-
-    def process(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        """Masks and penalties, before temperature (beam search ranks candidates on these logits).
-
-        Returns `logits` itself when no row needs either; never modifies it.
-        """
-        raw = logits.float()
-        masked = [i for i, r in enumerate(rows) if _has_mask(r)]
-        penalised = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
-        if not masked and not penalised:
-            return raw
-        out = raw.clone()
-        if masked:
-            self._apply_masks(out, [(i, rows[i]) for i in masked])
-        if penalised:
-            self._apply_penalties(out, [(i, rows[i]) for i in penalised])
-        # A row whose every token got masked would sample NaN; let it fall back to the raw logits.
-        dead = out.amax(dim=-1) == NEG_INF
-        if bool(dead.any()):
-            out[dead] = raw[dead]
-        return out
-
-    def _apply_masks(self, out: torch.Tensor, rows: list[tuple[int, SamplingRow]]) -> None:
-        """In place: logit_bias, then allowed_token_ids, bad_words and min_tokens as -inf."""
-        device = out.device
-        bias_index: tuple[list[int], list[int]] = ([], [])
-        bias_values: list[float] = []
-        banned: tuple[list[int], list[int]] = ([], [])
-        allowed_rows: list[int] = []
-        allowed_index: tuple[list[int], list[int]] = ([], [])
-        for i, row in rows:
-            p = row.params
-            if p.logit_bias:
-                bias_index[0].extend([i] * len(p.logit_bias))
-                bias_index[1].extend(p.logit_bias.keys())
-                bias_values.extend(p.logit_bias.values())
-            if p.allowed_token_ids:
-                allowed_rows.append(i)
-                allowed_index[0].extend([i] * len(p.allowed_token_ids))
-                allowed_index[1].extend(p.allowed_token_ids)
-            ids = _banned_tokens(row)
-            banned[0].extend([i] * len(ids))
-            banned[1].extend(ids)
-        if allowed_rows:
-            # Keep the allowed logits, blank only the restricted rows, put the kept ones back.
-            index = (torch.tensor(allowed_index[0], device=device), torch.tensor(allowed_index[1], device=device))
-            kept = out[index]
-            out.index_fill_(0, torch.tensor(allowed_rows, device=device), NEG_INF)
-            out[index] = kept
-        if bias_values:
-            index = (torch.tensor(bias_index[0], device=device), torch.tensor(bias_index[1], device=device))
-            out.index_put_(index, torch.tensor(bias_values, device=device), accumulate=True)
-        if banned[0]:
-            out[torch.tensor(banned[0], device=device), torch.tensor(banned[1], device=device)] = NEG_INF
-
-    @staticmethod
-    def _apply_penalties(out: torch.Tensor, rows: list[tuple[int, SamplingRow]]) -> None:
-        """In place, touching only the (row, token) pairs that occur: repetition, then frequency and presence.
-
-        The work is proportional to the tokens seen, not to batch x vocabulary.
-        """
-        device = out.device
-        vocab = out.shape[1]
-        flat = out.view(-1)
-        per_row = [[1.0] * out.shape[0], [0.0] * out.shape[0], [0.0] * out.shape[0]]
-        for i, row in rows:
-            p = row.params
-            per_row[0][i], per_row[1][i], per_row[2][i] = p.repetition_penalty, p.frequency_penalty, p.presence_penalty
-        rep, freq, presence = torch.tensor(per_row, device=device)
-
-        out_keys, out_counts = torch.unique(_pair_keys(rows, vocab, device, prompt=False), return_counts=True)
-        rep_rows = [(i, r) for i, r in rows if r.params.repetition_penalty != 1.0]
-        if rep_rows:
-            # Repetition covers the prompt and the output; a token counts once however often it occurs.
-            seen = torch.unique(torch.cat([_pair_keys(rep_rows, vocab, device, prompt=True), out_keys]))
-            values = flat[seen]
-            penalty = rep[seen // vocab]
-            flat[seen] = torch.where(values > 0, values / penalty, values * penalty)
-        if out_keys.numel():
-            owner = out_keys // vocab
-            flat[out_keys] -= freq[owner] * out_counts + presence[owner]
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Temperature, top_k / top_p / min_p, then one draw per row from its own generator."""

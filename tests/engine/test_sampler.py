@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from engine.sampler import Sampler, SamplingRow, compute_logprobs, tokenize_bad_words
+from engine.logits_processor import process_logits, tokenize_bad_words
+from engine.sampler import Sampler, SamplingRow, compute_logprobs
 from engine.sampling import SamplingParams
 
 EOS = 2
@@ -69,7 +70,7 @@ def test_top_logprobs_only_for_rows_that_ask() -> None:
 def test_penalties_match_a_hand_computation() -> None:
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, 0.0]])
     r = row(prompt=[0], output=[1, 3, 3], repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
-    got = Sampler().process(logits, [r])[0].tolist()
+    got = process_logits(logits, [r])[0].tolist()
     # 0: prompt only -> 2/2. 1: once in output, negative -> -1*2 - 0.5 - 0.25. 3: twice -> 3/2 - 2*0.5 - 0.25.
     assert got == pytest.approx([1.0, -2.75, 0.5, 0.25, 0.0])
 
@@ -77,7 +78,7 @@ def test_penalties_match_a_hand_computation() -> None:
 def test_penalties_apply_per_row_and_leave_other_rows_alone() -> None:
     logits = torch.tensor([[3.0, 2.9, 0.0], [3.0, 2.9, 0.0]])
     rows = [row(output=[0], temperature=0, presence_penalty=1.0), row(output=[0], temperature=0)]
-    processed = Sampler().process(logits, rows)
+    processed = process_logits(logits, rows)
     assert processed[0].tolist() == pytest.approx([2.0, 2.9, 0.0])
     assert processed[1].tolist() == pytest.approx([3.0, 2.9, 0.0])
     assert Sampler()(logits, rows).token_ids == [1, 0]
