@@ -96,7 +96,8 @@ def apply_rope_with_cos_sin_cache_inplace(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU on a fused gate|up projection [..., 2 * n] -> silu(gate) * up [..., n]."""
-    if _fused(x) and x.stride(-1) == 1 and (x.shape[-1] * x.element_size()) % 16 == 0:
+    # NOTE: contiguous, not just a unit last stride: the kernel addresses row i at i * 2n and ignores row strides.
+    if _fused(x) and x.is_contiguous() and (x.shape[-1] * x.element_size()) % 16 == 0:
         import flashinfer
 
         return flashinfer.activation.silu_and_mul(x)

@@ -13,7 +13,12 @@ import torch
 
 from engine.attention.base import AttentionMetadata
 
-WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace (split-KV partial results)
+# The float workspace (split-KV partial results), shared by every wrapper.
+# NOTE: not FlashInfer's example 128 MiB: under CUDA graphs the tensor-core decode always splits the KV and
+# sizes its partials for the worst case, num_q_heads x (batch * group / 16 + batch - 1) tiles x 16 rows x
+# head_dim x 4 bytes: 193 MiB for 64 query heads of 128 at batch 256 (a 32B-70B model), which overflows at
+# capture. vLLM's default is 394 MiB.
+WORKSPACE_BYTES = 384 * 1024 * 1024
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 # NOTE: FA2 for prefill on every GPU: on Hopper "auto" would pick FA3, a second large JIT build per head
 # dim, while prompts of a few hundred tokens spend little of a step in attention. Pass "auto" to get FA3.
@@ -37,7 +42,7 @@ def write_kv_slots(
 
 class FlashInferBackend:
     """AttentionBackend on FlashInfer: BatchPrefillWithPagedKVCacheWrapper for steps with any prefill,
-    BatchDecodeWithPagedKVCacheWrapper for pure decode steps, one shared 128 MiB workspace.
+    BatchDecodeWithPagedKVCacheWrapper for pure decode steps, one shared workspace (WORKSPACE_BYTES).
 
     The head counts and dtype are taken from the constructor when given (plan() then plans at once), else
     from the first run() of a step (which plans then; later layers reuse it).

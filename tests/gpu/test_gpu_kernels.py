@@ -78,6 +78,12 @@ def test_silu_and_mul():
     close(kernels.silu_and_mul(x), fallback(kernels.silu_and_mul, x))
 
 
+def test_silu_and_mul_on_rows_with_a_stride():
+    # Every other row of a buffer: unit last stride, but the kernel would read rows at i * 2n.
+    x = torch.randn(12, 2 * 1024, dtype=DT, device="cuda")[::2]
+    close(kernels.silu_and_mul(x), fallback(kernels.silu_and_mul, x.contiguous()))
+
+
 @pytest.mark.slow
 def test_sampling_top_k_one_is_argmax_and_support_is_respected():
     logits = torch.randn(16, 32000, device="cuda") * 3
