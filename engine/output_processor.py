@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine.detokenizer import Detokenizer, token_text
+from engine.detokenizer import Detokenizer, token_bytes, token_text
 from engine.model_runner import Sample, StepResult
 from engine.outputs import CompletionDelta, Logprob, PositionLogprobs, RequestOutput
 from engine.scheduler import ScheduledSeq, Scheduler
@@ -19,7 +19,7 @@ class OutputProcessor:
         self.scheduler = scheduler
         self.max_model_len = max_model_len
         self.new_seq_id = new_seq_id
-        self._texts: dict[int, str] = {}  # token id -> its text, for logprobs
+        self._pieces: dict[int, tuple[str, bytes]] = {}  # token id -> its text and bytes, for logprobs
 
     def process(self, group: SequenceGroup, items: list[tuple[int, ScheduledSeq]], result: StepResult
                 ) -> RequestOutput | None:
@@ -192,12 +192,12 @@ class OutputProcessor:
 
     def _position(self, token: int, logprob: float, top: list[tuple[int, float]]) -> PositionLogprobs:
         return PositionLogprobs(
-            chosen=Logprob(token, self._text(token), logprob),
-            top=[Logprob(t, self._text(t), lp) for t, lp in top],
+            chosen=Logprob(token, *self._piece(token), logprob),
+            top=[Logprob(t, *self._piece(t), lp) for t, lp in top],
         )
 
-    def _text(self, token: int) -> str:
-        text = self._texts.get(token)
-        if text is None:
-            text = self._texts[token] = token_text(self.tokenizer, token)
-        return text
+    def _piece(self, token: int) -> tuple[str, bytes]:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = (token_text(self.tokenizer, token), token_bytes(self.tokenizer, token))
+        return piece

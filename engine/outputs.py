@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 @dataclass
 class Logprob:
     token_id: int
-    token: str  # the decoded text of this one token (may be a partial UTF-8 piece, as OpenAI shows it)
+    token: str  # the decoded text of this one token (a partial UTF-8 piece shows as escaped bytes, as OpenAI's)
+    token_bytes: bytes  # the exact bytes the token stands for (OpenAI's `bytes`; may be part of a character)
     logprob: float
 
 

@@ -95,6 +95,14 @@ def test_logprobs_and_top_logprobs(client, model_name, greedy) -> None:
     assert all(t.top_logprobs == [] for t in plain.choices[0].logprobs.content)
 
 
+def test_logprob_bytes_are_the_raw_bytes_of_a_token_inside_a_character(client, model_name, tokenizer) -> None:
+    half = tokenizer.encode("🔥", add_special_tokens=False)[0]  # the first two of the emoji's four bytes
+    response = chat(client, model_name, logprobs=True, max_tokens=1, extra_body={"allowed_token_ids": [half]})
+    token = response.choices[0].logprobs.content[0]
+    assert bytes(token.bytes) == "🔥".encode()[:2]
+    assert token.token == "\\xf0\\x9f"  # the text shows the bytes escaped, as OpenAI's does
+
+
 def test_logit_bias_forces_a_token(client, model_name, tokenizer) -> None:
     forced = tokenizer.encode(" banana", add_special_tokens=False)[0]
     response = chat(client, model_name, logit_bias={str(forced): 100}, max_tokens=4,
@@ -191,3 +199,8 @@ def test_user_text_response_format_and_unknown_fields_are_accepted(client, model
     with pytest.raises(openai.BadRequestError) as info:
         chat(client, model_name, response_format={"type": "json_object"})
     assert info.value.body["param"] == "response_format"
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, model_name, tools=tools, tool_choice="required")
+    assert info.value.body["param"] == "tool_choice"
+    assert chat(client, model_name, tools=tools, tool_choice="auto").choices[0].message.tool_calls is None

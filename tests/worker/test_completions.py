@@ -63,6 +63,21 @@ def test_echo_and_logprobs(client, model_name, tokenizer) -> None:
     assert elp.token_logprobs[n_prompt:] == pytest.approx(lp.token_logprobs, abs=1e-4)
 
 
+def test_text_offsets_are_characters_of_the_text_streamed_or_not(client, model_name) -> None:
+    # "Fire: 🔥🔥" is 8 characters in 8 tokens: 'Fire', ':', then b" \xf0\x9f", b"\x94", b"\xa5" (the space and
+    # the first emoji, started inside the token that holds the space), then the second emoji in three bytes
+    # tokens. A token that starts inside a character is at that character.
+    prompt = "Fire: 🔥🔥"
+    whole = complete(client, model_name, prompt, echo=True, logprobs=1, max_tokens=2)
+    offsets = whole.choices[0].logprobs.text_offset
+    assert offsets[:9] == [0, 4, 5, 6, 6, 7, 7, 7, 8]
+    assert all(a <= b <= len(whole.choices[0].text) for a, b in zip(offsets, offsets[1:], strict=False))
+    chunks = [validate(c) for c in client.completions.create(
+        model=model_name, prompt=prompt, max_tokens=2, temperature=0, echo=True, logprobs=1, stream=True)]
+    streamed = [o for c in chunks for ch in c["choices"] if ch["logprobs"] for o in ch["logprobs"]["text_offset"]]
+    assert streamed == offsets
+
+
 def test_echo_streams_the_prompt_first(client, model_name) -> None:
     chunks = [validate(c) for c in client.completions.create(
         model=model_name, prompt=PROMPT, max_tokens=3, temperature=0, echo=True, stream=True)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from engine.errors import InvalidRequest
 from worker.openai.errors import BadRequest, error_body
 from worker.openai.params import DEFAULT_TEMPERATURE, native_sampling_params, openai_sampling_params
 from worker.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -49,6 +50,30 @@ def test_every_parameter_reaches_sampling_params() -> None:
         {**CHAT, "n": 2, "use_beam_search": True, "temperature": 0, "length_penalty": 0.5,
          "early_stopping": True}), 2048)
     assert beam.use_beam_search and beam.length_penalty == 0.5 and beam.early_stopping
+
+
+def test_beam_search_without_a_temperature_runs_at_zero() -> None:
+    beam = openai_sampling_params(ChatCompletionRequest.model_validate({**CHAT, "n": 2, "use_beam_search": True}), 2048)
+    assert beam.use_beam_search and beam.temperature == 0.0
+    with pytest.raises(InvalidRequest, match="temperature"):  # an explicit temperature is still checked
+        openai_sampling_params(ChatCompletionRequest.model_validate(
+            {**CHAT, "n": 2, "use_beam_search": True, "temperature": 0.7}), 2048)
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.mark.parametrize("choice", ["auto", "none", None])
+def test_tools_with_a_free_tool_choice_are_accepted(choice) -> None:
+    request = ChatCompletionRequest.model_validate({**CHAT, "tools": [TOOL], "tool_choice": choice})
+    assert request.tools == [TOOL]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_tool_call_is_refused_rather_than_ignored(choice) -> None:
+    error = _error({**CHAT, "tools": [TOOL], "tool_choice": choice})
+    assert error["param"] == "tool_choice" and error["type"] == "invalid_request_error"
+    assert "cannot force a tool call" in error["message"]
 
 
 def test_completions_echo_with_logprobs_asks_for_prompt_logprobs() -> None:

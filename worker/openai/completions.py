@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.detokenizer import token_text
+from engine.detokenizer import token_bytes, token_text
 from engine.outputs import PositionLogprobs, RequestOutput
 from engine.sampling import SamplingParams
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, collect, engine_request_id, merge, response_id, start_all
-from worker.openai.logprobs import completion_logprobs, prompt_logprobs
+from worker.openai.logprobs import TextOffsets, completion_logprobs, prompt_logprobs
 from worker.openai.models import check_model
 from worker.openai.params import openai_sampling_params
 from worker.openai.protocol import CompletionRequest
@@ -84,7 +84,7 @@ async def complete(call: CompletionCall) -> dict[str, Any]:
             if request.logprobs is not None:
                 generated = list(choice.logprobs or [])
                 logprobs = echo.logprobs(generated, request.logprobs) if echo else completion_logprobs(
-                    generated, request.logprobs)
+                    generated, request.logprobs, TextOffsets())
             item = {"index": p * request.n + index, "text": text, "logprobs": logprobs,
                     "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
             _extras(call, item, result, choice.token_ids)
@@ -121,12 +121,12 @@ class _Echo:
         tokenizer = call.runtime.tokenizer
         self.text = tokenizer.decode(prompt_ids, skip_special_tokens=False)
         self.positions: list[PositionLogprobs | None] = list(positions or [None] * len(prompt_ids))
-        self.texts = [token_text(tokenizer, tid) for tid in prompt_ids]
+        self.pieces = [(token_text(tokenizer, tid), token_bytes(tokenizer, tid)) for tid in prompt_ids]
 
     def logprobs(self, generated: list[PositionLogprobs], top: int) -> dict[str, Any]:
         """Completion logprobs of the echoed prompt followed by the generated tokens."""
-        texts = self.texts + [position.chosen.token for position in generated]
-        return completion_logprobs(self.positions + list(generated), top, tokens_text=texts)
+        pieces = self.pieces + [(position.chosen.token, position.chosen.token_bytes) for position in generated]
+        return completion_logprobs(self.positions + list(generated), top, TextOffsets(), pieces)
 
 
 async def stream_completion(call: CompletionCall) -> AsyncIterator[dict[str, Any]]:
@@ -155,7 +155,7 @@ class _StreamState:
         self.call = call
         options = call.request.stream_options
         self.include_usage = bool(options and options.include_usage)
-        self.offsets: dict[int, int] = {}  # choice index -> characters sent so far
+        self.offsets: dict[int, TextOffsets] = {}  # choice index -> where its next token's text starts
         self.first: dict[int, RequestOutput] = {}  # prompt -> its first output (prompt ids and logprobs)
         self.latest: dict[int, RequestOutput] = {}  # prompt -> its latest output (running usage)
 
@@ -178,13 +178,12 @@ class _StreamState:
         for delta in output.outputs:
             index = p * request.n + delta.index
             if index not in self.offsets:
-                self.offsets[index] = 0
+                self.offsets[index] = TextOffsets()
                 if request.echo or request.return_token_ids or request.prompt_logprobs is not None:
                     out.append(self.chunk(self._opening(index, self.first[p])))
             logprobs = None
             if request.logprobs is not None and delta.logprobs:
-                logprobs = completion_logprobs(list(delta.logprobs), request.logprobs, offset=self.offsets[index])
-            self.offsets[index] += len(delta.text)
+                logprobs = completion_logprobs(list(delta.logprobs), request.logprobs, self.offsets[index])
             if delta.text or logprobs is not None or (request.return_token_ids and delta.token_ids):
                 item = {"index": index, "text": delta.text, "logprobs": logprobs, "finish_reason": None}
                 if request.return_token_ids:
@@ -204,7 +203,7 @@ class _StreamState:
             item["text"] = echo.text
             if request.logprobs is not None:
                 item["logprobs"] = echo.logprobs([], request.logprobs)
-            self.offsets[index] = len(echo.text)
+            self.offsets[index] = TextOffsets(len(echo.text))
         if request.return_token_ids:
             item["prompt_token_ids"] = list(first.prompt_token_ids)
             item["token_ids"] = []

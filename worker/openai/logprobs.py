@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from typing import Any
 
 from engine.outputs import Logprob, PositionLogprobs
@@ -15,7 +16,7 @@ def _lp(value: float) -> float:
 
 
 def _entry(lp: Logprob) -> dict[str, Any]:
-    return {"token": lp.token, "logprob": _lp(lp.logprob), "bytes": list(lp.token.encode("utf-8"))}
+    return {"token": lp.token, "logprob": _lp(lp.logprob), "bytes": list(lp.token_bytes)}
 
 
 def chat_logprobs(positions: list[PositionLogprobs], top: int) -> dict[str, Any]:
@@ -24,22 +25,41 @@ def chat_logprobs(positions: list[PositionLogprobs], top: int) -> dict[str, Any]
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(
-    positions: list[PositionLogprobs | None], top: int, tokens_text: list[str] | None = None, offset: int = 0
-) -> dict[str, Any]:
-    """A completion choice's `logprobs`: tokens, token_logprobs, top_logprobs and text_offset, from `offset` on.
+class TextOffsets:
+    """Where each token starts in the text its bytes decode to, in characters (completions' text_offset).
 
-    A None position (the first prompt token, echoed) has no logprob, as in OpenAI's legacy API.
+    A token that begins inside a multi-byte character is placed at that character, so the offsets are the
+    same whether the text comes whole or streamed in pieces.
+    """
+
+    def __init__(self, start: int = 0) -> None:
+        self.chars = start
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def advance(self, token_bytes: bytes) -> int:
+        """The offset of the next token, given its bytes; moves past it."""
+        at = self.chars
+        self.chars += len(self._decoder.decode(token_bytes))
+        return at
+
+
+def completion_logprobs(
+    positions: list[PositionLogprobs | None], top: int, offsets: TextOffsets,
+    pieces: list[tuple[str, bytes]] | None = None,
+) -> dict[str, Any]:
+    """A completion choice's `logprobs`: tokens, token_logprobs, top_logprobs and text_offset.
+
+    `pieces` gives each position's (text, bytes) where a position may be None (the first prompt token,
+    echoed, which has no logprob, as in OpenAI's legacy API); else they come from the positions.
     """
     tokens: list[str] = []
     token_logprobs: list[float | None] = []
     top_logprobs: list[dict[str, float] | None] = []
     text_offset: list[int] = []
     for i, position in enumerate(positions):
-        text = tokens_text[i] if tokens_text is not None else position.chosen.token
+        text, raw = pieces[i] if pieces is not None else (position.chosen.token, position.chosen.token_bytes)
         tokens.append(text)
-        text_offset.append(offset)
-        offset += len(text)
+        text_offset.append(offsets.advance(raw))
         if position is None:
             token_logprobs.append(None)
             top_logprobs.append(None)

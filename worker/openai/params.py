@@ -33,7 +33,11 @@ def openai_sampling_params(request: ChatCompletionRequest | CompletionRequest, m
     if isinstance(request, CompletionRequest) and request.suffix:
         raise BadRequest("suffix is not supported", param="suffix")
     fields: dict[str, Any] = {name: getattr(request, name) for name in _SHARED if getattr(request, name) is not None}
-    fields["temperature"] = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
+    if request.temperature is not None:
+        fields["temperature"] = request.temperature
+    else:
+        # Beam search is deterministic: it takes no temperature, so the default must not refuse it.
+        fields["temperature"] = 0.0 if request.use_beam_search else DEFAULT_TEMPERATURE
     fields["top_k"] = request.top_k if request.top_k is not None else 0
     fields["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
     fields["logit_bias"] = _logit_bias(request)

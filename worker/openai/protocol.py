@@ -106,11 +106,17 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise BadRequest("logprobs must be true when top_logprobs is set", param="top_logprobs")
+        if self.tool_choice not in (None, "auto", "none"):
+            # NOTE: tools reach the chat template, so a model may answer with a call in its text; forcing one
+            # ("required", a named function) would take constrained decoding, which the worker does not do.
+            raise BadRequest(f"tool_choice {self.tool_choice!r} is not supported: the worker gives the tools to the "
+                             "chat template but cannot force a tool call; use 'auto' or 'none'", param="tool_choice")
         if self.continue_final_message and self.add_generation_prompt:
             raise BadRequest("continue_final_message and add_generation_prompt cannot both be true; "
                              "set add_generation_prompt to false to continue the final message",
