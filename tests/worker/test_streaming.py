@@ -77,3 +77,23 @@ def test_completions_stream_matches_the_whole_answer(client, model_name) -> None
         mine = [c["choices"][0] for c in chunks[:-1] if c["choices"][0]["index"] == choice.index]
         assert "".join(c["text"] for c in mine) == choice.text
         assert [c["finish_reason"] for c in mine if c["finish_reason"]] == [choice.finish_reason]
+
+
+def test_continuous_usage_stats_put_the_running_usage_on_every_chunk(client, model_name) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = _stream(client, model_name, extra_body={"stream_options": options})
+    final = chunks[-1]["usage"]
+    body = chunks[:-1]
+    assert all(c["usage"] is not None and c["usage"]["prompt_tokens"] == final["prompt_tokens"] for c in body)
+    completion = [c["usage"]["completion_tokens"] for c in body]
+    assert completion[0] == 0  # the role chunk comes before any token
+    assert completion == sorted(completion) and completion[-1] == final["completion_tokens"] > 0
+
+    prompt = "One, two, three,"
+    text_chunks = [validate(c) for c in client.completions.create(
+        model=model_name, prompt=prompt, max_tokens=5, temperature=0, stream=True,
+        extra_body={"stream_options": options})]
+    final = text_chunks[-1]["usage"]
+    completion = [c["usage"]["completion_tokens"] for c in text_chunks[:-1]]
+    assert all(c["usage"]["prompt_tokens"] == final["prompt_tokens"] for c in text_chunks[:-1])
+    assert completion == sorted(completion) and completion[-1] == final["completion_tokens"] == 5

@@ -115,11 +115,12 @@ async def stream_chat(call: ChatCall) -> AsyncIterator[dict[str, Any]]:
     continuous = include_usage and bool(options and options.continuous_usage_stats)
     last: RequestOutput = started.first
 
-    def chunk(choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    def chunk(choice: dict[str, Any], opening: bool = False, **extra: Any) -> dict[str, Any]:
         out = {"id": call.id, "object": "chat.completion.chunk", "created": call.created, "model": call.model,
                "choices": [choice], **extra}
         if include_usage:
-            out["usage"] = _usage(last) if continuous else None
+            # An opening (role) chunk comes before any token, as in vLLM: no completion tokens yet.
+            out["usage"] = _usage(last, 0 if opening else None) if continuous else None
         return out
 
     try:
@@ -130,7 +131,7 @@ async def stream_chat(call: ChatCall) -> AsyncIterator[dict[str, Any]]:
             first_extra["prompt_logprobs"] = prompt_logprobs(started.first.prompt_logprobs)
         for index in range(request.n):
             delta = {"role": call.role, "content": call.echo}
-            yield chunk({"index": index, "delta": delta, "logprobs": None, "finish_reason": None},
+            yield chunk({"index": index, "delta": delta, "logprobs": None, "finish_reason": None}, opening=True,
                         **(first_extra if index == 0 else {}))
         async for output in started:
             last = output
@@ -165,6 +166,8 @@ def _delta_choices(call: ChatCall, delta: CompletionDelta) -> list[dict[str, Any
     return out
 
 
-def _usage(output: RequestOutput) -> dict[str, Any]:
+def _usage(output: RequestOutput, generated: int | None = None) -> dict[str, Any]:
+    """Usage as of `output`; `generated` overrides its completion-token count."""
     prompt_tokens = output.num_prompt_tokens or len(output.prompt_token_ids)
-    return usage(prompt_tokens, output.num_generated_tokens, output.num_cached_tokens)
+    completion = output.num_generated_tokens if generated is None else generated
+    return usage(prompt_tokens, completion, output.num_cached_tokens)

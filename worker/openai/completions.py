@@ -155,6 +155,7 @@ class _StreamState:
         self.call = call
         options = call.request.stream_options
         self.include_usage = bool(options and options.include_usage)
+        self.continuous = self.include_usage and bool(options and options.continuous_usage_stats)
         self.offsets: dict[int, TextOffsets] = {}  # choice index -> where its next token's text starts
         self.first: dict[int, RequestOutput] = {}  # prompt -> its first output (prompt ids and logprobs)
         self.latest: dict[int, RequestOutput] = {}  # prompt -> its latest output (running usage)
@@ -174,13 +175,15 @@ class _StreamState:
         request = self.call.request
         self.first.setdefault(p, output)
         self.latest[p] = output
+        # continuous_usage_stats: every chunk carries its prompt's usage so far (vLLM's extra).
+        running = _total_usage([_as_collected(output)]) if self.continuous else None
         out = []
         for delta in output.outputs:
             index = p * request.n + delta.index
             if index not in self.offsets:
                 self.offsets[index] = TextOffsets()
                 if request.echo or request.return_token_ids or request.prompt_logprobs is not None:
-                    out.append(self.chunk(self._opening(index, self.first[p])))
+                    out.append(self.chunk(self._opening(index, self.first[p]), running))
             logprobs = None
             if request.logprobs is not None and delta.logprobs:
                 logprobs = completion_logprobs(list(delta.logprobs), request.logprobs, self.offsets[index])
@@ -188,10 +191,11 @@ class _StreamState:
                 item = {"index": index, "text": delta.text, "logprobs": logprobs, "finish_reason": None}
                 if request.return_token_ids:
                     item["token_ids"] = list(delta.token_ids)
-                out.append(self.chunk(item))
+                out.append(self.chunk(item, running))
             if delta.finish_reason is not None:
                 out.append(self.chunk({"index": index, "text": "", "logprobs": None,
-                                       "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason}))
+                                       "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason},
+                                      running))
         return out
 
     def _opening(self, index: int, first: RequestOutput) -> dict[str, Any]:
