@@ -78,6 +78,26 @@ def test_text_offsets_are_characters_of_the_text_streamed_or_not(client, model_n
     assert streamed == offsets
 
 
+def test_echo_with_max_tokens_zero_scores_the_prompt_without_generating(client, model_name, tokenizer) -> None:
+    scored = complete(client, model_name, echo=True, max_tokens=0, logprobs=1)
+    choice, n_prompt = scored.choices[0], len(tokenizer.encode(PROMPT))
+    assert choice.text == PROMPT and choice.finish_reason == "length"
+    assert scored.usage.completion_tokens == 0 and scored.usage.prompt_tokens == n_prompt
+    assert len(choice.logprobs.tokens) == n_prompt and choice.logprobs.token_logprobs[0] is None
+    generating = complete(client, model_name, echo=True, max_tokens=1, logprobs=1).choices[0].logprobs
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(generating.token_logprobs[1:n_prompt], abs=1e-4)
+    chunks = [validate(c) for c in client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1, stream=True,
+        stream_options={"include_usage": True})]
+    choices = [ch for c in chunks for ch in c["choices"]]
+    assert "".join(ch["text"] for ch in choices) == PROMPT
+    assert [ch["finish_reason"] for ch in choices if ch["finish_reason"]] == ["length"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 0
+    with pytest.raises(openai.BadRequestError) as info:  # without echo there is nothing to return
+        complete(client, model_name, max_tokens=0)
+    assert info.value.body["param"] == "max_tokens"
+
+
 def test_echo_streams_the_prompt_first(client, model_name) -> None:
     chunks = [validate(c) for c in client.completions.create(
         model=model_name, prompt=PROMPT, max_tokens=3, temperature=0, echo=True, stream=True)]

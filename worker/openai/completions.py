@@ -6,13 +6,14 @@ Each prompt is its own engine request; choice i of prompt p is index p * n + i, 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from engine.detokenizer import token_bytes, token_text
-from engine.outputs import PositionLogprobs, RequestOutput
+from engine.outputs import CompletionDelta, CompletionOutput, PositionLogprobs, RequestOutput
 from engine.sampling import SamplingParams
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, collect, engine_request_id, merge, response_id, start_all
@@ -74,6 +75,8 @@ async def complete(call: CompletionCall) -> dict[str, Any]:
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
     request = call.request
+    if request.scores_only:
+        results = [_without_generation(r) for r in results]
     choices = []
     for p, result in enumerate(results):
         echo = _Echo(call, result.prompt_token_ids, result.prompt_logprobs) if request.echo else None
@@ -107,6 +110,12 @@ def _extras(call: CompletionCall, item: dict[str, Any], result: Collected, token
         item["token_ids"] = list(token_ids)
     if call.request.prompt_logprobs is not None:
         item["prompt_logprobs"] = prompt_logprobs(result.prompt_logprobs)
+
+
+def _without_generation(result: Collected) -> Collected:
+    """A scoring request's result as returned (echo, max_tokens 0): the one token the engine ran is left out."""
+    return dataclasses.replace(result, choices={i: CompletionOutput(i, finish_reason="length") for i in result.choices},
+                               num_generated_tokens=0)
 
 
 def _total_usage(results: list[Collected]) -> dict[str, Any]:
@@ -169,16 +178,22 @@ class _StreamState:
         return out
 
     def usage_chunk(self) -> dict[str, Any]:
-        return self.chunk(None, _total_usage([_as_collected(o) for o in self.latest.values()]))
+        return self.chunk(None, _total_usage([self._collected(o) for o in self.latest.values()]))
+
+    def _collected(self, output: RequestOutput) -> Collected:
+        collected = _as_collected(output)
+        return _without_generation(collected) if self.call.request.scores_only else collected
 
     def chunks(self, p: int, output: RequestOutput) -> list[dict[str, Any]]:
         request = self.call.request
         self.first.setdefault(p, output)
         self.latest[p] = output
         # continuous_usage_stats: every chunk carries its prompt's usage so far (vLLM's extra).
-        running = _total_usage([_as_collected(output)]) if self.continuous else None
+        running = _total_usage([self._collected(output)]) if self.continuous else None
         out = []
         for delta in output.outputs:
+            if request.scores_only:  # only the echoed prompt goes out, then the choice ends
+                delta = CompletionDelta(delta.index, "", [], None, delta.finish_reason and "length")
             index = p * request.n + delta.index
             if index not in self.offsets:
                 self.offsets[index] = TextOffsets()

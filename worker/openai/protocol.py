@@ -135,7 +135,7 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
     prompt: Prompt
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_special_tokens: StrictBool = True
     suffix: str | None = None
@@ -144,8 +144,17 @@ class CompletionRequest(SamplingFields):
     def _check_prompt(self) -> CompletionRequest:
         if self.prompt == [] or self.prompt == "" or any(p == [] for p in self.prompt if isinstance(p, list)):
             raise BadRequest("prompt must not be empty", param="prompt")
+        if self.max_tokens == 0 and not self.echo:
+            raise BadRequest("max_tokens must be at least 1; 0 is for echo=true, which returns the prompt "
+                             "(with its logprobs) without generating", param="max_tokens")
         return self
 
     @property
+    def scores_only(self) -> bool:
+        """echo with max_tokens 0: the prompt and its logprobs, nothing generated (lm-eval's loglikelihood)."""
+        return self.echo and self.max_tokens == 0
+
+    @property
     def output_limit(self) -> int | None:
-        return self.max_tokens
+        # NOTE: the engine always generates; scoring runs one token and the response leaves it out, as vLLM.
+        return 1 if self.scores_only else self.max_tokens
