@@ -156,6 +156,8 @@ class Scheduler:
 
         used = 0
         for s in seqs:
+            if s is not seqs[0] and not s.pages and not self._share_prompt(group, seqs[0], s):
+                continue
             remaining = s.prefill_target - s.num_computed_tokens
             if s.in_decode or remaining <= 0 or used >= budget:
                 continue
@@ -175,6 +177,23 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(s, group, s.num_computed_tokens, n))
             used += n
         return used
+
+    def _share_prompt(self, group: SequenceGroup, lead: Sequence, seq: Sequence) -> bool:
+        """A choice resumed after preemption takes the lead choice's full prompt pages, as its fork first did,
+        once the lead has computed them; False until then (it waits rather than compute the prompt again).
+
+        NOTE: without this, a group of n choices preempted by recompute needed n copies of its prompt when it
+        came back, and could fail as too large for a pool it fitted in alone.
+        """
+        full = len(group.prompt_token_ids) // self.page_size
+        if full == 0:
+            return True
+        if lead.num_computed_tokens < full * self.page_size:
+            return False
+        seq.pages = lead.pages[:full]
+        self.allocator.share(seq.pages)
+        seq.num_computed_tokens = full * self.page_size
+        return True
 
     def _reserve(self, admit: bool) -> int:
         """Free pages an admission must leave for the running decodes (none when nothing runs)."""

@@ -203,6 +203,23 @@ def test_preemption_with_a_tiny_pool_gives_the_same_tokens(tiny, tiny_model_path
     assert [got[str(i)].choices[0].token_ids for i in range(6)] == expected
 
 
+def test_a_preempted_group_of_choices_shares_its_prompt_again_when_it_returns(tiny, tiny_model_path):
+    # "g" (4 seeded choices of a 40-token prompt) fits the 30-page pool only because its choices share the
+    # prompt's 10 pages, as the fork made them. "a", admitted first, grows until "g" is preempted by recompute.
+    # Back, "g" must share its prompt again: computed once per choice it needs 44 pages and fails as too large
+    # (prefix caching is off, so no cache hit covers for it).
+    prompt = random_prompts(1, 40, 40, seed=14)[0]
+    params = SamplingParams(temperature=1.0, seed=7, n=4, max_tokens=8, ignore_eos=True)
+    expected = run(tiny, {"g": (prompt, params)})["g"]
+    engine = make_engine(tiny_model_path, page_size=4, num_kv_pages=30, max_model_len=96,
+                         enable_prefix_caching=False)
+    first = random_prompts(1, 44, 44, seed=15)[0]
+    got = run(engine, {"a": (first, greedy(40, ignore_eos=True)), "g": (prompt, params)})
+    assert engine.scheduler.num_preemptions > 0
+    tokens = {i: c.token_ids for i, c in got["g"].choices.items()}
+    assert tokens == {i: c.token_ids for i, c in expected.choices.items()}
+
+
 def test_chunked_prefill_gives_the_same_tokens(tiny, tiny_model_path):
     prompt = random_prompts(1, 50, 50, seed=5)[0]
     engine = make_engine(tiny_model_path, page_size=4, max_num_batched_tokens=8)
