@@ -108,5 +108,7 @@ class BeamSearch:
         return self._score(self.finished[-1]) >= beam_score(best_live, length, self.length_penalty)
 
     def best(self, n: int) -> list[Beam]:
-        """The n best beams, finished or not (the engine calls this when it stops)."""
-        return sorted(self.finished + self.live, key=self._score, reverse=True)[:n]
+        """The n best beams when the engine stops: the finished ones once `width` of them are in (as HF and
+        vLLM return them; a live beam then lost already), else the finished and the live ones together."""
+        beams = self.finished if len(self.finished) >= self.width else self.finished + self.live
+        return sorted(beams, key=self._score, reverse=True)[:n]

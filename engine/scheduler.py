@@ -156,7 +156,7 @@ class Scheduler:
 
         used = 0
         for s in seqs:
-            if s is not seqs[0] and not s.pages and not self._share_prompt(group, seqs[0], s):
+            if s is not seqs[0] and not self._share_prompt(group, seqs[0], s):
                 continue
             remaining = s.prefill_target - s.num_computed_tokens
             if s.in_decode or remaining <= 0 or used >= budget:
@@ -179,20 +179,22 @@ class Scheduler:
         return used
 
     def _share_prompt(self, group: SequenceGroup, lead: Sequence, seq: Sequence) -> bool:
-        """A choice resumed after preemption takes the lead choice's full prompt pages, as its fork first did,
-        once the lead has computed them; False until then (it waits rather than compute the prompt again).
+        """Whether `seq` may run now. A choice resumed after preemption waits for the lead choice to compute
+        the prompt's full pages, then takes them, as its fork first did (the part of them a prefix-cache hit
+        gave it is the same pages).
 
         NOTE: without this, a group of n choices preempted by recompute needed n copies of its prompt when it
         came back, and could fail as too large for a pool it fitted in alone.
         """
-        full = len(group.prompt_token_ids) // self.page_size
-        if full == 0:
+        full = len(group.prompt_token_ids) // self.page_size * self.page_size
+        if seq.num_computed_tokens >= full:
             return True
-        if lead.num_computed_tokens < full * self.page_size:
+        if lead.num_computed_tokens < full:
             return False
-        seq.pages = lead.pages[:full]
+        self.allocator.free(seq.pages)
+        seq.pages = lead.pages[: full // self.page_size]
         self.allocator.share(seq.pages)
-        seq.num_computed_tokens = full * self.page_size
+        seq.num_computed_tokens = full
         return True
 
     def _reserve(self, admit: bool) -> int:

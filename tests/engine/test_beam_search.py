@@ -86,3 +86,13 @@ def test_max_tokens_finishes_the_live_beams() -> None:
     assert search.done and search.live == []
     # [1, 4]: -1.5 / 2 beats [EOS] (-1.0), [2, 5] (-2.2 / 2) and [1, EOS] (-1.3 / 1).
     assert [b.token_ids for b in search.best(2)] == [[1, 4], [EOS]]
+
+
+def test_with_width_finished_beams_only_finished_ones_come_back() -> None:
+    # early_stopping: two beams end in the stop token by the second step; the live [5, 5] must not be returned
+    # (transformers and vLLM return the finished hypotheses once there are width of them).
+    bs = BeamSearch(2, early_stopping=True, stop_token_ids={9}, max_tokens=10)
+    bs.step([[(5, -0.1), (9, -0.5), (6, -0.6), (7, -3.0)]])
+    bs.step([[(5, -0.05), (9, -0.2), (7, -4.0), (8, -4.1)], [(9, -5.0), (5, -6.0), (7, -7.0), (8, -8.0)]])
+    assert bs.done and bs.live
+    assert [(b.token_ids, b.finished) for b in bs.best(2)] == [([5, 9], True), ([9], True)]

@@ -220,6 +220,18 @@ def test_a_preempted_group_of_choices_shares_its_prompt_again_when_it_returns(ti
     assert tokens == {i: c.token_ids for i, c in expected.choices.items()}
 
 
+def test_a_preempted_group_shares_its_prompt_again_past_a_partial_prefix_cache_hit(tiny, tiny_model_path):
+    # The same with the prefix cache on: "a" evicts some of "b"'s cached prompt pages, so each choice of "b"
+    # finds only part of its prompt in the cache when it returns; the rest must still be computed once.
+    prompt = list(range(200, 232))
+    params = greedy(12, n=2, ignore_eos=True)
+    expected = run(tiny, {"b": (prompt, params)})["b"]
+    engine = make_engine(tiny_model_path, page_size=4, num_kv_pages=16, max_model_len=64)
+    got = run(engine, {"a": (list(range(100, 108)), greedy(52, ignore_eos=True)), "b": (prompt, params)})
+    assert engine.scheduler.num_preemptions > 0
+    assert [c.token_ids for c in got["b"].choices.values()] == [c.token_ids for c in expected.choices.values()]
+
+
 def test_chunked_prefill_gives_the_same_tokens(tiny, tiny_model_path):
     prompt = random_prompts(1, 50, 50, seed=5)[0]
     engine = make_engine(tiny_model_path, page_size=4, max_num_batched_tokens=8)
