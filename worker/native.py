@@ -18,6 +18,7 @@ from worker.openai.chat_template import render_chat
 from worker.openai.errors import BadRequest
 from worker.openai.generation import start
 from worker.openai.params import native_sampling_params
+from worker.openai.protocol import ChatMessage
 from worker.openai.streaming import BatchSize
 from worker.runtime import Runtime
 
@@ -28,7 +29,7 @@ class NativeJob(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     prompt: str | list[int] | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: list[ChatMessage] | None = None  # checked as the OpenAI route checks them
     sampling_params: dict[str, Any] | None = None
     stream: StrictBool = False
     apply_chat_template: StrictBool = False
@@ -42,6 +43,8 @@ class NativeJob(BaseModel):
         if self.prompt is None and not self.messages:
             raise BadRequest("a native job needs `prompt` or `messages` (or `openai_route` for the OpenAI API)",
                              param="prompt")
+        if self.apply_chat_template and self.messages is None and not isinstance(self.prompt, str):
+            raise BadRequest("apply_chat_template needs a text prompt, not token ids", param="prompt")
         return self
 
 

@@ -115,6 +115,8 @@ def test_native_sampling_params_use_vllm_names_and_reject_unknown_ones() -> None
     p = native_sampling_params({"temperature": 0, "max_tokens": 5, "top_k": -1, "stop": "x"}, 2048)
     assert (p.temperature, p.max_tokens, p.top_k, p.stop) == (0, 5, 0, ["x"])
     assert native_sampling_params(None, 2048).max_tokens == 100
+    beam = native_sampling_params({"use_beam_search": True, "best_of": 2}, 2048)
+    assert beam.use_beam_search and beam.temperature == 0.0  # as on the OpenAI routes
     with pytest.raises(ValidationError) as info:
         native_sampling_params({"temprature": 0}, 2048)
     assert error_body(info.value)["error"]["param"] == "temprature"

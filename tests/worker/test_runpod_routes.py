@@ -99,6 +99,13 @@ def test_native_job_errors(http) -> None:
     assert empty["status"] == "FAILED" and empty["error"]["param"] == "prompt"
     over = http.post("/runsync", json={"input": {"prompt": "hi " * 2100}}).json()
     assert over["status"] == "FAILED" and over["error"]["code"] == "context_length_exceeded"
+    # Malformed chat input is a clear error naming the field, as on the OpenAI route (not an internal error).
+    for content in (["hi"], 5, {"a": 1}):
+        bad = http.post("/runsync", json={"input": {"messages": [{"role": "user", "content": content}]}}).json()
+        assert bad["status"] == "FAILED" and bad["error"]["type"] == "invalid_request_error", bad
+        assert bad["error"]["param"].startswith("messages.[0].content"), bad
+    ids = http.post("/runsync", json={"input": {"prompt": [504, 3500], "apply_chat_template": True}}).json()
+    assert ids["status"] == "FAILED" and ids["error"]["param"] == "prompt"
 
 
 def test_custom_worker_raw_output_off_override_and_role(custom_worker) -> None:

@@ -102,6 +102,8 @@ def native_sampling_params(raw: Any, max_model_len: int) -> SamplingParams:
     if not isinstance(raw, dict):
         raise BadRequest("sampling_params must be an object", param="sampling_params")
     fields = NativeSamplingParams.model_validate(raw).model_dump()
+    if fields["use_beam_search"] and "temperature" not in raw:
+        fields["temperature"] = 0.0  # as on the OpenAI routes: beam search takes no temperature
     fields["top_k"] = 0 if fields["top_k"] == -1 else fields["top_k"]
     fields["truncate_prompt_tokens"] = _truncation(fields["truncate_prompt_tokens"], max_model_len)
     return SamplingParams(**fields)
