@@ -86,7 +86,7 @@ async def complete(call: CompletionCall) -> dict[str, Any]:
             logprobs = None
             if request.logprobs is not None:
                 generated = list(choice.logprobs or [])
-                logprobs = echo.logprobs(generated, request.logprobs) if echo else completion_logprobs(
+                logprobs = echo.logprobs(generated, request.logprobs, TextOffsets()) if echo else completion_logprobs(
                     generated, request.logprobs, TextOffsets())
             item = {"index": p * request.n + index, "text": text, "logprobs": logprobs,
                     "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
@@ -132,10 +132,10 @@ class _Echo:
         self.positions: list[PositionLogprobs | None] = list(positions or [None] * len(prompt_ids))
         self.pieces = [(token_text(tokenizer, tid), token_bytes(tokenizer, tid)) for tid in prompt_ids]
 
-    def logprobs(self, generated: list[PositionLogprobs], top: int) -> dict[str, Any]:
-        """Completion logprobs of the echoed prompt followed by the generated tokens."""
+    def logprobs(self, generated: list[PositionLogprobs], top: int, offsets: TextOffsets) -> dict[str, Any]:
+        """Completion logprobs of the echoed prompt followed by the generated tokens; `offsets` moves past both."""
         pieces = self.pieces + [(position.chosen.token, position.chosen.token_bytes) for position in generated]
-        return completion_logprobs(self.positions + list(generated), top, TextOffsets(), pieces)
+        return completion_logprobs(self.positions + list(generated), top, offsets, pieces)
 
 
 async def stream_completion(call: CompletionCall) -> AsyncIterator[dict[str, Any]]:
@@ -221,8 +221,8 @@ class _StreamState:
             echo = _Echo(self.call, list(first.prompt_token_ids), first.prompt_logprobs)
             item["text"] = echo.text
             if request.logprobs is not None:
-                item["logprobs"] = echo.logprobs([], request.logprobs)
-            self.offsets[index] = TextOffsets(len(echo.text))
+                # The choice's offsets go on from the prompt's, exactly as in the whole answer.
+                item["logprobs"] = echo.logprobs([], request.logprobs, self.offsets[index])
         if request.return_token_ids:
             item["prompt_token_ids"] = list(first.prompt_token_ids)
             item["token_ids"] = []
