@@ -33,11 +33,10 @@ def openai_sampling_params(request: ChatCompletionRequest | CompletionRequest, m
     if isinstance(request, CompletionRequest) and request.suffix:
         raise BadRequest("suffix is not supported", param="suffix")
     fields: dict[str, Any] = {name: getattr(request, name) for name in _SHARED if getattr(request, name) is not None}
-    if request.temperature is not None:
-        fields["temperature"] = request.temperature
-    else:
-        # Beam search is deterministic: it takes no temperature, so the default must not refuse it.
-        fields["temperature"] = 0.0 if request.use_beam_search else DEFAULT_TEMPERATURE
+    fields["temperature"] = (
+        _default_temperature(bool(request.use_beam_search), DEFAULT_TEMPERATURE)
+        if request.temperature is None else request.temperature
+    )
     fields["top_k"] = request.top_k if request.top_k is not None else 0
     fields["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
     fields["logit_bias"] = _logit_bias(request)
@@ -51,6 +50,12 @@ def openai_sampling_params(request: ChatCompletionRequest | CompletionRequest, m
             # Echoed prompt tokens carry logprobs too, as in vLLM and OpenAI's legacy API.
             fields["prompt_logprobs"] = max(request.logprobs, request.prompt_logprobs or 0)
     return SamplingParams(**fields)
+
+
+def _default_temperature(use_beam_search: bool, default: float) -> float:
+    """The temperature of a request that sets none: beam search is deterministic and takes none, so it runs at
+    0 rather than be refused over a default it did not choose."""
+    return 0.0 if use_beam_search else default
 
 
 def _logit_bias(request: SamplingFields) -> dict[int, float] | None:
@@ -102,8 +107,8 @@ def native_sampling_params(raw: Any, max_model_len: int) -> SamplingParams:
     if not isinstance(raw, dict):
         raise BadRequest("sampling_params must be an object", param="sampling_params")
     fields = NativeSamplingParams.model_validate(raw).model_dump()
-    if fields["use_beam_search"] and "temperature" not in raw:
-        fields["temperature"] = 0.0  # as on the OpenAI routes: beam search takes no temperature
+    if "temperature" not in raw:
+        fields["temperature"] = _default_temperature(fields["use_beam_search"], fields["temperature"])
     fields["top_k"] = 0 if fields["top_k"] == -1 else fields["top_k"]
     fields["truncate_prompt_tokens"] = _truncation(fields["truncate_prompt_tokens"], max_model_len)
     return SamplingParams(**fields)
