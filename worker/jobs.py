@@ -7,7 +7,7 @@ before the first output, so a bad job yields exactly one OpenAI error object and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -16,12 +16,22 @@ from worker.openai.chat import complete_chat, prepare_chat, stream_chat
 from worker.openai.completions import complete, prepare_completion, stream_completion
 from worker.openai.errors import BadRequest, RouteNotFound, error_body
 from worker.openai.models import list_models, retrieve_model
+from worker.openai.response_resources import stored_response
+from worker.openai.responses import complete_response, prepare_response, stream_response
 from worker.openai.streaming import BatchSize, openai_stream
 from worker.runtime import Runtime
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"
 MODELS = "/v1/models"
+# Routes that generate: how each prepares a request (on a thread), answers it whole, and streams it.
+GENERATIONS: dict[str, tuple[Callable[[Any, Runtime], Any], Callable[[Any], Awaitable[Any]],
+                             Callable[[Any], AsyncIterator[Any]]]] = {
+    CHAT: (prepare_chat, complete_chat, stream_chat),
+    COMPLETIONS: (prepare_completion, complete, stream_completion),
+    RESPONSES: (prepare_response, complete_response, stream_response),
+}
 
 
 async def run_job(job: Any, runtime: Runtime) -> AsyncIterator[Any]:
@@ -66,23 +76,29 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
         yield list_models(runtime)
     elif route.startswith(MODELS + "/"):
         yield retrieve_model(runtime, route[len(MODELS) + 1:])
-    elif route in (CHAT, COMPLETIONS):
+    elif route.startswith(RESPONSES + "/"):
+        method = str(job_input.get("openai_method") or "GET").upper()
+        yield stored_response(runtime.responses, route[len(RESPONSES) + 1:], method, body)
+    elif route in GENERATIONS:
+        prepare, complete, stream = GENERATIONS[route]
         # NOTE: off the event loop: rendering and tokenizing a long prompt would stall every other stream.
-        call = await asyncio.to_thread(prepare_chat if route == CHAT else prepare_completion, body, runtime)
+        call = await asyncio.to_thread(prepare, body, runtime)
         if not call.stream:
-            yield await (complete_chat(call) if route == CHAT else complete(call))
+            yield await complete(call)
             return
-        chunks = stream_chat(call) if route == CHAT else stream_completion(call)
+        chunks = stream(call)
         first = await chunks.__anext__()  # the engine request has started: the request was accepted
         settings = runtime.settings
         sizes = BatchSize(settings.default_batch_size, settings.default_min_batch_size,
                           settings.default_batch_size_growth_factor)
-        async with aclosing(openai_stream(_prepend(first, chunks), settings.raw_openai_output, sizes)) as groups:
+        events = route == RESPONSES
+        async with aclosing(openai_stream(_prepend(first, chunks), settings.raw_openai_output, sizes,
+                                          events=events)) as groups:
             async for group in groups:
                 yield group
     else:
-        raise RouteNotFound(f"Unknown openai_route {route!r}: this worker serves {CHAT}, {COMPLETIONS} and {MODELS}",
-                            param="openai_route")
+        raise RouteNotFound(f"Unknown openai_route {route!r}: this worker serves {CHAT}, {COMPLETIONS}, "
+                            f"{RESPONSES} and {MODELS}", param="openai_route")
 
 
 async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:

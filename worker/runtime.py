@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from worker.openai.response_store import ResponseStore
 from worker.settings import Settings, accepted_model_names
 
 log = logging.getLogger("worker")
@@ -23,6 +24,7 @@ class Runtime:
     engine: Any  # engine.engine.AsyncEngine (not imported at module level: it brings torch)
     model_names: list[str]  # accepted request names; the first is the one responses carry
     created: int  # unix time the model was loaded, reported by /v1/models
+    responses: ResponseStore  # stored Responses API responses (this process only)
 
     @property
     def served_model_name(self) -> str:
@@ -65,8 +67,9 @@ def start(settings: Settings) -> Runtime:
         seed=settings.seed,
     )
     engine = AsyncEngine(config)
+    store = ResponseStore(settings.response_store_max_entries, int(settings.response_store_max_mb * 2**20))
     _current = Runtime(settings=settings, engine=engine, model_names=accepted_model_names(settings),
-                       created=int(time.time()))
+                       created=int(time.time()), responses=store)
     log.info("serving %s", describe(_current))
     return _current
 

@@ -1,6 +1,7 @@
 """The local endpoint: RunPod's URL layout on loopback, every route through the production handler.
 
-    /openai/v1/{models, models/<id>, chat/completions, completions}    (also under /v2/<endpoint_id>/)
+    /openai/v1/{models, models/<id>, chat/completions, completions, responses, responses/<id>[/input_items]}
+                                                                          (also under /v2/<endpoint_id>/)
     /v2/<endpoint_id>/{run, runsync, stream/<job_id>, status/<job_id>, cancel/<job_id>, health}
     /run, /runsync, /stream/<job_id>, ... and /health                     (the RunPod SDK's local paths)
 
@@ -20,10 +21,11 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from worker.job_store import Handler, JobStore, is_error
 from worker.openai.errors import AuthenticationFailed, BadRequest, RouteNotFound, error_body, status_of
-from worker.openai.streaming import SSE_DONE, sse
+from worker.openai.streaming import SSE_DONE, sse, sse_event
 from worker.settings import Settings
 
 OPENAI_PREFIXES = ("/openai/v1", "/v2/{endpoint_id}/openai/v1")
@@ -80,6 +82,15 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
         return _error(exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Paths outside the routes above, and wrong methods: OpenAI's error object, not FastAPI's {"detail"}.
+        if exc.status_code == 405:
+            body = {"error": {"message": f"Method {request.method} is not allowed on {request.url.path}",
+                              "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}}
+            return JSONResponse(body, status_code=405, headers=exc.headers)
+        return _error(RouteNotFound(f"Unknown route {request.method} {request.url.path}", param=None))
+
     openai = APIRouter()
 
     @openai.get("/models")
@@ -97,6 +108,23 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
     @openai.post("/completions")
     async def completions(request: Request) -> Response:
         return await _openai_call(handler, "/v1/completions", await _json_body(request), request)
+
+    @openai.post("/responses")
+    async def responses(request: Request) -> Response:
+        return await _openai_call(handler, "/v1/responses", await _json_body(request), request)
+
+    @openai.get("/responses/{response_id}")
+    async def response(response_id: str, request: Request) -> Response:
+        return await _openai_call(handler, f"/v1/responses/{response_id}", dict(request.query_params), None)
+
+    @openai.delete("/responses/{response_id}")
+    async def delete_response(response_id: str) -> Response:
+        return await _openai_call(handler, f"/v1/responses/{response_id}", {}, None, method="DELETE")
+
+    @openai.get("/responses/{response_id}/input_items")
+    async def input_items(response_id: str, request: Request) -> Response:
+        return await _openai_call(handler, f"/v1/responses/{response_id}/input_items", dict(request.query_params),
+                                  None)
 
     @openai.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def unknown(rest: str) -> Response:
@@ -156,14 +184,20 @@ def _job_not_found(job_id: str) -> JSONResponse:
     return _error(RouteNotFound(f"no job {job_id!r} on this worker", param="job_id"))
 
 
-async def _openai_call(handler: Handler, route: str, body: Any, request: Request | None) -> Response:
-    """Run an OpenAI request as the job RunPod would send, answering JSON or an SSE stream."""
+async def _openai_call(handler: Handler, route: str, body: Any, request: Request | None,
+                       method: str | None = None) -> Response:
+    """Run an OpenAI request as the job RunPod would send, answering JSON or an SSE stream.
+
+    `method` goes into the job as `openai_method` where the route alone does not say what to do (DELETE)."""
     header_id = request.headers.get("x-request-id") if request is not None else None
     if header_id and isinstance(body, dict) and not body.get("request_id"):
         body = {**body, "request_id": header_id}
     request_id = header_id or (body.get("request_id") if isinstance(body, dict) else None)
     headers = {"X-Request-Id": str(request_id)} if request_id else None
-    job = {"id": f"openai-{uuid.uuid4().hex}", "input": {"openai_route": route, "openai_input": body}}
+    job_input = {"openai_route": route, "openai_input": body}
+    if method is not None:
+        job_input["openai_method"] = method
+    job = {"id": f"openai-{uuid.uuid4().hex}", "input": job_input}
     outputs = handler(job)
     try:
         first = await _first_output(outputs, request)
@@ -178,7 +212,8 @@ async def _openai_call(handler: Handler, route: str, body: Any, request: Request
     if is_error(first) or not (isinstance(body, dict) and body.get("stream") is True):
         await outputs.aclose()
         return JSONResponse(first, status_code=status_of(first) or 200, headers=headers)
-    return StreamingResponse(_sse(first, outputs), media_type="text/event-stream", headers=headers)
+    events = route == "/v1/responses"
+    return StreamingResponse(_sse(first, outputs, events), media_type="text/event-stream", headers=headers)
 
 
 class ClientGone(Exception):
@@ -205,14 +240,16 @@ async def _first_output(outputs: AsyncIterator[Any], request: Request | None) ->
             await asyncio.gather(pending, return_exceptions=True)
 
 
-async def _sse(first: Any, outputs: AsyncIterator[Any]) -> AsyncIterator[str]:
-    """The handler's yields as SSE text: raw text as is; lists of chunk objects (RAW_OPENAI_OUTPUT=0) encoded."""
+async def _sse(first: Any, outputs: AsyncIterator[Any], events: bool) -> AsyncIterator[str]:
+    """The handler's yields as SSE text: raw text as is; lists of chunk objects (RAW_OPENAI_OUTPUT=0) encoded,
+    as named events for the Responses API (`events`), which ends without [DONE]."""
     raw = isinstance(first, str)
+    encode = sse_event if events else sse
     try:
-        yield first if raw else "".join(sse(chunk) for chunk in first)
+        yield first if raw else "".join(encode(chunk) for chunk in first)
         async for output in outputs:
-            yield output if isinstance(output, str) else "".join(sse(chunk) for chunk in output)
-        if not raw:
+            yield output if isinstance(output, str) else "".join(encode(chunk) for chunk in output)
+        if not raw and not events:
             yield SSE_DONE
     finally:
         await outputs.aclose()

@@ -61,6 +61,10 @@ class Settings(BaseModel):
     default_min_batch_size: int = Field(1, alias="DEFAULT_MIN_BATCH_SIZE", ge=1)
     default_batch_size_growth_factor: float = Field(3.0, alias="DEFAULT_BATCH_SIZE_GROWTH_FACTOR", ge=1.0)
 
+    # Responses API: the in-memory store behind `store` and `previous_response_id`
+    response_store_max_entries: int = Field(1000, alias="RESPONSE_STORE_MAX_ENTRIES", ge=0)
+    response_store_max_mb: float = Field(64.0, alias="RESPONSE_STORE_MAX_MB", ge=0.0)
+
     # Local endpoint
     api_key: str | None = Field(None, alias="RUNPOD_API_KEY")
 

@@ -43,7 +43,11 @@ def prepare_chat(body: Any, runtime: Runtime) -> ChatCall:
     """Everything that can fail before the engine runs: parsing, model name, parameters, template."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    request = ChatCompletionRequest.model_validate(body)
+    return chat_call(ChatCompletionRequest.model_validate(body), runtime)
+
+
+def chat_call(request: ChatCompletionRequest, runtime: Runtime) -> ChatCall:
+    """A parsed request made ready to run: model name, sampling parameters, the rendered template."""
     model = check_model(runtime, request.model)
     params = openai_sampling_params(request, runtime.max_model_len)
     prompt = render_chat(
@@ -78,7 +82,7 @@ def chat_response(call: ChatCall, result: Collected) -> dict[str, Any]:
         choice = result.choices[index]
         item: dict[str, Any] = {
             "index": index,
-            "message": {"role": call.role, "content": call.echo + choice.text, "refusal": None},
+            "message": {"role": call.role, "content": call.echo + choice.text, "refusal": None, "annotations": []},
             "logprobs": chat_logprobs(choice.logprobs or [], request.top_logprobs or 0) if request.logprobs else None,
             "finish_reason": choice.finish_reason,
             "stop_reason": choice.stop_reason,
@@ -93,7 +97,6 @@ def chat_response(call: ChatCall, result: Collected) -> dict[str, Any]:
         "model": call.model,
         "choices": choices,
         "usage": usage(result.num_prompt_tokens, result.num_generated_tokens, result.num_cached_tokens),
-        "system_fingerprint": None,
     }
     if request.return_token_ids:
         response["prompt_token_ids"] = result.prompt_token_ids

@@ -99,7 +99,6 @@ async def complete(call: CompletionCall) -> dict[str, Any]:
         "model": call.model,
         "choices": choices,
         "usage": _total_usage(results),
-        "system_fingerprint": None,
     }
 
 

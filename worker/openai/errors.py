@@ -43,6 +43,13 @@ class ModelNotFound(WorkerError):
     code = "model_not_found"
 
 
+class ResponseNotFound(WorkerError):
+    """A response id that is not in this worker's store (404)."""
+
+    status = 404
+    code = "response_not_found"
+
+
 class RouteNotFound(WorkerError):
     """An openai_route (or URL) this worker does not serve (404)."""
 
@@ -98,7 +105,7 @@ def _body(message: str, type_: str, param: str | None, code: str | None, status:
     return body
 
 
-_STATUS_BY_CODE = {"model_not_found": 404, "unknown_url": 404}
+_STATUS_BY_CODE = {"model_not_found": 404, "unknown_url": 404, "response_not_found": 404}
 _STATUS_BY_TYPE = {"authentication_error": 401, "server_error": 500}
 
 

@@ -18,9 +18,15 @@ from worker.openai.errors import error_body
 SSE_DONE = "data: [DONE]\n\n"
 
 
-def sse(obj: Any) -> str:
-    """One server-sent event carrying `obj` as JSON."""
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+def sse(obj: Any, event: str | None = None) -> str:
+    """One server-sent event carrying `obj` as JSON, named `event` when given (the Responses API names them)."""
+    data = f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"event: {event}\n{data}" if event else data
+
+
+def sse_event(obj: Any) -> str:
+    """A Responses API event as SSE: named by its `type` (an error body is named `error`)."""
+    return sse(obj, obj.get("type", "error") if isinstance(obj, dict) else None)
 
 
 class BatchSize:
@@ -55,24 +61,27 @@ async def grouped(items: AsyncIterator[Any], sizes: BatchSize) -> AsyncIterator[
         yield batch
 
 
-async def openai_stream(chunks: AsyncIterator[dict[str, Any]], raw: bool, sizes: BatchSize) -> AsyncIterator[Any]:
+async def openai_stream(chunks: AsyncIterator[dict[str, Any]], raw: bool, sizes: BatchSize,
+                        events: bool = False) -> AsyncIterator[Any]:
     """Chunk objects as a job yields them: SSE text ending in [DONE] when `raw`, else lists of chunks.
 
-    An error after streaming began cannot change the status any more; it goes out as an SSE error
-    event (or an error object in the list), the way vLLM ends a failed stream.
+    `events`: the Responses API's named events, which end without [DONE]. An error after streaming began
+    cannot change the status any more; it goes out as an SSE error event (or an error object in the
+    list), the way vLLM ends a failed stream.
     """
+    encode = sse_event if events else sse
 
-    async def events() -> AsyncIterator[Any]:
+    async def items() -> AsyncIterator[Any]:
         try:
             async with aclosing(chunks):
                 async for chunk in chunks:
-                    yield sse(chunk) if raw else chunk
+                    yield encode(chunk) if raw else chunk
         except Exception as exc:
             body = error_body(exc)
-            yield sse(body) if raw else body
-        if raw:
+            yield encode(body) if raw else body
+        if raw and not events:
             yield SSE_DONE
 
-    async with aclosing(grouped(events(), sizes)) as batches:
+    async with aclosing(grouped(items(), sizes)) as batches:
         async for batch in batches:
             yield "".join(batch) if raw else batch

@@ -1,0 +1,138 @@
+"""Responses API items: a request's `input` as stored items (ids included), and items as chat messages.
+
+Clients replay a previous response's `output` items verbatim as the next `input`, so every output
+item shape is also an input shape here. Reasoning items are kept in the record but not shown to the
+chat template (as vLLM does); `item_reference` items are looked up among stored responses' items.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from worker.openai.errors import BadRequest
+
+ROLES = ("user", "system", "developer", "assistant")
+TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def input_items(raw: str | list[dict[str, Any]], lookup: Callable[[str], dict[str, Any] | None]) -> list[dict[str, Any]]:
+    """`input` as a list of complete items, each with an id; raises BadRequest naming `input[i]...`."""
+    if isinstance(raw, str):
+        raw = [{"type": "message", "role": "user", "content": raw}]
+    if not raw:
+        raise BadRequest("input must not be empty", param="input")
+    return [_item(item, f"input[{i}]", lookup) for i, item in enumerate(raw)]
+
+
+def _item(item: dict[str, Any], where: str, lookup: Callable[[str], dict[str, Any] | None]) -> dict[str, Any]:
+    kind = item.get("type", "message" if "role" in item else None)
+    if kind == "message":
+        return _message(item, where)
+    if kind == "function_call":
+        fields = _strings(item, where, "call_id", "name", "arguments")
+        return {"id": item.get("id") or new_id("fc"), "type": kind, **fields, "status": item.get("status") or "completed"}
+    if kind == "function_call_output":
+        call_id = _strings(item, where, "call_id")["call_id"]
+        output = item.get("output")
+        if not isinstance(output, str):
+            output = _text(output, f"{where}.output")
+        return {"id": item.get("id") or new_id("fco"), "type": kind, "call_id": call_id, "output": output,
+                "status": item.get("status") or "completed"}
+    if kind == "reasoning":
+        return {**item, "id": item.get("id") or new_id("rs"), "summary": item.get("summary") or []}
+    if kind == "item_reference":
+        found = lookup(_strings(item, where, "id")["id"])
+        if found is None:
+            raise BadRequest(f"{where}: no stored item with id {item['id']!r}", param=f"{where}.id")
+        return found
+    raise BadRequest(f"{where}: item type {kind!r} is not supported; this worker takes message, function_call, "
+                     "function_call_output, reasoning and item_reference items", param=f"{where}.type")
+
+
+def _strings(item: dict[str, Any], where: str, *names: str) -> dict[str, str]:
+    out = {}
+    for name in names:
+        value = item.get(name)
+        if not isinstance(value, str):
+            raise BadRequest(f"{where}.{name} must be a string", param=f"{where}.{name}")
+        out[name] = value
+    return out
+
+
+def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in ROLES:
+        raise BadRequest(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role")
+    part_type = "output_text" if role == "assistant" else "input_text"
+    content = item.get("content")
+    text = content if isinstance(content, str) else _text(content, f"{where}.content")
+    part: dict[str, Any] = {"type": part_type, "text": text}
+    if role == "assistant":
+        part["annotations"] = []
+    return {"id": item.get("id") or new_id("msg"), "type": "message", "role": role, "content": [part],
+            "status": item.get("status") or "completed"}
+
+
+def _text(parts: Any, where: str) -> str:
+    """Text content parts joined; anything else (images, files, audio) is refused, naming the part."""
+    if not isinstance(parts, list):
+        raise BadRequest(f"{where} must be a string or a list of content parts", param=where)
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        text = part.get("text", part.get("refusal")) if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS or not isinstance(text, str):
+            raise BadRequest(f"{where}[{j}]: content part type {kind!r} is not supported by this model; only text is",
+                             param=f"{where}[{j}]")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def item_text(item: dict[str, Any]) -> str:
+    return "\n".join(part.get("text", "") for part in item["content"])
+
+
+def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Items as chat messages: developer speaks as system, calls join the assistant turn they belong to."""
+    messages: list[dict[str, Any]] = []
+    for item in items:
+        kind = item["type"]
+        if kind == "message":
+            role = "system" if item["role"] == "developer" else item["role"]
+            messages.append({"role": role, "content": item_text(item)})
+        elif kind == "function_call":
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            if not (messages and messages[-1]["role"] == "assistant"):
+                messages.append({"role": "assistant", "content": ""})
+            messages[-1].setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+    return messages
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Function tools from the Responses API's flat shape to chat's nested one; other tool types are refused."""
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+            raise BadRequest(f"tools[{i}]: only function tools (type 'function' with a name) are supported, got "
+                             f"type {tool.get('type')!r}", param=f"tools[{i}].type")
+        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """`{"type": "function", "name": n}` as chat's `{"type": "function", "function": {"name": n}}`."""
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice
