@@ -1,6 +1,7 @@
 // Calls the worker's OpenAI-compatible endpoint with the official `openai` npm package, the way a
-// JavaScript user would: list the models, one chat completion, the same chat streamed. Prints one JSON
-// object with what came back and exits 1 when something is off.
+// JavaScript user would: list the models, one chat completion, the same chat streamed, then the same
+// question through the Responses API, whole and streamed. Prints one JSON object with what came back and
+// exits 1 when something is off.
 //
 //   node check.mjs https://api.runpod.ai/v2/<ENDPOINT_ID>/openai/v1     (RUNPOD_API_KEY in the environment)
 //   node check.mjs http://127.0.0.1:8000/openai/v1                       (python handler.py --serve)
@@ -52,6 +53,23 @@ async function main() {
     }
   }
 
+  const responseParams = {
+    model,
+    instructions: messages[0].content,
+    input: messages[1].content,
+    max_output_tokens: 24,
+    temperature: 0,
+  };
+  const response = await client.responses.create(responseParams);
+  const events = await client.responses.create({ ...responseParams, stream: true });
+  const streamedResponse = { text: "", types: [], sequence: [], final: null };
+  for await (const event of events) {
+    streamedResponse.types.push(event.type);
+    streamedResponse.sequence.push(event.sequence_number);
+    if (event.type === "response.output_text.delta") streamedResponse.text += event.delta;
+    if (event.type === "response.completed" || event.type === "response.incomplete") streamedResponse.final = event.response;
+  }
+
   const report = {
     models,
     model,
@@ -65,6 +83,22 @@ async function main() {
       usage: chat.usage,
     },
     stream: { ...streamed, ids: [...streamed.ids] },
+    response: {
+      id: response.id,
+      object: response.object,
+      model: response.model,
+      status: response.status,
+      output_text: response.output_text,
+      usage: response.usage,
+    },
+    response_stream: {
+      text: streamedResponse.text,
+      first: streamedResponse.types[0],
+      last: streamedResponse.types.at(-1),
+      events: streamedResponse.types.length,
+      status: streamedResponse.final?.status ?? null,
+      in_order: streamedResponse.sequence.every((n, i) => n === i),
+    },
   };
   console.log(JSON.stringify(report));
 
@@ -74,6 +108,10 @@ async function main() {
   if (report.stream.content !== report.chat.content) problems.push("streamed text differs from the completion at temperature 0");
   if (report.stream.ids.length !== 1) problems.push("stream chunks do not share one id");
   if (!report.stream.usage) problems.push("no usage chunk although include_usage was set");
+  if (!report.response.output_text) problems.push("the response has no output_text");
+  if (report.response.output_text !== report.chat.content) problems.push("the Responses API answer differs from the chat answer at temperature 0");
+  if (report.response_stream.text !== report.response.output_text) problems.push("streamed response text differs from the whole response");
+  if (!report.response_stream.in_order) problems.push("response events are not numbered 0, 1, 2, ...");
   if (problems.length) {
     console.error(problems.join("\n"));
     process.exit(1);

@@ -59,6 +59,12 @@ def test_openai_npm_client_chats_streams_and_lists_models(node_with_openai: str,
     assert stream["roles"] == ["assistant"] and len(stream["ids"]) == 1 and stream["chunks"] >= 3
     assert stream["finish_reason"] == chat["finish_reason"]
     assert stream["usage"]["completion_tokens"] == chat["usage"]["completion_tokens"]
+    response, events = report["response"], report["response_stream"]
+    assert response["object"] == "response" and response["model"] == served and response["id"].startswith("resp_")
+    assert response["output_text"] == chat["content"] and events["text"] == chat["content"]
+    assert response["usage"]["output_tokens"] == chat["usage"]["completion_tokens"]
+    assert events["first"] == "response.created" and events["last"] == f"response.{events['status']}"
+    assert events["in_order"] and events["status"] == response["status"]
 
 
 def test_openai_npm_client_is_refused_with_a_wrong_key(node_with_openai: str, local_endpoint: Any) -> None:

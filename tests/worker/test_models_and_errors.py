@@ -93,6 +93,10 @@ def test_unknown_routes(http, client, model_name) -> None:
     job = http.post("/v2/x/runsync", json={"input": {"openai_route": "/v1/embeddings", "openai_input": {}}}).json()
     assert job["status"] == "FAILED" and job["error"]["code"] == "unknown_url"
     assert http.get("/v2/x/status/no-such-job").status_code == 404
+    # Paths outside every router and wrong methods answer OpenAI error objects too, not FastAPI's {"detail"}.
+    for path in ("/nothing/here", "/v1/chat/completions", "/v2/x/openai/v2/models"):
+        assert _error(http.post(path, json={}), 404)["code"] == "unknown_url"
+    assert _error(http.get("/v2/x/runsync"), 405)["code"] == "method_not_allowed"
     _served(client, model_name)
 
 
