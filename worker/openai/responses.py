@@ -134,7 +134,7 @@ def response_object(call: ResponseCall, status: str, output: list[dict[str, Any]
         "service_tier": "default",
         "store": request.store is not False,
         "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-        "text": {"format": text_format, "verbosity": "medium"},
+        "text": {"format": text_format, "verbosity": (request.text and request.text.verbosity) or "medium"},
         "tool_choice": request.tool_choice if request.tool_choice is not None else "auto",
         "tools": request.tools or [],
         "top_logprobs": request.top_logprobs or 0,
