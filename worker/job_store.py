@@ -95,7 +95,7 @@ class JobStore:
         running = sum(1 for j in self.jobs.values() if j.status == "IN_PROGRESS")
         queued = sum(1 for j in self.jobs.values() if j.status == "IN_QUEUE")
         return {"completed": self.counts["completed"], "failed": self.counts["failed"], "inProgress": running,
-                "inQueue": queued, "retried": 0}
+                "inQueue": queued, "retried": 0}  # RunPod's field; this endpoint never retries a job
 
     async def _run(self, job: Job) -> None:
         job.status = "IN_PROGRESS"

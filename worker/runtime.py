@@ -84,23 +84,18 @@ def current() -> Runtime:
 def engine_stats(runtime: Runtime) -> dict[str, Any]:
     """describe() plus the live load (free KV pages, cached prefix pages included) for /health."""
     info = dict(runtime.engine.describe())
-    inner = getattr(runtime.engine, "engine", None)  # AsyncEngine's LLMEngine
-    allocator = getattr(inner, "allocator", None)
-    if "kv_pages_free" not in info and allocator is not None:
-        info["kv_pages_free"] = allocator.num_free
+    info["kv_pages_free"] = runtime.engine.engine.allocator.num_free  # AsyncEngine -> LLMEngine -> its pages
     return info
 
 
 def describe(runtime: Runtime) -> str:
-    """One line: model, served name, backend, dtype and KV pool size."""
+    """One line: model, served name, backend, dtype and KV pool size (the keys LLMEngine.describe gives)."""
     info = dict(runtime.engine.describe())
-    kv_bytes = info.get("kv_bytes") or info.get("kv bytes")
-    kv_size = f" ({kv_bytes / 2**20:.0f} MiB)" if isinstance(kv_bytes, (int, float)) else ""
+    quantization = f" quantization={info['quantization']}" if info.get("quantization") else ""
+    threads = f" threads={info['threads']}" if info.get("threads") else ""
     return (
-        f"model={info.get('model', runtime.settings.model_path)} served_as={runtime.served_model_name} "
-        f"backend={info.get('backend')} dtype={info.get('dtype')}"
-        f"{' quantization=' + info['quantization'] if info.get('quantization') else ''} device={info.get('device')}"
-        f"{' threads=' + str(info['threads']) if info.get('threads') else ''} "
-        f"kv_pages={info.get('kv_pages', info.get('kv pages'))}x{info.get('page_size', info.get('page size'))}"
-        f"{kv_size} max_model_len={runtime.max_model_len}"
+        f"model={info['model']} served_as={runtime.served_model_name} backend={info['backend']} "
+        f"dtype={info['dtype']}{quantization} device={info['device']}{threads} "
+        f"kv_pages={info['kv_pages']}x{info['page_size']} ({info['kv_bytes'] / 2**20:.0f} MiB) "
+        f"max_model_len={runtime.max_model_len}"
     )

@@ -1,6 +1,6 @@
 """POST /v1/chat/completions through the official openai client against the local endpoint.
 
-Every response and stream chunk is validated against OpenAI's spec (tests/worker/schema.py).
+Every response and stream chunk is validated against OpenAI's spec (tests/worker/openai_schema.py).
 Outputs are compared with other outputs of the same model (greedy vs constrained), never with
 hard-coded text.
 """

@@ -101,7 +101,8 @@ def error_body(exc: BaseException) -> dict[str, Any]:
 
 def _body(message: str, type_: str, param: str | None, code: str | None, status: int) -> dict[str, Any]:
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    assert status_of(body) == status, (type_, code, status)
+    if status_of(body) != status:  # the status travels in type and code only: they must say it
+        raise RuntimeError(f"error type {type_!r} / code {code!r} does not map to HTTP status {status}")
     return body
 
 
