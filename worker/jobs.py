@@ -7,10 +7,11 @@ before the first output, so a bad job yields exactly one OpenAI error object and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import aclosing, contextmanager
 from typing import Any
 
+from engine.errors import EngineError
 from worker.native import run_native
 from worker.openai.chat import complete_chat, prepare_chat, stream_chat
 from worker.openai.completions import complete, prepare_completion, stream_completion
@@ -25,6 +26,11 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 RESPONSES = "/v1/responses"
 MODELS = "/v1/models"
+# What the engine's error params are called on each route, where the route names them differently.
+CLIENT_PARAM_NAMES = {
+    CHAT: {"prompt": "messages"},
+    RESPONSES: {"prompt": "input", "max_tokens": "max_output_tokens"},
+}
 # Routes that generate: how each prepares a request (on a thread), answers it whole, and streams it.
 GENERATIONS: dict[str, tuple[Callable[[Any, Runtime], Any], Callable[[Any], Awaitable[Any]],
                              Callable[[Any], AsyncIterator[Any]]]] = {
@@ -84,10 +90,13 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
         # NOTE: off the event loop: rendering and tokenizing a long prompt would stall every other stream.
         call = await asyncio.to_thread(prepare, body, runtime)
         if not call.stream:
-            yield await complete(call)
+            with _client_names(route):
+                answer = await complete(call)
+            yield answer
             return
         chunks = stream(call)
-        first = await chunks.__anext__()  # the engine request has started: the request was accepted
+        with _client_names(route):
+            first = await chunks.__anext__()  # the engine request has started: the request was accepted
         settings = runtime.settings
         sizes = BatchSize(settings.default_batch_size, settings.default_min_batch_size,
                           settings.default_batch_size_growth_factor)
@@ -99,6 +108,16 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
     else:
         raise RouteNotFound(f"Unknown openai_route {route!r}: this worker serves {CHAT}, {COMPLETIONS}, "
                             f"{RESPONSES} and {MODELS}", param="openai_route")
+
+
+@contextmanager
+def _client_names(route: str) -> Iterator[None]:
+    """The engine names a request's parts as a completion's (`prompt`, `max_tokens`); say them as the route does."""
+    try:
+        yield
+    except EngineError as exc:
+        exc.param = CLIENT_PARAM_NAMES.get(route, {}).get(exc.param or "", exc.param)
+        raise
 
 
 async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:

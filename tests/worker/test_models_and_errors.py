@@ -83,7 +83,7 @@ def test_prompt_over_the_context_and_a_2mb_prompt(client, http, model_name) -> N
     huge = "hello world " * (2 * 1024 * 1024 // 12)  # 2 MB of text
     error = _error(http.post("/openai/v1/chat/completions", json={
         "model": model_name, "messages": [{"role": "user", "content": huge}], "stream": True}), 400)
-    assert error["code"] == "context_length_exceeded"
+    assert error["code"] == "context_length_exceeded" and error["param"] == "messages"  # as the chat route calls it
     _served(client, model_name)
 
 

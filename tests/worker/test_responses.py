@@ -208,7 +208,7 @@ def test_a_context_overflow_is_refused_unless_truncation_is_auto(client, model_n
     turns = [*long_turns, {"role": "user", "content": Q}]
     with pytest.raises(openai.BadRequestError) as refused:
         respond(client, model_name, input=turns)
-    assert refused.value.body["code"] == "context_length_exceeded"
+    assert refused.value.body["code"] == "context_length_exceeded" and refused.value.body["param"] == "input"
     fitted = respond(client, model_name, input=turns, truncation="auto")
     assert fitted.truncation == "auto" and fitted.usage.input_tokens + fitted.usage.output_tokens <= 2048
 
