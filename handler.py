@@ -32,9 +32,17 @@ log = logging.getLogger("worker")
 async def handler(job: dict[str, Any]) -> AsyncIterator[Any]:
     """The production handler: every route of the local endpoint goes through it too."""
     from worker.jobs import run_job
+    from worker.openai.errors import error_body
     from worker.runtime import current
 
-    async for output in run_job(job, current()):
+    runtime = current()
+    runtime.drain.watch_sigterm()
+    if runtime.drain.draining:  # SIGTERM came: the jobs already running finish, no new one starts
+        from engine.errors import ShuttingDown
+
+        yield error_body(ShuttingDown("The worker is shutting down; send the request again."))
+        return
+    async for output in run_job(job, runtime):
         yield output
 
 

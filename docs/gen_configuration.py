@@ -24,6 +24,8 @@ LOCAL_ONLY = {
     "RUNPOD_API_KEY": "Local endpoint only (`python handler.py --serve`): when set, every route except "
     "`/health` requires `Authorization: Bearer <key>`, so clients configured for the hosted endpoint work "
     "unchanged. On RunPod the platform checks the key before a job reaches the worker.",
+    "MAX_REQUEST_MB": "Local endpoint only: a request body over this many MiB is refused with a 413 before it is "
+    "read whole (at once when Content-Length says so). On RunPod the platform's own payload limits apply.",
 }
 # What the image's own settings are for (an ENV line the Dockerfile adds needs a line here).
 IMAGE_ENV_MEANING = {

@@ -31,6 +31,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopped = False
+        self._refusal: BaseException | None = None  # set by fail_all: the error new requests get
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -51,6 +52,8 @@ class AsyncEngine:
         """Streams the request's outputs; raises its error instead. Closing or cancelling aborts it."""
         if self._stopped:
             raise RuntimeError("the engine is shut down")
+        if self._refusal is not None:
+            raise self._refusal
         if request_id in self._streams:
             raise InvalidRequest(f"request id {request_id!r} is already running", param="request_id")
         prompt = self.engine.validate(prompt_token_ids, params)
@@ -77,6 +80,21 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         """Ends the request: its pages are freed before the next step, its stream gets a last "abort" output."""
         self._post(("abort", request_id))
+
+    @property
+    def num_running(self) -> int:
+        """Requests whose streams are open."""
+        return len(self._streams)
+
+    def fail_all(self, error: BaseException) -> int:
+        """Ends every running request with `error` (its stream raises it), frees their pages, and refuses new
+        requests with the same error from now on; returns how many were running."""
+        self._refusal = error
+        running = list(self._streams)
+        for request_id in running:
+            self._deliver(request_id, error)
+            self._post(("abort", request_id))
+        return len(running)
 
     def shutdown(self) -> None:
         self._stopped = True

@@ -20,5 +20,9 @@ class ContextTooLong(EngineError):
     """The prompt, or prompt + max_tokens, does not fit in max_model_len (HTTP 400, context_length_exceeded)."""
 
 
+class ShuttingDown(EngineError):
+    """The worker is stopping and its grace period is over: running requests end with this (HTTP 503)."""
+
+
 class UnsupportedModel(EngineError):
     """The checkpoint's architecture or layout is one the engine cannot run."""

@@ -50,10 +50,22 @@ class Job:
 class JobStore:
     """The jobs of one local endpoint, each run as a task through the production handler."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, max_concurrency: int) -> None:
         self.handler = handler
         self.jobs: OrderedDict[str, Job] = OrderedDict()
         self.counts = {"completed": 0, "failed": 0, "cancelled": 0}
+        # At most MAX_CONCURRENCY jobs run at once, as RunPod's SDK takes them; the others wait their turn.
+        self.slots = asyncio.Semaphore(max_concurrency)
+
+    async def limited(self, job: dict[str, Any], started: Callable[[], None] | None = None) -> AsyncIterator[Any]:
+        """The handler's outputs for `job` once a slot is free (held until the outputs end or are closed);
+        `started` is called when the slot is taken."""
+        async with self.slots:
+            if started is not None:
+                started()
+            async with contextlib.aclosing(self.handler(job)) as outputs:
+                async for output in outputs:
+                    yield output
 
     def submit(self, job_input: Any) -> Job:
         job = Job(id=f"local-{uuid.uuid4().hex}", input=job_input)
@@ -98,9 +110,11 @@ class JobStore:
                 "inQueue": queued, "retried": 0}  # RunPod's field; this endpoint never retries a job
 
     async def _run(self, job: Job) -> None:
-        job.status = "IN_PROGRESS"
         try:
-            async with contextlib.aclosing(self.handler({"id": job.id, "input": job.input})) as outputs:
+            def start() -> None:
+                job.status = "IN_PROGRESS"
+
+            async with contextlib.aclosing(self.limited({"id": job.id, "input": job.input}, start)) as outputs:
                 async for output in outputs:
                     if is_error(output):
                         job.status, job.error = "FAILED", output["error"]

@@ -12,6 +12,7 @@ from typing import Any
 
 from worker.openai.response_store import ResponseStore
 from worker.settings import Settings, accepted_model_names
+from worker.shutdown import Drain
 
 log = logging.getLogger("worker")
 
@@ -25,6 +26,7 @@ class Runtime:
     model_names: list[str]  # accepted request names; the first is the one responses carry
     created: int  # unix time the model was loaded, reported by /v1/models
     responses: ResponseStore  # stored Responses API responses (this process only)
+    drain: Drain  # SIGTERM's grace period
 
     @property
     def served_model_name(self) -> str:
@@ -69,7 +71,7 @@ def start(settings: Settings) -> Runtime:
     engine = AsyncEngine(config)
     store = ResponseStore(settings.response_store_max_entries, int(settings.response_store_max_mb * 2**20))
     _current = Runtime(settings=settings, engine=engine, model_names=accepted_model_names(settings),
-                       created=int(time.time()), responses=store)
+                       created=int(time.time()), responses=store, drain=Drain(engine, settings.shutdown_grace_s))
     log.info("serving %s", describe(_current))
     return _current
 

@@ -49,6 +49,54 @@ async def _json_body(request: Request) -> Any:
         raise BadRequest("We could not parse the JSON body of your request. The body must be valid JSON.") from None
 
 
+class BodyTooLarge(Exception):
+    """A request body went past the size limit while it was being read."""
+
+
+class BodyLimit:
+    """Refuses a request body over `max_bytes` with a 413 before reading it whole: at once when Content-Length
+    says so, else as soon as the bytes read pass the limit (chunked uploads)."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"").decode("latin-1")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        seen = 0
+        started = False
+
+        async def counting_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise BodyTooLarge
+            return message
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
+        body = {"error": {"message": f"The request body is larger than this worker accepts ({self.max_bytes} bytes, "
+                                     "MAX_REQUEST_MB).", "type": "invalid_request_error", "param": None,
+                          "code": "request_too_large"}}
+        await JSONResponse(body, status_code=413, headers={"Connection": "close"})(scope, receive, send)
+
+
 class ApiKeyGuard:
     """Every route but /health needs `Authorization: Bearer <key>`.
 
@@ -72,11 +120,13 @@ class ApiKeyGuard:
 def create_app(handler: Handler, settings: Settings) -> FastAPI:
     """The FastAPI app; `handler` is the production async generator handler."""
     app = FastAPI(title="RunPod LLM worker (local)", docs_url=None, redoc_url=None, openapi_url=None)
-    store = JobStore(handler)
+    store = JobStore(handler, settings.max_concurrency)
+    generate = store.limited  # generation routes take a slot, as RunPod's jobs do; reads do not
     app.state.jobs = store
 
     if settings.api_key:
         app.add_middleware(ApiKeyGuard, key=settings.api_key)
+    app.add_middleware(BodyLimit, max_bytes=int(settings.max_request_mb * 2**20))  # outermost: before the key check
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
@@ -103,15 +153,15 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
 
     @openai.post("/chat/completions")
     async def chat(request: Request) -> Response:
-        return await _openai_call(handler, "/v1/chat/completions", await _json_body(request), request)
+        return await _openai_call(generate, "/v1/chat/completions", await _json_body(request), request)
 
     @openai.post("/completions")
     async def completions(request: Request) -> Response:
-        return await _openai_call(handler, "/v1/completions", await _json_body(request), request)
+        return await _openai_call(generate, "/v1/completions", await _json_body(request), request)
 
     @openai.post("/responses")
     async def responses(request: Request) -> Response:
-        return await _openai_call(handler, "/v1/responses", await _json_body(request), request)
+        return await _openai_call(generate, "/v1/responses", await _json_body(request), request)
 
     @openai.get("/responses/{response_id}")
     async def response(response_id: str, request: Request) -> Response:
@@ -259,4 +309,7 @@ def serve(handler: Handler, settings: Settings, host: str = "127.0.0.1", port: i
     """Serve the local endpoint until interrupted."""
     import uvicorn
 
-    uvicorn.run(create_app(handler, settings), host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+    # NOTE: uvicorn cancels what still runs after its own timeout; the worker's grace period (worker/shutdown.py)
+    # ends such requests with an error first, so its timeout only has to come later.
+    uvicorn.run(create_app(handler, settings), host=host, port=port, log_level="info",
+                timeout_graceful_shutdown=settings.shutdown_grace_s + 3)

@@ -60,6 +60,9 @@ class Settings(BaseModel):
     default_batch_size: int = Field(50, alias="DEFAULT_BATCH_SIZE", ge=1)
     default_min_batch_size: int = Field(1, alias="DEFAULT_MIN_BATCH_SIZE", ge=1)
     default_batch_size_growth_factor: float = Field(3.0, alias="DEFAULT_BATCH_SIZE_GROWTH_FACTOR", ge=1.0)
+    # After SIGTERM, running requests get this long to finish before they end with a 503 error. Below the
+    # 10 s that Docker (and so a container platform's stop) waits before SIGKILL by default.
+    shutdown_grace_s: float = Field(8.0, alias="SHUTDOWN_GRACE_SECONDS", ge=0.0)
 
     # Responses API: the in-memory store behind `store` and `previous_response_id`
     response_store_max_entries: int = Field(1000, alias="RESPONSE_STORE_MAX_ENTRIES", ge=0)
@@ -67,6 +70,8 @@ class Settings(BaseModel):
 
     # Local endpoint
     api_key: str | None = Field(None, alias="RUNPOD_API_KEY")
+    # RunPod's own API refuses job payloads over 20 MB (/runsync; 10 MB for /run): the local one does the same.
+    max_request_mb: float = Field(20.0, alias="MAX_REQUEST_MB", gt=0.0)
 
     @property
     def model_path(self) -> str:

@@ -169,7 +169,8 @@ def test_fuzzed_native_jobs_and_job_envelopes(http, bases, data) -> None:
     else:
         job_input = data.draw(mutated({"openai_route": "/v1/models", "openai_input": {}},
                                       ["openai_route", "openai_input", "openai_method"]))
-        sent = base = job_input
+        sent = job_input
+        base = {"openai_route": None, "prompt": None}  # without a route, a job is native and needs a prompt
     reply = _post(http, "/v2/fuzz/runsync", {"input": job_input})
     assert reply.status_code < 500, reply.text[:300]
     result = reply.json()

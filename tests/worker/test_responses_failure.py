@@ -18,6 +18,7 @@ from worker.jobs import run_job
 from worker.openai.response_store import ResponseStore
 from worker.runtime import Runtime
 from worker.settings import baked_model_name, load_settings
+from worker.shutdown import Drain
 
 DOOMED_MAX_TOKENS = 9  # marks the request whose sampling fails
 
@@ -27,7 +28,8 @@ def runtime(baked_model_path):
     settings = load_settings({"MODEL_PATH": str(baked_model_path)})
     engine = AsyncEngine(EngineConfig(model_path=str(baked_model_path), dtype="float32", num_kv_pages=64,
                                       max_model_len=512, max_num_seqs=8))
-    yield Runtime(settings, engine, [baked_model_name(str(baked_model_path))], 0, ResponseStore(16, 2**20))
+    yield Runtime(settings, engine, [baked_model_name(str(baked_model_path))], 0, ResponseStore(16, 2**20),
+                  Drain(engine, 1.0))
     engine.shutdown()
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.errors import ContextTooLong, EngineError, InvalidRequest
+from engine.errors import ContextTooLong, EngineError, InvalidRequest, ShuttingDown
 
 log = logging.getLogger("worker")
 
@@ -91,6 +91,8 @@ def error_body(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, ValidationError):
         message, param = _describe_validation(exc)
         return _body(message, "invalid_request_error", param, None, 400)
+    if isinstance(exc, ShuttingDown):
+        return _body(exc.message, "server_error", None, "worker_shutting_down", 503)
     if isinstance(exc, ContextTooLong):
         return _body(exc.message, "invalid_request_error", exc.param, "context_length_exceeded", 400)
     if isinstance(exc, (InvalidRequest, EngineError)):
@@ -106,7 +108,8 @@ def _body(message: str, type_: str, param: str | None, code: str | None, status:
     return body
 
 
-_STATUS_BY_CODE = {"model_not_found": 404, "unknown_url": 404, "response_not_found": 404}
+_STATUS_BY_CODE = {"model_not_found": 404, "unknown_url": 404, "response_not_found": 404,
+                   "worker_shutting_down": 503, "request_too_large": 413}
 _STATUS_BY_TYPE = {"authentication_error": 401, "server_error": 500}
 
 
