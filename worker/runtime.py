@@ -86,7 +86,9 @@ def current() -> Runtime:
 def engine_stats(runtime: Runtime) -> dict[str, Any]:
     """describe() plus the live load (free KV pages, cached prefix pages included) for /health."""
     info = dict(runtime.engine.describe())
-    info["kv_pages_free"] = runtime.engine.engine.allocator.num_free  # AsyncEngine -> LLMEngine -> its pages
+    inner = runtime.engine.engine  # AsyncEngine -> LLMEngine
+    info["kv_pages_free"] = inner.allocator.num_free
+    info["preemptions"] = inner.scheduler.num_preemptions
     return info
 
 

@@ -33,7 +33,8 @@ def free_port() -> int:
 
 def worker_env(model_path: Path, **overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in CLEARED}
-    env.update(MODEL_PATH=str(model_path), MAX_MODEL_LEN=str(MAX_MODEL_LEN), PYTHONUNBUFFERED="1", **overrides)
+    env.update(MODEL_PATH=str(model_path), MAX_MODEL_LEN=str(MAX_MODEL_LEN), PYTHONUNBUFFERED="1")
+    env.update(overrides)
     return env
 
 
