@@ -177,7 +177,7 @@ class SamplingParams:
         if self.use_beam_search:
             if self.num_sequences < 2:
                 _fail(
-                    "best_of",
+                    "best_of" if self.best_of is not None else "n",  # the width the request gave
                     f"beam search needs a beam width (best_of, or n) greater than 1, got {self.num_sequences}",
                 )
             if self.temperature > SAMPLING_EPS:
