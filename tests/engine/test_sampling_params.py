@@ -41,7 +41,8 @@ BAD = [
     ({"bad_words": [""]}, "bad_words"),
     ({"bad_words": "word"}, "bad_words"),
     # Beam search: a width above 1 and deterministic settings, as vLLM requires.
-    ({"use_beam_search": True, "temperature": 0.0}, "best_of"),
+    ({"use_beam_search": True, "temperature": 0.0}, "n"),
+    ({"use_beam_search": True, "best_of": 1, "temperature": 0.0}, "best_of"),
     ({"use_beam_search": True, "n": 2, "temperature": 0.7}, "temperature"),
     ({"use_beam_search": True, "n": 2, "temperature": 0.0, "top_p": 0.5}, "top_p"),
     ({"use_beam_search": True, "n": 2, "temperature": 0.0, "top_k": 5}, "top_k"),
