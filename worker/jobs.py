@@ -21,6 +21,7 @@ from worker.openai.response_resources import stored_response
 from worker.openai.responses import complete_response, prepare_response, stream_response
 from worker.openai.streaming import BatchSize, openai_stream
 from worker.runtime import Runtime
+from worker.unicode_check import check_unicode
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -47,7 +48,11 @@ async def run_job(job: Any, runtime: Runtime) -> AsyncIterator[Any]:
         job_input = job.get("input") if isinstance(job, dict) else None
         if not isinstance(job_input, dict):
             raise BadRequest("the job's input must be a JSON object", param="input")
-        source = _openai(job_input, runtime) if "openai_route" in job_input else run_native(job_input, runtime)
+        openai = "openai_route" in job_input
+        if openai:  # an OpenAI request's fields are named as the client wrote them, without the job's envelope
+            check_unicode(job_input.get("openai_input"))
+        check_unicode({k: v for k, v in job_input.items() if not (openai and k == "openai_input")})
+        source = _openai(job_input, runtime) if openai else run_native(job_input, runtime)
         first = await source.__anext__()
     except StopAsyncIteration:
         return

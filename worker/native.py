@@ -29,7 +29,7 @@ class NativeJob(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     prompt: str | list[int] | None = None
-    messages: list[ChatMessage] | None = None  # checked as the OpenAI route checks them
+    messages: list[ChatMessage] | None = Field(None, min_length=1)  # checked as the OpenAI route checks them
     sampling_params: dict[str, Any] | None = None
     stream: StrictBool = False
     apply_chat_template: StrictBool = False

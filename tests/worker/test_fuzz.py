@@ -216,3 +216,26 @@ def test_long_fuzz_run() -> None:
                             capture_output=True, text=True)
     print(result.stdout[-2000:], f"\nlong fuzz run: {time.monotonic() - started:.0f} s")
     assert result.returncode == 0, result.stdout[-5000:]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/openai/v1/responses", {"input": "\ud800"}, "input"),
+    ("/openai/v1/chat/completions", {"messages": [{"role": "user", "content": "a\udfffb"}]}, "messages.[0].content"),
+    ("/openai/v1/completions", {"prompt": ["ok", "\ud800"]}, "prompt.[1]"),
+    ("/openai/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "stop": {"\ud800": 1}},
+     "stop.\\ud800"),  # a key holding the surrogate is named with it escaped
+])
+def test_unpaired_surrogates_are_a_400_naming_the_field(http, model_name, path, body, param) -> None:
+    """Found by the long run: a lone surrogate (valid JSON, invalid Unicode) reached the tokenizer as a 500."""
+    reply = _post(http, path, {"model": model_name, "max_tokens": 2, **body})
+    assert reply.status_code == 400, reply.text
+    error = validate(reply.json())["error"]
+    assert error["param"] == param
+    job = _post(http, "/v2/e/runsync", {"input": {"prompt": "\ud800", "sampling_params": {"max_tokens": 2}}}).json()
+    assert job["status"] == "FAILED" and job["error"]["param"] == "prompt"
+
+
+def test_a_native_job_with_empty_messages_names_messages(http) -> None:
+    """Found by the long run: `messages: []` next to a prompt reached the chat template and blamed it."""
+    job = http.post("/v2/e/runsync", json={"input": {"prompt": "Hi", "messages": []}}).json()
+    assert job["status"] == "FAILED" and job["error"]["param"] == "messages"
