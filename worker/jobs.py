@@ -49,9 +49,10 @@ async def run_job(job: Any, runtime: Runtime) -> AsyncIterator[Any]:
         if not isinstance(job_input, dict):
             raise BadRequest("the job's input must be a JSON object", param="input")
         openai = "openai_route" in job_input
-        if openai:  # an OpenAI request's fields are named as the client wrote them, without the job's envelope
-            check_unicode(job_input.get("openai_input"))
-        check_unicode({k: v for k, v in job_input.items() if not (openai and k == "openai_input")})
+        body = job_input.get("openai_input") if openai else None
+        if isinstance(body, dict):  # an OpenAI request's fields are named as the client wrote them
+            check_unicode(body)
+        check_unicode({k: v for k, v in job_input.items() if not (isinstance(body, dict) and k == "openai_input")})
         source = _openai(job_input, runtime) if openai else run_native(job_input, runtime)
         first = await source.__anext__()
     except StopAsyncIteration:

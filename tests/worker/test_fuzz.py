@@ -99,7 +99,12 @@ def _check_param(error: dict[str, Any], sent: dict[str, Any], base: dict[str, An
     if error.get("code") in ("model_not_found", "unknown_url") or param is None:
         return
     root = re.split(r"[.\[]", param)[0]
-    assert root in sent or root in base, f"param {param!r} names nothing that was sent: {_short(sent)}"
+    names = {_escaped(str(k)) for k in (*sent, *base)}  # a key holding a lone surrogate is named escaped
+    assert root in names, f"param {param!r} names nothing that was sent: {_short(sent)}"
+
+
+def _escaped(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 def _short(obj: Any) -> str:
