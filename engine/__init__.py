@@ -15,6 +15,7 @@ _EXPORTS = {
     "CompletionOutput": "engine.outputs",
     "EngineConfig": "engine.config",
     "SamplingParams": "engine.sampling",
+    "StructuredSpec": "engine.structured.spec",
     "RequestOutput": "engine.outputs",
     "CompletionDelta": "engine.outputs",
     "PositionLogprobs": "engine.outputs",

@@ -57,6 +57,8 @@ class AsyncEngine:
         if request_id in self._streams:
             raise InvalidRequest(f"request id {request_id!r} is already running", param="request_id")
         prompt = self.engine.validate(prompt_token_ids, params)
+        if params.structured is not None:
+            await self._compiled(params)  # a bad schema, regex or grammar fails here, before the request starts
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (loop, stream)
@@ -76,6 +78,24 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             if not done:
                 self._post(("abort", request_id))
+
+    async def _compiled(self, params: SamplingParams) -> None:
+        """Waits for the request's grammar (compiled on the engine's compile thread); raises InvalidRequest."""
+        future = self.engine.grammars.submit(params.structured)
+        if not future.done():
+            # NOTE: not asyncio.wrap_future: cancelling this request would cancel a compile others may share.
+            loop = asyncio.get_running_loop()
+            ready = loop.create_future()
+
+            def wake(_: object) -> None:
+                try:
+                    loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(None))
+                except RuntimeError:  # the caller's loop is closed
+                    pass
+
+            future.add_done_callback(wake)
+            await ready
+        future.result()
 
     def abort(self, request_id: str) -> None:
         """Ends the request: its pages are freed before the next step, its stream gets a last "abort" output."""
@@ -100,6 +120,7 @@ class AsyncEngine:
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=30)
+        self.engine.grammars.shutdown()
 
     def _post(self, command: tuple) -> None:
         self._inbox.put(command)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
 from itertools import count
 
 import torch
@@ -26,6 +28,8 @@ from engine.sampler import Sampler
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Sequence, SequenceGroup
+from engine.structured.compiler import GrammarCache
+from engine.structured.matcher import GrammarState
 
 __all__ = ["AsyncEngine", "LLMEngine"]  # AsyncEngine is re-exported: engine.engine.AsyncEngine is the agreed name
 
@@ -35,6 +39,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # CPU default pool: room for max_num_seqs requests of this many tokens, but at most CPU_KV_BYTES.
 CPU_CONTEXT_PER_SEQ = 2048
 CPU_KV_BYTES = 1 << 30
+# How long an idle step waits for a grammar compile before it returns (and the caller's loop looks again).
+COMPILE_POLL_S = 0.02
 
 
 def resolve_device(name: str) -> torch.device:
@@ -93,6 +99,11 @@ class LLMEngine:
                                          lambda: next(self._seq_ids))
         self._groups: dict[str, SequenceGroup] = {}
         self._failures: list[tuple[str, Exception]] = []
+        # Grammars are compiled off the engine loop; a request waits here, outside the scheduler, until its
+        # grammar is ready, while the others go on decoding.
+        self.grammars = GrammarCache(self.tokenizer, self.spec.vocab_size, sorted(self.spec.eos_token_ids),
+                                     threads=2 if self.device.type == "cpu" else 8)
+        self._compiling: dict[str, tuple[SequenceGroup, Future]] = {}
 
     def _num_pages(self, page_bytes: int) -> int:
         c, ps = self.config, self.config.page_size
@@ -164,11 +175,44 @@ class LLMEngine:
                          generator=self._generator(params.seed, i), detokenizer=self._detokenizer(params, prompt))
                 for i in range(params.num_sequences)
             ]
+        compiling = self.grammars.submit(params.structured) if params.structured is not None else None
+        if compiling is not None and compiling.done():
+            compiling.result()  # a constraint known to be bad fails here, before the request is in
         bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
         group = SequenceGroup(request_id, prompt, params, seqs, next(self._arrivals), eos_token_ids=eos,
                               bad_words_ids=bad_words, beam=beam)
         self._groups[request_id] = group
+        if compiling is None:
+            self.scheduler.add(group)
+        elif compiling.done():
+            self._start_grammar(group, compiling.result())
+        else:
+            self._compiling[request_id] = (group, compiling)
+
+    def _start_grammar(self, group: SequenceGroup, compiled: object) -> None:
+        """One matcher per choice (n, best_of) or for the first beam (beams fork theirs); then schedule."""
+        for seq in group.seqs:
+            seq.grammar = GrammarState.start(compiled)
         self.scheduler.add(group)
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar finished compiling join the scheduler, or fail alone if it did not compile."""
+        if not self._compiling:
+            return
+        if not self.scheduler.has_work():
+            # Nothing else to run: wait a little for a compile instead of spinning.
+            wait_futures([f for _, f in self._compiling.values()], timeout=COMPILE_POLL_S,
+                         return_when=FIRST_COMPLETED)
+        for request_id, (group, future) in list(self._compiling.items()):
+            if not future.done():
+                continue
+            del self._compiling[request_id]
+            try:
+                compiled = future.result()
+            except Exception as exc:
+                self._fail(group, exc)
+                continue
+            self._start_grammar(group, compiled)
 
     def _generator(self, seed: int | None, index: int) -> torch.Generator | None:
         if seed is None:
@@ -188,6 +232,7 @@ class LLMEngine:
         group = self._groups.pop(request_id, None)
         if group is None:
             return None
+        self._compiling.pop(request_id, None)
         self.scheduler.remove(group)
         return self.processor.abort(group)
 
@@ -209,11 +254,13 @@ class LLMEngine:
     def _fail(self, group: SequenceGroup, exc: Exception) -> None:
         log.error("request %s failed: %r", group.request_id, exc)
         if self._groups.pop(group.request_id, None) is not None:
+            self._compiling.pop(group.request_id, None)
             self.scheduler.remove(group)
             self._failures.append((group.request_id, exc))
 
     # ---- the step
     def step(self) -> list[RequestOutput]:
+        self._admit_compiled()
         out = self.scheduler.schedule()
         for group, exc in out.failed:
             self._fail(group, exc)

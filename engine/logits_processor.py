@@ -1,5 +1,6 @@
 """Logits processing before the draw, in vLLM's order: logit_bias, allowed_token_ids, bad_words and min_tokens
-masks, then repetition, frequency and presence penalties. Beam search ranks its candidates on the result too.
+masks, the grammar's token bitmask (structured outputs), then repetition, frequency and presence penalties.
+Beam search ranks its candidates on the result too.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.sampling import SamplingParams
+from engine.structured.bitmask import apply_bitmask, grammar_bitmask
 
 if TYPE_CHECKING:
     from engine.sampler import SamplingRow
@@ -24,17 +26,27 @@ def process_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
     raw = logits.float()
     masked = [i for i, r in enumerate(rows) if _has_mask(r)]
     penalised = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
-    if not masked and not penalised:
+    constrained = [i for i, r in enumerate(rows) if r.grammar is not None]
+    if not masked and not penalised and not constrained:
         return raw
     out = raw.clone()
     if masked:
         _apply_masks(out, [(i, rows[i]) for i in masked])
+    bitmask = None
+    if constrained:
+        bitmask = grammar_bitmask([rows[i].grammar for i in constrained], out.shape[1])
+        apply_bitmask(out, bitmask, constrained)
     if penalised:
         _apply_penalties(out, [(i, rows[i]) for i in penalised])
-    # A row whose every token got masked would sample NaN; let it fall back to the raw logits.
+    # A row whose every token got masked would sample NaN; let it fall back to the raw logits, under its
+    # grammar alone where it has one (the grammar wins over min_tokens or allowed_token_ids that contradict it).
     dead = out.amax(dim=-1) == NEG_INF
     if bool(dead.any()):
-        out[dead] = raw[dead]
+        fallback = raw
+        if bitmask is not None:
+            fallback = raw.clone()
+            apply_bitmask(fallback, bitmask, constrained)
+        out[dead] = fallback[dead]
     return out
 
 

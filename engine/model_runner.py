@@ -178,7 +178,8 @@ class ModelRunner:
         row = self._row(s.group, s.seq)
         logprobs = torch.log_softmax(process_logits(logits, [row]), dim=-1)[0]
         values, ids = logprobs.topk(min(2 * s.group.beam.width, logprobs.numel()))
-        return [Sample(t, lp) for t, lp in zip(ids.tolist(), values.tolist(), strict=True)]
+        # A grammar can leave fewer allowed tokens than candidates asked for: masked ones never extend a beam.
+        return [Sample(t, lp) for t, lp in zip(ids.tolist(), values.tolist(), strict=True) if lp != float("-inf")]
 
     @staticmethod
     def _row(group: SequenceGroup, seq: Sequence) -> SamplingRow:
@@ -189,4 +190,5 @@ class ModelRunner:
             generator=seq.generator,
             eos_token_ids=group.eos_token_ids,
             bad_words_ids=group.bad_words_ids,
+            grammar=seq.grammar,
         )

@@ -72,6 +72,8 @@ class OutputProcessor:
         p = group.params
         token = sample.token_id
         seq.append(token, sample.logprob)
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
         logprobs = None
         if p.logprobs is not None:
             logprobs = [self._position(token, sample.logprob, sample.top or [])]
@@ -89,6 +91,8 @@ class OutputProcessor:
             text = delta.text
             if delta.stop_string is not None:
                 seq.finish_reason, seq.stop_reason = "stop", delta.stop_string
+        if not seq.finished and seq.grammar is not None and seq.grammar.terminated:
+            seq.finish_reason = "stop"  # the grammar ended on a stop token (one that ignore_eos kept going past)
         if not seq.finished and (len(seq.output_token_ids) == p.max_tokens or seq.num_tokens >= self.max_model_len):
             seq.finish_reason = "length"
         if seq.finished:
@@ -115,6 +119,8 @@ class OutputProcessor:
             seqs.append(child)
         for seq, beam in zip(seqs, live, strict=True):
             seq.append(beam.token_ids[-1], beam.logprobs[-1])
+            if seq.grammar is not None:
+                seq.grammar.accept(beam.token_ids[-1])
         for j, seq in enumerate(old):
             if j not in reused:
                 self.scheduler.free_seq(seq)

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequest
+from engine.structured.spec import StructuredSpec
 
 # Below this a temperature means greedy, as in vLLM (dividing by it would overflow the logits).
 SAMPLING_EPS = 1e-5
@@ -77,6 +78,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
+    structured: StructuredSpec | None = None  # a grammar the output must match
 
     def __post_init__(self) -> None:
         self._normalize()
@@ -165,6 +167,8 @@ class SamplingParams:
             _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         if self.truncate_prompt_tokens is not None:
             _check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, 1)
+        if self.structured is not None and not isinstance(self.structured, StructuredSpec):
+            _fail("structured", f"structured must be a StructuredSpec, got {type(self.structured).__name__}")
 
     def _check_combinations(self) -> None:
         if self.best_of is not None and self.best_of < self.n:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from engine.beam_search import BeamSearch
     from engine.detokenizer import Detokenizer
     from engine.sampling import SamplingParams
+    from engine.structured.matcher import GrammarState
 
 
 @dataclass(eq=False)
@@ -39,6 +40,9 @@ class Sequence:
     text: str = ""
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # Where the output stands in the request's grammar; it keeps its state across preemption (the matcher has
+    # accepted every output token, and recompute replays them through the model only).
+    grammar: GrammarState | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -82,6 +86,7 @@ class Sequence:
             page_hashes=list(self.page_hashes),
             output_token_ids=list(self.output_token_ids),
             cumulative_logprob=self.cumulative_logprob,
+            grammar=self.grammar.fork() if self.grammar is not None else None,
         )
 
     def reset(self) -> None:

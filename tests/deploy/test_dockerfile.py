@@ -91,7 +91,8 @@ def test_hf_token_is_a_build_secret_only(dockerfile: list) -> None:
 def test_layers_keep_dependencies_below_the_model_and_the_code(dockerfile: list) -> None:
     install = index_of(dockerfile, "RUN", r"pip install .*requirements")
     requirements_copy = index_of(dockerfile, "COPY", r"requirements")
-    assert dockerfile[requirements_copy].value.split()[:-1] == ["requirements.txt", "requirements-cuda.txt"]
+    assert dockerfile[requirements_copy].value.split()[:-1] == [
+        "requirements.txt", "requirements-cuda.txt", "requirements-structured.txt"]
     assert requirements_copy < install
     model_arg = index_of(dockerfile, "ARG", r"^MODEL_NAME")
     bake = index_of(dockerfile, "RUN", r"python -m builder")

@@ -40,7 +40,7 @@ NOT_NULL = ("system_fingerprint",)
 def validate(obj: Any) -> Any:
     """Validate one response object or chunk by its `object` field (errors by their shape); return it."""
     if hasattr(obj, "model_dump"):
-        obj = obj.model_dump(exclude_unset=True)
+        obj = obj.model_dump(exclude_unset=True, by_alias=True)
     if "error" in obj and obj.get("object") != "response":
         ErrorResponse.model_validate(obj)
         return obj

@@ -86,8 +86,8 @@ def test_completions_echo_with_logprobs_asks_for_prompt_logprobs() -> None:
     ("n", 0, "n"), ("max_tokens", 0, "max_tokens"), ("presence_penalty", 3, "presence_penalty"),
     ("top_logprobs", 21, "top_logprobs"), ("logit_bias", {"5": 101}, "logit_bias.5"),
     ("logit_bias", {"word": 1}, "logit_bias"), ("best_of", 1, "best_of"), ("messages", [], "messages"),
-    ("messages", "hi", "messages"), ("stop", 5, "stop"), ("response_format", {"type": "json_object"},
-                                                         "response_format"),
+    ("messages", "hi", "messages"), ("stop", 5, "stop"), ("response_format", {"type": "xml"},
+                                                         "response_format.type"),
     ("min_tokens", -1, "min_tokens"), ("top_logprobs", 2, "top_logprobs"),
 ])
 def test_out_of_range_and_wrong_types_name_the_param(field: str, value: object, param: str) -> None:

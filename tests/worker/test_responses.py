@@ -169,7 +169,10 @@ def test_an_item_reference_reuses_a_stored_item(client, model_name, first) -> No
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "text.format.name"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "not": {}}}}},
+     "text.format"),
+    ({"text": {"format": {"type": "json_object"}}, "guided_regex": "a+"}, "guided_regex"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input[0].content[0]"),
     ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0].type"),
@@ -246,3 +249,37 @@ def test_raw_output_off_and_the_name_override_hold_for_responses(custom_worker) 
     assert all(isinstance(group, list) for group in out)  # lists of event objects, RunPod's non-raw form
     events = [validate(e) for group in out for e in group]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+def test_text_format_constrains_the_output_to_the_schema(client, model_name) -> None:
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Madrid"]},
+                                               "population_millions": {"type": "integer", "minimum": 0,
+                                                                       "maximum": 50}},
+              "required": ["city", "population_millions"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "name": "city", "schema": schema, "strict": True}
+    made = respond(client, model_name, text={"format": fmt}, max_output_tokens=60)
+    jsonschema.validate(json.loads(made.output_text), schema)
+    assert made.text.format.type == "json_schema" and made.text.format.name == "city"
+    with client.responses.stream(model=model_name, input=Q, text={"format": fmt}, max_output_tokens=60,
+                                 temperature=0) as stream:
+        streamed = stream.get_final_response()
+    assert streamed.output_text == made.output_text
+    loose = respond(client, model_name, text={"format": {"type": "json_object"}}, max_output_tokens=60)
+    assert loose.output_text.lstrip().startswith("{")  # a JSON object, cut off or not
+    assert loose.status == "incomplete" or isinstance(json.loads(loose.output_text), dict)
+
+
+def test_the_sdk_parse_helper_reads_a_pydantic_model(client, model_name) -> None:
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        city: str
+        country: str
+
+    parsed = client.responses.parse(model=model_name, input=Q, text_format=Answer, max_output_tokens=60,
+                                    temperature=0)
+    assert isinstance(parsed.output_parsed, Answer) and parsed.output_parsed.city

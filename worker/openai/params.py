@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from engine.sampling import SamplingParams
 from worker.openai.errors import BadRequest
-from worker.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from worker.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, StructuredOutputs
+from worker.openai.structured import structured_spec
 
 # RunPod's vLLM worker documents 0.7 as the temperature default of its OpenAI routes.
 DEFAULT_TEMPERATURE = 0.7
@@ -27,9 +28,6 @@ _SHARED = (
 
 def openai_sampling_params(request: ChatCompletionRequest | CompletionRequest, max_model_len: int) -> SamplingParams:
     """The engine parameters of an OpenAI request; raises BadRequest naming the parameter."""
-    if request.response_format is not None and request.response_format.type != "text":
-        raise BadRequest(f"response_format type {request.response_format.type!r} is not supported; "
-                         "only 'text' is", param="response_format")
     if isinstance(request, CompletionRequest) and request.suffix:
         raise BadRequest("suffix is not supported", param="suffix")
     fields: dict[str, Any] = {name: getattr(request, name) for name in _SHARED if getattr(request, name) is not None}
@@ -49,7 +47,16 @@ def openai_sampling_params(request: ChatCompletionRequest | CompletionRequest, m
         if request.echo and request.logprobs is not None:
             # Echoed prompt tokens carry logprobs too, as in vLLM and OpenAI's legacy API.
             fields["prompt_logprobs"] = max(request.logprobs, request.prompt_logprobs or 0)
+    fields["structured"] = structured_spec(
+        response_format=request.response_format, **{name: getattr(request, name) for name in _STRUCTURED})
     return SamplingParams(**fields)
+
+
+# The structured-output fields requests share with native sampling_params (vLLM's and SGLang's names).
+_STRUCTURED = (
+    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+    "guided_whitespace_pattern", "regex", "ebnf", "json_schema",
+)
 
 
 def _default_temperature(use_beam_search: bool, default: float) -> float:
@@ -89,6 +96,19 @@ _NATIVE_OVERRIDES: dict[str, tuple[Any, Any]] = {
     "stop": (str | list[str] | None, None),
 }
 
+# vLLM's structured-output names in native sampling_params (`guided_decoding` is the older spelling of
+# `structured_outputs`); the engine's own `structured` field is not a vLLM name and is not taken.
+_NATIVE_STRUCTURED: dict[str, tuple[Any, Any]] = {
+    "structured_outputs": (StructuredOutputs | None, None),
+    "guided_decoding": (StructuredOutputs | None, None),
+    "guided_json": (str | dict[str, Any] | bool | None, None),
+    "guided_regex": (str | None, None),
+    "guided_choice": (list[str] | None, None),
+    "guided_grammar": (str | None, None),
+    "guided_decoding_backend": (str | None, None),
+    "guided_whitespace_pattern": (str | None, None),
+}
+
 # get_type_hints, not Field.type: sampling.py's annotations are strings (from __future__ import annotations).
 _HINTS = get_type_hints(SamplingParams)
 NativeSamplingParams: type[BaseModel] = create_model(
@@ -96,7 +116,8 @@ NativeSamplingParams: type[BaseModel] = create_model(
     __config__=ConfigDict(extra="forbid"),
     __doc__="`sampling_params` of a native job: vLLM's SamplingParams names; unknown names are a 400.",
     **{f.name: _NATIVE_OVERRIDES.get(f.name, (_HINTS[f.name], _default(f)))
-       for f in dataclasses.fields(SamplingParams)},
+       for f in dataclasses.fields(SamplingParams) if f.name != "structured"},
+    **_NATIVE_STRUCTURED,
 )
 
 
@@ -106,9 +127,21 @@ def native_sampling_params(raw: Any, max_model_len: int) -> SamplingParams:
         raw = {}
     if not isinstance(raw, dict):
         raise BadRequest("sampling_params must be an object", param="sampling_params")
-    fields = NativeSamplingParams.model_validate(raw).model_dump()
+    validated = NativeSamplingParams.model_validate(raw)
+    fields = validated.model_dump(exclude=set(_NATIVE_STRUCTURED))
+    fields["structured"] = _native_structured(validated)
     if "temperature" not in raw:
         fields["temperature"] = _default_temperature(fields["use_beam_search"], fields["temperature"])
     fields["top_k"] = 0 if fields["top_k"] == -1 else fields["top_k"]
     fields["truncate_prompt_tokens"] = _truncation(fields["truncate_prompt_tokens"], max_model_len)
     return SamplingParams(**fields)
+
+
+def _native_structured(validated: BaseModel) -> Any:
+    values = {name: getattr(validated, name) for name in _NATIVE_STRUCTURED if name != "guided_decoding"}
+    if validated.guided_decoding is not None:
+        if validated.structured_outputs is not None:
+            raise BadRequest("only one structured output constraint is allowed per request, got structured_outputs "
+                             "and guided_decoding", param="guided_decoding")
+        values["structured_outputs"] = validated.guided_decoding
+    return structured_spec(**values)

@@ -27,10 +27,44 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: StrictBool | None = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """response_format.json_schema: OpenAI's named schema (`strict` is accepted; the grammar is always strict)."""
+
+    # By alias both ways, so that a dumped request (the Responses route re-validates one) reads back the same.
+    model_config = ConfigDict(extra="allow", populate_by_name=True, serialize_by_alias=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: Any = Field(None, alias="schema")  # checked when the constraint is built, naming response_format
+    strict: StrictBool | None = None
+
+
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` (and the older `guided_decoding`): at most one of the constraint fields.
+
+    Unknown keys are a 400 here: a misspelt constraint must not run unconstrained.
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    json_: str | dict[str, Any] | bool | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: StrictBool | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    disable_any_whitespace: StrictBool = False
+    disable_fallback: StrictBool = False
+    disable_additional_properties: StrictBool = False
+    whitespace_pattern: str | None = None
+    backend: str | None = None
 
 
 class SamplingFields(BaseModel):
@@ -71,6 +105,17 @@ class SamplingFields(BaseModel):
     request_id: str | None = Field(None, min_length=1, max_length=256)
     return_token_ids: StrictBool | None = False
     response_format: ResponseFormat | None = None
+    # Structured outputs by vLLM's names (engine spec built in worker/openai/structured.py) and SGLang's.
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: str | dict[str, Any] | bool | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: str | dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check_best_of(self) -> SamplingFields:

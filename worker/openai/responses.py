@@ -7,12 +7,14 @@ the generated text comes back as one `message` output item, whole or as OpenAI's
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from engine.structured.spec import StructuredSpec
 from worker.openai.chat import ChatCall, chat_call
 from worker.openai.errors import BadRequest, ResponseNotFound, error_body, status_of
 from worker.openai.generation import Collected, collect, engine_request_id, start
@@ -67,11 +69,32 @@ def _chat_call(request: ResponsesRequest, conversation: list[dict[str, Any]], ru
     """The chat generation behind a response; with truncation "auto", the oldest turns go until the prompt fits."""
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []
     messages = chat_messages(conversation)
+    spec = _text_format_spec(request)
     while True:
         call = chat_call(ChatCompletionRequest.model_validate(_chat_fields(request, system + messages, model)), runtime)
         if request.truncation != "auto" or _fits(call, runtime.max_model_len) or len(messages) <= 1:
-            return call
+            break
         messages = _drop_oldest_turn(messages)
+    if spec is not None:
+        if call.params.structured is not None:
+            raise BadRequest(f"only one structured output constraint is allowed per request, got text.format and "
+                             f"{call.params.structured.param}", param=call.params.structured.param)
+        call.params = dataclasses.replace(call.params, structured=spec)
+    return call
+
+
+def _text_format_spec(request: ResponsesRequest) -> StructuredSpec | None:
+    """`text.format` as the engine's constraint: json_object, or json_schema with its name and schema."""
+    fmt = request.text.format if request.text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return StructuredSpec("json_object", "", param="text.format")
+    if not fmt.name:
+        raise BadRequest("text.format.name is required for a json_schema format", param="text.format.name")
+    if fmt.json_schema is None:
+        raise BadRequest("text.format.schema is required for a json_schema format", param="text.format.schema")
+    return StructuredSpec.json_schema(fmt.json_schema, "text.format")
 
 
 def _fits(call: ChatCall, limit: int) -> bool:
@@ -95,10 +118,6 @@ def _chat_fields(request: ResponsesRequest, messages: list[dict[str, Any]], mode
                   tools=chat_tools(request.tools), tool_choice=chat_tool_choice(request.tool_choice))
     if request.wants_logprobs:
         fields.update(logprobs=True, top_logprobs=request.top_logprobs or 0)
-    text_format = request.text.format if request.text is not None else None
-    if text_format is not None and text_format.type != "text":
-        raise BadRequest(f"text.format type {text_format.type!r} is not supported yet; only 'text' is",
-                         param="text.format")
     kwargs = dict(fields.get("chat_template_kwargs") or {})
     if request.reasoning is not None and request.reasoning.effort is not None:
         kwargs.setdefault("reasoning_effort", request.reasoning.effort)
