@@ -95,7 +95,7 @@ class LLMEngine:
                 enforce_eager=config.enforce_eager)
         self._seq_ids = count()
         self._arrivals = count()
-        self.processor = OutputProcessor(self.tokenizer, self.scheduler, self.max_model_len,
+        self.processor = OutputProcessor(self.tokenizer, self.max_model_len,
                                          lambda: next(self._seq_ids))
         self._groups: dict[str, SequenceGroup] = {}
         self._failures: list[tuple[str, Exception]] = []
@@ -276,18 +276,24 @@ class LLMEngine:
                 self._fail(group, exc)
             return []
         self.scheduler.commit(out)
-        outputs = []
+        outputs, done, failed = [], [], []
         for group, items in by_group.values():
             try:
                 output = self.processor.process(group, items, result)
             except Exception as exc:
-                self._fail(group, exc)
+                failed.append((group, exc))
                 continue
             if group.finished:
-                self._groups.pop(group.request_id, None)
-                self.scheduler.remove(group)
+                done.append(group)
             if output is not None:
                 outputs.append(output)
+        # NOTE: the pages settle before any group leaves: a choice may fork and finish within this step.
+        self.scheduler.postprocess(*self.processor.take_page_changes())
+        for group in done:
+            self._groups.pop(group.request_id, None)
+            self.scheduler.remove(group)
+        for group, exc in failed:
+            self._fail(group, exc)
         return outputs
 
     def describe(self) -> dict:

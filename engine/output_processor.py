@@ -7,19 +7,27 @@ from collections.abc import Callable
 from engine.detokenizer import Detokenizer, token_bytes, token_text
 from engine.model_runner import Sample, StepResult
 from engine.outputs import CompletionDelta, Logprob, PositionLogprobs, RequestOutput
-from engine.scheduler import ScheduledSeq, Scheduler
+from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence, SequenceGroup
 
 
 class OutputProcessor:
     """Turns one step's samples into sequence state and the deltas each request reports."""
 
-    def __init__(self, tokenizer, scheduler: Scheduler, max_model_len: int, new_seq_id: Callable[[], int]) -> None:
+    def __init__(self, tokenizer, max_model_len: int, new_seq_id: Callable[[], int]) -> None:
         self.tokenizer = tokenizer
-        self.scheduler = scheduler
         self.max_model_len = max_model_len
         self.new_seq_id = new_seq_id
         self._pieces: dict[int, tuple[str, bytes]] = {}  # token id -> its text and bytes, for logprobs
+        # Page changes of this step, handed to Scheduler.postprocess by the engine (the pages' one owner).
+        self.forked: list[Sequence] = []
+        self.finished: list[Sequence] = []
+
+    def take_page_changes(self) -> tuple[list[Sequence], list[Sequence]]:
+        """(new forks, finished sequences) since the last call."""
+        changes = (self.forked, self.finished)
+        self.forked, self.finished = [], []
+        return changes
 
     def process(self, group: SequenceGroup, items: list[tuple[int, ScheduledSeq]], result: StepResult
                 ) -> RequestOutput | None:
@@ -59,14 +67,8 @@ class OutputProcessor:
         return self._request_output(group, deltas, finished=True, generated=group.seqs)
 
     def _fork(self, group: SequenceGroup) -> None:
-        """The first token is in: every choice takes its own share of the prompt's pages."""
-        parent = group.seqs[0]
-        for child in group.seqs[1:]:
-            child.pages = list(parent.pages)
-            child.num_computed_tokens = parent.num_computed_tokens
-            child.page_hashes = list(parent.page_hashes)
-            self.scheduler.allocator.share(child.pages)
-        group.forked = True
+        """The first token is in: every choice takes its own copy of the prompt's page table."""
+        self.forked += [child for _, child in group.fork_choices()]
 
     def _append(self, group: SequenceGroup, seq: Sequence, sample: Sample) -> CompletionDelta:
         p = group.params
@@ -97,7 +99,7 @@ class OutputProcessor:
             seq.finish_reason = "length"
         if seq.finished:
             text += seq.detokenizer.flush()
-            self.scheduler.free_seq(seq)
+            self.finished.append(seq)
         seq.text += text
         return CompletionDelta(seq.index, text, [token], logprobs, seq.finish_reason, seq.stop_reason)
 
@@ -112,7 +114,7 @@ class OutputProcessor:
             parent = old[beam.parent]
             if beam.parent in reused:
                 child = parent.fork(self.new_seq_id())
-                self.scheduler.allocator.share(child.pages)
+                self.forked.append(child)
             else:
                 reused.add(beam.parent)
                 child = parent
@@ -121,13 +123,10 @@ class OutputProcessor:
             seq.append(beam.token_ids[-1], beam.logprobs[-1])
             if seq.grammar is not None:
                 seq.grammar.accept(beam.token_ids[-1])
-        for j, seq in enumerate(old):
-            if j not in reused:
-                self.scheduler.free_seq(seq)
+        self.finished += [seq for j, seq in enumerate(old) if j not in reused]
         group.seqs, group.forked = seqs, True
         if group.beam.done:
-            for seq in seqs:
-                self.scheduler.free_seq(seq)
+            self.finished += seqs
             group.seqs = []
 
     def _final(self, group: SequenceGroup) -> RequestOutput:

@@ -75,6 +75,14 @@ class Scheduler:
         elif group in self.waiting:
             self.waiting.remove(group)
 
+    def postprocess(self, forked: list[Sequence], finished: list[Sequence]) -> None:
+        """After a step: new forks take their references to the pages they copied, finished sequences give
+        theirs back. NOTE: shares first, since a choice can fork and finish in the same step."""
+        for seq in forked:
+            self.allocator.share(seq.pages)
+        for seq in finished:
+            self.free_seq(seq)
+
     def free_seq(self, seq: Sequence) -> None:
         self.allocator.free(seq.pages)
         seq.reset()

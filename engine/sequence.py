@@ -75,7 +75,7 @@ class Sequence:
         return self.page_hashes[:count]
 
     def fork(self, seq_id: int) -> Sequence:
-        """A copy of this sequence's tokens and page table; the caller takes the extra page references."""
+        """A copy of this sequence's tokens and page table; the scheduler takes the extra page references."""
         return Sequence(
             seq_id=seq_id,
             token_ids=list(self.token_ids),
@@ -117,6 +117,17 @@ class SequenceGroup:
         self.forked = self.forked or (len(self.seqs) == 1 and self.beam is None)
         if self.params.prompt_logprobs is not None:
             self.prompt_logprobs = [None] * len(self.prompt_token_ids)
+
+    def fork_choices(self) -> list[tuple[Sequence, Sequence]]:
+        """The first token is in: every other choice copies the lead's page table and computed length.
+        Returns the (lead, choice) pairs whose page references the scheduler must then take."""
+        lead = self.seqs[0]
+        for child in self.seqs[1:]:
+            child.pages = list(lead.pages)
+            child.num_computed_tokens = lead.num_computed_tokens
+            child.page_hashes = list(lead.page_hashes)
+        self.forked = True
+        return [(lead, child) for child in self.seqs[1:]]
 
     @property
     def running(self) -> list[Sequence]:

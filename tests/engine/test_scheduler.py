@@ -51,16 +51,13 @@ class Driver:
             needed = -(-(s.start + s.num_tokens) // self.page_size)
             assert len(s.seq.pages) == needed, "pages cover exactly the tokens scheduled"
         self.sched.commit(out)
+        forked, finished, done = [], [], []
         for s in out.scheduled:
             if not s.samples:
                 continue
             g = s.group
-            if not g.forked:
-                parent = g.seqs[0]
-                for child in g.seqs[1:]:
-                    child.pages, child.num_computed_tokens = list(parent.pages), parent.num_computed_tokens
-                    self.alloc.share(child.pages)
-                g.forked = True
+            if not g.forked:  # the engine's own fork: the choices copy the lead's page table
+                forked += [child for _, child in g.fork_choices()]
                 targets = g.seqs
             else:
                 targets = [s.seq]
@@ -68,10 +65,13 @@ class Driver:
                 seq.append(fake_token(seq), 0.0)
                 if len(seq.output_token_ids) == g.params.max_tokens:
                     seq.finish_reason = "length"
-                    self.sched.free_seq(seq)
+                    finished.append(seq)
             if g.finished:
-                self.sched.remove(g)
-                self.finished.append(g)
+                done.append(g)
+        self.sched.postprocess(forked, finished)  # as the engine does after each step
+        for g in done:
+            self.sched.remove(g)
+            self.finished.append(g)
         self.alloc.check()
         self.steps.append(out)
         return out
