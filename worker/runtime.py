@@ -8,9 +8,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
+from worker.openai.reasoning import pick_reasoning
 from worker.openai.response_store import ResponseStore
+from worker.openai.tools.registry import model_type, pick_format, template_text
 from worker.settings import Settings, accepted_model_names
 from worker.shutdown import Drain
 
@@ -39,6 +42,27 @@ class Runtime:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @cached_property
+    def tool_format(self) -> str:
+        """The tool-call format of the served chat template (TOOL_CALL_PARSER, else read from it and the family)."""
+        return self.formats_for(None)[0]
+
+    @cached_property
+    def reasoning_format(self) -> str | None:
+        """The reasoning parser of the served chat template (REASONING_PARSER, else read from it); None: none."""
+        return self.formats_for(None)[1]
+
+    def template_for(self, chat_template: str | None) -> str:
+        """The chat template text a request renders with: its own, else CUSTOM_CHAT_TEMPLATE, else the model's."""
+        return chat_template or self.settings.custom_chat_template or template_text(
+            getattr(self.tokenizer, "chat_template", None))
+
+    def formats_for(self, chat_template: str | None) -> tuple[str, str | None]:
+        """(tool-call format, reasoning parser) for a request's own chat template (None: the served one)."""
+        text = self.template_for(chat_template)
+        return (pick_format(text, model_type(self.settings.model_path), self.settings.tool_call_parser),
+                pick_reasoning(text, self.settings.reasoning_parser))
 
 
 _current: Runtime | None = None
@@ -101,5 +125,6 @@ def describe(runtime: Runtime) -> str:
         f"model={info['model']} served_as={runtime.served_model_name} backend={info['backend']} "
         f"dtype={info['dtype']}{quantization} device={info['device']}{threads} "
         f"kv_pages={info['kv_pages']}x{info['page_size']} ({info['kv_bytes'] / 2**20:.0f} MiB) "
-        f"max_model_len={runtime.max_model_len}"
+        f"max_model_len={runtime.max_model_len} tool_calls={runtime.tool_format} "
+        f"reasoning={runtime.reasoning_format or 'none'}"
     )

@@ -40,6 +40,11 @@ class Settings(BaseModel):
     raw_openai_output: bool = Field(True, alias="RAW_OPENAI_OUTPUT")
     custom_chat_template: str | None = Field(None, alias="CUSTOM_CHAT_TEMPLATE")
 
+    # Tool calls and reasoning: the formats are read from the chat template unless these name one
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral", "generic"] = Field(
+        "auto", alias="TOOL_CALL_PARSER")
+    reasoning_parser: Literal["auto", "qwen3", "deepseek_r1", "none"] = Field("auto", alias="REASONING_PARSER")
+
     # Engine
     max_model_len: int | None = Field(None, alias="MAX_MODEL_LEN", ge=1)
     max_num_seqs: int = Field(256, alias="MAX_NUM_SEQS", ge=1)
@@ -92,7 +97,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     if "DTYPE" in values:
         dtype = values["DTYPE"].strip().lower()
         values["DTYPE"] = _DTYPE_ALIASES.get(dtype, dtype)
-    for key in ("DEVICE", "ATTENTION_BACKEND", "QUANTIZATION"):
+    for key in ("DEVICE", "ATTENTION_BACKEND", "QUANTIZATION", "TOOL_CALL_PARSER", "REASONING_PARSER"):
         if key in values:
             values[key] = values[key].strip().lower()
     try:

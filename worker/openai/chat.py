@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from engine.outputs import CompletionDelta, RequestOutput
+from engine.outputs import CompletionDelta, CompletionOutput, RequestOutput
 from engine.sampling import SamplingParams
-from worker.openai.chat_template import ChatPrompt, render_chat
+from engine.structured.spec import StructuredSpec
+from worker.openai.chat_deltas import delta_dicts
+from worker.openai.chat_output import OutputFormat, OutputStream, ParsedOutput, reasoning_tokens
+from worker.openai.chat_template import ChatPrompt, render_chat, template_messages
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, collect, engine_request_id, response_id, start
 from worker.openai.logprobs import chat_logprobs, prompt_logprobs
 from worker.openai.models import check_model
 from worker.openai.params import openai_sampling_params
 from worker.openai.protocol import ChatCompletionRequest
+from worker.openai.reasoning import closes_reasoning, starts_in_reasoning
+from worker.openai.tools.constraints import tool_constraint
+from worker.openai.tools.definitions import check_tool_choice, check_tools
+from worker.openai.tools.plan import ToolPlan
 from worker.openai.usage import usage
 from worker.runtime import Runtime
 
@@ -33,10 +41,25 @@ class ChatCall:
     model: str
     role: str
     echo: str  # the final message's text when `echo` asks for it, else ""
+    tools: ToolPlan | None = None
+    output: OutputFormat = field(default_factory=OutputFormat)  # how answers are read (calls, reasoning)
 
     @property
     def stream(self) -> bool:
         return bool(self.request.stream)
+
+
+def parse_chat_output(call: ChatCall, text: str) -> ParsedOutput:
+    """A finished answer of `call` read as `(reasoning, content, tool_calls)`: reasoning None when there was none,
+    content None when calls came without text, calls as ToolCall(id, name, arguments JSON text)."""
+    return call.output.parse(text)
+
+
+def chat_output_stream(call: ChatCall) -> OutputStream:
+    """A reader for one answer of `call` as it streams: `push(delta_text)` and, at the end, `finish()` each return
+    events (ReasoningDelta, ContentDelta, ToolCallStarted(index, id, name), ToolCallArguments(index, fragment));
+    use one reader per choice. Its events joined give what parse_chat_output gives for the whole text."""
+    return call.output.stream()
 
 
 def prepare_chat(body: Any, runtime: Runtime) -> ChatCall:
@@ -50,22 +73,66 @@ def chat_call(request: ChatCompletionRequest, runtime: Runtime) -> ChatCall:
     """A parsed request made ready to run: model name, sampling parameters, the rendered template."""
     model = check_model(runtime, request.model)
     params = openai_sampling_params(request, runtime.max_model_len)
-    prompt = render_chat(
-        runtime.tokenizer,
+    prompt, plan, output, constraint = render_with_tools(
+        runtime,
         request.messages,
-        chat_template=request.chat_template or runtime.settings.custom_chat_template,
+        tools=request.tools,
+        tool_choice=request.tool_choice,
+        parallel=request.parallel_tool_calls is not False,
+        separate_reasoning=request.separate_reasoning,
+        chat_template=request.chat_template,
         add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
         add_special_tokens=request.add_special_tokens,
         documents=request.documents,
-        tools=request.tools,
         template_kwargs=request.chat_template_kwargs,
     )
+    params = tool_params(params, plan, runtime, constraint)
     last = prompt.messages[-1]
     role = runtime.settings.response_role
     echo = last["content"] if request.echo and last["role"] == role else ""
     return ChatCall(runtime, request, prompt, params, response_id("chatcmpl", request.request_id),
-                    int(time.time()), model, role, echo)
+                    int(time.time()), model, role, echo, plan, output)
+
+
+def render_with_tools(runtime: Runtime, messages: list[Any], *, tools: list[Any] | None, tool_choice: Any,
+                      parallel: bool = True, separate_reasoning: bool = True, chat_template: str | None = None,
+                      **render: Any) -> tuple[ChatPrompt, ToolPlan, OutputFormat, StructuredSpec | None]:
+    """The prompt with the tools shown as the model's format wants them, how its answers are read, and the grammar
+    its calls are held to (None: decoding is free).
+
+    `chat_template` is a request's own template (its formats are read from it); `render` goes to render_chat.
+    """
+    tool_format, reasoning = (runtime.formats_for(chat_template) if chat_template
+                              else (runtime.tool_format, runtime.reasoning_format))
+    checked = check_tools(tools)
+    plan = ToolPlan(tool_format, checked, check_tool_choice(tool_choice, checked), parallel)
+    shown, template_tools = plan.template_inputs(template_messages(messages))
+    prompt = render_chat(runtime.tokenizer, shown, chat_template=chat_template or runtime.settings.custom_chat_template,
+                         tools=template_tools, **render)
+    in_reasoning = reasoning is not None and starts_in_reasoning(reasoning, prompt.text)
+    output = OutputFormat(plan.parser, plan.parallel, reasoning, in_reasoning, separate_reasoning)
+    # A prompt that closed the reasoning (Qwen3's enable_thinking false) leaves none to wait for before the calls.
+    thinks = None if reasoning is None or closes_reasoning(prompt.text) else reasoning
+    constraint = tool_constraint(plan, runtime.template_for(chat_template), thinks, in_reasoning)
+    return prompt, plan, output, constraint
+
+
+def tool_params(params: SamplingParams, plan: ToolPlan, runtime: Runtime,
+                constraint: StructuredSpec | None) -> SamplingParams:
+    """The sampling parameters with what the tool calls need: their grammar, and special tokens kept in the text
+    when the format's markup is one."""
+    changes: dict[str, Any] = {}
+    if plan.keeps_special_tokens(runtime.tokenizer):
+        changes["skip_special_tokens"] = False
+    if constraint is not None:
+        if params.structured is None:
+            changes["structured"] = constraint
+        elif plan.choice.mode in ("required", "named"):
+            raise BadRequest(f"tool_choice {plan.choice.mode!r} constrains the answer to tool calls, which conflicts "
+                             f"with the request's {params.structured.param}", param="tool_choice")
+        # With "auto", the request's own constraint wins and calls are read from the free text.
+    return dataclasses.replace(params, **changes) if changes else params
 
 
 async def complete_chat(call: ChatCall) -> dict[str, Any]:
@@ -78,13 +145,16 @@ async def complete_chat(call: ChatCall) -> dict[str, Any]:
 def chat_response(call: ChatCall, result: Collected) -> dict[str, Any]:
     request = call.request
     choices = []
+    thinking = 0
     for index in sorted(result.choices):
         choice = result.choices[index]
+        message, calls, tokens = _message(call, choice)
+        thinking += tokens
         item: dict[str, Any] = {
             "index": index,
-            "message": {"role": call.role, "content": call.echo + choice.text, "refusal": None, "annotations": []},
+            "message": message,
             "logprobs": chat_logprobs(choice.logprobs or [], request.top_logprobs or 0) if request.logprobs else None,
-            "finish_reason": choice.finish_reason,
+            "finish_reason": _finish_reason(choice.finish_reason, calls),
             "stop_reason": choice.stop_reason,
         }
         if request.return_token_ids:
@@ -96,13 +166,41 @@ def chat_response(call: ChatCall, result: Collected) -> dict[str, Any]:
         "created": call.created,
         "model": call.model,
         "choices": choices,
-        "usage": usage(result.num_prompt_tokens, result.num_generated_tokens, result.num_cached_tokens),
+        "usage": usage(result.num_prompt_tokens, result.num_generated_tokens, result.num_cached_tokens,
+                       thinking if call.output.reasoning else None),
     }
     if request.return_token_ids:
         response["prompt_token_ids"] = result.prompt_token_ids
     if request.prompt_logprobs is not None:
         response["prompt_logprobs"] = prompt_logprobs(result.prompt_logprobs)
     return response
+
+
+def _message(call: ChatCall, choice: CompletionOutput) -> tuple[dict[str, Any], bool, int]:
+    """A choice's `message`, whether it calls tools, and how many of its tokens were reasoning."""
+    if call.output.plain:
+        return {"role": call.role, "content": call.echo + choice.text, "refusal": None, "annotations": []}, False, 0
+    parsed, end = call.output.read(choice.text)
+    content = call.echo + (parsed.content or "") if call.echo else parsed.content
+    message: dict[str, Any] = {"role": call.role, "content": content, "refusal": None, "annotations": []}
+    if parsed.tool_calls:
+        message["tool_calls"] = [c.to_openai() for c in parsed.tool_calls]
+    if call.output.reasoning:
+        # SGLang and LangChain read `reasoning_content`; current vLLM sends `reasoning`.
+        message["reasoning_content"] = message["reasoning"] = parsed.reasoning
+    tokens = _reasoning_tokens(call, choice.token_ids, end)
+    return message, bool(parsed.tool_calls), tokens
+
+
+def _reasoning_tokens(call: ChatCall, token_ids: list[int], end: int | None) -> int:
+    if not call.output.reasoning:
+        return 0
+    return reasoning_tokens(call.runtime.tokenizer, token_ids, end, call.params.skip_special_tokens)
+
+
+def _finish_reason(reason: str | None, called: bool) -> str | None:
+    """"tool_calls" when an answer that ended by itself called tools (one cut short keeps "length")."""
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 async def stream_chat(call: ChatCall) -> AsyncIterator[dict[str, Any]]:
@@ -136,41 +234,69 @@ async def stream_chat(call: ChatCall) -> AsyncIterator[dict[str, Any]]:
             delta = {"role": call.role, "content": call.echo}
             yield chunk({"index": index, "delta": delta, "logprobs": None, "finish_reason": None}, opening=True,
                         **(first_extra if index == 0 else {}))
+        readers = {i: _Reader(call) for i in range(request.n)}
         async for output in started:
             last = output
             for delta in output.outputs:
-                for choice in _delta_choices(call, delta):
+                reader = readers.setdefault(delta.index, _Reader(call))
+                for choice in _delta_choices(call, delta, reader):
                     yield chunk(choice)
         if include_usage:
+            thinking = sum(r.reasoning_tokens() for r in readers.values()) if call.output.reasoning else None
             yield {"id": call.id, "object": "chat.completion.chunk", "created": call.created, "model": call.model,
-                   "choices": [], "usage": _usage(last)}
+                   "choices": [], "usage": _usage(last, reasoning=thinking)}
     finally:
         await started.aclose()
 
 
-def _delta_choices(call: ChatCall, delta: CompletionDelta) -> list[dict[str, Any]]:
-    """A delta's content chunk (when it carries text or tokens a client asked to see) and its finish chunk."""
+class _Reader:
+    """One streamed choice's parser and the token ids it has seen (for counting its reasoning tokens)."""
+
+    def __init__(self, call: ChatCall) -> None:
+        self.call = call
+        self.stream = None if call.output.plain else call.output.stream()
+        self.token_ids: list[int] = []
+
+    def reasoning_tokens(self) -> int:
+        end = self.stream.reasoning_end if self.stream is not None else None
+        return _reasoning_tokens(self.call, self.token_ids, end)
+
+
+def _delta_choices(call: ChatCall, delta: CompletionDelta, reader: _Reader) -> list[dict[str, Any]]:
+    """A delta's chunks (when it carries text or tokens a client asked to see) and its finish chunk."""
     request = call.request
+    reader.token_ids += delta.token_ids
     out = []
     shows_tokens = bool(delta.token_ids) and (request.logprobs or request.return_token_ids)
-    if delta.text or shows_tokens:
+    if reader.stream is None:
+        deltas = [{"content": delta.text}] if delta.text else []
+    else:
+        events = reader.stream.push(delta.text)
+        if delta.finish_reason is not None:
+            events += reader.stream.finish()
+        deltas = delta_dicts(events)
+    if shows_tokens and not deltas:
+        deltas = [{"content": ""}]  # the tokens' text is held back (it may be markup), their logprobs are not
+    for i, body in enumerate(deltas):  # the delta's logprobs and token ids go with its first chunk
         choice: dict[str, Any] = {
             "index": delta.index,
-            "delta": {"content": delta.text},
-            "logprobs": chat_logprobs(delta.logprobs or [], request.top_logprobs or 0) if request.logprobs else None,
+            "delta": body,
+            "logprobs": chat_logprobs(delta.logprobs or [], request.top_logprobs or 0)
+            if request.logprobs and i == 0 else None,
             "finish_reason": None,
         }
         if request.return_token_ids:
-            choice["token_ids"] = list(delta.token_ids)
+            choice["token_ids"] = list(delta.token_ids) if i == 0 else []
         out.append(choice)
     if delta.finish_reason is not None:
-        out.append({"index": delta.index, "delta": {}, "logprobs": None, "finish_reason": delta.finish_reason,
-                    "stop_reason": delta.stop_reason})
+        called = reader.stream is not None and reader.stream.called
+        out.append({"index": delta.index, "delta": {}, "logprobs": None,
+                    "finish_reason": _finish_reason(delta.finish_reason, called), "stop_reason": delta.stop_reason})
     return out
 
 
-def _usage(output: RequestOutput, generated: int | None = None) -> dict[str, Any]:
+def _usage(output: RequestOutput, generated: int | None = None, reasoning: int | None = None) -> dict[str, Any]:
     """Usage as of `output`; `generated` overrides its completion-token count."""
     prompt_tokens = output.num_prompt_tokens or len(output.prompt_token_ids)
     completion = output.num_generated_tokens if generated is None else generated
-    return usage(prompt_tokens, completion, output.num_cached_tokens)
+    return usage(prompt_tokens, completion, output.num_cached_tokens, reasoning)

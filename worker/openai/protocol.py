@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from worker.openai.errors import BadRequest
+from worker.openai.tools.definitions import check_tool_choice, check_tools
 
 MAX_LOGPROBS = 20
 INT64 = 2**63
@@ -126,14 +127,39 @@ class SamplingFields(BaseModel):
         return self
 
 
+class MessageFunction(BaseModel):
+    """The function a call of the history named, and its arguments (JSON text as returned, or an object)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] | None = None
+
+
+class MessageToolCall(BaseModel):
+    """A call in an assistant message of the history, as the chat API returned it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: MessageFunction
+
+
 class ChatMessage(BaseModel):
-    """One chat message; content may be a string or a list of content parts (text only here)."""
+    """One chat message; content may be a string or a list of content parts (text only here).
+
+    An assistant turn may carry `tool_calls` (its content then may be null) and a `tool` turn the
+    `tool_call_id` it answers; both reach the chat template (worker/openai/tools/prompt.py).
+    """
 
     model_config = ConfigDict(extra="allow")
 
     role: str = Field(min_length=1)
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -150,18 +176,16 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Any] | None = None  # checked by worker/openai/tools/definitions.py, naming tools[i]...
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    separate_reasoning: StrictBool = True  # SGLang's: false keeps the reasoning in the content as written
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise BadRequest("logprobs must be true when top_logprobs is set", param="top_logprobs")
-        if self.tool_choice not in (None, "auto", "none"):
-            # NOTE: tools reach the chat template, so a model may answer with a call in its text; forcing one
-            # ("required", a named function) would take constrained decoding, which the worker does not do.
-            raise BadRequest(f"tool_choice {self.tool_choice!r} is not supported: the worker gives the tools to the "
-                             "chat template but cannot force a tool call; use 'auto' or 'none'", param="tool_choice")
+        check_tool_choice(self.tool_choice, check_tools(self.tools))
         if self.continue_final_message and self.add_generation_prompt:
             raise BadRequest("continue_final_message and add_generation_prompt cannot both be true; "
                              "set add_generation_prompt to false to continue the final message",

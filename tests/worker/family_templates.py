@@ -1,0 +1,35 @@
+"""Chat templates written to each family's published format (condensed from the ones the models ship with,
+in templates/), for tests that cannot download them: which tool-call and reasoning format is picked, how
+tools and their history render, and the tiny random-weight models served with them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent / "templates"
+
+
+def _read(name: str) -> str:
+    return (HERE / name).read_text()
+
+
+# Qwen2.5 (and Hermes 2 Pro / 3): tools in the system turn as <tools>, calls as <tool_call>, results as
+# <tool_response> inside a user turn.
+QWEN25 = _read("qwen2.5.jinja")
+_GENERATION_PROMPT = "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+# Qwen3: Qwen2.5's tool format plus thinking; enable_thinking=false closes an empty <think> in the prompt.
+QWEN3 = QWEN25.replace(_GENERATION_PROMPT, (
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"))
+# Qwen3 thinking-2507: the template opens <think> itself; the model writes only its closing tag.
+QWEN3_THINKING = QWEN25.replace(
+    _GENERATION_PROMPT, "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}")
+# Llama 3.1 / 3.2: JSON calls with "parameters", tools in the first user turn, results as ipython turns.
+LLAMA31 = _read("llama3.1.jinja")
+# Mistral 7B Instruct v0.3: [AVAILABLE_TOOLS] before the last user turn, calls after [TOOL_CALLS], results in
+# [TOOL_RESULTS]; call ids must be 9 alphanumeric characters.
+MISTRAL_V3 = _read("mistral-v0.3.jinja")
+# DeepSeek-R1 (distills): the generation prompt pre-fills <think>; no tool support in this form.
+DEEPSEEK_R1 = _read("deepseek-r1.jinja")
+assert _GENERATION_PROMPT in QWEN25 and QWEN3 != QWEN25 and QWEN3_THINKING != QWEN25

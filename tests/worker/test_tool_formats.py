@@ -1,0 +1,108 @@
+"""Which tool-call format each family's chat template gets, and how tools and tool history reach the prompt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from family_templates import DEEPSEEK_R1, LLAMA31, MISTRAL_V3, QWEN3, QWEN25
+from pydantic import ValidationError
+
+from worker.openai.chat_template import render_chat, template_messages
+from worker.openai.errors import BadRequest, error_body
+from worker.openai.protocol import ChatCompletionRequest
+from worker.openai.tools.definitions import ToolChoice, check_tools
+from worker.openai.tools.plan import ToolPlan
+from worker.openai.tools.registry import pick_format
+from worker.settings import SettingsError, load_settings
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_0123456789abcdef01234567", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_0123456789abcdef01234567", "content": '{"celsius": 21}'},
+]
+
+
+def test_the_format_comes_from_the_template_then_the_family_then_generic(tokenizer) -> None:
+    assert pick_format(QWEN25, "qwen2") == "hermes" and pick_format(QWEN3, "qwen3") == "hermes"
+    assert pick_format(LLAMA31, "llama") == "llama3_json"
+    assert pick_format(MISTRAL_V3, "mistral") == "mistral"
+    # Templates that know no tools (the default model's ChatML, DeepSeek-R1's short form) get the generic one.
+    assert pick_format(tokenizer.chat_template, "llama") == "generic" and pick_format(DEEPSEEK_R1, "qwen2") == "generic"
+    # A template that takes tools with markup of its own: the family decides.
+    assert pick_format("{% for t in tools %}{{ t | tojson }}{% endfor %}", "qwen3") == "hermes"
+    assert pick_format(QWEN25, "qwen2", "mistral") == "mistral" and pick_format(QWEN25, "qwen2", "auto") == "hermes"
+
+
+def _render(tokenizer, fmt: str, template: str | None, messages: list, choice: str = "auto") -> str:
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": messages, "tools": [WEATHER]})
+    plan = ToolPlan(fmt, check_tools([WEATHER]), ToolChoice(choice))
+    shown, tools = plan.template_inputs(template_messages(request.messages))
+    return render_chat(tokenizer, shown, chat_template=template, tools=tools).text
+
+
+def test_a_second_turn_renders_through_each_familys_template(tokenizer) -> None:
+    qwen = _render(tokenizer, "hermes", QWEN25, HISTORY)
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in qwen
+    assert '<tool_response>\n{"celsius": 21}\n</tool_response>' in qwen and '"description": "The weather' in qwen
+    llama = _render(tokenizer, "llama3_json", LLAMA31, [{"role": "system", "content": "Be brief."}, *HISTORY])
+    assert '{"name": "get_weather", "parameters": {"city": "Paris"}}' in llama and "ipython" in llama
+    # Mistral's template insists on 9-character ids: the worker's ids end in 9 alphanumerics.
+    mistral = _render(tokenizer, "mistral", MISTRAL_V3, HISTORY)
+    assert '"id": "f01234567"' in mistral and '"call_id": "f01234567"' in mistral
+    assert "[AVAILABLE_TOOLS]" in mistral
+
+
+def test_the_generic_format_describes_tools_and_history_as_plain_turns(tokenizer) -> None:
+    text = _render(tokenizer, "generic", None, [{"role": "system", "content": "Be brief."}, *HISTORY,
+                                                {"role": "tool", "tool_call_id": "x", "content": "second result"}])
+    system = text.split("<|im_end|>")[0]
+    assert system.startswith("<|im_start|>system\nBe brief.\n\n# Tools") and json.dumps(WEATHER) in system
+    assert "<tool_call></tool_call>" in system
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            "</tool_call><|im_end|>") in text
+    # Both results of the turn share one user turn.
+    assert ('<|im_start|>user\n<tool_response>\n{"celsius": 21}\n</tool_response>\n<tool_response>\nsecond result\n'
+            "</tool_response><|im_end|>") in text
+    none = _render(tokenizer, "generic", None, HISTORY, choice="none")
+    assert "# Tools" not in none and "<tool_response>" in none  # no tools offered, the history still shown
+
+
+@pytest.mark.parametrize("tools,choice,param", [
+    ([{"type": "function", "function": {"description": "no name"}}], None, "tools[0].function.name"),
+    ([{"type": "function", "function": {"name": "has space"}}], None, "tools[0].function.name"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}], None,
+     "tools[0].function.parameters"),
+    ([{"type": "function", "function": {"name": "f", "parameters": [1]}}], None, "tools[0].function.parameters"),
+    ([WEATHER, WEATHER], None, "tools[1].function.name"),
+    ([{"type": "retrieval"}], None, "tools[0].type"),
+    ([{"type": "function"}], None, "tools[0].function"),
+    ([WEATHER], {"type": "function", "function": {"name": "absent"}}, "tool_choice"),
+    ([WEATHER], "sometimes", "tool_choice"),
+    ([WEATHER], {"type": "function"}, "tool_choice"),
+    (None, "required", "tool_choice"),
+    ({"not": "a list"}, None, "tools"),
+])
+def test_malformed_tools_are_400s_naming_the_parameter(tools, choice, param) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    if choice is not None:
+        body["tool_choice"] = choice
+    with pytest.raises((BadRequest, ValidationError)) as info:
+        ChatCompletionRequest.model_validate(body)
+    error = error_body(info.value)["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error", error
+
+
+def test_the_override_variables_are_checked_and_read_case_blind() -> None:
+    settings = load_settings({"TOOL_CALL_PARSER": " Hermes ", "REASONING_PARSER": "NONE"})
+    assert (settings.tool_call_parser, settings.reasoning_parser) == ("hermes", "none")
+    assert (load_settings({}).tool_call_parser, load_settings({}).reasoning_parser) == ("auto", "auto")
+    for name, value in (("TOOL_CALL_PARSER", "pythonic"), ("REASONING_PARSER", "granite")):
+        with pytest.raises(SettingsError) as info:
+            load_settings({name: value})
+        assert name in str(info.value)

@@ -1,0 +1,140 @@
+"""Reading one generated answer: reasoning split off first, then tool calls parsed from what follows.
+
+`OutputFormat.parse(text)` reads a finished answer; `OutputFormat.stream()` reads one as it arrives. Both
+give the same reasoning, content and calls (the whole form runs the streaming one over the whole text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from worker.openai.reasoning import Piece, ReasoningParser
+from worker.openai.tools.events import (
+    ContentDelta,
+    Event,
+    ReasoningDelta,
+    ToolCall,
+    ToolCallStarted,
+    fold_calls,
+    fold_text,
+)
+from worker.openai.tools.parser import ToolParser
+
+
+class ParsedOutput(NamedTuple):
+    """A finished answer: `(reasoning, content, tool_calls)`; content is None when calls came with no text."""
+
+    reasoning: str | None
+    content: str | None
+    tool_calls: list[ToolCall]
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """How a request's answers are read: its tool-call parser (None: no tools) and its reasoning split."""
+
+    tool_parser: type[ToolParser] | None = None
+    parallel: bool = True
+    reasoning: str | None = None  # the reasoning parser's name; None: no reasoning split
+    in_reasoning: bool = False  # the prompt left the reasoning open
+    separate_reasoning: bool = True  # False (SGLang's option): the reasoning stays in the content as written
+
+    @property
+    def plain(self) -> bool:
+        """Nothing to parse: the text is the content."""
+        return self.tool_parser is None and self.reasoning is None
+
+    def stream(self) -> OutputStream:
+        return OutputStream(self)
+
+    def parse(self, text: str) -> ParsedOutput:
+        return self.read(text)[0]
+
+    def read(self, text: str) -> tuple[ParsedOutput, int | None]:
+        """The parsed answer and where its reasoning ended in `text` (for counting its tokens)."""
+        stream = self.stream()
+        events = stream.push(text) + stream.finish()
+        return stream.result(events), stream.reasoning_end
+
+
+class OutputStream:
+    """One answer read as it arrives: `push(delta_text) -> events`, then `finish() -> events`.
+
+    Events are ContentDelta, ReasoningDelta, ToolCallStarted(index, id, name) and ToolCallArguments(index,
+    fragment) (worker/openai/tools/events.py); markup never shows up in them.
+    """
+
+    def __init__(self, fmt: OutputFormat) -> None:
+        self.format = fmt
+        self.reasoning = ReasoningParser(fmt.in_reasoning) if fmt.reasoning else None
+        self.tools = fmt.tool_parser(fmt.parallel) if fmt.tool_parser else None
+        self.called = False  # some call started
+
+    def push(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        if self.reasoning is None:
+            return self._content(text)
+        return self._pieces(self.reasoning.push(text))
+
+    def finish(self) -> list[Event]:
+        events = self._pieces(self.reasoning.finish()) if self.reasoning is not None else []
+        if self.tools is not None:
+            events += self._seen(self.tools.finish())
+        return events
+
+    @property
+    def reasoning_end(self) -> int | None:
+        """Where the reasoning ended in the text (past its closing tag); the text's length when it never did."""
+        if self.reasoning is None or not self.reasoning.had_reasoning:
+            return None
+        return self.reasoning.end if self.reasoning.end is not None else self.reasoning.seen
+
+    def result(self, events: list[Event]) -> ParsedOutput:
+        """The whole answer that a list of this stream's events describes."""
+        calls = fold_calls(events)
+        content = fold_text(events, ContentDelta)
+        reasoning = fold_text(events, ReasoningDelta)
+        return ParsedOutput(reasoning or None, (content or None) if calls else content, calls)
+
+    def _pieces(self, pieces: list[Piece]) -> list[Event]:
+        events: list[Event] = []
+        for piece in pieces:
+            if piece.part == "content":
+                events += self._content(piece.text)
+            elif self.format.separate_reasoning:
+                if piece.part == "reasoning":
+                    events.append(ReasoningDelta(piece.text))
+            else:
+                events.append(ContentDelta(piece.text))
+        return events
+
+    def _content(self, text: str) -> list[Event]:
+        return self._seen(self.tools.push(text)) if self.tools is not None else [ContentDelta(text)]
+
+    def _seen(self, events: list[Event]) -> list[Event]:
+        self.called = self.called or any(isinstance(e, ToolCallStarted) for e in events)
+        return events
+
+
+def reasoning_tokens(tokenizer: Any, token_ids: list[int], end: int | None, skip_special_tokens: bool = True) -> int:
+    """How many of an answer's tokens it took to write its first `end` characters (the reasoning): the fewest
+    whose text reaches that far, found by halving."""
+    if not end or not token_ids:
+        return 0
+
+    def length(k: int) -> int:
+        return len(tokenizer.decode(token_ids[:k], skip_special_tokens=skip_special_tokens,
+                                    clean_up_tokenization_spaces=False))
+
+    low, high = 1, len(token_ids)
+    if length(high) < end:
+        return high
+    while low < high:
+        mid = (low + high) // 2
+        if length(mid) >= end:
+            high = mid
+        else:
+            low = mid + 1
+    return low

@@ -1,0 +1,118 @@
+"""Reasoning output: `<think> ... </think>` split from the answer, the way the template set it up.
+
+Qwen3 writes `<think>` itself (unless its template opened it in the prompt, as the 2507 thinking models'
+do, or closed it empty for `enable_thinking: false`); DeepSeek-R1's template pre-fills `<think>`, and its
+older distills write no opening tag at all. So whether an answer starts inside the reasoning is read
+from the end of the rendered prompt, and `deepseek_r1` assumes it does when the prompt does not say.
+The parser is picked from the chat template (it mentions `<think>`), or set by REASONING_PARSER.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from worker.openai.tools.parser import held_prefix
+
+OPEN = "<think>"
+CLOSE = "</think>"
+KINDS = ("qwen3", "deepseek_r1")
+
+Part = Literal["reasoning", "content", "markup"]
+
+
+@dataclass
+class Piece:
+    """A run of the generated text: reasoning, answer content, or the tags (and spacing) around them."""
+
+    part: Part
+    text: str
+
+
+def pick_reasoning(template: str | None, override: str | None) -> str | None:
+    """The reasoning parser for a chat template: REASONING_PARSER when set ("none" turns it off), else by the tags."""
+    if override and override != "auto":
+        return None if override == "none" else override
+    if not template or OPEN not in template:
+        return None
+    return "deepseek_r1" if "<｜Assistant｜>" in template else "qwen3"
+
+
+def starts_in_reasoning(kind: str, prompt: str) -> bool:
+    """Whether the answer begins inside the reasoning: the prompt left `<think>` open (or, for DeepSeek-R1,
+    did not close one)."""
+    tail = prompt.rstrip()
+    if tail.endswith(OPEN):
+        return True
+    return kind == "deepseek_r1" and not tail.endswith(CLOSE)
+
+
+def closes_reasoning(prompt: str) -> bool:
+    """Whether the prompt ends by closing the reasoning (Qwen3's template with enable_thinking false)."""
+    return prompt.rstrip().endswith(CLOSE)
+
+
+class ReasoningParser:
+    """One answer's reasoning split: `push(delta) -> pieces`, then `finish() -> pieces`.
+
+    `end` is the offset in the text just past the reasoning (its closing tag included) once it has ended;
+    token counting reads it.
+    """
+
+    def __init__(self, in_reasoning: bool) -> None:
+        self.state = "open" if in_reasoning else "start"
+        self.buffer = ""
+        self.seen = 0  # characters of the text consumed
+        self.end: int | None = None
+        self.had_reasoning = in_reasoning
+
+    def push(self, text: str) -> list[Piece]:
+        self.buffer += text
+        return self._run(final=False)
+
+    def finish(self) -> list[Piece]:
+        pieces = self._run(final=True)
+        if self.buffer:
+            pieces.append(Piece("reasoning" if self.state in ("open", "reasoning") else "content", self.buffer))
+            self._take(len(self.buffer))
+        return [p for p in pieces if p.text]
+
+    def _take(self, n: int) -> str:
+        taken, self.buffer = self.buffer[:n], self.buffer[n:]
+        self.seen += n
+        return taken
+
+    def _run(self, final: bool) -> list[Piece]:
+        pieces: list[Piece] = []
+        while self.buffer:
+            stripped = self.buffer.lstrip()
+            if self.state in ("start", "open"):
+                # The first thing written may (again) be the opening tag.
+                if stripped.startswith(OPEN):
+                    pieces.append(Piece("markup", self._take(len(self.buffer) - len(stripped) + len(OPEN))))
+                    self.state, self.had_reasoning = "reasoning", True
+                elif not final and (not stripped or OPEN.startswith(stripped)):
+                    break
+                else:
+                    self.state = "reasoning" if self.state == "open" else "content"
+            elif self.state == "reasoning":
+                at = self.buffer.find(CLOSE)
+                if at < 0:
+                    keep = 0 if final else held_prefix(self.buffer, (CLOSE,))
+                    pieces.append(Piece("reasoning", self._take(len(self.buffer) - keep)))
+                    break
+                pieces.append(Piece("reasoning", self._take(at)))
+                pieces.append(Piece("markup", self._take(len(CLOSE))))
+                self.end = self.seen
+                self.state = "after"
+            elif self.state == "after":
+                # The spacing between the reasoning and the answer belongs to neither.
+                spacing = len(self.buffer) - len(stripped)
+                if spacing:
+                    pieces.append(Piece("markup", self._take(spacing)))
+                if not self.buffer:
+                    break
+                self.state = "content"
+            else:
+                pieces.append(Piece("content", self._take(len(self.buffer))))
+        return [p for p in pieces if p.text]

@@ -1,0 +1,139 @@
+"""Grammar constraints for tool calls: each format's call markup around each tool's arguments schema, as an
+xgrammar structural tag (engine.structured runs it).
+
+- "required": only calls (one or more; one with parallel_tool_calls false), after any reasoning.
+- a named function: exactly one call of it.
+- "auto": free text until the format's call opening (`<tool_call>`, `{"name": `), then calls only (one with
+  parallel_tool_calls false) until the answer ends: text after calls is no part of the answer anyway.
+  Mistral's `[TOOL_CALLS]` is a special token the grammar cannot offer, so Mistral's "auto" stays free
+  unless a tool is `strict` (then the opening is spelled out in plain tokens).
+
+Arguments are always held to the tool's `parameters` (xgrammar's schemas are strict: no properties beyond
+the listed ones). A schema the grammar engine cannot enforce is a 400 for a `strict` tool; for other tools
+the call's arguments are then held to any JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import InvalidRequest
+from engine.structured.rewrite import lengths_as_patterns
+from engine.structured.spec import StructuredSpec, check_schema
+from worker.openai.errors import BadRequest
+from worker.openai.reasoning import CLOSE as THINK_CLOSE
+from worker.openai.reasoning import OPEN as THINK_OPEN
+from worker.openai.tools.definitions import Tool
+from worker.openai.tools.plan import ToolPlan
+
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# Consecutive whitespace allowed inside arguments: enough to indent deep pretty-printed JSON, not enough for a small
+# model to loop on newlines until max_tokens (a known failure of free whitespace under a grammar).
+MAX_WHITESPACE = 16
+
+
+@dataclass(frozen=True)
+class CallMarkup:
+    """How one format writes a call: `begin` (with {name}) before the arguments, `end` after them."""
+
+    begin: str
+    end: str
+    trigger: str  # the text that opens any call (a prefix of every `begin`)
+    separator: str  # between consecutive calls
+    special_trigger: bool = False  # the trigger is a special token the grammar cannot offer in free text
+
+
+HERMES = CallMarkup('<tool_call>\n{{"name": {name}, "arguments": ', "}\n</tool_call>", "<tool_call>", "\n")
+LLAMA3 = CallMarkup('{{"name": {name}, "parameters": ', "}", '{"name": ', "; ")
+MISTRAL_V11 = CallMarkup("[TOOL_CALLS]{bare}[ARGS]", "", "[TOOL_CALLS]", "", special_trigger=True)
+MISTRAL_V3 = CallMarkup('{{"name": {name}, "arguments": ', "}", "[TOOL_CALLS]", ", ", special_trigger=True)
+MISTRAL_V3_LIST = ("[TOOL_CALLS] [", "]")
+
+
+def markup(plan: ToolPlan, template: str) -> CallMarkup:
+    if plan.format in ("hermes", "generic"):
+        return HERMES
+    if plan.format == "llama3_json":
+        return LLAMA3
+    return MISTRAL_V11 if "[ARGS]" in template else MISTRAL_V3
+
+
+def tool_constraint(plan: ToolPlan, template: str, reasoning: str | None = None,
+                    in_reasoning: bool = False) -> StructuredSpec | None:
+    """The constraint for a request's tool calls, or None when decoding stays free. `reasoning` is the reasoning
+    parser when the answer may think before it calls (None when the prompt closed the reasoning)."""
+    mode = plan.choice.mode
+    if not plan.active:
+        return None
+    style = markup(plan, template)
+    tools = [(i, t) for i, t in enumerate(plan.tools) if mode != "named" or t.name == plan.choice.name]
+    if mode == "auto" and style.special_trigger and not any(t.strict for _, t in tools):
+        return None
+    once = mode == "named" or not plan.parallel
+    specs = [(_begin(style, tool), _schema(tool, i)) for i, tool in tools]
+    if mode == "auto":
+        # Free text until the call markup opens; the calls then run to their end, and so does the answer.
+        fmt: dict[str, Any] = {"type": "dispatch", "rules": [[style.trigger, _calls(style, specs, once)]],
+                               "loop": False}
+    else:
+        fmt = _calls(style, specs, once, opened=False)
+    if reasoning is not None:
+        spacing = {"type": "regex", "pattern": rf"\s{{0,{MAX_WHITESPACE}}}"}
+        fmt = {"type": "sequence", "elements": [_reasoning(in_reasoning), spacing, fmt]}
+    value = json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
+    return StructuredSpec("structural_tag", value, param="tools")
+
+
+def _begin(style: CallMarkup, tool: Tool) -> str:
+    return style.begin.format(name=json.dumps(tool.name, ensure_ascii=False), bare=tool.name)
+
+
+def _tag(begin: str, schema: dict[str, Any], end: str) -> dict[str, Any]:
+    arguments = {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_WHITESPACE}
+    return {"type": "tag", "begin": begin, "content": arguments, "end": end}
+
+
+def _calls(style: CallMarkup, tools: list[tuple[str, dict[str, Any]]], once: bool, opened: bool = True
+           ) -> dict[str, Any]:
+    """One call or more (one when `once`) in the style's markup. `opened`: the trigger was already written, so the
+    first call starts after it."""
+    if style is MISTRAL_V3:  # the calls are objects in one list after the trigger
+        objects = [_tag(begin, schema, style.end) for begin, schema in tools]
+        listed = {"type": "tags_with_separator", "tags": objects, "separator": style.separator, "at_least_one": True,
+                  "stop_after_first": once}
+        begin, end = MISTRAL_V3_LIST
+        return {"type": "tag", "begin": begin[len(style.trigger):] if opened else begin, "content": listed, "end": end}
+    whole = [_tag(begin, schema, style.end) for begin, schema in tools]
+    separated = {"type": "tags_with_separator", "tags": whole, "separator": style.separator, "at_least_one": True,
+                 "stop_after_first": once}
+    if not opened:
+        return separated
+    first = {"type": "or", "elements": [_tag(begin[len(style.trigger):], schema, style.end)
+                                        for begin, schema in tools]}
+    if once:
+        return first
+    more = separated if not style.separator else {
+        "type": "sequence", "elements": [{"type": "const_string", "value": style.separator}, separated]}
+    return {"type": "sequence", "elements": [first, {"type": "optional", "content": more}]}
+
+
+def _schema(tool: Tool, index: int) -> dict[str, Any]:
+    schema = tool.parameters if tool.parameters is not None else ANY_OBJECT
+    param = f"tools[{index}].function.parameters"
+    try:
+        check_schema(schema, param)
+    except InvalidRequest as exc:
+        if tool.strict:
+            raise BadRequest(f"{exc.message}; a strict tool's arguments must be enforceable", param=param) from None
+        return ANY_OBJECT
+    return lengths_as_patterns(schema)  # as the engine does for JSON schemas: the same language, cheaper masks
+
+
+def _reasoning(in_reasoning: bool) -> dict[str, Any]:
+    """The reasoning before forced calls: closing the block the prompt opened, or an optional whole one."""
+    if in_reasoning:
+        return {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": THINK_CLOSE}
+    return {"type": "optional", "content": {"type": "tag", "begin": THINK_OPEN, "content": {"type": "any_text"},
+                                            "end": THINK_CLOSE}}

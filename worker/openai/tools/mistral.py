@@ -1,0 +1,132 @@
+"""`mistral`: `[TOOL_CALLS]` and then either a JSON list of `{"name", "arguments"}` objects (Mistral 7B v0.3,
+Mixtral, Nemo) or, from tokenizer v11 on (Mistral Small 3.2, Magistral, Devstral), `name[ARGS]{...}` per
+call, each after its own `[TOOL_CALLS]`.
+
+`[TOOL_CALLS]` is a special token in Mistral's vocabularies: chat.py keeps special tokens in the text
+while this parser reads it, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from worker.openai.tools.call_reader import JsonScanner
+from worker.openai.tools.events import Event
+from worker.openai.tools.parser import ToolParser, held_prefix
+
+TOOL_CALLS = "[TOOL_CALLS]"
+ARGS = "[ARGS]"
+CALL_ID = "[CALL_ID]"
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_MAX_NAME = 200  # past this without [ARGS], it is not a name
+
+
+class MistralParser(ToolParser):
+    name: ClassVar[str] = "mistral"
+    openers: ClassVar[tuple[str, ...]] = (TOOL_CALLS,)
+
+    def __init__(self, parallel: bool = True) -> None:
+        super().__init__(parallel)
+        self._value = JsonScanner()  # the arguments object of a `name[ARGS]{...}` call
+
+    def enter(self, opener: str) -> None:
+        self.consume(len(TOOL_CALLS))
+        self.phase = "opened"
+
+    def step_calls(self, final: bool, events: list[Event]) -> bool:
+        if self.phase == "opened":
+            self.skip_space()
+            if not self.buffer:
+                return False
+            if self.buffer.startswith("["):
+                self.consume(1)
+                self.phase = "list"
+            else:
+                self.phase = "name"
+            return True
+        if self.phase == "list":
+            return self._list(final, events)
+        if self.phase == "object":
+            read = self.read_object(final, events)
+            if read.end is None:
+                return False
+            self.consume(read.end)
+            self.close_call(read, events)
+            self.phase = "list"
+            return True
+        if self.phase == "name":
+            return self._name(final, events)
+        if self.phase == "args":
+            return self._args(events)
+        return self._between(final)
+
+    def _list(self, final: bool, events: list[Event]) -> bool:
+        self.skip_space(",")
+        if self.buffer.startswith("]"):
+            self.consume(1)
+            self.phase = "between"
+            return True
+        if self.buffer.startswith("{"):
+            self.phase = "object"
+            self.new_object()
+            return True
+        if not self.buffer:
+            return False
+        self.consume(len(self.buffer))
+        self.close_call(None, events)
+        self.phase = "between"
+        return False
+
+    def _name(self, final: bool, events: list[Event]) -> bool:
+        at = self.buffer.find(ARGS)
+        if at < 0:
+            if not final and len(self.buffer) <= _MAX_NAME and "\n" not in self.buffer:
+                return False
+            self.consume(len(self.buffer))
+            self.close_call(None, events)
+            self.phase = "between"
+            return False
+        name = self.buffer[:at].split(CALL_ID)[0].strip()
+        if not _NAME.fullmatch(name):
+            self.consume(at + len(ARGS))
+            self.close_call(None, events)
+            self.phase = "between"
+            return True
+        self.consume(at + len(ARGS))
+        self.start_call(name, events)
+        self.phase = "args"
+        self._value = JsonScanner()
+        return True
+
+    def _args(self, events: list[Event]) -> bool:
+        self.skip_space()
+        if not self.buffer:
+            return False
+        if self.buffer[0] not in "{[":
+            self.close_call(None, events)  # no arguments object: the call takes none
+            self.phase = "between"
+            return True
+        end = self._value.scan(self.buffer)
+        self.stream_arguments(self.buffer if end is None else self.buffer[:end], events)
+        if end is None:
+            return False
+        self.consume(end)
+        self.close_call(None, events)
+        self.phase = "between"
+        return True
+
+    def _between(self, final: bool) -> bool:
+        self.skip_space()
+        if self.buffer.startswith(TOOL_CALLS):
+            self.consume(len(TOOL_CALLS))
+            self.phase = "opened"
+            return True
+        if not self.buffer or (TOOL_CALLS.startswith(self.buffer) and not final):
+            return False
+        at = self.buffer.find(TOOL_CALLS)
+        if at >= 0:
+            self.consume(at)
+            return True
+        self.consume(len(self.buffer) - (0 if final else held_prefix(self.buffer, (TOOL_CALLS,))))
+        return False

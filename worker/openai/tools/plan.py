@@ -1,0 +1,53 @@
+"""ToolPlan: one request's tools, tool_choice and format, and what they change in the prompt and the output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from worker.openai.tools.definitions import Tool, ToolChoice
+from worker.openai.tools.parser import ToolParser
+from worker.openai.tools.prompt import generic_messages, template_messages
+from worker.openai.tools.registry import PARSERS
+
+
+@dataclass
+class ToolPlan:
+    """`format` is the parser's name (registry.PARSERS); `parallel` False allows one call per answer."""
+
+    format: str
+    tools: list[Tool]
+    choice: ToolChoice
+    parallel: bool = True
+
+    @property
+    def active(self) -> bool:
+        """Whether the model is offered the tools (and its answer read for calls)."""
+        return bool(self.tools) and self.choice.mode != "none"
+
+    @property
+    def parser(self) -> type[ToolParser] | None:
+        return PARSERS[self.format] if self.active else None
+
+    def template_inputs(
+            self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """(messages, tools) for the chat template. With "none" the tools are left out, as the model may not call
+        them; the history's calls and results still render."""
+        tools = self.tools if self.active else []
+        if self.format == "generic":
+            return generic_messages(messages, tools, self.parallel, self.choice), None
+        return template_messages(messages, short_ids=self.format == "mistral"), [t.spec for t in tools] or None
+
+    def keeps_special_tokens(self, tokenizer: Any) -> bool:
+        """Whether the answer must keep special tokens for the parser to see its markup (Mistral's [TOOL_CALLS]
+        and Llama's <|python_tag|> are special tokens in their vocabularies)."""
+        parser = self.parser
+        if parser is None:
+            return False
+        encoder = getattr(tokenizer, "added_tokens_encoder", None) or {}
+        decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        for marker in parser.openers:
+            token_id = encoder.get(marker)
+            if token_id is not None and getattr(decoder.get(token_id), "special", False):
+                return True
+        return False

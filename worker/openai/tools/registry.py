@@ -1,0 +1,54 @@
+"""Which tool-call format a model writes: TOOL_CALL_PARSER when set, else read from its chat template, else its
+family, else `generic` (the worker describes the tools itself, for templates that know none)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from worker.openai.tools.generic import GenericParser
+from worker.openai.tools.hermes import HermesParser
+from worker.openai.tools.llama3_json import Llama3JsonParser
+from worker.openai.tools.mistral import MistralParser
+from worker.openai.tools.parser import ToolParser
+
+PARSERS: dict[str, type[ToolParser]] = {
+    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser, GenericParser)
+}
+# Markup each family's template writes when it shows tools or calls, most specific first.
+_MARKERS = (("[TOOL_CALLS]", "mistral"), ("<tool_call>", "hermes"), ("<|python_tag|>", "llama3_json"),
+            ("dictionary of argument name and its value", "llama3_json"))
+# For templates that take tools but show no markup the worker knows: the family's own format.
+_FAMILIES = {"qwen2": "hermes", "qwen2_moe": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes",
+             "llama": "llama3_json", "mistral": "mistral", "mixtral": "mistral"}
+_USES_TOOLS = re.compile(r"\btools\b")
+
+
+def template_text(template: str | dict[str, str] | None) -> str:
+    """A tokenizer's chat template as one text (some tokenizers carry several named ones)."""
+    if isinstance(template, dict):
+        return "\n".join(t for t in template.values() if isinstance(t, str))
+    return template or ""
+
+
+def pick_format(template: str | None, model_type: str | None, override: str | None = None) -> str:
+    """The tool-call format for a model with this chat template and config `model_type`."""
+    if override and override != "auto":
+        return override
+    text = template or ""
+    for marker, name in _MARKERS:
+        if marker in text:
+            return name
+    if _USES_TOOLS.search(text):
+        return _FAMILIES.get(model_type or "", "generic")
+    return "generic"
+
+
+def model_type(model_path: str) -> str | None:
+    """config.json's `model_type` of the model folder (None when unreadable)."""
+    try:
+        value = json.loads((Path(model_path) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
