@@ -14,17 +14,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from engine.outputs import RequestOutput
 from engine.structured.spec import StructuredSpec
 from worker.openai.chat import ChatCall, chat_call
+from worker.openai.chat_output import reasoning_tokens
 from worker.openai.errors import BadRequest, ResponseNotFound, error_body, status_of
-from worker.openai.generation import Collected, collect, engine_request_id, start
-from worker.openai.logprobs import chat_logprobs
+from worker.openai.generation import Collected, engine_request_id, start
 from worker.openai.models import check_model
 from worker.openai.params import DEFAULT_TEMPERATURE
 from worker.openai.protocol import ChatCompletionRequest
 from worker.openai.response_items import chat_messages, chat_tool_choice, chat_tools, input_items, new_id
+from worker.openai.response_output import EventFactory, OutputItems
 from worker.openai.response_request import RESPONSES_ONLY, ResponsesRequest
 from worker.openai.response_store import StoredResponse
+from worker.openai.tools.events import ContentDelta
 from worker.runtime import Runtime
 
 
@@ -115,7 +118,8 @@ def _chat_fields(request: ResponsesRequest, messages: list[dict[str, Any]], mode
     """The chat request a Responses request amounts to: the shared sampling fields plus the renamed ones."""
     fields = request.model_dump(exclude_unset=True, exclude=set(RESPONSES_ONLY))
     fields.update(model=model, messages=messages, stream=False, max_completion_tokens=request.max_output_tokens,
-                  tools=chat_tools(request.tools), tool_choice=chat_tool_choice(request.tool_choice))
+                  tools=chat_tools(request.tools), tool_choice=chat_tool_choice(request.tool_choice),
+                  parallel_tool_calls=request.parallel_tool_calls)
     if request.wants_logprobs:
         fields.update(logprobs=True, top_logprobs=request.top_logprobs or 0)
     kwargs = dict(fields.get("chat_template_kwargs") or {})
@@ -167,48 +171,58 @@ def response_object(call: ResponseCall, status: str, output: list[dict[str, Any]
     }
 
 
-def _usage(result: Collected) -> dict[str, Any]:
+def _usage(result: Collected, reasoning: int) -> dict[str, Any]:
     return {
         "input_tokens": result.num_prompt_tokens,
         "input_tokens_details": {"cached_tokens": result.num_cached_tokens, "cache_write_tokens": 0},
         "output_tokens": result.num_generated_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": result.num_prompt_tokens + result.num_generated_tokens,
     }
 
 
-class _Message:
-    """The one output message item, built up as text arrives."""
+class _Answer:
+    """One answer read into output items as it arrives (or whole): plain text, or parsed for calls and reasoning."""
 
-    def __init__(self, call: ResponseCall) -> None:
-        self.id = new_id("msg")
-        self.top = call.request.top_logprobs or 0
-        self.logprobs = call.request.wants_logprobs
+    def __init__(self, call: ResponseCall, event: EventFactory) -> None:
+        self.call = call
+        request = call.request
+        self.items = OutputItems(event, request.top_logprobs or 0, request.wants_logprobs)
+        self.reader = None if call.chat.output.plain else call.chat.output.stream()
+        self.result = Collected()
 
-    def part(self, text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+    def add(self, output: RequestOutput) -> list[dict[str, Any]]:
+        """Stream events for one engine output."""
+        self.result.add(output)
+        events: list[dict[str, Any]] = []
+        for delta in output.outputs:
+            if self.reader is None:
+                events += self.items.push([ContentDelta(delta.text)], self.items.logprob_entries(delta.logprobs))
+            else:
+                events += self.items.push(self.reader.push(delta.text))
+        return events
 
-    def item(self, status: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "type": "message", "status": status, "role": "assistant", "content": parts}
+    def finish(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The closing stream events and the final response (stored when the request asked for it)."""
+        choice = self.result.choices[0]
+        events: list[dict[str, Any]] = []
+        all_logprobs = None
+        if self.reader is not None:
+            events += self.items.push(self.reader.finish())
+            all_logprobs = self.items.logprob_entries(choice.logprobs)
+        status = "incomplete" if choice.finish_reason == "length" else "completed"
+        events += self.items.finish(status, all_logprobs)
+        response = response_object(self.call, status, self.items.items, _usage(self.result, self._reasoning_tokens()))
+        _store(self.call, response)
+        return events, response
 
-    def token_logprobs(self, positions: list[Any] | None) -> list[dict[str, Any]]:
-        return chat_logprobs(positions or [], self.top)["content"] if self.logprobs else []
-
-
-def _status(result: Collected) -> str:
-    choice = result.choices.get(0)
-    return "incomplete" if choice is not None and choice.finish_reason == "length" else "completed"
-
-
-def _finish(call: ResponseCall, message: _Message, result: Collected) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The final output item and response; stored when the request asked for it."""
-    choice = result.choices[0]
-    status = _status(result)
-    part = message.part(choice.text, message.token_logprobs(choice.logprobs))
-    item = message.item(status, [part])
-    response = response_object(call, status, [item], _usage(result))
-    _store(call, response)
-    return item, response
+    def _reasoning_tokens(self) -> int:
+        chat = self.call.chat
+        if self.reader is None or not chat.output.reasoning:
+            return 0
+        token_ids = self.result.choices[0].token_ids
+        return reasoning_tokens(chat.runtime.tokenizer, token_ids, self.reader.reasoning_end,
+                                chat.params.skip_special_tokens)
 
 
 def _store(call: ResponseCall, response: dict[str, Any]) -> None:
@@ -221,43 +235,40 @@ async def complete_response(call: ResponseCall) -> dict[str, Any]:
     """The whole `response` object."""
     chat = call.chat
     started = await start(call.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id))
-    result = await collect(started)
-    return _finish(call, _Message(call), result)[1]
+    answer = _Answer(call, lambda kind, **fields: {})
+    try:
+        async for output in started:
+            answer.add(output)
+    finally:
+        await started.aclose()
+    return answer.finish()[1]
 
 
 async def stream_response(call: ResponseCall) -> AsyncIterator[dict[str, Any]]:
-    """OpenAI's event stream: created, in_progress, the item and part opened, text deltas, their closing events,
-    then completed or incomplete; a failure after the first event is a `response.failed` event.
+    """OpenAI's event stream: created and in_progress, then each output item opened, filled (text, reasoning or
+    call-argument deltas) and closed, then completed or incomplete; a failure after the first event is a
+    `response.failed` event.
 
     The engine request starts before the first event, so a bad request raises instead of streaming.
     """
     chat = call.chat
     started = await start(call.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id))
     numbers = itertools.count()
-    message = _Message(call)
-    where = {"item_id": message.id, "output_index": 0, "content_index": 0}
 
     def event(kind: str, **fields: Any) -> dict[str, Any]:
         return {"type": kind, "sequence_number": next(numbers), **fields}
 
-    result = Collected()
+    answer = _Answer(call, event)
     try:
         opening = response_object(call, "in_progress", [], None)
         yield event("response.created", response=opening)
         yield event("response.in_progress", response=opening)
-        yield event("response.output_item.added", output_index=0, item=message.item("in_progress", []))
-        yield event("response.content_part.added", **where, part=message.part("", []))
         async for output in started:
-            result.add(output)
-            for delta in output.outputs:
-                if delta.text:
-                    yield event("response.output_text.delta", **where, delta=delta.text,
-                                logprobs=message.token_logprobs(delta.logprobs))
-        item, response = _finish(call, message, result)
-        part = item["content"][0]
-        yield event("response.output_text.done", **where, text=part["text"], logprobs=part["logprobs"])
-        yield event("response.content_part.done", **where, part=part)
-        yield event("response.output_item.done", output_index=0, item=item)
+            for item in answer.add(output):
+                yield item
+        closing, response = answer.finish()
+        for item in closing:
+            yield item
         yield event(f"response.{response['status']}", response=response)
     except Exception as exc:
         yield event("response.failed", response=_failed(call, exc))
