@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "AsyncEngine": "engine.engine",
+    "AsyncEngine": "engine.async_engine",
     "LLMEngine": "engine.engine",
     "LLM": "engine.llm",
     "FinalOutput": "engine.llm",

@@ -7,15 +7,11 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
-
 from engine.config import EngineConfig
+from engine.engine import LLMEngine
 from engine.errors import InvalidRequest
 from engine.outputs import RequestOutput
 from engine.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from engine.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +20,6 @@ class AsyncEngine:
     """LLMEngine behind one background thread; asyncio callers stream RequestOutputs from generate()."""
 
     def __init__(self, config: EngineConfig) -> None:
-        from engine.engine import LLMEngine  # engine.engine re-exports this class: import it late
-
         self.engine: LLMEngine = LLMEngine(config)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()

@@ -11,7 +11,6 @@ import torch
 from transformers import AutoTokenizer
 
 from engine import cuda_setup
-from engine.async_engine import AsyncEngine
 from engine.attention import create_backend
 from engine.beam_search import BeamSearch
 from engine.config import EngineConfig
@@ -31,7 +30,7 @@ from engine.sequence import Sequence, SequenceGroup
 from engine.structured.compiler import GrammarCache
 from engine.structured.matcher import GrammarState
 
-__all__ = ["AsyncEngine", "LLMEngine"]  # AsyncEngine is re-exported: engine.engine.AsyncEngine is the agreed name
+__all__ = ["LLMEngine"]
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,7 @@ Beam search ranks its candidates on the result too.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,9 +14,22 @@ from engine.sampling import SamplingParams
 from engine.structured.bitmask import apply_bitmask, grammar_bitmask
 
 if TYPE_CHECKING:
-    from engine.sampler import SamplingRow
+    from engine.structured.matcher import GrammarState
 
 NEG_INF = float("-inf")
+
+
+@dataclass
+class SamplingRow:
+    """One sequence's share of a sampling step."""
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: torch.Generator | None = None  # None: the global RNG (no per-request seed)
+    eos_token_ids: set[int] = field(default_factory=set)
+    bad_words_ids: list[list[int]] = field(default_factory=list)
+    grammar: GrammarState | None = None  # the sequence's place in its grammar (structured outputs)
 
 
 def process_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

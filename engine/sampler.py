@@ -6,32 +6,15 @@ min_p; then the draw. Reported logprobs come from log_softmax of the raw logits,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
-from engine.logits_processor import NEG_INF, process_logits
+from engine.logits_processor import NEG_INF, SamplingRow, process_logits
 from engine.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from engine.structured.matcher import GrammarState
 
 NAN = float("nan")
 TOP_P_HEAD = 256  # tokens ranked by topk before falling back to a full sort
-
-
-@dataclass
-class SamplingRow:
-    """One sequence's share of a sampling step."""
-
-    params: SamplingParams
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    generator: torch.Generator | None = None  # None: the global RNG (no per-request seed)
-    eos_token_ids: set[int] = field(default_factory=set)
-    bad_words_ids: list[list[int]] = field(default_factory=list)
-    grammar: GrammarState | None = None  # the sequence's place in its grammar (structured outputs)
 
 
 @dataclass

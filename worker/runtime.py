@@ -25,7 +25,7 @@ class Runtime:
     """The running engine plus the worker's view of it."""
 
     settings: Settings
-    engine: Any  # engine.engine.AsyncEngine (not imported at module level: it brings torch)
+    engine: Any  # engine.async_engine.AsyncEngine (not imported at module level: it brings torch)
     model_names: list[str]  # accepted request names; the first is the one responses carry
     created: int  # unix time the model was loaded, reported by /v1/models
     responses: ResponseStore  # stored Responses API responses (this process only)
@@ -74,7 +74,7 @@ def start(settings: Settings) -> Runtime:
     if _current is not None:
         return _current
     from engine.config import EngineConfig
-    from engine.engine import AsyncEngine
+    from engine.async_engine import AsyncEngine
 
     config = EngineConfig(
         model_path=settings.model_path,

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from engine.config import EngineConfig
-from engine.engine import AsyncEngine
+from engine.async_engine import AsyncEngine
 from engine.errors import ContextTooLong, InvalidRequest
 from engine.sampler import Sampler
 from engine.sampling import SamplingParams

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from engine.logits_processor import process_logits, tokenize_bad_words
-from engine.sampler import Sampler, SamplingRow, compute_logprobs
+from engine.logits_processor import SamplingRow
+from engine.sampler import Sampler, compute_logprobs
 from engine.sampling import SamplingParams
 
 EOS = 2

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.engine import AsyncEngine
+from engine.async_engine import AsyncEngine
 from engine.errors import InvalidRequest
 from engine.sampling import SamplingParams
 from engine.structured.bitmask import apply_bitmask, grammar_bitmask

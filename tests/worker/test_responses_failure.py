@@ -12,7 +12,7 @@ import pytest
 from openai_schema import parse_events, validate
 
 from engine.config import EngineConfig
-from engine.engine import AsyncEngine
+from engine.async_engine import AsyncEngine
 from engine.sampler import Sampler
 from worker.jobs import run_job
 from worker.openai.response_store import ResponseStore
