@@ -39,7 +39,7 @@ def test_tools_are_described_in_the_system_prompt_and_a_second_turn_renders(clie
     assert _prompt(client, model_name, tokenizer, tools=[WEATHER], tool_choice="none") == plain
     second = _prompt(client, model_name, tokenizer, messages=SECOND_TURN, tools=[WEATHER])
     assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in second
-    assert '<|im_start|>user\n<tool_response>\n{"celsius": 21, "sky": "clear"}\n</tool_response>' in second
+    assert '<|im_start|>user\nThe function get_weather returned:\n{"celsius": 21, "sky": "clear"}' in second
     one = _prompt(client, model_name, tokenizer, tools=[WEATHER], parallel_tool_calls=False)
     assert "at most one function" in one
 

@@ -67,10 +67,11 @@ def test_the_generic_format_describes_tools_and_history_as_plain_turns(tokenizer
     assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
             "</tool_call><|im_end|>") in text
     # Both results of the turn share one user turn.
-    assert ('<|im_start|>user\n<tool_response>\n{"celsius": 21}\n</tool_response>\n<tool_response>\nsecond result\n'
-            "</tool_response><|im_end|>") in text
+    # (In words naming the function, not <tool_response> tags: the default model copies tags back as its answer.)
+    assert ('<|im_start|>user\nThe function get_weather returned:\n{"celsius": 21}\nA function returned:\n'
+            "second result\n\nAnswer with this result.<|im_end|>") in text
     none = _render(tokenizer, "generic", None, HISTORY, choice="none")
-    assert "# Tools" not in none and "<tool_response>" in none  # no tools offered, the history still shown
+    assert "# Tools" not in none and "get_weather returned" in none  # no tools offered, the history still shown
 
 
 @pytest.mark.parametrize("tools,choice,param", [

@@ -4,7 +4,7 @@ Templates that know tools get the tools as `tools` and the history as OpenAI mes
 `arguments` as an object (Llama 3.1's, Qwen2.5's and Mistral's templates apply `tojson` to them) and, for
 Mistral, call ids cut to the nine characters its templates demand (as vLLM does). Templates that know no
 tools (the `generic` format) get plain turns instead: the tools described in the system message, calls
-written out as `<tool_call>` blocks, and results as `<tool_response>` blocks in a user turn.
+written out as `<tool_call>` blocks, and results as sentences naming the function in a user turn.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ GENERIC_CALL = (
     "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
     'XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 )
+GENERIC_RESULT = "The function {name} returned:"
+GENERIC_UNNAMED_RESULT = "A function returned:"  # a result whose call is not in the history
+GENERIC_ANSWER = "\n\nAnswer with this result."
 ONE_CALL = "Call at most one function per answer."
 MUST_CALL = "Answer with function calls only."
 
@@ -48,19 +51,25 @@ def generic_messages(messages: list[dict[str, Any]], tools: list[Tool], parallel
                      choice: ToolChoice | None = None) -> list[dict[str, Any]]:
     """Messages for a template without tool support: tools in the system message, calls and results as text."""
     out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}  # call id -> the function it called, to say whose result a tool turn is
     for message in messages:
         role = message.get("role")
         if role == "assistant" and message.get("tool_calls"):
             calls = [generic_call_text(c["function"]["name"], c["function"].get("arguments"))
                      for c in message["tool_calls"]]
+            names.update((c.get("id") or "", c["function"]["name"]) for c in message["tool_calls"])
             text = "\n".join(([message["content"]] if message.get("content") else []) + calls)
             out.append({"role": "assistant", "content": text})
         elif role == "tool":
-            block = f"<tool_response>\n{message.get('content') or ''}\n</tool_response>"
+            # NOTE: plain words, not <tool_response> tags: small models without tool training copy the tags
+            # back as their answer, while a sentence naming the function gets them to answer with the result.
+            name = names.get(message.get("tool_call_id") or "")
+            head = GENERIC_RESULT.format(name=name) if name else GENERIC_UNNAMED_RESULT
+            block = f"{head}\n{message.get('content') or ''}"
             if out and out[-1].get("tool_results"):  # results of one turn's calls share one user turn
-                out[-1]["content"] += "\n" + block
+                out[-1]["content"] = out[-1]["content"].removesuffix(GENERIC_ANSWER) + "\n" + block + GENERIC_ANSWER
             else:
-                out.append({"role": "user", "content": block, "tool_results": True})
+                out.append({"role": "user", "content": block + GENERIC_ANSWER, "tool_results": True})
         else:
             out.append({k: v for k, v in message.items() if k not in ("tool_calls", "tool_call_id")})
     for message in out:
