@@ -144,6 +144,18 @@ def test_logprobs_come_with_the_include_flag(client, model_name) -> None:
     assert sum(len(e.logprobs) for e in deltas) == 5
 
 
+def test_tokens_inside_a_character_keep_their_logprobs(client, model_name, tokenizer) -> None:
+    """Tokens that bring no text yet (the first bytes of an emoji) hand their logprobs to the next text."""
+    half = tokenizer.encode("🔥", add_special_tokens=False)[0]
+    ask = {"include": ["message.output_text.logprobs"], "max_output_tokens": 4,
+           "extra_body": {"allowed_token_ids": [half]}}
+    made = respond(client, model_name, **ask)
+    assert len(made.output[0].content[0].logprobs) == made.usage.output_tokens == 4
+    with client.responses.stream(model=model_name, input=Q, temperature=0, **ask) as stream:
+        deltas = [e for e in stream if e.type == "response.output_text.delta"]
+    assert sum(len(e.logprobs) for e in deltas) == 4
+
+
 def test_tool_items_reasoning_items_and_the_fields_n8n_sends_are_accepted(client, model_name) -> None:
     tool = {"type": "function", "name": "get_weather", "description": "Weather in a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

@@ -30,6 +30,9 @@ class OutputItems:
         self.open: dict[str, Any] | None = None
         self.text = ""  # the open item's text (a message's, a reasoning item's) or a call's arguments
         self.logprobs: list[dict[str, Any]] = []  # the open message's
+        # Logprobs of tokens that brought no text yet (a character split across tokens): they go out with the
+        # next text delta, or on the message at the end.
+        self.pending: list[dict[str, Any]] = []
 
     def logprob_entries(self, positions: list[Any] | None) -> list[dict[str, Any]]:
         return chat_logprobs(positions or [], self.top)["content"] if self.wants_logprobs else []
@@ -37,14 +40,15 @@ class OutputItems:
     def push(self, events: list[Event], logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """Stream events for these answer events; `logprobs` go with the text deltas (plain answers only)."""
         out: list[dict[str, Any]] = []
+        self.pending += logprobs or []
         for e in events:
             if isinstance(e, ContentDelta) and e.text:
-                out += self._open("message") + self._text(e.text, logprobs or [])
-                logprobs = None
+                out += self._open("message") + self._text(e.text, self.pending)
+                self.pending = []
             elif isinstance(e, ReasoningDelta) and e.text:
                 out += self._open("reasoning") + self._text(e.text, [])
             elif isinstance(e, ToolCallStarted):
-                out += self._close("completed") + self._open("function_call", e)
+                out += self._open("function_call", e)
             elif isinstance(e, ToolCallArguments):
                 self.text += e.fragment
                 out.append(self.event("response.function_call_arguments.delta", item_id=self.open["id"],
@@ -55,8 +59,8 @@ class OutputItems:
         """Close the last item (`status`: completed or incomplete); an answer with no item gets an empty message.
         `all_logprobs`: every token's, for a parsed answer's message."""
         out = [] if self.items or self.open else self._open("message")
-        if all_logprobs is not None and self.open is not None and self.open["type"] == "message":
-            self.logprobs = all_logprobs
+        if self.open is not None and self.open["type"] == "message":
+            self.logprobs = all_logprobs if all_logprobs is not None else self.logprobs + self.pending
         return out + self._close(status)
 
     def _open(self, kind: str, call: ToolCallStarted | None = None) -> list[dict[str, Any]]:
