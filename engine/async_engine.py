@@ -7,6 +7,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
+
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.errors import InvalidRequest

@@ -12,8 +12,7 @@ import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.kv_cache import PagePool
-from engine.logits_processor import process_logits
-from engine.logits_processor import SamplingRow
+from engine.logits_processor import SamplingRow, process_logits
 from engine.sampler import Sampler, compute_logprobs
 from engine.scheduler import ScheduledSeq, SchedulerOutput
 from engine.sequence import Sequence, SequenceGroup

@@ -73,8 +73,8 @@ def start(settings: Settings) -> Runtime:
     global _current
     if _current is not None:
         return _current
-    from engine.config import EngineConfig
     from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
 
     config = EngineConfig(
         model_path=settings.model_path,

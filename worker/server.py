@@ -24,7 +24,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from worker.job_store import Handler, JobStore, is_error
-from worker.openai.errors import AuthenticationFailed, BadRequest, RouteNotFound, error_body, status_of
+from worker.jobs import RESPONSES
+from worker.openai.errors import (
+    AuthenticationFailed,
+    BadRequest,
+    MethodNotAllowed,
+    RequestTooLarge,
+    RouteNotFound,
+    error_body,
+    status_of,
+)
 from worker.openai.streaming import SSE_DONE, sse, sse_event
 from worker.settings import Settings
 
@@ -91,10 +100,9 @@ class BodyLimit:
                 await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
-        body = {"error": {"message": f"The request body is larger than this worker accepts ({self.max_bytes} bytes, "
-                                     "MAX_REQUEST_MB).", "type": "invalid_request_error", "param": None,
-                          "code": "request_too_large"}}
-        await JSONResponse(body, status_code=413, headers={"Connection": "close"})(scope, receive, send)
+        too_large = RequestTooLarge(f"The request body is larger than this worker accepts ({self.max_bytes} bytes, "
+                                    "MAX_REQUEST_MB).")
+        await _error(too_large, headers={"Connection": "close"})(scope, receive, send)
 
 
 class ApiKeyGuard:
@@ -136,9 +144,8 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Paths outside the routes above, and wrong methods: OpenAI's error object, not FastAPI's {"detail"}.
         if exc.status_code == 405:
-            body = {"error": {"message": f"Method {request.method} is not allowed on {request.url.path}",
-                              "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}}
-            return JSONResponse(body, status_code=405, headers=exc.headers)
+            return _error(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}"),
+                          headers=exc.headers)
         return _error(RouteNotFound(f"Unknown route {request.method} {request.url.path}", param=None))
 
     openai = APIRouter()
@@ -262,7 +269,7 @@ async def _openai_call(handler: Handler, route: str, body: Any, request: Request
     if is_error(first) or not (isinstance(body, dict) and body.get("stream") is True):
         await outputs.aclose()
         return JSONResponse(first, status_code=status_of(first) or 200, headers=headers)
-    events = route == "/v1/responses"
+    events = route == RESPONSES  # the Responses API streams named events
     return StreamingResponse(_sse(first, outputs, events), media_type="text/event-stream", headers=headers)
 
 

@@ -12,7 +12,7 @@ from engine.outputs import CompletionDelta, CompletionOutput, RequestOutput
 from engine.sampling import SamplingParams
 from engine.structured.spec import StructuredSpec
 from worker.openai.chat_deltas import delta_dicts
-from worker.openai.chat_output import OutputFormat, OutputStream, ParsedOutput, reasoning_tokens
+from worker.openai.chat_output import OutputFormat, reasoning_tokens
 from worker.openai.chat_template import ChatPrompt, render_chat, template_messages
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, collect, engine_request_id, response_id, start
@@ -47,19 +47,6 @@ class ChatCall:
     @property
     def stream(self) -> bool:
         return bool(self.request.stream)
-
-
-def parse_chat_output(call: ChatCall, text: str) -> ParsedOutput:
-    """A finished answer of `call` read as `(reasoning, content, tool_calls)`: reasoning None when there was none,
-    content None when calls came without text, calls as ToolCall(id, name, arguments JSON text)."""
-    return call.output.parse(text)
-
-
-def chat_output_stream(call: ChatCall) -> OutputStream:
-    """A reader for one answer of `call` as it streams: `push(delta_text)` and, at the end, `finish()` each return
-    events (ReasoningDelta, ContentDelta, ToolCallStarted(index, id, name), ToolCallArguments(index, fragment));
-    use one reader per choice. Its events joined give what parse_chat_output gives for the whole text."""
-    return call.output.stream()
 
 
 def prepare_chat(body: Any, runtime: Runtime) -> ChatCall:
@@ -188,11 +175,12 @@ def _message(call: ChatCall, choice: CompletionOutput) -> tuple[dict[str, Any], 
     if call.output.reasoning:
         # SGLang and LangChain read `reasoning_content`; current vLLM sends `reasoning`.
         message["reasoning_content"] = message["reasoning"] = parsed.reasoning
-    tokens = _reasoning_tokens(call, choice.token_ids, end)
+    tokens = count_reasoning_tokens(call, choice.token_ids, end)
     return message, bool(parsed.tool_calls), tokens
 
 
-def _reasoning_tokens(call: ChatCall, token_ids: list[int], end: int | None) -> int:
+def count_reasoning_tokens(call: ChatCall, token_ids: list[int], end: int | None) -> int:
+    """How many of an answer's tokens were reasoning (`end`: where the reasoning ended in its text)."""
     if not call.output.reasoning:
         return 0
     return reasoning_tokens(call.runtime.tokenizer, token_ids, end, call.params.skip_special_tokens)
@@ -259,7 +247,7 @@ class _Reader:
 
     def reasoning_tokens(self) -> int:
         end = self.stream.reasoning_end if self.stream is not None else None
-        return _reasoning_tokens(self.call, self.token_ids, end)
+        return count_reasoning_tokens(self.call, self.token_ids, end)
 
 
 def _delta_choices(call: ChatCall, delta: CompletionDelta, reader: _Reader) -> list[dict[str, Any]]:

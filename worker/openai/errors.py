@@ -57,6 +57,20 @@ class RouteNotFound(WorkerError):
     code = "unknown_url"
 
 
+class MethodNotAllowed(WorkerError):
+    """A route the local endpoint serves, called with another HTTP method (405)."""
+
+    status = 405
+    code = "method_not_allowed"
+
+
+class RequestTooLarge(WorkerError):
+    """A request body over the local endpoint's MAX_REQUEST_MB (413)."""
+
+    status = 413
+    code = "request_too_large"
+
+
 class AuthenticationFailed(WorkerError):
     """A missing or wrong API key on the local endpoint (401)."""
 
@@ -109,7 +123,7 @@ def _body(message: str, type_: str, param: str | None, code: str | None, status:
 
 
 _STATUS_BY_CODE = {"model_not_found": 404, "unknown_url": 404, "response_not_found": 404,
-                   "worker_shutting_down": 503, "request_too_large": 413}
+                   "worker_shutting_down": 503, "request_too_large": 413, "method_not_allowed": 405}
 _STATUS_BY_TYPE = {"authentication_error": 401, "server_error": 500}
 
 

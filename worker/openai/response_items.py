@@ -21,7 +21,10 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def input_items(raw: str | list[dict[str, Any]], lookup: Callable[[str], dict[str, Any] | None]) -> list[dict[str, Any]]:
+Lookup = Callable[[str], "dict[str, Any] | None"]  # a stored item by its id
+
+
+def input_items(raw: str | list[dict[str, Any]], lookup: Lookup) -> list[dict[str, Any]]:
     """`input` as a list of complete items, each with an id; raises BadRequest naming `input[i]...`."""
     if isinstance(raw, str):
         raw = [{"type": "message", "role": "user", "content": raw}]
@@ -30,13 +33,14 @@ def input_items(raw: str | list[dict[str, Any]], lookup: Callable[[str], dict[st
     return [_item(item, f"input[{i}]", lookup) for i, item in enumerate(raw)]
 
 
-def _item(item: dict[str, Any], where: str, lookup: Callable[[str], dict[str, Any] | None]) -> dict[str, Any]:
+def _item(item: dict[str, Any], where: str, lookup: Lookup) -> dict[str, Any]:
     kind = item.get("type", "message" if "role" in item else None)
     if kind == "message":
         return _message(item, where)
     if kind == "function_call":
         fields = _strings(item, where, "call_id", "name", "arguments")
-        return {"id": item.get("id") or new_id("fc"), "type": kind, **fields, "status": item.get("status") or "completed"}
+        return {"id": item.get("id") or new_id("fc"), "type": kind, **fields,
+                "status": item.get("status") or "completed"}
     if kind == "function_call_output":
         call_id = _strings(item, where, "call_id")["call_id"]
         output = item.get("output")

@@ -23,10 +23,13 @@ class InputItemsQuery(BaseModel):
 def _stored(store: ResponseStore, response_id: str) -> StoredResponse:
     entry = store.get(response_id)
     if entry is None:
-        raise ResponseNotFound(f"No response found with id '{response_id}' on this worker (responses are stored "
-                               "only with store=true, in the memory of the worker that made them).",
-                               param="response_id")
+        raise _not_found(response_id)
     return entry
+
+
+def _not_found(response_id: str) -> ResponseNotFound:
+    return ResponseNotFound(f"No response found with id '{response_id}' on this worker (responses are stored "
+                            "only with store=true, in the memory of the worker that made them).", param="response_id")
 
 
 def stored_response(store: ResponseStore, path: str, method: str, query: dict[str, Any]) -> dict[str, Any]:
@@ -37,8 +40,8 @@ def stored_response(store: ResponseStore, path: str, method: str, query: dict[st
     if rest:
         raise RouteNotFound(f"Unknown route {method} /v1/responses/{path}", param="openai_route")
     if method == "DELETE":
-        _stored(store, response_id)
-        store.delete(response_id)
+        if not store.delete(response_id):
+            raise _not_found(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
     if method != "GET":
         raise BadRequest(f"{method} is not allowed on /v1/responses/{{id}}; use GET or DELETE", param="openai_method")

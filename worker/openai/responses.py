@@ -2,7 +2,8 @@
 
 The input items (with a stored response's conversation in front when `previous_response_id` names
 one) become chat messages; the chat layer validates, renders and samples as for /v1/chat/completions;
-the generated text comes back as one `message` output item, whole or as OpenAI's stream of events.
+the answer, read for reasoning and tool calls as the chat route reads it, comes back as output items
+(worker/openai/response_output.py), whole or as OpenAI's stream of events.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from typing import Any
 
 from engine.outputs import RequestOutput
 from engine.structured.spec import StructuredSpec
-from worker.openai.chat import ChatCall, chat_call
-from worker.openai.chat_output import reasoning_tokens
+from worker.openai.chat import ChatCall, chat_call, count_reasoning_tokens
 from worker.openai.errors import BadRequest, ResponseNotFound, error_body, status_of
 from worker.openai.generation import Collected, engine_request_id, start
 from worker.openai.models import check_model
@@ -217,12 +217,8 @@ class _Answer:
         return events, response
 
     def _reasoning_tokens(self) -> int:
-        chat = self.call.chat
-        if self.reader is None or not chat.output.reasoning:
-            return 0
-        token_ids = self.result.choices[0].token_ids
-        return reasoning_tokens(chat.runtime.tokenizer, token_ids, self.reader.reasoning_end,
-                                chat.params.skip_special_tokens)
+        end = self.reader.reasoning_end if self.reader is not None else None
+        return count_reasoning_tokens(self.call.chat, self.result.choices[0].token_ids, end)
 
 
 def _store(call: ResponseCall, response: dict[str, Any]) -> None:
