@@ -22,11 +22,30 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-STARTED_AT = time.perf_counter()
+
+def _process_age_s() -> float:
+    """Seconds since this process started (Linux /proc), so start-up figures include the interpreter's own start."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        return max(0.0, float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+STARTED_AT = time.perf_counter() - _process_age_s()
+PYTHON_MS = round(1000 * (time.perf_counter() - STARTED_AT))  # the interpreter's start and this module's imports
 log = logging.getLogger("worker")
+_first_output = threading.Event()
+
+
+def _log_first_output() -> None:
+    if not _first_output.is_set():
+        _first_output.set()
+        log.info("first output %.2f s after the process started", time.perf_counter() - STARTED_AT)
 
 
 async def handler(job: dict[str, Any]) -> AsyncIterator[Any]:
@@ -43,6 +62,7 @@ async def handler(job: dict[str, Any]) -> AsyncIterator[Any]:
         yield error_body(ShuttingDown("The worker is shutting down; send the request again."))
         return
     async for output in run_job(job, runtime):
+        _log_first_output()
         yield output
 
 
@@ -53,8 +73,6 @@ async def run_test_job(job_input: Any) -> int:
     job = {"id": "local-test", "input": job_input}
     outputs = []
     async for output in handler(job):
-        if not outputs:
-            log.info("first output %.2f s after start", time.perf_counter() - STARTED_AT)
         print(json.dumps({"output": output}, ensure_ascii=False), flush=True)
         if is_error(output):
             print(json.dumps({"id": job["id"], "status": "FAILED", "error": output["error"]}), flush=True)
@@ -77,6 +95,13 @@ def _load_test_input(value: str | None) -> Any:
     raise FileNotFoundError("no --test_input JSON given and no test_input.json found")
 
 
+@contextmanager
+def _timed(phases: dict[str, int], name: str):
+    started = time.perf_counter()
+    yield
+    phases[name] = round(1000 * (time.perf_counter() - started))
+
+
 def _import_in_background(*modules: str) -> threading.Thread:
     """Import `modules` on a thread while the model loads (their import time is mostly I/O and subprocesses)."""
     import importlib
@@ -96,23 +121,31 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from worker.settings import SettingsError, load_settings
+    phases = {"python": PYTHON_MS}
+    with _timed(phases, "settings"):
+        from worker.settings import SettingsError, load_settings
 
-    try:
-        settings = load_settings()
-    except SettingsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    from engine.errors import EngineError
-    from worker import runtime
+        try:
+            settings = load_settings()
+        except SettingsError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
 
     def start() -> bool:
         """Build the engine; a model that cannot be served is one line on stderr, not a traceback."""
+        with _timed(phases, "imports"):  # torch, the engine and the worker's modules
+            from engine.async_engine import AsyncEngine  # noqa: F401
+            from engine.errors import EngineError
+            from worker import runtime
+            from worker.jobs import run_job  # noqa: F401
         try:
-            runtime.start(settings)
+            started = runtime.start(settings)
         except EngineError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return False
+        phases.update(started.engine.engine.start_ms)
+        log.info("start-up in ms: %s; ready %.2f s after the process started",
+                 ", ".join(f"{name} {ms}" for name, ms in phases.items()), time.perf_counter() - STARTED_AT)
         return True
 
     on_runpod = os.environ.get("RUNPOD_WEBHOOK_GET_JOB") is not None or "--rp_serve_api" in rest
@@ -141,7 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     imports.join()
     import runpod
 
-    log.info("ready %.2f s after start", time.perf_counter() - STARTED_AT)
     sys.argv = [sys.argv[0], *rest]
     runpod.serverless.start({
         "handler": handler,

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from builder.bake import MANIFEST, bake
+from builder.bake import bake, is_current_bake
 from builder.errors import BakeError
 from builder.sources import resolve
 
@@ -20,10 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path,
                         default=Path(os.environ.get("BASE_PATH", "/models")) / "model")
     parser.add_argument("--served-name", default=None, help="name the worker serves (default: the source's)")
-    parser.add_argument("--if-missing", action="store_true", help="do nothing when OUT already holds a bake")
+    parser.add_argument("--if-missing", action="store_true",
+                        help="do nothing when OUT already holds a bake (of this builder's format)")
     args = parser.parse_args(argv)
 
-    if args.if_missing and (args.out / MANIFEST).is_file():
+    if args.if_missing and is_current_bake(args.out):
         print(f"model already baked in {args.out}")
         return 0
     try:

@@ -26,13 +26,23 @@ def bake(source: Source, out: Path, token: str | None = None, served_name: str |
         revision = fetch(source, staging, token)
         _convert_bin_weights(staging)
         architecture = check_folder(staging)
+        saved_by = _save_tokenizer(staging)
         manifest = _manifest(source, staging, revision, architecture, served_name or source.served_name)
+        manifest["tokenizer_saved_by"] = saved_by
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         _replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
+
+
+def is_current_bake(folder: Path) -> bool:
+    """Whether `folder` holds a complete bake in this builder's format (older bakes lack the saved tokenizer)."""
+    try:
+        return "tokenizer_saved_by" in json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def check_folder(folder: Path) -> str:
@@ -57,6 +67,23 @@ def check_folder(folder: Path) -> str:
     if not (folder / "tokenizer_config.json").is_file():
         raise BakeError("the model has no tokenizer_config.json")
     return supported[0]
+
+
+def _save_tokenizer(folder: Path) -> str:
+    """Load the tokenizer with transformers and save it back, so tokenizer.json holds the exact pipeline
+    transformers runs (its tokenizer class for the config's model_type may replace the file's pre-tokenizer,
+    add_bos_token rebuilds the post-processor, a sentencepiece model is converted): the worker runs that file
+    with `tokenizers` alone (engine/tokenizer.py). Returns what saved it, for the manifest."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    try:
+        AutoTokenizer.from_pretrained(folder).save_pretrained(folder)
+    except (ValueError, OSError, KeyError) as exc:
+        raise BakeError(f"transformers cannot load the tokenizer: {str(exc).splitlines()[0]}") from None
+    if not (folder / "tokenizer.json").is_file():
+        raise BakeError("the tokenizer cannot be saved as tokenizer.json (it has no `tokenizers` form)")
+    return f"transformers {transformers.__version__}"
 
 
 def _convert_bin_weights(folder: Path) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
+from contextlib import contextmanager
 from itertools import count
 
 import torch
-from transformers import AutoTokenizer
 
 from engine import cuda_setup
 from engine.attention import create_backend
@@ -29,6 +30,7 @@ from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Sequence, SequenceGroup
 from engine.structured.compiler import GrammarCache
 from engine.structured.matcher import GrammarState
+from engine.tokenizer import load_tokenizer
 
 __all__ = ["LLMEngine"]
 
@@ -48,14 +50,23 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device, quantization: str | None = None) -> torch.dtype:
-    """auto: bf16 on CUDA, and on CPU with int4 weights (torch's int4 kernel is vectorised for bf16 only);
-    else fp32."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" or quantization == "int4" else torch.float32
-    if name not in DTYPES:
-        raise InvalidRequest(f"unknown dtype {name!r} (auto, {', '.join(DTYPES)})", param="dtype")
-    return DTYPES[name]
+def resolve_dtype(name: str, device: torch.device, quantization: str | None = None) -> tuple[torch.dtype, str]:
+    """The serving dtype and why it was picked. auto: bfloat16 on CUDA, on CPUs with bfloat16 instructions
+    (AVX512-BF16 or AMX: 1.7 to 3 times float32's speed there, bench/RESULTS.md) and with int4 weights
+    (torch's int4 kernel is vectorised for bfloat16 only); float32 on other CPUs, where bfloat16 is emulated."""
+    if name != "auto":
+        if name not in DTYPES:
+            raise InvalidRequest(f"unknown dtype {name!r} (auto, {', '.join(DTYPES)})", param="dtype")
+        return DTYPES[name], "DTYPE"
+    if device.type == "cuda":
+        return torch.bfloat16, "auto: CUDA"
+    if quantization == "int4":
+        return torch.bfloat16, "auto: int4 weights"
+    if torch.cpu._is_amx_tile_supported():
+        return torch.bfloat16, "auto: the CPU has AMX"
+    if torch.cpu._is_avx512_bf16_supported():
+        return torch.bfloat16, "auto: the CPU has AVX512-BF16"
+    return torch.float32, "auto: the CPU has no bfloat16 instructions"
 
 
 class LLMEngine:
@@ -63,12 +74,15 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.start_ms: dict[str, int] = {}  # how long each start-up phase took, for the start-up log
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device, config.quantization)
+        self.dtype, self.dtype_reason = resolve_dtype(config.dtype, self.device, config.quantization)
         self.threads = size_thread_pool() if self.device.type == "cpu" else None
         torch.manual_seed(config.seed)
-        self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        with self._phase("weights"):
+            self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization)
+        with self._phase("tokenizer"):
+            self.tokenizer = load_tokenizer(config.model_path)
         self.max_model_len = min(config.max_model_len or self.spec.max_position_embeddings,
                                  self.spec.max_position_embeddings)
         if config.max_model_len and config.max_model_len > self.spec.max_position_embeddings:
@@ -78,20 +92,23 @@ class LLMEngine:
         backend = cuda_setup.attention_backend_name(config.attention_backend, self.device, self.dtype)
         self.backend = create_backend(backend, self.device, **cuda_setup.backend_kwargs(s, self.dtype))
         if self.device.type == "cuda":
-            cuda_setup.warm_up(self.model, self.backend, config.page_size)  # JIT builds now, not on a request
+            with self._phase("warm-up"):
+                cuda_setup.warm_up(self.model, self.backend, config.page_size)  # JIT builds now, not on a request
         num_pages = self._num_pages(PagePool.bytes_per_page(s.num_layers, config.page_size, s.num_kv_heads,
                                                             s.head_dim, self.dtype))
-        self.pool = PagePool(s.num_layers, num_pages, config.page_size, s.num_kv_heads, s.head_dim,
-                             self.dtype, self.device)
+        with self._phase("kv cache"):
+            self.pool = PagePool(s.num_layers, num_pages, config.page_size, s.num_kv_heads, s.head_dim,
+                                 self.dtype, self.device)
         self.allocator = PageAllocator(num_pages, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.allocator, config.page_size, config.max_num_seqs,
                                    config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.pool, self.backend, Sampler(), self.device)
         if self.device.type == "cuda":
-            self.runner.graph_runner = cuda_setup.prepare_cuda(
-                self.model, self.backend, self.pool.kv_caches, page_size=config.page_size,
-                max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                enforce_eager=config.enforce_eager)
+            with self._phase("graphs"):
+                self.runner.graph_runner = cuda_setup.prepare_cuda(
+                    self.model, self.backend, self.pool.kv_caches, page_size=config.page_size,
+                    max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+                    enforce_eager=config.enforce_eager)
         self._seq_ids = count()
         self._arrivals = count()
         self.processor = OutputProcessor(self.tokenizer, self.max_model_len,
@@ -103,6 +120,12 @@ class LLMEngine:
         self.grammars = GrammarCache(self.tokenizer, self.spec.vocab_size, sorted(self.spec.eos_token_ids),
                                      threads=2 if self.device.type == "cpu" else 8)
         self._compiling: dict[str, tuple[SequenceGroup, Future]] = {}
+
+    @contextmanager
+    def _phase(self, name: str):
+        started = time.perf_counter()
+        yield
+        self.start_ms[name] = round(1000 * (time.perf_counter() - started))
 
     def _num_pages(self, page_bytes: int) -> int:
         c, ps = self.config, self.config.page_size
@@ -301,6 +324,7 @@ class LLMEngine:
             "architecture": self.spec.architecture,
             "backend": type(self.backend).__name__,
             "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype_reason": self.dtype_reason,
             "quantization": self.config.quantization,
             "device": str(self.device),
             "threads": self.threads,

@@ -1,4 +1,8 @@
-"""Hugging Face safetensors checkpoint -> our modules (q/k/v and gate/up fused), cast to the serving dtype."""
+"""Hugging Face safetensors checkpoint -> our modules (q/k/v and gate/up fused), cast to the serving dtype.
+
+config.json is read as plain JSON rather than through transformers' AutoConfig: importing transformers and
+building its config object cost over a second of every cold start, and the engine reads a dozen fields.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,6 @@ from glob import glob
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig
 
 from engine.errors import UnsupportedModel
 from engine.layers import pack_linears_for_cpu, quantize_linears_int4
@@ -58,22 +61,22 @@ def load_model(
         raise UnsupportedModel(f"quantization {quantization!r} is not supported (int4)", param="quantization")
     if quantization == "int4" and device.type != "cpu":
         raise UnsupportedModel("quantization 'int4' runs on CPU only", param="quantization")
-    config = AutoConfig.from_pretrained(model_path)
-    architecture = (getattr(config, "architectures", None) or ["<none>"])[0]
+    config = read_config(model_path)
+    architecture = (config.get("architectures") or ["<none>"])[0]
     cls = model_class(architecture)
-    if getattr(config, "quantization_config", None):
+    if config.get("quantization_config"):
         raise UnsupportedModel("quantized checkpoints are not supported", param="model")
-    if getattr(config, "hidden_act", "silu") != "silu":
-        raise UnsupportedModel(f"hidden_act {config.hidden_act!r} is not supported", param="model")
+    if config.get("hidden_act", "silu") != "silu":
+        raise UnsupportedModel(f"hidden_act {config['hidden_act']!r} is not supported", param="model")
 
     files = _safetensors_files(model_path)
     names = _tensor_names(files)
     args = _llama_args(config, architecture, names)
-    tied = bool(getattr(config, "tie_word_embeddings", False)) or "lm_head.weight" not in names
+    tied = bool(config.get("tie_word_embeddings")) or "lm_head.weight" not in names
 
     with torch.device("meta"):
         model = cls(args)
-    model = model.to(dtype=dtype).to_empty(device=device)
+    _materialize(model, dtype, device)
     if tied:
         model.tie_weights()
     _load_weights(model, files, tied)
@@ -99,6 +102,30 @@ def load_model(
     return model, spec
 
 
+def read_config(model_path: str) -> dict:
+    """config.json as a dict (transformers fills in its defaults for keys it leaves out; so do the readers)."""
+    with open(os.path.join(model_path, "config.json")) as f:
+        config = json.load(f)
+    if not isinstance(config, dict):
+        raise UnsupportedModel("config.json does not hold a JSON object", param="model")
+    return config
+
+
+def _materialize(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """Meta parameters and buffers -> uninitialised ones of `dtype` on `device`, which the checkpoint fills.
+
+    NOTE: not `model.to(dtype).to_empty(device)`: on meta tensors those run torch's Python reference kernels,
+    which import sympy and torch.fx (about half a second of every cold start).
+    """
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            empty = torch.empty(param.shape, dtype=dtype, device=device)
+            setattr(module, name, torch.nn.Parameter(empty, requires_grad=False))
+        for name, buffer in module.named_buffers(recurse=False):
+            kind = dtype if buffer.is_floating_point() else buffer.dtype
+            module.register_buffer(name, torch.empty(buffer.shape, dtype=kind, device=device))
+
+
 def _safetensors_files(model_path: str) -> list[str]:
     index = os.path.join(model_path, "model.safetensors.index.json")
     if os.path.exists(index):
@@ -119,56 +146,63 @@ def _tensor_names(files: list[str]) -> set[str]:
     return names
 
 
-def rope_parameters(config) -> dict:
+def rope_parameters(config: dict) -> dict:
     """transformers 5 `rope_parameters`, or the older `rope_scaling` + `rope_theta` pair, as one dict."""
-    rope = getattr(config, "rope_parameters", None)
+    rope = config.get("rope_parameters")
     if isinstance(rope, dict) and "rope_theta" in rope:
         return dict(rope)
     if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
         raise UnsupportedModel("per-layer-type rope parameters are not supported", param="model")
-    scaling = dict(getattr(config, "rope_scaling", None) or {})
+    scaling = dict(config.get("rope_scaling") or {})
     scaling["rope_type"] = scaling.get("rope_type", scaling.pop("type", "default"))
-    scaling["rope_theta"] = getattr(config, "rope_theta", None) or 10000.0
+    scaling["rope_theta"] = config.get("rope_theta") or 10000.0
     return scaling
 
 
-def _llama_args(config, architecture: str, names: set[str]) -> LlamaArgs:
-    heads = config.num_attention_heads
-    return LlamaArgs(
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_layers=config.num_hidden_layers,
-        num_q_heads=heads,
-        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-        vocab_size=config.vocab_size,
-        rms_norm_eps=config.rms_norm_eps,
-        max_position_embeddings=config.max_position_embeddings,
-        rope=rope_parameters(config),
-        # Biases are read off the checkpoint: Qwen2 always has qkv bias, Llama only with attention_bias.
-        qkv_bias=any(n.endswith("self_attn.q_proj.bias") for n in names),
-        o_bias=any(n.endswith("self_attn.o_proj.bias") for n in names),
-        mlp_bias=any(n.endswith("mlp.gate_proj.bias") for n in names),
-        qk_norm=architecture == "Qwen3ForCausalLM",
-    )
+def _llama_args(config: dict, architecture: str, names: set[str]) -> LlamaArgs:
+    try:
+        heads, hidden = config["num_attention_heads"], config["hidden_size"]
+        return LlamaArgs(
+            hidden_size=hidden,
+            intermediate_size=config["intermediate_size"],
+            num_layers=config["num_hidden_layers"],
+            num_q_heads=heads,
+            num_kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=config.get("head_dim") or hidden // heads,
+            vocab_size=config["vocab_size"],
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            rope=rope_parameters(config),
+            # Biases are read off the checkpoint: Qwen2 always has qkv bias, Llama only with attention_bias.
+            qkv_bias=any(n.endswith("self_attn.q_proj.bias") for n in names),
+            o_bias=any(n.endswith("self_attn.o_proj.bias") for n in names),
+            mlp_bias=any(n.endswith("mlp.gate_proj.bias") for n in names),
+            qk_norm=architecture == "Qwen3ForCausalLM",
+        )
+    except KeyError as exc:
+        raise UnsupportedModel(f"config.json lacks {exc.args[0]!r}", param="model") from None
 
 
-def _context_limit(config, args: LlamaArgs) -> int:
+def _context_limit(config: dict, args: LlamaArgs) -> int:
     """max_position_embeddings, capped at a sliding window we do not implement (exact up to the window)."""
     limit = args.max_position_embeddings
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None) or []
+    window = config.get("sliding_window")
+    layer_types = config.get("layer_types") or []
     slides = "sliding_attention" in layer_types if layer_types else window is not None
-    if getattr(config, "use_sliding_window", True) is False:
+    if config.get("use_sliding_window", True) is False:
         slides = False
+    elif not layer_types and config.get("max_window_layers") is not None:
+        # Qwen2 without layer_types: only the layers from max_window_layers on slide (transformers derives
+        # layer_types this way).
+        slides = slides and config["max_window_layers"] < args.num_layers
     if slides and window:
         limit = min(limit, int(window))
     return limit
 
 
-def _eos_token_ids(config, model_path: str) -> set[int]:
+def _eos_token_ids(config: dict, model_path: str) -> set[int]:
     ids: set[int] = set()
-    sources = [getattr(config, "eos_token_id", None)]
+    sources = [config.get("eos_token_id")]
     gen_path = os.path.join(model_path, "generation_config.json")
     if os.path.exists(gen_path):
         with open(gen_path) as f:

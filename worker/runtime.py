@@ -123,7 +123,7 @@ def describe(runtime: Runtime) -> str:
     threads = f" threads={info['threads']}" if info.get("threads") else ""
     return (
         f"model={info['model']} served_as={runtime.served_model_name} backend={info['backend']} "
-        f"dtype={info['dtype']}{quantization} device={info['device']}{threads} "
+        f"dtype={info['dtype']} ({info['dtype_reason']}){quantization} device={info['device']}{threads} "
         f"kv_pages={info['kv_pages']}x{info['page_size']} ({info['kv_bytes'] / 2**20:.0f} MiB) "
         f"max_model_len={runtime.max_model_len} tool_calls={runtime.tool_format} "
         f"reasoning={runtime.reasoning_format or 'none'}"

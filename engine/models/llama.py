@@ -136,7 +136,9 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, a: LlamaArgs) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        # Given an empty weight, nn.Embedding skips its random init: that init, even on the meta device,
+        # imports torch._dynamo (half a second of every cold start) and the loader overwrites it anyway.
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size, _weight=torch.empty(a.vocab_size, a.hidden_size))
         self.layers = nn.ModuleList(LlamaDecoderLayer(a) for _ in range(a.num_layers))
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 

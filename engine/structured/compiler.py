@@ -124,15 +124,33 @@ def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -
     """
     import xgrammar as xgr
 
-    detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+    vocab = tokenizer.get_vocab()
+    if hasattr(tokenizer, "backend_tokenizer"):
+        vocab_type, add_prefix_space = _vocab_kind(xgr.TokenizerInfo, tokenizer, vocab)
+    else:  # a tokenizer without a `tokenizers` pipeline (tiktoken, sentencepiece): xgrammar knows those
+        detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+        vocab_type, add_prefix_space = detected.vocab_type, detected.add_prefix_space
     special = set(getattr(tokenizer, "all_special_ids", ()))
     special |= {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
     encoded: list[str] = [""] * vocab_size
-    for token, i in tokenizer.get_vocab().items():
+    for token, i in vocab.items():
         if i < vocab_size and i not in special:
             encoded[i] = token
-    return xgr.TokenizerInfo(encoded, detected.vocab_type, vocab_size=vocab_size, stop_token_ids=stop_token_ids,
-                             add_prefix_space=detected.add_prefix_space)
+    return xgr.TokenizerInfo(encoded, vocab_type, vocab_size=vocab_size, stop_token_ids=stop_token_ids,
+                             add_prefix_space=add_prefix_space)
+
+
+def _vocab_kind(info: Any, tokenizer: Any, vocab: dict[str, int]) -> tuple[Any, bool]:
+    """(vocab type, add_prefix_space) as xgrammar's from_huggingface derives them for a fast tokenizer.
+
+    NOTE: from_huggingface only takes transformers' own class, and the engine's tokenizer is not one (see
+    engine/tokenizer.py), so its steps are repeated here with its helpers (xgrammar is pinned).
+    """
+    metadata = info._detect_metadata_from_hf(tokenizer.backend_tokenizer.to_str())
+    from_vocab = info._detect_vocab_type_from_vocab(vocab)
+    if from_vocab is not None and from_vocab != metadata["vocab_type"]:
+        return from_vocab, info._detect_add_prefix_space_by_encoding(tokenizer, from_vocab)
+    return metadata["vocab_type"], metadata["add_prefix_space"]
 
 
 def _structural_tag(compiler: Any, value: str) -> Any:

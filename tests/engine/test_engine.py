@@ -52,6 +52,9 @@ def tiny_model_path(tmp_path_factory, baked_model_path):
 def make_engine(path, **kw) -> LLMEngine:
     kw.setdefault("max_num_seqs", 32)
     kw.setdefault("num_kv_pages", 256)
+    # float32 unless a test says otherwise: tests compare runs batched differently, and only float32 is
+    # batch-invariant on CPU (auto picks bfloat16 on CPUs with bfloat16 instructions).
+    kw.setdefault("dtype", "float32")
     return LLMEngine(EngineConfig(model_path=str(path), **kw))
 
 

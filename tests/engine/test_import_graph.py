@@ -42,3 +42,16 @@ def test_engine_modules_import_without_cycles() -> None:
 
     for module in sorted(graph):
         visit(module, [])
+
+
+def test_starting_the_engine_imports_no_transformers_nor_the_compiler(baked_model_path) -> None:
+    # Cold start: transformers (config, tokenizer) and torch's compiler stack (torch._dynamo, sympy, which
+    # meta-device module set-up pulls in) cost over a second together; starting on a bake needs none of them.
+    import subprocess
+    import sys
+
+    code = ("import sys; from engine.config import EngineConfig; from engine.engine import LLMEngine; "
+            "LLMEngine(EngineConfig(model_path=sys.argv[1], num_kv_pages=16)); "
+            "loaded = [m for m in ('transformers', 'torch._dynamo', 'sympy') if m in sys.modules]; "
+            "assert not loaded, loaded")
+    subprocess.run([sys.executable, "-c", code, str(baked_model_path)], check=True, cwd=ENGINE.parent)

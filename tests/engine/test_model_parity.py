@@ -159,7 +159,7 @@ def test_rope_frequencies_match_transformers(rope):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     config = LlamaConfig(hidden_size=1024, num_attention_heads=8, max_position_embeddings=131072, rope_parameters=rope)
-    ours, scale = rope_inv_freq(128, rope_parameters(config), config.max_position_embeddings)
+    ours, scale = rope_inv_freq(128, rope_parameters(config.to_dict()), config.max_position_embeddings)
     if rope["rope_type"] == "default":
         ref = 1.0 / (rope["rope_theta"] ** (torch.arange(0, 128, 2).float() / 128))
         ref_scale = 1.0
@@ -170,9 +170,9 @@ def test_rope_frequencies_match_transformers(rope):
 
 
 def test_rope_parameters_from_legacy_fields():
-    legacy = SimpleNamespace(rope_scaling={"type": "linear", "factor": 2.0}, rope_theta=5e5)
+    legacy = {"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_theta": 5e5}
     assert rope_parameters(legacy) == {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}
-    assert rope_parameters(SimpleNamespace(rope_theta=1e4)) == {"rope_type": "default", "rope_theta": 1e4}
+    assert rope_parameters({"rope_theta": 1e4}) == {"rope_type": "default", "rope_theta": 1e4}
 
 
 def test_baked_model_matches_transformers_fp32(baked_model_path, paged_harness):
@@ -211,3 +211,68 @@ def test_rmsnorm_matches_transformers_bitwise(dtype):
         assert torch.equal(ours(x), ref(x))
         out, residual = ours.add_forward(x.clone(), x.clone())
         assert torch.equal(residual, x + x) and torch.equal(out, ref(x + x))
+
+
+HUB_CONFIGS = {
+    # Shapes of config.json files as the hub has them (written by transformers 4, defaults left out).
+    "llama3_legacy_rope": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+                           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                           "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 4096,
+                           "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+                           "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}},
+    "qwen2_window_off": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
+                         "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+                         "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 32768,
+                         "rope_theta": 1e6, "sliding_window": 4096, "use_sliding_window": False,
+                         "max_window_layers": 2},
+    "qwen2_window_on": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
+                        "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+                        "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 32768,
+                        "rope_theta": 1e6, "sliding_window": 4096, "use_sliding_window": True,
+                        "max_window_layers": 2},
+    "qwen2_window_past_last_layer": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                                     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+                                     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+                                     "max_position_embeddings": 32768,
+                                     "sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 28},
+    "mistral_window": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 64,
+                       "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 32768,
+                       "sliding_window": 4096, "rope_theta": 1e4},
+}
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama_tied", "llama3_rope", "mistral", "qwen2", "qwen3", *HUB_CONFIGS])
+def test_config_json_reads_as_transformers_reads_it(tmp_path, kind):
+    # The loader reads config.json without transformers (cold start); it must see what AutoConfig sees.
+    from transformers import AutoConfig
+
+    from engine.loader import _context_limit, _llama_args, read_config
+    from tests.engine.conftest import tiny_config
+
+    if kind in HUB_CONFIGS:
+        (tmp_path / "config.json").write_text(json.dumps(HUB_CONFIGS[kind]))
+    else:
+        config = tiny_config(kind)
+        config.architectures = [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2":
+                                 "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[kind.split("_")[0].rstrip("3")
+                                                                                  if kind != "qwen3" else kind]]
+        config.save_pretrained(tmp_path)
+    raw = read_config(str(tmp_path))
+    ref = AutoConfig.from_pretrained(tmp_path)
+    args = _llama_args(raw, raw["architectures"][0], set())
+    heads = ref.num_attention_heads
+    assert (args.hidden_size, args.intermediate_size, args.num_layers, args.num_q_heads, args.num_kv_heads,
+            args.head_dim, args.vocab_size, args.max_position_embeddings) == (
+        ref.hidden_size, ref.intermediate_size, ref.num_hidden_layers, heads, ref.num_key_value_heads,
+        getattr(ref, "head_dim", None) or ref.hidden_size // heads, ref.vocab_size, ref.max_position_embeddings)
+    assert args.rms_norm_eps == pytest.approx(ref.rms_norm_eps)
+    assert args.rope == {k: v for k, v in ref.rope_parameters.items() if v is not None}
+    # What the loader did with AutoConfig: layer_types when the config has them (Qwen2 derives them), else
+    # every layer slides when sliding_window is set (Mistral).
+    layer_types = getattr(ref, "layer_types", None)
+    sliding = "sliding_attention" in layer_types if layer_types else getattr(ref, "sliding_window", None) is not None
+    expected_limit = min(ref.max_position_embeddings, ref.sliding_window) if sliding else ref.max_position_embeddings
+    assert _context_limit(raw, args) == expected_limit
+    assert bool(raw.get("tie_word_embeddings")) == bool(ref.tie_word_embeddings)

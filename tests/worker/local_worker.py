@@ -33,7 +33,10 @@ def free_port() -> int:
 
 def worker_env(model_path: Path, **overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in CLEARED}
-    env.update(MODEL_PATH=str(model_path), MAX_MODEL_LEN=str(MAX_MODEL_LEN), PYTHONUNBUFFERED="1")
+    # float32: tests compare answers given side by side with the same answers given alone, and only float32
+    # is batch-invariant on CPU (DTYPE=auto picks bfloat16 on CPUs with bfloat16 instructions, where a row's
+    # result depends on its batch; bench/RESULTS.md).
+    env.update(MODEL_PATH=str(model_path), MAX_MODEL_LEN=str(MAX_MODEL_LEN), PYTHONUNBUFFERED="1", DTYPE="float32")
     env.update(overrides)
     return env
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -31,6 +32,11 @@ def test_test_input_streams_and_aggregates_like_runsync(baked_model_path, client
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
     assert text == client.chat.completions.create(**body).choices[0].message.content
     assert "serving model=" in stderr and "first output" in stderr  # the start-up line and the cold-start figure
+    phases = re.search(r"start-up in ms: (.*); ready ([\d.]+) s after the process started", stderr)
+    assert phases, stderr
+    named = dict(p.rsplit(" ", 1) for p in phases.group(1).split(", "))
+    assert {"python", "settings", "imports", "weights", "tokenizer", "kv cache"} <= set(named)
+    assert sum(int(ms) for ms in named.values()) <= 1000 * float(phases.group(2)) + 5
 
 
 def test_test_input_json_is_the_default_and_errors_exit_non_zero(baked_model_path) -> None:

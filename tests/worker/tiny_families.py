@@ -29,18 +29,24 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def build_family(family: str, baked: Path, folder: Path) -> Path:
-    """A checkpoint folder for `family`: random weights, the baked tokenizer plus the family's tokens and template."""
+    """A bake of `family`: random weights, the baked tokenizer plus the family's tokens and template, through
+    the real builder (which saves the tokenizer the way the worker reads it). Returns the baked folder."""
     import torch
     import transformers as tf
     from tokenizers import AddedToken
 
+    from builder.bake import bake
+    from builder.sources import resolve
+
     config_class, template, added = FAMILIES[family]
+    source = folder / "source"
+    source.mkdir()
     for name in TOKENIZER_FILES:
-        shutil.copy(baked / name, folder / name)
-    tokenizer = tf.AutoTokenizer.from_pretrained(str(folder))
+        shutil.copy(baked / name, source / name)
+    tokenizer = tf.AutoTokenizer.from_pretrained(str(source))
     tokenizer.add_tokens([AddedToken(text, special=special, normalized=False) for text, special in added])
     tokenizer.chat_template = template
-    tokenizer.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(source))
     config = getattr(tf, config_class)(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, max_position_embeddings=2048, tie_word_embeddings=True,
@@ -49,14 +55,15 @@ def build_family(family: str, baked: Path, folder: Path) -> Path:
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(config).float().eval()
     model.config.architectures = [type(model).__name__]
-    model.save_pretrained(str(folder))
-    return folder
+    model.save_pretrained(str(source))
+    bake(resolve(str(source), None), folder / "model")
+    return folder / "model"
 
 
 def serve(folder: Path, **env: str) -> Runtime:
     """A Runtime over an in-process CPU engine for the folder; shut it down with runtime.engine.shutdown()."""
-    from engine.config import EngineConfig
     from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
 
     settings = load_settings({"MODEL_PATH": str(folder), **env})
     engine = AsyncEngine(EngineConfig(model_path=str(folder), dtype="float32", num_kv_pages=128, max_model_len=2048,
