@@ -116,7 +116,7 @@ NativeSamplingParams: type[BaseModel] = create_model(
     __config__=ConfigDict(extra="forbid"),
     __doc__="`sampling_params` of a native job: vLLM's SamplingParams names; unknown names are a 400.",
     **{f.name: _NATIVE_OVERRIDES.get(f.name, (_HINTS[f.name], _default(f)))
-       for f in dataclasses.fields(SamplingParams) if f.name != "structured"},
+       for f in dataclasses.fields(SamplingParams) if f.name not in ("structured", "adapter")},
     **_NATIVE_STRUCTURED,
 )
 
