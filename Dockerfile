@@ -3,6 +3,7 @@
 #
 #   docker build -t llm-worker .                                          (the bundled SmolLM2-135M-Instruct)
 #   docker build -t llm-worker --build-arg MODEL_NAME=Qwen/Qwen2.5-0.5B-Instruct .
+#   docker build -t llm-worker --build-arg LORA_MODULES='[{"name": "sql", "path": "org/smollm2-sql-lora"}]' .
 #   HF_TOKEN=hf_xxx docker build -t llm-worker --secret id=HF_TOKEN,env=HF_TOKEN \
 #       --build-arg MODEL_NAME=meta-llama/Llama-3.2-1B-Instruct .         (gated or private repositories)
 #
@@ -56,6 +57,10 @@ COPY engine/ engine/
 ARG MODEL_NAME=""
 # MODEL_REVISION: branch, tag or commit of MODEL_NAME on the hub (empty: main).
 ARG MODEL_REVISION=""
+# LORA_MODULES: LoRA adapters to bake beside the model (PEFT layout; Hugging Face repo ids here, local folders
+# too with `python -m builder`), each checked against it: a JSON list of {"name", "path", "base_model_name"?}
+# (vLLM's form) or name=path pairs, e.g. 'sql=org/smollm2-sql-lora'. Requests pick one with `model: "<name>"`.
+ARG LORA_MODULES=""
 # BASE_PATH: the model is baked into BASE_PATH/model, and the worker reads it from there.
 ARG BASE_PATH=/models
 # The hub download cache is a cache mount, so rebuilding after a code change does not download again.

@@ -1,4 +1,5 @@
-"""`python -m builder`: bake MODEL_NAME (hub id, folder, .gguf, or the bundled default) into BASE_PATH/model."""
+"""`python -m builder`: bake MODEL_NAME (hub id, folder, .gguf, or the bundled default) into BASE_PATH/model,
+with the LoRA adapters LORA_MODULES names beside it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from builder.bake import bake, is_current_bake
+from builder.adapters import parse_lora_modules
+from builder.bake import bake, is_current_bake, update_adapters
 from builder.errors import BakeError
 from builder.sources import resolve
 
@@ -20,20 +22,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path,
                         default=Path(os.environ.get("BASE_PATH", "/models")) / "model")
     parser.add_argument("--served-name", default=None, help="name the worker serves (default: the source's)")
+    parser.add_argument("--lora-modules", default=os.environ.get("LORA_MODULES", ""),
+                        help='LoRA adapters: a JSON list of {"name", "path", "base_model_name"?}, or name=path pairs')
     parser.add_argument("--if-missing", action="store_true",
-                        help="do nothing when OUT already holds a bake (of this builder's format)")
+                        help="keep the model OUT already holds when it is a bake of this builder's format (bake "
+                             "only adapters it lacks from --lora-modules)")
     args = parser.parse_args(argv)
 
-    if args.if_missing and is_current_bake(args.out):
-        print(f"model already baked in {args.out}")
-        return 0
+    token = os.environ.get("HF_TOKEN")
     try:
+        adapters = parse_lora_modules(args.lora_modules)
+        if args.if_missing and is_current_bake(args.out):
+            updated = update_adapters(args.out, adapters, token) if adapters else None
+            print(f"model already baked in {args.out}" + (
+                f"; adapters now {', '.join(a['name'] for a in updated['adapters'])}" if updated else ""))
+            return 0
         source = resolve(args.model, args.revision)
-        manifest = bake(source, args.out, token=os.environ.get("HF_TOKEN"), served_name=args.served_name)
+        manifest = bake(source, args.out, token=token, served_name=args.served_name, adapters=adapters)
     except BakeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"baked {manifest['served_model_name']} ({manifest['architecture']}, {manifest['dtype']}) into {args.out}")
+    names = "".join(f" + adapter {a['name']} (rank {a['rank']})" for a in manifest["adapters"])
+    print(f"baked {manifest['served_model_name']} ({manifest['architecture']}, {manifest['dtype']}){names} "
+          f"into {args.out}")
     return 0
 
 

@@ -11,14 +11,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from builder.adapters import ADAPTERS_DIR, AdapterSpec, adapter_source, bake_adapters
 from builder.errors import BakeError
 from builder.sources import Source, fetch
 
 MANIFEST = "manifest.json"
 
 
-def bake(source: Source, out: Path, token: str | None = None, served_name: str | None = None) -> dict:
-    """Bake `source` into `out` (replacing what is there); nothing is left behind on failure."""
+def bake(source: Source, out: Path, token: str | None = None, served_name: str | None = None,
+         adapters: list[AdapterSpec] | None = None) -> dict:
+    """Bake `source` and its LoRA `adapters` into `out` (replacing what is there); nothing is left behind on
+    failure."""
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -29,6 +32,7 @@ def bake(source: Source, out: Path, token: str | None = None, served_name: str |
         saved_by = _save_tokenizer(staging)
         manifest = _manifest(source, staging, revision, architecture, served_name or source.served_name)
         manifest["tokenizer_saved_by"] = saved_by
+        manifest["adapters"] = bake_adapters(adapters or [], staging, manifest["served_model_name"], token)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         _replace(staging, out)
     except BaseException:
@@ -43,6 +47,29 @@ def is_current_bake(folder: Path) -> bool:
         return "tokenizer_saved_by" in json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
+
+
+def update_adapters(out: Path, adapters: list[AdapterSpec], token: str | None = None) -> dict | None:
+    """Re-bakes only the adapters of the bake in `out` when they differ from `adapters`; returns the new manifest,
+    or None when they were already those. The model's files are left as they are."""
+    manifest = json.loads((out / MANIFEST).read_text())
+    if [(a["name"], a["source"]["ref"]) for a in manifest.get("adapters", [])] == [
+            (s.name, adapter_source(s)[1]) for s in adapters]:
+        return None
+    staging = Path(tempfile.mkdtemp(prefix=".adapters.", dir=out))
+    try:
+        # NOTE: staged in a folder of its own, whose adapters/ moves into place once all of them passed.
+        (staging / "config.json").symlink_to(out / "config.json")
+        manifest["adapters"] = bake_adapters(adapters, staging, manifest["served_model_name"], token)
+        if adapters:
+            _replace(staging / ADAPTERS_DIR, out / ADAPTERS_DIR)
+        else:
+            shutil.rmtree(out / ADAPTERS_DIR, ignore_errors=True)
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (staging / MANIFEST).replace(out / MANIFEST)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
 
 
 def check_folder(folder: Path) -> str:
@@ -121,7 +148,7 @@ def _manifest(source: Source, folder: Path, revision: str | None, architecture: 
         "revision": revision,
         "architecture": architecture,
         "dtype": str(config.get("dtype") or config.get("torch_dtype") or "float32"),
-        "files": {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST},
+        "files": {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST},
         "baked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -131,7 +158,7 @@ def _source_ref(source: Source) -> str:
     return source.ref if source.kind in ("hub", "default") else Path(source.ref).name
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):

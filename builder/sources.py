@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,31 +90,33 @@ def _copy_local(folder: Path, staging: Path) -> None:
 
 
 def _fetch_hub(source: Source, staging: Path, token: str | None) -> str | None:
+    def patterns() -> list[str]:
+        return CONFIG_FILES + TOKENIZER_FILES + _hub_weight_patterns(source.ref, source.revision, token)
+
+    snapshot = hub_snapshot(source.ref, source.revision, token, patterns)
+    _copy_local(snapshot, staging)
+    return snapshot.name  # snapshots are named by commit hash
+
+
+def hub_snapshot(repo: str, revision: str | None, token: str | None, patterns: Callable[[], list[str]],
+                 kind: str = "a model") -> Path:
+    """The local snapshot of the files `patterns()` names in a hub repo; hub errors become one BakeError line."""
     from huggingface_hub import errors, snapshot_download
 
-    repo = source.ref
     try:
-        weights = _hub_weight_patterns(repo, source.revision, token)
-        folder = snapshot_download(
-            repo,
-            revision=source.revision,
-            token=token or None,
-            allow_patterns=CONFIG_FILES + TOKENIZER_FILES + weights,
-        )
+        folder = snapshot_download(repo, revision=revision, token=token or None, allow_patterns=patterns())
     except errors.GatedRepoError:
         raise BakeError(f"{repo} is a gated repository: accept its terms on the hub and set HF_TOKEN") from None
     except errors.RevisionNotFoundError:
-        raise BakeError(f"revision {source.revision!r} of {repo} does not exist") from None
+        raise BakeError(f"revision {revision!r} of {repo} does not exist") from None
     except errors.RepositoryNotFoundError:
         hint = "" if token else " (if it is private, set HF_TOKEN)"
-        raise BakeError(f"{repo} is not a model repository on the Hugging Face hub{hint}") from None
+        raise BakeError(f"{repo} is not {kind} repository on the Hugging Face hub{hint}") from None
     except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled):
         raise BakeError(
             f"cannot reach the Hugging Face hub to download {repo}, and it is not in the local cache"
         ) from None
-    snapshot = Path(folder)
-    _copy_local(snapshot, staging)
-    return snapshot.name  # snapshots are named by commit hash
+    return Path(folder)
 
 
 def _hub_weight_patterns(repo: str, revision: str | None, token: str | None) -> list[str]:

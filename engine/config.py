@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters loaded at start-up, served per request by name."""
+
+    adapters: dict[str, str] = field(default_factory=dict)  # name -> PEFT folder
+    max_loras: int = 8  # at most this many adapters (the stacked buffers' slots)
+    max_lora_rank: int = 16
 
 
 @dataclass
@@ -22,3 +31,4 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # CUDA: no graphs
     seed: int = 0
+    lora: LoraConfig | None = None  # None (or no adapters): the base model alone, at no LoRA cost

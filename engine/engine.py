@@ -18,7 +18,7 @@ from engine.config import EngineConfig
 from engine.cpu_threads import size_thread_pool
 from engine.detokenizer import Detokenizer
 from engine.errors import ContextTooLong, InvalidRequest
-from engine.kv_cache import PageAllocator, PagePool
+from engine.kv_cache import PageAllocator, PagePool, adapter_salt
 from engine.loader import load_model
 from engine.logits_processor import tokenize_bad_words
 from engine.model_runner import ModelRunner
@@ -80,7 +80,9 @@ class LLMEngine:
         self.threads = size_thread_pool() if self.device.type == "cpu" else None
         torch.manual_seed(config.seed)
         with self._phase("weights"):
-            self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization)
+            self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization,
+                                               config.lora)
+        self.adapters: dict[str, int] = self.model.lora.slots if self.model.lora is not None else {}
         with self._phase("tokenizer"):
             self.tokenizer = load_tokenizer(config.model_path)
         self.max_model_len = min(config.max_model_len or self.spec.max_position_embeddings,
@@ -108,7 +110,8 @@ class LLMEngine:
                 self.runner.graph_runner = cuda_setup.prepare_cuda(
                     self.model, self.backend, self.pool.kv_caches, page_size=config.page_size,
                     max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                    enforce_eager=config.enforce_eager)
+                    # NOTE: a step's adapter grouping is Python control flow that a replayed graph would freeze.
+                    enforce_eager=config.enforce_eager or bool(self.adapters))
         self._seq_ids = count()
         self._arrivals = count()
         self.processor = OutputProcessor(self.tokenizer, self.max_model_len,
@@ -155,6 +158,8 @@ class LLMEngine:
         """The prompt as it will run (after truncate_prompt_tokens); raises InvalidRequest / ContextTooLong."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequest("params must be SamplingParams", param="sampling_params")
+        if params.adapter is not None and params.adapter not in self.adapters:
+            raise InvalidRequest(f"unknown LoRA adapter {params.adapter!r}", param="model")
         prompt = list(prompt_token_ids)
         if params.truncate_prompt_tokens:
             prompt = prompt[-params.truncate_prompt_tokens :]
@@ -184,17 +189,19 @@ class LLMEngine:
             raise InvalidRequest(f"request id {request_id!r} is already running", param="request_id")
         prompt = self.validate(prompt_token_ids, params)
         eos = set(self.spec.eos_token_ids)
+        salt = adapter_salt(params.adapter)
         beam = None
         if params.use_beam_search:
             stops = (set() if params.ignore_eos else eos) | set(params.stop_token_ids or ())
             max_tokens = min(params.max_tokens or self.max_model_len, self.max_model_len - len(prompt))
             beam = BeamSearch(params.num_sequences, length_penalty=params.length_penalty,
                               early_stopping=params.early_stopping, stop_token_ids=stops, max_tokens=max_tokens)
-            seqs = [Sequence(next(self._seq_ids), list(prompt), len(prompt))]
+            seqs = [Sequence(next(self._seq_ids), list(prompt), len(prompt), cache_salt=salt)]
         else:
             seqs = [
                 Sequence(next(self._seq_ids), list(prompt), len(prompt), index=i,
-                         generator=self._generator(params.seed, i), detokenizer=self._detokenizer(params, prompt))
+                         generator=self._generator(params.seed, i), detokenizer=self._detokenizer(params, prompt),
+                         cache_salt=salt)
                 for i in range(params.num_sequences)
             ]
         compiling = self.grammars.submit(params.structured) if params.structured is not None else None
@@ -202,7 +209,7 @@ class LLMEngine:
             compiling.result()  # a constraint known to be bad fails here, before the request is in
         bad_words = tokenize_bad_words(self.tokenizer, params.bad_words) if params.bad_words else []
         group = SequenceGroup(request_id, prompt, params, seqs, next(self._arrivals), eos_token_ids=eos,
-                              bad_words_ids=bad_words, beam=beam)
+                              bad_words_ids=bad_words, beam=beam, adapter=self.adapters.get(params.adapter))
         self._groups[request_id] = group
         if compiling is None:
             self.scheduler.add(group)
@@ -335,4 +342,5 @@ class LLMEngine:
             "max_num_seqs": self.config.max_num_seqs,
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "prefix_caching": self.config.enable_prefix_caching,
+            "adapters": list(self.adapters),
         }

@@ -23,6 +23,12 @@ def page_hash(parent: bytes | None, tokens: list[int]) -> bytes:
     return h.digest()
 
 
+def adapter_salt(adapter: str | None) -> bytes | None:
+    """The seed of the hash chains of an adapter's requests, so that its KV (computed with its weights) is never
+    shared with the base model's or another adapter's; None for the base model, whose hashes stay as they were."""
+    return None if adapter is None else hashlib.blake2b(b"lora:" + adapter.encode(), digest_size=16).digest()
+
+
 class PagePool:
     """The KV pages of every layer, allocated once: K and V per layer as [pages, page_size, kv_heads, head_dim]."""
 

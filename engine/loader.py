@@ -14,8 +14,10 @@ from glob import glob
 import torch
 from safetensors import safe_open
 
+from engine.config import LoraConfig
 from engine.errors import UnsupportedModel
 from engine.layers import pack_linears_for_cpu, quantize_linears_int4
+from engine.lora import attach_lora
 from engine.models import model_class
 from engine.models.llama import FusedLinear, LlamaArgs, LlamaForCausalLM
 
@@ -42,12 +44,13 @@ class ModelSpec:
 
 
 def load_model(
-    model_path: str, dtype: torch.dtype, device: torch.device, quantization: str | None = None
+    model_path: str, dtype: torch.dtype, device: torch.device, quantization: str | None = None,
+    lora: LoraConfig | None = None,
 ) -> tuple[LlamaForCausalLM, ModelSpec]:
     """Reads config.json and the safetensors shards under model_path; returns the model (eval, on device).
 
     quantization "int4": the decoder layers' linears become 4-bit weight-only (CPU); embeddings, norms
-    and lm_head stay in `dtype`.
+    and lm_head stay in `dtype`. lora: its adapters wrap the projections they target (model.lora).
     """
     if dtype not in SUPPORTED_DTYPES:
         raise UnsupportedModel(f"dtype {dtype} is not supported (float32, bfloat16, float16)", param="dtype")
@@ -80,6 +83,8 @@ def load_model(
     if tied:
         model.tie_weights()
     _load_weights(model, files, tied)
+    if lora is not None and lora.adapters:
+        attach_lora(model, lora.adapters, lora.max_loras, lora.max_lora_rank)
     if quantization == "int4":
         quantize_linears_int4(model.model.layers, dtype)
     if device.type == "cpu" and dtype == torch.bfloat16:

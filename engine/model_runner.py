@@ -76,6 +76,7 @@ class ModelRunner:
         """The step's flattened tokens and page table, built in Python lists and turned into tensors once."""
         ps = self.page_size
         ids: list[int] = []
+        lora_runs: list[tuple[int | None, int]] = []  # (adapter slot, rows) in row order
         positions: list[int] = []
         slots: list[int] = []
         qo, kv, indices, last = [0], [0], [], []
@@ -90,6 +91,7 @@ class ModelRunner:
             positions += range(start, end)
             slots += [pages[p // ps] * ps + p % ps for p in range(start, end)]
             qo.append(row + s.num_tokens)
+            lora_runs.append((s.group.adapter, s.num_tokens))
             indices += pages
             kv.append(len(indices))
             last.append(end - (num_pages - 1) * ps)
@@ -99,6 +101,8 @@ class ModelRunner:
             if s.group.needs_prompt_logprobs and start < prompt_len - 1 and seq is s.group.seqs[0]:
                 prompt_at.append((i, row, min(end, prompt_len - 1) - start))
         dev = self.device
+        if self.model.lora is not None:
+            self.model.lora.plan.update(lora_runs, dev)
         i32 = torch.int32
         meta = AttentionMetadata(
             qo_indptr=torch.tensor(qo, dtype=i32).to(dev, non_blocking=True),

@@ -79,6 +79,8 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
     structured: StructuredSpec | None = None  # a grammar the output must match
+    # Not a sampling setting, but it travels with the request's settings: the LoRA adapter to run (None: the base).
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         self._normalize()
@@ -167,6 +169,8 @@ class SamplingParams:
             _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         if self.truncate_prompt_tokens is not None:
             _check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, 1)
+        if self.adapter is not None and not isinstance(self.adapter, str):
+            _fail("model", f"adapter must be an adapter's name, got {self.adapter!r}")
         if self.structured is not None and not isinstance(self.structured, StructuredSpec):
             _fail("structured", f"structured must be a StructuredSpec, got {type(self.structured).__name__}")
 

@@ -43,6 +43,8 @@ class Sequence:
     # Where the output stands in the request's grammar; it keeps its state across preemption (the matcher has
     # accepted every output token, and recompute replays them through the model only).
     grammar: GrammarState | None = None
+    # Seeds the page hash chain: KV computed under a LoRA adapter is only ever shared with the same adapter.
+    cache_salt: bytes | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -70,7 +72,7 @@ class Sequence:
     def hashes(self, count: int, page_size: int) -> list[bytes]:
         """The chained hashes of the first `count` full pages (computed once, kept across preemption)."""
         for i in range(len(self.page_hashes), count):
-            parent = self.page_hashes[i - 1] if i else None
+            parent = self.page_hashes[i - 1] if i else self.cache_salt
             self.page_hashes.append(page_hash(parent, self.token_ids[i * page_size : (i + 1) * page_size]))
         return self.page_hashes[:count]
 
@@ -87,6 +89,7 @@ class Sequence:
             output_token_ids=list(self.output_token_ids),
             cumulative_logprob=self.cumulative_logprob,
             grammar=self.grammar.fork() if self.grammar is not None else None,
+            cache_salt=self.cache_salt,
         )
 
     def reset(self) -> None:
@@ -107,6 +110,7 @@ class SequenceGroup:
     eos_token_ids: set[int] = field(default_factory=set)
     bad_words_ids: list[list[int]] = field(default_factory=list)
     beam: BeamSearch | None = None
+    adapter: int | None = None  # the LoRA adapter's slot (None: the base model)
     forked: bool = False  # the choices run on their own (always true with one choice)
     num_cached_tokens: int = 0  # prompt tokens the first admission found in the prefix cache
     admitted: bool = False

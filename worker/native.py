@@ -25,6 +25,7 @@ from worker.openai.chat_output import OutputFormat, OutputStream
 from worker.openai.chat_template import render_chat
 from worker.openai.errors import BadRequest
 from worker.openai.generation import start
+from worker.openai.models import resolve_model
 from worker.openai.params import native_sampling_params
 from worker.openai.protocol import ChatMessage
 from worker.openai.streaming import BatchSize
@@ -47,6 +48,7 @@ class NativeJob(BaseModel):
     min_batch_size: int | None = Field(None, ge=1)
     batch_size_growth_factor: float | None = Field(None, ge=1.0)
     request_id: str | None = None
+    model: str | None = None  # a LoRA adapter (or "<base>:<adapter>"), as on the OpenAI routes; None: the base model
     tools: list[Any] | None = None  # with messages: read answers for calls, as the chat route does
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
@@ -88,7 +90,8 @@ def _prompt_ids(job: NativeJob, runtime: Runtime) -> list[int]:
 async def run_native(raw: dict[str, Any], runtime: Runtime) -> AsyncIterator[dict[str, Any]]:
     """Yield the job's outputs; every check runs, and the engine request starts, before the first yield."""
     job = NativeJob.model_validate(raw)
-    params = native_sampling_params(job.sampling_params, runtime.max_model_len)
+    adapter = resolve_model(runtime, job.model)[1] if job.model is not None else None
+    params = native_sampling_params(job.sampling_params, runtime.max_model_len, adapter)
     # Off the event loop, as on the OpenAI routes.
     prompt_ids, reading, params = await asyncio.to_thread(_prompt, job, runtime, params)
     request_id = f"native-{job.request_id or uuid.uuid4().hex}-{uuid.uuid4().hex[:8]}"

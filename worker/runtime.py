@@ -14,7 +14,7 @@ from typing import Any
 from worker.openai.reasoning import pick_reasoning
 from worker.openai.response_store import ResponseStore
 from worker.openai.tools.registry import model_type, pick_format, template_text
-from worker.settings import Settings, accepted_model_names
+from worker.settings import Settings, accepted_model_names, baked_adapters
 from worker.shutdown import Drain
 
 log = logging.getLogger("worker")
@@ -34,6 +34,11 @@ class Runtime:
     @property
     def served_model_name(self) -> str:
         return self.model_names[0]
+
+    @cached_property
+    def adapters(self) -> list[str]:
+        """The names of the LoRA adapters the engine serves."""
+        return list(self.engine.describe().get("adapters", []))
 
     @property
     def tokenizer(self) -> Any:
@@ -74,7 +79,7 @@ def start(settings: Settings) -> Runtime:
     if _current is not None:
         return _current
     from engine.async_engine import AsyncEngine
-    from engine.config import EngineConfig
+    from engine.config import EngineConfig, LoraConfig
 
     config = EngineConfig(
         model_path=settings.model_path,
@@ -91,6 +96,7 @@ def start(settings: Settings) -> Runtime:
         enable_prefix_caching=settings.enable_prefix_caching,
         enforce_eager=settings.enforce_eager,
         seed=settings.seed,
+        lora=LoraConfig(baked_adapters(settings), settings.max_loras, settings.max_lora_rank),
     )
     engine = AsyncEngine(config)
     store = ResponseStore(settings.response_store_max_entries, int(settings.response_store_max_mb * 2**20))
@@ -127,4 +133,5 @@ def describe(runtime: Runtime) -> str:
         f"kv_pages={info['kv_pages']}x{info['page_size']} ({info['kv_bytes'] / 2**20:.0f} MiB) "
         f"max_model_len={runtime.max_model_len} tool_calls={runtime.tool_format} "
         f"reasoning={runtime.reasoning_format or 'none'}"
+        + (f" adapters={','.join(runtime.adapters)}" if runtime.adapters else "")
     )

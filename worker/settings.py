@@ -60,6 +60,11 @@ class Settings(BaseModel):
     enforce_eager: bool = Field(False, alias="ENFORCE_EAGER")
     seed: int = Field(0, alias="SEED")
 
+    # LoRA adapters: baked with the model (build arg LORA_MODULES), served by name in `model`
+    enable_lora: bool = Field(True, alias="ENABLE_LORA")
+    max_loras: int = Field(8, alias="MAX_LORAS", ge=1)
+    max_lora_rank: int = Field(16, alias="MAX_LORA_RANK", ge=1)
+
     # RunPod job handling
     max_concurrency: int = Field(30, alias="MAX_CONCURRENCY", ge=1)
     default_batch_size: int = Field(50, alias="DEFAULT_BATCH_SIZE", ge=1)
@@ -118,12 +123,25 @@ def served_model_name(settings: Settings) -> str:
 
 def baked_model_name(model_path: str) -> str:
     """`served_model_name` from the folder's manifest.json, or the folder's own name when there is none."""
-    manifest = Path(model_path) / MANIFEST
-    try:
-        name = json.loads(manifest.read_text()).get("served_model_name")
-    except (OSError, ValueError, AttributeError):
-        name = None
+    name = _manifest(model_path).get("served_model_name")
     return name if isinstance(name, str) and name else Path(model_path).resolve().name
+
+
+def baked_adapters(settings: Settings) -> dict[str, str]:
+    """The LoRA adapters baked beside the model (name -> folder), as its manifest lists them; none when
+    ENABLE_LORA is off."""
+    if not settings.enable_lora:
+        return {}
+    entries = _manifest(settings.model_path).get("adapters") or []
+    return {a["name"]: str(Path(settings.model_path) / a["path"]) for a in entries}
+
+
+def _manifest(model_path: str) -> dict:
+    try:
+        manifest = json.loads((Path(model_path) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
 
 
 def accepted_model_names(settings: Settings) -> list[str]:

@@ -153,6 +153,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.rotary: RotaryEmbedding | None = None
         self.fused_kernels = False  # FlashInfer's norm / RoPE / activation kernels (CUDA, half dtypes)
+        self.lora = None  # engine.lora.LoraSet once adapters are attached
 
     def init_rotary(
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None

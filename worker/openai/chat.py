@@ -17,7 +17,7 @@ from worker.openai.chat_template import ChatPrompt, render_chat, template_messag
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, collect, engine_request_id, response_id, start
 from worker.openai.logprobs import chat_logprobs, prompt_logprobs
-from worker.openai.models import check_model
+from worker.openai.models import resolve_model
 from worker.openai.params import openai_sampling_params
 from worker.openai.protocol import ChatCompletionRequest
 from worker.openai.reasoning import closes_reasoning, starts_in_reasoning
@@ -58,8 +58,8 @@ def prepare_chat(body: Any, runtime: Runtime) -> ChatCall:
 
 def chat_call(request: ChatCompletionRequest, runtime: Runtime) -> ChatCall:
     """A parsed request made ready to run: model name, sampling parameters, the rendered template."""
-    model = check_model(runtime, request.model)
-    params = openai_sampling_params(request, runtime.max_model_len)
+    model, adapter = resolve_model(runtime, request.model)
+    params = openai_sampling_params(request, runtime.max_model_len, adapter)
     prompt, plan, output, constraint = render_with_tools(
         runtime,
         request.messages,

@@ -18,7 +18,7 @@ from engine.sampling import SamplingParams
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, collect, engine_request_id, merge, response_id, start_all
 from worker.openai.logprobs import TextOffsets, completion_logprobs, prompt_logprobs
-from worker.openai.models import check_model
+from worker.openai.models import resolve_model
 from worker.openai.params import openai_sampling_params
 from worker.openai.protocol import CompletionRequest
 from worker.openai.usage import usage
@@ -47,8 +47,8 @@ def prepare_completion(body: Any, runtime: Runtime) -> CompletionCall:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     request = CompletionRequest.model_validate(body)
-    model = check_model(runtime, request.model)
-    params = openai_sampling_params(request, runtime.max_model_len)
+    model, adapter = resolve_model(runtime, request.model)
+    params = openai_sampling_params(request, runtime.max_model_len, adapter)
     prompts = _tokenize(runtime.tokenizer, request.prompt, request.add_special_tokens)
     return CompletionCall(runtime, request, prompts, params, response_id("cmpl", request.request_id),
                           int(time.time()), model)

@@ -26,8 +26,10 @@ _SHARED = (
 )
 
 
-def openai_sampling_params(request: ChatCompletionRequest | CompletionRequest, max_model_len: int) -> SamplingParams:
-    """The engine parameters of an OpenAI request; raises BadRequest naming the parameter."""
+def openai_sampling_params(request: ChatCompletionRequest | CompletionRequest, max_model_len: int,
+                           adapter: str | None = None) -> SamplingParams:
+    """The engine parameters of an OpenAI request (run with the LoRA `adapter` when one is named); raises BadRequest
+    naming the parameter."""
     if isinstance(request, CompletionRequest) and request.suffix:
         raise BadRequest("suffix is not supported", param="suffix")
     fields: dict[str, Any] = {name: getattr(request, name) for name in _SHARED if getattr(request, name) is not None}
@@ -49,7 +51,7 @@ def openai_sampling_params(request: ChatCompletionRequest | CompletionRequest, m
             fields["prompt_logprobs"] = max(request.logprobs, request.prompt_logprobs or 0)
     fields["structured"] = structured_spec(
         response_format=request.response_format, **{name: getattr(request, name) for name in _STRUCTURED})
-    return SamplingParams(**fields)
+    return SamplingParams(**fields, adapter=adapter)
 
 
 # The structured-output fields requests share with native sampling_params (vLLM's and SGLang's names).
@@ -116,12 +118,12 @@ NativeSamplingParams: type[BaseModel] = create_model(
     __config__=ConfigDict(extra="forbid"),
     __doc__="`sampling_params` of a native job: vLLM's SamplingParams names; unknown names are a 400.",
     **{f.name: _NATIVE_OVERRIDES.get(f.name, (_HINTS[f.name], _default(f)))
-       for f in dataclasses.fields(SamplingParams) if f.name != "structured"},
+       for f in dataclasses.fields(SamplingParams) if f.name not in ("structured", "adapter")},
     **_NATIVE_STRUCTURED,
 )
 
 
-def native_sampling_params(raw: Any, max_model_len: int) -> SamplingParams:
+def native_sampling_params(raw: Any, max_model_len: int, adapter: str | None = None) -> SamplingParams:
     """The engine parameters of a native job's `sampling_params` (raises ValidationError / InvalidRequest)."""
     if raw is None:
         raw = {}
@@ -134,7 +136,7 @@ def native_sampling_params(raw: Any, max_model_len: int) -> SamplingParams:
         fields["temperature"] = _default_temperature(fields["use_beam_search"], fields["temperature"])
     fields["top_k"] = 0 if fields["top_k"] == -1 else fields["top_k"]
     fields["truncate_prompt_tokens"] = _truncation(fields["truncate_prompt_tokens"], max_model_len)
-    return SamplingParams(**fields)
+    return SamplingParams(**fields, adapter=adapter)
 
 
 def _native_structured(validated: BaseModel) -> Any:

@@ -20,7 +20,7 @@ from engine.structured.spec import StructuredSpec
 from worker.openai.chat import ChatCall, chat_call, count_reasoning_tokens
 from worker.openai.errors import BadRequest, ResponseNotFound, error_body, status_of
 from worker.openai.generation import Collected, engine_request_id, start
-from worker.openai.models import check_model
+from worker.openai.models import resolve_model
 from worker.openai.params import DEFAULT_TEMPERATURE
 from worker.openai.protocol import ChatCompletionRequest
 from worker.openai.response_items import chat_messages, chat_tool_choice, chat_tools, input_items, new_id
@@ -54,7 +54,7 @@ def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     request = ResponsesRequest.model_validate(body)
-    model = check_model(runtime, request.model or runtime.served_model_name)
+    model, _ = resolve_model(runtime, request.model or runtime.served_model_name)  # the chat call runs the adapter
     history: list[dict[str, Any]] = []
     if request.previous_response_id is not None:
         previous = runtime.responses.get(request.previous_response_id)

@@ -1,0 +1,129 @@
+"""LORA_MODULES: LoRA adapters (hub repos or local folders, PEFT layout) baked beside the model.
+
+Each adapter is checked against the model it is baked with (architecture and shapes, and base_model_name
+when the spec gives one) and stored in <model>/adapters/<name>/; the manifest lists their names, ranks,
+target modules and checksums, and the worker serves exactly those.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.errors import BakeError
+from builder.sources import hub_snapshot
+
+ADAPTERS_DIR = "adapters"
+# A name goes in `model` (also as "<base>:<name>") and in a folder name: no colon, no spaces.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+
+
+@dataclass
+class AdapterSpec:
+    """One adapter to bake: the name clients put in `model`, where it comes from, the base it was trained on."""
+
+    name: str
+    path: str  # hub repo id or local folder
+    base_model_name: str | None = None
+
+
+def parse_lora_modules(value: str | None) -> list[AdapterSpec]:
+    """vLLM's forms: a JSON list of {"name", "path", "base_model_name"?} (or one such object), or name=path pairs
+    separated by spaces or commas."""
+    value = (value or "").strip()
+    if not value:
+        return []
+    if value[0] in "[{":
+        try:
+            items = json.loads(value)
+        except ValueError as exc:
+            raise BakeError(f"LORA_MODULES is not valid JSON: {exc}") from None
+        specs = [_from_json(item) for item in (items if isinstance(items, list) else [items])]
+    else:
+        specs = []
+        for pair in re.split(r"[\s,]+", value):
+            name, sep, path = pair.partition("=")
+            if not sep or not name or not path:
+                raise BakeError(f"LORA_MODULES entry {pair!r} is not name=path")
+            specs.append(AdapterSpec(name, path))
+    names = [s.name for s in specs]
+    for spec in specs:
+        if not _NAME.match(spec.name):
+            raise BakeError(f"adapter name {spec.name!r} must be letters, digits and . _ / - (no ':' or spaces)")
+        if names.count(spec.name) > 1:
+            raise BakeError(f"adapter name {spec.name!r} is given twice in LORA_MODULES")
+    return specs
+
+
+def _from_json(item: object) -> AdapterSpec:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not isinstance(item.get("path"), str):
+        raise BakeError(f'each LORA_MODULES entry needs "name" and "path" strings, got {json.dumps(item)}')
+    extra = set(item) - {"name", "path", "base_model_name"}
+    if extra:
+        raise BakeError(f"LORA_MODULES entry {item['name']!r} has unknown keys: {', '.join(sorted(extra))}")
+    return AdapterSpec(item["name"], item["path"], item.get("base_model_name") or None)
+
+
+def bake_adapters(specs: list[AdapterSpec], model: Path, served_name: str, token: str | None) -> list[dict]:
+    """Fetches and checks each adapter into model/adapters/<name>/; returns the manifest's entries."""
+    from transformers import AutoConfig
+
+    from builder.bake import sha256
+    from engine.adapters import ADAPTER_FILES, check_adapter, projection_shapes
+    from engine.errors import UnsupportedModel
+
+    config = AutoConfig.from_pretrained(model)
+    shapes, num_layers = projection_shapes(config), config.num_hidden_layers
+    entries = []
+    for spec in specs:
+        if spec.name == served_name:
+            raise BakeError(f"adapter name {spec.name!r} is the model's own name")
+        if spec.base_model_name and spec.base_model_name != served_name:
+            raise BakeError(f"adapter {spec.name!r} is for base model {spec.base_model_name!r}, but the baked model "
+                            f"is {served_name!r}")
+        folder = model / ADAPTERS_DIR / spec.name.replace("/", "--")
+        folder.mkdir(parents=True)
+        kind, ref = _fetch(spec, folder, token, ADAPTER_FILES)
+        try:
+            info = check_adapter(folder, shapes, num_layers)
+        except UnsupportedModel as exc:
+            raise BakeError(f"adapter {spec.name!r}: {exc.message}") from None
+        if info.base_model and info.base_model not in (served_name, spec.base_model_name):
+            print(f"note: adapter {spec.name!r} names base model {info.base_model!r}; its shapes fit {served_name}")
+        entries.append({
+            "name": spec.name,
+            "path": folder.relative_to(model).as_posix(),
+            "source": {"kind": kind, "ref": ref},
+            "rank": info.rank,
+            "lora_alpha": info.lora_alpha,
+            "target_modules": info.target_modules,
+            "files": {name: sha256(folder / name) for name in ADAPTER_FILES},
+        })
+    return entries
+
+
+def adapter_source(spec: AdapterSpec) -> tuple[str, str]:
+    """(kind, ref) as the manifest records it: a hub repo id, or of a local folder only its name (never this
+    machine's layout)."""
+    local = Path(spec.path).expanduser()
+    if local.is_dir():
+        return "local", local.resolve().name
+    if spec.path.startswith((".", "/", "~")):
+        raise BakeError(f"adapter {spec.name!r}: folder {spec.path!r} does not exist")
+    return "hub", spec.path
+
+
+def _fetch(spec: AdapterSpec, folder: Path, token: str | None, files: tuple[str, ...]) -> tuple[str, str]:
+    """Copies the adapter's files into folder; returns its source (kind, ref) for the manifest."""
+    kind, ref = adapter_source(spec)
+    if kind == "local":
+        source = Path(spec.path).expanduser()
+    else:
+        source = hub_snapshot(spec.path, None, token, lambda: list(files), kind="an adapter")
+    for name in files:
+        if (source / name).is_file():
+            shutil.copy2(source / name, folder / name)
+    return kind, ref
