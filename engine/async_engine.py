@@ -7,6 +7,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
@@ -21,14 +22,30 @@ class AsyncEngine:
     """LLMEngine behind one background thread; asyncio callers stream RequestOutputs from generate()."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.engine: LLMEngine = LLMEngine(config)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopped = False
         self._refusal: BaseException | None = None  # set by fail_all: the error new requests get
-        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+        started: Future[LLMEngine] = Future()
+        self._thread = threading.Thread(target=self._run, args=(config, started), name="engine-loop", daemon=True)
         self._thread.start()
+        self.engine: LLMEngine = started.result()  # the engine's start-up error, if any, is raised here
+
+    def _run(self, config: EngineConfig, started: Future) -> None:
+        """Builds the engine on this thread, then serves.
+
+        NOTE: torch runs its CPU kernels on an OpenMP team belonging to the thread that calls them, and its
+        thread count is a per-thread setting. Loading the weights on the caller's thread left a second team
+        behind, and two teams on two cores made every decode step about a third slower (bench/RESULTS.md).
+        """
+        try:
+            self.engine = LLMEngine(config)
+        except BaseException as exc:
+            started.set_exception(exc)
+            return
+        started.set_result(self.engine)
+        self._loop()
 
     @property
     def tokenizer(self):

@@ -152,3 +152,20 @@ def test_a_failing_request_fails_only_its_stream(engine, monkeypatch):
     assert [r[1] for r in results[:3]] == [e[1] for e in expected]
     assert len(after[1]) == 6  # the loop goes on serving
     wait_idle(engine)
+
+
+def test_a_start_up_error_on_the_loop_thread_reaches_the_caller(engine, tmp_path):
+    # The engine is built on the thread that runs its steps (one OpenMP team for torch's CPU kernels; two
+    # teams on a 2-core machine cost a third of the decode speed), so its start-up errors cross threads.
+    import threading
+
+    from engine.errors import UnsupportedModel
+
+    assert engine._thread.name == "engine-loop" and engine._thread.is_alive()
+    before = threading.active_count()
+    with pytest.raises(UnsupportedModel, match="no model at"):
+        AsyncEngine(EngineConfig(model_path=str(tmp_path / "missing")))
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before:  # the failed engine's thread ends
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
