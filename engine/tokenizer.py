@@ -60,9 +60,10 @@ class Tokenizer:
         self.all_special_ids = [i for i in map(backend.token_to_id, self.all_special_tokens) if i is not None]
         self.added_tokens_decoder = backend.get_added_tokens_decoder()
         self.added_tokens_encoder = {t.content: i for i, t in sorted(self.added_tokens_decoder.items())}
-        for name, text in self.special_tokens_map.items():
+        for name in SPECIAL_TOKEN_NAMES:  # eos_token, eos_token_id, ...: None when the config names none
+            text = self.special_tokens_map.get(name)
             setattr(self, name, text)
-            setattr(self, f"{name}_id", backend.token_to_id(text))
+            setattr(self, f"{name}_id", None if text is None else backend.token_to_id(text))
 
     @classmethod
     def from_folder(cls, folder: Path) -> Tokenizer:

@@ -65,7 +65,8 @@ def test_vocabulary_and_special_tokens_match(pair):
     assert len(ours) == len(ref)
     assert ours.all_special_ids == ref.all_special_ids and ours.all_special_tokens == ref.all_special_tokens
     assert ours.special_tokens_map == ref.special_tokens_map
-    assert ours.eos_token_id == ref.eos_token_id and ours.bos_token == ref.bos_token
+    for name in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"):
+        assert (getattr(ours, name), getattr(ours, f"{name}_id")) == (getattr(ref, name), getattr(ref, f"{name}_id"))
     assert {i: (t.content, t.special) for i, t in ours.added_tokens_decoder.items()} == {
         i: (t.content, t.special) for i, t in ref.added_tokens_decoder.items()}
     assert ours.added_tokens_encoder == ref.added_tokens_encoder
