@@ -38,7 +38,8 @@ from bench.llama_server import ensure_llama_server  # noqa: E402
 QUESTIONS = ["Tell me about the ocean.", "Write a short story about a cat.", "Explain how trains work.",
              "Describe a walk in the forest.", "What makes a good breakfast?", "Tell me about the moon."]
 # Ours: the local endpoint with one environment change per side (nothing: what a user gets by default).
-OURS = {"ours": {}, "ours-fp32": {"DTYPE": "float32"}, "ours-int4": {"QUANTIZATION": "int4"}}
+OURS = {"ours": {}, "ours-fp32": {"DTYPE": "float32"}, "ours-int4": {"QUANTIZATION": "int4"},
+        "ours-c64": {"MAX_CONCURRENCY": "64"}}  # as many jobs at once as llama-server's 64 slots
 
 
 def free_port() -> int:
