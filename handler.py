@@ -7,8 +7,9 @@
                                             a local endpoint with RunPod's URL layout (see worker/server.py)
 
 Settings come from the environment (worker/settings.py). Slow imports (runpod probes the CPU for a
-second, torch and transformers take seconds) are deferred or overlapped with loading the model, since
-cold start is what a serverless worker pays on every scale-up.
+second, torch takes one) are deferred or overlapped with loading the model, and transformers is not
+imported at all to serve a bake, since cold start is what a serverless worker pays on every scale-up. The
+start-up log gives each phase in milliseconds, counted from the process's start.
 """
 
 from __future__ import annotations
