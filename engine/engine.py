@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
-from contextlib import contextmanager
 from itertools import count
 
 import torch
@@ -30,6 +28,7 @@ from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Sequence, SequenceGroup
 from engine.structured.compiler import GrammarCache
 from engine.structured.matcher import GrammarState
+from engine.timing import timed
 from engine.tokenizer import load_tokenizer
 
 __all__ = ["LLMEngine"]
@@ -79,11 +78,11 @@ class LLMEngine:
         self.dtype, self.dtype_reason = resolve_dtype(config.dtype, self.device, config.quantization)
         self.threads = size_thread_pool() if self.device.type == "cpu" else None
         torch.manual_seed(config.seed)
-        with self._phase("weights"):
+        with timed(self.start_ms, "weights"):
             self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization,
                                                config.lora)
         self.adapters: dict[str, int] = self.model.lora.slots if self.model.lora is not None else {}
-        with self._phase("tokenizer"):
+        with timed(self.start_ms, "tokenizer"):
             self.tokenizer = load_tokenizer(config.model_path)
         self.max_model_len = min(config.max_model_len or self.spec.max_position_embeddings,
                                  self.spec.max_position_embeddings)
@@ -94,11 +93,11 @@ class LLMEngine:
         backend = cuda_setup.attention_backend_name(config.attention_backend, self.device, self.dtype)
         self.backend = create_backend(backend, self.device, **cuda_setup.backend_kwargs(s, self.dtype))
         if self.device.type == "cuda":
-            with self._phase("warm-up"):
+            with timed(self.start_ms, "warm-up"):
                 cuda_setup.warm_up(self.model, self.backend, config.page_size)  # JIT builds now, not on a request
         num_pages = self._num_pages(PagePool.bytes_per_page(s.num_layers, config.page_size, s.num_kv_heads,
                                                             s.head_dim, self.dtype))
-        with self._phase("kv cache"):
+        with timed(self.start_ms, "kv cache"):
             self.pool = PagePool(s.num_layers, num_pages, config.page_size, s.num_kv_heads, s.head_dim,
                                  self.dtype, self.device)
         self.allocator = PageAllocator(num_pages, config.enable_prefix_caching)
@@ -106,7 +105,7 @@ class LLMEngine:
                                    config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.pool, self.backend, Sampler(), self.device)
         if self.device.type == "cuda":
-            with self._phase("graphs"):
+            with timed(self.start_ms, "graphs"):
                 self.runner.graph_runner = cuda_setup.prepare_cuda(
                     self.model, self.backend, self.pool.kv_caches, page_size=config.page_size,
                     max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
@@ -123,12 +122,6 @@ class LLMEngine:
         self.grammars = GrammarCache(self.tokenizer, self.spec.vocab_size, sorted(self.spec.eos_token_ids),
                                      threads=2 if self.device.type == "cpu" else 8)
         self._compiling: dict[str, tuple[SequenceGroup, Future]] = {}
-
-    @contextmanager
-    def _phase(self, name: str):
-        started = time.perf_counter()
-        yield
-        self.start_ms[name] = round(1000 * (time.perf_counter() - started))
 
     def _num_pages(self, page_bytes: int) -> int:
         c, ps = self.config, self.config.page_size

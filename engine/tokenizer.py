@@ -22,6 +22,16 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 # Names a message's reasoning goes under; templates read the first (gpt-oss ones read `thinking`).
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+# The manifest key with which the bake says it saved the tokenizer through transformers (and which version).
+BAKE_MARK = "tokenizer_saved_by"
+
+
+def saved_by_bake(folder: Path) -> bool:
+    """Whether the bake's manifest says it saved the folder's tokenizer through transformers (BAKE_MARK)."""
+    try:
+        return BAKE_MARK in json.loads((Path(folder) / "manifest.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def load_tokenizer(model_path: str) -> Any:
@@ -29,14 +39,10 @@ def load_tokenizer(model_path: str) -> Any:
 
     Only the bake guarantees that tokenizer.json is what transformers runs: for a folder as the hub has it,
     transformers may pick a tokenizer class by the config's model_type whose pre-tokenizer replaces the
-    file's, and the manifest says the bake saved it back (`tokenizer_saved_by`).
+    file's, and the manifest says the bake saved it back.
     """
     folder = Path(model_path)
-    try:
-        baked = "tokenizer_saved_by" in json.loads((folder / "manifest.json").read_text())
-    except (OSError, ValueError):
-        baked = False
-    if baked and (folder / "tokenizer.json").is_file():
+    if saved_by_bake(folder) and (folder / "tokenizer.json").is_file():
         return Tokenizer.from_folder(folder)
     from transformers import AutoTokenizer
 
