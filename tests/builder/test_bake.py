@@ -84,6 +84,13 @@ def test_local_folder_source(tmp_path: Path, tiny_llama: Path) -> None:
     # --if-missing leaves an existing bake alone
     again = run_baker("--model", "/nonexistent", "--out", str(out), "--if-missing")
     assert again.returncode == 0 and "already baked" in again.stdout
+    # ... but not a bake of an older format, whose tokenizer the worker cannot read without transformers
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest.pop("tokenizer_saved_by").startswith("transformers ")
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    again = run_baker("--model", str(tiny_llama), "--out", str(out), "--if-missing")
+    assert again.returncode == 0 and "already baked" not in again.stdout
+    assert "tokenizer_saved_by" in json.loads((out / "manifest.json").read_text())
 
 
 def test_bin_checkpoint_is_converted(tmp_path: Path, tiny_llama: Path) -> None:
