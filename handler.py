@@ -111,8 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from engine.timing import timed
 
@@ -125,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         except SettingsError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+    logging.basicConfig(level=settings.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def start() -> bool:
         """Build the engine; a model that cannot be served is one line on stderr, not a traceback."""
@@ -138,12 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         except EngineError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return False
-        phases.update(started.engine.engine.start_ms)
+        phases.update(started.engine.start_ms)
         log.info("start-up in ms: %s; ready %.2f s after the process started",
                  ", ".join(f"{name} {ms}" for name, ms in phases.items()), time.perf_counter() - STARTED_AT)
         return True
 
-    on_runpod = os.environ.get("RUNPOD_WEBHOOK_GET_JOB") is not None or "--rp_serve_api" in rest
+    on_runpod = settings.on_runpod or "--rp_serve_api" in rest
     if args.serve:
         imports = _import_in_background("uvicorn", "fastapi", "worker.server")
         if not start():

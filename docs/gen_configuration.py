@@ -24,6 +24,8 @@ LOCAL_ONLY = {
     "RUNPOD_API_KEY": "Local endpoint only (`python handler.py --serve`): when set, every route except "
     "`/health` requires `Authorization: Bearer <key>`, so clients configured for the hosted endpoint work "
     "unchanged. On RunPod the platform checks the key before a job reaches the worker.",
+    "RUNPOD_WEBHOOK_GET_JOB": "Set by RunPod on its workers, never by hand: `python handler.py` then runs the "
+    "serverless job loop; unset, it runs one local test job (`--test_input`).",
     "MAX_REQUEST_MB": "Local endpoint only: a request body over this many MiB is refused with a 413 before it is "
     "read whole (at once when Content-Length says so). On RunPod the platform's own payload limits apply.",
 }

@@ -58,6 +58,14 @@ class AsyncEngine:
     def describe(self) -> dict:
         return self.engine.describe()
 
+    def stats(self) -> dict[str, int]:
+        return self.engine.stats()
+
+    @property
+    def start_ms(self) -> dict[str, int]:
+        """How long each start-up phase took (weights, tokenizer, kv cache, ...)."""
+        return self.engine.start_ms
+
     async def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:

@@ -31,4 +31,5 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # CUDA: no graphs
     seed: int = 0
+    cpu_threads: int | None = None  # CPU: torch's threads (None: the CPUs this process may use, capped by its quota)
     lora: LoraConfig | None = None  # None (or no adapters): the base model alone, at no LoRA cost

@@ -40,9 +40,11 @@ def available_cpus(root: Path = CGROUP_ROOT) -> int:
     return cpus if quota is None else max(1, min(cpus, math.ceil(quota)))
 
 
-def size_thread_pool(root: Path = CGROUP_ROOT) -> int:
-    """Narrows torch's intra-op pool to available_cpus() unless OMP_NUM_THREADS chose a width; returns the width."""
-    if not os.environ.get("OMP_NUM_THREADS"):
+def size_thread_pool(threads: int | None = None, root: Path = CGROUP_ROOT) -> int:
+    """Sets torch's intra-op pool to `threads`, or, when None, narrows it to available_cpus(); returns the width."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    else:
         cpus = available_cpus(root)
         if cpus < torch.get_num_threads():
             torch.set_num_threads(cpus)

@@ -1,7 +1,7 @@
 """CUDA start-up: which attention backend, kernel warm-up (JIT), the KV pool budget, decode CUDA graphs.
 
 The engine calls these in this order on CUDA:
-  1. backend = create_backend(attention_backend_name(...), device, **backend_kwargs(spec, dtype))
+  1. backend = create_backend(resolve_backend(...)[0], device, **backend_kwargs(spec, dtype))
   2. warm_up(model, backend, page_size)          FlashInfer JIT builds happen here, not on a request
   3. kv_budget_bytes(device, utilization, reserve_bytes(...)) -> bytes for the PagePool
   4. prepare_cuda(model, backend, pool.kv_caches, ...) -> the CudaGraphRunner (None when eager)
@@ -19,28 +19,17 @@ import torch
 
 from engine import kernels
 from engine.cuda_graph import CudaGraphRunner, batch_size_ladder
-from engine.errors import InvalidRequest
+from engine.errors import StartupError
 
 log = logging.getLogger(__name__)
 
 MAX_GRAPH_BATCH = 256  # decode batches up to this size replay a captured graph; larger ones run eagerly
-HALF_DTYPES = (torch.float16, torch.bfloat16)
 MiB = 1 << 20
 # The reserve (reserve_bytes) is memory the KV pool must leave free for what runs after it is sized:
 GRAPH_WRAPPER_BYTES = 8 * MiB  # each captured size has its own FlashInfer decode wrapper and int workspace
 SAMPLER_BYTES_PER_LOGIT = 32  # fp32 logits, probabilities, log-probabilities, sorted values + int64 order
 LOGIT_ROWS_MIN = 256  # prompt_logprobs turns up to 256 prompt rows into logits at once (model_runner)
 SLACK_BYTES = 256 * MiB  # cuBLAS workspaces, allocator rounding and fragmentation
-
-
-def attention_backend_name(requested: str, device: torch.device, dtype: torch.dtype) -> str:
-    """auto -> flashinfer on CUDA in fp16/bf16 when flashinfer imports, else torch (FlashInfer has no
-    float32 kernels, so a float32 engine gets torch). flashinfer / torch are returned as asked."""
-    if requested != "auto":
-        return requested
-    if torch.device(device).type == "cuda" and dtype in HALF_DTYPES and kernels.flashinfer_available():
-        return "flashinfer"
-    return "torch"
 
 
 def backend_kwargs(spec: Any, dtype: torch.dtype) -> dict[str, Any]:
@@ -85,7 +74,7 @@ def kv_budget_from(free: int, total: int, gpu_memory_utilization: float, reserve
     """Bytes for the KV pool: total * utilization, less what is in use now (weights, workspace, CUDA context,
     other processes: total - free), less the reserve. Never negative."""
     if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise InvalidRequest(
+        raise StartupError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}", param="gpu_memory_utilization"
         )
     return max(0, int(total * gpu_memory_utilization) - (total - free) - reserve)

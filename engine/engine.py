@@ -10,12 +10,12 @@ from itertools import count
 import torch
 
 from engine import cuda_setup
-from engine.attention import create_backend
+from engine.attention import create_backend, resolve_backend
 from engine.beam_search import BeamSearch
 from engine.config import EngineConfig
 from engine.cpu_threads import size_thread_pool
 from engine.detokenizer import Detokenizer
-from engine.errors import ContextTooLong, InvalidRequest
+from engine.errors import ContextTooLong, InvalidRequest, StartupError
 from engine.kv_cache import PageAllocator, PagePool, adapter_salt
 from engine.loader import load_model
 from engine.logits_processor import tokenize_bad_words
@@ -76,7 +76,7 @@ class LLMEngine:
         self.start_ms: dict[str, int] = {}  # how long each start-up phase took, for the start-up log
         self.device = resolve_device(config.device)
         self.dtype, self.dtype_reason = resolve_dtype(config.dtype, self.device, config.quantization)
-        self.threads = size_thread_pool() if self.device.type == "cpu" else None
+        self.threads = size_thread_pool(config.cpu_threads) if self.device.type == "cpu" else None
         torch.manual_seed(config.seed)
         with timed(self.start_ms, "weights"):
             self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization,
@@ -87,11 +87,11 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or self.spec.max_position_embeddings,
                                  self.spec.max_position_embeddings)
         if config.max_model_len and config.max_model_len > self.spec.max_position_embeddings:
-            raise InvalidRequest(f"max_model_len {config.max_model_len} is above the model's limit of "
-                                 f"{self.spec.max_position_embeddings}", param="max_model_len")
+            raise StartupError(f"max_model_len {config.max_model_len} is above the model's limit of "
+                               f"{self.spec.max_position_embeddings}", param="max_model_len")
         s = self.spec
-        backend = cuda_setup.attention_backend_name(config.attention_backend, self.device, self.dtype)
-        self.backend = create_backend(backend, self.device, **cuda_setup.backend_kwargs(s, self.dtype))
+        self.backend_name, self.backend_reason = resolve_backend(config.attention_backend, self.device, self.dtype)
+        self.backend = create_backend(self.backend_name, self.device, **cuda_setup.backend_kwargs(s, self.dtype))
         if self.device.type == "cuda":
             with timed(self.start_ms, "warm-up"):
                 cuda_setup.warm_up(self.model, self.backend, config.page_size)  # JIT builds now, not on a request
@@ -140,8 +140,11 @@ class LLMEngine:
             pages = max(full_seq, min(-(-want // ps), CPU_KV_BYTES // page_bytes))
         if pages < full_seq:
             if c.max_model_len:
-                raise InvalidRequest(f"the KV cache ({pages} pages of {ps} tokens) cannot hold one sequence of "
-                                     f"max_model_len={self.max_model_len} tokens", param="max_model_len")
+                more = ("num_kv_pages" if c.num_kv_pages else "kv_cache_bytes" if c.kv_cache_bytes
+                        else "gpu_memory_utilization")
+                raise StartupError(f"the KV cache ({pages} pages of {ps} tokens) cannot hold one sequence of "
+                                   f"max_model_len={self.max_model_len} tokens: lower max_model_len to at most "
+                                   f"{pages * ps}, or raise {more}", param="max_model_len")
             log.warning("max_model_len lowered to %d tokens to fit the KV cache", pages * ps)
             self.max_model_len = pages * ps
         return pages
@@ -318,11 +321,16 @@ class LLMEngine:
             self._fail(group, exc)
         return outputs
 
+    def stats(self) -> dict[str, int]:
+        """The live load: free KV pages (cached prefix pages included) and preemptions so far."""
+        return {"kv_pages_free": self.allocator.num_free, "preemptions": self.scheduler.num_preemptions}
+
     def describe(self) -> dict:
         return {
             "model": self.config.model_path,
             "architecture": self.spec.architecture,
-            "backend": type(self.backend).__name__,
+            "backend": self.backend_name,
+            "backend_reason": self.backend_reason,
             "dtype": str(self.dtype).removeprefix("torch."),
             "dtype_reason": self.dtype_reason,
             "quantization": self.config.quantization,

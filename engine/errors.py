@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 class EngineError(Exception):
-    """Base of every error the engine raises on purpose."""
+    """Base of every error the engine raises on purpose. Raised as itself, it is the engine's own fault: a
+    state it should never reach (HTTP 500, server_error); the subclasses say when the cause lies elsewhere."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -26,3 +27,7 @@ class ShuttingDown(EngineError):
 
 class UnsupportedModel(EngineError):
     """The checkpoint's architecture or layout is one the engine cannot run."""
+
+
+class StartupError(EngineError):
+    """The engine cannot start as configured; the message names the setting to change."""

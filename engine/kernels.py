@@ -17,13 +17,19 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @functools.cache
-def flashinfer_available() -> bool:
-    """Whether flashinfer imports (a broken CUDA install raises more than ImportError)."""
+def flashinfer_import_error() -> Exception | None:
+    """None when flashinfer imports, else the error it raised (a broken CUDA install raises more than
+    ImportError). The one probe of FlashInfer: the attention backend is chosen from it (engine.attention)."""
     try:
         importlib.import_module("flashinfer")
-    except Exception:
-        return False
-    return True
+    except Exception as exc:
+        return exc
+    return None
+
+
+def flashinfer_available() -> bool:
+    """Whether flashinfer imports."""
+    return flashinfer_import_error() is None
 
 
 def use_fused_kernels(device: torch.device, dtype: torch.dtype) -> bool:

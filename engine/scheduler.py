@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.errors import EngineError
+from engine.errors import EngineError, InvalidRequest
 from engine.kv_cache import PageAllocator
 from engine.sequence import Sequence, SequenceGroup
 
@@ -123,7 +123,7 @@ class Scheduler:
                     break
                 # Nothing else holds pages or seats: this request can never run.
                 self.waiting.popleft()
-                out.failed.append((group, EngineError("the KV cache is too small for this request")))
+                out.failed.append((group, self._cannot_fit(group)))
                 continue
             if not group.admitted:
                 group.admitted = True
@@ -253,9 +253,18 @@ class Scheduler:
         """The group cannot grow now: alone it never will (fail it), else it waits for pages (preempt it)."""
         if len(self.running) == 1:
             self.remove(group)
-            out.failed.append((group, EngineError("the KV cache is too small for this request")))
+            out.failed.append((group, self._cannot_fit(group)))
         else:
             self._preempt(group, out)
+
+    def _cannot_fit(self, group: SequenceGroup) -> EngineError:
+        """Why a group alone in the pool cannot go on. Start-up sizes the pool for one sequence of max_model_len,
+        so only a request's several sequences (n, best_of, beams) can outgrow it; one sequence is a bug."""
+        pool = f"the KV cache ({self.allocator.num_pages} pages of {self.page_size} tokens)"
+        if group.params.num_sequences > 1:
+            return InvalidRequest(f"{pool} cannot hold this request's {group.params.num_sequences} sequences at "
+                                  "once: lower n, best_of or max_tokens", param="n")
+        return EngineError(f"{pool} could not hold one sequence of {group.seqs[0].num_tokens} tokens")
 
     def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
         self.num_preemptions += 1

@@ -6,6 +6,7 @@ The engine import happens here, inside `start`, so importing `worker` stays free
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -80,6 +81,7 @@ def start(settings: Settings) -> Runtime:
         return _current
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig, LoraConfig
+    from engine.errors import StartupError
 
     config = EngineConfig(
         model_path=settings.model_path,
@@ -96,14 +98,28 @@ def start(settings: Settings) -> Runtime:
         enable_prefix_caching=settings.enable_prefix_caching,
         enforce_eager=settings.enforce_eager,
         seed=settings.seed,
+        cpu_threads=settings.omp_num_threads,
         lora=LoraConfig(baked_adapters(settings), settings.max_loras, settings.max_lora_rank),
     )
-    engine = AsyncEngine(config)
+    try:
+        engine = AsyncEngine(config)
+    except StartupError as exc:
+        raise StartupError(_as_env_names(exc.message), param=exc.param) from None
     store = ResponseStore(settings.response_store_max_entries, int(settings.response_store_max_mb * 2**20))
     _current = Runtime(settings=settings, engine=engine, model_names=accepted_model_names(settings),
                        created=int(time.time()), responses=store, drain=Drain(engine, settings.shutdown_grace_s))
     log.info("serving %s", describe(_current))
     return _current
+
+
+# The engine names its settings as EngineConfig does; a worker's user sets them as these variables.
+ENV_OF_ENGINE_SETTING = {"max_model_len": "MAX_MODEL_LEN", "num_kv_pages": "NUM_GPU_BLOCKS_OVERRIDE",
+                         "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION", "attention_backend": "ATTENTION_BACKEND",
+                         "dtype": "DTYPE", "max_num_seqs": "MAX_NUM_SEQS", "page_size": "BLOCK_SIZE"}
+
+
+def _as_env_names(message: str) -> str:
+    return re.sub(r"\b(" + "|".join(ENV_OF_ENGINE_SETTING) + r")\b", lambda m: ENV_OF_ENGINE_SETTING[m[1]], message)
 
 
 def current() -> Runtime:
@@ -115,11 +131,7 @@ def current() -> Runtime:
 
 def engine_stats(runtime: Runtime) -> dict[str, Any]:
     """describe() plus the live load (free KV pages, cached prefix pages included) for /health."""
-    info = dict(runtime.engine.describe())
-    inner = runtime.engine.engine  # AsyncEngine -> LLMEngine
-    info["kv_pages_free"] = inner.allocator.num_free
-    info["preemptions"] = inner.scheduler.num_preemptions
-    return info
+    return {**runtime.engine.describe(), **runtime.engine.stats()}
 
 
 def describe(runtime: Runtime) -> str:
@@ -128,8 +140,9 @@ def describe(runtime: Runtime) -> str:
     quantization = f" quantization={info['quantization']}" if info.get("quantization") else ""
     threads = f" threads={info['threads']}" if info.get("threads") else ""
     return (
-        f"model={info['model']} served_as={runtime.served_model_name} backend={info['backend']} "
-        f"dtype={info['dtype']} ({info['dtype_reason']}){quantization} device={info['device']}{threads} "
+        f"model={info['model']} served_as={runtime.served_model_name} "
+        f"backend={info['backend']} ({info['backend_reason']}) dtype={info['dtype']} ({info['dtype_reason']})"
+        f"{quantization} device={info['device']}{threads} "
         f"kv_pages={info['kv_pages']}x{info['page_size']} ({info['kv_bytes'] / 2**20:.0f} MiB) "
         f"max_model_len={runtime.max_model_len} tool_calls={runtime.tool_format} "
         f"reasoning={runtime.reasoning_format or 'none'}"

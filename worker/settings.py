@@ -78,6 +78,13 @@ class Settings(BaseModel):
     response_store_max_entries: int = Field(1000, alias="RESPONSE_STORE_MAX_ENTRIES", ge=0)
     response_store_max_mb: float = Field(64.0, alias="RESPONSE_STORE_MAX_MB", ge=0.0)
 
+    # Process
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO", alias="LOG_LEVEL")
+    # torch's CPU threads: by default the CPUs this process may use, capped by its container's CPU quota
+    omp_num_threads: int | None = Field(None, alias="OMP_NUM_THREADS", ge=1)
+    # Set by RunPod on its workers: `python handler.py` then runs the serverless loop, not a local test job
+    runpod_webhook_get_job: str | None = Field(None, alias="RUNPOD_WEBHOOK_GET_JOB")
+
     # Local endpoint
     api_key: str | None = Field(None, alias="RUNPOD_API_KEY")
     # RunPod's own API refuses job payloads over 20 MB (/runsync; 10 MB for /run): the local one does the same.
@@ -86,6 +93,10 @@ class Settings(BaseModel):
     @property
     def model_path(self) -> str:
         return self.model_path_env or str(Path(self.base_path) / "model")
+
+    @property
+    def on_runpod(self) -> bool:
+        return self.runpod_webhook_get_job is not None
 
 
 _DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -105,6 +116,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     for key in ("DEVICE", "ATTENTION_BACKEND", "QUANTIZATION", "TOOL_CALL_PARSER", "REASONING_PARSER"):
         if key in values:
             values[key] = values[key].strip().lower()
+    if "LOG_LEVEL" in values:
+        values["LOG_LEVEL"] = values["LOG_LEVEL"].strip().upper()
     try:
         return Settings.model_validate(values)
     except ValidationError as exc:

@@ -1,4 +1,4 @@
-"""CPU thread sizing: the container's CPU quota (cgroup v2 and v1) caps torch's pool; OMP_NUM_THREADS wins."""
+"""CPU thread sizing: the container's CPU quota (cgroup v2 and v1) caps torch's pool; a width asked for wins."""
 
 from __future__ import annotations
 
@@ -56,23 +56,21 @@ def test_available_cpus_is_the_affinity_capped_by_the_quota_rounded_up(tmp_path)
     assert available_cpus(tmp_path) == affinity
 
 
-def test_the_pool_narrows_to_the_quota(tmp_path, monkeypatch, threads):
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+def test_the_pool_narrows_to_the_quota(tmp_path, threads):
     torch.set_num_threads(2)
     write(tmp_path, "cpu.max", "100000 100000")
-    assert size_thread_pool(tmp_path) == 1
+    assert size_thread_pool(root=tmp_path) == 1
     assert torch.get_num_threads() == 1
 
 
-def test_the_pool_never_widens(tmp_path, monkeypatch, threads):
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+def test_the_pool_never_widens(tmp_path, threads):
     torch.set_num_threads(1)
     write(tmp_path, "cpu.max", "800000 100000")
-    assert size_thread_pool(tmp_path) == 1
+    assert size_thread_pool(root=tmp_path) == 1
 
 
-def test_omp_num_threads_overrides_the_quota(tmp_path, monkeypatch, threads):
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    torch.set_num_threads(2)
+def test_a_width_asked_for_overrides_the_quota(tmp_path, threads):
+    # the worker asks for OMP_NUM_THREADS' width (worker/settings.py)
+    torch.set_num_threads(1)
     write(tmp_path, "cpu.max", "100000 100000")
-    assert size_thread_pool(tmp_path) == 2
+    assert size_thread_pool(2, root=tmp_path) == 2

@@ -7,17 +7,24 @@ every layer, the float32 cos|sin table, in-place fused add+norm, q/k views) and 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from engine import cuda_setup, kernels
 from engine.attention.torch_ref import TorchRefBackend
-from engine.errors import InvalidRequest
+from engine.attention import resolve_backend
+from engine.errors import StartupError
 from engine.layers import RMSNorm
 from engine.loader import load_model
 from engine.models.llama import LlamaArgs, LlamaAttention, LlamaMLP
 
 GiB = 1 << 30
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(tiny_checkpoint, tmp_path, kind: str):
@@ -84,17 +91,49 @@ def test_fused_wiring_gives_the_torch_logits(tiny_checkpoint, paged_harness, tmp
         assert torch.equal(g, w)
 
 
-def test_attention_backend_name(monkeypatch):
+def test_resolve_backend_rules(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(kernels, "flashinfer_available", lambda: True)
-    assert cuda_setup.attention_backend_name("auto", cuda, torch.bfloat16) == "flashinfer"
-    assert cuda_setup.attention_backend_name("auto", cuda, torch.float16) == "flashinfer"
-    assert cuda_setup.attention_backend_name("auto", cuda, torch.float32) == "torch"  # FlashInfer has no fp32
-    assert cuda_setup.attention_backend_name("auto", cpu, torch.bfloat16) == "torch"
-    assert cuda_setup.attention_backend_name("torch", cuda, torch.bfloat16) == "torch"
-    assert cuda_setup.attention_backend_name("flashinfer", cuda, torch.float32) == "flashinfer"  # asked: it refuses
-    monkeypatch.setattr(kernels, "flashinfer_available", lambda: False)
-    assert cuda_setup.attention_backend_name("auto", cuda, torch.bfloat16) == "torch"
+    monkeypatch.setattr(kernels, "flashinfer_import_error", lambda: None)
+    assert resolve_backend("auto", cuda, torch.bfloat16) == ("flashinfer", "auto: CUDA")
+    assert resolve_backend("auto", cuda, torch.float16)[0] == "flashinfer"
+    assert resolve_backend("flashinfer", cuda, torch.bfloat16) == ("flashinfer", "asked for")
+    assert resolve_backend("auto", cuda, torch.float32) == ("torch", "auto: FlashInfer has no float32 kernels")
+    assert resolve_backend("auto", cpu, torch.bfloat16) == ("torch", "auto: cpu")
+    assert resolve_backend("torch", cuda, torch.bfloat16) == ("torch", "asked for")
+    for asked, device, dtype, says in [("flashinfer", cuda, torch.float32, "no float32 kernels"),
+                                       ("flashinfer", cpu, torch.bfloat16, "needs CUDA"),
+                                       ("fast", cuda, torch.bfloat16, "unknown attention backend 'fast'")]:
+        with pytest.raises(StartupError, match=says) as err:
+            resolve_backend(asked, device, dtype)
+        assert err.value.param == "attention_backend"
+
+
+BROKEN_FLASHINFER = "raise OSError('libcudart.so.13: cannot open shared object file')\n"
+RESOLVE = """
+import torch
+from engine.attention import resolve_backend
+from engine.errors import StartupError
+for asked in ("auto", "flashinfer", "torch"):
+    try:
+        print(asked, "->", resolve_backend(asked, torch.device("cuda"), torch.bfloat16))
+    except StartupError as exc:
+        print(asked, "-> StartupError:", exc)
+"""
+
+
+def test_a_flashinfer_that_fails_to_import_on_cuda_stops_start_up_with_its_cause(tmp_path):
+    """A real import failure (a flashinfer package whose import raises, as a broken CUDA build does): auto and
+    flashinfer refuse with the cause and the way out; only an explicit torch gets the torch backend."""
+    (tmp_path / "flashinfer").mkdir()
+    (tmp_path / "flashinfer" / "__init__.py").write_text(BROKEN_FLASHINFER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-c", RESOLVE], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for line in lines[:2]:
+        assert "StartupError: FlashInfer does not import on this CUDA machine (OSError: libcudart.so.13" in line
+        assert "requirements-cuda.txt" in line and "attention_backend=torch" in line
+    assert lines[2] == "torch -> ('torch', 'asked for')"
 
 
 def test_backend_kwargs(tiny_checkpoint, tmp_path):
@@ -110,7 +149,7 @@ def test_kv_budget_arithmetic():
     assert cuda_setup.kv_budget_from(80 * GiB, 100 * GiB, 1.0, 0) == 80 * GiB
     assert cuda_setup.kv_budget_from(5 * GiB, 100 * GiB, 0.5, GiB) == 0  # over budget already: never negative
     for bad in (0.0, -0.1, 1.5):
-        with pytest.raises(InvalidRequest) as err:
+        with pytest.raises(StartupError) as err:
             cuda_setup.kv_budget_from(80 * GiB, 100 * GiB, bad, 0)
         assert err.value.param == "gpu_memory_utilization"
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine import cuda_setup
+from engine.attention import resolve_backend
 
 DT = torch.bfloat16
 
@@ -23,8 +24,8 @@ def load(tmp_path, tiny_llama_checkpoint, **kw):
 
 def test_auto_backend_on_this_gpu():
     cuda = torch.device("cuda")
-    assert cuda_setup.attention_backend_name("auto", cuda, DT) == "flashinfer"
-    assert cuda_setup.attention_backend_name("auto", cuda, torch.float32) == "torch"
+    assert resolve_backend("auto", cuda, DT) == ("flashinfer", "auto: CUDA")
+    assert resolve_backend("auto", cuda, torch.float32)[0] == "torch"
 
 
 def test_kv_budget_bytes_follows_free_memory():

@@ -26,7 +26,7 @@ def test_pool_and_peak_stay_within_budget(tmp_path, tiny_llama_checkpoint):
                                     attention_backend="flashinfer", gpu_memory_utilization=UTILIZATION,
                                     max_num_seqs=64, max_num_batched_tokens=1024))
     info = engine.describe()
-    assert info["backend"] == "FlashInferBackend" and info["dtype"] == "bfloat16"
+    assert info["backend"] == "flashinfer" and info["dtype"] == "bfloat16"
     # the pool takes most of the budget (the model and activations are tiny) yet fits inside it
     assert 0.5 * budget < info["kv_bytes"] <= budget, (info["kv_bytes"], budget)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.errors import ContextTooLong, InvalidRequest
+from engine.errors import ContextTooLong, EngineError, InvalidRequest
 from worker.openai.errors import AuthenticationFailed, ModelNotFound, RouteNotFound, error_body, status_of
 
 
@@ -25,3 +25,11 @@ def test_unexpected_errors_are_500_without_their_details() -> None:
     assert status_of(body) == 500 and body["error"]["type"] == "server_error"
     assert "secret" not in body["error"]["message"] and "Traceback" not in body["error"]["message"]
     assert status_of({"choices": []}) is None
+
+
+def test_the_engine_own_faults_are_500_server_errors_that_say_what_happened() -> None:
+    # e.g. the grammar matcher rejecting a token its own mask allowed: a bug, not a bad request
+    body = error_body(EngineError("the grammar rejected token 7, which its own mask allowed"))
+    assert status_of(body) == 500 and body["error"]["type"] == "server_error" and body["error"]["param"] is None
+    message = "Internal server error: the grammar rejected token 7, which its own mask allowed."
+    assert body["error"]["message"] == message

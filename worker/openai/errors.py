@@ -109,8 +109,11 @@ def error_body(exc: BaseException) -> dict[str, Any]:
         return _body(exc.message, "server_error", None, "worker_shutting_down", 503)
     if isinstance(exc, ContextTooLong):
         return _body(exc.message, "invalid_request_error", exc.param, "context_length_exceeded", 400)
-    if isinstance(exc, (InvalidRequest, EngineError)):
+    if isinstance(exc, InvalidRequest):
         return _body(exc.message, "invalid_request_error", exc.param, None, 400)
+    if isinstance(exc, EngineError):  # the engine's own fault, said plainly: the request itself was fine
+        log.error("engine error while serving a request: %s", exc.message)
+        return _body(f"Internal server error: {exc.message}.", "server_error", None, None, 500)
     log.exception("unexpected error while serving a request", exc_info=exc)
     return _body(f"Internal server error ({type(exc).__name__}).", "server_error", None, None, 500)
 
