@@ -88,7 +88,7 @@ ARG PRECOMPILE_CUDA_ARCHS="8.0 8.6 8.9 9.0a"
 ENV FLASHINFER_WORKSPACE_BASE=/opt/flashinfer
 RUN for arch in $PRECOMPILE_CUDA_ARCHS; do \
       FLASHINFER_CUDA_ARCH_LIST="$arch" python -c "import json, sys, time, torch; \
-from engine.kernels import precompile; \
+from engine.cuda.kernels import precompile; \
 c = json.load(open(sys.argv[1])); d = c.get('head_dim') or c['hidden_size'] // c['num_attention_heads']; \
 t = time.time(); built = precompile([d], torch.bfloat16, cuda_arch=sys.argv[2]); \
 print(f'precompiled {len(built)} FlashInfer modules for sm {sys.argv[2]} (head_dim {d}) in {time.time() - t:.0f} s')" \

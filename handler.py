@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     def start() -> bool:
         """Build the engine; a model that cannot be served is one line on stderr, not a traceback."""
         with timed(phases, "imports"):  # torch, the engine and the worker's modules
-            from engine.async_engine import AsyncEngine  # noqa: F401
+            from engine.core.async_engine import AsyncEngine  # noqa: F401
             from engine.errors import EngineError
             from worker import runtime
             from worker.jobs import run_job  # noqa: F401

@@ -28,15 +28,15 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    import engine.loader
+    import engine.model.loader
     from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-    from engine.sampling import SamplingParams
+    from engine.core.engine import LLMEngine
+    from engine.sample.params import SamplingParams
 
     if args.mode != "eager":
         import torch._inductor.config as inductor
 
-        engine.loader.pack_linears_for_cpu = lambda model: 0
+        engine.model.loader.pack_linears_for_cpu = lambda model: 0
         inductor.freezing = True
     path = os.environ.get("MODEL_PATH", str(Path(os.environ.get("BASE_PATH", ROOT / ".models")) / "model"))
     llm = LLMEngine(EngineConfig(model_path=path, dtype="bfloat16", num_kv_pages=64, max_num_seqs=4))

@@ -60,8 +60,8 @@ def peak_rss_mib() -> float:
 
 def run_engine(dtype: str, quantization: str | None = None) -> dict:
     from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-    from engine.sampling import SamplingParams
+    from engine.core.engine import LLMEngine
+    from engine.sample.params import SamplingParams
 
     engine = LLMEngine(EngineConfig(model_path=model_path(), dtype=dtype, device="cpu", quantization=quantization))
     tok = engine.tokenizer

@@ -35,7 +35,7 @@ CONFIGS = [("no-lora", 1, None), ("base", 1, 0), ("1 adapter", 1, 1),
 def write_adapters(folder: Path, rank: int) -> dict[str, str]:
     from transformers import AutoConfig
 
-    from engine.adapters import projection_shapes
+    from engine.model.adapters import projection_shapes
     from tests.lora_adapters import ALL_TARGETS, write_adapter
 
     config = AutoConfig.from_pretrained(model_path())
@@ -47,7 +47,7 @@ def write_adapters(folder: Path, rank: int) -> dict[str, str]:
 
 def decode_rate(engine, batch: int, distinct: int | None, tokens: int, seed: int) -> float:
     """Decode tokens/s of `batch` requests, request i on adapter i % distinct; prefill steps are not timed."""
-    from engine.sampling import SamplingParams
+    from engine.sample.params import SamplingParams
 
     # Short prompts: the prefill is not what is measured, and on a 2-core VM it would dominate the run.
     for i, ids in enumerate(p[:PROMPT_TOKENS] for p in prompts(engine.tokenizer, batch, seed)):
@@ -75,7 +75,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from engine.config import EngineConfig, LoraConfig
-    from engine.engine import LLMEngine
+    from engine.core.engine import LLMEngine
 
     results = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,7 +6,7 @@ Both servers serve the default model (ours its bake; llama-server the bundled Q4
 `-np 64`, as many threads as ours) and are driven by the same client: the official `openai` SDK streaming
 chat completions of short prompts, `max_tokens` forced with `ignore_eos`, greedy. For each number of
 concurrent clients it reports generated tokens/s over the whole run, time to first token (mean, p50, p99)
-and time per output token after the first. The offline engine (engine.llm.LLM, one request, the same dtype
+and time per output token after the first. The offline engine (engine.core.llm.LLM, one request, the same dtype
 as ours) runs in the same session for the serving-overhead ratio. Servers run one at a time and the sides
 alternate `--repeat` times; every run is printed and kept in bench/out/serving.json.
 
@@ -51,7 +51,7 @@ def free_port() -> int:
 
 def threads() -> int:
     """The width our worker gives torch (OMP_NUM_THREADS, else the CPUs it may use), for llama-server's -t."""
-    from engine.cpu_threads import available_cpus
+    from engine.core.device import available_cpus
 
     return int(os.environ.get("OMP_NUM_THREADS") or available_cpus())
 
@@ -143,8 +143,8 @@ def offline(dtype_env: dict, tokens: int) -> float:
     code = f"""
 import json, os, sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from engine.llm import LLM
-from engine.sampling import SamplingParams
+from engine.core.llm import LLM
+from engine.sample.params import SamplingParams
 from worker.settings import load_settings
 s = load_settings()
 llm = LLM(s.model_path, dtype=s.dtype, quantization=None if s.quantization == "none" else s.quantization)

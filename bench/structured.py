@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.config import EngineConfig  # noqa: E402
-from engine.engine import LLMEngine  # noqa: E402
-from engine.sampling import SamplingParams  # noqa: E402
-from engine.structured.compiler import GrammarCache  # noqa: E402
-from engine.structured.spec import StructuredSpec  # noqa: E402
+from engine.core.engine import LLMEngine  # noqa: E402
+from engine.sample.params import SamplingParams  # noqa: E402
+from engine.sample.structured.compiler import GrammarCache  # noqa: E402
+from engine.sample.structured.spec import StructuredSpec  # noqa: E402
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 WORDS = ["invoice", "sensor", "ticket", "order", "flight", "patient", "parcel", "album"]
@@ -80,8 +80,8 @@ def timed(fn):
 
 
 def instrument() -> None:
-    import engine.logits_processor as processor
-    from engine.structured.matcher import GrammarState
+    import engine.sample.logits_processor as processor
+    from engine.sample.structured.matcher import GrammarState
 
     processor.grammar_bitmask = timed(processor.grammar_bitmask)
     processor.apply_bitmask = timed(processor.apply_bitmask)
@@ -152,7 +152,7 @@ def apply_times(vocab: int, rows: int = 64, reps: int = 20) -> dict:
     import torch
     import xgrammar as xgr
 
-    from engine.structured.bitmask import apply_bitmask
+    from engine.sample.structured.bitmask import apply_bitmask
 
     words = (vocab + 31) // 32
     sparse = torch.zeros((rows, words), dtype=torch.int32)

@@ -72,8 +72,8 @@ def bake_adapters(specs: list[AdapterSpec], model: Path, served_name: str, token
     from transformers import AutoConfig
 
     from builder.bake import sha256
-    from engine.adapters import ADAPTER_FILES, check_adapter, projection_shapes
     from engine.errors import UnsupportedModel
+    from engine.model.adapters import ADAPTER_FILES, check_adapter, projection_shapes
 
     config = AutoConfig.from_pretrained(model)
     shapes, num_layers = projection_shapes(config), config.num_hidden_layers

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from builder.adapters import ADAPTERS_DIR, AdapterSpec, adapter_source, bake_adapters
 from builder.errors import BakeError
 from builder.sources import Source, fetch
-from engine.tokenizer import BAKE_MARK, saved_by_bake
+from engine.text.tokenizer import BAKE_MARK, saved_by_bake
 
 MANIFEST = "manifest.json"
 
@@ -72,7 +72,7 @@ def update_adapters(out: Path, adapters: list[AdapterSpec], token: str | None = 
 
 def check_folder(folder: Path) -> str:
     """Fail with one line unless the folder holds config, safetensors weights and a tokenizer we can run."""
-    from engine.models import ARCHITECTURES
+    from engine.model.models import ARCHITECTURES
 
     config_path = folder / "config.json"
     if not config_path.is_file():
@@ -98,7 +98,7 @@ def _save_tokenizer(folder: Path) -> str:
     """Load the tokenizer with transformers and save it back, so tokenizer.json holds the exact pipeline
     transformers runs (its tokenizer class for the config's model_type may replace the file's pre-tokenizer,
     add_bos_token rebuilds the post-processor, a sentencepiece model is converted): the worker runs that file
-    with `tokenizers` alone (engine/tokenizer.py). Returns what saved it, for the manifest."""
+    with `tokenizers` alone (engine/text/tokenizer.py). Returns what saved it, for the manifest."""
     import transformers
     from transformers import AutoTokenizer
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "AsyncEngine": "engine.async_engine",
-    "LLMEngine": "engine.engine",
-    "LLM": "engine.llm",
-    "FinalOutput": "engine.llm",
+    "AsyncEngine": "engine.core.async_engine",
+    "LLMEngine": "engine.core.engine",
+    "LLM": "engine.core.llm",
+    "FinalOutput": "engine.core.llm",
     "CompletionOutput": "engine.outputs",
     "EngineConfig": "engine.config",
-    "SamplingParams": "engine.sampling",
-    "StructuredSpec": "engine.structured.spec",
+    "SamplingParams": "engine.sample.params",
+    "StructuredSpec": "engine.sample.structured.spec",
     "RequestOutput": "engine.outputs",
     "CompletionDelta": "engine.outputs",
     "PositionLogprobs": "engine.outputs",

@@ -27,7 +27,7 @@ def write_adapter(folder: Path, shapes: dict[str, tuple[int, int]], num_layers: 
                   layers: list[int] | None = None, **config: Any) -> dict[str, torch.Tensor]:
     """Writes adapter_config.json + adapter_model.safetensors; returns the tensors by PEFT key.
 
-    shapes: (out, in) per target, e.g. engine.adapters.projection_shapes(transformers_config)."""
+    shapes: (out, in) per target, e.g. engine.model.adapters.projection_shapes(transformers_config)."""
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for layer in range(num_layers) if layers is None else layers:

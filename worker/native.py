@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from engine.sampling import SamplingParams
+from engine.sample.params import SamplingParams
 from worker.openai.chat import render_with_tools, tool_params
 from worker.openai.chat_deltas import delta_dicts
 from worker.openai.chat_output import OutputFormat, OutputStream

@@ -26,7 +26,7 @@ class Runtime:
     """The running engine plus the worker's view of it."""
 
     settings: Settings
-    engine: Any  # engine.async_engine.AsyncEngine (not imported at module level: it brings torch)
+    engine: Any  # engine.core.async_engine.AsyncEngine (not imported at module level: it brings torch)
     model_names: list[str]  # accepted request names; the first is the one responses carry
     created: int  # unix time the model was loaded, reported by /v1/models
     responses: ResponseStore  # stored Responses API responses (this process only)
@@ -79,8 +79,8 @@ def start(settings: Settings) -> Runtime:
     global _current
     if _current is not None:
         return _current
-    from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig, LoraConfig
+    from engine.core.async_engine import AsyncEngine
     from engine.errors import StartupError
 
     config = EngineConfig(

@@ -73,8 +73,8 @@ def run_engine(shape: str, ckpt: Path, out: Path) -> None:
     import torch
 
     from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-    from engine.sampling import SamplingParams
+    from engine.core.engine import LLMEngine
+    from engine.sample.params import SamplingParams
 
     t_import = time.perf_counter()
     engine = LLMEngine(EngineConfig(model_path=str(ckpt), device="cuda", dtype="bfloat16",

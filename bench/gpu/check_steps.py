@@ -35,7 +35,7 @@ def precompile(names: list[str]) -> dict:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from engine.kernels import precompile as build
+    from engine.cuda.kernels import precompile as build
 
     t = time.perf_counter()
     dims = [64, 128] if "attention" in names else []

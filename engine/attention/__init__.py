@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from engine import kernels
 from engine.attention.base import AttentionBackend
 from engine.attention.torch_ref import TorchRefBackend
+from engine.cuda import kernels
 from engine.errors import StartupError
 
 

@@ -50,7 +50,7 @@ def test_starting_the_engine_imports_no_transformers_nor_the_compiler(baked_mode
     import subprocess
     import sys
 
-    code = ("import sys; from engine.config import EngineConfig; from engine.engine import LLMEngine; "
+    code = ("import sys; from engine.config import EngineConfig; from engine.core.engine import LLMEngine; "
             "LLMEngine(EngineConfig(model_path=sys.argv[1], num_kv_pages=16)); "
             "loaded = [m for m in ('transformers', 'torch._dynamo', 'sympy') if m in sys.modules]; "
             "assert not loaded, loaded")

@@ -1,4 +1,4 @@
-"""The model's CUDA dispatch (FlashInfer norm / RoPE / SiLU-and-mul) and engine.cuda_setup on a real GPU.
+"""The model's CUDA dispatch (FlashInfer norm / RoPE / SiLU-and-mul) and engine.cuda.setup on a real GPU.
 
 Tests that run the fused model need FlashInfer's RoPE module, a JIT build of minutes: they are marked slow,
 like the RoPE kernel test (bench/gpu/check.sh builds it in the background and runs slow tests last).
@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import cuda_setup
 from engine.attention import resolve_backend
+from engine.cuda import setup as cuda_setup
 
 DT = torch.bfloat16
 
 
 def load(tmp_path, tiny_llama_checkpoint, **kw):
-    from engine.loader import load_model
+    from engine.model.loader import load_model
 
     path = tiny_llama_checkpoint(tmp_path / "model", **kw)
     return load_model(str(path), DT, torch.device("cuda"))
@@ -42,7 +42,7 @@ def test_kv_budget_bytes_follows_free_memory():
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_fused_model_matches_torch_path(tmp_path, tiny_llama_checkpoint, gpu_pager, kind):
     from engine.attention.flashinfer import FlashInferBackend
-    from engine.models.llama import LlamaAttention
+    from engine.model.models.llama import LlamaAttention
 
     model, spec = load(tmp_path, tiny_llama_checkpoint, kind=kind)
     assert model.fused_kernels, "a bf16 CUDA model must pick FlashInfer's kernels at load"
@@ -77,7 +77,7 @@ def test_fused_model_matches_torch_path(tmp_path, tiny_llama_checkpoint, gpu_pag
 @pytest.mark.slow
 def test_prepare_cuda_captures_within_the_reserve(tmp_path, tiny_llama_checkpoint):
     from engine.attention.flashinfer import FlashInferBackend
-    from engine.kv_cache import PagePool
+    from engine.core.kv_cache import PagePool
 
     model, spec = load(tmp_path, tiny_llama_checkpoint)
     dev, page_size, max_model_len, max_num_seqs = torch.device("cuda"), 16, 1024, 24

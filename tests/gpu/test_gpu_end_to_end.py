@@ -20,8 +20,8 @@ def engine_greedy(model_path, prompts: list[list[int]], **config) -> list[list[i
 def engine_run(model_path, prompts: list[list[int]], **config) -> tuple[list[list[int]], int]:
     """Greedy tokens per prompt, and how many steps replayed a CUDA graph."""
     from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-    from engine.sampling import SamplingParams
+    from engine.core.engine import LLMEngine
+    from engine.sample.params import SamplingParams
 
     engine = LLMEngine(EngineConfig(model_path=str(model_path), device="cuda", dtype="bfloat16",
                                     attention_backend="flashinfer", num_kv_pages=1024, **config))

@@ -10,8 +10,8 @@ DT = torch.bfloat16
 
 def build(tmp_path, tiny_llama_checkpoint, gpu_pager, num_q_heads, num_kv_heads, batch_sizes):
     from engine.attention.flashinfer import FlashInferBackend
-    from engine.cuda_graph import CudaGraphRunner
-    from engine.loader import load_model
+    from engine.cuda.graphs import CudaGraphRunner
+    from engine.model.loader import load_model
 
     path = tiny_llama_checkpoint(tmp_path / "model", num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
     model, spec = load_model(str(path), DT, torch.device("cuda"))
@@ -84,7 +84,7 @@ def test_oversize_and_prefill_batches_run_eagerly(tmp_path, tiny_llama_checkpoin
 
 
 def test_batch_size_ladder():
-    from engine.cuda_graph import batch_size_ladder
+    from engine.cuda.graphs import batch_size_ladder
 
     assert batch_size_ladder(256)[:6] == [1, 2, 4, 8, 16, 32] and batch_size_ladder(256)[-1] == 256
     assert batch_size_ladder(3) == [1, 2, 3]

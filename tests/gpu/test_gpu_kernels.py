@@ -1,4 +1,4 @@
-"""engine.kernels on CUDA: FlashInfer's fused kernels against the module's own torch fallbacks.
+"""engine.cuda.kernels on CUDA: FlashInfer's fused kernels against the module's own torch fallbacks.
 
 The RoPE and sampling modules take minutes to JIT-compile: their tests are marked slow (pytest -m slow);
 bench/gpu/check.sh compiles those modules in the background and runs them last.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import kernels
+from engine.cuda import kernels
 
 DT = torch.bfloat16
 

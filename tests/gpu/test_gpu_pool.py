@@ -11,8 +11,8 @@ UTILIZATION = 0.25
 
 def test_pool_and_peak_stay_within_budget(tmp_path, tiny_llama_checkpoint):
     from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-    from engine.sampling import SamplingParams
+    from engine.core.engine import LLMEngine
+    from engine.sample.params import SamplingParams
 
     path = tiny_llama_checkpoint(tmp_path / "m", num_q_heads=8, num_kv_heads=2, layers=4)
     gc.collect()

@@ -17,7 +17,7 @@ import pytest
 from local_worker import ROOT, LocalWorker, start_worker, stop_worker
 from openai_schema import validate
 
-from engine.adapters import projection_shapes
+from engine.model.adapters import projection_shapes
 from tests.lora_adapters import ALL_TARGETS, write_adapter
 
 ADAPTERS = {"pirate": dict(targets=["q_proj", "v_proj"], rank=8, alpha=16.0, seed=1),

@@ -1,7 +1,7 @@
 """A Responses stream that fails midway ends with a `response.failed` event, not a dropped stream.
 
 In process, through the real job layer and engine on the baked model, with a fault injected into the
-sampler for one request once it has streamed some text (as tests/engine/test_async_engine.py does).
+sampler for one request once it has streamed some text (as tests/engine/core/test_async_engine.py does).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from openai_schema import parse_events, validate
 
 from engine.config import EngineConfig
-from engine.async_engine import AsyncEngine
-from engine.sampler import Sampler
+from engine.core.async_engine import AsyncEngine
+from engine.sample.sampler import Sampler
 from worker.jobs import run_job
 from worker.openai.response_store import ResponseStore
 from worker.runtime import Runtime

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from engine.structured.compiler import GrammarCache
+from engine.sample.structured.compiler import GrammarCache
 from worker.openai.errors import BadRequest
 from worker.openai.tools.constraints import tool_constraint
 from worker.openai.tools.definitions import ToolChoice, check_tools

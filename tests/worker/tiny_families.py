@@ -62,8 +62,8 @@ def build_family(family: str, baked: Path, folder: Path) -> Path:
 
 def serve(folder: Path, **env: str) -> Runtime:
     """A Runtime over an in-process CPU engine for the folder; shut it down with runtime.engine.shutdown()."""
-    from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
+    from engine.core.async_engine import AsyncEngine
 
     settings = load_settings({"MODEL_PATH": str(folder), **env})
     engine = AsyncEngine(EngineConfig(model_path=str(folder), dtype="float32", num_kv_pages=128, max_model_len=2048,

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.outputs import CompletionDelta, CompletionOutput, RequestOutput
-from engine.sampling import SamplingParams
-from engine.structured.spec import StructuredSpec
+from engine.sample.params import SamplingParams
+from engine.sample.structured.spec import StructuredSpec
 from worker.openai.chat_deltas import delta_dicts
 from worker.openai.chat_output import OutputFormat, reasoning_tokens
 from worker.openai.chat_template import ChatPrompt, render_chat, template_messages

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.detokenizer import token_bytes, token_text
 from engine.outputs import CompletionDelta, CompletionOutput, PositionLogprobs, RequestOutput
-from engine.sampling import SamplingParams
+from engine.sample.params import SamplingParams
+from engine.text.detokenizer import token_bytes, token_text
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, collect, engine_request_id, merge, response_id, start_all
 from worker.openai.logprobs import TextOffsets, completion_logprobs, prompt_logprobs

@@ -7,7 +7,7 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from engine.sampling import SamplingParams
+from engine.sample.params import SamplingParams
 from worker.openai.errors import BadRequest
 from worker.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, StructuredOutputs
 from worker.openai.structured import structured_spec

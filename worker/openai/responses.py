@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.outputs import RequestOutput
-from engine.structured.spec import StructuredSpec
+from engine.sample.structured.spec import StructuredSpec
 from worker.openai.chat import ChatCall, chat_call, count_reasoning_tokens
 from worker.openai.errors import BadRequest, ResponseNotFound, error_body, status_of
 from worker.openai.generation import Collected, engine_request_id, start

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from engine.structured.spec import StructuredSpec
+from engine.sample.structured.spec import StructuredSpec
 from worker.openai.errors import BadRequest
 from worker.openai.protocol import ResponseFormat, StructuredOutputs
 

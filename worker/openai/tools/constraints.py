@@ -1,5 +1,5 @@
 """Grammar constraints for tool calls: each format's call markup around each tool's arguments schema, as an
-xgrammar structural tag (engine.structured runs it).
+xgrammar structural tag (engine.sample.structured runs it).
 
 - "required": only calls (one or more; one with parallel_tool_calls false), after any reasoning.
 - a named function: exactly one call of it.
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequest
-from engine.structured.rewrite import lengths_as_patterns
-from engine.structured.spec import StructuredSpec, check_schema
+from engine.sample.structured.rewrite import lengths_as_patterns
+from engine.sample.structured.spec import StructuredSpec, check_schema
 from worker.openai.errors import BadRequest
 from worker.openai.reasoning import CLOSE as THINK_CLOSE
 from worker.openai.reasoning import OPEN as THINK_OPEN

@@ -1,0 +1,197 @@
+"""AsyncEngine: one background thread drives LLMEngine.step(); asyncio callers stream RequestOutputs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+
+from engine.config import EngineConfig
+from engine.core.engine import LLMEngine
+from engine.errors import InvalidRequest
+from engine.outputs import RequestOutput
+from engine.sample.params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class AsyncEngine:
+    """LLMEngine behind one background thread; asyncio callers stream RequestOutputs from generate()."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stopped = False
+        self._refusal: BaseException | None = None  # set by fail_all: the error new requests get
+        started: Future[LLMEngine] = Future()
+        self._thread = threading.Thread(target=self._run, args=(config, started), name="engine-loop", daemon=True)
+        self._thread.start()
+        self.engine: LLMEngine = started.result()  # the engine's start-up error, if any, is raised here
+
+    def _run(self, config: EngineConfig, started: Future) -> None:
+        """Builds the engine on this thread, then serves.
+
+        NOTE: torch runs its CPU kernels on an OpenMP team belonging to the thread that calls them, and its
+        thread count is a per-thread setting. Loading the weights on the caller's thread left a second team
+        behind, and two teams on two cores made every decode step about a third slower (bench/RESULTS.md).
+        """
+        try:
+            self.engine = LLMEngine(config)
+        except BaseException as exc:
+            started.set_exception(exc)
+            return
+        started.set_result(self.engine)
+        self._loop()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def describe(self) -> dict:
+        return self.engine.describe()
+
+    def stats(self) -> dict[str, int]:
+        return self.engine.stats()
+
+    @property
+    def start_ms(self) -> dict[str, int]:
+        """How long each start-up phase took (weights, tokenizer, kv cache, ...)."""
+        return self.engine.start_ms
+
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """Streams the request's outputs; raises its error instead. Closing or cancelling aborts it."""
+        if self._stopped:
+            raise RuntimeError("the engine is shut down")
+        if self._refusal is not None:
+            raise self._refusal
+        if request_id in self._streams:
+            raise InvalidRequest(f"request id {request_id!r} is already running", param="request_id")
+        request = self.engine.prepare(prompt_token_ids, params)
+        if request.grammar is not None:
+            await self._compiled(request.grammar)  # a bad schema, regex or grammar fails here, before it starts
+        loop = asyncio.get_running_loop()
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (loop, stream)
+        self._post(("add", request_id, request))
+        done = False
+        try:
+            while True:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                done = item.finished
+                yield item
+                if done:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not done:
+                self._post(("abort", request_id))
+
+    async def _compiled(self, future: Future) -> None:
+        """Waits for the request's grammar (compiled on the engine's compile thread); raises InvalidRequest."""
+        if not future.done():
+            # NOTE: not asyncio.wrap_future: cancelling this request would cancel a compile others may share.
+            loop = asyncio.get_running_loop()
+            ready = loop.create_future()
+
+            def wake(_: object) -> None:
+                try:
+                    loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(None))
+                except RuntimeError:  # the caller's loop is closed
+                    pass
+
+            future.add_done_callback(wake)
+            await ready
+        future.result()
+
+    def abort(self, request_id: str) -> None:
+        """Ends the request: its pages are freed before the next step, its stream gets a last "abort" output."""
+        self._post(("abort", request_id))
+
+    @property
+    def num_running(self) -> int:
+        """Requests whose streams are open."""
+        return len(self._streams)
+
+    def fail_all(self, error: BaseException) -> int:
+        """Ends every running request with `error` (its stream raises it), frees their pages, and refuses new
+        requests with the same error from now on; returns how many were running."""
+        self._refusal = error
+        running = list(self._streams)
+        for request_id in running:
+            self._deliver(request_id, error)
+            self._post(("abort", request_id))
+        return len(running)
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+        self.engine.grammars.shutdown()
+
+    def _post(self, command: tuple) -> None:
+        self._inbox.put(command)
+        self._wake.set()
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        target = self._streams.get(request_id)
+        if target is None:
+            return
+        loop, stream = target
+        try:
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody listens any more
+            self._streams.pop(request_id, None)
+            self.engine.abort(request_id)
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                _, request_id, request = command
+                if request_id not in self._streams:
+                    continue  # cancelled before it started
+                try:
+                    self.engine.add(request_id, request)
+                except Exception as exc:
+                    self._deliver(request_id, exc)
+            else:
+                output = self.engine.abort(command[1])
+                if output is not None:
+                    self._deliver(command[1], output)
+
+    def _loop(self) -> None:
+        while not self._stopped:
+            try:
+                self._drain_inbox()
+                if not self.engine.has_unfinished():
+                    self._wake.wait()
+                    self._wake.clear()
+                    continue
+                outputs = self.engine.step()
+            except Exception as exc:  # a bug outside any one request: fail what runs, keep serving
+                log.exception("engine loop failed")
+                for request_id in self.engine.abort_all():
+                    self._deliver(request_id, exc)
+                continue
+            for output in outputs:
+                self._deliver(output.request_id, output)
+            for request_id, exc in self.engine.pop_failures():
+                self._deliver(request_id, exc)
+        for request_id in list(self._streams):
+            self._deliver(request_id, RuntimeError("the engine shut down"))

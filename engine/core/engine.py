@@ -1,0 +1,274 @@
+"""LLMEngine (add_request / step / abort); AsyncEngine (engine/core/async_engine.py) drives it from a thread."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
+from itertools import count
+
+import torch
+
+from engine.attention import create_backend, resolve_backend
+from engine.config import EngineConfig
+from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
+from engine.core.kv_cache import PageAllocator, PagePool
+from engine.core.model_runner import ModelRunner
+from engine.core.output_processor import OutputProcessor
+from engine.core.requests import Limits, PreparedRequest, build_group, check_request
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import SequenceGroup
+from engine.core.step import ScheduledSeq
+from engine.cuda import setup as cuda_setup
+from engine.errors import InvalidRequest, StartupError
+from engine.model.loader import load_model
+from engine.outputs import RequestOutput
+from engine.sample.params import SamplingParams
+from engine.sample.sampler import Sampler
+from engine.sample.structured.compiler import GrammarCache
+from engine.sample.structured.matcher import GrammarState
+from engine.text.tokenizer import load_tokenizer
+from engine.timing import timed
+
+__all__ = ["LLMEngine"]
+
+log = logging.getLogger(__name__)
+
+# CPU default pool: room for max_num_seqs requests of this many tokens, but at most CPU_KV_BYTES.
+CPU_CONTEXT_PER_SEQ = 2048
+CPU_KV_BYTES = 1 << 30
+# How long an idle step waits for a grammar compile before it returns (and the caller's loop looks again).
+COMPILE_POLL_S = 0.02
+
+
+class LLMEngine:
+    """The synchronous engine: add requests, call step() until has_unfinished() is false."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.start_ms: dict[str, int] = {}  # how long each start-up phase took, for the start-up log
+        self.device = resolve_device(config.device)
+        self.dtype, self.dtype_reason = resolve_dtype(config.dtype, self.device, config.quantization)
+        self.threads = size_thread_pool(config.cpu_threads) if self.device.type == "cpu" else None
+        torch.manual_seed(config.seed)
+        with timed(self.start_ms, "weights"):
+            self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization,
+                                               config.lora)
+        self.adapters: dict[str, int] = self.model.lora.slots if self.model.lora is not None else {}
+        with timed(self.start_ms, "tokenizer"):
+            self.tokenizer = load_tokenizer(config.model_path)
+        self.max_model_len = min(config.max_model_len or self.spec.max_position_embeddings,
+                                 self.spec.max_position_embeddings)
+        if config.max_model_len and config.max_model_len > self.spec.max_position_embeddings:
+            raise StartupError(f"max_model_len {config.max_model_len} is above the model's limit of "
+                               f"{self.spec.max_position_embeddings}", param="max_model_len")
+        s = self.spec
+        self.backend_name, self.backend_reason = resolve_backend(config.attention_backend, self.device, self.dtype)
+        self.backend = create_backend(self.backend_name, self.device, **cuda_setup.backend_kwargs(s, self.dtype))
+        if self.device.type == "cuda":
+            with timed(self.start_ms, "warm-up"):
+                cuda_setup.warm_up(self.model, self.backend, config.page_size)  # JIT builds now, not on a request
+        num_pages = self._num_pages(PagePool.bytes_per_page(s.num_layers, config.page_size, s.num_kv_heads,
+                                                            s.head_dim, self.dtype))
+        with timed(self.start_ms, "kv cache"):
+            self.pool = PagePool(s.num_layers, num_pages, config.page_size, s.num_kv_heads, s.head_dim,
+                                 self.dtype, self.device)
+        self.allocator = PageAllocator(num_pages, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.allocator, config.page_size, config.max_num_seqs,
+                                   config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.pool, self.backend, Sampler(), self.device)
+        if self.device.type == "cuda":
+            with timed(self.start_ms, "graphs"):
+                self.runner.graph_runner = cuda_setup.prepare_cuda(
+                    self.model, self.backend, self.pool.kv_caches, page_size=config.page_size,
+                    max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+                    # NOTE: a step's adapter grouping is Python control flow that a replayed graph would freeze.
+                    enforce_eager=config.enforce_eager or bool(self.adapters))
+        self._seq_ids = count()
+        self._arrivals = count()
+        self.processor = OutputProcessor(self.tokenizer, self.max_model_len,
+                                         lambda: next(self._seq_ids))
+        self._groups: dict[str, SequenceGroup] = {}
+        self._failures: list[tuple[str, Exception]] = []
+        # Grammars are compiled off the engine loop; a request waits here, outside the scheduler, until its
+        # grammar is ready, while the others go on decoding.
+        self.grammars = GrammarCache(self.tokenizer, self.spec.vocab_size, sorted(self.spec.eos_token_ids),
+                                     threads=2 if self.device.type == "cpu" else 8)
+        self._compiling: dict[str, tuple[SequenceGroup, Future]] = {}
+
+    def _num_pages(self, page_bytes: int) -> int:
+        c, ps = self.config, self.config.page_size
+        full_seq = -(-self.max_model_len // ps)
+        if c.num_kv_pages:
+            pages = c.num_kv_pages
+        elif c.kv_cache_bytes:
+            pages = c.kv_cache_bytes // page_bytes
+        elif self.device.type == "cuda":
+            reserve = cuda_setup.reserve_bytes(
+                self.model.args, self.dtype, max_num_batched_tokens=c.max_num_batched_tokens,
+                max_num_seqs=c.max_num_seqs, max_pages_per_seq=full_seq, graphs=not c.enforce_eager)
+            pages = cuda_setup.kv_budget_bytes(self.device, c.gpu_memory_utilization, reserve) // page_bytes
+        else:
+            want = c.max_num_seqs * min(self.max_model_len, CPU_CONTEXT_PER_SEQ)
+            pages = max(full_seq, min(-(-want // ps), CPU_KV_BYTES // page_bytes))
+        if pages < full_seq:
+            if c.max_model_len:
+                more = ("num_kv_pages" if c.num_kv_pages else "kv_cache_bytes" if c.kv_cache_bytes
+                        else "gpu_memory_utilization")
+                raise StartupError(f"the KV cache ({pages} pages of {ps} tokens) cannot hold one sequence of "
+                                   f"max_model_len={self.max_model_len} tokens: lower max_model_len to at most "
+                                   f"{pages * ps}, or raise {more}", param="max_model_len")
+            log.warning("max_model_len lowered to %d tokens to fit the KV cache", pages * ps)
+            self.max_model_len = pages * ps
+        return pages
+
+    # ---- requests
+    @property
+    def limits(self) -> Limits:
+        c = self.config
+        return Limits(self.spec.vocab_size, self.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, self.adapters)
+
+    def prepare(self, prompt_token_ids: list[int], params: SamplingParams) -> PreparedRequest:
+        """Checks a request once (InvalidRequest / ContextTooLong) and submits its grammar's compile once."""
+        prompt = check_request(prompt_token_ids, params, self.limits)
+        grammar = self.grammars.submit(params.structured) if params.structured is not None else None
+        if grammar is not None and grammar.done():
+            grammar.result()  # a constraint known to be bad fails here, before the request is in
+        return PreparedRequest(prompt, params, grammar)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.add(request_id, self.prepare(prompt_token_ids, params))
+
+    def add(self, request_id: str, request: PreparedRequest) -> None:
+        """Starts a prepared request (its grammar first, when it has one still compiling)."""
+        if request_id in self._groups:
+            raise InvalidRequest(f"request id {request_id!r} is already running", param="request_id")
+        group = build_group(request_id, request, arrival=next(self._arrivals), next_seq_id=lambda: next(self._seq_ids),
+                            tokenizer=self.tokenizer, device=self.device, eos_token_ids=set(self.spec.eos_token_ids),
+                            limits=self.limits)
+        self._groups[request_id] = group
+        if request.grammar is None:
+            self.scheduler.add(group)
+        elif request.grammar.done():
+            self._start_grammar(group, request.grammar.result())
+        else:
+            self._compiling[request_id] = (group, request.grammar)
+
+    def _start_grammar(self, group: SequenceGroup, compiled: object) -> None:
+        """One matcher per choice (n, best_of) or for the first beam (beams fork theirs); then schedule."""
+        for seq in group.seqs:
+            seq.grammar = GrammarState.start(compiled)
+        self.scheduler.add(group)
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar finished compiling join the scheduler, or fail alone if it did not compile."""
+        if not self._compiling:
+            return
+        if not self.scheduler.has_work():
+            # Nothing else to run: wait a little for a compile instead of spinning.
+            wait_futures([f for _, f in self._compiling.values()], timeout=COMPILE_POLL_S,
+                         return_when=FIRST_COMPLETED)
+        for request_id, (group, future) in list(self._compiling.items()):
+            if not future.done():
+                continue
+            del self._compiling[request_id]
+            try:
+                compiled = future.result()
+            except Exception as exc:
+                self._fail(group, exc)
+                continue
+            self._start_grammar(group, compiled)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Frees the request's pages now; returns its last output (finish_reason "abort"), None if unknown."""
+        group = self._groups.pop(request_id, None)
+        if group is None:
+            return None
+        self._compiling.pop(request_id, None)
+        self.scheduler.remove(group)
+        return self.processor.abort(group)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._groups)
+
+    def abort_all(self) -> list[str]:
+        """Drops every request (after a failure outside any one of them); returns their ids."""
+        ids = list(self._groups)
+        for request_id in ids:
+            self.abort(request_id)
+        return ids
+
+    def pop_failures(self) -> list[tuple[str, Exception]]:
+        """Requests that failed since the last call (they are gone from the engine), with their errors."""
+        failures, self._failures = self._failures, []
+        return failures
+
+    def _fail(self, group: SequenceGroup, exc: Exception) -> None:
+        log.error("request %s failed: %r", group.request_id, exc)
+        if self._groups.pop(group.request_id, None) is not None:
+            self._compiling.pop(group.request_id, None)
+            self.scheduler.remove(group)
+            self._failures.append((group.request_id, exc))
+
+    # ---- the step
+    def step(self) -> list[RequestOutput]:
+        self._admit_compiled()
+        out = self.scheduler.schedule()
+        for group, exc in out.failed:
+            self._fail(group, exc)
+        if not out.scheduled:
+            return []
+        by_group: dict[int, tuple[SequenceGroup, list[tuple[int, ScheduledSeq]]]] = {}
+        for i, s in enumerate(out.scheduled):
+            by_group.setdefault(id(s.group), (s.group, []))[1].append((i, s))
+        try:
+            result = self.runner.execute(out)
+        except Exception as exc:  # the batch as a whole failed: so do its requests, the engine goes on
+            for group, _ in by_group.values():
+                self._fail(group, exc)
+            return []
+        self.scheduler.commit(out)
+        outputs, done, failed = [], [], []
+        for group, items in by_group.values():
+            try:
+                output = self.processor.process(group, items, result)
+            except Exception as exc:
+                failed.append((group, exc))
+                continue
+            if group.finished:
+                done.append(group)
+            if output is not None:
+                outputs.append(output)
+        # NOTE: the pages settle before any group leaves: a choice may fork and finish within this step.
+        self.scheduler.postprocess(*self.processor.take_page_changes())
+        for group in done:
+            self._groups.pop(group.request_id, None)
+            self.scheduler.remove(group)
+        for group, exc in failed:
+            self._fail(group, exc)
+        return outputs
+
+    def stats(self) -> dict[str, int]:
+        """The live load: free KV pages (cached prefix pages included) and preemptions so far."""
+        return {"kv_pages_free": self.allocator.num_free, "preemptions": self.scheduler.num_preemptions}
+
+    def describe(self) -> dict:
+        return {
+            "model": self.config.model_path,
+            "architecture": self.spec.architecture,
+            "backend": self.backend_name,
+            "backend_reason": self.backend_reason,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype_reason": self.dtype_reason,
+            "quantization": self.config.quantization,
+            "device": str(self.device),
+            "threads": self.threads,
+            "max_model_len": self.max_model_len,
+            "kv_pages": self.pool.num_pages,
+            "page_size": self.pool.page_size,
+            "kv_bytes": self.pool.nbytes,
+            "max_num_seqs": self.config.max_num_seqs,
+            "max_num_batched_tokens": self.config.max_num_batched_tokens,
+            "prefix_caching": self.config.enable_prefix_caching,
+            "adapters": list(self.adapters),
+        }

@@ -1,0 +1,177 @@
+"""Runs one scheduled step: flattened inputs and the CSR page table, the model forward, logits, sampling.
+
+Logits are computed only for the rows that need them: the last row of each sequence that reaches the
+end of its known tokens, and the prompt rows of requests that asked for prompt_logprobs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.core.kv_cache import PagePool
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.step import Sample, ScheduledSeq, SchedulerOutput, StepResult
+from engine.sample.logits_processor import SamplingRow, process_logits
+from engine.sample.sampler import Sampler, compute_logprobs
+
+# Prompt-logprob rows are turned into [rows, vocab] logits this many at a time, to bound memory.
+PROMPT_LOGPROB_SLICE = 256
+
+
+class ModelRunner:
+    """Owns the model, the page pool and the attention backend; execute() runs one step."""
+
+    def __init__(
+        self, model: torch.nn.Module, pool: PagePool, backend: AttentionBackend, sampler: Sampler,
+        device: torch.device,
+    ) -> None:
+        self.model, self.pool, self.backend, self.sampler, self.device = model, pool, backend, sampler, device
+        self.page_size = pool.page_size
+        self.num_tokens_run = 0  # tokens fed to the model over the runner's life (prefix hits are not)
+        self.graph_runner = None  # CUDA: engine.cuda.graphs.CudaGraphRunner for decode steps
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        self.pool.copy_pages([s for s, _ in out.copies], [d for _, d in out.copies])
+        input_ids, positions, meta, sample_at, prompt_at = self._prepare(out.scheduled)
+        if self.graph_runner is not None:
+            # NOTE: a replayed hidden is a static buffer the next replay overwrites: logits come first.
+            hidden = self.graph_runner(input_ids, positions, meta)
+        else:
+            self.backend.plan(meta)
+            hidden = self.model(input_ids, positions, meta, self.pool.kv_caches, self.backend)
+        self.num_tokens_run += input_ids.numel()
+        result = StepResult()
+        if prompt_at:
+            self._prompt_logprobs(hidden, out.scheduled, prompt_at, result)
+        if sample_at:
+            rows = torch.tensor([row for _, row in sample_at], device=self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, rows))
+            self._sample(logits, [(i, out.scheduled[i]) for i, _ in sample_at], result)
+        return result
+
+    def _prepare(self, scheduled: list[ScheduledSeq]):
+        """The step's flattened tokens and page table, built in Python lists and turned into tensors once."""
+        ps = self.page_size
+        ids: list[int] = []
+        lora_runs: list[tuple[int | None, int]] = []  # (adapter slot, rows) in row order
+        positions: list[int] = []
+        slots: list[int] = []
+        qo, kv, indices, last = [0], [0], [], []
+        sample_at: list[tuple[int, int]] = []  # (scheduled index, hidden row)
+        prompt_at: list[tuple[int, int, int]] = []  # (scheduled index, first hidden row, number of rows)
+        for i, s in enumerate(scheduled):
+            seq, start, end = s.seq, s.start, s.start + s.num_tokens
+            num_pages = -(-end // ps)
+            pages = seq.pages if len(seq.pages) == num_pages else seq.pages[:num_pages]
+            row = qo[-1]
+            ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            slots += [pages[p // ps] * ps + p % ps for p in range(start, end)]
+            qo.append(row + s.num_tokens)
+            lora_runs.append((s.group.adapter, s.num_tokens))
+            indices += pages
+            kv.append(len(indices))
+            last.append(end - (num_pages - 1) * ps)
+            if end == seq.num_tokens:
+                sample_at.append((i, row + s.num_tokens - 1))
+            prompt_len = len(s.group.prompt_token_ids)
+            if s.group.needs_prompt_logprobs and start < prompt_len - 1 and seq is s.group.seqs[0]:
+                prompt_at.append((i, row, min(end, prompt_len - 1) - start))
+        dev = self.device
+        if self.model.lora is not None:
+            self.model.lora.plan.update(lora_runs, dev)
+        i32 = torch.int32
+        meta = AttentionMetadata(
+            qo_indptr=torch.tensor(qo, dtype=i32).to(dev, non_blocking=True),
+            kv_indptr=torch.tensor(kv, dtype=i32).to(dev, non_blocking=True),
+            kv_indices=torch.tensor(indices, dtype=i32).to(dev, non_blocking=True),
+            kv_last_page_len=torch.tensor(last, dtype=i32).to(dev, non_blocking=True),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
+            page_size=ps,
+            is_decode=len(ids) == len(scheduled),
+        )
+        input_ids = torch.tensor(ids, dtype=torch.long).to(dev, non_blocking=True)
+        pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
+        return input_ids, pos, meta, sample_at, prompt_at
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, scheduled: list[ScheduledSeq], prompt_at: list[tuple[int, int, int]],
+        result: StepResult,
+    ) -> None:
+        for i, row, count in prompt_at:
+            s = scheduled[i]
+            k = s.group.params.prompt_logprobs or 0
+            targets = s.group.prompt_token_ids[s.start + 1 : s.start + 1 + count]
+            entries: list[tuple[float, list[tuple[int, float]]]] = []
+            for lo in range(0, count, PROMPT_LOGPROB_SLICE):
+                hi = min(count, lo + PROMPT_LOGPROB_SLICE)
+                logits = self.model.compute_logits(hidden[row + lo : row + hi])
+                entries += compute_logprobs(logits, targets[lo:hi], k)
+            result.prompt_logprobs[i] = entries
+
+    def _sample(self, logits: torch.Tensor, items: list[tuple[int, ScheduledSeq]], result: StepResult) -> None:
+        """items[j] owns logits row j. Beams get their candidates, everything else one sampler call."""
+        rows: list[SamplingRow] = []
+        owners: list[int] = []  # logits row of each sampling row
+        for j, (_, s) in enumerate(items):
+            group = s.group
+            if group.beam is not None:
+                continue
+            # A group's first token is drawn once per choice, from the prompt's one logits row.
+            seqs = group.seqs if not group.forked else [s.seq]
+            rows += [self._row(group, seq) for seq in seqs]
+            owners += [j] * len(seqs)
+        if rows:
+            index = torch.tensor(owners, device=logits.device)
+            try:
+                self._draw(logits.index_select(0, index), rows, owners, items, result)
+            except Exception:
+                # One request's bad parameters must not fail the batch: retry each sequence alone.
+                for j, (i, _) in enumerate(items):
+                    mine = [r for r, o in zip(rows, owners, strict=True) if o == j]
+                    if not mine:
+                        continue
+                    try:
+                        self._draw(logits[j : j + 1].expand(len(mine), -1), mine, [j] * len(mine), items, result)
+                    except Exception as exc:
+                        result.errors[i] = exc
+        for j, (i, s) in enumerate(items):
+            if s.group.beam is not None:
+                try:
+                    result.samples[i] = self._beam_candidates(logits[j : j + 1], s)
+                except Exception as exc:
+                    result.errors[i] = exc
+
+    def _draw(
+        self, logits: torch.Tensor, rows: list[SamplingRow], owners: list[int], items: list[tuple[int, ScheduledSeq]],
+        result: StepResult,
+    ) -> None:
+        out = self.sampler(logits, rows)
+        tops = out.top_logprobs
+        samples: dict[int, list[Sample]] = {}
+        for r, j in enumerate(owners):
+            top = tops[r] if tops is not None and rows[r].params.logprobs is not None else None
+            samples.setdefault(items[j][0], []).append(Sample(out.token_ids[r], out.logprobs[r], top))
+        result.samples.update(samples)
+
+    def _beam_candidates(self, logits: torch.Tensor, s: ScheduledSeq) -> list[Sample]:
+        """The 2*width best next tokens of one beam, by logprob after masks and penalties."""
+        row = self._row(s.group, s.seq)
+        logprobs = torch.log_softmax(process_logits(logits, [row]), dim=-1)[0]
+        values, ids = logprobs.topk(min(2 * s.group.beam.width, logprobs.numel()))
+        # A grammar can leave fewer allowed tokens than candidates asked for: masked ones never extend a beam.
+        return [Sample(t, lp) for t, lp in zip(ids.tolist(), values.tolist(), strict=True) if lp != float("-inf")]
+
+    @staticmethod
+    def _row(group: SequenceGroup, seq: Sequence) -> SamplingRow:
+        return SamplingRow(
+            params=group.params,
+            prompt_token_ids=group.prompt_token_ids,
+            output_token_ids=seq.output_token_ids,
+            generator=seq.generator,
+            eos_token_ids=group.eos_token_ids,
+            bad_words_ids=group.bad_words_ids,
+            grammar=seq.grammar,
+        )

@@ -1,0 +1,207 @@
+"""After each step: append the sampled tokens, fork choices, advance beams, stop sequences, build RequestOutputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.step import Sample, ScheduledSeq, StepResult
+from engine.outputs import CompletionDelta, Logprob, PositionLogprobs, RequestOutput
+from engine.text.detokenizer import Detokenizer, token_bytes, token_text
+
+
+class OutputProcessor:
+    """Turns one step's samples into sequence state and the deltas each request reports."""
+
+    def __init__(self, tokenizer, max_model_len: int, new_seq_id: Callable[[], int]) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.new_seq_id = new_seq_id
+        self._pieces: dict[int, tuple[str, bytes]] = {}  # token id -> its text and bytes, for logprobs
+        # Page changes of this step, handed to Scheduler.postprocess by the engine (the pages' one owner).
+        self.forked: list[Sequence] = []
+        self.finished: list[Sequence] = []
+
+    def take_page_changes(self) -> tuple[list[Sequence], list[Sequence]]:
+        """(new forks, finished sequences) since the last call."""
+        changes = (self.forked, self.finished)
+        self.forked, self.finished = [], []
+        return changes
+
+    def process(self, group: SequenceGroup, items: list[tuple[int, ScheduledSeq]], result: StepResult
+                ) -> RequestOutput | None:
+        """items: this group's (index in the step, scheduled sequence). Raises what failed for this group."""
+        for i, s in items:
+            if i in result.errors:
+                raise result.errors[i]
+            if i in result.prompt_logprobs:
+                self._store_prompt_logprobs(group, s.start, result.prompt_logprobs[i])
+        sampled = [(s.seq, result.samples[i]) for i, s in items if i in result.samples]
+        if not sampled:
+            return None  # a prefill chunk: nothing to report yet
+        if group.beam is not None:
+            self._beam_step(group, {seq.seq_id: samples for seq, samples in sampled})
+            return self._final(group) if group.finished else None
+        if not group.forked:
+            self._fork(group)
+            (_, samples), = sampled
+            deltas = [self._append(group, seq, sample) for seq, sample in zip(group.seqs, samples, strict=True)]
+        else:
+            deltas = [self._append(group, seq, samples[0]) for seq, samples in sampled]
+        if group.params.num_sequences > group.params.n:
+            return self._final(group) if group.finished else None  # best_of: only the n best, at the end
+        return self._output(group, deltas)
+
+    def abort(self, group: SequenceGroup) -> RequestOutput:
+        """The last output of an aborted request: every open choice ends with finish_reason "abort"."""
+        p = group.params
+        deltas = []
+        if group.beam is None and p.num_sequences == p.n:
+            for seq in group.seqs:
+                if not seq.finished:
+                    seq.finish_reason = "abort"
+                    deltas.append(CompletionDelta(seq.index, "", [], finish_reason="abort"))
+        else:
+            deltas = [CompletionDelta(i, "", [], finish_reason="abort") for i in range(p.n)]
+        return self._request_output(group, deltas, finished=True, generated=group.seqs)
+
+    def _fork(self, group: SequenceGroup) -> None:
+        """The first token is in: every choice takes its own copy of the prompt's page table."""
+        self.forked += [child for _, child in group.fork_choices()]
+
+    def _append(self, group: SequenceGroup, seq: Sequence, sample: Sample) -> CompletionDelta:
+        p = group.params
+        token = sample.token_id
+        seq.append(token, sample.logprob)
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
+        logprobs = None
+        if p.logprobs is not None:
+            logprobs = [self._position(token, sample.logprob, sample.top or [])]
+            seq.logprobs += logprobs
+        text = ""
+        if token in group.eos_token_ids and not p.ignore_eos:
+            seq.finish_reason = "stop"
+        elif p.stop_token_ids and token in p.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+            if p.include_stop_str_in_output:
+                text = seq.detokenizer.push([token]).text
+        else:
+            # As vLLM: stop strings count only once min_tokens are out (stop ids and EOS are masked until then).
+            delta = seq.detokenizer.push([token], check_stop=len(seq.output_token_ids) >= p.min_tokens)
+            text = delta.text
+            if delta.stop_string is not None:
+                seq.finish_reason, seq.stop_reason = "stop", delta.stop_string
+        if not seq.finished and seq.grammar is not None and seq.grammar.terminated:
+            seq.finish_reason = "stop"  # the grammar ended on a stop token (one that ignore_eos kept going past)
+        if not seq.finished and (len(seq.output_token_ids) == p.max_tokens or seq.num_tokens >= self.max_model_len):
+            seq.finish_reason = "length"
+        if seq.finished:
+            text += seq.detokenizer.flush()
+            self.finished.append(seq)
+        seq.text += text
+        return CompletionDelta(seq.index, text, [token], logprobs, seq.finish_reason, seq.stop_reason)
+
+    def _beam_step(self, group: SequenceGroup, samples: dict[int, list[Sample]]) -> None:
+        """Extends the live beams by the best candidates; a beam chosen twice forks (sharing its pages)."""
+        old = group.seqs
+        assert len(samples) == len(old), "beam search needs every live beam in the same step"
+        live = group.beam.step([[(c.token_id, c.logprob) for c in samples[s.seq_id]] for s in old])
+        reused: set[int] = set()
+        seqs = []
+        for beam in live:
+            parent = old[beam.parent]
+            if beam.parent in reused:
+                child = parent.fork(self.new_seq_id())
+                self.forked.append(child)
+            else:
+                reused.add(beam.parent)
+                child = parent
+            seqs.append(child)
+        for seq, beam in zip(seqs, live, strict=True):
+            seq.append(beam.token_ids[-1], beam.logprobs[-1])
+            if seq.grammar is not None:
+                seq.grammar.accept(beam.token_ids[-1])
+        self.finished += [seq for j, seq in enumerate(old) if j not in reused]
+        group.seqs, group.forked = seqs, True
+        if group.beam.done:
+            self.finished += seqs
+            group.seqs = []
+
+    def _final(self, group: SequenceGroup) -> RequestOutput:
+        """best_of and beam search: the n best choices, whole, in one output."""
+        p = group.params
+        if group.beam is not None:
+            choices = [self._beam_choice(group, i, beam) for i, beam in enumerate(group.beam.best(p.n))]
+            generated = sum(len(d.token_ids) for d in choices)
+            return self._request_output(group, choices, finished=True, generated=generated)
+        best = sorted(group.seqs, key=lambda s: s.cumulative_logprob, reverse=True)[: p.n]
+        choices = [
+            CompletionDelta(i, s.text, list(s.output_token_ids), list(s.logprobs) if p.logprobs is not None else None,
+                            s.finish_reason, s.stop_reason)
+            for i, s in enumerate(best)
+        ]
+        return self._request_output(group, choices, finished=True, generated=best)
+
+    def _beam_choice(self, group: SequenceGroup, index: int, beam) -> CompletionDelta:
+        p = group.params
+        tokens = list(beam.token_ids)
+        stopped = bool(tokens) and tokens[-1] in group.beam.stop_token_ids
+        by_stop_id = stopped and tokens[-1] in (p.stop_token_ids or ())
+        shown = tokens[:-1] if stopped and not (by_stop_id and p.include_stop_str_in_output) else tokens
+        detok = Detokenizer(
+            self.tokenizer, skip_special_tokens=p.skip_special_tokens,
+            spaces_between_special_tokens=p.spaces_between_special_tokens, stop=p.stop,
+            include_stop_str_in_output=p.include_stop_str_in_output, prompt_token_ids=group.prompt_token_ids,
+        )
+        delta = detok.push(shown)
+        text = delta.text + detok.flush()
+        reason, stop_reason = ("stop" if stopped else "length"), None
+        if delta.stop_string is not None:
+            reason, stop_reason = "stop", delta.stop_string
+        elif by_stop_id:
+            stop_reason = tokens[-1]
+        logprobs = None
+        if p.logprobs is not None:
+            logprobs = [self._position(t, lp, []) for t, lp in zip(tokens, beam.logprobs, strict=True)]
+        return CompletionDelta(index, text, tokens, logprobs, reason, stop_reason)
+
+    def _output(self, group: SequenceGroup, deltas: list[CompletionDelta]) -> RequestOutput:
+        return self._request_output(group, deltas, finished=group.finished, generated=group.seqs)
+
+    def _request_output(
+        self, group: SequenceGroup, deltas: list[CompletionDelta], finished: bool, generated: list[Sequence] | int
+    ) -> RequestOutput:
+        prompt_logprobs = None
+        if group.prompt_logprobs is not None and not group.prompt_logprobs_sent:
+            prompt_logprobs, group.prompt_logprobs_sent = group.prompt_logprobs, True
+        if not isinstance(generated, int):
+            generated = sum(len(s.output_token_ids) for s in generated)
+        return RequestOutput(
+            request_id=group.request_id,
+            outputs=deltas,
+            finished=finished,
+            prompt_token_ids=group.prompt_token_ids,
+            prompt_logprobs=prompt_logprobs,
+            num_prompt_tokens=len(group.prompt_token_ids),
+            num_generated_tokens=generated,
+            num_cached_tokens=group.num_cached_tokens,
+        )
+
+    def _store_prompt_logprobs(self, group: SequenceGroup, start: int, entries: list) -> None:
+        prompt = group.prompt_token_ids
+        for offset, (logprob, top) in enumerate(entries):
+            pos = start + 1 + offset
+            group.prompt_logprobs[pos] = self._position(prompt[pos], logprob, top)
+
+    def _position(self, token: int, logprob: float, top: list[tuple[int, float]]) -> PositionLogprobs:
+        return PositionLogprobs(
+            chosen=Logprob(token, *self._piece(token), logprob),
+            top=[Logprob(t, *self._piece(t), lp) for t, lp in top],
+        )
+
+    def _piece(self, token: int) -> tuple[str, bytes]:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = (token_text(self.tokenizer, token), token_bytes(self.tokenizer, token))
+        return piece

@@ -1,0 +1,111 @@
+"""A request on its way in: checked once, at the edge, against the engine's limits (`check_request`), then made
+into a SequenceGroup with one Sequence per choice, or one for the first beam (`build_group`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.core.kv_cache import adapter_salt
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.errors import ContextTooLong, InvalidRequest
+from engine.sample.beam_search import BeamSearch
+from engine.sample.logits_processor import tokenize_bad_words
+from engine.sample.params import SamplingParams
+from engine.text.detokenizer import Detokenizer
+
+
+@dataclass
+class Limits:
+    """What a request is checked against."""
+
+    vocab_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    adapters: dict[str, int]  # LoRA adapter name -> slot
+
+
+@dataclass
+class PreparedRequest:
+    """A checked request: the prompt as it will run, its parameters and its grammar's compile (submitted once)."""
+
+    prompt: list[int]
+    params: SamplingParams
+    grammar: Future | None = None
+
+
+def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: Limits) -> list[int]:
+    """The prompt as it will run (after truncate_prompt_tokens); raises InvalidRequest / ContextTooLong."""
+    if not isinstance(params, SamplingParams):
+        raise InvalidRequest("params must be SamplingParams", param="sampling_params")
+    if params.adapter is not None and params.adapter not in limits.adapters:
+        raise InvalidRequest(f"unknown LoRA adapter {params.adapter!r}", param="model")
+    prompt = list(prompt_token_ids)
+    if params.truncate_prompt_tokens:
+        prompt = prompt[-params.truncate_prompt_tokens :]
+    if not prompt:
+        raise InvalidRequest("the prompt is empty", param="prompt")
+    vocab = limits.vocab_size
+    if any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt):
+        raise InvalidRequest(f"the prompt has token ids outside the vocabulary (size {vocab})", param="prompt")
+    params.check_vocab(vocab)
+    limit = limits.max_model_len
+    if len(prompt) >= limit:
+        raise ContextTooLong(f"This model's maximum context length is {limit} tokens. However, your prompt "
+                             f"has {len(prompt)} tokens, leaving no room for the completion.", param="prompt")
+    if params.max_tokens is not None and len(prompt) + params.max_tokens > limit:
+        raise ContextTooLong(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{len(prompt) + params.max_tokens} tokens ({len(prompt)} in the prompt, {params.max_tokens} in "
+            "the completion). Please reduce the length of the prompt or the completion.", param="max_tokens")
+    width = params.num_sequences
+    if width > min(limits.max_num_seqs, limits.max_num_batched_tokens):
+        raise InvalidRequest(f"{width} sequences per request exceed this engine's max_num_seqs "
+                             f"({limits.max_num_seqs})", param="best_of" if params.best_of else "n")
+    return prompt
+
+
+def build_group(
+    request_id: str, request: PreparedRequest, *, arrival: int, next_seq_id: Callable[[], int], tokenizer: Any,
+    device: torch.device, eos_token_ids: set[int], limits: Limits,
+) -> SequenceGroup:
+    """The request's SequenceGroup: n (or best_of) choices, each with its own RNG stream and detokenizer, or
+    the first beam of a beam search."""
+    prompt, params = request.prompt, request.params
+    salt = adapter_salt(params.adapter)
+    beam = None
+    if params.use_beam_search:
+        stops = (set() if params.ignore_eos else eos_token_ids) | set(params.stop_token_ids or ())
+        max_tokens = min(params.max_tokens or limits.max_model_len, limits.max_model_len - len(prompt))
+        beam = BeamSearch(params.num_sequences, length_penalty=params.length_penalty,
+                          early_stopping=params.early_stopping, stop_token_ids=stops, max_tokens=max_tokens)
+        seqs = [Sequence(next_seq_id(), list(prompt), len(prompt), cache_salt=salt)]
+    else:
+        seqs = [
+            Sequence(next_seq_id(), list(prompt), len(prompt), index=i, generator=_generator(params.seed, i, device),
+                     detokenizer=_detokenizer(tokenizer, params, prompt), cache_salt=salt)
+            for i in range(params.num_sequences)
+        ]
+    bad_words = tokenize_bad_words(tokenizer, params.bad_words) if params.bad_words else []
+    return SequenceGroup(request_id, prompt, params, seqs, arrival, eos_token_ids=set(eos_token_ids),
+                         bad_words_ids=bad_words, beam=beam, adapter=limits.adapters.get(params.adapter))
+
+
+def _generator(seed: int | None, index: int, device: torch.device) -> torch.Generator | None:
+    if seed is None:
+        return None
+    # Choice i of a seeded request draws from its own stream, fixed by (seed, i) alone.
+    return torch.Generator(device=device).manual_seed((seed + index * 0x9E3779B97F4A7C15) % 2**64)
+
+
+def _detokenizer(tokenizer: Any, params: SamplingParams, prompt: list[int]) -> Detokenizer:
+    return Detokenizer(
+        tokenizer, skip_special_tokens=params.skip_special_tokens,
+        spaces_between_special_tokens=params.spaces_between_special_tokens, stop=params.stop,
+        include_stop_str_in_output=params.include_stop_str_in_output, prompt_token_ids=prompt,
+    )

@@ -1,0 +1,260 @@
+"""Continuous batching: which sequences run in the next step, and how many of their tokens.
+
+Each step fills a token budget in priority order: first the groups that decode (one token per live
+sequence), then the running prefills (chunked to the budget), then new or preempted requests from the
+waiting queue (first come, first served). When pages run out, the most recently admitted group is
+preempted by recompute: its pages are freed and it goes back to the front of the queue; the prefix
+cache usually gives most of its pages back when it returns.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from engine.core.kv_cache import PageAllocator
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.step import ScheduledSeq, SchedulerOutput
+from engine.errors import EngineError, InvalidRequest
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list; allocates pages for what it schedules."""
+
+    def __init__(
+        self, allocator: PageAllocator, page_size: int, max_num_seqs: int, max_num_batched_tokens: int
+    ) -> None:
+        self.allocator = allocator
+        self.page_size = page_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        # Free pages an admission must leave, so that running decodes do not preempt at once.
+        self.watermark = allocator.num_pages // 100
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        self.num_preemptions = 0
+
+    def add(self, group: SequenceGroup) -> None:
+        self.waiting.append(group)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, group: SequenceGroup) -> None:
+        """A finished or aborted group leaves, giving back every page it holds."""
+        for seq in group.seqs:
+            self.free_seq(seq)
+        if group in self.running:
+            self.running.remove(group)
+        elif group in self.waiting:
+            self.waiting.remove(group)
+
+    def postprocess(self, forked: list[Sequence], finished: list[Sequence]) -> None:
+        """After a step: new forks take their references to the pages they copied, finished sequences give
+        theirs back. NOTE: shares first, since a choice can fork and finish in the same step."""
+        for seq in forked:
+            self.allocator.share(seq.pages)
+        for seq in finished:
+            self.free_seq(seq)
+
+    def free_seq(self, seq: Sequence) -> None:
+        self.allocator.free(seq.pages)
+        seq.reset()
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        taken: set[int] = set()  # ids of groups in this step: they cannot be preempted any more
+        for decode in (True, False):
+            for group in list(self.running):
+                if id(group) in taken or (out.preempted and group in out.preempted):
+                    continue
+                if all(s.in_decode for s in group.running) != decode:
+                    continue
+                used = self._schedule_group(group, budget, out, taken, admit=False)
+                if used:
+                    taken.add(id(group))
+                    budget -= used
+        self._admit(budget, out, taken)
+        return out
+
+    def _admit(self, budget: int, out: SchedulerOutput, taken: set[int]) -> None:
+        seats = sum(g.num_seats for g in self.running)
+        while self.waiting and budget > 0:
+            group = self.waiting[0]
+            if seats + group.num_seats > self.max_num_seqs and self.running:
+                break
+            cached = 0
+            for seq in group.running:
+                if not seq.pages and not group.needs_prompt_logprobs:
+                    self._lookup(seq)
+                    cached = cached or seq.num_computed_tokens
+            used = self._schedule_group(group, budget, out, taken, admit=True)
+            if not used:
+                for seq in group.running:
+                    self.free_seq(seq)
+                if self.running:
+                    break
+                # Nothing else holds pages or seats: this request can never run.
+                self.waiting.popleft()
+                out.failed.append((group, self._cannot_fit(group)))
+                continue
+            if not group.admitted:
+                group.admitted = True
+                group.num_cached_tokens = min(cached, len(group.prompt_token_ids))
+            self.waiting.popleft()
+            self.running.append(group)
+            taken.add(id(group))
+            seats += group.num_seats
+            budget -= used
+
+    def _lookup(self, seq: Sequence) -> None:
+        """Takes the cached pages of the sequence's longest cached prefix (leaving at least one token to run)."""
+        ps = self.page_size
+        if not self.allocator.enable_prefix_caching:
+            return
+        pages = self.allocator.lookup(seq.hashes((seq.num_tokens - 1) // ps, ps))
+        seq.pages = pages
+        seq.num_computed_tokens = len(pages) * ps
+
+    def _schedule_group(
+        self, group: SequenceGroup, budget: int, out: SchedulerOutput, taken: set[int], admit: bool
+    ) -> int:
+        """Schedules what the group can run now; returns the tokens used (0: nothing fits)."""
+        seqs = group.running
+        if all(s.in_decode for s in seqs):
+            # Decode steps are whole-group: beam search needs every live beam's next token together.
+            if len(seqs) > budget:
+                return 0
+            need = sum(self._pages_needed(s, 1) for s in seqs) + self._reserve(admit)
+            if not self._make_room(need, group, out, taken, admit):
+                if not admit:
+                    self._give_way(group, out)
+                return 0
+            for s in seqs:
+                self._allocate(s, 1, out)
+                out.scheduled.append(ScheduledSeq(s, group, s.num_computed_tokens, 1))
+            return len(seqs)
+
+        used = 0
+        for s in seqs:
+            if s is not seqs[0] and not self._share_prompt(group, seqs[0], s):
+                continue
+            remaining = s.prefill_target - s.num_computed_tokens
+            if s.in_decode or remaining <= 0 or used >= budget:
+                continue
+            n = min(remaining, budget - used)
+            need = self._pages_needed(s, n)
+            if admit:
+                # Admission never preempts and never starts on a shrunken chunk.
+                if need + self._reserve(admit) > self.allocator.num_free:
+                    break
+            elif not self._make_room(need, group, out, taken, admit):
+                n = self._fit(s, n)
+                if n == 0:
+                    if used == 0 and len(self.running) == 1:
+                        self._give_way(group, out)
+                    break
+            self._allocate(s, n, out)
+            out.scheduled.append(ScheduledSeq(s, group, s.num_computed_tokens, n))
+            used += n
+        return used
+
+    def _share_prompt(self, group: SequenceGroup, lead: Sequence, seq: Sequence) -> bool:
+        """Whether `seq` may run now. A choice resumed after preemption waits for the lead choice to compute
+        the prompt's full pages, then takes them, as its fork first did (the part of them a prefix-cache hit
+        gave it is the same pages).
+
+        NOTE: without this, a group of n choices preempted by recompute needed n copies of its prompt when it
+        came back, and could fail as too large for a pool it fitted in alone.
+        """
+        full = len(group.prompt_token_ids) // self.page_size * self.page_size
+        if seq.num_computed_tokens >= full:
+            return True
+        if lead.num_computed_tokens < full:
+            return False
+        self.allocator.free(seq.pages)
+        seq.pages = lead.pages[: full // self.page_size]
+        self.allocator.share(seq.pages)
+        seq.num_computed_tokens = full
+        return True
+
+    def _reserve(self, admit: bool) -> int:
+        """Free pages an admission must leave for the running decodes (none when nothing runs)."""
+        return self.watermark if admit and self.running else 0
+
+    def _pages_needed(self, seq: Sequence, n: int) -> int:
+        ps = self.page_size
+        need = -(-(seq.num_computed_tokens + n) // ps) - len(seq.pages)
+        if seq.num_computed_tokens % ps and self.allocator.ref_counts[seq.pages[-1]] > 1:
+            need += 1  # the shared, partly filled last page gets a private copy first
+        return need
+
+    def _fit(self, seq: Sequence, n: int) -> int:
+        """The largest chunk <= n that the free pages can hold."""
+        ps = self.page_size
+        free = self.allocator.num_free
+        if seq.num_computed_tokens % ps and self.allocator.ref_counts[seq.pages[-1]] > 1:
+            free -= 1
+        return max(0, min(n, (len(seq.pages) + free) * ps - seq.num_computed_tokens))
+
+    def _allocate(self, seq: Sequence, n: int, out: SchedulerOutput) -> None:
+        ps = self.page_size
+        if seq.num_computed_tokens % ps and self.allocator.ref_counts[seq.pages[-1]] > 1:
+            (copy,) = self.allocator.allocate(1)
+            out.copies.append((seq.pages[-1], copy))
+            self.allocator.free([seq.pages[-1]])
+            seq.pages[-1] = copy
+        need = -(-(seq.num_computed_tokens + n) // ps) - len(seq.pages)
+        if need > 0:
+            seq.pages += self.allocator.allocate(need)
+
+    def _make_room(
+        self, need: int, group: SequenceGroup, out: SchedulerOutput, taken: set[int], admit: bool
+    ) -> bool:
+        """Preempts groups admitted after `group` (latest first, not yet in this step) until `need` pages are free."""
+        while self.allocator.num_free < need:
+            if admit or group not in self.running:
+                return False
+            later = self.running[self.running.index(group) + 1 :]
+            victim = next((g for g in reversed(later) if id(g) not in taken), None)
+            if victim is None:
+                return False
+            self._preempt(victim, out)
+        return True
+
+    def _give_way(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        """The group cannot grow now: alone it never will (fail it), else it waits for pages (preempt it)."""
+        if len(self.running) == 1:
+            self.remove(group)
+            out.failed.append((group, self._cannot_fit(group)))
+        else:
+            self._preempt(group, out)
+
+    def _cannot_fit(self, group: SequenceGroup) -> EngineError:
+        """Why a group alone in the pool cannot go on. Start-up sizes the pool for one sequence of max_model_len,
+        so only a request's several sequences (n, best_of, beams) can outgrow it; one sequence is a bug."""
+        pool = f"the KV cache ({self.allocator.num_pages} pages of {self.page_size} tokens)"
+        if group.params.num_sequences > 1:
+            return InvalidRequest(f"{pool} cannot hold this request's {group.params.num_sequences} sequences at "
+                                  "once: lower n, best_of or max_tokens", param="n")
+        return EngineError(f"{pool} could not hold one sequence of {group.seqs[0].num_tokens} tokens")
+
+    def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        self.num_preemptions += 1
+        self.running.remove(group)
+        for seq in group.running:
+            self.free_seq(seq)
+        self.waiting.appendleft(group)
+        out.preempted.append(group)
+
+    def commit(self, out: SchedulerOutput) -> None:
+        """After the step ran: the fed tokens are in the cache; newly full pages join the prefix cache."""
+        ps = self.page_size
+        for s in out.scheduled:
+            seq = s.seq
+            old, new = seq.num_computed_tokens, seq.num_computed_tokens + s.num_tokens
+            seq.num_computed_tokens = new
+            if self.allocator.enable_prefix_caching and new // ps > old // ps:
+                hashes = seq.hashes(new // ps, ps)
+                for i in range(old // ps, new // ps):
+                    self.allocator.register(seq.pages[i], hashes[i])

@@ -1,0 +1,155 @@
+"""Per-request state: a SequenceGroup (one request) owns one Sequence per choice, sample or beam.
+
+A group starts with one sequence that runs the prompt; the other choices join it at the first sampled
+token, sharing every prompt page (the partial last page is copied when a child first writes into it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.core.kv_cache import page_hash
+from engine.outputs import PositionLogprobs
+
+if TYPE_CHECKING:
+    from engine.sample.beam_search import BeamSearch
+    from engine.sample.params import SamplingParams
+    from engine.sample.structured.matcher import GrammarState
+    from engine.text.detokenizer import Detokenizer
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One token stream and the KV pages that hold its computed prefix."""
+
+    seq_id: int
+    token_ids: list[int]  # prompt + output
+    num_prompt_tokens: int
+    index: int = 0  # the choice index this sequence reports as
+    generator: torch.Generator | None = None
+    detokenizer: Detokenizer | None = None
+    pages: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is in `pages`
+    page_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the first full pages
+    output_token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    # Where the output stands in the request's grammar; it keeps its state across preemption (the matcher has
+    # accepted every output token, and recompute replays them through the model only).
+    grammar: GrammarState | None = None
+    # Seeds the page hash chain: KV computed under a LoRA adapter is only ever shared with the same adapter.
+    cache_salt: bytes | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def prefill_target(self) -> int:
+        """Where this sequence's prefill ends: the whole prompt for a fresh one (then it samples), all but
+        the last token for one resumed after preemption (which then rejoins its group's decode steps)."""
+        return self.num_tokens if not self.output_token_ids else self.num_tokens - 1
+
+    @property
+    def in_decode(self) -> bool:
+        return self.num_computed_tokens == self.num_tokens - 1
+
+    def append(self, token_id: int, logprob: float) -> None:
+        self.token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
+        self.cumulative_logprob += logprob
+
+    def hashes(self, count: int, page_size: int) -> list[bytes]:
+        """The chained hashes of the first `count` full pages (computed once, kept across preemption)."""
+        for i in range(len(self.page_hashes), count):
+            parent = self.page_hashes[i - 1] if i else self.cache_salt
+            self.page_hashes.append(page_hash(parent, self.token_ids[i * page_size : (i + 1) * page_size]))
+        return self.page_hashes[:count]
+
+    def fork(self, seq_id: int) -> Sequence:
+        """A copy of this sequence's tokens and page table; the scheduler takes the extra page references."""
+        return Sequence(
+            seq_id=seq_id,
+            token_ids=list(self.token_ids),
+            num_prompt_tokens=self.num_prompt_tokens,
+            index=self.index,
+            pages=list(self.pages),
+            num_computed_tokens=self.num_computed_tokens,
+            page_hashes=list(self.page_hashes),
+            output_token_ids=list(self.output_token_ids),
+            cumulative_logprob=self.cumulative_logprob,
+            grammar=self.grammar.fork() if self.grammar is not None else None,
+            cache_salt=self.cache_salt,
+        )
+
+    def reset(self) -> None:
+        """Forget the KV (preemption by recompute): the caller has freed the pages."""
+        self.pages = []
+        self.num_computed_tokens = 0
+
+
+@dataclass(eq=False)
+class SequenceGroup:
+    """One request: its parameters, its sequences and what it has reported so far."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    arrival: int
+    eos_token_ids: set[int] = field(default_factory=set)
+    bad_words_ids: list[list[int]] = field(default_factory=list)
+    beam: BeamSearch | None = None
+    adapter: int | None = None  # the LoRA adapter's slot (None: the base model)
+    forked: bool = False  # the choices run on their own (always true with one choice)
+    num_cached_tokens: int = 0  # prompt tokens the first admission found in the prefix cache
+    admitted: bool = False
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    prompt_logprobs_sent: bool = False  # they go out once, with the first output
+
+    def __post_init__(self) -> None:
+        self.forked = self.forked or (len(self.seqs) == 1 and self.beam is None)
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] * len(self.prompt_token_ids)
+
+    def fork_choices(self) -> list[tuple[Sequence, Sequence]]:
+        """The first token is in: every other choice copies the lead's page table and computed length.
+        Returns the (lead, choice) pairs whose page references the scheduler must then take."""
+        lead = self.seqs[0]
+        for child in self.seqs[1:]:
+            child.pages = list(lead.pages)
+            child.num_computed_tokens = lead.num_computed_tokens
+            child.page_hashes = list(lead.page_hashes)
+        self.forked = True
+        return [(lead, child) for child in self.seqs[1:]]
+
+    @property
+    def running(self) -> list[Sequence]:
+        """The sequences that hold or need KV pages now."""
+        if not self.forked:
+            return self.seqs[:1]
+        return [s for s in self.seqs if not s.finished]
+
+    @property
+    def num_seats(self) -> int:
+        """Batch slots this group takes against max_num_seqs (all its choices, even before they fork)."""
+        return self.params.num_sequences if not self.forked else len(self.running)
+
+    @property
+    def finished(self) -> bool:
+        return self.forked and all(s.finished for s in self.seqs)
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs still to compute: the prefix cache is skipped until they are all known."""
+        return self.prompt_logprobs is not None and any(p is None for p in self.prompt_logprobs[1:])

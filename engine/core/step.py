@@ -1,0 +1,55 @@
+"""What one step passes along: the scheduler's plan (SchedulerOutput of ScheduledSeq) and the runner's result
+(StepResult of Sample). Neutral ground, so that the output side imports neither the scheduler nor the runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.errors import EngineError
+
+
+@dataclass
+class ScheduledSeq:
+    """Feed seq.token_ids[start:start + num_tokens] this step."""
+
+    seq: Sequence
+    group: SequenceGroup
+    start: int
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """The chunk reaches the end of the known tokens, so its last row predicts the next one."""
+        return self.start + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) pages to copy before the step
+    preempted: list[SequenceGroup] = field(default_factory=list)
+    failed: list[tuple[SequenceGroup, EngineError]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+
+@dataclass
+class Sample:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] | None = None
+
+
+@dataclass
+class StepResult:
+    """Per scheduled sequence (by index in SchedulerOutput.scheduled): what the step produced for it."""
+
+    # One Sample per choice for a group's first token (n, best_of), a beam's 2*width best candidates,
+    # else the one sampled token.
+    samples: dict[int, list[Sample]] = field(default_factory=dict)
+    # (logprob of the next prompt token, its top-k) for each prompt position of the chunk that has one.
+    prompt_logprobs: dict[int, list[tuple[float, list[tuple[int, float]]]]] = field(default_factory=dict)
+    errors: dict[int, Exception] = field(default_factory=dict)  # sampling failed for that sequence alone

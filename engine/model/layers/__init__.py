@@ -1,0 +1,1 @@
+"""Building blocks of the decoders: norm, rotary embedding, linear layers (packed, int4), activation, LoRA."""

@@ -1,0 +1,40 @@
+"""RMSNorm computed as transformers does, switched to FlashInfer's fused kernels on CUDA (engine.cuda.kernels)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.cuda import kernels
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32 like transformers, optionally fused with the residual add.
+
+    `fused` (set once by the model on CUDA) routes both methods to FlashInfer's kernels.
+    """
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.fused = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return kernels.rmsnorm(x, self.weight, self.eps)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # transformers: normalise in float32, cast back, then scale in the model dtype. F.rms_norm on a half
+        # input computes in float32 and rounds once: bit-identical to that math, in fewer ops.
+        return self.weight * F.rms_norm(x, (x.shape[-1],), None, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (norm(x + residual), x + residual): the pre-norm decoder's residual stream step.
+
+        Both inputs may be overwritten (they are step-local activations)."""
+        if self.fused:
+            return kernels.fused_add_rmsnorm(x, residual, self.weight, self.eps)
+        residual = x.add_(residual)
+        return self.forward(residual), residual

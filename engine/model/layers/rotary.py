@@ -1,0 +1,136 @@
+"""Rotary position embedding with transformers' rope scaling types (default, linear, dynamic, llama3, yarn).
+
+On CUDA with a half dtype the model switches to FlashInfer's RoPE kernel once, at init_rotary(); the torch code
+here is the CPU path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.cuda import kernels
+from engine.errors import UnsupportedModel
+
+
+def rope_inv_freq(head_dim: int, rope: dict, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and the cos/sin scale for one of transformers' rope types (float32, CPU)."""
+    rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
+    base = float(rope.get("rope_theta", 10000.0))
+    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedModel("partial_rotary_factor != 1 is not supported", param="model")
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (base**exponents)
+    if rope_type in ("default", "dynamic"):
+        # "dynamic" starts from the plain frequencies; RotaryEmbedding rescales positions past the context.
+        return inv_freq, 1.0
+    if rope_type == "linear":
+        return inv_freq / float(rope["factor"]), 1.0
+    if rope_type == "llama3":
+        return _llama3_inv_freq(inv_freq, rope), 1.0
+    if rope_type == "yarn":
+        return _yarn_inv_freq(head_dim, base, rope, max_position_embeddings)
+    raise UnsupportedModel(f"rope type {rope_type!r} is not supported", param="model")
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, rope: dict) -> torch.Tensor:
+    factor = float(rope["factor"])
+    low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+    old_len = float(rope["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(head_dim: int, base: float, rope: dict, max_pos: int) -> tuple[torch.Tensor, float]:
+    original = rope.get("original_max_position_embeddings") or max_pos
+    factor = rope.get("factor") or max_pos / original
+    beta_fast, beta_slow = rope.get("beta_fast") or 32, rope.get("beta_slow") or 1
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = rope.get("attention_factor")
+    if attention_factor is None:
+        if rope.get("mscale") and rope.get("mscale_all_dim"):
+            attention_factor = mscale(factor, rope["mscale"]) / mscale(factor, rope["mscale_all_dim"])
+        else:
+            attention_factor = mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return (head_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rope.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = base ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attention_factor)
+
+
+class RotaryEmbedding:
+    """Precomputed cos/sin tables (half head_dim wide) indexed by absolute positions.
+
+    fused (CUDA): instead of the model-dtype cos/sin, one float32 cos|sin table (`cos_sin_cache`) for
+    FlashInfer's in-place RoPE kernel, built from the float32 angles so no bf16 rounding enters it.
+
+    Dynamic NTK: positions inside max_position_embeddings use the plain frequencies; a position p past it
+    uses the base transformers derives for a sequence of p + 1 tokens, which is what a cached decode in
+    transformers applies to that token.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        rope: dict,
+        max_position_embeddings: int,
+        max_positions: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        fused: bool = False,
+    ) -> None:
+        inv_freq, scale = rope_inv_freq(head_dim, rope, max_position_embeddings)
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq[None, :]
+        if rope.get("rope_type", rope.get("type")) == "dynamic" and max_positions > max_position_embeddings:
+            freqs[max_position_embeddings:] = _dynamic_freqs(head_dim, rope, max_position_embeddings, max_positions)
+        self.cos: torch.Tensor | None = None
+        self.sin: torch.Tensor | None = None
+        self.cos_sin_cache: torch.Tensor | None = None
+        if fused:
+            self.cos_sin_cache = kernels.cos_sin_cache(freqs.cos() * scale, freqs.sin() * scale).to(device)
+        else:
+            self.cos = (freqs.cos() * scale).to(dtype=dtype, device=device)
+            self.sin = (freqs.sin() * scale).to(dtype=dtype, device=device)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape [T, 1, head_dim / 2] for the step's positions (once per forward)."""
+        return self.cos.index_select(0, positions).unsqueeze(1), self.sin.index_select(0, positions).unsqueeze(1)
+
+
+def _dynamic_freqs(head_dim: int, rope: dict, max_pos: int, max_positions: int) -> torch.Tensor:
+    factor, theta = float(rope["factor"]), float(rope.get("rope_theta", 10000.0))
+    pos = torch.arange(max_pos, max_positions, dtype=torch.float32)
+    base = theta * ((factor * (pos + 1) / max_pos) - (factor - 1)) ** (head_dim / (head_dim - 2))
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (base[:, None] ** exponents[None, :])
+    return pos[:, None] * inv_freq
+
+
+def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotates x [T, heads, head_dim] in place (neox / rotate_half layout) and returns it."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    x1_orig = x1.clone()
+    x1.mul_(cos).addcmul_(x2, sin, value=-1)
+    x2.mul_(cos).addcmul_(x1_orig, sin)
+    return x

@@ -1,0 +1,199 @@
+"""One Llama-family decoder: Llama (incl. tied embeddings, SmolLM), Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
+
+Runs on the flattened tokens of a step; attention goes through the backend over the paged KV cache.
+On CUDA in half precision, RMSNorm, RoPE and SiLU-and-mul run FlashInfer's kernels (decided once, in
+init_rotary()); elsewhere the torch path of engine.layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.cuda import kernels
+from engine.model.layers.activation import silu_and_mul
+from engine.model.layers.norm import RMSNorm
+from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
+
+
+@dataclass
+class LlamaArgs:
+    """The shape of a decoder, read from a transformers config by the loader."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: dict = field(default_factory=dict)  # transformers' rope_parameters (rope_theta, rope_type, ...)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rope
+    tie_word_embeddings: bool = False
+
+
+class FusedLinear(nn.Linear):
+    """A Linear whose output rows are several checkpoint matrices stacked (q|k|v or gate|up)."""
+
+    def __init__(self, in_features: int, shards: dict[str, int], bias: bool) -> None:
+        super().__init__(in_features, sum(shards.values()), bias=bias)
+        self.shard_offsets: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, size in shards.items():
+            self.shard_offsets[name] = (offset, size)
+            offset += size
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, a: LlamaArgs) -> None:
+        super().__init__()
+        self.num_q, self.num_kv, self.head_dim = a.num_q_heads, a.num_kv_heads, a.head_dim
+        q_size, kv_size = a.num_q_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        self.qkv_proj = FusedLinear(a.hidden_size, {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}, a.qkv_bias)
+        self.o_proj = nn.Linear(q_size, a.hidden_size, bias=a.o_bias)
+        self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
+        self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
+        # Set by init_rotary() on the fused path: RoPE by FlashInfer from this float32 cos|sin table.
+        self.cos_sin_cache: torch.Tensor | None = None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        t, hq, hk, d = x.shape[0], self.num_q, self.num_kv, self.head_dim
+        qkv = self.qkv_proj(x)
+        v = qkv[:, (hq + hk) * d :].view(t, hk, d)
+        if self.cos_sin_cache is not None:
+            q, k = qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            kernels.apply_rope_with_cos_sin_cache_inplace(positions, q, k, d, self.cos_sin_cache)
+        elif self.q_norm is None:
+            # q and k sit side by side in each qkv row: one rotation covers both.
+            qk = apply_rotary_(qkv[:, : (hq + hk) * d].view(t, hq + hk, d), cos, sin)
+            q, k = qk[:, :hq], qk[:, hq:]
+        else:
+            q = apply_rotary_(self.q_norm(qkv[:, : hq * d].view(t, hq, d)), cos, sin)
+            k = apply_rotary_(self.k_norm(qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)), cos, sin)
+        backend.write_kv(k, v, k_cache, v_cache)
+        out = backend.run(q, k_cache, v_cache)
+        return self.o_proj(out.reshape(t, hq * d))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, a: LlamaArgs) -> None:
+        super().__init__()
+        n = a.intermediate_size
+        self.gate_up_proj = FusedLinear(a.hidden_size, {"gate_proj": n, "up_proj": n}, a.mlp_bias)
+        self.down_proj = nn.Linear(n, a.hidden_size, bias=a.mlp_bias)
+        self.fused = False  # set by init_rotary(): FlashInfer's silu_and_mul
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        return self.down_proj(kernels.silu_and_mul(gate_up) if self.fused else silu_and_mul(gate_up))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, a: LlamaArgs) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(a)
+        self.mlp = LlamaMLP(a)
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        backend: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, h = h, self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm.add_forward(h, residual)
+        h = self.self_attn(h, positions, cos, sin, k_cache, v_cache, backend)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, a: LlamaArgs) -> None:
+        super().__init__()
+        # Given an empty weight, nn.Embedding skips its random init: that init, even on the meta device,
+        # imports torch._dynamo (half a second of every cold start) and the loader overwrites it anyway.
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size, _weight=torch.empty(a.vocab_size, a.hidden_size))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(a) for _ in range(a.num_layers))
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The CausalLM of api.md. The caller plans the backend for `meta` before forward()."""
+
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.model = LlamaModel(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.rotary: RotaryEmbedding | None = None
+        self.fused_kernels = False  # FlashInfer's norm / RoPE / activation kernels (CUDA, half dtypes)
+        self.lora = None  # engine.model.layers.lora.LoraSet once adapters are attached
+
+    def init_rotary(
+        self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
+    ) -> None:
+        """Builds the rotary tables once the weights live on their device, and chooses the kernels for good:
+        fused (FlashInfer) when `fused`, or when None, on CUDA in fp16/bf16 with flashinfer importable."""
+        a = self.args
+        if fused is None:
+            fused = kernels.use_fused_kernels(torch.device(device), dtype)
+        self.rotary = RotaryEmbedding(
+            a.head_dim, a.rope, a.max_position_embeddings, max_positions, dtype, device, fused=fused
+        )
+        self.fused_kernels = fused
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, LlamaMLP)):
+                module.fused = fused
+            elif isinstance(module, LlamaAttention):
+                module.cos_sin_cache = self.rotary.cos_sin_cache
+
+    def tie_weights(self) -> None:
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        assert self.rotary is not None, "init_rotary() was not called"
+        cos, sin = (None, None) if self.fused_kernels else self.rotary.lookup(positions)
+        h = self.model.embed_tokens(input_ids)
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches, strict=True):
+            h, residual = layer(h, residual, positions, cos, sin, k_cache, v_cache, backend)
+        h, _ = self.model.norm.add_forward(h, residual)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -1,0 +1,107 @@
+"""Randomized stress of the engine's page ownership: tiny page pools, chunked prefill, prefix caching on and
+off, n / best_of / beam search, stop strings, logprobs and random aborts, with every reference count rebuilt
+from the live sequences after every step and every finished greedy or beam result compared with the same
+request run alone. CI runs a few seeds; `pytest -m slow tests/engine/test_stress.py` runs 200.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from engine.core.engine import LLMEngine
+from engine.sample.params import SamplingParams
+from tests.engine.core.test_engine import TINY_VOCAB, make_engine, tiny_model_path  # noqa: F401  (the fixture, shared)
+
+CI_SEEDS = range(3)
+SLOW_SEEDS = range(3, 203)
+
+
+def _params(rng: random.Random) -> tuple[SamplingParams, bool]:
+    """Random parameters, and whether the result is deterministic (compared with the solo run)."""
+    kind = rng.choice(["greedy", "greedy", "stop", "logprobs", "n", "best_of", "beam"])
+    max_tokens = rng.randint(1, 14)
+    if kind == "beam":
+        return SamplingParams(use_beam_search=True, n=rng.randint(1, 2), best_of=rng.randint(2, 3),
+                              temperature=0.0, max_tokens=max_tokens, ignore_eos=True), True
+    if kind == "n":
+        return SamplingParams(n=rng.randint(2, 3), temperature=1.0, seed=rng.randrange(100),
+                              max_tokens=max_tokens), False
+    if kind == "best_of":
+        return SamplingParams(n=1, best_of=rng.randint(2, 3), temperature=1.0, seed=rng.randrange(100),
+                              max_tokens=max_tokens), False
+    extra = {"stop": ["e", "an"]} if kind == "stop" else {"logprobs": 2} if kind == "logprobs" else {}
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=rng.random() < 0.5, **extra), True
+
+
+def _requests(rng: random.Random, count: int) -> dict[str, tuple[list[int], SamplingParams, bool]]:
+    shared = [rng.randrange(3, TINY_VOCAB) for _ in range(rng.randint(4, 12))]
+    out = {}
+    for i in range(count):
+        tail = [rng.randrange(3, TINY_VOCAB) for _ in range(rng.randint(1, 16))]
+        prompt = (shared + tail) if rng.random() < 0.5 else tail
+        out[f"r{i}"] = (prompt, *_params(rng))
+    return out
+
+
+def _tokens(engine: LLMEngine, requests: dict, aborts: dict[str, int], rng: random.Random) -> dict[str, dict]:
+    """Runs the requests (joining at random steps, some aborted), checking the pages after every step."""
+    joins = {r: rng.randint(0, 6) for r in requests}
+    pending, results, step = dict(requests), {r: {} for r in requests}, 0
+    while pending or engine.has_unfinished():
+        for r in [r for r in pending if joins[r] <= step]:
+            prompt, params, _ = pending.pop(r)
+            engine.add_request(r, prompt, params)
+        for r, at in aborts.items():
+            if at == step:
+                engine.abort(r)
+                results[r] = None
+        for out in engine.step():
+            if results.get(out.request_id) is not None:
+                for d in out.outputs:
+                    results[out.request_id].setdefault(d.index, []).extend(d.token_ids)
+        assert not engine.pop_failures()
+        _check_references(engine)
+        step += 1
+        assert step < 3000, "did not finish"
+    assert engine.allocator.num_free == engine.allocator.num_pages, "pages leaked"
+    return results
+
+
+def _check_references(engine: LLMEngine) -> None:
+    """Every page's reference count equals the live sequences that hold it (the pool's own checks too)."""
+    engine.allocator.check()
+    held = Counter(page for group in [*engine.scheduler.running, *engine.scheduler.waiting] for seq in group.seqs
+                   for page in seq.pages)
+    counts = engine.allocator.ref_counts
+    assert all(counts[page] == n for page, n in held.items()), "a page's count differs from its holders"
+    assert sum(1 for c in counts if c > 0) == len(held), "a page is counted that no sequence holds"
+
+
+def _stress(path, seed: int) -> None:
+    rng = random.Random(seed)
+    requests = _requests(rng, rng.randint(6, 12))
+    aborts = {r: rng.randint(0, 20) for r in requests if rng.random() < 0.2}
+    engine = make_engine(path, page_size=4, num_kv_pages=rng.randint(24, 48), max_model_len=48,
+                         max_num_batched_tokens=rng.choice([8, 16, 64]), max_num_seqs=rng.choice([4, 8, 16]),
+                         enable_prefix_caching=rng.random() < 0.7)
+    got = _tokens(engine, requests, aborts, rng)
+    solo = make_engine(path, num_kv_pages=64, max_model_len=48)
+    for r, (prompt, params, deterministic) in requests.items():
+        if got[r] is None or not deterministic:
+            continue
+        alone = _tokens(solo, {r: (prompt, params, True)}, {}, random.Random(0))[r]
+        assert got[r] == alone, (seed, r, params)
+
+
+@pytest.mark.parametrize("seed", CI_SEEDS)
+def test_random_loads_keep_every_page_accounted_for(tiny_model_path, seed: int) -> None:  # noqa: F811
+    _stress(tiny_model_path, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SLOW_SEEDS)
+def test_random_loads_long(tiny_model_path, seed: int) -> None:  # noqa: F811
+    _stress(tiny_model_path, seed)

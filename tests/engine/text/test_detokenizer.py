@@ -1,0 +1,150 @@
+"""Incremental detokenization with the real SmolLM2 tokenizer: UTF-8 holdback, stop strings, special tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.text.detokenizer import Detokenizer, token_bytes, token_text
+
+KOREAN_EMOJI = "안녕하세요, 세계! 오늘 날씨가 정말 좋네요 😀🎉👍🏽 가족: 👨‍👩‍👧‍👦 끝."
+
+
+@pytest.fixture(scope="module")
+def tok(baked_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(baked_model_path)
+
+
+def encode(tok, text: str) -> list[int]:
+    return tok.encode(text, add_special_tokens=False)
+
+
+def stream(detok: Detokenizer, ids: list[int]) -> list[str]:
+    """Push one id at a time until a stop string matches; returns the deltas (flush last when no stop)."""
+    deltas = []
+    for tid in ids:
+        delta = detok.push([tid])
+        deltas.append(delta.text)
+        if delta.stop_string is not None:
+            return deltas
+    deltas.append(detok.flush())
+    return deltas
+
+
+TEXTS = [KOREAN_EMOJI, "Plain ASCII, with  two spaces.\nAnd a line.", "😀" * 5 + "中文字符"]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_one_token_at_a_time_equals_full_decode(tok, text: str) -> None:
+    ids = encode(tok, text)
+    assert len(ids) > len(text) // 4  # the multi-byte characters really are split across tokens
+    detok = Detokenizer(tok)
+    deltas = stream(detok, ids)
+    assert "".join(deltas) == tok.decode(ids) == text
+    assert detok.output_text == text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_prompt_context_does_not_change_the_output(tok) -> None:
+    prompt = encode(tok, "Translate: 안녕")
+    ids = encode(tok, " 하세요 😀 ok")
+    detok = Detokenizer(tok, prompt_token_ids=prompt)
+    assert "".join(stream(detok, ids)) == tok.decode(ids)
+
+
+def test_each_push_decodes_a_short_window_only(tok) -> None:
+    calls: list[int] = []
+
+    class Counting:
+        added_tokens_decoder = tok.added_tokens_decoder
+
+        def decode(self, ids, **kw):
+            calls.append(len(ids))
+            return tok.decode(ids, **kw)
+
+    ids = encode(tok, KOREAN_EMOJI * 6)
+    assert "".join(stream(Detokenizer(Counting()), ids)) == KOREAN_EMOJI * 6
+    assert max(calls) <= 8 < len(ids)
+
+
+def test_invalid_bytes_are_held_then_flushed(tok) -> None:
+    lone_lead_byte = encode(tok, "안")[0]  # 0xEC: the first byte of a 3-byte character
+    detok = Detokenizer(tok)
+    assert detok.push(encode(tok, "ab")).text == "ab"
+    assert detok.push([lone_lead_byte]).text == ""
+    assert detok.flush() == "\ufffd"
+
+
+def test_stop_string_spanning_tokens_is_never_emitted(tok) -> None:
+    text = "Hello world, this is the end of it. More text"
+    ids = encode(tok, text)
+    detok = Detokenizer(tok, stop=["the end"])
+    deltas = stream(detok, ids)
+    assert detok.stopped == "the end"
+    assert "".join(deltas) == detok.output_text == "Hello world, this is "
+    with pytest.raises(RuntimeError):
+        detok.push(ids[:1])
+
+
+def test_stop_string_inside_a_token_and_include_stop(tok) -> None:
+    ids = encode(tok, "Hello world, again")
+    detok = Detokenizer(tok, stop=["lo wo"])
+    assert "".join(stream(detok, ids)) == "Hel"
+    detok = Detokenizer(tok, stop=["xyz", "lo wo"], include_stop_str_in_output=True)
+    deltas = stream(detok, ids)
+    assert "".join(deltas) == "Hello wo"
+    assert detok.stopped == "lo wo"
+
+
+def test_earliest_stop_string_wins(tok) -> None:
+    detok = Detokenizer(tok, stop=["world", "Hello"])
+    assert "".join(stream(detok, encode(tok, "Say Hello world"))) == "Say "
+    assert detok.stopped == "Hello"
+
+
+def test_stop_on_a_split_emoji(tok) -> None:
+    ids = encode(tok, "좋아요 😀🎉 끝")
+    detok = Detokenizer(tok, stop=["🎉"])
+    deltas = stream(detok, ids)
+    assert "".join(deltas) == "좋아요 😀"
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_text_that_may_begin_a_stop_is_held_then_flushed(tok) -> None:
+    ids = encode(tok, "Wait for the end")
+    detok = Detokenizer(tok, stop=["the endless"])
+    deltas = [detok.push([t]).text for t in ids]
+    assert "".join(deltas) == "Wait for "  # " the end" could still become the stop string
+    assert detok.flush() == "the end"
+    assert detok.output_text == "Wait for the end"
+
+
+def test_special_tokens(tok) -> None:
+    ids = [1] + encode(tok, "hi there") + [2]
+    assert "".join(stream(Detokenizer(tok), ids)) == "hi there"
+    raw = Detokenizer(tok, skip_special_tokens=False, spaces_between_special_tokens=False)
+    expected = "<|im_start|>hi there<|im_end|>"
+    assert "".join(stream(raw, ids)) == tok.decode(ids, skip_special_tokens=False) == expected
+    spaced = Detokenizer(tok, skip_special_tokens=False, spaces_between_special_tokens=True)
+    assert "".join(stream(spaced, ids)) == "<|im_start|> hi there <|im_end|>"
+
+
+def test_token_text_and_bytes(tok) -> None:
+    ids = encode(tok, "안 world")
+    assert b"".join(token_bytes(tok, t) for t in ids) == "안 world".encode()
+    assert token_text(tok, ids[-1]) == " world"
+    # A token that is one byte of a multi-byte character is shown escaped, as OpenAI's logprobs do.
+    assert token_text(tok, ids[0]) == "\\xec"
+    assert token_text(tok, 2) == "<|im_end|>"
+
+
+def test_before_min_tokens_a_stop_string_neither_matches_nor_holds(tok) -> None:
+    ids = encode(tok, "the end, then the end again")
+    detok = Detokenizer(tok, stop=["the end"])
+    early = "".join(detok.push([t], check_stop=False).text for t in ids[:4])
+    assert early == tok.decode(ids[:4]) and detok.stopped is None  # released whole, "the end" included
+    rest = stream(detok, ids[4:])
+    assert detok.stopped == "the end"
+    assert early + "".join(rest) == detok.output_text
+    assert detok.output_text == "the end, then "
