@@ -244,8 +244,7 @@ class LLMEngine:
 
     def _detokenizer(self, params: SamplingParams, prompt: list[int]) -> Detokenizer:
         return Detokenizer(
-            self.tokenizer, skip_special_tokens=params.skip_special_tokens,
-            spaces_between_special_tokens=params.spaces_between_special_tokens, stop=params.stop,
+            self.tokenizer, skip_special_tokens=params.skip_special_tokens, stop=params.stop,
             include_stop_str_in_output=params.include_stop_str_in_output, prompt_token_ids=prompt,
         )
 
