@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from builder.adapters import parse_lora_modules
-from builder.bake import bake, is_current_bake, update_adapters
+from builder.bake import bake, is_current_bake, source_change, update_adapters
 from builder.errors import BakeError
 from builder.sources import resolve
 
@@ -25,19 +25,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora-modules", default=os.environ.get("LORA_MODULES", ""),
                         help='LoRA adapters: a JSON list of {"name", "path", "base_model_name"?}, or name=path pairs')
     parser.add_argument("--if-missing", action="store_true",
-                        help="keep the model OUT already holds when it is a bake of this builder's format (bake "
-                             "only adapters it lacks from --lora-modules)")
+                        help="keep the model OUT already holds when it is a bake of --model (and --revision) in "
+                             "this builder's format (bake only adapters it lacks from --lora-modules); else re-bake")
     args = parser.parse_args(argv)
 
     token = os.environ.get("HF_TOKEN")
     try:
         adapters = parse_lora_modules(args.lora_modules)
-        if args.if_missing and is_current_bake(args.out):
-            updated = update_adapters(args.out, adapters, token) if adapters else None
-            print(f"model already baked in {args.out}" + (
-                f"; adapters now {', '.join(a['name'] for a in updated['adapters'])}" if updated else ""))
-            return 0
         source = resolve(args.model, args.revision)
+        if args.if_missing and is_current_bake(args.out):
+            change = source_change(args.out, source)
+            if change is None:
+                updated = update_adapters(args.out, adapters, token) if adapters else None
+                print(f"model already baked in {args.out}" + (
+                    f"; adapters now {', '.join(a['name'] for a in updated['adapters'])}" if updated else ""))
+                return 0
+            print(f"re-baking {args.out}: {change}")
         manifest = bake(source, args.out, token=token, served_name=args.served_name, adapters=adapters)
     except BakeError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import BakeError
-from builder.sources import hub_snapshot
+from builder.sources import fingerprint, hub_snapshot
 
 ADAPTERS_DIR = "adapters"
 # A name goes in `model` (also as "<base>:<name>") and in a folder name: no colon, no spaces.
@@ -86,7 +86,7 @@ def bake_adapters(specs: list[AdapterSpec], model: Path, served_name: str, token
                             f"is {served_name!r}")
         folder = model / ADAPTERS_DIR / spec.name.replace("/", "--")
         folder.mkdir(parents=True)
-        kind, ref = _fetch(spec, folder, token, ADAPTER_FILES)
+        source = _fetch(spec, folder, token, ADAPTER_FILES)
         try:
             info = check_adapter(folder, shapes, num_layers)
         except UnsupportedModel as exc:
@@ -96,7 +96,7 @@ def bake_adapters(specs: list[AdapterSpec], model: Path, served_name: str, token
         entries.append({
             "name": spec.name,
             "path": folder.relative_to(model).as_posix(),
-            "source": {"kind": kind, "ref": ref},
+            "source": source,
             "rank": info.rank,
             "lora_alpha": info.lora_alpha,
             "target_modules": info.target_modules,
@@ -105,25 +105,28 @@ def bake_adapters(specs: list[AdapterSpec], model: Path, served_name: str, token
     return entries
 
 
-def adapter_source(spec: AdapterSpec) -> tuple[str, str]:
-    """(kind, ref) as the manifest records it: a hub repo id, or of a local folder only its name (never this
-    machine's layout)."""
+def adapter_identity(spec: AdapterSpec) -> dict:
+    """The adapter's source as the manifest records it and `--if-missing` compares it: a hub repo id, or a local
+    folder's name and fingerprint (never this machine's layout)."""
+    from engine.model.adapters import ADAPTER_FILES
+
     local = Path(spec.path).expanduser()
     if local.is_dir():
-        return "local", local.resolve().name
+        files = [local / name for name in ADAPTER_FILES if (local / name).is_file()]
+        return {"kind": "local", "ref": local.resolve().name, "fingerprint": fingerprint(local, files)}
     if spec.path.startswith((".", "/", "~")):
         raise BakeError(f"adapter {spec.name!r}: folder {spec.path!r} does not exist")
-    return "hub", spec.path
+    return {"kind": "hub", "ref": spec.path}
 
 
-def _fetch(spec: AdapterSpec, folder: Path, token: str | None, files: tuple[str, ...]) -> tuple[str, str]:
-    """Copies the adapter's files into folder; returns its source (kind, ref) for the manifest."""
-    kind, ref = adapter_source(spec)
-    if kind == "local":
-        source = Path(spec.path).expanduser()
+def _fetch(spec: AdapterSpec, folder: Path, token: str | None, files: tuple[str, ...]) -> dict:
+    """Copies the adapter's files into folder; returns its source for the manifest."""
+    source = adapter_identity(spec)
+    if source["kind"] == "local":
+        origin = Path(spec.path).expanduser()
     else:
-        source = hub_snapshot(spec.path, None, token, lambda: list(files), kind="an adapter")
+        origin = hub_snapshot(spec.path, None, token, lambda: list(files), kind="an adapter")
     for name in files:
-        if (source / name).is_file():
-            shutil.copy2(source / name, folder / name)
-    return kind, ref
+        if (origin / name).is_file():
+            shutil.copy2(origin / name, folder / name)
+    return source

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from builder.adapters import ADAPTERS_DIR, AdapterSpec, adapter_source, bake_adapters
+from builder.adapters import ADAPTERS_DIR, AdapterSpec, adapter_identity, bake_adapters
 from builder.errors import BakeError
-from builder.sources import Source, fetch
+from builder.sources import Source, fetch, identity
 from engine.text.tokenizer import BAKE_MARK, saved_by_bake
 
 MANIFEST = "manifest.json"
@@ -47,12 +47,27 @@ def is_current_bake(folder: Path) -> bool:
     return saved_by_bake(folder)
 
 
+def source_change(out: Path, source: Source) -> str | None:
+    """Why the bake in `out` is not of `source` (one line), or None when it is."""
+    baked = json.loads((out / MANIFEST).read_text()).get("source") or {}
+    wanted = identity(source)
+    if baked == wanted:
+        return None
+    held = f"{baked.get('ref', '?')} ({baked.get('kind', '?')})"
+    if (baked.get("kind"), baked.get("ref")) != (wanted["kind"], wanted["ref"]):
+        return f"it holds {held}, not {wanted['ref']} ({wanted['kind']})"
+    if "fingerprint" in wanted:
+        what = "folder" if source.kind == "local" else "file"
+        return f"{what} {wanted['ref']} is not the one baked (another of that name, or its files changed)"
+    return f"it holds {held} at revision {baked.get('revision', 'default')}, not {wanted.get('revision', 'default')}"
+
+
 def update_adapters(out: Path, adapters: list[AdapterSpec], token: str | None = None) -> dict | None:
     """Re-bakes only the adapters of the bake in `out` when they differ from `adapters`; returns the new manifest,
     or None when they were already those. The model's files are left as they are."""
     manifest = json.loads((out / MANIFEST).read_text())
-    if [(a["name"], a["source"]["ref"]) for a in manifest.get("adapters", [])] == [
-            (s.name, adapter_source(s)[1]) for s in adapters]:
+    if [(a["name"], a["source"]) for a in manifest.get("adapters", [])] == [(s.name, adapter_identity(s))
+                                                                          for s in adapters]:
         return None
     staging = Path(tempfile.mkdtemp(prefix=".adapters.", dir=out))
     try:
@@ -142,18 +157,13 @@ def _manifest(source: Source, folder: Path, revision: str | None, architecture: 
     config = json.loads((folder / "config.json").read_text())
     return {
         "served_model_name": served_name,
-        "source": {"kind": source.kind, "ref": _source_ref(source)},
+        "source": identity(source),
         "revision": revision,
         "architecture": architecture,
         "dtype": str(config.get("dtype") or config.get("torch_dtype") or "float32"),
         "files": {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST},
         "baked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-
-
-def _source_ref(source: Source) -> str:
-    """Hub ids and the default are names; of a local path only the last part, never this machine's layout."""
-    return source.ref if source.kind in ("hub", "default") else Path(source.ref).name
 
 
 def sha256(path: Path) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import shutil
 from collections.abc import Callable
@@ -54,6 +55,37 @@ def resolve(model: str | None, revision: str | None) -> Source:
     return Source("hub", model, revision=revision, served_name=model)
 
 
+def identity(source: Source) -> dict:
+    """What the manifest records of the source, and what `--if-missing` compares: hub ids and the default by
+    name (with the revision asked for), local folders and GGUF files by name and fingerprint."""
+    if source.kind in ("hub", "default"):
+        asked = {"revision": source.revision} if source.revision else {}
+        return {"kind": source.kind, "ref": source.ref, **asked}
+    path = Path(source.ref)
+    files = local_files(path) if source.kind == "local" else [path]
+    return {"kind": source.kind, "ref": path.name, "fingerprint": fingerprint(path, files)}
+
+
+def local_files(folder: Path) -> list[Path]:
+    """The files of a local model folder that a bake copies."""
+    names = {p.name for p in folder.iterdir() if p.is_file()}
+    patterns = CONFIG_FILES + TOKENIZER_FILES + SAFETENSORS_FILES
+    if not any(n.endswith(".safetensors") for n in names):
+        patterns += BIN_FILES
+    return [path for pattern in patterns for path in sorted(folder.glob(pattern))]
+
+
+def fingerprint(location: Path, files: list[Path]) -> str:
+    """A digest of where a local source is and of its files' names, sizes and times: another folder of the same
+    name, or an edited file, gives another one. Cheap (no file is read), since `make serve` checks it every
+    start; a digest, so the manifest never shows this machine's layout."""
+    digest = hashlib.sha256(str(location.resolve()).encode())
+    for path in files:
+        stat = path.stat()
+        digest.update(f"\0{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
 def default_gguf_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
@@ -80,13 +112,8 @@ def fetch(source: Source, staging: Path, token: str | None) -> str | None:
 
 
 def _copy_local(folder: Path, staging: Path) -> None:
-    names = {p.name for p in folder.iterdir() if p.is_file()}
-    patterns = CONFIG_FILES + TOKENIZER_FILES + SAFETENSORS_FILES
-    if not any(n.endswith(".safetensors") for n in names):
-        patterns += BIN_FILES
-    for pattern in patterns:
-        for path in sorted(folder.glob(pattern)):
-            shutil.copy2(path, staging / path.name)
+    for path in local_files(folder):
+        shutil.copy2(path, staging / path.name)
 
 
 def _fetch_hub(source: Source, staging: Path, token: str | None) -> str | None:

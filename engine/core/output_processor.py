@@ -150,8 +150,7 @@ class OutputProcessor:
         by_stop_id = stopped and tokens[-1] in (p.stop_token_ids or ())
         shown = tokens[:-1] if stopped and not (by_stop_id and p.include_stop_str_in_output) else tokens
         detok = Detokenizer(
-            self.tokenizer, skip_special_tokens=p.skip_special_tokens,
-            spaces_between_special_tokens=p.spaces_between_special_tokens, stop=p.stop,
+            self.tokenizer, skip_special_tokens=p.skip_special_tokens, stop=p.stop,
             include_stop_str_in_output=p.include_stop_str_in_output, prompt_token_ids=group.prompt_token_ids,
         )
         delta = detok.push(shown)

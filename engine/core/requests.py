@@ -105,7 +105,6 @@ def _generator(seed: int | None, index: int, device: torch.device) -> torch.Gene
 
 def _detokenizer(tokenizer: Any, params: SamplingParams, prompt: list[int]) -> Detokenizer:
     return Detokenizer(
-        tokenizer, skip_special_tokens=params.skip_special_tokens,
-        spaces_between_special_tokens=params.spaces_between_special_tokens, stop=params.stop,
+        tokenizer, skip_special_tokens=params.skip_special_tokens, stop=params.stop,
         include_stop_str_in_output=params.include_stop_str_in_output, prompt_token_ids=prompt,
     )

@@ -76,6 +76,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     skip_special_tokens: bool = True
+    # Accepted as vLLM accepts it; with a fast tokenizer (every one the engine runs) vLLM's text is the tokenizer's
+    # own decode whichever value is asked, and so is ours (engine/detokenizer.py).
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
     structured: StructuredSpec | None = None  # a grammar the output must match

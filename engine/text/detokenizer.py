@@ -31,18 +31,14 @@ class Detokenizer:
         tokenizer,
         *,
         skip_special_tokens: bool = True,
-        spaces_between_special_tokens: bool = True,
         stop: list[str] | None = None,
         include_stop_str_in_output: bool = False,
         prompt_token_ids: list[int] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.spaces_between_special_tokens = spaces_between_special_tokens
         self.stop = [s for s in stop or [] if s]
         self.include_stop_str_in_output = include_stop_str_in_output
-        # id -> AddedToken; only these are joined with spaces when spaces_between_special_tokens.
-        self._added = getattr(tokenizer, "added_tokens_decoder", {}) if spaces_between_special_tokens else {}
         context = list(prompt_token_ids or [])[-PROMPT_CONTEXT:]
         self._ids: list[int] = context
         self._prefix = 0
@@ -119,29 +115,13 @@ class Detokenizer:
         return longest
 
     def _decode(self, ids: list[int]) -> str:
+        # NOTE: one call for the whole window, added tokens included: the fast tokenizer puts them next to the
+        # text around them as they are (`<think>\nOkay`), and joining pieces with spaces (the slow tokenizers'
+        # spaces_between_special_tokens) would add text the model never produced.
         if not ids:
             return ""
-        if not self._added or not any(i in self._added for i in ids):
-            return self.tokenizer.decode(
-                ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False
-            )
-        # Added tokens stand apart, joined to the text around them by single spaces (as HF's slow path).
-        parts: list[str] = []
-        run: list[int] = []
-        for tid in ids:
-            added = self._added.get(tid)
-            if added is None:
-                run.append(tid)
-                continue
-            if self.skip_special_tokens and added.special:
-                continue
-            if run:
-                parts.append(self.tokenizer.decode(run, clean_up_tokenization_spaces=False))
-                run = []
-            parts.append(added.content)
-        if run:
-            parts.append(self.tokenizer.decode(run, clean_up_tokenization_spaces=False))
-        return " ".join(parts)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
+                                     clean_up_tokenization_spaces=False)
 
 
 def token_bytes(tokenizer, token_id: int) -> bytes:

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from builder.bake import MANIFEST, bake
 from builder.sources import DEFAULT_GGUF_FILE, default_gguf_path, resolve
+from engine.model.adapters import projection_shapes
+from tests.lora_adapters import write_adapter
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
@@ -76,13 +78,14 @@ def test_local_folder_source(tmp_path: Path, tiny_llama: Path) -> None:
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["served_model_name"] == "tiny"
-    assert manifest["source"] == {"kind": "local", "ref": tiny_llama.name}
+    assert manifest["source"]["kind"] == "local" and manifest["source"]["ref"] == tiny_llama.name
+    assert str(tiny_llama.parent) not in json.dumps(manifest)
     assert not (out / "README.md").exists()
     assert (out / "model.safetensors").read_bytes() == (tiny_llama / "model.safetensors").read_bytes()
     tokenizers = AutoTokenizer.from_pretrained(out), AutoTokenizer.from_pretrained(tiny_llama)
     assert tokenizers[0].encode("hello") == tokenizers[1].encode("hello")
-    # --if-missing leaves an existing bake alone
-    again = run_baker("--model", "/nonexistent", "--out", str(out), "--if-missing")
+    # --if-missing leaves an existing bake of the same source alone
+    again = run_baker("--model", str(tiny_llama), "--out", str(out), "--if-missing")
     assert again.returncode == 0 and "already baked" in again.stdout
     # ... but not a bake of an older format, whose tokenizer the worker cannot read without transformers
     manifest = json.loads((out / "manifest.json").read_text())
@@ -119,6 +122,15 @@ def test_hub_source_from_offline_cache(tmp_path: Path, tiny_llama: Path) -> None
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["served_model_name"] == "acme/tiny-llama"
     assert manifest["source"]["kind"] == "hub" and manifest["revision"] == commit
+    # Another MODEL_REVISION is another model: --if-missing re-bakes it, then keeps it.
+    other = "fedcba9876543210fedcba9876543210fedcba98"
+    shutil.copytree(tiny_llama, repo_dir / "snapshots" / other)
+    for expected in (f"re-baking {out}: it holds acme/tiny-llama (hub) at revision default, not {other}",
+                     f"model already baked in {out}"):
+        result = run_baker("--out", str(out), "--if-missing", env={**env, "MODEL_REVISION": other})
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[0] == expected
+        assert json.loads((out / MANIFEST).read_text())["revision"] == other
 
 
 class FakeHub(http.server.BaseHTTPRequestHandler):
@@ -209,3 +221,57 @@ def test_missing_path_is_one_line(tmp_path: Path) -> None:
     result = run_baker("--model", "./no/such/folder", "--out", str(tmp_path / "model"))
     assert result.returncode == 1
     assert result.stderr.strip() == "error: model path './no/such/folder' does not exist"
+
+
+def tiny_qwen2(folder: Path, tokenizer_from: Path) -> Path:
+    config = Qwen2Config(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(1)
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(tokenizer_from / name, folder / name)
+    return folder
+
+
+def if_missing(out: Path, model: Path, **env: str) -> str:
+    """`python -m builder --if-missing` with MODEL_NAME=model, as `make serve` runs it; returns its first line
+    (what it decided) and last line (what it did) when they differ."""
+    result = run_baker("--out", str(out), "--if-missing", env={"MODEL_NAME": str(model), **env})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    return lines[0] if len(lines) == 1 else f"{lines[0]} / {lines[-1]}"
+
+
+def test_if_missing_rebakes_when_model_name_names_another_model(tmp_path: Path, tiny_llama: Path) -> None:
+    out = tmp_path / "model"
+    assert run_baker("--model", str(tiny_llama), "--out", str(out)).returncode == 0
+    qwen = tiny_qwen2(tmp_path / "qwen", tiny_llama)
+    assert if_missing(out, qwen) == (f"re-baking {out}: it holds {tiny_llama.name} (local), not qwen (local) / "
+                                     f"baked qwen (Qwen2ForCausalLM, float32) into {out}")
+    assert json.loads((out / MANIFEST).read_text())["architecture"] == "Qwen2ForCausalLM"
+    assert if_missing(out, qwen) == f"model already baked in {out}"
+    # A local folder is more than its name: another folder called "qwen", or the same one edited, is re-baked.
+    twin = shutil.copytree(tiny_llama, tmp_path / "elsewhere" / "qwen")
+    changed = (f"re-baking {out}: folder qwen is not the one baked (another of that name, or its files changed) / "
+               f"baked qwen (LlamaForCausalLM, float32) into {out}")
+    assert if_missing(out, twin) == changed
+    assert json.loads((out / MANIFEST).read_text())["architecture"] == "LlamaForCausalLM"
+    config = json.loads((twin / "config.json").read_text())
+    (twin / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))
+    assert if_missing(out, twin) == changed
+    assert json.loads((out / "config.json").read_text())["rms_norm_eps"] == 1e-5
+
+
+def test_if_missing_rebakes_a_local_adapter_of_the_same_name_from_another_folder(tmp_path: Path,
+                                                                                tiny_llama: Path) -> None:
+    config = AutoConfig.from_pretrained(tiny_llama)
+    for parent, seed in (("first", 0), ("second", 1)):
+        write_adapter(tmp_path / parent / "sql", projection_shapes(config), config.num_hidden_layers,
+                      targets=["q_proj", "v_proj"], seed=seed)
+    out = tmp_path / "model"
+    first = if_missing(out, tiny_llama, LORA_MODULES=f"sql={tmp_path / 'first' / 'sql'}")
+    assert first.endswith(f"+ adapter sql (rank 4) into {out}")
+    second = if_missing(out, tiny_llama, LORA_MODULES=f"sql={tmp_path / 'second' / 'sql'}")
+    assert second.endswith(f"model already baked in {out}; adapters now sql")
+    weights = "adapters/sql/adapter_model.safetensors"
+    assert (out / weights).read_bytes() == (tmp_path / "second" / "sql" / "adapter_model.safetensors").read_bytes()

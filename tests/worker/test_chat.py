@@ -148,10 +148,12 @@ def test_special_tokens_in_the_output(client, model_name, tokenizer) -> None:
     hidden = chat(client, model_name, logit_bias=bias, max_tokens=2)
     assert hidden.choices[0].message.content == ""
     shown = chat(client, model_name, logit_bias=bias, max_tokens=2, extra_body={"skip_special_tokens": False})
-    assert shown.choices[0].message.content.strip() == "<|im_start|> <|im_start|>"
+    # The tokenizer's own decode, nothing added between tokens, whichever spaces_between_special_tokens asks (as
+    # vLLM's text with a fast tokenizer).
+    assert shown.choices[0].message.content == "<|im_start|><|im_start|>"
     tight = chat(client, model_name, logit_bias=bias, max_tokens=2,
                  extra_body={"skip_special_tokens": False, "spaces_between_special_tokens": False})
-    assert tight.choices[0].message.content.strip() == "<|im_start|><|im_start|>"
+    assert tight.choices[0].message.content == "<|im_start|><|im_start|>"
 
 
 def test_template_controls(client, model_name, tokenizer, greedy) -> None:

@@ -82,7 +82,8 @@ def test_the_manifest_lists_each_adapter_with_rank_targets_and_checksums(base_pa
     for name, spec in ADAPTERS.items():
         assert entries[name]["rank"] == spec["rank"] and entries[name]["target_modules"] == spec["targets"]
         assert set(entries[name]["files"]) == {"adapter_config.json", "adapter_model.safetensors"}
-        assert entries[name]["source"] == {"kind": "local", "ref": name}
+        source = entries[name]["source"]
+        assert (source["kind"], source["ref"]) == ("local", name) and len(source["fingerprint"]) == 64
         assert (base_path / "model" / entries[name]["path"] / "adapter_model.safetensors").is_file()
 
 

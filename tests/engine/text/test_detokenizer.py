@@ -1,10 +1,16 @@
-"""Incremental detokenization with the real SmolLM2 tokenizer: UTF-8 holdback, stop strings, special tokens."""
+"""Incremental detokenization with the real SmolLM2 tokenizer: UTF-8 holdback, stop strings, special tokens, and
+added tokens (Qwen's `<think>`, `<tool_call>`) whose text must come out exactly as transformers decodes it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine.text.detokenizer import Detokenizer, token_bytes, token_text
+from engine.text.tokenizer import BAKE_MARK, Tokenizer, load_tokenizer
 
 KOREAN_EMOJI = "안녕하세요, 세계! 오늘 날씨가 정말 좋네요 😀🎉👍🏽 가족: 👨‍👩‍👧‍👦 끝."
 
@@ -123,11 +129,9 @@ def test_text_that_may_begin_a_stop_is_held_then_flushed(tok) -> None:
 def test_special_tokens(tok) -> None:
     ids = [1] + encode(tok, "hi there") + [2]
     assert "".join(stream(Detokenizer(tok), ids)) == "hi there"
-    raw = Detokenizer(tok, skip_special_tokens=False, spaces_between_special_tokens=False)
+    raw = Detokenizer(tok, skip_special_tokens=False)
     expected = "<|im_start|>hi there<|im_end|>"
     assert "".join(stream(raw, ids)) == tok.decode(ids, skip_special_tokens=False) == expected
-    spaced = Detokenizer(tok, skip_special_tokens=False, spaces_between_special_tokens=True)
-    assert "".join(stream(spaced, ids)) == "<|im_start|> hi there <|im_end|>"
 
 
 def test_token_text_and_bytes(tok) -> None:
@@ -148,3 +152,55 @@ def test_before_min_tokens_a_stop_string_neither_matches_nor_holds(tok) -> None:
     assert detok.stopped == "the end"
     assert early + "".join(rest) == detok.output_text
     assert detok.output_text == "the end, then "
+
+
+# Qwen3's and Qwen2.5's reasoning and tool-call tokens are added tokens that are not special; DeepSeek's are special.
+NOT_SPECIAL = ["<think>", "</think>", "<tool_call>"]
+SPECIAL = ["<|tool_sep|>", "<｜Assistant｜>"]
+REASONING = '<think>\nOkay, 2 plus 2.</think>\n\nThe answer is 4.<tool_call>{"a": 1}'
+
+
+@pytest.fixture(scope="module")
+def with_added(baked_model_path, tmp_path_factory) -> dict:
+    """The default tokenizer plus added tokens, special and not, saved as a bake saves it: ours and transformers'."""
+    from transformers import AddedToken, AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("added-tokens")
+    ref = AutoTokenizer.from_pretrained(baked_model_path)
+    ref.add_tokens([AddedToken(t, special=False, normalized=False) for t in NOT_SPECIAL])
+    ref.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL], special_tokens=True)
+    ref.save_pretrained(folder)
+    (folder / "manifest.json").write_text(json.dumps({BAKE_MARK: "transformers"}))
+    ours = load_tokenizer(str(folder))
+    assert isinstance(ours, Tokenizer)
+    return {"ours": ours, "transformers": ref}
+
+
+@pytest.mark.parametrize("side", ["ours", "transformers"])
+@pytest.mark.parametrize("skip", [True, False])
+def test_added_tokens_keep_the_text_around_them(with_added, side: str, skip: bool) -> None:
+    ref = with_added["transformers"]
+    ids = encode(ref, REASONING + "<|tool_sep|>")
+    assert {ref.convert_tokens_to_ids(t) for t in NOT_SPECIAL} <= set(ids)
+    want = REASONING if skip else REASONING + "<|tool_sep|>"
+    assert ref.decode(ids, skip_special_tokens=skip) == want
+    detok = Detokenizer(with_added[side], skip_special_tokens=skip)
+    assert "".join(stream(detok, ids)) == detok.output_text == want
+
+
+def _pieces():
+    added = st.sampled_from(NOT_SPECIAL + SPECIAL + ["<|im_start|>", "<|im_end|>"])
+    words = st.sampled_from(["\n", " ", "Okay", " 2", ".", "{\"a\": 1}", "é", " 日本", "😀", "👨‍👩‍👧", "안녕"])
+    return st.lists(st.one_of(added, words, st.text(max_size=6)), max_size=14)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(prompt=_pieces(), pieces=_pieces(), chunk=st.integers(1, 4), skip=st.booleans(),
+       side=st.sampled_from(["ours", "transformers"]))
+def test_any_stream_joins_to_transformers_decode(with_added, prompt, pieces, chunk, skip, side) -> None:
+    ref = with_added["transformers"]
+    # Each piece encoded on its own, so added tokens meet every kind of neighbour, split characters included.
+    ids = [i for piece in pieces for i in encode(ref, piece)]
+    detok = Detokenizer(with_added[side], skip_special_tokens=skip, prompt_token_ids=encode(ref, "".join(prompt)))
+    deltas = [detok.push(ids[at:at + chunk]).text for at in range(0, len(ids), chunk)] + [detok.flush()]
+    assert "".join(deltas) == detok.output_text == ref.decode(ids, skip_special_tokens=skip)
