@@ -27,6 +27,7 @@ from worker.openai.response_items import chat_messages, chat_tool_choice, chat_t
 from worker.openai.response_output import EventFactory, OutputItems
 from worker.openai.response_request import RESPONSES_ONLY, ResponsesRequest
 from worker.openai.response_store import StoredResponse
+from worker.openai.response_truncation import fit_turns
 from worker.openai.tools.events import ContentDelta
 from worker.runtime import Runtime
 
@@ -69,15 +70,18 @@ def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:
 
 
 def _chat_call(request: ResponsesRequest, conversation: list[dict[str, Any]], runtime: Runtime, model: str) -> ChatCall:
-    """The chat generation behind a response; with truncation "auto", the oldest turns go until the prompt fits."""
+    """The chat generation behind a response; with truncation "auto", the oldest whole turns go until it fits."""
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []
-    messages = chat_messages(conversation)
+    messages = system + chat_messages(conversation)
     spec = _text_format_spec(request)
-    while True:
-        call = chat_call(ChatCompletionRequest.model_validate(_chat_fields(request, system + messages, model)), runtime)
-        if request.truncation != "auto" or _fits(call, runtime.max_model_len) or len(messages) <= 1:
-            break
-        messages = _drop_oldest_turn(messages)
+
+    def render(kept: list[dict[str, Any]]) -> ChatCall:
+        return chat_call(ChatCompletionRequest.model_validate(_chat_fields(request, kept, model)), runtime)
+
+    if request.truncation == "auto":
+        call = fit_turns(messages, render, lambda c: _fits(c, runtime.max_model_len))
+    else:
+        call = render(messages)
     if spec is not None:
         if call.params.structured is not None:
             raise BadRequest(f"only one structured output constraint is allowed per request, got text.format and "
@@ -103,15 +107,6 @@ def _text_format_spec(request: ResponsesRequest) -> StructuredSpec | None:
 def _fits(call: ChatCall, limit: int) -> bool:
     prompt, room = len(call.prompt.token_ids), call.params.max_tokens
     return prompt < limit and (room is None or prompt + room <= limit)
-
-
-def _drop_oldest_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Without the oldest non-system message, and without tool results whose call went with it."""
-    first = next(i for i, m in enumerate(messages) if m["role"] != "system" or i == len(messages) - 1)
-    rest = messages[:first] + messages[first + 1:]
-    while len(rest) > 1 and rest[first:first + 1] and rest[first]["role"] == "tool":
-        del rest[first]
-    return rest
 
 
 def _chat_fields(request: ResponsesRequest, messages: list[dict[str, Any]], model: str) -> dict[str, Any]:
