@@ -17,6 +17,7 @@ from worker.openai.chat import complete_chat, prepare_chat, stream_chat
 from worker.openai.completions import complete, prepare_completion, stream_completion
 from worker.openai.errors import BadRequest, RouteNotFound, error_body
 from worker.openai.models import list_models, retrieve_model
+from worker.openai.response_compact import complete_compaction, prepare_compaction
 from worker.openai.response_resources import stored_response
 from worker.openai.responses import complete_response, prepare_response, stream_response
 from worker.openai.streaming import BatchSize, openai_stream
@@ -26,6 +27,7 @@ from worker.unicode_check import check_unicode
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 RESPONSES = "/v1/responses"
+COMPACT = "/v1/responses/compact"
 MODELS = "/v1/models"
 # What the engine's error params are called on each route, where the route names them differently.
 CLIENT_PARAM_NAMES = {
@@ -88,6 +90,10 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
         yield list_models(runtime)
     elif route.startswith(MODELS + "/"):
         yield retrieve_model(runtime, route[len(MODELS) + 1:])
+    elif route == COMPACT:
+        call = await asyncio.to_thread(prepare_compaction, body, runtime)
+        with _client_names(RESPONSES):
+            yield await complete_compaction(call)
     elif route.startswith(RESPONSES + "/"):
         method = str(job_input.get("openai_method") or "GET").upper()
         yield stored_response(runtime.responses, route[len(RESPONSES) + 1:], method, body)
@@ -113,7 +119,7 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
                 yield group
     else:
         raise RouteNotFound(f"Unknown openai_route {route!r}: this worker serves {CHAT}, {COMPLETIONS}, "
-                            f"{RESPONSES} and {MODELS}", param="openai_route")
+                            f"{RESPONSES}, {COMPACT} and {MODELS}", param="openai_route")
 
 
 @contextmanager

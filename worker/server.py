@@ -1,6 +1,7 @@
 """The local endpoint: RunPod's URL layout on loopback, every route through the production handler.
 
-    /openai/v1/{models, models/<id>, chat/completions, completions, responses, responses/<id>[/input_items]}
+    /openai/v1/{models, models/<id>, chat/completions, completions, responses, responses/compact,
+                responses/<id>[/input_items]}
                                                                           (also under /v2/<endpoint_id>/)
     /v2/<endpoint_id>/{run, runsync, stream/<job_id>, status/<job_id>, cancel/<job_id>, health}
     /run, /runsync, /stream/<job_id>, ... and /health                     (the RunPod SDK's local paths)
@@ -169,6 +170,10 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
     @openai.post("/responses")
     async def responses(request: Request) -> Response:
         return await _openai_call(generate, "/v1/responses", await _json_body(request), request)
+
+    @openai.post("/responses/compact")
+    async def compact(request: Request) -> Response:
+        return await _openai_call(generate, "/v1/responses/compact", await _json_body(request), request)
 
     @openai.get("/responses/{response_id}")
     async def response(response_id: str, request: Request) -> Response:

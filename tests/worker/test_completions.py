@@ -26,6 +26,14 @@ def test_default_max_tokens_is_16(client, model_name) -> None:
     assert response.object == "text_completion" and response.id.startswith("cmpl-")
 
 
+def test_a_null_max_tokens_is_the_legacy_default_not_the_context(client, model_name) -> None:
+    """Clients that serialise unset fields send `"max_tokens": null`; it must not run to the context's end."""
+    response = client.completions.create(model=model_name, prompt=PROMPT, temperature=0, max_tokens=None,
+                                         extra_body={"ignore_eos": True})
+    validate(response)
+    assert response.usage.completion_tokens == 16 and response.choices[0].finish_reason == "length"
+
+
 def test_every_prompt_form_gives_the_same_text(client, model_name, tokenizer) -> None:
     ids = tokenizer.encode(PROMPT)
     text = complete(client, model_name).choices[0].text

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from worker.openai.errors import BadRequest
 from worker.openai.tools.definitions import check_tool_choice, check_tools
@@ -198,16 +198,24 @@ class ChatCompletionRequest(SamplingFields):
 
 
 Prompt = str | list[str] | list[int] | list[list[int]]
+LEGACY_MAX_TOKENS = 16  # /v1/completions' default output limit, as OpenAI's legacy API
 
 
 class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
     prompt: Prompt
-    max_tokens: int | None = Field(16, ge=0)
+    max_tokens: int | None = Field(LEGACY_MAX_TOKENS, ge=0)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_special_tokens: StrictBool = True
     suffix: str | None = None
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: Any) -> Any:
+        # NOTE: clients that serialise unset fields send null; on this route that must mean the legacy 16,
+        # not chat's "up to the context", or a forgotten field runs to the end of the context.
+        return LEGACY_MAX_TOKENS if value is None else value
 
     @model_validator(mode="after")
     def _check_prompt(self) -> CompletionRequest:

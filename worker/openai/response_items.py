@@ -2,11 +2,13 @@
 
 Clients replay a previous response's `output` items verbatim as the next `input`, so every output
 item shape is also an input shape here. Reasoning items are kept in the record but not shown to the
-chat template (as vLLM does); `item_reference` items are looked up among stored responses' items.
+chat template (as vLLM does); `item_reference` items are looked up among stored responses' items;
+`compaction` items (worker/openai/response_compact.py) show their summary as an assistant message.
 """
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +17,8 @@ from worker.openai.errors import BadRequest
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+PHASES = ("commentary", "final_answer")
+COMPACTION_MARK = "compaction-v1:"
 
 
 def new_id(prefix: str) -> str:
@@ -50,13 +54,17 @@ def _item(item: dict[str, Any], where: str, lookup: Lookup) -> dict[str, Any]:
                 "status": item.get("status") or "completed"}
     if kind == "reasoning":
         return {**item, "id": item.get("id") or new_id("rs"), "summary": item.get("summary") or []}
+    if kind == "compaction":
+        content = _strings(item, where, "encrypted_content")["encrypted_content"]
+        compaction_summary(content, f"{where}.encrypted_content")
+        return {"id": item.get("id") or new_id("cmp"), "type": kind, "encrypted_content": content}
     if kind == "item_reference":
         found = lookup(_strings(item, where, "id")["id"])
         if found is None:
             raise BadRequest(f"{where}: no stored item with id {item['id']!r}", param=f"{where}.id")
         return found
     raise BadRequest(f"{where}: item type {kind!r} is not supported; this worker takes message, function_call, "
-                     "function_call_output, reasoning and item_reference items", param=f"{where}.type")
+                     "function_call_output, reasoning, compaction and item_reference items", param=f"{where}.type")
 
 
 def _strings(item: dict[str, Any], where: str, *names: str) -> dict[str, str]:
@@ -79,8 +87,15 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
     part: dict[str, Any] = {"type": part_type, "text": text}
     if role == "assistant":
         part["annotations"] = []
-    return {"id": item.get("id") or new_id("msg"), "type": "message", "role": role, "content": [part],
-            "status": item.get("status") or "completed"}
+    out = {"id": item.get("id") or new_id("msg"), "type": "message", "role": role, "content": [part],
+           "status": item.get("status") or "completed"}
+    phase = item.get("phase")
+    if phase is not None:
+        if role != "assistant" or phase not in PHASES:
+            raise BadRequest(f"{where}.phase must be one of {', '.join(PHASES)}, on an assistant message only",
+                             param=f"{where}.phase")
+        out["phase"] = phase
+    return out
 
 
 def _text(parts: Any, where: str) -> str:
@@ -96,6 +111,22 @@ def _text(parts: Any, where: str) -> str:
                              param=f"{where}[{j}]")
         texts.append(text)
     return "\n".join(texts)
+
+
+def compaction_content(summary: str) -> str:
+    """A compaction item's `encrypted_content`: the summary, base64-encoded and marked; opaque to clients, not
+    encrypted (this worker keeps no keys)."""
+    return base64.b64encode((COMPACTION_MARK + summary).encode()).decode()
+
+
+def compaction_summary(content: str, where: str) -> str:
+    try:
+        text = base64.b64decode(content, validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        text = ""
+    if not text.startswith(COMPACTION_MARK):
+        raise BadRequest(f"{where}: not a compaction made by this worker's /v1/responses/compact", param=where)
+    return text.removeprefix(COMPACTION_MARK)
 
 
 def item_text(item: dict[str, Any]) -> str:
@@ -118,6 +149,8 @@ def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             messages[-1].setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+        elif kind == "compaction":  # the model's own summary of the turns it replaces
+            messages.append({"role": "assistant", "content": compaction_summary(item["encrypted_content"], "input")})
     return messages
 
 

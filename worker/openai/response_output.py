@@ -1,7 +1,8 @@
 """A response's output items, built from the parsed answer's events: a `reasoning` item, a `message` item and
 `function_call` items, in the order the model wrote them, with the stream events that announce each.
 
-The same builder serves whole and streamed answers, so both give the same items. A plain answer (no tools,
+The same builder serves whole and streamed answers, so both give the same items. A finished message carries
+its `phase`: `final_answer` when it ends the output, `commentary` when more items (a call) follow it. A plain answer (no tools,
 no reasoning parser) is one message whose text deltas carry their tokens' logprobs; when the text is parsed,
 the logprobs of every token go on the message's finished part instead, since parsed pieces no longer line
 up with tokens.
@@ -61,12 +62,12 @@ class OutputItems:
         out = [] if self.items or self.open else self._open("message")
         if self.open is not None and self.open["type"] == "message":
             self.logprobs = all_logprobs if all_logprobs is not None else self.logprobs + self.pending
-        return out + self._close(status)
+        return out + self._close(status, "final_answer")
 
     def _open(self, kind: str, call: ToolCallStarted | None = None) -> list[dict[str, Any]]:
         if self.open is not None and self.open["type"] == kind and call is None:
             return []
-        out = self._close("completed")
+        out = self._close("completed", "commentary")  # more output follows this item
         index = len(self.items)
         if kind == "message":
             self.open = {"id": new_id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
@@ -89,7 +90,7 @@ class OutputItems:
         self.logprobs += logprobs
         return [self.event("response.output_text.delta", **self._where(), delta=text, logprobs=logprobs)]
 
-    def _close(self, status: str) -> list[dict[str, Any]]:
+    def _close(self, status: str, phase: str) -> list[dict[str, Any]]:
         if self.open is None:
             return []
         item, where, out = self.open, self._where(), []
@@ -98,7 +99,7 @@ class OutputItems:
             part = _text_part(self.text, self.logprobs)
             out.append(self.event("response.output_text.done", **where, text=self.text, logprobs=self.logprobs))
             out.append(self.event("response.content_part.done", **where, part=part))
-            item = {**item, "status": status, "content": [part]}
+            item = {**item, "status": status, "phase": phase, "content": [part]}
         elif kind == "reasoning":
             out.append(self.event("response.reasoning_text.done", **where, text=self.text))
             item = {**item, "status": "completed", "content": [{"type": "reasoning_text", "text": self.text}]}

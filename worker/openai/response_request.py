@@ -57,7 +57,6 @@ class ReasoningConfig(BaseModel):
 class ResponsesRequest(SamplingFields):
     """POST /v1/responses."""
 
-    model: str | None = None  # OpenAI requires it; a missing one means the served model, as in vLLM
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)

@@ -21,12 +21,13 @@ from worker.openai.chat import ChatCall, chat_call, count_reasoning_tokens
 from worker.openai.errors import BadRequest, ResponseNotFound, error_body, status_of
 from worker.openai.generation import Collected, engine_request_id, start
 from worker.openai.models import resolve_model
-from worker.openai.params import DEFAULT_TEMPERATURE
 from worker.openai.protocol import ChatCompletionRequest
+from worker.openai.response_object import final_usage, opening_usage, response_object, usage_object
 from worker.openai.response_items import chat_messages, chat_tool_choice, chat_tools, input_items, new_id
 from worker.openai.response_output import EventFactory, OutputItems
 from worker.openai.response_request import RESPONSES_ONLY, ResponsesRequest
 from worker.openai.response_store import StoredResponse
+from worker.openai.response_truncation import fit_turns
 from worker.openai.tools.events import ContentDelta
 from worker.runtime import Runtime
 
@@ -54,7 +55,7 @@ def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     request = ResponsesRequest.model_validate(body)
-    model, _ = resolve_model(runtime, request.model or runtime.served_model_name)  # the chat call runs the adapter
+    model, _ = resolve_model(runtime, request.model)  # the chat call runs the adapter
     history: list[dict[str, Any]] = []
     if request.previous_response_id is not None:
         previous = runtime.responses.get(request.previous_response_id)
@@ -69,15 +70,18 @@ def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:
 
 
 def _chat_call(request: ResponsesRequest, conversation: list[dict[str, Any]], runtime: Runtime, model: str) -> ChatCall:
-    """The chat generation behind a response; with truncation "auto", the oldest turns go until the prompt fits."""
+    """The chat generation behind a response; with truncation "auto", the oldest whole turns go until it fits."""
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []
-    messages = chat_messages(conversation)
+    messages = system + chat_messages(conversation)
     spec = _text_format_spec(request)
-    while True:
-        call = chat_call(ChatCompletionRequest.model_validate(_chat_fields(request, system + messages, model)), runtime)
-        if request.truncation != "auto" or _fits(call, runtime.max_model_len) or len(messages) <= 1:
-            break
-        messages = _drop_oldest_turn(messages)
+
+    def render(kept: list[dict[str, Any]]) -> ChatCall:
+        return chat_call(ChatCompletionRequest.model_validate(_chat_fields(request, kept, model)), runtime)
+
+    if request.truncation == "auto":
+        call = fit_turns(messages, render, lambda c: _fits(c, runtime.max_model_len))
+    else:
+        call = render(messages)
     if spec is not None:
         if call.params.structured is not None:
             raise BadRequest(f"only one structured output constraint is allowed per request, got text.format and "
@@ -105,15 +109,6 @@ def _fits(call: ChatCall, limit: int) -> bool:
     return prompt < limit and (room is None or prompt + room <= limit)
 
 
-def _drop_oldest_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Without the oldest non-system message, and without tool results whose call went with it."""
-    first = next(i for i, m in enumerate(messages) if m["role"] != "system" or i == len(messages) - 1)
-    rest = messages[:first] + messages[first + 1:]
-    while len(rest) > 1 and rest[first:first + 1] and rest[first]["role"] == "tool":
-        del rest[first]
-    return rest
-
-
 def _chat_fields(request: ResponsesRequest, messages: list[dict[str, Any]], model: str) -> dict[str, Any]:
     """The chat request a Responses request amounts to: the shared sampling fields plus the renamed ones."""
     fields = request.model_dump(exclude_unset=True, exclude=set(RESPONSES_ONLY))
@@ -128,57 +123,6 @@ def _chat_fields(request: ResponsesRequest, messages: list[dict[str, Any]], mode
     if kwargs:
         fields["chat_template_kwargs"] = kwargs
     return {k: v for k, v in fields.items() if v is not None}
-
-
-def response_object(call: ResponseCall, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None,
-                    error: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The `response` object: its state and output, with the request's settings echoed as OpenAI does."""
-    request = call.request
-    incomplete = status == "incomplete"
-    text_format = request.text.format.model_dump(by_alias=True, exclude_none=True) if (
-        request.text is not None and request.text.format is not None) else {"type": "text"}
-    return {
-        "id": call.id,
-        "object": "response",
-        "created_at": call.created_at,
-        "status": status,
-        "completed_at": int(time.time()) if status == "completed" else None,
-        "background": False,
-        "error": error,
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "instructions": request.instructions,
-        "max_output_tokens": request.max_output_tokens,
-        "max_tool_calls": request.max_tool_calls,
-        "model": call.model,
-        "output": output,
-        "parallel_tool_calls": request.parallel_tool_calls is not False,
-        "previous_response_id": request.previous_response_id,
-        "reasoning": {"effort": request.reasoning.effort if request.reasoning else None, "summary": None},
-        "service_tier": "default",
-        "store": request.store is not False,
-        "temperature": DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-        "text": {"format": text_format, "verbosity": (request.text and request.text.verbosity) or "medium"},
-        "tool_choice": request.tool_choice if request.tool_choice is not None else "auto",
-        "tools": request.tools or [],
-        "top_logprobs": request.top_logprobs or 0,
-        "top_p": 1.0 if request.top_p is None else request.top_p,
-        "truncation": request.truncation or "disabled",
-        "usage": usage,
-        "user": request.user,
-        "metadata": request.metadata or {},
-        "prompt_cache_key": request.prompt_cache_key,
-        "safety_identifier": request.safety_identifier,
-    }
-
-
-def _usage(result: Collected, reasoning: int) -> dict[str, Any]:
-    return {
-        "input_tokens": result.num_prompt_tokens,
-        "input_tokens_details": {"cached_tokens": result.num_cached_tokens, "cache_write_tokens": 0},
-        "output_tokens": result.num_generated_tokens,
-        "output_tokens_details": {"reasoning_tokens": reasoning},
-        "total_tokens": result.num_prompt_tokens + result.num_generated_tokens,
-    }
 
 
 class _Answer:
@@ -212,7 +156,7 @@ class _Answer:
             all_logprobs = self.items.logprob_entries(choice.logprobs)
         status = "incomplete" if choice.finish_reason == "length" else "completed"
         events += self.items.finish(status, all_logprobs)
-        response = response_object(self.call, status, self.items.items, _usage(self.result, self._reasoning_tokens()))
+        response = response_object(self.call, status, self.items.items, final_usage(self.result, self._reasoning_tokens()))
         _store(self.call, response)
         return events, response
 
@@ -256,7 +200,7 @@ async def stream_response(call: ResponseCall) -> AsyncIterator[dict[str, Any]]:
 
     answer = _Answer(call, event)
     try:
-        opening = response_object(call, "in_progress", [], None)
+        opening = response_object(call, "in_progress", [], opening_usage(len(chat.prompt.token_ids)))
         yield event("response.created", response=opening)
         yield event("response.in_progress", response=opening)
         async for output in started:
@@ -267,14 +211,15 @@ async def stream_response(call: ResponseCall) -> AsyncIterator[dict[str, Any]]:
             yield item
         yield event(f"response.{response['status']}", response=response)
     except Exception as exc:
-        yield event("response.failed", response=_failed(call, exc))
+        yield event("response.failed", response=_failed(call, exc, answer.result))
     finally:
         await started.aclose()
 
 
-def _failed(call: ResponseCall, exc: Exception) -> dict[str, Any]:
+def _failed(call: ResponseCall, exc: Exception, result: Collected) -> dict[str, Any]:
     body = error_body(exc)
     code = "server_error" if (status_of(body) or 500) >= 500 else "invalid_prompt"
-    response = response_object(call, "failed", [], None, {"code": code, "message": body["error"]["message"]})
+    usage = usage_object(len(call.chat.prompt.token_ids), result.num_cached_tokens, result.num_generated_tokens, 0)
+    response = response_object(call, "failed", [], usage, {"code": code, "message": body["error"]["message"]})
     _store(call, response)
     return response
