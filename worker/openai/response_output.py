@@ -2,10 +2,10 @@
 `function_call` items, in the order the model wrote them, with the stream events that announce each.
 
 The same builder serves whole and streamed answers, so both give the same items. A finished message carries
-its `phase`: `final_answer` when it ends the output, `commentary` when more items (a call) follow it. A plain answer (no tools,
-no reasoning parser) is one message whose text deltas carry their tokens' logprobs; when the text is parsed,
-the logprobs of every token go on the message's finished part instead, since parsed pieces no longer line
-up with tokens.
+its `phase`: `final_answer` when it ends the output, `commentary` when more items (a call) follow it. A plain
+answer (no tools, no reasoning parser) is one message whose text deltas carry their tokens' logprobs; when the
+text is parsed, the logprobs of every token go on the message's finished part instead, since parsed pieces no
+longer line up with tokens.
 """
 
 from __future__ import annotations

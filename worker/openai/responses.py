@@ -22,8 +22,8 @@ from worker.openai.errors import BadRequest, ResponseNotFound, error_body, statu
 from worker.openai.generation import Collected, engine_request_id, start
 from worker.openai.models import resolve_model
 from worker.openai.protocol import ChatCompletionRequest
-from worker.openai.response_object import final_usage, opening_usage, response_object, usage_object
 from worker.openai.response_items import chat_messages, chat_tool_choice, chat_tools, input_items, new_id
+from worker.openai.response_object import final_usage, opening_usage, response_object, usage_object
 from worker.openai.response_output import EventFactory, OutputItems
 from worker.openai.response_request import RESPONSES_ONLY, ResponsesRequest
 from worker.openai.response_store import StoredResponse
@@ -156,7 +156,8 @@ class _Answer:
             all_logprobs = self.items.logprob_entries(choice.logprobs)
         status = "incomplete" if choice.finish_reason == "length" else "completed"
         events += self.items.finish(status, all_logprobs)
-        response = response_object(self.call, status, self.items.items, final_usage(self.result, self._reasoning_tokens()))
+        usage = final_usage(self.result, self._reasoning_tokens())
+        response = response_object(self.call, status, self.items.items, usage)
         _store(self.call, response)
         return events, response
 
