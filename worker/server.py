@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,15 +23,13 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from worker.http_guards import ApiKeyGuard, BodyLimit, error_response
 from worker.job_store import Handler, JobStore, is_error
 from worker.jobs import RESPONSES
 from worker.openai.errors import (
-    AuthenticationFailed,
     BadRequest,
     MethodNotAllowed,
-    RequestTooLarge,
     RouteNotFound,
-    error_body,
     status_of,
 )
 from worker.openai.streaming import SSE_DONE, sse, sse_event
@@ -46,84 +43,12 @@ DISCONNECT_POLL_S = 0.5
 CLIENT_CLOSED_REQUEST = 499
 
 
-def _error(exc: Exception, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = error_body(exc)
-    return JSONResponse(body, status_code=status_of(body) or 500, headers=headers)
-
-
 async def _json_body(request: Request) -> Any:
     raw = await request.body()
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise BadRequest("We could not parse the JSON body of your request. The body must be valid JSON.") from None
-
-
-class BodyTooLarge(Exception):
-    """A request body went past the size limit while it was being read."""
-
-
-class BodyLimit:
-    """Refuses a request body over `max_bytes` with a 413 before reading it whole: at once when Content-Length
-    says so, else as soon as the bytes read pass the limit (chunked uploads)."""
-
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length", b"").decode("latin-1")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(scope, receive, send)
-            return
-        seen = 0
-        started = False
-
-        async def counting_receive() -> dict:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise BodyTooLarge
-            return message
-
-        async def tracking_send(message: dict) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await self._refuse(scope, receive, send)
-
-    async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
-        too_large = RequestTooLarge(f"The request body is larger than this worker accepts ({self.max_bytes} bytes, "
-                                    "MAX_REQUEST_MB).")
-        await _error(too_large, headers={"Connection": "close"})(scope, receive, send)
-
-
-class ApiKeyGuard:
-    """Every route but /health needs `Authorization: Bearer <key>`.
-
-    NOTE: a plain ASGI middleware; FastAPI's @app.middleware("http") would hide a client's disconnect from
-    the routes, which need to see it to abort the request.
-    """
-
-    def __init__(self, app: Any, key: str) -> None:
-        self.app, self.key = app, key.encode()
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and not scope["path"].rstrip("/").endswith("/health"):
-            headers = dict(scope["headers"])
-            given = headers.get(b"authorization", b"").decode("latin-1").removeprefix("Bearer ").strip()
-            if not secrets.compare_digest(given.encode("latin-1"), self.key):
-                await _error(AuthenticationFailed("Incorrect API key provided."))(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def create_app(handler: Handler, settings: Settings) -> FastAPI:
@@ -139,15 +64,15 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
-        return _error(exc)
+        return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Paths outside the routes above, and wrong methods: OpenAI's error object, not FastAPI's {"detail"}.
         if exc.status_code == 405:
-            return _error(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}"),
+            return error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}"),
                           headers=exc.headers)
-        return _error(RouteNotFound(f"Unknown route {request.method} {request.url.path}", param=None))
+        return error_response(RouteNotFound(f"Unknown route {request.method} {request.url.path}", param=None))
 
     openai = APIRouter()
 
@@ -190,7 +115,7 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
 
     @openai.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def unknown(rest: str) -> Response:
-        return _error(RouteNotFound(f"Unknown route /v1/{rest}", param=None))
+        return error_response(RouteNotFound(f"Unknown route /v1/{rest}", param=None))
 
     jobs = APIRouter()
 
@@ -243,7 +168,7 @@ async def _job_input(request: Request) -> Any:
 
 
 def _job_not_found(job_id: str) -> JSONResponse:
-    return _error(RouteNotFound(f"no job {job_id!r} on this worker", param="job_id"))
+    return error_response(RouteNotFound(f"no job {job_id!r} on this worker", param="job_id"))
 
 
 async def _openai_call(handler: Handler, route: str, body: Any, request: Request | None,
@@ -264,7 +189,7 @@ async def _openai_call(handler: Handler, route: str, body: Any, request: Request
     try:
         first = await _first_output(outputs, request)
     except StopAsyncIteration:
-        return _error(RuntimeError("the handler produced no output"))
+        return error_response(RuntimeError("the handler produced no output"))
     except ClientGone:
         await outputs.aclose()
         return Response(status_code=CLIENT_CLOSED_REQUEST)

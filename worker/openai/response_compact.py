@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from worker.openai.errors import BadRequest
 from worker.openai.response_items import compaction_content, item_text, new_id
-from worker.openai.responses import ResponseCall, complete_response, prepare_response
+from worker.openai.response_object import ResponseCall
+from worker.openai.responses import complete_response, prepare_response
 from worker.runtime import Runtime
 
 SUMMARY_REQUEST = ("Summarize the conversation so far for your own later use: the user's goals, the facts and "

@@ -11,6 +11,7 @@ out when not sent.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from worker.openai.generation import Collected
@@ -18,7 +19,26 @@ from worker.openai.params import DEFAULT_TEMPERATURE
 from worker.openai.response_request import ResponsesRequest
 
 if TYPE_CHECKING:
-    from worker.openai.responses import ResponseCall
+    from worker.openai.chat import ChatCall
+    from worker.runtime import Runtime
+
+
+@dataclass
+class ResponseCall:
+    """A validated Responses request, ready to run."""
+
+    runtime: Runtime
+    request: ResponsesRequest
+    chat: ChatCall
+    id: str
+    created_at: int
+    model: str
+    input_items: list[dict[str, Any]]
+    history: list[dict[str, Any]]  # the stored conversation this one continues (empty without previous_response_id)
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.request.stream)
 
 
 def response_object(call: ResponseCall, status: str, output: list[dict[str, Any]], usage: dict[str, Any],

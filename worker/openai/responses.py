@@ -12,7 +12,6 @@ import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from engine.outputs import RequestOutput
@@ -23,31 +22,13 @@ from worker.openai.generation import Collected, engine_request_id, start
 from worker.openai.models import resolve_model
 from worker.openai.protocol import ChatCompletionRequest
 from worker.openai.response_items import chat_messages, chat_tool_choice, chat_tools, input_items, new_id
-from worker.openai.response_object import final_usage, opening_usage, response_object, usage_object
+from worker.openai.response_object import ResponseCall, final_usage, opening_usage, response_object, usage_object
 from worker.openai.response_output import EventFactory, OutputItems
 from worker.openai.response_request import RESPONSES_ONLY, ResponsesRequest
 from worker.openai.response_store import StoredResponse
 from worker.openai.response_truncation import fit_turns
 from worker.openai.tools.events import ContentDelta
 from worker.runtime import Runtime
-
-
-@dataclass
-class ResponseCall:
-    """A validated Responses request, ready to run."""
-
-    runtime: Runtime
-    request: ResponsesRequest
-    chat: ChatCall
-    id: str
-    created_at: int
-    model: str
-    input_items: list[dict[str, Any]]
-    history: list[dict[str, Any]]  # the stored conversation this one continues (empty without previous_response_id)
-
-    @property
-    def stream(self) -> bool:
-        return bool(self.request.stream)
 
 
 def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:

@@ -1,0 +1,86 @@
+"""What stands in front of the local endpoint's routes: the request size limit and the API key check.
+
+NOTE: plain ASGI middlewares; FastAPI's @app.middleware("http") would hide a client's disconnect from the
+routes, which need to see it to abort the request.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from worker.openai.errors import AuthenticationFailed, RequestTooLarge, error_body, status_of
+
+
+def error_response(exc: Exception, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = error_body(exc)
+    return JSONResponse(body, status_code=status_of(body) or 500, headers=headers)
+
+
+class BodyTooLarge(Exception):
+    """A request body went past the size limit while it was being read."""
+
+
+class BodyLimit:
+    """Refuses a request body over `max_bytes` with a 413 before reading it whole: at once when Content-Length
+    says so, else as soon as the bytes read pass the limit (chunked uploads)."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"").decode("latin-1")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        seen = 0
+        started = False
+
+        async def counting_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise BodyTooLarge
+            return message
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
+        too_large = RequestTooLarge(f"The request body is larger than this worker accepts ({self.max_bytes} bytes, "
+                                    "MAX_REQUEST_MB).")
+        await error_response(too_large, headers={"Connection": "close"})(scope, receive, send)
+
+
+class ApiKeyGuard:
+    """Every route but /health needs `Authorization: Bearer <key>`.
+
+    NOTE: a plain ASGI middleware; FastAPI's @app.middleware("http") would hide a client's disconnect from
+    the routes, which need to see it to abort the request.
+    """
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not scope["path"].rstrip("/").endswith("/health"):
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"").decode("latin-1").removeprefix("Bearer ").strip()
+            if not secrets.compare_digest(given.encode("latin-1"), self.key):
+                await error_response(AuthenticationFailed("Incorrect API key provided."))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
