@@ -18,14 +18,14 @@ class OutputProcessor:
         self.max_model_len = max_model_len
         self.new_seq_id = new_seq_id
         self._pieces: dict[int, tuple[str, bytes]] = {}  # token id -> its text and bytes, for logprobs
-        # Page changes of this step, handed to Scheduler.postprocess by the engine (the pages' one owner).
-        self.forked: list[Sequence] = []
+        # What this step changed on the KV side, handed to Scheduler.postprocess (the pages' one owner).
+        self.forks: list[tuple[Sequence, Sequence]] = []  # (parent, child)
         self.finished: list[Sequence] = []
 
-    def take_page_changes(self) -> tuple[list[Sequence], list[Sequence]]:
-        """(new forks, finished sequences) since the last call."""
-        changes = (self.forked, self.finished)
-        self.forked, self.finished = [], []
+    def take_page_changes(self) -> tuple[list[tuple[Sequence, Sequence]], list[Sequence]]:
+        """(new forks as (parent, child), finished sequences) since the last call."""
+        changes = (self.forks, self.finished)
+        self.forks, self.finished = [], []
         return changes
 
     def process(self, group: SequenceGroup, items: list[tuple[int, ScheduledSeq]], result: StepResult
@@ -66,8 +66,8 @@ class OutputProcessor:
         return self._request_output(group, deltas, finished=True, generated=group.seqs)
 
     def _fork(self, group: SequenceGroup) -> None:
-        """The first token is in: every choice takes its own copy of the prompt's page table."""
-        self.forked += [child for _, child in group.fork_choices()]
+        """The first token is in: every choice goes on from the prompt on its own."""
+        self.forks += group.fork_choices()
 
     def _append(self, group: SequenceGroup, seq: Sequence, sample: Sample) -> CompletionDelta:
         p = group.params
@@ -113,7 +113,7 @@ class OutputProcessor:
             parent = old[beam.parent]
             if beam.parent in reused:
                 child = parent.fork(self.new_seq_id())
-                self.forked.append(child)
+                self.forks.append((parent, child))
             else:
                 reused.add(beam.parent)
                 child = parent

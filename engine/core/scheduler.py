@@ -48,13 +48,21 @@ class Scheduler:
         elif group in self.waiting:
             self.waiting.remove(group)
 
-    def postprocess(self, forked: list[Sequence], finished: list[Sequence]) -> None:
-        """After a step: new forks take their references to the pages they copied, finished sequences give
-        theirs back. NOTE: shares first, since a choice can fork and finish in the same step."""
-        for seq in forked:
-            self.allocator.share(seq.pages)
+    def postprocess(self, forks: list[tuple[Sequence, Sequence]], finished: list[Sequence]) -> None:
+        """After a step: forks take their parents' pages, finished sequences give theirs back.
+        NOTE: forks first, since a choice can fork and finish in the same step."""
+        for parent, child in forks:
+            self.fork(parent, child)
         for seq in finished:
             self.free_seq(seq)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """`child` goes on from `parent`'s computed prefix: it shares every page (a partly filled last page is
+        copied when the child first writes into it, see _allocate)."""
+        child.pages = list(parent.pages)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.page_hashes = list(parent.page_hashes)
+        self.allocator.share(child.pages)
 
     def free_seq(self, seq: Sequence) -> None:
         self.allocator.free(seq.pages)

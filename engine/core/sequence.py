@@ -1,7 +1,8 @@
 """Per-request state: a SequenceGroup (one request) owns one Sequence per choice, sample or beam.
 
 A group starts with one sequence that runs the prompt; the other choices join it at the first sampled
-token, sharing every prompt page (the partial last page is copied when a child first writes into it).
+token, sharing every prompt page (the partial last page is copied when a child first writes into it). The
+scheduler alone sets a sequence's pages and computed length (Scheduler.fork, allocate, free).
 """
 
 from __future__ import annotations
@@ -77,15 +78,13 @@ class Sequence:
         return self.page_hashes[:count]
 
     def fork(self, seq_id: int) -> Sequence:
-        """A copy of this sequence's tokens and page table; the scheduler takes the extra page references."""
+        """A copy of this sequence's tokens and output so far, with no pages: Scheduler.fork gives it its
+        parent's, after the step (the pages' one owner)."""
         return Sequence(
             seq_id=seq_id,
             token_ids=list(self.token_ids),
             num_prompt_tokens=self.num_prompt_tokens,
             index=self.index,
-            pages=list(self.pages),
-            num_computed_tokens=self.num_computed_tokens,
-            page_hashes=list(self.page_hashes),
             output_token_ids=list(self.output_token_ids),
             cumulative_logprob=self.cumulative_logprob,
             grammar=self.grammar.fork() if self.grammar is not None else None,
@@ -123,15 +122,10 @@ class SequenceGroup:
             self.prompt_logprobs = [None] * len(self.prompt_token_ids)
 
     def fork_choices(self) -> list[tuple[Sequence, Sequence]]:
-        """The first token is in: every other choice copies the lead's page table and computed length.
-        Returns the (lead, choice) pairs whose page references the scheduler must then take."""
-        lead = self.seqs[0]
-        for child in self.seqs[1:]:
-            child.pages = list(lead.pages)
-            child.num_computed_tokens = lead.num_computed_tokens
-            child.page_hashes = list(lead.page_hashes)
+        """The first token is in: every other choice goes on from the lead's prompt. Returns the (lead, choice)
+        pairs for Scheduler.fork, which gives each choice the lead's pages."""
         self.forked = True
-        return [(lead, child) for child in self.seqs[1:]]
+        return [(self.seqs[0], child) for child in self.seqs[1:]]
 
     @property
     def running(self) -> list[Sequence]:

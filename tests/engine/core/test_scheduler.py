@@ -52,13 +52,13 @@ class Driver:
             needed = -(-(s.start + s.num_tokens) // self.page_size)
             assert len(s.seq.pages) == needed, "pages cover exactly the tokens scheduled"
         self.sched.commit(out)
-        forked, finished, done = [], [], []
+        forks, finished, done = [], [], []
         for s in out.scheduled:
             if not s.samples:
                 continue
             g = s.group
-            if not g.forked:  # the engine's own fork: the choices copy the lead's page table
-                forked += [child for _, child in g.fork_choices()]
+            if not g.forked:  # the engine's own fork: the scheduler gives the choices the lead's pages
+                forks += g.fork_choices()
                 targets = g.seqs
             else:
                 targets = [s.seq]
@@ -69,7 +69,7 @@ class Driver:
                     finished.append(seq)
             if g.finished:
                 done.append(g)
-        self.sched.postprocess(forked, finished)  # as the engine does after each step
+        self.sched.postprocess(forks, finished)  # as the engine does after each step
         for g in done:
             self.sched.remove(g)
             self.finished.append(g)
