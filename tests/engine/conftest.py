@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from engine.attention.base import AttentionMetadata
+from tests.engine.core.engine_run import TINY_VOCAB
 from tests.paging import PageTable
 
 TINY = dict(
@@ -117,3 +119,32 @@ class PagedHarness:
 def paged_harness() -> type[PagedHarness]:
     """The PagedHarness class: PagedHarness(num_layers, num_kv_heads, head_dim, page_size=4, ...)."""
     return PagedHarness
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory, baked_model_path):
+    """A 2-layer Llama on SmolLM2's tokenizer (its first 1024 ids), random weights large enough for peaked logits."""
+    import transformers as tf
+
+    path = tmp_path_factory.mktemp("tiny-smol")
+    config = tf.LlamaConfig(
+        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True,
+        bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6,
+    )
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.5 if "embed" in name else 0.15)
+    model.save_pretrained(path)
+    for name in TOKENIZER_FILES:
+        if (baked_model_path / name).exists() and name != "generation_config.json":
+            shutil.copy(baked_model_path / name, path / name)
+    return path

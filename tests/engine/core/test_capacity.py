@@ -7,10 +7,10 @@ import pytest
 
 from engine.errors import InvalidRequest, StartupError
 from engine.sample.params import SamplingParams
-from tests.engine.core.test_engine import make_engine, random_prompts, tiny_model_path  # noqa: F401 (a fixture)
+from tests.engine.core.engine_run import make_engine, random_prompts
 
 
-def test_a_pool_smaller_than_one_sequence_of_max_model_len_stops_start_up(tiny_model_path):  # noqa: F811
+def test_a_pool_smaller_than_one_sequence_of_max_model_len_stops_start_up(tiny_model_path):
     with pytest.raises(StartupError, match=r"cannot hold one sequence of max_model_len=96 tokens: lower "
                                            r"max_model_len to at most 32, or raise num_kv_pages") as err:
         make_engine(tiny_model_path, page_size=4, num_kv_pages=8, max_model_len=96)
@@ -19,7 +19,7 @@ def test_a_pool_smaller_than_one_sequence_of_max_model_len_stops_start_up(tiny_m
         make_engine(tiny_model_path, max_model_len=4096)
 
 
-def test_sequences_outgrowing_the_pool_together_fail_as_the_requests_n(tiny_model_path):  # noqa: F811
+def test_sequences_outgrowing_the_pool_together_fail_as_the_requests_n(tiny_model_path):
     # 8 choices of a 20-token prompt growing to 36 tokens each need far more than 14 pages of 4 tokens, though
     # one of them alone (or one sequence of max_model_len=40) fits.
     engine = make_engine(tiny_model_path, page_size=4, num_kv_pages=14, max_model_len=40)

@@ -1,166 +1,20 @@
 """LLMEngine end to end on CPU: parity with transformers, batching invariance, prefix cache, preemption,
 chunked prefill, sampling, stops, n / best_of / beams, aborts and the context limit.
 
-Most tests run a tiny random-weight Llama with SmolLM2's tokenizer (fast); parity tests run the baked
+The tests run a tiny random-weight Llama with SmolLM2's tokenizer (fast); test_engine_smollm2.py runs the baked
 SmolLM2 itself. Every run checks after each step that the KV pool neither grew nor leaked a page.
 """
 
 from __future__ import annotations
 
-import random
-import shutil
-from dataclasses import dataclass, field
-
 import pytest
 import torch
 
-from engine.config import EngineConfig
 from engine.core.engine import LLMEngine
 from engine.errors import ContextTooLong
 from engine.sample.params import SamplingParams
+from tests.engine.core.engine_run import Choice, greedy, make_engine, random_prompts, run
 
-TINY_VOCAB = 1024
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
-
-
-@pytest.fixture(scope="session")
-def tiny_model_path(tmp_path_factory, baked_model_path):
-    """A 2-layer Llama on SmolLM2's tokenizer (its first 1024 ids), random weights large enough for peaked logits."""
-    import transformers as tf
-
-    path = tmp_path_factory.mktemp("tiny-smol")
-    config = tf.LlamaConfig(
-        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True,
-        bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6,
-    )
-    torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(config).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.5 if "embed" in name else 0.15)
-    model.save_pretrained(path)
-    for name in TOKENIZER_FILES:
-        if (baked_model_path / name).exists() and name != "generation_config.json":
-            shutil.copy(baked_model_path / name, path / name)
-    return path
-
-
-def make_engine(path, **kw) -> LLMEngine:
-    kw.setdefault("max_num_seqs", 32)
-    kw.setdefault("num_kv_pages", 256)
-    # float32 unless a test says otherwise: tests compare runs batched differently, and only float32 is
-    # batch-invariant on CPU (auto picks bfloat16 on CPUs with bfloat16 instructions).
-    kw.setdefault("dtype", "float32")
-    return LLMEngine(EngineConfig(model_path=str(path), **kw))
-
-
-@dataclass
-class Choice:
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class Result:
-    choices: dict[int, Choice] = field(default_factory=dict)
-    first: object = None
-    last: object = None
-    outputs: int = 0
-
-
-def run(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]], join_at: dict[str, int] | None = None
-        ) -> dict[str, Result]:
-    """Steps the engine to the end; request r joins at step join_at[r] (default 0). Checks the pool every step."""
-    join_at = join_at or {}
-    results = {r: Result() for r in requests}
-    pool, ptr, shape = engine.pool, engine.pool.data.data_ptr(), tuple(engine.pool.data.shape)
-    step = 0
-    pending = dict(requests)
-    while pending or engine.has_unfinished():
-        for r in [r for r in pending if join_at.get(r, 0) <= step]:
-            engine.add_request(r, *pending.pop(r))
-        for out in engine.step():
-            res = results[out.request_id]
-            res.first = res.first or out
-            res.last, res.outputs = out, res.outputs + 1
-            for d in out.outputs:
-                c = res.choices.setdefault(d.index, Choice())
-                c.text += d.text
-                c.token_ids += d.token_ids
-                c.logprobs += d.logprobs or []
-                if d.finish_reason:
-                    c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
-        assert not engine.pop_failures()
-        assert pool.data.data_ptr() == ptr and tuple(pool.data.shape) == shape, "the KV pool was reallocated"
-        engine.allocator.check()  # free + used == total, reference counts consistent
-        step += 1
-        assert step < 2000
-    assert engine.allocator.num_free == engine.allocator.num_pages, "pages leaked"
-    return results
-
-
-def greedy(max_tokens: int, **kw) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
-
-
-def random_prompts(n: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, TINY_VOCAB) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-# ---- parity with transformers on the baked SmolLM2 (fp32)
-
-@pytest.fixture(scope="module")
-def smol(baked_model_path):
-    return make_engine(baked_model_path, dtype="float32", num_kv_pages=512)
-
-
-def test_a_cpu_engine_reports_its_thread_pool(smol):
-    assert smol.describe()["threads"] == torch.get_num_threads()
-
-
-def test_greedy_matches_transformers_generate(smol, baked_model_path):
-    import transformers as tf
-
-    hf = tf.AutoModelForCausalLM.from_pretrained(baked_model_path, dtype=torch.float32).eval()
-    tok = smol.tokenizer
-    texts = ["The capital of France is", "def fibonacci(n):",
-             "<|im_start|>user\nWhat is 2+2? Answer briefly.<|im_end|>\n<|im_start|>assistant\n"]
-    prompts = [tok.encode(t) for t in texts]
-    got = run(smol, {str(i): (p, greedy(20)) for i, p in enumerate(prompts)})
-    for i, p in enumerate(prompts):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([p]), max_new_tokens=20, do_sample=False)[0, len(p):].tolist()
-        assert got[str(i)].choices[0].token_ids == ref
-        assert got[str(i)].choices[0].text == tok.decode(ref, skip_special_tokens=True)
-    assert got["2"].choices[0].finish_reason == "stop"  # the chat answer ends on <|im_end|>
-
-
-def test_smollm2_request_alone_equals_in_a_batch_of_16(smol, baked_model_path):
-    tok = smol.tokenizer
-    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex bold jumbo zebras".split()
-    rng = random.Random(1)
-    prompts = [tok.encode(" ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))) for _ in range(15)]
-    target = tok.encode("Write a short poem about the sea.")
-    alone = run(smol, {"t": (target, greedy(16, ignore_eos=True))})["t"].choices[0].token_ids
-    batch = {"t": (target, greedy(16, ignore_eos=True))}
-    batch |= {f"o{i}": (p, greedy(4 + i % 9, ignore_eos=True)) for i, p in enumerate(prompts)}
-    assert run(smol, batch)["t"].choices[0].token_ids == alone
-    # Chunked prefill (32-token budget) and a pool of 8 pages, small enough to preempt, in one run.
-    tight = make_engine(baked_model_path, dtype="float32", num_kv_pages=8, max_model_len=96,
-                        max_num_batched_tokens=32, page_size=16)
-    assert run(tight, batch)["t"].choices[0].token_ids == alone
-    assert tight.scheduler.num_preemptions > 0
-
-
-# ---- the tiny model
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_path):

@@ -13,7 +13,7 @@ import pytest
 
 from engine.core.engine import LLMEngine
 from engine.sample.params import SamplingParams
-from tests.engine.core.test_engine import TINY_VOCAB, make_engine, tiny_model_path  # noqa: F401  (the fixture, shared)
+from tests.engine.core.engine_run import TINY_VOCAB, make_engine
 
 CI_SEEDS = range(3)
 SLOW_SEEDS = range(3, 203)
@@ -97,11 +97,11 @@ def _stress(path, seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", CI_SEEDS)
-def test_random_loads_keep_every_page_accounted_for(tiny_model_path, seed: int) -> None:  # noqa: F811
+def test_random_loads_keep_every_page_accounted_for(tiny_model_path, seed: int) -> None:
     _stress(tiny_model_path, seed)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SLOW_SEEDS)
-def test_random_loads_long(tiny_model_path, seed: int) -> None:  # noqa: F811
+def test_random_loads_long(tiny_model_path, seed: int) -> None:
     _stress(tiny_model_path, seed)

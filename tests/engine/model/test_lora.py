@@ -18,7 +18,7 @@ from engine.errors import InvalidRequest, UnsupportedModel
 from engine.model.adapters import projection_shapes
 from engine.model.loader import load_model
 from engine.sample.params import SamplingParams
-from tests.engine.core.test_engine import greedy, random_prompts, run, tiny_model_path  # noqa: F401 (a fixture)
+from tests.engine.core.engine_run import greedy, random_prompts, run
 from tests.lora_adapters import ALL_TARGETS, merge_into, peft_key, write_adapter
 
 ATOL = 2e-4
@@ -79,7 +79,7 @@ def test_a_mixed_step_matches_transformers_on_each_adapters_merged_weights(kind,
 
 
 @pytest.fixture(scope="module")
-def adapter_paths(tiny_model_path, tmp_path_factory):  # noqa: F811
+def adapter_paths(tiny_model_path, tmp_path_factory):
     return {n: a["path"] for n, a in write_adapters(tiny_model_path, tmp_path_factory.mktemp("adapters")).items()}
 
 
@@ -91,7 +91,7 @@ def lora_engine(path, adapter_paths, **kw) -> LLMEngine:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_path, adapter_paths):  # noqa: F811
+def engine(tiny_model_path, adapter_paths):
     return lora_engine(tiny_model_path, adapter_paths)
 
 
@@ -112,7 +112,7 @@ def test_a_batch_mixing_three_adapters_and_the_base_gives_each_request_what_it_g
     assert len(per_adapter) == 4
 
 
-def test_the_prefix_cache_never_shares_kv_across_adapters(engine, tiny_model_path, adapter_paths):  # noqa: F811
+def test_the_prefix_cache_never_shares_kv_across_adapters(engine, tiny_model_path, adapter_paths):
     prompt = random_prompts(1, 70, 70, seed=7)[0]  # several full pages
 
     def once(adapter):
@@ -137,13 +137,13 @@ def test_an_unknown_adapter_is_refused_naming_model(engine):
     assert not engine.has_unfinished()
 
 
-def test_no_adapters_means_no_lora_modules(tiny_model_path):  # noqa: F811
+def test_no_adapters_means_no_lora_modules(tiny_model_path):
     model, _ = load_model(str(tiny_model_path), torch.float32, torch.device("cpu"), lora=LoraConfig({}))
     assert model.lora is None
     assert not any("lora" in name for name, _ in model.named_modules())
 
 
-def test_bfloat16_adapters_run_on_the_packed_cpu_path(tiny_model_path, adapter_paths):  # noqa: F811
+def test_bfloat16_adapters_run_on_the_packed_cpu_path(tiny_model_path, adapter_paths):
     engine = lora_engine(tiny_model_path, adapter_paths, dtype="bfloat16")
     requests = {a or "base": ([5, 9, 11, 300], greedy(6, ignore_eos=True, adapter=a)) for a in (None, "all")}
     out = tokens(run(engine, requests))
@@ -152,14 +152,14 @@ def test_bfloat16_adapters_run_on_the_packed_cpu_path(tiny_model_path, adapter_p
 
 # ---- adapters the engine refuses
 
-def adapter_folder(tmp_path, tiny_model_path, **kw):  # noqa: F811
+def adapter_folder(tmp_path, tiny_model_path, **kw):
     config = AutoConfig.from_pretrained(tiny_model_path)
     kw.setdefault("targets", ["q_proj", "v_proj"])
     write_adapter(tmp_path / "bad", projection_shapes(config), config.num_hidden_layers, **kw)
     return str(tmp_path / "bad")
 
 
-def refused(tiny_model_path, folder, **lora) -> str:  # noqa: F811
+def refused(tiny_model_path, folder, **lora) -> str:
     with pytest.raises(UnsupportedModel) as info:
         load_model(str(tiny_model_path), torch.float32, torch.device("cpu"), lora=LoraConfig({"bad": folder}, **lora))
     assert "\n" not in info.value.message
@@ -173,12 +173,12 @@ def refused(tiny_model_path, folder, **lora) -> str:  # noqa: F811
     ({"rank_pattern": {"q_proj": 8}}, "rank_pattern"),
     ({"peft_type": "IA3"}, "not LoRA"),
 ])
-def test_adapter_features_the_engine_does_not_apply_are_refused(tmp_path, tiny_model_path, setting, words):  # noqa: F811
+def test_adapter_features_the_engine_does_not_apply_are_refused(tmp_path, tiny_model_path, setting, words):
     message = refused(tiny_model_path, adapter_folder(tmp_path, tiny_model_path, **setting))
     assert words in message and message.startswith("adapter 'bad': ")
 
 
-def test_embedding_targets_wrong_shapes_and_limits_are_refused(tmp_path, tiny_model_path):  # noqa: F811
+def test_embedding_targets_wrong_shapes_and_limits_are_refused(tmp_path, tiny_model_path):
     from safetensors.torch import load_file, save_file
 
     folder = adapter_folder(tmp_path, tiny_model_path)

@@ -25,7 +25,7 @@ from engine.sample.structured.compiler import GrammarCache, tokenizer_info
 from engine.sample.structured.matcher import GrammarState
 from engine.sample.structured.rewrite import lengths_as_patterns
 from engine.sample.structured.spec import StructuredSpec
-from tests.engine.core.test_engine import make_engine, run, tiny_model_path  # noqa: F401 (fixture)
+from tests.engine.core.engine_run import make_engine, run
 from tests.structured_schemas import SCHEMAS
 
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
@@ -41,7 +41,7 @@ def assert_valid(name: str, text: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_path):  # noqa: F811
+def tiny(tiny_model_path):
     return make_engine(tiny_model_path, max_num_seqs=64)
 
 
@@ -177,7 +177,7 @@ def test_n_best_of_and_beam_search_keep_one_matcher_per_choice(tiny) -> None:
     assert len({c.text for c in results["n"].choices.values()}) > 1
 
 
-def test_preemption_and_chunked_prefill_keep_the_matcher_state(tiny_model_path) -> None:  # noqa: F811
+def test_preemption_and_chunked_prefill_keep_the_matcher_state(tiny_model_path) -> None:
     names = ["nested_objects", "array_of_objects", "ref_defs", "tuple_prefix_items", "matrix", "number_range"]
     long_prompt = list(range(100, 190))
 
@@ -243,7 +243,7 @@ def test_a_slow_compile_waits_aside_while_others_decode(tiny) -> None:
     assert finished == {"slow", "plain"}
 
 
-def test_a_bad_grammar_fails_only_its_own_request(tiny_model_path) -> None:  # noqa: F811
+def test_a_bad_grammar_fails_only_its_own_request(tiny_model_path) -> None:
     engine = AsyncEngine(EngineConfig(model_path=str(tiny_model_path), max_num_seqs=16, num_kv_pages=128,
                                       dtype="float32"))  # batch-invariant: rows are compared across batches
 
