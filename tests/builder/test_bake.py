@@ -34,13 +34,17 @@ def run_baker(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory, baked_model_path: Path) -> Path:
     """A random-weight two-layer Llama with the default model's tokenizer, saved as a HF folder."""
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    return tiny_folder(LlamaConfig, LlamaForCausalLM, tmp_path_factory.mktemp("tiny-llama"), baked_model_path, seed=0)
+
+
+def tiny_folder(config_class: type, model_class: type, folder: Path, tokenizer_from: Path, seed: int) -> Path:
+    """A random-weight two-layer model of `model_class` with the tokenizer files of `tokenizer_from`."""
+    config = config_class(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(seed)
+    model_class(config).save_pretrained(folder)
     for name in TOKENIZER_FILES:
-        shutil.copy(baked_model_path / name, folder / name)
+        shutil.copy(tokenizer_from / name, folder / name)
     return folder
 
 
@@ -223,14 +227,6 @@ def test_missing_path_is_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip() == "error: model path './no/such/folder' does not exist"
 
 
-def tiny_qwen2(folder: Path, tokenizer_from: Path) -> Path:
-    config = Qwen2Config(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(1)
-    Qwen2ForCausalLM(config).save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        shutil.copy(tokenizer_from / name, folder / name)
-    return folder
 
 
 def if_missing(out: Path, model: Path, **env: str) -> str:
@@ -245,7 +241,7 @@ def if_missing(out: Path, model: Path, **env: str) -> str:
 def test_if_missing_rebakes_when_model_name_names_another_model(tmp_path: Path, tiny_llama: Path) -> None:
     out = tmp_path / "model"
     assert run_baker("--model", str(tiny_llama), "--out", str(out)).returncode == 0
-    qwen = tiny_qwen2(tmp_path / "qwen", tiny_llama)
+    qwen = tiny_folder(Qwen2Config, Qwen2ForCausalLM, tmp_path / "qwen", tiny_llama, seed=1)
     assert if_missing(out, qwen) == (f"re-baking {out}: it holds {tiny_llama.name} (local), not qwen (local) / "
                                      f"baked qwen (Qwen2ForCausalLM, float32) into {out}")
     assert json.loads((out / MANIFEST).read_text())["architecture"] == "Qwen2ForCausalLM"
