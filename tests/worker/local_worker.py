@@ -57,8 +57,9 @@ class LocalWorker:
     def openai_url(self) -> str:
         return self.url(f"{ENDPOINT}/openai/v1")
 
-    def client(self, **kwargs: object) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.openai_url, api_key=self.api_key, max_retries=0, timeout=120, **kwargs)
+    def client(self, timeout: float = 120, **kwargs: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.openai_url, api_key=self.api_key, max_retries=0, timeout=timeout,
+                             **kwargs)
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.base, timeout=120, headers={"Authorization": f"Bearer {self.api_key}"})
