@@ -249,8 +249,9 @@ class LLMEngine:
         return outputs
 
     def stats(self) -> dict[str, int]:
-        """The live load: free KV pages (cached prefix pages included) and preemptions so far."""
-        return {"kv_pages_free": self.allocator.num_free, "preemptions": self.scheduler.num_preemptions}
+        """The live load: free KV pages (cached prefix pages included), preemptions and tokens run so far."""
+        return {"kv_pages_free": self.allocator.num_free, "preemptions": self.scheduler.num_preemptions,
+                "tokens_run": self.runner.num_tokens_run}
 
     def describe(self) -> dict:
         return {

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import time
+import json
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from openai_schema import validate
+from waiting import HANG_S, wait_until
 
 TOPICS = ["cats", "the sea", "Paris", "rain", "music", "bread", "trees", "the moon",
           "winter", "coffee", "trains", "books", "mountains", "bees", "glass", "time"]
@@ -38,12 +40,22 @@ def _free_pages(http: httpx.Client) -> tuple[int, int]:
     return engine["kv_pages_free"], engine["kv_pages"]
 
 
+def _engine(http: httpx.Client) -> dict:
+    return http.get("/health").json()["engine"]
+
+
+def _all_free(http: httpx.Client) -> bool:
+    engine = _engine(http)
+    return engine["kv_pages_free"] == engine["kv_pages"]
+
+
 def test_a_client_that_disconnects_mid_stream_frees_its_pages(worker, http, model_name) -> None:
     free, total = _free_pages(http)
     assert free == total  # idle: every page is free (cached prefix pages count as free)
     body = {"model": model_name, "messages": _messages("everything"), "max_tokens": 1000, "temperature": 0,
             "stream": True, "ignore_eos": True}
-    with httpx.Client(base_url=worker.base, timeout=60) as own:
+    before = _engine(http)["tokens_run"]
+    with httpx.Client(base_url=worker.base, timeout=HANG_S) as own:
         with own.stream("POST", "/openai/v1/chat/completions", json=body) as response:
             lines = response.iter_lines()
             received = [next(lines) for _ in range(10)]
@@ -51,37 +63,25 @@ def test_a_client_that_disconnects_mid_stream_frees_its_pages(worker, http, mode
             in_use = _free_pages(http)[0]
             assert in_use < total  # the request holds pages while it streams
         # Leaving the block closes the connection mid-stream.
-    deadline = time.monotonic() + 30
-    while _free_pages(http)[0] != total and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _free_pages(http)[0] == total
+    wait_until(lambda: _all_free(http), "the pages of a stream whose client left")
+    assert _engine(http)["tokens_run"] - before < 1000  # aborted, not run to its end
     assert http.get("/health").json()["jobs"]["inProgress"] == 0
 
 
 def test_a_client_that_leaves_before_a_non_streamed_answer_frees_its_pages(worker, http, model_name) -> None:
     free, total = _free_pages(http)
     assert free == total
-    # Long enough (about 2000 tokens) that without an abort it would still hold its pages well after the checks.
+    # Long enough (about 2000 tokens) that it could only free its pages this soon by being aborted.
     body = {"model": model_name, "messages": _messages("everything"), "max_tokens": 1900, "temperature": 0,
             "ignore_eos": True}
-
-    def ask() -> Exception | None:
-        with httpx.Client(base_url=worker.base, timeout=httpx.Timeout(60, read=3.0)) as own:
-            try:
-                own.post("/openai/v1/chat/completions", json=body)
-            except httpx.ReadTimeout as exc:  # the client gives up and closes its connection
-                return exc
-        return None
-
-    with ThreadPoolExecutor(1) as pool:
-        gave_up = pool.submit(ask)
-        deadline = time.monotonic() + 3
-        while _free_pages(http)[0] == total and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _free_pages(http)[0] < total  # the request is running
-        assert isinstance(gave_up.result(), httpx.ReadTimeout)
-    deadline = time.monotonic() + 10
-    while _free_pages(http)[0] != total and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _free_pages(http)[0] == total
+    before = _engine(http)["tokens_run"]
+    payload = json.dumps(body).encode()
+    host, port = worker.base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as client:  # a client that sends a request, then leaves
+        head = (f"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer {worker.api_key}\r\nContent-Length: {len(payload)}\r\n\r\n")
+        client.sendall(head.encode() + payload)
+        wait_until(lambda: _free_pages(http)[0] < total, "the request to start")
+    wait_until(lambda: _all_free(http), "the pages of a request whose client left")
+    assert _engine(http)["tokens_run"] - before < 1900  # aborted, not run to its end
     assert http.get("/health").json()["jobs"]["inProgress"] == 0

@@ -10,18 +10,15 @@ import httpx
 import openai
 import pytest
 from local_worker import start_worker, stop_worker
-from waiting import HANG_S
+from waiting import HANG_S, wait_until
 
 
 def _engine(http: httpx.Client) -> dict:
     return http.get("/health").json()["engine"]
 
 
-def _wait_all_free(http: httpx.Client, timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
-    while (engine := _engine(http))["kv_pages_free"] != engine["kv_pages"] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return engine
+def _wait_all_free(http: httpx.Client) -> dict:
+    return wait_until(lambda: (e := _engine(http))["kv_pages_free"] == e["kv_pages"] and e, "every page free")
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -41,9 +38,7 @@ def test_runpod_cancel_of_a_running_job_frees_its_pages(http, model_name) -> Non
     body = {"model": model_name, "prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True,
             "stream": True}
     job = http.post("/v2/e/run", json={"input": {"openai_route": "/v1/completions", "openai_input": body}}).json()
-    deadline = time.monotonic() + 30
-    while not http.post(f"/v2/e/stream/{job['id']}").json()["stream"] and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: http.post(f"/v2/e/stream/{job['id']}").json()["stream"], "the job's first output")
     assert _engine(http)["kv_pages_free"] < _engine(http)["kv_pages"]  # it is decoding
     assert http.post(f"/v2/e/cancel/{job['id']}").json()["status"] == "CANCELLED"
     assert http.get(f"/v2/e/status/{job['id']}").json()["status"] == "CANCELLED"

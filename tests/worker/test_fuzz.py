@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai_schema import validate
+from waiting import wait_until
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -203,13 +204,8 @@ def test_after_the_fuzzing_the_worker_serves_and_holds_no_page(client, http, mod
     answer = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi"}],
                                             max_tokens=4, temperature=0)
     assert answer.choices[0].message.content
-    deadline = time.monotonic() + 30
-    while True:
-        engine = http.get("/health").json()["engine"]
-        if engine["kv_pages_free"] == engine["kv_pages"] or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert engine["kv_pages_free"] == engine["kv_pages"], engine
+    wait_until(lambda: (e := http.get("/health").json()["engine"])["kv_pages_free"] == e["kv_pages"],
+               "every page free after the fuzzing")
 
 
 @pytest.mark.slow
