@@ -194,7 +194,7 @@ class LLMEngine:
             seqs = [
                 Sequence(next(self._seq_ids), list(prompt), len(prompt), index=i,
                          generator=self._generator(params.seed, i), detokenizer=self._detokenizer(params, prompt),
-                         cache_salt=salt)
+                         cache_salt=salt, stop_reader=params.stop_reader() if params.stop_reader else None)
                 for i in range(params.num_sequences)
             ]
         compiling = self.grammars.submit(params.structured) if params.structured is not None else None
