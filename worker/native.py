@@ -74,7 +74,7 @@ def _prompt(job: NativeJob, runtime: Runtime, params: SamplingParams
     prompt, plan, output, constraint = render_with_tools(runtime, job.messages, tools=job.tools,
                                                          tool_choice=job.tool_choice,
                                                          parallel=job.parallel_tool_calls is not False)
-    return prompt.token_ids, output, tool_params(params, plan, runtime, constraint)
+    return prompt.token_ids, output, tool_params(params, plan, runtime, constraint, output)
 
 
 def _prompt_ids(job: NativeJob, runtime: Runtime) -> list[int]:

@@ -44,6 +44,8 @@ class Settings(BaseModel):
     tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral", "generic"] = Field(
         "auto", alias="TOOL_CALL_PARSER")
     reasoning_parser: Literal["auto", "qwen3", "deepseek_r1", "none"] = Field("auto", alias="REASONING_PARSER")
+    # An answer ends at its call past this many (a small model can call on until the context is full).
+    max_tool_calls_per_answer: int = Field(16, alias="MAX_TOOL_CALLS_PER_ANSWER", ge=1)
 
     # Engine
     max_model_len: int | None = Field(None, alias="MAX_MODEL_LEN", ge=1)

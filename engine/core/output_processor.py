@@ -92,6 +92,8 @@ class OutputProcessor:
             text = delta.text
             if delta.stop_string is not None:
                 seq.finish_reason, seq.stop_reason = "stop", delta.stop_string
+        if not seq.finished and seq.stop_reader is not None and text and seq.stop_reader.push(text):
+            seq.finish_reason = "stop"
         if not seq.finished and seq.grammar is not None and seq.grammar.terminated:
             seq.finish_reason = "stop"  # the grammar ended on a stop token (one that ignore_eos kept going past)
         if not seq.finished and (len(seq.output_token_ids) == p.max_tokens or seq.num_tokens >= self.max_model_len):

@@ -88,7 +88,8 @@ def build_group(
     else:
         seqs = [
             Sequence(next_seq_id(), list(prompt), len(prompt), index=i, generator=_generator(params.seed, i, device),
-                     detokenizer=_detokenizer(tokenizer, params, prompt), cache_salt=salt)
+                     detokenizer=_detokenizer(tokenizer, params, prompt), cache_salt=salt,
+                     stop_reader=params.stop_reader() if params.stop_reader else None)
             for i in range(params.num_sequences)
         ]
     bad_words = tokenize_bad_words(tokenizer, params.bad_words) if params.bad_words else []

@@ -17,7 +17,7 @@ from engine.outputs import PositionLogprobs
 
 if TYPE_CHECKING:
     from engine.sample.beam_search import BeamSearch
-    from engine.sample.params import SamplingParams
+    from engine.sample.params import SamplingParams, StopReader
     from engine.sample.structured.matcher import GrammarState
     from engine.text.detokenizer import Detokenizer
 
@@ -44,6 +44,7 @@ class Sequence:
     # Where the output stands in the request's grammar; it keeps its state across preemption (the matcher has
     # accepted every output token, and recompute replays them through the model only).
     grammar: GrammarState | None = None
+    stop_reader: StopReader | None = None  # the request's own stop condition on this choice's text
     # Seeds the page hash chain: KV computed under a LoRA adapter is only ever shared with the same adapter.
     cache_salt: bytes | None = None
 

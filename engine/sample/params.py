@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from engine.errors import InvalidRequest
 from engine.sample.structured.spec import StructuredSpec
@@ -47,6 +49,12 @@ def _token_ids(param: str, ids: object) -> list[int]:
     return list(ids)
 
 
+class StopReader(Protocol):
+    """Reads one choice's output text as the detokenizer releases it; True ends the choice there ("stop")."""
+
+    def push(self, text: str) -> bool: ...
+
+
 @dataclass
 class SamplingParams:
     """Decoding settings of one request (vLLM's names and semantics); invalid values raise InvalidRequest."""
@@ -81,6 +89,9 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
     structured: StructuredSpec | None = None  # a grammar the output must match
+    # Makes each choice's StopReader: a stop condition on the text that stop strings cannot express (where a
+    # tool-call answer takes no further call). Not applied to beam search.
+    stop_reader: Callable[[], StopReader] | None = None
     # Not a sampling setting, but it travels with the request's settings: the LoRA adapter to run (None: the base).
     adapter: str | None = None
 
@@ -175,6 +186,8 @@ class SamplingParams:
             _fail("model", f"adapter must be an adapter's name, got {self.adapter!r}")
         if self.structured is not None and not isinstance(self.structured, StructuredSpec):
             _fail("structured", f"structured must be a StructuredSpec, got {type(self.structured).__name__}")
+        if self.stop_reader is not None and not callable(self.stop_reader):
+            _fail("stop_reader", "stop_reader must make a StopReader")
 
     def _check_combinations(self) -> None:
         if self.best_of is not None and self.best_of < self.n:

@@ -146,3 +146,63 @@ def test_whitespace_before_a_call_is_not_content_but_stays_inside_plain_text() -
     assert HermesParser.parse('\n\n<tool_call>{"name": "f"}</tool_call>')[0] is None
     assert HermesParser.parse("  indented\n\n")[0] == "  indented\n\n"
     assert HermesParser.parse("") == ("", [])
+
+
+CELSIUS, FAHRENHEIT = {"city": "Paris", "unit": "celsius"}, {"city": "Paris", "unit": "fahrenheit"}
+C_ARGS, F_ARGS = json.dumps(CELSIUS), json.dumps(FAHRENHEIT)
+C_CALL = f'{{"name": "get_weather", "arguments": {C_ARGS}}}'
+F_CALL = f'{{"name": "get_weather", "arguments": {F_ARGS}}}'
+C_AGAIN = C_CALL.replace(", ", ",\n    ")  # the same call, spaced otherwise
+L_C, L_F, L_AGAIN = (c.replace('"arguments"', '"parameters"') for c in (C_CALL, F_CALL, C_AGAIN))
+# (parser, answer whose third call repeats the first, that repeat): the default model's loop, in each format.
+REPEATS = [
+    (HermesParser, "\n".join(f"<tool_call>\n{c}\n</tool_call>" for c in (C_CALL, F_CALL, C_AGAIN, F_CALL)), C_AGAIN),
+    (Llama3JsonParser, "; ".join((L_C, L_F, L_AGAIN, L_F)), L_AGAIN),
+    (MistralParser, f"[TOOL_CALLS] [{C_CALL}, {F_CALL}, {C_AGAIN}, {F_CALL}]", C_AGAIN),
+    (MistralParser, "".join(f"[TOOL_CALLS]get_weather[ARGS]{a}" for a in (C_ARGS, F_ARGS, C_ARGS, F_ARGS)),
+     f"[TOOL_CALLS]get_weather[ARGS]{C_ARGS}"),
+]
+
+
+@pytest.mark.parametrize("cls,text,repeat", REPEATS, ids=lambda v: getattr(v, "name", None))
+def test_a_call_that_repeats_an_earlier_one_ends_the_answer_without_it(cls, text, repeat) -> None:
+    expected = [("get_weather", CELSIUS), ("get_weather", FAHRENHEIT)]
+    assert [(c.name, json.loads(c.arguments)) for c in cls.parse(text)[1]] == expected
+    end = text.index(repeat, len(repeat)) + len(repeat)  # where the repeat is written out
+    for pieces in ([text[:end - 1], text[end - 1:]], list(text)):
+        parser, events, read, ended_at = cls(), [], 0, None
+        for piece in pieces:
+            events += parser.push(piece)
+            read += len(piece)
+            ended_at = ended_at or (read if parser.done else None)
+        events += parser.finish()
+        assert _summary(events) == (None, expected)
+        # The answer ends as the repeat's arguments close, not before.
+        assert ended_at == (end if len(pieces) > 2 else len(text))
+        assert all(getattr(e, "index", 0) < 2 for e in events)  # no part of the repeat was streamed
+
+
+def test_a_call_like_an_earlier_one_streams_as_soon_as_it_differs() -> None:
+    text = f"<tool_call>\n{C_CALL}\n</tool_call>\n<tool_call>\n{F_CALL}\n</tool_call>"
+    parser, events = HermesParser(), []
+    differs = text.rindex('"fahrenheit"') + 2  # "f where "c was
+    for i, ch in enumerate(text):
+        events += parser.push(ch)
+        if i + 1 == differs - 1:
+            assert not any(isinstance(e, ToolCallStarted) and e.index == 1 for e in events)
+        if i + 1 == differs:
+            assert any(isinstance(e, ToolCallStarted) and e.index == 1 for e in events)
+    assert _summary(events + parser.finish()) == (None, [("get_weather", CELSIUS), ("get_weather", FAHRENHEIT)])
+
+
+def test_a_call_past_max_calls_ends_the_answer_once_it_is_named() -> None:
+    calls = [f'<tool_call>\n{{"name": "{n}", "arguments": {{}}}}\n</tool_call>' for n in "abc"]
+    text = "\n".join(calls)
+    assert [c.name for c in HermesParser.parse(text, max_calls=2)[1]] == ["a", "b"]
+    assert [c.name for c in HermesParser.parse(text, max_calls=3)[1]] == ["a", "b", "c"]
+    parser = HermesParser(max_calls=2)
+    named = text.rindex('"c"') + 3
+    events = parser.push(text[:named - 1])
+    assert not parser.done
+    events += parser.push(text[named - 1:named]) + parser.push(text[named:]) + parser.finish()
+    assert parser.done and [c.name for c in fold_calls(events)] == ["a", "b"]

@@ -74,7 +74,7 @@ def chat_call(request: ChatCompletionRequest, runtime: Runtime) -> ChatCall:
         documents=request.documents,
         template_kwargs=request.chat_template_kwargs,
     )
-    params = tool_params(params, plan, runtime, constraint)
+    params = tool_params(params, plan, runtime, constraint, output)
     last = prompt.messages[-1]
     role = runtime.settings.response_role
     echo = last["content"] if request.echo and last["role"] == role else ""
@@ -98,20 +98,23 @@ def render_with_tools(runtime: Runtime, messages: list[Any], *, tools: list[Any]
     prompt = render_chat(runtime.tokenizer, shown, chat_template=chat_template or runtime.settings.custom_chat_template,
                          tools=template_tools, **render)
     in_reasoning = reasoning is not None and starts_in_reasoning(reasoning, prompt.text)
-    output = OutputFormat(plan.parser, plan.parallel, reasoning, in_reasoning, separate_reasoning)
+    output = OutputFormat(plan.parser, plan.parallel, reasoning, in_reasoning, separate_reasoning,
+                          runtime.settings.max_tool_calls_per_answer)
     # A prompt that closed the reasoning (Qwen3's enable_thinking false) leaves none to wait for before the calls.
     thinks = None if reasoning is None or closes_reasoning(prompt.text) else reasoning
     constraint = tool_constraint(plan, runtime.template_for(chat_template), thinks, in_reasoning)
     return prompt, plan, output, constraint
 
 
-def tool_params(params: SamplingParams, plan: ToolPlan, runtime: Runtime,
-                constraint: StructuredSpec | None) -> SamplingParams:
-    """The sampling parameters with what the tool calls need: their grammar, and special tokens kept in the text
-    when the format's markup is one."""
+def tool_params(params: SamplingParams, plan: ToolPlan, runtime: Runtime, constraint: StructuredSpec | None,
+                output: OutputFormat) -> SamplingParams:
+    """The sampling parameters with what the tool calls need: their grammar, special tokens kept in the text
+    when the format's markup is one, and the answer's end where its parser takes no further call."""
     changes: dict[str, Any] = {}
     if plan.keeps_special_tokens(runtime.tokenizer):
         changes["skip_special_tokens"] = False
+    if output.tool_parser is not None:
+        changes["stop_reader"] = output.end_reader
     if constraint is not None:
         if params.structured is None:
             changes["structured"] = constraint

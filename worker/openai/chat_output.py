@@ -2,6 +2,7 @@
 
 `OutputFormat.parse(text)` reads a finished answer; `OutputFormat.stream()` reads one as it arrives. Both
 give the same reasoning, content and calls (the whole form runs the streaming one over the whole text).
+`OutputFormat.end_reader()` reads it inside the engine, to end it where its parser takes no further call.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class OutputFormat:
     reasoning: str | None = None  # the reasoning parser's name; None: no reasoning split
     in_reasoning: bool = False  # the prompt left the reasoning open
     separate_reasoning: bool = True  # False (SGLang's option): the reasoning stays in the content as written
+    max_calls: int | None = None  # the most tool calls one answer may make (MAX_TOOL_CALLS_PER_ANSWER)
 
     @property
     def plain(self) -> bool:
@@ -47,6 +49,9 @@ class OutputFormat:
 
     def stream(self) -> OutputStream:
         return OutputStream(self)
+
+    def end_reader(self) -> AnswerEnd:
+        return AnswerEnd(self)
 
     def parse(self, text: str) -> ParsedOutput:
         return self.read(text)[0]
@@ -68,7 +73,7 @@ class OutputStream:
     def __init__(self, fmt: OutputFormat) -> None:
         self.format = fmt
         self.reasoning = ReasoningParser(fmt.in_reasoning) if fmt.reasoning else None
-        self.tools = fmt.tool_parser(fmt.parallel) if fmt.tool_parser else None
+        self.tools = fmt.tool_parser(fmt.parallel, fmt.max_calls) if fmt.tool_parser else None
         self.called = False  # some call started
 
     def push(self, text: str) -> list[Event]:
@@ -83,6 +88,11 @@ class OutputStream:
         if self.tools is not None:
             events += self._seen(self.tools.finish())
         return events
+
+    @property
+    def ended(self) -> bool:
+        """No further call will be taken, so nothing the model writes from here is part of the answer."""
+        return self.tools is not None and self.tools.done
 
     @property
     def reasoning_end(self) -> int | None:
@@ -116,6 +126,19 @@ class OutputStream:
     def _seen(self, events: list[Event]) -> list[Event]:
         self.called = self.called or any(isinstance(e, ToolCallStarted) for e in events)
         return events
+
+
+class AnswerEnd:
+    """The engine's stop reader (SamplingParams.stop_reader) for answers read for tool calls: the answer ends
+    ("stop") where its parser takes no further call, so a model that keeps repeating a forced call, or keeps
+    calling past MAX_TOOL_CALLS_PER_ANSWER, stops there instead of running on to max_tokens."""
+
+    def __init__(self, fmt: OutputFormat) -> None:
+        self._stream = OutputStream(fmt)
+
+    def push(self, text: str) -> bool:
+        self._stream.push(text)
+        return self._stream.ended
 
 
 def reasoning_tokens(tokenizer: Any, token_ids: list[int], end: int | None, skip_special_tokens: bool = True) -> int:

@@ -26,8 +26,8 @@ class MistralParser(ToolParser):
     name: ClassVar[str] = "mistral"
     openers: ClassVar[tuple[str, ...]] = (TOOL_CALLS,)
 
-    def __init__(self, parallel: bool = True) -> None:
-        super().__init__(parallel)
+    def __init__(self, parallel: bool = True, max_calls: int | None = None) -> None:
+        super().__init__(parallel, max_calls)
         self._value = JsonScanner()  # the arguments object of a `name[ARGS]{...}` call
 
     def enter(self, opener: str) -> None:

@@ -5,6 +5,10 @@ could still turn out to be markup is held back (a trailing `<tool_c` waits for t
 trailing whitespace, which is dropped when a call follows it: no piece of markup reaches the content.
 After the first call only further calls count; other text there is dropped, so the content is the text
 before the calls. Markup that turns out to be no call (bad JSON before any call) is given back as content.
+An answer takes no further call (`done`) after its one call with parallel_tool_calls false, at a call
+that repeats an earlier one (same name and arguments; that call is dropped), and at a call past
+`max_calls` (dropped too): a later call's events wait while its arguments so far could still make it a
+repeat, so a dropped call never reaches a stream.
 `parse` runs the streaming form over the whole text, so both forms give the same answer by construction.
 """
 
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from worker.openai.tools.call_log import CallLog
 from worker.openai.tools.call_reader import CallRead, CallReader
 from worker.openai.tools.events import (
     ContentDelta,
@@ -42,24 +47,30 @@ class ToolParser:
     name: ClassVar[str]
     openers: ClassVar[tuple[str, ...]]  # markup that opens the calls wherever it appears
 
-    def __init__(self, parallel: bool = True) -> None:
+    def __init__(self, parallel: bool = True, max_calls: int | None = None) -> None:
         self.parallel = parallel  # False: the first call is the only one
+        self.max_calls = max_calls  # the most calls one answer may make (None: no bound)
         self.buffer = ""
         self.calls = 0  # calls started so far
         self.in_calls = False
         self.phase = ""  # where a format is in its call markup (each format names its own)
-        self.done = False  # no further call is taken (parallel_tool_calls false, after one)
+        self.done = False  # no further call is taken (after one call without parallel calls, a repeat, the bound)
         self.shown = False  # some content went out (Llama 3's leading "{" rule)
         self._space = ""  # the content's trailing whitespace, held until we know what follows it
         self._raw = ""  # markup read before the first call starts: content again if it is no call
         self._call: ToolCallStarted | None = None
         self._sent = 0  # arguments characters sent for the open call
+        self._written = ""  # the open call's arguments as known so far
+        self._held: list[Event] | None = None  # the open call's events while it may still be dropped
+        self._dropped = False  # the open call is past max_calls: its events go nowhere
+        self._log = CallLog()
         self._reader = CallReader()
 
     @classmethod
-    def parse(cls, text: str, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
+    def parse(cls, text: str, parallel: bool = True, max_calls: int | None = None
+              ) -> tuple[str | None, list[ToolCall]]:
         """(content, calls) of a whole text: content is None when there are calls and no text before them."""
-        parser = cls(parallel)
+        parser = cls(parallel, max_calls)
         events = parser.push(text) + parser.finish()
         calls = fold_calls(events)
         content = fold_text(events, ContentDelta)
@@ -156,15 +167,27 @@ class ToolParser:
         self._raw = ""
         self._call = ToolCallStarted(self.calls, new_call_id(), name)
         self._sent = 0
+        self._written = ""
         self.calls += 1
-        events.append(self._call)
+        self._dropped = self.max_calls is not None and self.calls > self.max_calls
+        if self._dropped:
+            self.done = True  # known from the name on: the answer can end before this call is written out
+        self._held = [] if self._dropped or self._log.may_repeat(name, "") else None
+        self._emit(self._call, events)
 
     def stream_arguments(self, arguments: str, events: list[Event]) -> None:
         """The open call's arguments as known so far; sends what is new."""
         assert self._call is not None
+        self._written = arguments
         if len(arguments) > self._sent:
-            events.append(ToolCallArguments(self._call.index, arguments[self._sent:]))
+            self._emit(ToolCallArguments(self._call.index, arguments[self._sent:]), events)
             self._sent = len(arguments)
+        if self._held is not None and not self._dropped and not self._log.may_repeat(self._call.name, arguments):
+            events += self._held  # it can no longer be a repeat: what waited goes out, in order
+            self._held = None
+
+    def _emit(self, event: Event, events: list[Event]) -> None:
+        (self._held if self._held is not None else events).append(event)
 
     def read_object(self, final: bool, events: list[Event]) -> CallRead:
         """Read the call object at the buffer's start: start the call once its name is known, stream arguments."""
@@ -190,7 +213,15 @@ class ToolParser:
             return
         if self._sent == 0:
             self.stream_arguments("{}", events)
-        self._call = None
+        call, held = self._call, self._held
+        self._call, self._held = None, None
+        if self._dropped or (held is not None and self._log.repeats(call.name, self._written)):
+            self.calls -= 1  # neither a repeat nor a call past the bound is part of the answer, and it ends here
+            self.done = True
+            return
+        if held:
+            events += held  # cut short while it still looked like an earlier call: it is a call of its own
+        self._log.add(call.name, self._written)
         if not self.parallel:
             self.done = True
 
