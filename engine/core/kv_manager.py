@@ -30,6 +30,10 @@ class KVCacheManager:
         self.watermark = [n // 100 for n in num_pages]
 
     @property
+    def has_windows(self) -> bool:
+        return any(null is not None for null in self.null_pages)
+
+    @property
     def num_free(self) -> list[int]:
         return [a.num_free for a in self.allocators]
 

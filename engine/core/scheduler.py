@@ -135,6 +135,11 @@ class Scheduler:
             if s.in_decode or remaining <= 0 or used >= budget:
                 continue
             n = min(remaining, budget - used)
+            full = len(group.prompt_token_ids) // self.page_size * self.page_size
+            if s is seqs[0] and len(seqs) > 1 and self.kv.has_windows and s.num_computed_tokens < full:
+                # A resumed lead stops at the prompt's full pages, which its choices then take (_share_prompt):
+                # past them its sliding windows would drop pages the choices read.
+                n = min(n, full - s.num_computed_tokens)
             need = self.kv.needed(s, n)
             if admit:
                 # Admission never preempts and never starts on a shrunken chunk.
@@ -154,8 +159,8 @@ class Scheduler:
     def _share_prompt(self, group: SequenceGroup, lead: Sequence, seq: Sequence) -> bool:
         """Whether `seq` may run now. A choice resumed after preemption waits for the lead choice to compute
         the prompt's full pages, then takes them, as its fork first did (the part of them a prefix-cache hit
-        gave it is the same pages). When the lead's sliding windows have already dropped some of them, the choice
-        computes its prompt on its own.
+        gave it is the same pages). With sliding windows the lead waits at those pages for its choices (see
+        _schedule_group); should its windows still have dropped some, the choice computes its prompt on its own.
 
         NOTE: without this, a group of n choices preempted by recompute needed n copies of its prompt when it
         came back, and could fail as too large for a pool it fitted in alone.
