@@ -144,6 +144,7 @@ def describe(runtime: Runtime) -> str:
         f"backend={info['backend']} ({info['backend_reason']}) dtype={info['dtype']} ({info['dtype_reason']})"
         f"{quantization} device={info['device']}{threads} "
         f"kv_pages={info['kv_pages']}x{info['page_size']} ({info['kv_bytes'] / 2**20:.0f} MiB) "
+        f"kv_groups={info['kv_groups']} "
         f"max_model_len={runtime.max_model_len} tool_calls={runtime.tool_format} "
         f"reasoning={runtime.reasoning_format or 'none'}"
         + (f" adapters={','.join(runtime.adapters)}" if runtime.adapters else "")

@@ -60,6 +60,7 @@ class FlashInferBackend:
         dtype: torch.dtype | None = None,
         workspace_bytes: int = WORKSPACE_BYTES,
         prefill_backend: str = DEFAULT_PREFILL_BACKEND,
+        window: int | None = None,
         **_: object,
     ) -> None:
         import flashinfer
@@ -72,6 +73,9 @@ class FlashInferBackend:
         if dtype is not None and dtype not in HALF_DTYPES:
             raise ValueError(f"FlashInfer attention needs float16 or bfloat16, got {dtype} (use the torch backend)")
         self.shape = (num_q_heads, num_kv_heads, head_dim, dtype)
+        # A sliding window of W tokens is FlashInfer's window_left = W - 1 (keys i - W + 1 .. i); it is passed to
+        # plan() only when set, so a full-attention model plans exactly as before.
+        self.window_extra = {} if window is None else {"window_left": window - 1}
         # Zeroed: FlashInfer asks for a zero-initialised float workspace before its first use.
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
@@ -106,7 +110,8 @@ class FlashInferBackend:
             raise ValueError(f"FlashInfer attention needs float16 or bfloat16, got {dtype} (use the torch backend)")
         meta = self._meta
         assert meta is not None, "plan() was not called for this step"
-        common = dict(q_data_type=dtype, kv_data_type=kv_dtype or dtype, sm_scale=1.0 / math.sqrt(head_dim))
+        common = dict(q_data_type=dtype, kv_data_type=kv_dtype or dtype, sm_scale=1.0 / math.sqrt(head_dim),
+                      **self.window_extra)
         if meta.is_decode:
             wrapper = self._decode_wrapper(use_tensor_core_decode(num_q_heads, num_kv_heads))
             wrapper.plan(

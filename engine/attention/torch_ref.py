@@ -4,6 +4,10 @@ plan() turns the CSR page table into gather indices once per step. Single-token 
 batched: sorted by KV length into a few buckets, each bucket's KV is gathered into one padded
 [B, max_kv_len] block and attended with one SDPA call under a length mask, the GQA group folded into the
 query rows. Longer (prefill) requests run one SDPA call each, causal with the query offset.
+
+With a sliding window of W tokens (a query at position i sees keys j with i - W < j <= i), plan() gathers only
+the keys some query of the request can see, so pages that fell out of every query's window (a window group's
+NULL page) are never read.
 """
 
 from __future__ import annotations
@@ -50,8 +54,9 @@ class _Decode:
 class TorchRefBackend:
     """AttentionBackend over the NHD paged pool using torch.nn.functional.scaled_dot_product_attention."""
 
-    def __init__(self, device: torch.device | str = "cpu", **_: object) -> None:
+    def __init__(self, device: torch.device | str = "cpu", *, window: int | None = None, **_: object) -> None:
         self.device = torch.device(device)
+        self.window = window
         self._slots: torch.Tensor | None = None
         self._decodes: list[_Decode] = []
         self._prefills: list[_Prefill] = []
@@ -71,10 +76,13 @@ class TorchRefBackend:
                 decode_ids.append(i)
                 continue
             mask = None
-            cols = torch.arange(kv_len, device=self.device)
-            if q_len != kv_len:
-                rows = torch.arange(q_len, device=self.device)
-                mask = cols[None, :] <= rows[:, None] + (kv_len - q_len)
+            lo = 0 if self.window is None else max(0, kv_len - q_len - self.window + 1)
+            cols = torch.arange(lo, kv_len, device=self.device)
+            if q_len != kv_len or self.window is not None:
+                pos = torch.arange(q_len, device=self.device)[:, None] + (kv_len - q_len)
+                mask = cols[None, :] <= pos
+                if self.window is not None:
+                    mask &= cols[None, :] > pos - self.window
             slots = indices[kv[i] + cols // ps] * ps + cols % ps
             self._prefills.append(_Prefill(slice(qo[i], qo[i + 1]), slots, mask))
         self._decodes = self._plan_decodes(decode_ids, qo, kv, last, indices, ps) if decode_ids else []
@@ -82,29 +90,34 @@ class TorchRefBackend:
     def _plan_decodes(
         self, ids: list[int], qo: list[int], kv: list[int], last: list[int], indices: torch.Tensor, ps: int
     ) -> list[_Decode]:
-        lens = {i: (kv[i + 1] - kv[i] - 1) * ps + last[i] for i in ids}
+        # lens: the keys each request's query sees (its last `window` ones at most), ending at its KV's end.
+        full = {i: (kv[i + 1] - kv[i] - 1) * ps + last[i] for i in ids}
+        lens = full if self.window is None else {i: min(n, self.window) for i, n in full.items()}
+        skip = None if self.window is None else {i: full[i] - lens[i] for i in ids}
         ordered = sorted(ids, key=lens.__getitem__)
         spans = _split([lens[i] for i in ordered], 0, len(ordered), MAX_BUCKET_DEPTH)
         if len(spans) == 1 and len(ids) == len(qo) - 1:
-            return [self._plan_decode(ids, [lens[i] for i in ids], None, kv, indices, ps)]
+            return [self._plan_decode(ids, lens, skip, None, kv, indices, ps)]
         buckets = [ordered[lo:hi] for lo, hi in spans]
         return [
-            self._plan_decode(b, [lens[i] for i in b], torch.tensor([qo[i] for i in b], device=self.device), kv,
-                              indices, ps)
+            self._plan_decode(b, lens, skip, torch.tensor([qo[i] for i in b], device=self.device), kv, indices, ps)
             for b in buckets
         ]
 
     def _plan_decode(
-        self, ids: list[int], kv_lens: list[int], rows: torch.Tensor | None, kv: list[int], indices: torch.Tensor,
-        ps: int,
+        self, ids: list[int], all_lens: dict[int, int], skip: dict[int, int] | None, rows: torch.Tensor | None,
+        kv: list[int], indices: torch.Tensor, ps: int,
     ) -> _Decode:
         dev = self.device
+        kv_lens = [all_lens[i] for i in ids]
         max_len = max(kv_lens)
         lens = torch.tensor(kv_lens, device=dev)
         starts = torch.tensor([kv[i] for i in ids], device=dev)
         # NOTE: padding repeats the request's last token, so only written slots are read: a stale or NaN
         # slot would poison the softmax even under a mask (0 * NaN).
         t = torch.minimum(torch.arange(max_len, device=dev)[None, :], lens[:, None] - 1)
+        if skip is not None:
+            t = t + torch.tensor([skip[i] for i in ids], device=dev)[:, None]
         slots = indices[starts[:, None] + t // ps] * ps + t % ps
         mask = None
         if min(kv_lens) != max_len:

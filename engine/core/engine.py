@@ -11,8 +11,11 @@ import torch
 
 from engine.attention import create_backend, resolve_backend
 from engine.config import EngineConfig
+from engine.core import kv_sizing
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
 from engine.core.kv_cache import PageAllocator, PagePool
+from engine.core.kv_manager import KVCacheManager
+from engine.core.kv_spec import describe_groups, graphs_blocker
 from engine.core.model_runner import ModelRunner
 from engine.core.output_processor import OutputProcessor
 from engine.core.requests import Limits, PreparedRequest, build_group, check_request
@@ -62,32 +65,36 @@ class LLMEngine:
         if config.max_model_len and config.max_model_len > self.spec.max_position_embeddings:
             raise StartupError(f"max_model_len {config.max_model_len} is above the model's limit of "
                                f"{self.spec.max_position_embeddings}", param="max_model_len")
-        s = self.spec
+        groups = self.spec.kv_groups
         self.backend_name, self.backend_reason = resolve_backend(config.attention_backend, self.device, self.dtype)
-        self.backend = create_backend(self.backend_name, self.device, **cuda_setup.backend_kwargs(s, self.dtype))
+        self.backends = [create_backend(self.backend_name, self.device, window=g.window,
+                                        **cuda_setup.backend_kwargs(self.spec, self.dtype, g)) for g in groups]
         if self.device.type == "cuda":
             with timed(self.start_ms, "warm-up"):
-                cuda_setup.warm_up(self.model, self.backend, config.page_size)  # JIT builds now, not on a request
-        num_pages = self._num_pages(PagePool.bytes_per_page(s.num_layers, config.page_size, s.num_kv_heads,
-                                                            s.head_dim, self.dtype))
+                for backend in self.backends:  # JIT builds now, not on a request
+                    cuda_setup.warm_up(self.model, backend, config.page_size)
+        self._caps = kv_sizing.window_caps(groups, config.page_size, config.max_num_seqs,
+                                           config.max_num_batched_tokens)
+        num_pages = kv_sizing.group_pages(self._caps, self._num_pages(
+            kv_sizing.page_bytes(groups, config.page_size, self.dtype)))
         with timed(self.start_ms, "kv cache"):
-            self.pool = PagePool(s.num_layers, num_pages, config.page_size, s.num_kv_heads, s.head_dim,
-                                 self.dtype, self.device)
-        self.allocator = PageAllocator(num_pages, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.allocator, config.page_size, config.max_num_seqs,
-                                   config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.pool, self.backend, Sampler(), self.device)
+            self.pools = [PagePool.for_group(g, n, config.page_size, self.dtype, self.device)
+                          for g, n in zip(groups, num_pages, strict=True)]
+        self.kv = KVCacheManager(groups, num_pages, config.page_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, groups, self.pools, self.backends, Sampler(), self.device)
         if self.device.type == "cuda":
+            graphless = graphs_blocker(groups)
             with timed(self.start_ms, "graphs"):
                 self.runner.graph_runner = cuda_setup.prepare_cuda(
-                    self.model, self.backend, self.pool.kv_caches, page_size=config.page_size,
+                    self.model, self.backends[0], self.pools[0].kv_caches, page_size=config.page_size,
                     max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
                     # NOTE: a step's adapter grouping is Python control flow that a replayed graph would freeze.
-                    enforce_eager=config.enforce_eager or bool(self.adapters))
+                    enforce_eager=config.enforce_eager or bool(self.adapters) or graphless is not None,
+                    why=graphless)
         self._seq_ids = count()
         self._arrivals = count()
-        self.processor = OutputProcessor(self.tokenizer, self.max_model_len,
-                                         lambda: next(self._seq_ids))
+        self.processor = OutputProcessor(self.tokenizer, self.max_model_len, lambda: next(self._seq_ids))
         self._groups: dict[str, SequenceGroup] = {}
         self._failures: list[tuple[str, Exception]] = []
         # Grammars are compiled off the engine loop; a request waits here, outside the scheduler, until its
@@ -96,21 +103,34 @@ class LLMEngine:
                                      threads=2 if self.device.type == "cpu" else 8)
         self._compiling: dict[str, tuple[SequenceGroup, Future]] = {}
 
-    def _num_pages(self, page_bytes: int) -> int:
+    @property
+    def pool(self) -> PagePool:  # the first KV group's (a full-attention model's only one)
+        return self.pools[0]
+
+    @property
+    def allocator(self) -> PageAllocator:  # the first KV group's
+        return self.kv.allocators[0]
+
+    def _num_pages(self, sizes: list[int]) -> int:
+        """The full-attention groups' page count (window groups take min(their cap, it))."""
         c, ps = self.config, self.config.page_size
-        full_seq = -(-self.max_model_len // ps)
+        full_seq = kv_sizing.pages_for_one_sequence(self._caps, self.spec.kv_groups, ps, self.max_model_len,
+                                                    c.max_num_batched_tokens)
+        def fit(budget: int) -> int:
+            return kv_sizing.pages_for_budget(budget, sizes, self._caps)
         if c.num_kv_pages:
             pages = c.num_kv_pages
         elif c.kv_cache_bytes:
-            pages = c.kv_cache_bytes // page_bytes
+            pages = fit(c.kv_cache_bytes)
         elif self.device.type == "cuda":
             reserve = cuda_setup.reserve_bytes(
                 self.model.args, self.dtype, max_num_batched_tokens=c.max_num_batched_tokens,
-                max_num_seqs=c.max_num_seqs, max_pages_per_seq=full_seq, graphs=not c.enforce_eager)
-            pages = cuda_setup.kv_budget_bytes(self.device, c.gpu_memory_utilization, reserve) // page_bytes
+                max_num_seqs=c.max_num_seqs, max_pages_per_seq=full_seq,
+                graphs=not c.enforce_eager and graphs_blocker(self.spec.kv_groups) is None)
+            pages = fit(cuda_setup.kv_budget_bytes(self.device, c.gpu_memory_utilization, reserve))
         else:
             want = c.max_num_seqs * min(self.max_model_len, CPU_CONTEXT_PER_SEQ)
-            pages = max(full_seq, min(-(-want // ps), CPU_KV_BYTES // page_bytes))
+            pages = max(full_seq, min(-(-want // ps), fit(CPU_KV_BYTES)))
         if pages < full_seq:
             if c.max_model_len:
                 more = ("num_kv_pages" if c.num_kv_pages else "kv_cache_bytes" if c.kv_cache_bytes
@@ -248,10 +268,13 @@ class LLMEngine:
             self._fail(group, exc)
         return outputs
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | list[int]]:
         """The live load: free KV pages (cached prefix pages included), preemptions and tokens run so far."""
-        return {"kv_pages_free": self.allocator.num_free, "preemptions": self.scheduler.num_preemptions,
-                "tokens_run": self.runner.num_tokens_run}
+        stats = {"kv_pages_free": self.allocator.num_free, "preemptions": self.scheduler.num_preemptions,
+                 "tokens_run": self.runner.num_tokens_run}
+        if len(self.pools) > 1:
+            stats["kv_pages_free_by_group"] = self.kv.num_free
+        return stats
 
     def describe(self) -> dict:
         return {
@@ -265,9 +288,11 @@ class LLMEngine:
             "device": str(self.device),
             "threads": self.threads,
             "max_model_len": self.max_model_len,
-            "kv_pages": self.pool.num_pages,
+            "kv_pages": self.allocator.num_pages,
+            "kv_groups": describe_groups(self.spec.kv_groups),
+            "kv_pages_by_group": [a.num_pages for a in self.kv.allocators],
             "page_size": self.pool.page_size,
-            "kv_bytes": self.pool.nbytes,
+            "kv_bytes": sum(p.nbytes for p in self.pools),
             "max_num_seqs": self.config.max_num_seqs,
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "prefix_caching": self.config.enable_prefix_caching,

@@ -12,6 +12,8 @@ from collections import OrderedDict, deque
 
 import torch
 
+from engine.core.kv_spec import KVGroupSpec
+
 
 def page_hash(parent: bytes | None, tokens: list[int]) -> bytes:
     """Chained hash of one full page: it names the page's tokens and every token before them.
@@ -34,7 +36,7 @@ class PagePool:
 
     def __init__(
         self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
-        dtype: torch.dtype, device: torch.device | str,
+        dtype: torch.dtype, device: torch.device | str, zero_last: bool = False,
     ) -> None:
         self.num_pages, self.page_size = num_pages, page_size
         # One allocation: a page of every layer is copied in one indexing op (copy-on-write of forks).
@@ -44,6 +46,18 @@ class PagePool:
             (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
         )
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = [(layer[0], layer[1]) for layer in self.data]
+        if zero_last:
+            # A window group's NULL page: never read, but finite, so that no masked-out key can bring in a NaN.
+            self.data[:, :, -1].zero_()
+
+    @classmethod
+    def for_group(
+        cls, group: KVGroupSpec, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device | str
+    ) -> PagePool:
+        """The pool of one KV layer group; a window group's has one page more than its allocator: its NULL page."""
+        window = group.window is not None
+        return cls(len(group.layers), num_pages + window, page_size, group.num_kv_heads, group.head_dim, dtype, device,
+                   zero_last=window)
 
     @staticmethod
     def bytes_per_page(num_layers: int, page_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -118,6 +132,19 @@ class PageAllocator:
                     self._evictable[page] = None
                 else:
                     self._free.append(page)
+
+    def probe(self, hashes: list[bytes]) -> list[int | None]:
+        """The cached page of each hash (None where there is none), taking nothing: see acquire()."""
+        if not self.enable_prefix_caching:
+            return [None] * len(hashes)
+        return [self._cached.get(h) for h in hashes]
+
+    def acquire(self, pages: list[int]) -> None:
+        """One more reference to each cached page that probe() found (reviving evictable ones)."""
+        for page in pages:
+            if self.ref_counts[page] == 0:
+                del self._evictable[page]
+            self.ref_counts[page] += 1
 
     def lookup(self, hashes: list[bytes]) -> list[int]:
         """The cached pages of the longest prefix of `hashes`, each with one more reference taken."""

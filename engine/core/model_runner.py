@@ -2,6 +2,9 @@
 
 Logits are computed only for the rows that need them: the last row of each sequence that reaches the
 end of its known tokens, and the prompt rows of requests that asked for prompt_logprobs.
+
+Each KV layer group has its own page pool and backend (planned once per step with the group's metadata); the
+groups' page lists are equally long, so they share qo/kv indptr and last page lengths and differ in pages only.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.core.kv_cache import PagePool
+from engine.core.kv_spec import KVGroupSpec
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.step import Sample, ScheduledSeq, SchedulerOutput, StepResult
 from engine.sample.logits_processor import SamplingRow, process_logits
@@ -20,27 +24,35 @@ PROMPT_LOGPROB_SLICE = 256
 
 
 class ModelRunner:
-    """Owns the model, the page pool and the attention backend; execute() runs one step."""
+    """Owns the model, the page pools and the attention backends (one per KV layer group); execute() runs one step."""
 
     def __init__(
-        self, model: torch.nn.Module, pool: PagePool, backend: AttentionBackend, sampler: Sampler,
-        device: torch.device,
+        self, model: torch.nn.Module, groups: list[KVGroupSpec], pools: list[PagePool],
+        backends: list[AttentionBackend], sampler: Sampler, device: torch.device,
     ) -> None:
-        self.model, self.pool, self.backend, self.sampler, self.device = model, pool, backend, sampler, device
-        self.page_size = pool.page_size
+        self.model, self.pools, self.backends, self.sampler, self.device = model, pools, backends, sampler, device
+        self.page_size = pools[0].page_size
+        if len(groups) == 1:
+            self.layer_caches, self.layer_backends = pools[0].kv_caches, backends[0]
+        else:
+            where = {layer: (g, i) for g, spec in enumerate(groups) for i, layer in enumerate(spec.layers)}
+            self.layer_caches = [pools[g].kv_caches[i] for g, i in (where[n] for n in range(len(where)))]
+            self.layer_backends = [backends[where[n][0]] for n in range(len(where))]
         self.num_tokens_run = 0  # tokens fed to the model over the runner's life (prefix hits are not)
         self.graph_runner = None  # CUDA: engine.cuda.graphs.CudaGraphRunner for decode steps
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
-        self.pool.copy_pages([s for s, _ in out.copies], [d for _, d in out.copies])
-        input_ids, positions, meta, sample_at, prompt_at = self._prepare(out.scheduled)
+        for g, pool in enumerate(self.pools):
+            pool.copy_pages([s for h, s, _ in out.copies if h == g], [d for h, _, d in out.copies if h == g])
+        input_ids, positions, metas, sample_at, prompt_at = self._prepare(out.scheduled)
         if self.graph_runner is not None:
             # NOTE: a replayed hidden is a static buffer the next replay overwrites: logits come first.
-            hidden = self.graph_runner(input_ids, positions, meta)
+            hidden = self.graph_runner(input_ids, positions, metas[0])
         else:
-            self.backend.plan(meta)
-            hidden = self.model(input_ids, positions, meta, self.pool.kv_caches, self.backend)
+            for backend, meta in zip(self.backends, metas, strict=True):
+                backend.plan(meta)
+            hidden = self.model(input_ids, positions, metas[0], self.layer_caches, self.layer_backends)
         self.num_tokens_run += input_ids.numel()
         result = StepResult()
         if prompt_at:
@@ -52,27 +64,31 @@ class ModelRunner:
         return result
 
     def _prepare(self, scheduled: list[ScheduledSeq]):
-        """The step's flattened tokens and page table, built in Python lists and turned into tensors once."""
+        """The step's flattened tokens and page tables (one per group), built in Python lists and turned into
+        tensors once."""
         ps = self.page_size
         ids: list[int] = []
         lora_runs: list[tuple[int | None, int]] = []  # (adapter slot, rows) in row order
         positions: list[int] = []
-        slots: list[int] = []
-        qo, kv, indices, last = [0], [0], [], []
+        groups = range(len(self.pools))
+        slots: list[list[int]] = [[] for _ in groups]
+        indices: list[list[int]] = [[] for _ in groups]
+        qo, kv, last = [0], [0], []
         sample_at: list[tuple[int, int]] = []  # (scheduled index, hidden row)
         prompt_at: list[tuple[int, int, int]] = []  # (scheduled index, first hidden row, number of rows)
         for i, s in enumerate(scheduled):
             seq, start, end = s.seq, s.start, s.start + s.num_tokens
             num_pages = -(-end // ps)
-            pages = seq.pages if len(seq.pages) == num_pages else seq.pages[:num_pages]
+            for g, pages in enumerate(seq.kv_pages):
+                pages = pages if len(pages) == num_pages else pages[:num_pages]
+                slots[g] += [pages[p // ps] * ps + p % ps for p in range(start, end)]
+                indices[g] += pages
             row = qo[-1]
             ids += seq.token_ids[start:end]
             positions += range(start, end)
-            slots += [pages[p // ps] * ps + p % ps for p in range(start, end)]
             qo.append(row + s.num_tokens)
             lora_runs.append((s.group.adapter, s.num_tokens))
-            indices += pages
-            kv.append(len(indices))
+            kv.append(kv[-1] + num_pages)
             last.append(end - (num_pages - 1) * ps)
             if end == seq.num_tokens:
                 sample_at.append((i, row + s.num_tokens - 1))
@@ -83,18 +99,23 @@ class ModelRunner:
         if self.model.lora is not None:
             self.model.lora.plan.update(lora_runs, dev)
         i32 = torch.int32
-        meta = AttentionMetadata(
-            qo_indptr=torch.tensor(qo, dtype=i32).to(dev, non_blocking=True),
-            kv_indptr=torch.tensor(kv, dtype=i32).to(dev, non_blocking=True),
-            kv_indices=torch.tensor(indices, dtype=i32).to(dev, non_blocking=True),
-            kv_last_page_len=torch.tensor(last, dtype=i32).to(dev, non_blocking=True),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
-            page_size=ps,
-            is_decode=len(ids) == len(scheduled),
-        )
+        qo_indptr = torch.tensor(qo, dtype=i32).to(dev, non_blocking=True)
+        kv_indptr = torch.tensor(kv, dtype=i32).to(dev, non_blocking=True)
+        last_len = torch.tensor(last, dtype=i32).to(dev, non_blocking=True)
+        metas = [
+            AttentionMetadata(
+                qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                kv_indices=torch.tensor(indices[g], dtype=i32).to(dev, non_blocking=True),
+                kv_last_page_len=last_len,
+                slot_mapping=torch.tensor(slots[g], dtype=torch.int64).to(dev, non_blocking=True),
+                page_size=ps,
+                is_decode=len(ids) == len(scheduled),
+            )
+            for g in groups
+        ]
         input_ids = torch.tensor(ids, dtype=torch.long).to(dev, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
-        return input_ids, pos, meta, sample_at, prompt_at
+        return input_ids, pos, metas, sample_at, prompt_at
 
     def _prompt_logprobs(
         self, hidden: torch.Tensor, scheduled: list[ScheduledSeq], prompt_at: list[tuple[int, int, int]],

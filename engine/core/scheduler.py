@@ -11,24 +11,21 @@ from __future__ import annotations
 
 from collections import deque
 
-from engine.core.kv_cache import PageAllocator
+from engine.core.kv_manager import KVCacheManager
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.step import ScheduledSeq, SchedulerOutput
 from engine.errors import EngineError, InvalidRequest
 
 
 class Scheduler:
-    """Owns the waiting queue and the running list; allocates pages for what it schedules."""
+    """Owns the waiting queue and the running list; allocates pages (in every KV layer group, through `kv`) for
+    what it schedules. Page needs are per-group counts: a step fits when every group has room."""
 
-    def __init__(
-        self, allocator: PageAllocator, page_size: int, max_num_seqs: int, max_num_batched_tokens: int
-    ) -> None:
-        self.allocator = allocator
-        self.page_size = page_size
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.kv = kv
+        self.page_size = kv.page_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        # Free pages an admission must leave, so that running decodes do not preempt at once.
-        self.watermark = allocator.num_pages // 100
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.num_preemptions = 0
@@ -57,16 +54,12 @@ class Scheduler:
             self.free_seq(seq)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """`child` goes on from `parent`'s computed prefix: it shares every page (a partly filled last page is
-        copied when the child first writes into it, see _allocate)."""
-        child.pages = list(parent.pages)
-        child.num_computed_tokens = parent.num_computed_tokens
-        child.page_hashes = list(parent.page_hashes)
-        self.allocator.share(child.pages)
+        """`child` goes on from `parent`'s computed prefix: it shares every page of every group (a partly filled
+        last page is copied when the child first writes into it, see KVCacheManager.allocate)."""
+        self.kv.fork(parent, child)
 
     def free_seq(self, seq: Sequence) -> None:
-        self.allocator.free(seq.pages)
-        seq.reset()
+        self.kv.free(seq)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -93,8 +86,8 @@ class Scheduler:
                 break
             cached = 0
             for seq in group.running:
-                if not seq.pages and not group.needs_prompt_logprobs:
-                    self._lookup(seq)
+                if not seq.kv_pages and not group.needs_prompt_logprobs:
+                    self.kv.lookup(seq)
                     cached = cached or seq.num_computed_tokens
             used = self._schedule_group(group, budget, out, taken, admit=True)
             if not used:
@@ -115,15 +108,6 @@ class Scheduler:
             seats += group.num_seats
             budget -= used
 
-    def _lookup(self, seq: Sequence) -> None:
-        """Takes the cached pages of the sequence's longest cached prefix (leaving at least one token to run)."""
-        ps = self.page_size
-        if not self.allocator.enable_prefix_caching:
-            return
-        pages = self.allocator.lookup(seq.hashes((seq.num_tokens - 1) // ps, ps))
-        seq.pages = pages
-        seq.num_computed_tokens = len(pages) * ps
-
     def _schedule_group(
         self, group: SequenceGroup, budget: int, out: SchedulerOutput, taken: set[int], admit: bool
     ) -> int:
@@ -133,13 +117,13 @@ class Scheduler:
             # Decode steps are whole-group: beam search needs every live beam's next token together.
             if len(seqs) > budget:
                 return 0
-            need = sum(self._pages_needed(s, 1) for s in seqs) + self._reserve(admit)
-            if not self._make_room(need, group, out, taken, admit):
+            need = [sum(n) for n in zip(*(self.kv.needed(s, 1) for s in seqs), strict=True)]
+            if not self._make_room(need, group, out, taken, admit, self._reserve(admit)):
                 if not admit:
                     self._give_way(group, out)
                 return 0
             for s in seqs:
-                self._allocate(s, 1, out)
+                self.kv.allocate(s, 1, out.copies)
                 out.scheduled.append(ScheduledSeq(s, group, s.num_computed_tokens, 1))
             return len(seqs)
 
@@ -151,18 +135,23 @@ class Scheduler:
             if s.in_decode or remaining <= 0 or used >= budget:
                 continue
             n = min(remaining, budget - used)
-            need = self._pages_needed(s, n)
+            full = len(group.prompt_token_ids) // self.page_size * self.page_size
+            if s is seqs[0] and len(seqs) > 1 and self.kv.has_windows and s.num_computed_tokens < full:
+                # A resumed lead stops at the prompt's full pages, which its choices then take (_share_prompt):
+                # past them its sliding windows would drop pages the choices read.
+                n = min(n, full - s.num_computed_tokens)
+            need = self.kv.needed(s, n)
             if admit:
                 # Admission never preempts and never starts on a shrunken chunk.
-                if need + self._reserve(admit) > self.allocator.num_free:
+                if not self.kv.has_room(need, self._reserve(admit)):
                     break
             elif not self._make_room(need, group, out, taken, admit):
-                n = self._fit(s, n)
+                n = self.kv.fit(s, n)
                 if n == 0:
                     if used == 0 and len(self.running) == 1:
                         self._give_way(group, out)
                     break
-            self._allocate(s, n, out)
+            self.kv.allocate(s, n, out.copies)
             out.scheduled.append(ScheduledSeq(s, group, s.num_computed_tokens, n))
             used += n
         return used
@@ -170,7 +159,8 @@ class Scheduler:
     def _share_prompt(self, group: SequenceGroup, lead: Sequence, seq: Sequence) -> bool:
         """Whether `seq` may run now. A choice resumed after preemption waits for the lead choice to compute
         the prompt's full pages, then takes them, as its fork first did (the part of them a prefix-cache hit
-        gave it is the same pages).
+        gave it is the same pages). With sliding windows the lead waits at those pages for its choices (see
+        _schedule_group); should its windows still have dropped some, the choice computes its prompt on its own.
 
         NOTE: without this, a group of n choices preempted by recompute needed n copies of its prompt when it
         came back, and could fail as too large for a pool it fitted in alone.
@@ -180,47 +170,20 @@ class Scheduler:
             return True
         if lead.num_computed_tokens < full:
             return False
-        self.allocator.free(seq.pages)
-        seq.pages = lead.pages[: full // self.page_size]
-        self.allocator.share(seq.pages)
-        seq.num_computed_tokens = full
+        self.kv.share_prefix(lead, seq, full // self.page_size)
         return True
 
-    def _reserve(self, admit: bool) -> int:
-        """Free pages an admission must leave for the running decodes (none when nothing runs)."""
-        return self.watermark if admit and self.running else 0
-
-    def _pages_needed(self, seq: Sequence, n: int) -> int:
-        ps = self.page_size
-        need = -(-(seq.num_computed_tokens + n) // ps) - len(seq.pages)
-        if seq.num_computed_tokens % ps and self.allocator.ref_counts[seq.pages[-1]] > 1:
-            need += 1  # the shared, partly filled last page gets a private copy first
-        return need
-
-    def _fit(self, seq: Sequence, n: int) -> int:
-        """The largest chunk <= n that the free pages can hold."""
-        ps = self.page_size
-        free = self.allocator.num_free
-        if seq.num_computed_tokens % ps and self.allocator.ref_counts[seq.pages[-1]] > 1:
-            free -= 1
-        return max(0, min(n, (len(seq.pages) + free) * ps - seq.num_computed_tokens))
-
-    def _allocate(self, seq: Sequence, n: int, out: SchedulerOutput) -> None:
-        ps = self.page_size
-        if seq.num_computed_tokens % ps and self.allocator.ref_counts[seq.pages[-1]] > 1:
-            (copy,) = self.allocator.allocate(1)
-            out.copies.append((seq.pages[-1], copy))
-            self.allocator.free([seq.pages[-1]])
-            seq.pages[-1] = copy
-        need = -(-(seq.num_computed_tokens + n) // ps) - len(seq.pages)
-        if need > 0:
-            seq.pages += self.allocator.allocate(need)
+    def _reserve(self, admit: bool) -> list[int] | None:
+        """Free pages an admission must leave in each group for the running decodes (none when nothing runs)."""
+        return self.kv.watermark if admit and self.running else None
 
     def _make_room(
-        self, need: int, group: SequenceGroup, out: SchedulerOutput, taken: set[int], admit: bool
+        self, need: list[int], group: SequenceGroup, out: SchedulerOutput, taken: set[int], admit: bool,
+        reserve: list[int] | None = None,
     ) -> bool:
-        """Preempts groups admitted after `group` (latest first, not yet in this step) until `need` pages are free."""
-        while self.allocator.num_free < need:
+        """Preempts groups admitted after `group` (latest first, not yet in this step) until every group has
+        `need` (+ `reserve`) pages free."""
+        while not self.kv.has_room(need, reserve):
             if admit or group not in self.running:
                 return False
             later = self.running[self.running.index(group) + 1 :]
@@ -241,7 +204,7 @@ class Scheduler:
     def _cannot_fit(self, group: SequenceGroup) -> EngineError:
         """Why a group alone in the pool cannot go on. Start-up sizes the pool for one sequence of max_model_len,
         so only a request's several sequences (n, best_of, beams) can outgrow it; one sequence is a bug."""
-        pool = f"the KV cache ({self.allocator.num_pages} pages of {self.page_size} tokens)"
+        pool = f"the KV cache ({self.kv.allocators[0].num_pages} pages of {self.page_size} tokens)"
         if group.params.num_sequences > 1:
             return InvalidRequest(f"{pool} cannot hold this request's {group.params.num_sequences} sequences at "
                                   "once: lower n, best_of or max_tokens", param="n")
@@ -256,13 +219,8 @@ class Scheduler:
         out.preempted.append(group)
 
     def commit(self, out: SchedulerOutput) -> None:
-        """After the step ran: the fed tokens are in the cache; newly full pages join the prefix cache."""
-        ps = self.page_size
+        """After the step ran: the fed tokens are in the cache; newly full pages join the prefix cache, pages
+        that fell out of a sliding window are given back."""
         for s in out.scheduled:
-            seq = s.seq
-            old, new = seq.num_computed_tokens, seq.num_computed_tokens + s.num_tokens
-            seq.num_computed_tokens = new
-            if self.allocator.enable_prefix_caching and new // ps > old // ps:
-                hashes = seq.hashes(new // ps, ps)
-                for i in range(old // ps, new // ps):
-                    self.allocator.register(seq.pages[i], hashes[i])
+            old = s.seq.num_computed_tokens
+            self.kv.commit(s.seq, old, old + s.num_tokens)

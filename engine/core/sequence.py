@@ -32,8 +32,10 @@ class Sequence:
     index: int = 0  # the choice index this sequence reports as
     generator: torch.Generator | None = None
     detokenizer: Detokenizer | None = None
-    pages: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0  # tokens whose KV is in `pages`
+    # One page list per KV layer group (empty: holds no pages), all as long as the computed prefix; a sliding-window
+    # group has its NULL page where a page fell out of the window (engine/core/kv_manager.py).
+    kv_pages: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is in `kv_pages`
     page_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the first full pages
     output_token_ids: list[int] = field(default_factory=list)
     cumulative_logprob: float = 0.0
@@ -55,6 +57,11 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def pages(self) -> list[int]:
+        """The first layer group's pages (a full-attention model's only group)."""
+        return self.kv_pages[0] if self.kv_pages else []
 
     @property
     def prefill_target(self) -> int:
@@ -94,7 +101,7 @@ class Sequence:
 
     def reset(self) -> None:
         """Forget the KV (preemption by recompute): the caller has freed the pages."""
-        self.pages = []
+        self.kv_pages = []
         self.num_computed_tokens = 0
 
 

@@ -27,7 +27,8 @@ class ScheduledSeq:
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) pages to copy before the step
+    # (KV layer group, src, dst): pages to copy before the step (copy-on-write of a shared partly filled page)
+    copies: list[tuple[int, int, int]] = field(default_factory=list)
     preempted: list[SequenceGroup] = field(default_factory=list)
     failed: list[tuple[SequenceGroup, EngineError]] = field(default_factory=list)
 

@@ -32,9 +32,11 @@ LOGIT_ROWS_MIN = 256  # prompt_logprobs turns up to 256 prompt rows into logits 
 SLACK_BYTES = 256 * MiB  # cuBLAS workspaces, allocator rounding and fragmentation
 
 
-def backend_kwargs(spec: Any, dtype: torch.dtype) -> dict[str, Any]:
-    """What FlashInferBackend needs at construction to plan at once and to capture graphs (from a ModelSpec)."""
-    return dict(num_q_heads=spec.num_q_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, dtype=dtype)
+def backend_kwargs(spec: Any, dtype: torch.dtype, group: Any = None) -> dict[str, Any]:
+    """What FlashInferBackend needs at construction to plan at once and to capture graphs (from a ModelSpec, and
+    the KVGroupSpec whose layers the backend serves when given)."""
+    kv = group if group is not None else spec
+    return dict(num_q_heads=spec.num_q_heads, num_kv_heads=kv.num_kv_heads, head_dim=kv.head_dim, dtype=dtype)
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -108,14 +110,15 @@ def warm_up(model: torch.nn.Module, backend: Any, page_size: int, *, sampling: b
 
 def prepare_cuda(
     model: torch.nn.Module, backend: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], *,
-    page_size: int, max_num_seqs: int, max_model_len: int, enforce_eager: bool,
+    page_size: int, max_num_seqs: int, max_model_len: int, enforce_eager: bool, why: str | None = None,
 ) -> CudaGraphRunner | None:
     """Warms the kernels up and, unless enforce_eager (or the backend cannot run under graphs), captures decode
-    CUDA graphs at graph_batch_sizes(max_num_seqs). Call before any request holds KV pages."""
+    CUDA graphs at graph_batch_sizes(max_num_seqs). Call before any request holds KV pages. why: the reason
+    enforce_eager was set, for the start-up log."""
     seconds = warm_up(model, backend, page_size)
     log.info("kernel warm-up took %.1f s", seconds)
     if enforce_eager or not hasattr(backend, "graph_decode"):
-        log.info("decode runs eagerly (%s)", "enforce_eager" if enforce_eager else f"{type(backend).__name__}")
+        log.info("decode runs eagerly (%s)", why or ("enforce_eager" if enforce_eager else type(backend).__name__))
         return None
     start = time.perf_counter()
     runner = CudaGraphRunner(

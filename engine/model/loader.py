@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from engine.config import LoraConfig
+from engine.core.kv_spec import KVGroupSpec, kv_groups, layer_windows
 from engine.errors import UnsupportedModel
 from engine.model.layers.linear import pack_linears_for_cpu, quantize_linears_int4
 from engine.model.layers.lora import attach_lora
@@ -41,6 +42,7 @@ class ModelSpec:
     max_position_embeddings: int
     eos_token_ids: set[int]
     dtype: torch.dtype
+    kv_groups: list[KVGroupSpec]  # the KV cache's layer groups (one for a full-attention model)
 
 
 def load_model(
@@ -100,9 +102,10 @@ def load_model(
         head_dim=args.head_dim,
         hidden_size=args.hidden_size,
         vocab_size=args.vocab_size,
-        max_position_embeddings=_context_limit(config, args),
+        max_position_embeddings=args.max_position_embeddings,
         eos_token_ids=_eos_token_ids(config, model_path),
         dtype=dtype,
+        kv_groups=kv_groups(layer_windows(config, args.num_layers), args.num_kv_heads, args.head_dim),
     )
     return model, spec
 
@@ -186,23 +189,6 @@ def _llama_args(config: dict, architecture: str, names: set[str]) -> LlamaArgs:
         )
     except KeyError as exc:
         raise UnsupportedModel(f"config.json lacks {exc.args[0]!r}", param="model") from None
-
-
-def _context_limit(config: dict, args: LlamaArgs) -> int:
-    """max_position_embeddings, capped at a sliding window we do not implement (exact up to the window)."""
-    limit = args.max_position_embeddings
-    window = config.get("sliding_window")
-    layer_types = config.get("layer_types") or []
-    slides = "sliding_attention" in layer_types if layer_types else window is not None
-    if config.get("use_sliding_window", True) is False:
-        slides = False
-    elif not layer_types and config.get("max_window_layers") is not None:
-        # Qwen2 without layer_types: only the layers from max_window_layers on slide (transformers derives
-        # layer_types this way).
-        slides = slides and config["max_window_layers"] < args.num_layers
-    if slides and window:
-        limit = min(limit, int(window))
-    return limit
 
 
 def _eos_token_ids(config: dict, model_path: str) -> set[int]:

@@ -26,6 +26,8 @@ TINY = dict(
     rms_norm_eps=1e-6,
 )
 
+WINDOW = 8  # the tiny windowed models' sliding window: two pages of 4 tokens
+
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 10000.0,
@@ -55,6 +57,11 @@ def tiny_config(kind: str):
         return tf.Qwen2Config(**TINY, tie_word_embeddings=True)
     if kind == "qwen3":
         return tf.Qwen3Config(**TINY, tie_word_embeddings=False)
+    if kind == "qwen2_window":  # layer 0 full attention, layers 1-2 a sliding window of 8 tokens
+        return tf.Qwen2Config(**{**TINY, "num_hidden_layers": 3}, tie_word_embeddings=True, use_sliding_window=True,
+                              sliding_window=WINDOW, max_window_layers=1)
+    if kind == "mistral_window":  # every layer a sliding window of 12 tokens
+        return tf.MistralConfig(**TINY, tie_word_embeddings=False, sliding_window=12)
     raise ValueError(kind)
 
 
@@ -124,27 +131,46 @@ def paged_harness() -> type[PagedHarness]:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
-@pytest.fixture(scope="session")
-def tiny_model_path(tmp_path_factory, baked_model_path):
-    """A 2-layer Llama on SmolLM2's tokenizer (its first 1024 ids), random weights large enough for peaked logits."""
+def _save_tiny_engine_model(config, path: Path, baked_model_path: Path) -> Path:
+    """Random weights large enough for peaked logits, saved with SmolLM2's tokenizer files."""
     import transformers as tf
 
-    path = tmp_path_factory.mktemp("tiny-smol")
-    config = tf.LlamaConfig(
-        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True,
-        bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6,
-    )
     torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(config).float().eval()
+    model = tf.AutoModelForCausalLM.from_config(config).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.5 if "embed" in name else 0.15)
+    config.architectures = [type(model).__name__]
     model.save_pretrained(path)
     for name in TOKENIZER_FILES:
         if (baked_model_path / name).exists() and name != "generation_config.json":
             shutil.copy(baked_model_path / name, path / name)
     return path
+
+
+ENGINE_TINY = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True,
+                   bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory, baked_model_path):
+    """A 2-layer Llama on SmolLM2's tokenizer (its first 1024 ids), random weights large enough for peaked logits."""
+    import transformers as tf
+
+    config = tf.LlamaConfig(**ENGINE_TINY, num_hidden_layers=2)
+    return _save_tiny_engine_model(config, tmp_path_factory.mktemp("tiny-smol"), baked_model_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_window_model_path(tmp_path_factory, baked_model_path):
+    """tiny_model_path's shape as a 3-layer Qwen2 with two KV layer groups: layer 0 full attention, layers 1-2 a
+    sliding window of WINDOW tokens."""
+    import transformers as tf
+
+    config = tf.Qwen2Config(**ENGINE_TINY, num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW,
+                            max_window_layers=1)
+    return _save_tiny_engine_model(config, tmp_path_factory.mktemp("tiny-window"), baked_model_path)

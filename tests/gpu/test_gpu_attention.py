@@ -10,16 +10,18 @@ from engine.attention.torch_ref import TorchRefBackend
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 
-def run_steps(pager, steps, num_q_heads: int, *, shape_known: bool = True, shares=()) -> None:
+def run_steps(pager, steps, num_q_heads: int, *, shape_known: bool = True, shares=(), window: int | None = None
+              ) -> None:
     """Each step: (request, new tokens). Both backends write their own pool and attend; outputs and pools
-    must agree. shares: (before step index, src, dst, pages) prefix-cache hits applied before that step."""
+    must agree. shares: (before step index, src, dst, pages) prefix-cache hits applied before that step.
+    window: both backends attend through a sliding window of that many tokens."""
     from engine.attention.flashinfer import FlashInferBackend
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     hk, d, dtype = pager.num_kv_heads, pager.head_dim, pager.dtype
     kw = dict(num_q_heads=num_q_heads, num_kv_heads=hk, head_dim=d, dtype=dtype) if shape_known else {}
-    fi = FlashInferBackend("cuda", **kw)
-    ref = TorchRefBackend("cuda")
+    fi = FlashInferBackend("cuda", window=window, **kw)
+    ref = TorchRefBackend("cuda", window=window)
     for index, step in enumerate(steps):
         for at, src, dst, pages in shares:
             if at == index:
@@ -120,3 +122,11 @@ def test_warmup_runs_prefill_and_decode():
     backend = FlashInferBackend("cuda", num_q_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16)
     backend.warmup(page_size=16)
     assert backend._decode, "warm-up did not build the decode wrapper"
+
+
+@pytest.mark.parametrize("window", [1, 24, 40])
+def test_sliding_window_matches_reference(gpu_pager, window):
+    # FlashInfer's window_left = W - 1 against the torch reference's window, prefill chunks and decode past it.
+    pager = gpu_pager(num_layers=1, num_kv_heads=2, head_dim=64, page_size=16)
+    steps = [[("a", 50), ("b", 3)], [("b", 30), ("a", 1), ("c", 7)]] + [[("a", 1), ("b", 1), ("c", 1)]] * 3
+    run_steps(pager, steps, num_q_heads=8, window=window)

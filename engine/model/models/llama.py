@@ -184,14 +184,17 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        backend: AttentionBackend,
+        backend: AttentionBackend | list[AttentionBackend],
     ) -> torch.Tensor:
+        """kv_caches: each layer's K/V pages; backend: one for every layer, or each layer's (its KV group's,
+        planned for the step with that group's page table and window)."""
         assert self.rotary is not None, "init_rotary() was not called"
         cos, sin = (None, None) if self.fused_kernels else self.rotary.lookup(positions)
         h = self.model.embed_tokens(input_ids)
         residual = None
-        for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches, strict=True):
-            h, residual = layer(h, residual, positions, cos, sin, k_cache, v_cache, backend)
+        backends = backend if isinstance(backend, list) else [backend] * len(kv_caches)
+        for layer, (k_cache, v_cache), b in zip(self.model.layers, kv_caches, backends, strict=True):
+            h, residual = layer(h, residual, positions, cos, sin, k_cache, v_cache, b)
         h, _ = self.model.norm.add_forward(h, residual)
         return h
 

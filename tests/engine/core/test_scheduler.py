@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from itertools import count
 
-from engine.core.kv_cache import PageAllocator
+from engine.core.kv_manager import KVCacheManager
+from engine.core.kv_spec import KVGroupSpec
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.step import SchedulerOutput
@@ -32,8 +33,9 @@ class Driver:
 
     def __init__(self, num_pages: int, page_size: int = 4, max_num_seqs: int = 8, budget: int = 64,
                  prefix_caching: bool = True) -> None:
-        self.alloc = PageAllocator(num_pages, prefix_caching)
-        self.sched = Scheduler(self.alloc, page_size, max_num_seqs, budget)
+        kv = KVCacheManager([KVGroupSpec((0,), 1, 8)], [num_pages], page_size, prefix_caching)
+        self.alloc = kv.allocators[0]
+        self.sched = Scheduler(kv, max_num_seqs, budget)
         self.page_size = page_size
         self.steps: list[SchedulerOutput] = []
         self.finished: list[SequenceGroup] = []
@@ -175,7 +177,8 @@ def test_forked_choices_copy_the_shared_partial_page():
     assert first.pages == second.pages and d.alloc.ref_counts[first.pages[1]] == 2
     out = d.step()
     assert len(out.copies) == 1
-    src, dst = out.copies[0]
+    kv_group, src, dst = out.copies[0]
+    assert kv_group == 0
     assert src == second.pages[1] and dst == first.pages[1]  # one child copies, the last owner keeps it
     assert first.pages[0] == second.pages[0] and first.pages[1] != second.pages[1]
     d.run()

@@ -248,7 +248,8 @@ def test_config_json_reads_as_transformers_reads_it(tmp_path, kind):
     # The loader reads config.json without transformers (cold start); it must see what AutoConfig sees.
     from transformers import AutoConfig
 
-    from engine.model.loader import _context_limit, _llama_args, read_config
+    from engine.core.kv_spec import layer_windows
+    from engine.model.loader import _llama_args, read_config
     from tests.engine.conftest import tiny_config
 
     if kind in HUB_CONFIGS:
@@ -269,10 +270,11 @@ def test_config_json_reads_as_transformers_reads_it(tmp_path, kind):
         getattr(ref, "head_dim", None) or ref.hidden_size // heads, ref.vocab_size, ref.max_position_embeddings)
     assert args.rms_norm_eps == pytest.approx(ref.rms_norm_eps)
     assert args.rope == {k: v for k, v in ref.rope_parameters.items() if v is not None}
-    # What the loader did with AutoConfig: layer_types when the config has them (Qwen2 derives them), else
-    # every layer slides when sliding_window is set (Mistral).
+    # Each layer's window as transformers runs it: layer_types when the config has them (Qwen2 derives them),
+    # else every layer slides when sliding_window is set (Mistral).
     layer_types = getattr(ref, "layer_types", None)
-    sliding = "sliding_attention" in layer_types if layer_types else getattr(ref, "sliding_window", None) is not None
-    expected_limit = min(ref.max_position_embeddings, ref.sliding_window) if sliding else ref.max_position_embeddings
-    assert _context_limit(raw, args) == expected_limit
+    window = getattr(ref, "sliding_window", None)
+    expected = ([window if t == "sliding_attention" else None for t in layer_types] if layer_types
+                else [window] * ref.num_hidden_layers)
+    assert layer_windows(raw, args.num_layers) == expected
     assert bool(raw.get("tie_word_embeddings")) == bool(ref.tie_word_embeddings)

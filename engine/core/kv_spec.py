@@ -1,0 +1,78 @@
+"""KV cache layer groups: which layers share a page pool, and what each group's attention sees.
+
+Layers whose KV has the same shape and the same reach form one group: full attention (today's), or a sliding
+window of W tokens (a query at position i sees keys j with i - W < j <= i, as transformers masks it). Every
+group keeps the same page-table format; a window group only holds the pages its window reaches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Families whose configs carry use_sliding_window, which transformers defaults to False for them.
+WINDOW_OFF_BY_DEFAULT = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+
+
+@dataclass(frozen=True)
+class KVGroupSpec:
+    """The layers of one group (model layer indices, ascending), their KV shape and their window (None: full)."""
+
+    layers: tuple[int, ...]
+    num_kv_heads: int
+    head_dim: int
+    window: int | None = None
+
+    def window_pages(self, page_size: int) -> int | None:
+        """The most pages a sequence holds in this group between steps (None: unbounded, full attention)."""
+        return None if self.window is None else -(-self.window // page_size) + 1
+
+    def first_needed_page(self, num_computed: int, page_size: int) -> int:
+        """The first page the next query (at position num_computed) reads; the ones before it are out of reach."""
+        if self.window is None:
+            return 0
+        return max(0, num_computed - self.window + 1) // page_size
+
+    @property
+    def label(self) -> str:
+        kind = "full" if self.window is None else f"window({self.window})"
+        return f"{kind}:{len(self.layers)}x"
+
+
+def layer_windows(config: dict, num_layers: int) -> list[int | None]:
+    """Each layer's sliding window (None: full attention) as transformers reads config.json.
+
+    layer_types ("full_attention" / "sliding_attention") when the config has them; else Qwen2's
+    use_sliding_window + max_window_layers (layers from max_window_layers on slide); else, when
+    sliding_window is set (Mistral), every layer.
+    """
+    window = config.get("sliding_window")
+    default_on = config.get("model_type") not in WINDOW_OFF_BY_DEFAULT
+    if not window or not config.get("use_sliding_window", default_on):
+        return [None] * num_layers
+    window = int(window)
+    layer_types = config.get("layer_types")
+    if layer_types:
+        return [window if t == "sliding_attention" else None for t in layer_types[:num_layers]]
+    first = config.get("max_window_layers")
+    first = 0 if first is None else int(first)
+    return [window if i >= first else None for i in range(num_layers)]
+
+
+def kv_groups(windows: list[int | None], num_kv_heads: int, head_dim: int) -> list[KVGroupSpec]:
+    """One group per distinct window, in order of each group's first layer (a full-attention model: one group)."""
+    by_window: dict[int | None, list[int]] = {}
+    for layer, window in enumerate(windows):
+        by_window.setdefault(window, []).append(layer)
+    return [KVGroupSpec(tuple(layers), num_kv_heads, head_dim, window) for window, layers in by_window.items()]
+
+
+def describe_groups(groups: list[KVGroupSpec]) -> str:
+    """e.g. "full:22x,window(4096):6x"."""
+    return ",".join(g.label for g in groups)
+
+
+def graphs_blocker(groups: list[KVGroupSpec]) -> str | None:
+    """Why decode cannot replay CUDA graphs (they hold one page table, planned without a window); None: it can."""
+    if len(groups) > 1:
+        return "several KV layer groups"
+    return "a sliding-window KV group" if groups[0].window is not None else None
