@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict, deque
+from itertools import takewhile
 
 import torch
 
@@ -148,17 +149,8 @@ class PageAllocator:
 
     def lookup(self, hashes: list[bytes]) -> list[int]:
         """The cached pages of the longest prefix of `hashes`, each with one more reference taken."""
-        if not self.enable_prefix_caching:
-            return []
-        pages = []
-        for h in hashes:
-            page = self._cached.get(h)
-            if page is None:
-                break
-            if self.ref_counts[page] == 0:
-                del self._evictable[page]
-            self.ref_counts[page] += 1
-            pages.append(page)
+        pages = list(takewhile(lambda page: page is not None, self.probe(hashes)))
+        self.acquire(pages)
         return pages
 
     def register(self, page: int, h: bytes) -> None:
