@@ -87,6 +87,8 @@ def update_adapters(out: Path, adapters: list[AdapterSpec], token: str | None = 
 
 def check_folder(folder: Path) -> str:
     """Fail with one line unless the folder holds config, safetensors weights and a tokenizer we can run."""
+    from engine.errors import UnsupportedModel
+    from engine.model.loader import check_checkpoint
     from engine.model.models import ARCHITECTURES
 
     config_path = folder / "config.json"
@@ -106,6 +108,10 @@ def check_folder(folder: Path) -> str:
         raise BakeError("the model has no tokenizer (tokenizer.json or tokenizer.model)")
     if not (folder / "tokenizer_config.json").is_file():
         raise BakeError("the model has no tokenizer_config.json")
+    try:
+        check_checkpoint(str(folder))
+    except UnsupportedModel as exc:
+        raise BakeError(f"the engine cannot run this model: {exc}") from None
     return supported[0]
 
 

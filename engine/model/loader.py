@@ -1,4 +1,4 @@
-"""Hugging Face safetensors checkpoint -> our modules (q/k/v and gate/up fused), cast to the serving dtype.
+"""Hugging Face safetensors checkpoint -> the family's modules (q/k/v and gate/up fused), cast to the serving dtype.
 
 config.json is read as plain JSON rather than through transformers' AutoConfig: importing transformers and
 building its config object cost over a second of every cold start, and the engine reads a dozen fields.
@@ -9,23 +9,19 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from glob import glob
 
 import torch
-from safetensors import safe_open
 
 from engine.config import LoraConfig
-from engine.core.kv_spec import KVGroupSpec, kv_groups, layer_windows
+from engine.core.kv_spec import KVGroupSpec
 from engine.errors import UnsupportedModel
+from engine.model.checkpoint import load_weights, plan_copies, safetensors_files, tensor_shapes
 from engine.model.layers.linear import pack_linears_for_cpu, quantize_linears_int4
 from engine.model.layers.lora import attach_lora
-from engine.model.models import model_class
-from engine.model.models.llama import FusedLinear, LlamaArgs, LlamaForCausalLM
+from engine.model.models import CausalLM, model_class
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 QUANTIZATIONS = ("int4",)
-# Buffers some checkpoints carry that we recompute.
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 @dataclass
@@ -48,7 +44,7 @@ class ModelSpec:
 def load_model(
     model_path: str, dtype: torch.dtype, device: torch.device, quantization: str | None = None,
     lora: LoraConfig | None = None,
-) -> tuple[LlamaForCausalLM, ModelSpec]:
+) -> tuple[CausalLM, ModelSpec]:
     """Reads config.json and the safetensors shards under model_path; returns the model (eval, on device).
 
     quantization "int4": the decoder layers' linears become 4-bit weight-only (CPU); embeddings, norms
@@ -57,40 +53,24 @@ def load_model(
     if dtype not in SUPPORTED_DTYPES:
         raise UnsupportedModel(f"dtype {dtype} is not supported (float32, bfloat16, float16)", param="dtype")
     device = torch.device(device)
-    if not os.path.isfile(os.path.join(model_path, "config.json")):
-        raise UnsupportedModel(
-            f"no model at {model_path!r} (no config.json there): bake one with `python -m builder --out "
-            f"{model_path}`, or point MODEL_PATH (or BASE_PATH) at a baked folder", param="model",
-        )
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise UnsupportedModel(f"quantization {quantization!r} is not supported (int4)", param="quantization")
     if quantization == "int4" and device.type != "cpu":
         raise UnsupportedModel("quantization 'int4' runs on CPU only", param="quantization")
-    config = read_config(model_path)
-    architecture = (config.get("architectures") or ["<none>"])[0]
-    cls = model_class(architecture)
-    if config.get("quantization_config"):
-        raise UnsupportedModel("quantized checkpoints are not supported", param="model")
-    if config.get("hidden_act", "silu") != "silu":
-        raise UnsupportedModel(f"hidden_act {config['hidden_act']!r} is not supported", param="model")
-
-    files = _safetensors_files(model_path)
-    names = _tensor_names(files)
-    args = _llama_args(config, architecture, names)
-    tied = bool(config.get("tie_word_embeddings")) or "lm_head.weight" not in names
-
-    with torch.device("meta"):
-        model = cls(args)
+    config, files, shapes, model = _build_on_meta(model_path)
+    architecture = config["architectures"][0]
+    tied = _tied(config, shapes)
     _materialize(model, dtype, device)
     if tied:
         model.tie_weights()
-    _load_weights(model, files, tied)
+    load_weights(model, files, shapes, tied)
     if lora is not None and lora.adapters:
         attach_lora(model, lora.adapters, lora.max_loras, lora.max_lora_rank)
     if quantization == "int4":
         quantize_linears_int4(model.model.layers, dtype)
     if device.type == "cpu" and dtype == torch.bfloat16:
         pack_linears_for_cpu(model)
+    args = model.args
     model.init_rotary(args.max_position_embeddings, dtype, device)
     model.eval().requires_grad_(False)
 
@@ -105,9 +85,45 @@ def load_model(
         max_position_embeddings=args.max_position_embeddings,
         eos_token_ids=_eos_token_ids(config, model_path),
         dtype=dtype,
-        kv_groups=kv_groups(layer_windows(config, args.num_layers), args.num_kv_heads, args.head_dim),
+        kv_groups=model.kv_groups(config),
     )
     return model, spec
+
+
+def check_checkpoint(model_path: str) -> str:
+    """What the bake asks before it keeps a folder: the engine runs this architecture and config, and every
+    checkpoint tensor has a place of the right shape (read from the headers; no weights are loaded). Returns
+    the architecture; raises UnsupportedModel with one line naming what is missing."""
+    config, _, shapes, model = _build_on_meta(model_path)
+    plan_copies(model, shapes, _tied(config, shapes))
+    model.kv_groups(config)
+    return config["architectures"][0]
+
+
+def _build_on_meta(model_path: str) -> tuple[dict, list[str], dict[str, tuple[int, ...]], CausalLM]:
+    """config.json, the weight files, their tensors' shapes, and the family's model on the meta device."""
+    if not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise UnsupportedModel(
+            f"no model at {model_path!r} (no config.json there): bake one with `python -m builder --out "
+            f"{model_path}`, or point MODEL_PATH (or BASE_PATH) at a baked folder", param="model",
+        )
+    config = read_config(model_path)
+    cls = model_class((config.get("architectures") or ["<none>"])[0])
+    if config.get("quantization_config"):
+        raise UnsupportedModel("quantized checkpoints are not supported", param="model")
+    files = safetensors_files(model_path)
+    shapes = tensor_shapes(files)
+    try:
+        args = cls.read_args(config, set(shapes))
+    except KeyError as exc:
+        raise UnsupportedModel(f"config.json lacks {exc.args[0]!r}", param="model") from None
+    with torch.device("meta"):
+        model = cls(args)
+    return config, files, shapes, model
+
+
+def _tied(config: dict, shapes: dict[str, tuple[int, ...]]) -> bool:
+    return bool(config.get("tie_word_embeddings")) or "lm_head.weight" not in shapes
 
 
 def read_config(model_path: str) -> dict:
@@ -134,63 +150,6 @@ def _materialize(model: torch.nn.Module, dtype: torch.dtype, device: torch.devic
             module.register_buffer(name, torch.empty(buffer.shape, dtype=kind, device=device))
 
 
-def _safetensors_files(model_path: str) -> list[str]:
-    index = os.path.join(model_path, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        return [os.path.join(model_path, s) for s in shards]
-    files = sorted(glob(os.path.join(model_path, "*.safetensors")))
-    if not files:
-        raise UnsupportedModel(f"no *.safetensors weights in {model_path}", param="model")
-    return files
-
-
-def _tensor_names(files: list[str]) -> set[str]:
-    names: set[str] = set()
-    for path in files:
-        with safe_open(path, framework="pt") as f:
-            names.update(f.keys())
-    return names
-
-
-def rope_parameters(config: dict) -> dict:
-    """transformers 5 `rope_parameters`, or the older `rope_scaling` + `rope_theta` pair, as one dict."""
-    rope = config.get("rope_parameters")
-    if isinstance(rope, dict) and "rope_theta" in rope:
-        return dict(rope)
-    if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
-        raise UnsupportedModel("per-layer-type rope parameters are not supported", param="model")
-    scaling = dict(config.get("rope_scaling") or {})
-    scaling["rope_type"] = scaling.get("rope_type", scaling.pop("type", "default"))
-    scaling["rope_theta"] = config.get("rope_theta") or 10000.0
-    return scaling
-
-
-def _llama_args(config: dict, architecture: str, names: set[str]) -> LlamaArgs:
-    try:
-        heads, hidden = config["num_attention_heads"], config["hidden_size"]
-        return LlamaArgs(
-            hidden_size=hidden,
-            intermediate_size=config["intermediate_size"],
-            num_layers=config["num_hidden_layers"],
-            num_q_heads=heads,
-            num_kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or hidden // heads,
-            vocab_size=config["vocab_size"],
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
-            rope=rope_parameters(config),
-            # Biases are read off the checkpoint: Qwen2 always has qkv bias, Llama only with attention_bias.
-            qkv_bias=any(n.endswith("self_attn.q_proj.bias") for n in names),
-            o_bias=any(n.endswith("self_attn.o_proj.bias") for n in names),
-            mlp_bias=any(n.endswith("mlp.gate_proj.bias") for n in names),
-            qk_norm=architecture == "Qwen3ForCausalLM",
-        )
-    except KeyError as exc:
-        raise UnsupportedModel(f"config.json lacks {exc.args[0]!r}", param="model") from None
-
-
 def _eos_token_ids(config: dict, model_path: str) -> set[int]:
     ids: set[int] = set()
     sources = [config.get("eos_token_id")]
@@ -204,53 +163,3 @@ def _eos_token_ids(config: dict, model_path: str) -> set[int]:
         elif isinstance(value, list):
             ids.update(int(v) for v in value)
     return ids
-
-
-def _load_weights(model: LlamaForCausalLM, files: list[str], tied: bool) -> None:
-    params = dict(model.named_parameters())
-    modules = dict(model.named_modules())
-    pending = {name: None for name in params}  # params not yet fully written
-    fused_seen: dict[str, set[str]] = {}
-    for path in files:
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
-                    continue
-                tensor = f.get_tensor(name)
-                target = _fused_target(name, modules)
-                if target is not None:
-                    param_name, shard = target
-                    module = modules[param_name.rsplit(".", 1)[0]]
-                    offset, size = module.shard_offsets[shard]
-                    _copy(params[param_name].data.narrow(0, offset, size), tensor, name)
-                    fused_seen.setdefault(param_name, set()).add(shard)
-                    if len(fused_seen[param_name]) == len(module.shard_offsets):
-                        pending.pop(param_name, None)
-                elif name in params:
-                    _copy(params[name].data, tensor, name)
-                    pending.pop(name, None)
-                else:
-                    raise UnsupportedModel(f"unexpected tensor {name!r} in checkpoint", param="model")
-    if pending:
-        raise UnsupportedModel(f"checkpoint lacks tensors for: {', '.join(sorted(pending)[:8])}", param="model")
-
-
-def _fused_target(name: str, modules: dict) -> tuple[str, str] | None:
-    """'...self_attn.k_proj.weight' -> ('...self_attn.qkv_proj.weight', 'k_proj') when fused."""
-    parts = name.split(".")
-    if len(parts) < 3:
-        return None
-    parent, shard, kind = ".".join(parts[:-2]), parts[-2], parts[-1]
-    for fused in ("qkv_proj", "gate_up_proj"):
-        module = modules.get(f"{parent}.{fused}")
-        if isinstance(module, FusedLinear) and shard in module.shard_offsets:
-            return f"{parent}.{fused}.{kind}", shard
-    return None
-
-
-def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
-    if dst.shape != src.shape:
-        raise UnsupportedModel(
-            f"tensor {name!r} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}", param="model"
-        )
-    dst.copy_(src)

@@ -15,7 +15,8 @@ ENGINE_DOORS = {
     "worker": {"engine", "engine.config", "engine.errors", "engine.outputs", "engine.timing", "engine.sample.params",
                "engine.sample.structured.spec", "engine.sample.structured.rewrite", "engine.core.async_engine",
                "engine.text.detokenizer"},
-    "builder": {"engine.errors", "engine.text.tokenizer", "engine.model.adapters", "engine.model.models"},
+    "builder": {"engine.errors", "engine.text.tokenizer", "engine.model.adapters", "engine.model.models",
+                "engine.model.loader"},
 }
 
 

@@ -1,11 +1,23 @@
-"""Architecture registry: the `architectures` name in config.json -> our model class."""
+"""Architecture registry: the `architectures` name in config.json -> the family that runs it (one file each).
+
+A family is an nn.Module class that satisfies CausalLM below; the loader asks it to read its config, builds it on
+the meta device, and fills it from the checkpoint (engine/model/checkpoint.py).
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import nn
 
 from engine.errors import UnsupportedModel
 from engine.model.models.llama import LlamaForCausalLM
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.attention.base import AttentionBackend, AttentionMetadata
+    from engine.core.kv_spec import KVGroupSpec
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -13,6 +25,34 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
 }
+
+
+class CausalLM(Protocol):
+    """What the engine asks of a model family.
+
+    `args` carries at least hidden_size, intermediate_size, num_layers, num_q_heads, num_kv_heads, head_dim,
+    vocab_size and max_position_embeddings (CUDA start-up sizes its activations from them). A family may also
+    define `checkpoint_name(name) -> str | None` to rename hub tensors to its own (None: skip the tensor), and its
+    modules `checkpoint_shards(prefix)` to stack several checkpoint tensors into one parameter.
+    """
+
+    args: Any
+    lora: Any  # engine.model.layers.lora.LoraSet once adapters are attached
+    fused_kernels: bool
+
+    @classmethod
+    def read_args(cls, config: dict, names: set[str]) -> Any:
+        """The family's shape from config.json and the checkpoint's tensor names; UnsupportedModel (one line
+        naming the config key) for what the family does not run; KeyError for a missing required key."""
+
+    def kv_groups(self, config: dict) -> list[KVGroupSpec]: ...
+    def init_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device,
+                    fused: bool | None = None) -> None: ...
+    def tie_weights(self) -> None: ...
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                backend: AttentionBackend | list[AttentionBackend]) -> torch.Tensor: ...
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
 
 def model_class(architecture: str) -> type[nn.Module]:
@@ -24,7 +64,3 @@ def model_class(architecture: str) -> type[nn.Module]:
         raise UnsupportedModel(
             f"architecture {architecture!r} is not supported (supported: {supported})", param="model"
         ) from None
-
-
-# The one family we run; becomes a Protocol when a second family arrives.
-CausalLM = LlamaForCausalLM

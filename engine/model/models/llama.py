@@ -13,7 +13,10 @@ import torch
 from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.core.kv_spec import KVGroupSpec, kv_groups, layer_windows
 from engine.cuda import kernels
+from engine.errors import UnsupportedModel
+from engine.model.checkpoint import Shard
 from engine.model.layers.activation import silu_and_mul
 from engine.model.layers.norm import RMSNorm
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
@@ -39,6 +42,41 @@ class LlamaArgs:
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rope
     tie_word_embeddings: bool = False
 
+    @classmethod
+    def from_config(cls, config: dict, names: set[str], **extra) -> LlamaArgs:
+        """The fields every Llama-style config has (KeyError on a missing one); `extra` sets the rest."""
+        heads, hidden = config["num_attention_heads"], config["hidden_size"]
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=config["intermediate_size"],
+            num_layers=config["num_hidden_layers"],
+            num_q_heads=heads,
+            num_kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=config.get("head_dim") or hidden // heads,
+            vocab_size=config["vocab_size"],
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            rope=rope_parameters(config),
+            # Biases are read off the checkpoint: Qwen2 always has qkv bias, Llama only with attention_bias.
+            qkv_bias=any(n.endswith("self_attn.q_proj.bias") for n in names),
+            o_bias=any(n.endswith("self_attn.o_proj.bias") for n in names),
+            mlp_bias=any(n.endswith("mlp.gate_proj.bias") for n in names),
+            **extra,
+        )
+
+
+def rope_parameters(config: dict) -> dict:
+    """transformers 5 `rope_parameters`, or the older `rope_scaling` + `rope_theta` pair, as one dict."""
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope:
+        return dict(rope)
+    if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
+        raise UnsupportedModel("per-layer-type rope parameters are not supported", param="model")
+    scaling = dict(config.get("rope_scaling") or {})
+    scaling["rope_type"] = scaling.get("rope_type", scaling.pop("type", "default"))
+    scaling["rope_theta"] = config.get("rope_theta") or 10000.0
+    return scaling
+
 
 class FusedLinear(nn.Linear):
     """A Linear whose output rows are several checkpoint matrices stacked (q|k|v or gate|up)."""
@@ -50,6 +88,12 @@ class FusedLinear(nn.Linear):
         for name, size in shards.items():
             self.shard_offsets[name] = (offset, size)
             offset += size
+
+    def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
+        """'q_proj.weight' (a sibling of this module in the checkpoint) -> rows of our stacked weight."""
+        kinds = ("weight", "bias") if self.bias is not None else ("weight",)
+        return {f"{name}.{kind}": Shard(f"{prefix}.{kind}", offset=offset, size=size)
+                for name, (offset, size) in self.shard_offsets.items() for kind in kinds}
 
 
 class LlamaAttention(nn.Module):
@@ -147,6 +191,17 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """The CausalLM of api.md. The caller plans the backend for `meta` before forward()."""
+
+    @classmethod
+    def read_args(cls, config: dict, names: set[str]) -> LlamaArgs:
+        if config.get("hidden_act", "silu") != "silu":
+            raise UnsupportedModel(f"hidden_act {config['hidden_act']!r} is not supported", param="model")
+        qk_norm = (config.get("architectures") or [""])[0] == "Qwen3ForCausalLM"
+        return LlamaArgs.from_config(config, names, qk_norm=qk_norm)
+
+    def kv_groups(self, config: dict) -> list[KVGroupSpec]:
+        a = self.args
+        return kv_groups(layer_windows(config, a.num_layers), a.num_kv_heads, a.head_dim)
 
     def __init__(self, args: LlamaArgs) -> None:
         super().__init__()

@@ -11,7 +11,8 @@ import torch
 from engine.attention.torch_ref import TorchRefBackend
 from engine.errors import UnsupportedModel
 from engine.model.layers.rotary import rope_inv_freq
-from engine.model.loader import load_model, rope_parameters
+from engine.model.loader import load_model
+from engine.model.models.llama import rope_parameters
 
 KINDS = ["llama", "llama_tied", "llama3_rope", "llama_linear_rope", "mistral", "qwen2", "qwen3"]
 ATOL = 1e-4
@@ -249,7 +250,8 @@ def test_config_json_reads_as_transformers_reads_it(tmp_path, kind):
     from transformers import AutoConfig
 
     from engine.core.kv_spec import layer_windows
-    from engine.model.loader import _llama_args, read_config
+    from engine.model.loader import read_config
+    from engine.model.models import model_class
     from tests.engine.conftest import tiny_config
 
     if kind in HUB_CONFIGS:
@@ -262,7 +264,7 @@ def test_config_json_reads_as_transformers_reads_it(tmp_path, kind):
         config.save_pretrained(tmp_path)
     raw = read_config(str(tmp_path))
     ref = AutoConfig.from_pretrained(tmp_path)
-    args = _llama_args(raw, raw["architectures"][0], set())
+    args = model_class(raw["architectures"][0]).read_args(raw, set())
     heads = ref.num_attention_heads
     assert (args.hidden_size, args.intermediate_size, args.num_layers, args.num_q_heads, args.num_kv_heads,
             args.head_dim, args.vocab_size, args.max_position_embeddings) == (

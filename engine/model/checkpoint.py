@@ -1,0 +1,118 @@
+"""A safetensors checkpoint: its files, its tensors' names and shapes, and copying them into our modules.
+
+Each checkpoint tensor goes to one target: a parameter of the same name, or one shard of a parameter that stacks
+several checkpoint tensors (q|k|v, gate|up, experts). A module that stacks declares it with
+`checkpoint_shards()`; a family renames hub names to ours with `checkpoint_name()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from glob import glob
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from engine.errors import UnsupportedModel
+
+# Buffers some checkpoints carry that we recompute.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Where one checkpoint tensor lands inside a stacked parameter: `param`[index] (an expert), then rows
+    [offset, offset + size) of that (None: all of it)."""
+
+    param: str
+    index: int | None = None
+    offset: int = 0
+    size: int | None = None
+
+    def view(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.index is not None:
+            tensor = tensor[self.index]
+        return tensor if self.size is None else tensor.narrow(0, self.offset, self.size)
+
+
+def safetensors_files(model_path: str) -> list[str]:
+    index = os.path.join(model_path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(model_path, s) for s in shards]
+    files = sorted(glob(os.path.join(model_path, "*.safetensors")))
+    if not files:
+        raise UnsupportedModel(f"no *.safetensors weights in {model_path}", param="model")
+    return files
+
+
+def tensor_shapes(files: list[str]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's name and shape, read from the files' headers (no data is read)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def shard_targets(model: nn.Module) -> dict[str, Shard]:
+    """Checkpoint name -> its shard, for every module that stacks checkpoint tensors."""
+    targets: dict[str, Shard] = {}
+    for prefix, module in model.named_modules():
+        shards = getattr(module, "checkpoint_shards", None)
+        if shards is None:
+            continue
+        base = prefix.rsplit(".", 1)[0] + "." if "." in prefix else ""
+        for name, shard in shards(prefix).items():
+            targets[base + name] = shard
+    return targets
+
+
+def plan_copies(model: nn.Module, shapes: dict[str, tuple[int, ...]], tied: bool) -> dict[str, Shard]:
+    """Checkpoint name -> its target, for every tensor to copy; raises UnsupportedModel on a tensor we do
+    not expect, one of the wrong shape, or a parameter no tensor fills. Reads no data (shapes only)."""
+    params = dict(model.named_parameters())
+    targets = shard_targets(model)
+    rename = getattr(model, "checkpoint_name", lambda n: n)
+    filled: dict[str, int] = {}  # param -> elements written
+    plan: dict[str, Shard] = {}
+    for name, shape in shapes.items():
+        ours = rename(name)
+        if ours is None or ours.endswith(IGNORED_SUFFIXES) or (tied and ours == "lm_head.weight"):
+            continue
+        shard = targets.get(ours) or (Shard(ours) if ours in params else None)
+        if shard is None:
+            raise UnsupportedModel(f"unexpected tensor {name!r} in checkpoint", param="model")
+        expected = tuple(shard.view(params[shard.param].data).shape)
+        if expected != shape:
+            raise UnsupportedModel(f"tensor {name!r} has shape {shape}, expected {expected}", param="model")
+        filled[shard.param] = filled.get(shard.param, 0) + _numel(shape)
+        plan[name] = shard
+    missing = [p for p, t in params.items() if filled.get(p, 0) < t.numel() and not (tied and p == "lm_head.weight")]
+    if missing:
+        raise UnsupportedModel(f"checkpoint lacks tensors for: {', '.join(sorted(missing)[:8])}", param="model")
+    return plan
+
+
+def load_weights(model: nn.Module, files: list[str], shapes: dict[str, tuple[int, ...]], tied: bool) -> None:
+    """Copies every checkpoint tensor into its target (cast to the parameter's dtype)."""
+    params = dict(model.named_parameters())
+    plan = plan_copies(model, shapes, tied)
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                if name in plan:
+                    shard = plan[name]
+                    shard.view(params[shard.param].data).copy_(f.get_tensor(name))
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
