@@ -177,7 +177,7 @@ class LLMEngine:
     def _start_grammar(self, group: SequenceGroup, compiled: object) -> None:
         """One matcher per choice (n, best_of) or for the first beam (beams fork theirs); then schedule."""
         for seq in group.seqs:
-            seq.grammar = GrammarState.start(compiled)
+            seq.output_state.grammar = GrammarState.start(compiled)
         self.scheduler.add(group)
 
     def _admit_compiled(self) -> None:

@@ -191,8 +191,8 @@ class ModelRunner:
             params=group.params,
             prompt_token_ids=group.prompt_token_ids,
             output_token_ids=seq.output_token_ids,
-            generator=seq.generator,
+            generator=seq.output_state.generator,
             eos_token_ids=group.eos_token_ids,
             bad_words_ids=group.bad_words_ids,
-            grammar=seq.grammar,
+            grammar=seq.output_state.grammar,
         )

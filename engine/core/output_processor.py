@@ -73,35 +73,36 @@ class OutputProcessor:
         p = group.params
         token = sample.token_id
         seq.append(token, sample.logprob)
-        if seq.grammar is not None:
-            seq.grammar.accept(token)
+        out = seq.output_state
+        if out.grammar is not None:
+            out.grammar.accept(token)
         logprobs = None
         if p.logprobs is not None:
             logprobs = [self._position(token, sample.logprob, sample.top or [])]
-            seq.logprobs += logprobs
+            out.logprobs += logprobs
         text = ""
         if token in group.eos_token_ids and not p.ignore_eos:
             seq.finish_reason = "stop"
         elif p.stop_token_ids and token in p.stop_token_ids:
             seq.finish_reason, seq.stop_reason = "stop", token
             if p.include_stop_str_in_output:
-                text = seq.detokenizer.push([token]).text
+                text = out.detokenizer.push([token]).text
         else:
             # As vLLM: stop strings count only once min_tokens are out (stop ids and EOS are masked until then).
-            delta = seq.detokenizer.push([token], check_stop=len(seq.output_token_ids) >= p.min_tokens)
+            delta = out.detokenizer.push([token], check_stop=len(seq.output_token_ids) >= p.min_tokens)
             text = delta.text
             if delta.stop_string is not None:
                 seq.finish_reason, seq.stop_reason = "stop", delta.stop_string
-        if not seq.finished and seq.stop_reader is not None and text and seq.stop_reader.push(text):
+        if not seq.finished and out.stop_reader is not None and text and out.stop_reader.push(text):
             seq.finish_reason = "stop"
-        if not seq.finished and seq.grammar is not None and seq.grammar.terminated:
+        if not seq.finished and out.grammar is not None and out.grammar.terminated:
             seq.finish_reason = "stop"  # the grammar ended on a stop token (one that ignore_eos kept going past)
         if not seq.finished and (len(seq.output_token_ids) == p.max_tokens or seq.num_tokens >= self.max_model_len):
             seq.finish_reason = "length"
         if seq.finished:
-            text += seq.detokenizer.flush()
+            text += out.detokenizer.flush()
             self.finished.append(seq)
-        seq.text += text
+        out.text += text
         return CompletionDelta(seq.index, text, [token], logprobs, seq.finish_reason, seq.stop_reason)
 
     def _beam_step(self, group: SequenceGroup, samples: dict[int, list[Sample]]) -> None:
@@ -122,8 +123,8 @@ class OutputProcessor:
             seqs.append(child)
         for seq, beam in zip(seqs, live, strict=True):
             seq.append(beam.token_ids[-1], beam.logprobs[-1])
-            if seq.grammar is not None:
-                seq.grammar.accept(beam.token_ids[-1])
+            if (grammar := seq.output_state.grammar) is not None:
+                grammar.accept(beam.token_ids[-1])
         self.finished += [seq for j, seq in enumerate(old) if j not in reused]
         group.seqs, group.forked = seqs, True
         if group.beam.done:
@@ -139,7 +140,8 @@ class OutputProcessor:
             return self._request_output(group, choices, finished=True, generated=generated)
         best = sorted(group.seqs, key=lambda s: s.cumulative_logprob, reverse=True)[: p.n]
         choices = [
-            CompletionDelta(i, s.text, list(s.output_token_ids), list(s.logprobs) if p.logprobs is not None else None,
+            CompletionDelta(i, s.output_state.text, list(s.output_token_ids),
+                            list(s.output_state.logprobs) if p.logprobs is not None else None,
                             s.finish_reason, s.stop_reason)
             for i, s in enumerate(best)
         ]

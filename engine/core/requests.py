@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from engine.core.kv_cache import adapter_salt
+from engine.core.output_state import OutputState
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.errors import ContextTooLong, InvalidRequest
 from engine.sample.beam_search import BeamSearch
@@ -87,9 +88,9 @@ def build_group(
         seqs = [Sequence(next_seq_id(), list(prompt), len(prompt), cache_salt=salt)]
     else:
         seqs = [
-            Sequence(next_seq_id(), list(prompt), len(prompt), index=i, generator=_generator(params.seed, i, device),
-                     detokenizer=_detokenizer(tokenizer, params, prompt), cache_salt=salt,
-                     stop_reader=params.stop_reader() if params.stop_reader else None)
+            Sequence(next_seq_id(), list(prompt), len(prompt), index=i, cache_salt=salt, output_state=OutputState(
+                detokenizer=_detokenizer(tokenizer, params, prompt), generator=_generator(params.seed, i, device),
+                stop_reader=params.stop_reader() if params.stop_reader else None))
             for i in range(params.num_sequences)
         ]
     bad_words = tokenize_bad_words(tokenizer, params.bad_words) if params.bad_words else []

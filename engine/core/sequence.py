@@ -10,28 +10,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
 from engine.core.kv_cache import page_hash
-from engine.outputs import PositionLogprobs
+from engine.core.output_state import OutputState
 
 if TYPE_CHECKING:
     from engine.sample.beam_search import BeamSearch
-    from engine.sample.params import SamplingParams, StopReader
-    from engine.sample.structured.matcher import GrammarState
-    from engine.text.detokenizer import Detokenizer
+    from engine.sample.params import SamplingParams
 
 
 @dataclass(eq=False)
 class Sequence:
-    """One token stream and the KV pages that hold its computed prefix."""
+    """One token stream and the KV pages that hold its computed prefix (the scheduler's side), and its
+    output_state (the output processor's side)."""
 
     seq_id: int
     token_ids: list[int]  # prompt + output
     num_prompt_tokens: int
     index: int = 0  # the choice index this sequence reports as
-    generator: torch.Generator | None = None
-    detokenizer: Detokenizer | None = None
     # One page list per KV layer group (empty: holds no pages), all as long as the computed prefix; a sliding-window
     # group has its NULL page where a page fell out of the window (engine/core/kv_manager.py).
     kv_pages: list[list[int]] = field(default_factory=list)
@@ -39,16 +34,11 @@ class Sequence:
     page_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the first full pages
     output_token_ids: list[int] = field(default_factory=list)
     cumulative_logprob: float = 0.0
-    logprobs: list[PositionLogprobs] = field(default_factory=list)
-    text: str = ""
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    # Where the output stands in the request's grammar; it keeps its state across preemption (the matcher has
-    # accepted every output token, and recompute replays them through the model only).
-    grammar: GrammarState | None = None
-    stop_reader: StopReader | None = None  # the request's own stop condition on this choice's text
     # Seeds the page hash chain: KV computed under a LoRA adapter is only ever shared with the same adapter.
     cache_salt: bytes | None = None
+    output_state: OutputState = field(default_factory=OutputState)
 
     @property
     def num_tokens(self) -> int:
@@ -95,8 +85,8 @@ class Sequence:
             index=self.index,
             output_token_ids=list(self.output_token_ids),
             cumulative_logprob=self.cumulative_logprob,
-            grammar=self.grammar.fork() if self.grammar is not None else None,
             cache_salt=self.cache_salt,
+            output_state=self.output_state.fork(),
         )
 
     def reset(self) -> None:

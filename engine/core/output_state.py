@@ -1,0 +1,37 @@
+"""The output side of one sequence: what turns its sampled tokens into a choice's text, logprobs and stops.
+
+The output processor owns it (the sampler reads the grammar and the RNG stream); the scheduler, which owns the
+sequence's KV side (tokens, pages, computed length), never touches it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.outputs import PositionLogprobs
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.sample.params import StopReader
+    from engine.sample.structured.matcher import GrammarState
+    from engine.text.detokenizer import Detokenizer
+
+
+@dataclass(eq=False)
+class OutputState:
+    """A choice's detokenizer and text so far, its logprobs, its grammar state, its stop reader and its RNG."""
+
+    detokenizer: Detokenizer | None = None
+    text: str = ""
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+    # Where the output stands in the request's grammar; it keeps its state across preemption (the matcher has
+    # accepted every output token, and recompute replays them through the model only).
+    grammar: GrammarState | None = None
+    stop_reader: StopReader | None = None  # the request's own stop condition on this choice's text
+    generator: torch.Generator | None = None  # a seeded choice's own RNG stream
+
+    def fork(self) -> OutputState:
+        """A beam's child: the grammar state forked; the text side of a beam is rebuilt when it finishes."""
+        return OutputState(grammar=self.grammar.fork() if self.grammar is not None else None)
