@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from builder.adapters import ADAPTERS_DIR, AdapterSpec, adapter_identity, bake_adapters
 from builder.errors import BakeError
+from builder.harmony_vocab import write_harmony_vocab
 from builder.sources import Source, fetch, identity
 from engine.text.tokenizer import BAKE_MARK, saved_by_bake
 
@@ -31,6 +32,8 @@ def bake(source: Source, out: Path, token: str | None = None, served_name: str |
         _convert_bin_weights(staging)
         architecture = check_folder(staging)
         saved_by = _save_tokenizer(staging)
+        if json.loads((staging / "config.json").read_text()).get("model_type") == "gpt_oss":
+            write_harmony_vocab(staging)  # openai-harmony's tokenizer, which it would otherwise download
         manifest = _manifest(source, staging, revision, architecture, served_name or source.served_name)
         manifest[BAKE_MARK] = saved_by
         manifest["adapters"] = bake_adapters(adapters or [], staging, manifest["served_model_name"], token)

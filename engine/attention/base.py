@@ -39,9 +39,12 @@ class AttentionBackend(Protocol):
         """Store the step's new k, v ([num_tokens, kv_heads, head_dim]) at the planned slots."""
         ...
 
-    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """q: [num_tokens, q_heads, head_dim]; caches: [pages, page_size, kv_heads, head_dim] (NHD).
 
         Returns [num_tokens, q_heads, head_dim]. Scale is 1/sqrt(head_dim); GQA when q_heads > kv_heads.
+        sinks: the layer's learned sink logits [q_heads] (gpt-oss), one more softmax term with no value.
         """
         ...

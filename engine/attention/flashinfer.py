@@ -3,6 +3,10 @@
 Pinned to flashinfer-python 0.5.3 (see requirements-cuda.txt); the package is imported lazily so that this
 module imports on machines without CUDA or FlashInfer. Kernels are JIT-compiled on first use and cached
 under ~/.cache/flashinfer (FLASHINFER_WORKSPACE_BASE moves it); warmup() triggers that at start-up.
+
+Sink logits (gpt-oss) go through FlashInfer's BatchAttentionWithAttentionSinkWrapper (a JIT variant of the FA2
+paged prefill kernel, any GPU FA2 runs on), which serves prefill and decode steps alike; 0.5.3's `sinks`
+argument on the plain wrappers reaches only the trtllm-gen kernels (Blackwell), so it is not used.
 """
 
 from __future__ import annotations
@@ -82,12 +86,16 @@ class FlashInferBackend:
             self.workspace, "NHD", backend=prefill_backend
         )
         self._decode: dict[bool, object] = {}  # by use_tensor_cores; one is ever used per model
+        self._prefill_backend = prefill_backend
+        self._sink_wrapper: object | None = None  # built by the first run() with sinks
         self._meta: AttentionMetadata | None = None
         self._active: object | None = None  # the wrapper planned for the current step
+        self._sink_planned = False  # whether _sink_wrapper is planned for the current step
 
     def plan(self, meta: AttentionMetadata) -> None:
         self._meta = meta
         self._active = None
+        self._sink_planned = False
         if None not in self.shape:
             self._plan(*self.shape)
 
@@ -95,12 +103,44 @@ class FlashInferBackend:
         assert self._meta is not None, "plan() was not called for this step"
         write_kv_slots(k, v, k_cache, v_cache, self._meta.slot_mapping)
 
-    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        if self._active is None:
-            self._plan(q.shape[1], k_cache.shape[2], q.shape[2], q.dtype, kv_dtype=k_cache.dtype)
+    def run(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if q.stride(-1) != 1:
             q = q.contiguous()
+        if sinks is not None:
+            return self._run_with_sinks(q, k_cache, v_cache, sinks)
+        if self._active is None:
+            self._plan(q.shape[1], k_cache.shape[2], q.shape[2], q.dtype, kv_dtype=k_cache.dtype)
         return self._active.run(q, (k_cache, v_cache))
+
+    def _run_with_sinks(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor
+    ) -> torch.Tensor:
+        meta = self._meta
+        assert meta is not None, "plan() was not called for this step"
+        num_q_heads, head_dim = q.shape[1], q.shape[2]
+        if q.dtype not in HALF_DTYPES:
+            raise ValueError(f"FlashInfer attention needs float16 or bfloat16, got {q.dtype} (use the torch backend)")
+        if self._sink_wrapper is None:
+            import flashinfer
+
+            self._sink_wrapper = flashinfer.BatchAttentionWithAttentionSinkWrapper(
+                self.workspace, "NHD", backend=self._prefill_backend, q_data_type=q.dtype,
+                kv_data_type=k_cache.dtype, head_dim_qk=head_dim, head_dim_vo=head_dim,
+                window_left=self.window_extra.get("window_left", -1),
+            )
+        if not self._sink_planned:
+            # Decode steps too: a decode row is a prefill of one query token (causal from the KV's end).
+            self._sink_wrapper.plan(
+                meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
+                num_q_heads, k_cache.shape[2], head_dim, meta.page_size, causal=True,
+                q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=1.0 / math.sqrt(head_dim),
+                **self.window_extra,
+            )
+            self._sink_planned = True
+        # NOTE: the variant reads its own sm_scale argument, not the planned one; sinks are float32 per q head.
+        return self._sink_wrapper.run(q, (k_cache, v_cache), sinks.float(), 1.0 / math.sqrt(head_dim))
 
     def _plan(
         self, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -147,8 +187,9 @@ class FlashInferBackend:
             self.workspace, batch_size, max_num_indices, num_q_heads, num_kv_heads, head_dim, dtype
         )
 
-    def warmup(self, page_size: int) -> None:
-        """Runs one tiny prefill and one decode on scratch pages, so the JIT builds happen now, not on a request."""
+    def warmup(self, page_size: int, sinks: bool = False) -> None:
+        """Runs one tiny prefill and one decode on scratch pages, so the JIT builds happen now, not on a request;
+        sinks: the sink variant's too (for a model whose layers carry sink logits)."""
         num_q_heads, num_kv_heads, head_dim, dtype = self.shape
         if None in self.shape:
             raise ValueError("warmup() needs num_q_heads, num_kv_heads, head_dim and dtype at construction")
@@ -181,8 +222,11 @@ class FlashInferBackend:
             self.plan(meta)
             self.write_kv(kv, kv, k_cache, v_cache)
             self.run(q, k_cache, v_cache)
+            if sinks:
+                self.run(q, k_cache, v_cache, sinks=torch.zeros(num_q_heads, device=dev))
         torch.cuda.synchronize(dev)
         self._meta = self._active = None
+        self._sink_planned = False
 
 
 class FlashInferGraphDecode:
@@ -236,7 +280,13 @@ class FlashInferGraphDecode:
         rows = self.source_rows
         write_kv_slots(k.index_select(0, rows), v.index_select(0, rows), k_cache, v_cache, self.slot_mapping)
 
-    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if sinks is not None:
+            # NOTE: refused rather than dropped: a graph of the plain decode kernel would attend without the sinks.
+            raise ValueError("CUDA-graph decode has no sink attention: run a model with sink logits with "
+                             "enforce_eager")
         if q.stride(-1) != 1:
             q = q.contiguous()
         return self.wrapper.run(q, (k_cache, v_cache))

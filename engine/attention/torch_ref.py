@@ -5,6 +5,9 @@ batched: sorted by KV length into a few buckets, each bucket's KV is gathered in
 [B, max_kv_len] block and attended with one SDPA call under a length mask, the GQA group folded into the
 query rows. Longer (prefill) requests run one SDPA call each, causal with the query offset.
 
+Sink logits (gpt-oss), given per layer to run(), join every query's softmax as one more key with no value
+(engine.attention.sinks).
+
 With a sliding window of W tokens (a query at position i sees keys j with i - W < j <= i), plan() gathers only
 the keys some query of the request can see, so pages that fell out of every query's window (a window group's
 NULL page) are never read.
@@ -18,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.base import AttentionMetadata
+from engine.attention.sinks import sdpa_with_sink
 
 # A decode bucket costs about as much fixed work (a gather and an SDPA call) as this many padded KV rows;
 # splitting the sorted requests is worth it when it saves more padding than that.
@@ -129,18 +133,23 @@ class TorchRefBackend:
         k_cache.view(-1, h, d).index_copy_(0, self._slots, k)
         v_cache.view(-1, h, d).index_copy_(0, self._slots, v)
 
-    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """As AttentionBackend.run; sinks: the layer's sink logits [q_heads] (gpt-oss), or None."""
         if len(self._decodes) == 1 and self._decodes[0].rows is None:
-            return self._run_decode(q, k_cache, v_cache, self._decodes[0])
+            return self._run_decode(q, k_cache, v_cache, self._decodes[0], sinks)
         out = torch.empty_like(q)
         for d in self._decodes:
-            out.index_copy_(0, d.rows, self._run_decode(q.index_select(0, d.rows), k_cache, v_cache, d))
+            out.index_copy_(0, d.rows, self._run_decode(q.index_select(0, d.rows), k_cache, v_cache, d, sinks))
         for p in self._prefills:
-            out[p.rows] = self._run_prefill(q[p.rows], k_cache, v_cache, p)
+            out[p.rows] = self._run_prefill(q[p.rows], k_cache, v_cache, p, sinks)
         return out
 
     @staticmethod
-    def _run_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Decode) -> torch.Tensor:
+    def _run_decode(
+        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Decode, sinks: torch.Tensor | None
+    ) -> torch.Tensor:
         b, hq, d = q.shape
         hk = k_cache.shape[2]
         if plan.gather is None:
@@ -148,21 +157,33 @@ class TorchRefBackend:
         k = k_cache.view(-1, d).index_select(0, plan.gather).view(b, hk, -1, d)
         v = v_cache.view(-1, d).index_select(0, plan.gather).view(b, hk, -1, d)
         # The GQA group becomes the query rows: q [B, Hk, group, D] against K/V [B, Hk, L, D].
-        out = F.scaled_dot_product_attention(q.view(b, hk, hq // hk, d), k, v, attn_mask=plan.mask)
-        return out.view(b, hq, d)
+        q = q.view(b, hk, hq // hk, d)
+        if sinks is None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask)
+        else:
+            out = sdpa_with_sink(q, k, v, plan.mask, sinks.view(hk, hq // hk))
+        return out.reshape(b, hq, d)
 
     @staticmethod
-    def _run_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Prefill) -> torch.Tensor:
+    def _run_prefill(
+        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Prefill, sinks: torch.Tensor | None
+    ) -> torch.Tensor:
         hk, d = k_cache.shape[2], k_cache.shape[3]
         if plan.gather is None:
             plan.gather = _head_rows(plan.slots, hk)
         k = k_cache.view(-1, d).index_select(0, plan.gather).view(hk, -1, d)
         v = v_cache.view(-1, d).index_select(0, plan.gather).view(hk, -1, d)
         # NOTE: 4-D inputs: with 3-D ones CPU SDPA takes the math path (materialised scores, ~4x slower).
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], k[None], v[None], attn_mask=plan.mask, is_causal=plan.mask is None,
-            enable_gqa=True,
-        )
+        q = q.transpose(0, 1)[None]
+        if sinks is None:
+            out = F.scaled_dot_product_attention(
+                q, k[None], v[None], attn_mask=plan.mask, is_causal=plan.mask is None, enable_gqa=True
+            )
+        else:
+            if plan.mask is None:  # SDPA's is_causal would hide the sink key, which comes last
+                n = q.shape[2]
+                plan.mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            out = sdpa_with_sink(q, k[None], v[None], plan.mask, sinks.view(-1, 1), enable_gqa=True)
         return out[0].transpose(0, 1)
 
 

@@ -10,11 +10,11 @@ from engine.attention.torch_ref import TorchRefBackend
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 
-def run_steps(pager, steps, num_q_heads: int, *, shape_known: bool = True, shares=(), window: int | None = None
-              ) -> None:
+def run_steps(pager, steps, num_q_heads: int, *, shape_known: bool = True, shares=(), window: int | None = None,
+              sinks: torch.Tensor | None = None) -> None:
     """Each step: (request, new tokens). Both backends write their own pool and attend; outputs and pools
     must agree. shares: (before step index, src, dst, pages) prefix-cache hits applied before that step.
-    window: both backends attend through a sliding window of that many tokens."""
+    window: both backends attend through a sliding window of that many tokens; sinks: each layer's sink logits."""
     from engine.attention.flashinfer import FlashInferBackend
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -38,7 +38,7 @@ def run_steps(pager, steps, num_q_heads: int, *, shape_known: bool = True, share
                     backend.plan(meta)
                 k_cache, v_cache = pager.caches[name][layer]
                 backend.write_kv(k, v, k_cache, v_cache)
-                outs.append(backend.run(q, k_cache, v_cache))
+                outs.append(backend.run(q, k_cache, v_cache, sinks=sinks))
             assert outs[1].shape == q.shape and outs[1].dtype == dtype
             assert torch.isfinite(outs[1]).all()
             tol = TOL[dtype]
@@ -130,3 +130,14 @@ def test_sliding_window_matches_reference(gpu_pager, window):
     pager = gpu_pager(num_layers=1, num_kv_heads=2, head_dim=64, page_size=16)
     steps = [[("a", 50), ("b", 3)], [("b", 30), ("a", 1), ("c", 7)]] + [[("a", 1), ("b", 1), ("c", 1)]] * 3
     run_steps(pager, steps, num_q_heads=8, window=window)
+
+
+@pytest.mark.parametrize("window", [None, 24])
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(8, 2, 64), (12, 4, 128)])
+def test_sinks_match_reference(gpu_pager, window, num_q_heads, num_kv_heads, head_dim):
+    # FlashInfer's attention-sink variant (prefill and decode steps) against the torch reference's sink key,
+    # gpt-oss's head size 64 among them; sinks large enough to take a visible share of the softmax.
+    pager = gpu_pager(num_layers=2, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=16)
+    sinks = torch.linspace(-2.0, 6.0, num_q_heads, device="cuda")
+    steps = [[("a", 60), ("b", 3)], [("b", 1), ("a", 33), ("c", 5)]] + [[("a", 1), ("b", 1), ("c", 1)]] * 30
+    run_steps(pager, steps, num_q_heads=num_q_heads, window=window, sinks=sinks)
