@@ -15,6 +15,7 @@ from engine.core.output_state import OutputState
 
 if TYPE_CHECKING:
     from engine.sample.beam_search import BeamSearch
+    from engine.outputs import PositionLogprobs
     from engine.sample.params import SamplingParams
 
 
