@@ -14,8 +14,8 @@ from engine.core.kv_cache import page_hash
 from engine.core.output_state import OutputState
 
 if TYPE_CHECKING:
-    from engine.sample.beam_search import BeamSearch
     from engine.outputs import PositionLogprobs
+    from engine.sample.beam_search import BeamSearch
     from engine.sample.params import SamplingParams
 
 
