@@ -1,0 +1,70 @@
+"""What AWQ, GPTQ and compressed-tensors W4A16 have in common: per group of inputs, w = (code - zero) * scale,
+with 4-bit codes. Each format unpacks its checkpoint into Int4Weights; this module dequantises those and repacks
+them for torch's int4 kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.model.layers.linear import INT4_KERNEL_GROUPS, Int4Linear
+from engine.model.quant.base import CheckpointLinear, QuantFormat, dense_linear
+
+log = logging.getLogger(__name__)
+
+NIBBLE_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+
+
+@dataclass
+class Int4Weights:
+    """codes [out, in] (0..15), zeros and scales [out, in / group] (float32; a zero in code units)."""
+
+    codes: torch.Tensor
+    zeros: torch.Tensor
+    scales: torch.Tensor
+    group: int
+
+    def dequantize(self) -> torch.Tensor:
+        zeros = self.zeros.repeat_interleave(self.group, dim=1)
+        scales = self.scales.repeat_interleave(self.group, dim=1)
+        return (self.codes.float() - zeros) * scales
+
+
+def unpack_nibbles(packed: torch.Tensor, dim: int) -> torch.Tensor:
+    """int32 words holding 8 nibbles each (nibble i at bits 4i..4i+3) -> their values 0..15, the 8 of each word
+    side by side along `dim` (so [a, b] packed along dim 1 becomes [a, 8 b])."""
+    nibbles = (packed.unsqueeze(-1) >> NIBBLE_SHIFTS.to(packed.device)) & 15  # [..., 8]: nibble i last
+    if dim == 1:
+        return nibbles.reshape(packed.shape[0], -1)
+    return nibbles.permute(0, 2, 1).reshape(-1, packed.shape[1])
+
+
+class Int4Format(QuantFormat):
+    """A 4-bit format: its unpack() gives Int4Weights; it serves them through torch's CPU int4 kernel."""
+
+    def unpack(self, linear: CheckpointLinear) -> Int4Weights:
+        raise NotImplementedError
+
+    def dequantize(self, linear: CheckpointLinear) -> torch.Tensor:
+        return self.unpack(linear).dequantize()
+
+    def serving_module(self, linear: CheckpointLinear, dtype: torch.dtype, device: torch.device) -> nn.Module:
+        weights = self.unpack(linear)
+        out, _ = weights.codes.shape
+        if device.type != "cpu" or weights.group not in INT4_KERNEL_GROUPS or out % 16:
+            # NOTE: exact, but the weight takes the serving dtype's bytes; said once per model at load.
+            if not getattr(self, "_said_dense", False):
+                log.warning("%s: %s layers (group %d) are dequantised to %s: torch's int4 kernel runs on CPU in "
+                            "groups of %s", self.name, device.type, weights.group, dtype, INT4_KERNEL_GROUPS)
+                self._said_dense = True
+            return dense_linear(linear, weights.dequantize(), dtype)
+        # The kernel computes (code - 8) * scale + zero: (code - z) * s is that with zero = (8 - z) * s.
+        bias = None if linear.bias is None else linear.bias.detach()
+        module = Int4Linear(weights.codes, weights.scales, (8 - weights.zeros) * weights.scales, weights.group,
+                            bias, dtype)
+        module.shard_offsets = linear.shard_offsets
+        return module
