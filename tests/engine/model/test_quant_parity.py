@@ -4,6 +4,7 @@ to each alone, decode steps, greedy sequences."""
 
 from __future__ import annotations
 
+import copy
 import json
 from types import SimpleNamespace
 
@@ -11,10 +12,13 @@ import pytest
 import torch
 
 from engine.attention.torch_ref import TorchRefBackend
+from engine.config import LoraConfig
 from engine.errors import UnsupportedModel
+from engine.model.adapters import projection_shapes
 from engine.model.layers.linear import Int4Linear
 from engine.model.loader import check_checkpoint, load_model
 from tests.engine.model.quant_writers import TINY, write_quantized
+from tests.lora_adapters import ALL_TARGETS, merge_into, write_adapter
 
 KINDS = ["awq", "gptq", "gptq_asym", "ct_int4", "ct_fp8", "fp8_block"]
 INT4 = {"awq", "gptq", "gptq_asym", "ct_int4"}
@@ -109,3 +113,21 @@ def test_a_bitsandbytes_bake_fails_with_one_line(tmp_path):
     with pytest.raises(UnsupportedModel, match="'bitsandbytes' is not supported: the engine loads awq") as info:
         check_checkpoint(str(tmp_path))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["awq", "fp8_block"])
+def test_lora_on_a_quantized_base_matches_the_merged_dequantised_weights(kind, tmp_path, paged_harness):
+    hf = write_quantized(kind, "llama", tmp_path / "model")
+    tensors = write_adapter(tmp_path / "adapter", projection_shapes(hf.config), TINY["num_hidden_layers"],
+                            targets=ALL_TARGETS, rank=4, alpha=8.0, seed=1, std=0.3)
+    lora = LoraConfig({"a": str(tmp_path / "adapter")}, max_loras=1, max_lora_rank=4)
+    model, spec = load_model(str(tmp_path / "model"), torch.float32, torch.device("cpu"), lora=lora)
+    base = copy.deepcopy(hf)
+    merge_into(hf, tensors, 8.0 / 4)
+    prompt = torch.randint(0, TINY["vocab_size"], (11,), generator=torch.Generator().manual_seed(4)).tolist()
+    model.lora.plan.update([(model.lora.slots["a"], len(prompt))], torch.device("cpu"))
+    harness = paged_harness(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+    logits = run_step(model, harness, [("x", prompt)])
+    ref = reference_logits(hf, prompt)
+    torch.testing.assert_close(logits, ref, atol=ATOL, rtol=1e-4)
+    assert (ref - reference_logits(base, prompt)).abs().max() > 1e-2  # the adapter does change the answer
