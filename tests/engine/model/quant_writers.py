@@ -12,12 +12,24 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's pack: nibble i of a word holds column AWQ_ORDER[i] of its 8
 TINY = dict(vocab_size=128, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
             head_dim=64, num_hidden_layers=2, max_position_embeddings=256, tie_word_embeddings=False,
             rms_norm_eps=1e-6)
+
+
+def checkpoint_linear(fmt, tensors: dict[str, torch.Tensor], in_features: int, out: int):
+    """One quantized linear holding `tensors` (a single checkpoint matrix), as the loader would fill it."""
+    from engine.model.quant.base import CheckpointLinear
+    linear = CheckpointLinear(fmt, {"proj": out}, in_features, False, {k: tuple(v.shape) for k, v in tensors.items()})
+    for layout in linear.present:
+        value = tensors[layout.suffix]
+        value = value[None] if layout.dim is None else value
+        setattr(linear, layout.suffix, nn.Parameter(value.to(layout.dtype), requires_grad=False))
+    return linear
 
 
 def int4_codes(w: torch.Tensor, group: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -9,12 +9,13 @@ from torch import nn
 
 from engine.errors import UnsupportedModel
 from engine.model.quant.awq import AwqFormat, unpack_awq_columns
-from engine.model.quant.base import CheckpointLinear, QuantFormat
+from engine.model.quant.base import CheckpointLinear
 from engine.model.quant.compressed_tensors import PackedInt4Format
 from engine.model.quant.fp8 import Fp8Format
 from engine.model.quant.gptq import GptqFormat
 from engine.model.quant.registry import quant_format
 from tests.engine.model.quant_writers import (
+    checkpoint_linear,
     compressed_fp8_tensors,
     compressed_int4_tensors,
     fp8_block_tensors,
@@ -22,15 +23,6 @@ from tests.engine.model.quant_writers import (
 )
 
 WORD = 0x76543210  # nibble i holds the value i
-
-
-def checkpoint_linear(fmt: QuantFormat, tensors: dict[str, torch.Tensor], in_features: int, out: int):
-    linear = CheckpointLinear(fmt, {"proj": out}, in_features, False, {k: tuple(v.shape) for k, v in tensors.items()})
-    for layout in linear.present:
-        value = tensors[layout.suffix]
-        value = value[None] if layout.dim is None else value
-        setattr(linear, layout.suffix, nn.Parameter(value.to(layout.dtype), requires_grad=False))
-    return linear
 
 
 def test_awq_columns_sit_in_nibbles_0_2_4_6_1_3_5_7() -> None:
