@@ -24,18 +24,23 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 @dataclass(frozen=True)
 class Shard:
-    """Where one checkpoint tensor lands inside a stacked parameter: `param`[index] (an expert), then rows
-    [offset, offset + size) of that (None: all of it)."""
+    """Where one checkpoint tensor lands inside a stacked parameter: `param`[index] (an expert), then entries
+    [offset, offset + size) of that along `dim` (None: all of it).
+
+    `dim` is 0 (rows) for a float weight; a quantized layout that stacks along another dimension says so, such
+    as AWQ's qweight [in, out / 8], whose q|k|v stack along dim 1 in packed columns.
+    """
 
     param: str
     index: int | None = None
     offset: int = 0
     size: int | None = None
+    dim: int = 0
 
     def view(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.index is not None:
             tensor = tensor[self.index]
-        return tensor if self.size is None else tensor.narrow(0, self.offset, self.size)
+        return tensor if self.size is None else tensor.narrow(self.dim, self.offset, self.size)
 
 
 def safetensors_files(model_path: str) -> list[str]:

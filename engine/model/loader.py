@@ -19,6 +19,8 @@ from engine.model.checkpoint import load_weights, plan_copies, safetensors_files
 from engine.model.layers.linear import pack_linears_for_cpu, quantize_linears_int4
 from engine.model.layers.lora import attach_lora
 from engine.model.models import CausalLM, model_class
+from engine.model.quant.base import QuantFormat, swap_quantized_linears, to_serving
+from engine.model.quant.registry import quant_format
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 QUANTIZATIONS = ("int4",)
@@ -57,13 +59,19 @@ def load_model(
         raise UnsupportedModel(f"quantization {quantization!r} is not supported (int4)", param="quantization")
     if quantization == "int4" and device.type != "cpu":
         raise UnsupportedModel("quantization 'int4' runs on CPU only", param="quantization")
-    config, files, shapes, model = _build_on_meta(model_path)
+    config, files, shapes, model, fmt = _build_on_meta(model_path)
+    if fmt is not None and quantization is not None:
+        raise UnsupportedModel(f"QUANTIZATION={quantization} quantizes float weights; this checkpoint is already "
+                               f"{fmt.name}: leave QUANTIZATION unset", param="quantization")
     architecture = config["architectures"][0]
     tied = _tied(config, shapes)
     _materialize(model, dtype, device)
     if tied:
         model.tie_weights()
     load_weights(model, files, shapes, tied)
+    if fmt is not None:
+        # Before LoRA: its adapters wrap the serving modules and run in the serving dtype.
+        to_serving(model, dtype, device)
     if lora is not None and lora.adapters:
         attach_lora(model, lora.adapters, lora.max_loras, lora.max_lora_rank)
     if quantization == "int4":
@@ -94,14 +102,15 @@ def check_checkpoint(model_path: str) -> str:
     """What the bake asks before it keeps a folder: the engine runs this architecture and config, and every
     checkpoint tensor has a place of the right shape (read from the headers; no weights are loaded). Returns
     the architecture; raises UnsupportedModel with one line naming what is missing."""
-    config, _, shapes, model = _build_on_meta(model_path)
+    config, _, shapes, model, _ = _build_on_meta(model_path)
     plan_copies(model, shapes, _tied(config, shapes))
     model.kv_groups(config)
     return config["architectures"][0]
 
 
-def _build_on_meta(model_path: str) -> tuple[dict, list[str], dict[str, tuple[int, ...]], CausalLM]:
-    """config.json, the weight files, their tensors' shapes, and the family's model on the meta device."""
+def _build_on_meta(model_path: str) -> tuple[dict, list[str], dict[str, tuple[int, ...]], CausalLM, QuantFormat | None]:
+    """config.json, the weight files, their tensors' shapes, the family's model on the meta device (its quantized
+    linears in their checkpoint layout), and the quantization format (None for float weights)."""
     if not os.path.isfile(os.path.join(model_path, "config.json")):
         raise UnsupportedModel(
             f"no model at {model_path!r} (no config.json there): bake one with `python -m builder --out "
@@ -109,8 +118,7 @@ def _build_on_meta(model_path: str) -> tuple[dict, list[str], dict[str, tuple[in
         )
     config = read_config(model_path)
     cls = model_class((config.get("architectures") or ["<none>"])[0])
-    if config.get("quantization_config"):
-        raise UnsupportedModel("quantized checkpoints are not supported", param="model")
+    fmt = quant_format(config)
     files = safetensors_files(model_path)
     shapes = tensor_shapes(files)
     try:
@@ -119,7 +127,9 @@ def _build_on_meta(model_path: str) -> tuple[dict, list[str], dict[str, tuple[in
         raise UnsupportedModel(f"config.json lacks {exc.args[0]!r}", param="model") from None
     with torch.device("meta"):
         model = cls(args)
-    return config, files, shapes, model
+    if fmt is not None:
+        swap_quantized_linears(model, fmt, shapes)
+    return config, files, shapes, model, fmt
 
 
 def _tied(config: dict, shapes: dict[str, tuple[int, ...]]) -> bool:
@@ -142,8 +152,9 @@ def _materialize(model: torch.nn.Module, dtype: torch.dtype, device: torch.devic
     which import sympy and torch.fx (about half a second of every cold start).
     """
     for module in model.modules():
+        keep = getattr(module, "checkpoint_dtypes", False)  # a quantized linear's codes and scales
         for name, param in module.named_parameters(recurse=False):
-            empty = torch.empty(param.shape, dtype=dtype, device=device)
+            empty = torch.empty(param.shape, dtype=param.dtype if keep else dtype, device=device)
             setattr(module, name, torch.nn.Parameter(empty, requires_grad=False))
         for name, buffer in module.named_buffers(recurse=False):
             kind = dtype if buffer.is_floating_point() else buffer.dtype

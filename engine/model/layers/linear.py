@@ -38,21 +38,44 @@ def pack_linears_for_cpu(model: nn.Module) -> int:
 
 # GGUF Q4_1's block: a 4-bit code per weight, and a scale and a minimum per 32 consecutive input weights.
 INT4_GROUP = 32
+# The group sizes torch's CPU int4 kernel takes.
+INT4_KERNEL_GROUPS = (32, 64, 128, 256)
 
 
 class Int4Linear(nn.Module):
-    """Weight-only 4-bit Linear on CPU through torch's int4 kernel: per group of 32 inputs, w = scale * code + min.
+    """Weight-only 4-bit Linear on CPU through torch's int4 kernel: per group of `group` inputs,
+    w = (code - 8) * scale + zero (codes 0..15).
 
-    NOTE: that is Q4_1's layout, and a Q4_1 quantizer gives each group's smallest weight code 0 and its
-    largest code 15; so the weights of a checkpoint dequantized from Q4_1 (the default model) come back as
-    exactly their original codes, and int4 serves that model as it was published rather than approximating it.
+    from_linear() quantizes a float Linear in GGUF Q4_1's layout; engine.model.quant repacks AWQ, GPTQ and
+    compressed-tensors checkpoints into this one (their w = (code - z) * s is zero = (8 - z) * s here).
     """
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
+                 bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         super().__init__()
+        n, k = codes.shape
+        if n % 16 or k % group or group not in INT4_KERNEL_GROUPS:
+            raise UnsupportedModel(
+                f"int4 needs layers whose output size is a multiple of 16 and input size a multiple of the group "
+                f"({', '.join(map(str, INT4_KERNEL_GROUPS))}); this model has a {k} -> {n} layer in groups of {group}",
+                param="quantization",
+            )
+        self.in_features, self.out_features, self.group = k, n, group
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1))
+        # The kernel reads [k / group, n, 2] (scale, zero) in the activation dtype.
+        self.register_buffer("scales_and_zeros", torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(dtype))
+        self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, dtype: torch.dtype) -> Int4Linear:
+        """Q4_1's quantizer: per group of 32 inputs, the smallest weight at code 0 and the largest at code 15.
+
+        NOTE: so the weights of a checkpoint dequantized from Q4_1 (the default model) come back as exactly
+        their original codes, and int4 serves that model as it was published rather than approximating it.
+        """
         w = linear.weight.detach().float()
         n, k = w.shape
-        if n % 16 or k % INT4_GROUP:
+        if k % INT4_GROUP:
             raise UnsupportedModel(
                 f"int4 needs layers whose output size is a multiple of 16 and input size a multiple of "
                 f"{INT4_GROUP}; this model has a {k} -> {n} layer", param="quantization",
@@ -61,21 +84,17 @@ class Int4Linear(nn.Module):
         low, high = groups.amin(-1), groups.amax(-1)
         scale = torch.where(high > low, (high - low) / 15, torch.ones_like(low))
         codes = ((groups - low[..., None]) / scale[..., None]).round_().clamp_(0, 15).to(torch.int32).view(n, k)
-        self.in_features, self.out_features = k, n
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
-        # The kernel computes (code - 8) * scale + zero, [k / group, n, 2] in the activation dtype.
-        zero = low + 8 * scale
-        self.register_buffer("scales_and_zeros", torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(dtype))
-        self.bias = linear.bias
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(codes, scale, low + 8 * scale, INT4_GROUP, bias, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, INT4_GROUP, self.scales_and_zeros)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros)
         return y if self.bias is None else y.add_(self.bias)
 
 
 def quantize_linears_int4(model: nn.Module, dtype: torch.dtype) -> int:
     """Swaps the nn.Linear layers under `model` for Int4Linear; returns how many."""
-    return _swap_linears(model, lambda child: True, lambda child: Int4Linear(child, dtype))
+    return _swap_linears(model, lambda child: True, lambda child: Int4Linear.from_linear(child, dtype))
 
 
 def _swap_linears(model: nn.Module, select, make) -> int:

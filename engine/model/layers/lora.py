@@ -16,7 +16,6 @@ from torch import nn
 
 from engine.errors import UnsupportedModel
 from engine.model.adapters import check_adapter, read_adapter
-from engine.model.models.llama import FusedLinear
 
 # Where each PEFT target lives in a decoder layer: (sub-module, shard of a fused projection or None).
 TARGET_MODULES = {
@@ -58,7 +57,8 @@ class LoraLinear(nn.Module):
                  plan: LoraPlan) -> None:
         super().__init__()
         self.base, self.shards, self.plan = base, shards, plan
-        weight = next(iter(base.parameters()))
+        # The first float tensor: an int4 base holds packed integer codes and float scales.
+        weight = next(t for t in (*base.parameters(), *base.buffers()) if t.is_floating_point())
         width = len(shards) * max_rank
         kw = dict(dtype=weight.dtype, device=weight.device)
         self.register_buffer("lora_a", torch.zeros(num_slots, width, base.in_features, **kw))
@@ -133,8 +133,9 @@ def attach_lora(model: nn.Module, adapters: dict[str, str], max_loras: int, max_
 
 
 def _shards(linear: nn.Module, target: str) -> dict[str, tuple[int, int]]:
-    if isinstance(linear, FusedLinear):
-        return linear.shard_offsets
+    offsets = getattr(linear, "shard_offsets", None)  # a FusedLinear, or the serving form of a quantized one
+    if offsets is not None:
+        return offsets
     return {target: (0, linear.out_features)}
 
 

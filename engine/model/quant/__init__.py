@@ -1,1 +1,2 @@
-"""Quantized weight formats as checkpoints store them, turned into what the engine's layers run."""
+"""Quantized checkpoints: one linear method per format, chosen from the quantization_config of config.json, and
+the block formats some families store (MXFP4), each with its exact dequantisation."""

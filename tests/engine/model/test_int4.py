@@ -35,7 +35,7 @@ def test_weights_dequantized_from_q4_1_come_back_exactly() -> None:
     w = q4_1_weights(64, 128)
     linear = nn.Linear(128, 64, bias=False)
     linear.weight.data.copy_(w)
-    got = effective_weight(Int4Linear(linear, torch.float32), 128)
+    got = effective_weight(Int4Linear.from_linear(linear, torch.float32), 128)
     # (code - 8) * scale + (min + 8 * scale) differs from code * scale + min by float rounding only.
     torch.testing.assert_close(got, w, rtol=1e-6, atol=1e-7)
 
@@ -43,7 +43,7 @@ def test_weights_dequantized_from_q4_1_come_back_exactly() -> None:
 def test_any_weights_within_half_a_step_and_bias_added() -> None:
     torch.manual_seed(0)
     linear = nn.Linear(96, 48, bias=True)
-    layer = Int4Linear(linear, torch.float32)
+    layer = Int4Linear.from_linear(linear, torch.float32)
     w = linear.weight.detach()
     groups = w.view(48, -1, INT4_GROUP)
     step = (groups.amax(-1) - groups.amin(-1)) / 15
@@ -58,7 +58,7 @@ def test_any_weights_within_half_a_step_and_bias_added() -> None:
 def test_each_row_is_computed_alone(dtype) -> None:
     # The kernel works in blocks of 4 rows: a row's result must not depend on the rows batched with it.
     torch.manual_seed(0)
-    layer = Int4Linear(nn.Linear(576, 960), dtype)
+    layer = Int4Linear.from_linear(nn.Linear(576, 960), dtype)
     x = torch.randn(9, 576).to(dtype)
     assert torch.equal(layer(x), torch.cat([layer(x[i : i + 1]) for i in range(9)]))
 
@@ -66,14 +66,15 @@ def test_each_row_is_computed_alone(dtype) -> None:
 def test_a_constant_group_is_exact() -> None:
     linear = nn.Linear(64, 16, bias=False)
     linear.weight.data.fill_(0.25)
-    torch.testing.assert_close(effective_weight(Int4Linear(linear, torch.float32), 64), linear.weight.detach())
+    layer = Int4Linear.from_linear(linear, torch.float32)
+    torch.testing.assert_close(effective_weight(layer, 64), linear.weight.detach())
 
 
 @pytest.mark.parametrize("shape", [(10, 64), (16, 40)])
 def test_unsupported_shapes_are_a_clear_error(shape) -> None:
     out_features, in_features = shape
     with pytest.raises(UnsupportedModel, match="int4 needs"):
-        Int4Linear(nn.Linear(in_features, out_features), torch.float32)
+        Int4Linear.from_linear(nn.Linear(in_features, out_features), torch.float32)
 
 
 def test_loader_refuses_unknown_quantization_and_int4_off_cpu(baked_model_path) -> None:

@@ -1,0 +1,162 @@
+"""The linear-method seam: a quantized checkpoint's linears hold the checkpoint's own tensors while it loads, then
+become the serving form of their format (an int4 kernel's layout, or a weight dequantised to the serving dtype).
+
+The model files never see a quantized tensor: the loader swaps their nn.Linear / FusedLinear modules for
+CheckpointLinear before the checkpoint is copied in, and for the serving module right after.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.errors import UnsupportedModel
+from engine.model.checkpoint import Shard
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """One checkpoint tensor of a quantized linear, kept in `dtype` (a cast that loses nothing: fp16 scales go to
+    float32). `dim`: the dimension along which stacked matrices (q|k|v) sit, with `rows_per_entry` output rows per
+    entry along it (8 for a nibble-packed dimension, 128 for a block scale); None: one per matrix (a per-tensor
+    scale, a shape), held as param[i]."""
+
+    suffix: str
+    dtype: torch.dtype
+    dim: int | None = 0
+    rows_per_entry: int = 1
+    required: bool = True
+
+
+class QuantFormat:
+    """One checkpoint format: its tensors, their float32 dequantisation and the module that serves them."""
+
+    name: str = ""
+    layouts: tuple[TensorLayout, ...] = ()
+
+    @property
+    def marker(self) -> str:
+        """The tensor whose presence marks a linear of the checkpoint as quantized in this format."""
+        return self.layouts[0].suffix
+
+    def dequantize(self, linear: CheckpointLinear) -> torch.Tensor:
+        """The exact float32 [out, in] weight the checkpoint stores."""
+        raise NotImplementedError
+
+    def serving_module(self, linear: CheckpointLinear, dtype: torch.dtype, device: torch.device) -> nn.Module:
+        """The module that serves `linear` (default: its weight dequantised to `dtype`)."""
+        return dense_linear(linear, self.dequantize(linear), dtype)
+
+
+class CheckpointLinear(nn.Module):
+    """A linear as the checkpoint stores it: one parameter per tensor of the format, stacked over its matrices
+    (q|k|v, gate|up) as the layout says. `shards`: checkpoint module name -> output rows, in stacking order."""
+
+    checkpoint_dtypes = True  # the loader keeps these parameters' dtypes instead of casting to the serving one
+
+    def __init__(self, fmt: QuantFormat, shards: dict[str, int], in_features: int, bias: bool,
+                 shapes: dict[str, tuple[int, ...]]) -> None:
+        super().__init__()
+        self.fmt, self.in_features, self.out_features = fmt, in_features, sum(shards.values())
+        self.shard_offsets: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, size in shards.items():
+            self.shard_offsets[name] = (offset, size)
+            offset += size
+        self.present = [layout for layout in fmt.layouts if layout.suffix in shapes]
+        for layout in fmt.layouts:
+            if layout.required and layout not in self.present:
+                raise UnsupportedModel(f"{fmt.name} checkpoint lacks {next(iter(shards))}.{layout.suffix}",
+                                       param="model")
+        for layout in self.present:
+            shape = list(shapes[layout.suffix])
+            if layout.dim is None:
+                shape = [len(shards), *shape]
+            else:
+                shape[layout.dim] = sum(self._entries(layout, size) for size in shards.values())
+            self.register_parameter(layout.suffix, nn.Parameter(torch.empty(shape, dtype=layout.dtype, device="meta"),
+                                                                requires_grad=False))
+        self.bias = nn.Parameter(torch.empty(self.out_features, device="meta"), requires_grad=False) if bias else None
+
+    def _entries(self, layout: TensorLayout, size: int) -> int:
+        if len(self.shard_offsets) > 1 and size % layout.rows_per_entry:
+            raise UnsupportedModel(
+                f"{self.fmt.name}: {layout.suffix} of a {size}-row matrix cannot be stacked with its siblings "
+                f"({layout.rows_per_entry} rows per entry)", param="model",
+            )
+        return math.ceil(size / layout.rows_per_entry)
+
+    def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
+        """'q_proj.qweight' (a sibling of this module in the checkpoint) -> its place in our stacked tensor."""
+        out: dict[str, Shard] = {}
+        entries = dict.fromkeys((layout.suffix for layout in self.present), 0)
+        for i, (name, (offset, size)) in enumerate(self.shard_offsets.items()):
+            for layout in self.present:
+                if layout.dim is None:
+                    out[f"{name}.{layout.suffix}"] = Shard(f"{prefix}.{layout.suffix}", index=i)
+                    continue
+                n = self._entries(layout, size)
+                out[f"{name}.{layout.suffix}"] = Shard(f"{prefix}.{layout.suffix}", offset=entries[layout.suffix],
+                                                       size=n, dim=layout.dim)
+                entries[layout.suffix] += n
+            if self.bias is not None:
+                out[f"{name}.bias"] = Shard(f"{prefix}.bias", offset=offset, size=size)
+        return out
+
+    def tensor(self, suffix: str) -> torch.Tensor | None:
+        """The stacked checkpoint tensor, or None when the checkpoint has none of that name."""
+        return getattr(self, suffix, None)
+
+    def rows_of_each(self, values: torch.Tensor) -> torch.Tensor:
+        """A per-matrix tensor [matrices, ...] (one per-tensor scale each) repeated over each matrix's rows."""
+        sizes = torch.tensor([size for _, size in self.shard_offsets.values()], device=values.device)
+        return values.reshape(len(sizes), -1)[:, :1].repeat_interleave(sizes, dim=0)
+
+
+def dense_linear(linear: CheckpointLinear, weight: torch.Tensor, dtype: torch.dtype) -> nn.Linear:
+    """An nn.Linear of `dtype` holding `weight`; it keeps the stacked matrices' offsets (LoRA reads them)."""
+    out = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                    device=weight.device, dtype=dtype)
+    out.weight.data.copy_(weight)
+    if linear.bias is not None:
+        out.bias.data.copy_(linear.bias)
+    out.requires_grad_(False)
+    out.shard_offsets = linear.shard_offsets
+    return out
+
+
+def swap_quantized_linears(model: nn.Module, fmt: QuantFormat, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Replaces each Linear whose checkpoint matrices carry the format's first tensor with a CheckpointLinear
+    (those the checkpoint left in float, such as an ignored lm_head, stay); returns how many."""
+    rename = getattr(model, "checkpoint_name", lambda n: n)
+    ours = {rename(n): s for n, s in shapes.items()}
+    swapped = 0
+    for prefix, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, nn.Linear):
+                continue
+            base = f"{prefix}." if prefix else ""
+            offsets = getattr(child, "shard_offsets", None)
+            shards = {n: size for n, (_, size) in offsets.items()} if offsets else {name: child.out_features}
+            first = base + next(iter(shards))
+            if f"{first}.{fmt.marker}" not in ours:
+                continue
+            tensors = {layout.suffix: ours[f"{first}.{layout.suffix}"] for layout in fmt.layouts
+                       if f"{first}.{layout.suffix}" in ours}
+            setattr(parent, name, CheckpointLinear(fmt, shards, child.in_features, child.bias is not None, tensors))
+            swapped += 1
+    if not swapped:
+        raise UnsupportedModel(f"quantization_config says {fmt.name} but no linear has its "
+                               f"{fmt.marker!r} tensor", param="model")
+    return swapped
+
+
+def to_serving(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """Replaces each loaded CheckpointLinear with its format's serving module."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, CheckpointLinear):
+                setattr(parent, name, child.fmt.serving_module(child, dtype, device))

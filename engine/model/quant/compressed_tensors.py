@@ -1,0 +1,73 @@
+"""compressed-tensors (llm-compressor's format): pack-quantized 4-bit integer weights (W4A16) and float 8-bit
+weights (fp8.py). Pack-quantized: weight_packed [out, in / 8] int32, nibble i = input 8j + i, stored as the
+signed code + 8; weight_scale [out, in / group]; weight_zero_point [out / 8, in / group] (asymmetric only,
+packed along the output rows, also + 8); weight_shape [2]. w = (q - zp) * s in signed codes."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.errors import UnsupportedModel
+from engine.model.quant.base import CheckpointLinear, QuantFormat, TensorLayout
+from engine.model.quant.fp8 import compressed_tensors_fp8
+from engine.model.quant.int4 import Int4Format, Int4Weights, unpack_nibbles
+
+SUPPORTED = "pack-quantized 4-bit int (group or channel) and float-quantized 8-bit float weights"
+
+
+class PackedInt4Format(Int4Format):
+    name = "compressed-tensors pack-quantized"
+
+    def __init__(self, group: int | None, symmetric: bool) -> None:
+        self.group, self.symmetric = group, symmetric
+        self.layouts = (
+            TensorLayout("weight_packed", torch.int32),
+            TensorLayout("weight_scale", torch.float32),
+            TensorLayout("weight_shape", torch.int64, dim=None),
+            TensorLayout("weight_zero_point", torch.int32, rows_per_entry=8, required=not symmetric),
+        )
+
+    def unpack(self, linear: CheckpointLinear) -> Int4Weights:
+        k = linear.in_features
+        for (name, (_, size)), shape in zip(linear.shard_offsets.items(), linear.weight_shape.tolist(), strict=True):
+            if shape != [size, k]:
+                raise UnsupportedModel(f"{self.name}: {name} has weight_shape {shape}, expected {[size, k]}",
+                                       param="model")
+        # Unsigned nibbles are the signed code + 8, and so are packed zero points: (u - 8) - zp = u - (zp + 8).
+        codes = unpack_nibbles(linear.weight_packed, dim=1)[:, :k]
+        scales = linear.weight_scale.float()
+        zp = linear.tensor("weight_zero_point")
+        if zp is None:
+            zeros = torch.full_like(scales, 8.0)
+        else:
+            zeros = unpack_nibbles(zp, dim=0)[: codes.shape[0]].float()
+        return Int4Weights(codes, zeros, scales, self.group or k)
+
+
+def read_compressed_tensors(qc: dict) -> QuantFormat:
+    """The format of a compressed-tensors config whose groups all quantize weights the same way."""
+    groups = list((qc.get("config_groups") or {}).values())
+    schemes = {repr(sorted((g.get("weights") or {}).items())) for g in groups}
+    if len(schemes) != 1:
+        raise UnsupportedModel(f"compressed-tensors with {len(schemes)} weight schemes is not supported (one)",
+                               param="model")
+    group = groups[0]
+    weights = group.get("weights") or {}
+    fmt = group.get("format") or qc.get("format")
+    kind, bits = weights.get("type"), weights.get("num_bits")
+    if fmt in ("float-quantized", "naive-quantized") and kind == "float" and bits == 8:
+        return compressed_tensors_fp8(weights)
+    if fmt == "pack-quantized" and kind == "int" and bits == 4:
+        if (group.get("input_activations") or None) is not None:
+            raise UnsupportedModel("compressed-tensors int4 with quantized activations is not supported (W4A16)",
+                                   param="model")
+        if weights.get("actorder") == "group":
+            raise UnsupportedModel("compressed-tensors actorder 'group' is not supported", param="model")
+        strategy = weights.get("strategy")
+        if strategy not in ("group", "channel"):
+            raise UnsupportedModel(f"compressed-tensors int4 strategy {strategy!r} is not supported "
+                                   "(group, channel)", param="model")
+        return PackedInt4Format(weights.get("group_size") if strategy == "group" else None,
+                                bool(weights.get("symmetric", True)))
+    raise UnsupportedModel(f"compressed-tensors format {fmt!r} with {bits}-bit {kind} weights is not supported "
+                           f"({SUPPORTED})", param="model")

@@ -1,0 +1,178 @@
+"""Tiny quantized checkpoints, written in each format's own layout from a random transformers model.
+
+AWQ and GPTQ are packed here as AutoAWQ and AutoGPTQ pack them (their layouts are defined by that code);
+compressed-tensors checkpoints are written by the compressed-tensors library itself. Each writer returns the
+float32 weights the checkpoint stands for, which the transformers reference model then runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's pack: nibble i of a word holds column AWQ_ORDER[i] of its 8
+TINY = dict(vocab_size=128, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=64, num_hidden_layers=2, max_position_embeddings=256, tie_word_embeddings=False,
+            rms_norm_eps=1e-6)
+
+
+def checkpoint_linear(fmt, tensors: dict[str, torch.Tensor], in_features: int, out: int):
+    """One quantized linear holding `tensors` (a single checkpoint matrix), as the loader would fill it."""
+    from engine.model.quant.base import CheckpointLinear
+    linear = CheckpointLinear(fmt, {"proj": out}, in_features, False, {k: tuple(v.shape) for k, v in tensors.items()})
+    for layout in linear.present:
+        value = tensors[layout.suffix]
+        value = value[None] if layout.dim is None else value
+        setattr(linear, layout.suffix, nn.Parameter(value.to(layout.dtype), requires_grad=False))
+    return linear
+
+
+def int4_codes(w: torch.Tensor, group: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per group of inputs: codes q [out, in] 0..15, zeros z and fp16-exact scales s [out, in / group];
+    w ~ (q - z) * s (z = 8 when symmetric)."""
+    n, k = w.shape
+    g = w.view(n, k // group, group)
+    if symmetric:
+        s = g.abs().amax(-1) / 7
+        z = torch.full_like(s, 8)
+    else:
+        lo, hi = g.amin(-1), g.amax(-1)
+        s = (hi - lo) / 15
+        z = (-lo / s).round().clamp(0, 15)
+    s = s.half().float()
+    q = ((g / s[..., None]).round() + z[..., None]).clamp(0, 15)
+    return q.view(n, k).int(), z.int(), s
+
+
+def dequant(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, group: int) -> torch.Tensor:
+    return (q.float() - z.float().repeat_interleave(group, 1)) * s.repeat_interleave(group, 1)
+
+
+def pack_columns(values: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
+    """[rows, cols] 0..15 -> [rows, cols / 8] int32; nibble i of word j holds column 8 j + order[i]."""
+    out = torch.zeros(values.shape[0], values.shape[1] // 8, dtype=torch.int32)
+    for i in range(8):
+        out |= values[:, order[i] :: 8].int() << (4 * i)
+    return out
+
+
+def awq_tensors(w: torch.Tensor, group: int = 128) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    q, z, s = int4_codes(w, group, symmetric=False)
+    tensors = {"qweight": pack_columns(q.t(), AWQ_ORDER), "qzeros": pack_columns(z.t(), AWQ_ORDER),
+               "scales": s.t().half().contiguous()}
+    return tensors, dequant(q, z, s, group)
+
+
+def gptq_tensors(w: torch.Tensor, group: int = 128, symmetric: bool = True) -> tuple[dict, torch.Tensor]:
+    """AutoGPTQ's v1 layout: qweight packs 8 input rows per word, qzeros hold z - 1 (wrapped to 4 bits)."""
+    q, z, s = int4_codes(w, group, symmetric)
+    n, k = w.shape
+    tensors = {"qweight": pack_columns(q, tuple(range(8))).t().contiguous(),
+               "qzeros": pack_columns(((z - 1) & 15).t()), "scales": s.t().half().contiguous(),
+               "g_idx": (torch.arange(k) // group).int()}
+    assert tensors["qweight"].shape == (k // 8, n)
+    return tensors, dequant(q, z, s, group)
+
+
+def compressed_int4_tensors(w: torch.Tensor, group: int = 128, symmetric: bool = False) -> tuple[dict, torch.Tensor]:
+    """compressed-tensors' own PackedQuantizationCompressor; the reference is its own decompress()."""
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    q, z, s = int4_codes(w, group, symmetric)
+    scheme = compressed_int4_scheme(group, symmetric)
+    state = {"weight": dequant(q, z, s, group), "weight_scale": s}
+    if not symmetric:
+        state["weight_zero_point"] = (z - 8).to(torch.int8)
+    packed = PackedQuantizationCompressor.compress(state, scheme)
+    back = PackedQuantizationCompressor.decompress(dict(packed), scheme)["weight"].float()
+    return dict(packed), back
+
+
+def compressed_int4_scheme(group: int, symmetric: bool):
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    return QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
+        num_bits=4, type="int", symmetric=symmetric, strategy="group", group_size=group))
+
+
+def compressed_fp8_tensors(w: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """Per-channel FP8 weights (dynamic per-token activations), compressed by FloatQuantizationCompressor."""
+    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+    scheme = compressed_fp8_scheme()
+    scale = w.abs().amax(1, keepdim=True) / 448
+    packed = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
+    back = FloatQuantizationCompressor.decompress(dict(packed), scheme)["weight"].float()
+    return dict(packed), back
+
+
+def compressed_fp8_scheme():
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    return QuantizationScheme(
+        targets=["Linear"], weights=QuantizationArgs(num_bits=8, type="float", strategy="channel", symmetric=True),
+        input_activations=QuantizationArgs(num_bits=8, type="float", strategy="token", dynamic=True))
+
+
+def fp8_block_tensors(w: torch.Tensor, block: int = 128) -> tuple[dict, torch.Tensor]:
+    """The hub's block-wise FP8: weight_scale_inv per block; the reference is transformers' own dequantiser."""
+    from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
+    n, k = w.shape
+    blocks = w.view(n // block, block, k // block, block)
+    scale = blocks.abs().amax((1, 3)) / 448
+    weight = (blocks / scale[:, None, :, None]).view(n, k).to(torch.float8_e4m3fn)
+    back = _dequantize_fp8_weight(weight, scale, [block, block], torch.float32).float()
+    return {"weight": weight, "weight_scale_inv": scale}, back
+
+
+def quantization_config(kind: str) -> dict:
+    if kind == "awq":
+        return {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True}
+    if kind in ("gptq", "gptq_asym"):
+        return {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": kind == "gptq",
+                "checkpoint_format": "gptq"}
+    if kind == "fp8_block":
+        return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    scheme = compressed_fp8_scheme() if kind == "ct_fp8" else compressed_int4_scheme(128, symmetric=False)
+    fmt = "float-quantized" if kind == "ct_fp8" else "pack-quantized"
+    return {"quant_method": "compressed-tensors", "format": fmt, "ignore": ["lm_head"],
+            "quantization_status": "compressed", "config_groups": {"group_0": scheme.model_dump(mode="json")}}
+
+
+WRITERS = {
+    "awq": awq_tensors, "gptq": gptq_tensors, "gptq_asym": lambda w: gptq_tensors(w, symmetric=False),
+    "ct_int4": compressed_int4_tensors, "ct_fp8": compressed_fp8_tensors, "fp8_block": fp8_block_tensors,
+}
+
+
+def write_quantized(kind: str, model_type: str, path: Path):
+    """A tiny random model saved in `kind`'s format; returns the transformers model holding the weights that
+    checkpoint stands for (float32)."""
+    import transformers as tf
+    torch.manual_seed(0)
+    config = tf.AutoConfig.for_model(model_type, **TINY)
+    model = tf.AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.5 if "embed" in name else 0.15)
+    model.config.architectures = [type(model).__name__]
+    model.save_pretrained(path)
+    tensors = load_file(path / "model.safetensors")
+    state = model.state_dict()
+    for name in list(tensors):
+        module, _, kind_ = name.rpartition(".")
+        if kind_ != "weight" or module.rsplit(".", 1)[-1] not in PROJECTIONS:
+            continue
+        quantized, reference = WRITERS[kind](tensors.pop(name).float())
+        tensors.update({f"{module}.{k}": v.contiguous() for k, v in quantized.items()})
+        with torch.no_grad():
+            state[name].copy_(reference)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    config_json = json.loads((path / "config.json").read_text())
+    config_json["quantization_config"] = quantization_config(kind)
+    (path / "config.json").write_text(json.dumps(config_json))
+    return model
