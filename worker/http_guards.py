@@ -11,12 +11,16 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from worker.anthropic.errors import anthropic_shape, is_messages_route
 from worker.openai.errors import AuthenticationFailed, RequestTooLarge, error_body, status_of
 
 
-def error_response(exc: Exception, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(exc: Exception, headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
+    """The error answer for `exc`: OpenAI's error object, or Anthropic's on the Messages API's `path`s."""
     body = error_body(exc)
-    return JSONResponse(body, status_code=status_of(body) or 500, headers=headers)
+    status = status_of(body) or 500
+    return JSONResponse(anthropic_shape(body) if is_messages_route(path) else body, status_code=status,
+                        headers=headers)
 
 
 class BodyTooLarge(Exception):
@@ -63,11 +67,12 @@ class BodyLimit:
     async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
         too_large = RequestTooLarge(f"The request body is larger than this worker accepts ({self.max_bytes} bytes, "
                                     "MAX_REQUEST_MB).")
-        await error_response(too_large, headers={"Connection": "close"})(scope, receive, send)
+        await error_response(too_large, {"Connection": "close"}, scope["path"])(scope, receive, send)
 
 
 class ApiKeyGuard:
-    """Every route but /health needs `Authorization: Bearer <key>`.
+    """Every route but /health needs `Authorization: Bearer <key>`, or `x-api-key: <key>` as Anthropic's clients
+    send it.
 
     NOTE: a plain ASGI middleware; FastAPI's @app.middleware("http") would hide a client's disconnect from
     the routes, which need to see it to abort the request.
@@ -80,7 +85,9 @@ class ApiKeyGuard:
         if scope["type"] == "http" and not scope["path"].rstrip("/").endswith("/health"):
             headers = dict(scope["headers"])
             given = headers.get(b"authorization", b"").decode("latin-1").removeprefix("Bearer ").strip()
+            given = given or headers.get(b"x-api-key", b"").decode("latin-1").strip()
             if not secrets.compare_digest(given.encode("latin-1"), self.key):
-                await error_response(AuthenticationFailed("Incorrect API key provided."))(scope, receive, send)
+                refused = error_response(AuthenticationFailed("Incorrect API key provided."), path=scope["path"])
+                await refused(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -12,6 +12,8 @@ from contextlib import aclosing, contextmanager
 from typing import Any
 
 from engine.errors import EngineError
+from worker.anthropic.errors import COUNT_TOKENS, MESSAGES, anthropic_error
+from worker.anthropic.messages import complete_message, count_message_tokens, prepare_message, stream_message
 from worker.native import run_native
 from worker.openai.chat import complete_chat, prepare_chat, stream_chat
 from worker.openai.completions import complete, prepare_completion, stream_completion
@@ -33,24 +35,30 @@ MODELS = "/v1/models"
 CLIENT_PARAM_NAMES = {
     CHAT: {"prompt": "messages"},
     RESPONSES: {"prompt": "input", "max_tokens": "max_output_tokens"},
+    MESSAGES: {"prompt": "messages"},
 }
+# Routes that stream named events (an SSE `event:` line per event, no [DONE] at the end).
+EVENT_STREAMS = (RESPONSES, MESSAGES)
 # Routes that generate: how each prepares a request (on a thread), answers it whole, and streams it.
 GENERATIONS: dict[str, tuple[Callable[[Any, Runtime], Any], Callable[[Any], Awaitable[Any]],
                              Callable[[Any], AsyncIterator[Any]]]] = {
     CHAT: (prepare_chat, complete_chat, stream_chat),
     COMPLETIONS: (prepare_completion, complete, stream_completion),
     RESPONSES: (prepare_response, complete_response, stream_response),
+    MESSAGES: (prepare_message, complete_message, stream_message),
 }
 
 
 async def run_job(job: Any, runtime: Runtime) -> AsyncIterator[Any]:
     """Yield the outputs of one job (`{"id": ..., "input": {...}}`); failures become error objects."""
     source: AsyncIterator[Any] | None = None
+    describe = error_body
     try:
         job_input = job.get("input") if isinstance(job, dict) else None
         if not isinstance(job_input, dict):
             raise BadRequest("the job's input must be a JSON object", param="input")
         openai = "openai_route" in job_input
+        describe = _error_shape(job_input.get("openai_route")) if openai else error_body
         body = job_input.get("openai_input") if openai else None
         if isinstance(body, dict):  # an OpenAI request's fields are named as the client wrote them
             check_unicode(body)
@@ -62,16 +70,24 @@ async def run_job(job: Any, runtime: Runtime) -> AsyncIterator[Any]:
     except Exception as exc:
         if source is not None:
             await source.aclose()
-        yield error_body(exc)
+        yield describe(exc)
         return
     try:
         yield first
         async for output in source:
             yield output
     except Exception as exc:  # a native stream that fails midway: its partial output already went out
-        yield error_body(exc)
+        yield describe(exc)
     finally:
         await source.aclose()
+
+
+def _error_shape(route: Any) -> Callable[[BaseException], dict[str, Any]]:
+    """How a route's errors are written: Anthropic's shape on the Messages API, OpenAI's everywhere else."""
+    try:
+        return anthropic_error if normalize_route(route) in (MESSAGES, COUNT_TOKENS) else error_body
+    except BadRequest:
+        return error_body
 
 
 def normalize_route(route: Any) -> str:
@@ -90,6 +106,8 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
         yield list_models(runtime)
     elif route.startswith(MODELS + "/"):
         yield retrieve_model(runtime, route[len(MODELS) + 1:])
+    elif route == COUNT_TOKENS:
+        yield await asyncio.to_thread(count_message_tokens, body, runtime)
     elif route == COMPACT:
         call = await asyncio.to_thread(prepare_compaction, body, runtime)
         with _client_names(RESPONSES):
@@ -112,14 +130,15 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
         settings = runtime.settings
         sizes = BatchSize(settings.default_batch_size, settings.default_min_batch_size,
                           settings.default_batch_size_growth_factor)
-        events = route == RESPONSES
+        events = route in EVENT_STREAMS
+        error = anthropic_error if route == MESSAGES else error_body
         async with aclosing(openai_stream(_prepend(first, chunks), settings.raw_openai_output, sizes,
-                                          events=events)) as groups:
+                                          events=events, error=error)) as groups:
             async for group in groups:
                 yield group
     else:
         raise RouteNotFound(f"Unknown openai_route {route!r}: this worker serves {CHAT}, {COMPLETIONS}, "
-                            f"{RESPONSES}, {COMPACT} and {MODELS}", param="openai_route")
+                            f"{RESPONSES}, {COMPACT}, {MESSAGES}, {COUNT_TOKENS} and {MODELS}", param="openai_route")
 
 
 @contextmanager

@@ -1,14 +1,14 @@
 """The local endpoint: RunPod's URL layout on loopback, every route through the production handler.
 
     /openai/v1/{models, models/<id>, chat/completions, completions, responses, responses/compact,
-                responses/<id>[/input_items]}
+                responses/<id>[/input_items], messages, messages/count_tokens}
                                                                           (also under /v2/<endpoint_id>/)
     /v2/<endpoint_id>/{run, runsync, stream/<job_id>, status/<job_id>, cancel/<job_id>, health}
     /run, /runsync, /stream/<job_id>, ... and /health                     (the RunPod SDK's local paths)
 
 OpenAI routes wrap the request body into the job RunPod's platform would send
 (`{"openai_route": ..., "openai_input": ...}`) and stream the handler's SSE text back as it comes.
-When RUNPOD_API_KEY is set, every route except /health needs `Authorization: Bearer <key>`.
+When RUNPOD_API_KEY is set, every route except /health needs `Authorization: Bearer <key>` (or `x-api-key`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from worker.anthropic.errors import COUNT_TOKENS, MESSAGES
 from worker.http_guards import ApiKeyGuard, BodyLimit, error_response
 from worker.job_store import Handler, JobStore, is_error
-from worker.jobs import RESPONSES
+from worker.jobs import EVENT_STREAMS
 from worker.openai.errors import (
     BadRequest,
     MethodNotAllowed,
@@ -64,15 +65,16 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
-        return error_response(exc)
+        return error_response(exc, path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Paths outside the routes above, and wrong methods: OpenAI's error object, not FastAPI's {"detail"}.
+        path = request.url.path
         if exc.status_code == 405:
-            return error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}"),
-                          headers=exc.headers)
-        return error_response(RouteNotFound(f"Unknown route {request.method} {request.url.path}", param=None))
+            return error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {path}"),
+                                  exc.headers, path)
+        return error_response(RouteNotFound(f"Unknown route {request.method} {path}", param=None), path=path)
 
     openai = APIRouter()
 
@@ -113,9 +115,17 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
         return await _openai_call(handler, f"/v1/responses/{response_id}/input_items", dict(request.query_params),
                                   None)
 
+    @openai.post("/messages")
+    async def messages(request: Request) -> Response:
+        return await _openai_call(generate, MESSAGES, await _json_body(request), request)
+
+    @openai.post("/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        return await _openai_call(handler, COUNT_TOKENS, await _json_body(request), None)
+
     @openai.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
-    async def unknown(rest: str) -> Response:
-        return error_response(RouteNotFound(f"Unknown route /v1/{rest}", param=None))
+    async def unknown(rest: str, request: Request) -> Response:
+        return error_response(RouteNotFound(f"Unknown route /v1/{rest}", param=None), path=request.url.path)
 
     jobs = APIRouter()
 
@@ -199,7 +209,7 @@ async def _openai_call(handler: Handler, route: str, body: Any, request: Request
     if is_error(first) or not (isinstance(body, dict) and body.get("stream") is True):
         await outputs.aclose()
         return JSONResponse(first, status_code=status_of(first) or 200, headers=headers)
-    events = route == RESPONSES  # the Responses API streams named events
+    events = route in EVENT_STREAMS  # the Responses and Messages APIs stream named events
     return StreamingResponse(_sse(first, outputs, events), media_type="text/event-stream", headers=headers)
 
 
@@ -229,7 +239,7 @@ async def _first_output(outputs: AsyncIterator[Any], request: Request | None) ->
 
 async def _sse(first: Any, outputs: AsyncIterator[Any], events: bool) -> AsyncIterator[str]:
     """The handler's yields as SSE text: raw text as is; lists of chunk objects (RAW_OPENAI_OUTPUT=0) encoded,
-    as named events for the Responses API (`events`), which ends without [DONE]."""
+    as named events for the Responses and Messages APIs (`events`), which end without [DONE]."""
     raw = isinstance(first, str)
     encode = sse_event if events else sse
     try:

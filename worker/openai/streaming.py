@@ -9,7 +9,7 @@ a group is the SSE text of its chunks; without, a list of chunk objects.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -25,7 +25,7 @@ def sse(obj: Any, event: str | None = None) -> str:
 
 
 def sse_event(obj: Any) -> str:
-    """A Responses API event as SSE: named by its `type` (an error body is named `error`)."""
+    """A Responses or Messages API event as SSE: named by its `type` (an OpenAI error body is named `error`)."""
     return sse(obj, obj.get("type", "error") if isinstance(obj, dict) else None)
 
 
@@ -61,13 +61,13 @@ async def grouped(items: AsyncIterator[Any], sizes: BatchSize) -> AsyncIterator[
         yield batch
 
 
-async def openai_stream(chunks: AsyncIterator[dict[str, Any]], raw: bool, sizes: BatchSize,
-                        events: bool = False) -> AsyncIterator[Any]:
+async def openai_stream(chunks: AsyncIterator[dict[str, Any]], raw: bool, sizes: BatchSize, events: bool = False,
+                        error: Callable[[BaseException], dict[str, Any]] = error_body) -> AsyncIterator[Any]:
     """Chunk objects as a job yields them: SSE text ending in [DONE] when `raw`, else lists of chunks.
 
-    `events`: the Responses API's named events, which end without [DONE]. An error after streaming began
-    cannot change the status any more; it goes out as an SSE error event (or an error object in the
-    list), the way vLLM ends a failed stream.
+    `events`: named events (the Responses and Messages APIs'), which end without [DONE]. An error after
+    streaming began cannot change the status any more; it goes out as an SSE error event (or an error
+    object in the list, written by `error`), the way vLLM ends a failed stream.
     """
     encode = sse_event if events else sse
 
@@ -77,7 +77,7 @@ async def openai_stream(chunks: AsyncIterator[dict[str, Any]], raw: bool, sizes:
                 async for chunk in chunks:
                     yield encode(chunk) if raw else chunk
         except Exception as exc:
-            body = error_body(exc)
+            body = error(exc)
             yield encode(body) if raw else body
         if raw and not events:
             yield SSE_DONE

@@ -1,0 +1,38 @@
+"""Errors of the Messages API in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
+
+The worker's typed exceptions become OpenAI error objects in one place (worker/openai/errors.py); this module
+restates such an object in Anthropic's words, keeping its status: Anthropic's error types name statuses as
+OpenAI's do (worker/openai/errors.status_of reads both), so the local endpoint answers with the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from worker.openai.errors import error_body, status_of
+
+MESSAGES = "/v1/messages"
+COUNT_TOKENS = "/v1/messages/count_tokens"
+# Anthropic's error types by HTTP status; a worker that is shutting down (503) is "overloaded" (529), which
+# Anthropic's clients retry.
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+         404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+         429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
+
+
+def is_messages_route(route: str) -> bool:
+    """Whether a route (`/v1/messages`, also under a URL prefix such as /v2/<id>/openai) is the Messages API's."""
+    path = route.rstrip("/")
+    return path.endswith(MESSAGES) or path.endswith(COUNT_TOKENS)
+
+
+def anthropic_error(exc: BaseException) -> dict[str, Any]:
+    """The Messages API's error object for any exception."""
+    return anthropic_shape(error_body(exc))
+
+
+def anthropic_shape(body: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI error object said in Anthropic's shape."""
+    status = status_of(body) or 500
+    kind = TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": body["error"]["message"]}}

@@ -1,0 +1,187 @@
+"""POST /v1/messages and /v1/messages/count_tokens: a Messages request runs as a chat generation.
+
+The conversation, tools and settings become a chat request (worker/anthropic/conversation.py); the chat layer
+validates, renders and samples as for /v1/chat/completions (forced tool calls and structured outputs held by
+their grammars); the answer, read for reasoning and tool calls as the chat route reads it, comes back as a
+`message` with content blocks (worker/anthropic/blocks.py), whole or as Anthropic's stream of events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from engine.outputs import RequestOutput
+from engine.sample.structured.spec import StructuredSpec
+from worker.anthropic.blocks import ContentBlocks
+from worker.anthropic.conversation import chat_messages, chat_tool_choice, chat_tools
+from worker.anthropic.errors import anthropic_error
+from worker.anthropic.request import CountTokensRequest, MessagesRequest
+from worker.openai.chat import ChatCall, chat_call
+from worker.openai.errors import BadRequest
+from worker.openai.generation import Collected, engine_request_id, start
+from worker.openai.protocol import ChatCompletionRequest
+from worker.openai.tools.events import ContentDelta
+from worker.runtime import Runtime
+
+# Anthropic's default temperature (chat completions' default here is RunPod's 0.7).
+DEFAULT_TEMPERATURE = 1.0
+
+
+@dataclass
+class MessageCall:
+    """A validated Messages request, ready to run."""
+
+    request: MessagesRequest
+    chat: ChatCall
+    id: str
+
+    @property
+    def stream(self) -> bool:
+        return self.request.stream
+
+
+def prepare_message(body: Any, runtime: Runtime) -> MessageCall:
+    """Everything that can fail before the engine runs: parsing, the conversation, the template."""
+    request = MessagesRequest.model_validate(_object(body))
+    chat = _chat_call(request, runtime)
+    return MessageCall(request, chat, f"msg_{request.extras.get('request_id') or uuid.uuid4().hex[:24]}")
+
+
+def count_message_tokens(body: Any, runtime: Runtime) -> dict[str, Any]:
+    """`{"input_tokens": n}`: the prompt the request would run, rendered and counted, nothing generated."""
+    request = CountTokensRequest.model_validate(_object(body))
+    return {"input_tokens": len(_chat_call(request, runtime).prompt.token_ids)}
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _chat_call(request: CountTokensRequest, runtime: Runtime) -> ChatCall:
+    messages = chat_messages(request.system, request.messages)
+    tools = chat_tools(request.tools)
+    # A final assistant turn is a prefill: the answer continues it.
+    prefill = messages[-1]["role"] == "assistant"
+    fields: dict[str, Any] = {**request.extras, "model": request.model, "messages": messages, "tools": tools,
+                              "tool_choice": chat_tool_choice(request.tool_choice, tools),
+                              "add_generation_prompt": not prefill, "continue_final_message": prefill}
+    if request.tool_choice is not None and request.tool_choice.disable_parallel_tool_use:
+        fields["parallel_tool_calls"] = False
+    kwargs = dict(fields.get("chat_template_kwargs") or {})
+    thinking = request.thinking.type if request.thinking is not None else None
+    if thinking in ("enabled", "disabled"):  # unset or "adaptive": the template's own default
+        kwargs.setdefault("enable_thinking", thinking == "enabled")
+    if request.output_config is not None and request.output_config.effort is not None:
+        kwargs.setdefault("reasoning_effort", request.output_config.effort)
+    if kwargs:
+        fields["chat_template_kwargs"] = kwargs
+    if isinstance(request, MessagesRequest):
+        fields.update(max_tokens=request.max_tokens, stop=request.stop_sequences, top_p=request.top_p,
+                      top_k=request.top_k,
+                      temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature)
+    call = chat_call(ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None}),
+                     runtime)
+    if thinking == "enabled" and call.output.reasoning is None:
+        raise BadRequest("thinking: this model does not think (its chat template has no <think> reasoning format, "
+                         "and REASONING_PARSER is not set); leave thinking unset or disabled", param="thinking")
+    schema = request.output_schema
+    if schema is not None:
+        if call.params.structured is not None:
+            raise BadRequest(f"{schema[1]}: only one constraint on the output is allowed, and the request also sets "
+                             f"{call.params.structured.param}", param=schema[1])
+        call.params = dataclasses.replace(call.params, structured=StructuredSpec.json_schema(*schema))
+    return call
+
+
+class _Answer:
+    """One answer read into content blocks as it arrives (or whole)."""
+
+    def __init__(self, call: MessageCall) -> None:
+        self.call = call
+        self.blocks = ContentBlocks()
+        self.reader = None if call.chat.output.plain else call.chat.output.stream()
+        self.result = Collected()
+
+    def add(self, output: RequestOutput) -> list[dict[str, Any]]:
+        self.result.add(output)
+        events: list[dict[str, Any]] = []
+        for delta in output.outputs:
+            read = self.reader.push(delta.text) if self.reader is not None else [ContentDelta(delta.text)]
+            events += self.blocks.push(read)
+        return events
+
+    def finish(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The closing stream events (the last block's stop) and the whole message."""
+        events = self.blocks.push(self.reader.finish()) if self.reader is not None else []
+        events += self.blocks.finish()
+        choice = self.result.choices[0]
+        stop_reason, stop_sequence = "end_turn", None
+        if choice.finish_reason == "length":
+            stop_reason = "max_tokens"
+        elif self.blocks.called:
+            stop_reason = "tool_use"
+        elif isinstance(choice.stop_reason, str) and choice.stop_reason in (self.call.request.stop_sequences or []):
+            stop_reason, stop_sequence = "stop_sequence", choice.stop_reason
+        message = message_object(self.call, self.blocks.blocks, stop_reason, stop_sequence, usage(self.result))
+        return events, message
+
+
+def message_object(call: MessageCall, content: list[dict[str, Any]], stop_reason: str | None,
+                   stop_sequence: str | None, used: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call.id, "type": "message", "role": "assistant", "model": call.chat.model, "content": content,
+            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": used}
+
+
+def usage(result: Collected) -> dict[str, Any]:
+    """Anthropic's usage: `input_tokens` are the prompt tokens the prefix cache did not hold, the rest are
+    `cache_read_input_tokens` (their sum is what count_tokens says)."""
+    cached = result.num_cached_tokens
+    return {"input_tokens": result.num_prompt_tokens - cached, "output_tokens": result.num_generated_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+
+
+async def complete_message(call: MessageCall) -> dict[str, Any]:
+    """The whole `message` object."""
+    chat = call.chat
+    started = await start(chat.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id))
+    answer = _Answer(call)
+    try:
+        async for output in started:
+            answer.add(output)
+    finally:
+        await started.aclose()
+    return answer.finish()[1]
+
+
+async def stream_message(call: MessageCall) -> AsyncIterator[dict[str, Any]]:
+    """Anthropic's event stream: message_start and a ping, each content block started, filled and stopped,
+    message_delta (the stop reason and usage), message_stop; a failure after the first event is an `error`
+    event. The engine request starts before the first event, so a bad request raises instead of streaming."""
+    chat = call.chat
+    started = await start(chat.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id))
+    answer = _Answer(call)
+    try:
+        opening = {"input_tokens": len(chat.prompt.token_ids), "output_tokens": 0, "cache_creation_input_tokens": 0,
+                   "cache_read_input_tokens": 0}
+        yield {"type": "message_start", "message": message_object(call, [], None, None, opening)}
+        yield {"type": "ping"}
+        async for output in started:
+            for event in answer.add(output):
+                yield event
+        closing, message = answer.finish()
+        for event in closing:
+            yield event
+        yield {"type": "message_delta", "delta": {"stop_reason": message["stop_reason"],
+                                                  "stop_sequence": message["stop_sequence"]},
+               "usage": message["usage"]}
+        yield {"type": "message_stop"}
+    except Exception as exc:
+        yield anthropic_error(exc)
+    finally:
+        await started.aclose()
