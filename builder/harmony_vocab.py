@@ -15,10 +15,9 @@ import json
 from pathlib import Path
 
 from builder.errors import BakeError
+from engine.text.o200k_file import O200K_FILE, O200K_RANKS, O200K_SHA256
 
-O200K_FILE = "o200k_base.tiktoken"
-O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"  # openai-harmony's expected hash
-O200K_RANKS = 199998  # o200k's mergeable tokens; ids from here on are specials
+__all__ = ["O200K_FILE", "O200K_RANKS", "O200K_SHA256", "tiktoken_vocab", "write_harmony_vocab"]
 
 
 def _byte_of_char() -> dict[str, int]:

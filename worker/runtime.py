@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from worker.openai.harmony.encoding import harmony_encoding
 from worker.openai.reasoning import pick_reasoning
 from worker.openai.response_store import ResponseStore
 from worker.openai.tools.registry import model_type, pick_format, template_text
@@ -59,6 +60,11 @@ class Runtime:
         """The reasoning parser of the served chat template (REASONING_PARSER, else read from it); None: none."""
         return self.formats_for(None)[1]
 
+    @cached_property
+    def harmony(self) -> Any:
+        """openai-harmony's encoding for a gpt-oss model (StartupError in one line when its o200k file is missing)."""
+        return harmony_encoding(self.settings.model_path)
+
     def template_for(self, chat_template: str | None) -> str:
         """The chat template text a request renders with: its own, else CUSTOM_CHAT_TEMPLATE, else the model's."""
         return chat_template or self.settings.custom_chat_template or template_text(
@@ -67,8 +73,8 @@ class Runtime:
     def formats_for(self, chat_template: str | None) -> tuple[str, str | None]:
         """(tool-call format, reasoning parser) for a request's own chat template (None: the served one)."""
         text = self.template_for(chat_template)
-        return (pick_format(text, model_type(self.settings.model_path), self.settings.tool_call_parser),
-                pick_reasoning(text, self.settings.reasoning_parser))
+        tools = pick_format(text, model_type(self.settings.model_path), self.settings.tool_call_parser)
+        return tools, "harmony" if tools == "harmony" else pick_reasoning(text, self.settings.reasoning_parser)
 
 
 _current: Runtime | None = None
@@ -106,8 +112,11 @@ def start(settings: Settings) -> Runtime:
     except StartupError as exc:
         raise StartupError(_as_env_names(exc.message), param=exc.param) from None
     store = ResponseStore(settings.response_store_max_entries, int(settings.response_store_max_mb * 2**20))
-    _current = Runtime(settings=settings, engine=engine, model_names=accepted_model_names(settings),
-                       created=int(time.time()), responses=store, drain=Drain(engine, settings.shutdown_grace_s))
+    runtime = Runtime(settings=settings, engine=engine, model_names=accepted_model_names(settings),
+                      created=int(time.time()), responses=store, drain=Drain(engine, settings.shutdown_grace_s))
+    if runtime.tool_format == "harmony":
+        runtime.harmony  # noqa: B018 -- loaded now, so a missing vocabulary fails the start, not a request
+    _current = runtime
     log.info("serving %s", describe(_current))
     return _current
 

@@ -12,10 +12,11 @@ from engine.outputs import CompletionDelta, CompletionOutput, RequestOutput
 from engine.sample.params import SamplingParams
 from engine.sample.structured.spec import StructuredSpec
 from worker.openai.chat_deltas import delta_dicts
-from worker.openai.chat_output import OutputFormat, reasoning_tokens
+from worker.openai.chat_output import OutputFormat
 from worker.openai.chat_template import ChatPrompt, render_chat, template_messages
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, collect, engine_request_id, response_id, start
+from worker.openai.harmony.chat import HarmonyFormat, harmony_request
 from worker.openai.logprobs import chat_logprobs, prompt_logprobs
 from worker.openai.models import resolve_model
 from worker.openai.params import openai_sampling_params
@@ -42,7 +43,7 @@ class ChatCall:
     role: str
     echo: str  # the final message's text when `echo` asks for it, else ""
     tools: ToolPlan | None = None
-    output: OutputFormat = field(default_factory=OutputFormat)  # how answers are read (calls, reasoning)
+    output: OutputFormat | HarmonyFormat = field(default_factory=OutputFormat)  # how answers are read
 
     @property
     def stream(self) -> bool:
@@ -60,21 +61,24 @@ def chat_call(request: ChatCompletionRequest, runtime: Runtime) -> ChatCall:
     """A parsed request made ready to run: model name, sampling parameters, the rendered template."""
     model, adapter = resolve_model(runtime, request.model)
     params = openai_sampling_params(request, runtime.max_model_len, adapter)
-    prompt, plan, output, constraint = render_with_tools(
-        runtime,
-        request.messages,
-        tools=request.tools,
-        tool_choice=request.tool_choice,
-        parallel=request.parallel_tool_calls is not False,
-        separate_reasoning=request.separate_reasoning,
-        chat_template=request.chat_template,
-        add_generation_prompt=request.add_generation_prompt,
-        continue_final_message=request.continue_final_message,
-        add_special_tokens=request.add_special_tokens,
-        documents=request.documents,
-        template_kwargs=request.chat_template_kwargs,
-    )
-    params = tool_params(params, plan, runtime, constraint, output)
+    if runtime.tool_format == "harmony":  # gpt-oss: openai-harmony renders and reads, not a chat template
+        prompt, plan, output, params = harmony_request(runtime.harmony, request, params)
+    else:
+        prompt, plan, output, constraint = render_with_tools(
+            runtime,
+            request.messages,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            parallel=request.parallel_tool_calls is not False,
+            separate_reasoning=request.separate_reasoning,
+            chat_template=request.chat_template,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            add_special_tokens=request.add_special_tokens,
+            documents=request.documents,
+            template_kwargs=request.chat_template_kwargs,
+        )
+        params = tool_params(params, plan, runtime, constraint, output)
     last = prompt.messages[-1]
     role = runtime.settings.response_role
     echo = last["content"] if request.echo and last["role"] == role else ""
@@ -170,7 +174,7 @@ def _message(call: ChatCall, choice: CompletionOutput) -> tuple[dict[str, Any], 
     """A choice's `message`, whether it calls tools, and how many of its tokens were reasoning."""
     if call.output.plain:
         return {"role": call.role, "content": call.echo + choice.text, "refusal": None, "annotations": []}, False, 0
-    parsed, end = call.output.read(choice.text)
+    parsed, end = call.output.read(choice.text, choice.token_ids)
     content = call.echo + (parsed.content or "") if call.echo else parsed.content
     message: dict[str, Any] = {"role": call.role, "content": content, "refusal": None, "annotations": []}
     if parsed.tool_calls:
@@ -186,7 +190,7 @@ def count_reasoning_tokens(call: ChatCall, token_ids: list[int], end: int | None
     """How many of an answer's tokens were reasoning (`end`: where the reasoning ended in its text)."""
     if not call.output.reasoning:
         return 0
-    return reasoning_tokens(call.runtime.tokenizer, token_ids, end, call.params.skip_special_tokens)
+    return call.output.reasoning_tokens(call.runtime.tokenizer, token_ids, end, call.params.skip_special_tokens)
 
 
 def _finish_reason(reason: str | None, called: bool) -> str | None:
@@ -262,7 +266,7 @@ def _delta_choices(call: ChatCall, delta: CompletionDelta, reader: _Reader) -> l
     if reader.stream is None:
         deltas = [{"content": delta.text}] if delta.text else []
     else:
-        events = reader.stream.push(delta.text)
+        events = reader.stream.push(delta.text, delta.token_ids)
         if delta.finish_reason is not None:
             events += reader.stream.finish()
         deltas = delta_dicts(events)

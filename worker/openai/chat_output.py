@@ -50,14 +50,19 @@ class OutputFormat:
     def stream(self) -> OutputStream:
         return OutputStream(self)
 
+    @staticmethod
+    def reasoning_tokens(tokenizer: Any, token_ids: list[int], end: int | None, skip: bool = True) -> int:
+        return reasoning_tokens(tokenizer, token_ids, end, skip)
+
     def end_reader(self) -> AnswerEnd:
         return AnswerEnd(self)
 
     def parse(self, text: str) -> ParsedOutput:
         return self.read(text)[0]
 
-    def read(self, text: str) -> tuple[ParsedOutput, int | None]:
-        """The parsed answer and where its reasoning ended in `text` (for counting its tokens)."""
+    def read(self, text: str, token_ids: list[int] | None = None) -> tuple[ParsedOutput, int | None]:
+        """The parsed answer and where its reasoning ended in `text` (for counting its tokens); `token_ids` are
+        for the harmony reader's sake (worker/openai/harmony/output.py), which reads tokens, not text."""
         stream = self.stream()
         events = stream.push(text) + stream.finish()
         return stream.result(events), stream.reasoning_end
@@ -76,7 +81,7 @@ class OutputStream:
         self.tools = fmt.tool_parser(fmt.parallel, fmt.max_calls) if fmt.tool_parser else None
         self.called = False  # some call started
 
-    def push(self, text: str) -> list[Event]:
+    def push(self, text: str, token_ids: object = ()) -> list[Event]:
         if not text:
             return []
         if self.reasoning is None:

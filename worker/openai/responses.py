@@ -124,7 +124,7 @@ class _Answer:
             if self.reader is None:
                 events += self.items.push([ContentDelta(delta.text)], self.items.logprob_entries(delta.logprobs))
             else:
-                events += self.items.push(self.reader.push(delta.text))
+                events += self.items.push(self.reader.push(delta.text, delta.token_ids))
         return events
 
     def finish(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+from worker.openai.harmony.encoding import HARMONY_MODEL_TYPES
 from worker.openai.tools.generic import GenericParser
 from worker.openai.tools.hermes import HermesParser
 from worker.openai.tools.llama3_json import Llama3JsonParser
@@ -36,6 +37,8 @@ def pick_format(template: str | None, model_type: str | None, override: str | No
     """The tool-call format for a model with this chat template and config `model_type`."""
     if override and override != "auto":
         return override
+    if model_type in HARMONY_MODEL_TYPES:  # gpt-oss: its calls, reasoning and prompt are harmony's
+        return "harmony"
     text = template or ""
     for marker, name in _MARKERS:
         if marker in text:
