@@ -61,6 +61,8 @@ class FlashInferBackend:
         workspace_bytes: int = WORKSPACE_BYTES,
         prefill_backend: str = DEFAULT_PREFILL_BACKEND,
         window: int | None = None,
+        scale: float | None = None,
+        soft_cap: float | None = None,
         **_: object,
     ) -> None:
         import flashinfer
@@ -75,7 +77,11 @@ class FlashInferBackend:
         self.shape = (num_q_heads, num_kv_heads, head_dim, dtype)
         # A sliding window of W tokens is FlashInfer's window_left = W - 1 (keys i - W + 1 .. i); it is passed to
         # plan() only when set, so a full-attention model plans exactly as before.
-        self.window_extra = {} if window is None else {"window_left": window - 1}
+        self.plan_extra = {} if window is None else {"window_left": window - 1}
+        # Attention extras of the group's layers (Gemma): FlashInfer's sm_scale and logits_soft_cap on plan().
+        self.scale = scale
+        if soft_cap is not None:
+            self.plan_extra["logits_soft_cap"] = soft_cap
         # Zeroed: FlashInfer asks for a zero-initialised float workspace before its first use.
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
@@ -110,8 +116,8 @@ class FlashInferBackend:
             raise ValueError(f"FlashInfer attention needs float16 or bfloat16, got {dtype} (use the torch backend)")
         meta = self._meta
         assert meta is not None, "plan() was not called for this step"
-        common = dict(q_data_type=dtype, kv_data_type=kv_dtype or dtype, sm_scale=1.0 / math.sqrt(head_dim),
-                      **self.window_extra)
+        scale = 1.0 / math.sqrt(head_dim) if self.scale is None else self.scale
+        common = dict(q_data_type=dtype, kv_data_type=kv_dtype or dtype, sm_scale=scale, **self.plan_extra)
         if meta.is_decode:
             wrapper = self._decode_wrapper(use_tensor_core_decode(num_q_heads, num_kv_heads))
             wrapper.plan(

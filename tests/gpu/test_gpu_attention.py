@@ -10,18 +10,18 @@ from engine.attention.torch_ref import TorchRefBackend
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 
-def run_steps(pager, steps, num_q_heads: int, *, shape_known: bool = True, shares=(), window: int | None = None
-              ) -> None:
+def run_steps(pager, steps, num_q_heads: int, *, shape_known: bool = True, shares=(), window: int | None = None,
+              **extras: float) -> None:
     """Each step: (request, new tokens). Both backends write their own pool and attend; outputs and pools
     must agree. shares: (before step index, src, dst, pages) prefix-cache hits applied before that step.
-    window: both backends attend through a sliding window of that many tokens."""
+    window: both backends attend through a sliding window of that many tokens; extras: scale, soft_cap."""
     from engine.attention.flashinfer import FlashInferBackend
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     hk, d, dtype = pager.num_kv_heads, pager.head_dim, pager.dtype
     kw = dict(num_q_heads=num_q_heads, num_kv_heads=hk, head_dim=d, dtype=dtype) if shape_known else {}
-    fi = FlashInferBackend("cuda", window=window, **kw)
-    ref = TorchRefBackend("cuda", window=window)
+    fi = FlashInferBackend("cuda", window=window, **extras, **kw)
+    ref = TorchRefBackend("cuda", window=window, **extras)
     for index, step in enumerate(steps):
         for at, src, dst, pages in shares:
             if at == index:
@@ -130,3 +130,12 @@ def test_sliding_window_matches_reference(gpu_pager, window):
     pager = gpu_pager(num_layers=1, num_kv_heads=2, head_dim=64, page_size=16)
     steps = [[("a", 50), ("b", 3)], [("b", 30), ("a", 1), ("c", 7)]] + [[("a", 1), ("b", 1), ("c", 1)]] * 3
     run_steps(pager, steps, num_q_heads=8, window=window)
+
+
+@pytest.mark.parametrize(("num_q_heads", "window"), [(4, None), (8, 24), (16, None)])
+def test_gemma_scale_and_soft_cap_match_reference(gpu_pager, num_q_heads, window):
+    # Gemma's extras on plan(): sm_scale (query_pre_attn_scalar) and logits_soft_cap, at head_dim 256, on both
+    # decode kernels (GQA 2 and 8), with and without a window.
+    pager = gpu_pager(num_layers=1, num_kv_heads=2, head_dim=256, page_size=16)
+    steps = [[("a", 50), ("b", 3)], [("b", 30), ("a", 1), ("c", 7)]] + [[("a", 1), ("b", 1), ("c", 1)]] * 3
+    run_steps(pager, steps, num_q_heads=num_q_heads, window=window, scale=0.5, soft_cap=3.0)
