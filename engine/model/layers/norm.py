@@ -38,3 +38,18 @@ class RMSNorm(nn.Module):
             return kernels.fused_add_rmsnorm(x, residual, self.weight, self.eps)
         residual = x.add_(residual)
         return self.forward(residual), residual
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: the weight is stored as an offset from 1, and the whole norm, the (1 + w) scale included,
+    is computed in float32 and cast back once (unlike RMSNorm above, which scales in the model dtype)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)

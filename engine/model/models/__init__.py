@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch import nn
 
 from engine.errors import UnsupportedModel
+from engine.model.models.gemma2 import Gemma2ForCausalLM
+from engine.model.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from engine.model.models.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:
@@ -20,6 +22,9 @@ if TYPE_CHECKING:
     from engine.core.kv_spec import KVGroupSpec
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
