@@ -18,7 +18,8 @@ class KVGroupSpec:
     """The layers of one group (model layer indices, ascending), their KV shape and their window (None: full).
 
     scale and soft_cap are the attention extras the group's backend plans with (Gemma's query_pre_attn_scalar and
-    attention logit soft-capping): None is 1/sqrt(head_dim) and no capping.
+    attention logit soft-capping): None is 1/sqrt(head_dim) and no capping. readers: (layer, source) pairs of
+    layers that hold no pages and attend over a source layer's of this group (Gemma 4's shared KV).
     """
 
     layers: tuple[int, ...]
@@ -27,6 +28,7 @@ class KVGroupSpec:
     window: int | None = None
     scale: float | None = None
     soft_cap: float | None = None
+    readers: tuple[tuple[int, int], ...] = ()
 
     def window_pages(self, page_size: int) -> int | None:
         """The most pages a sequence holds in this group between steps (None: unbounded, full attention)."""
@@ -45,7 +47,8 @@ class KVGroupSpec:
     @property
     def label(self) -> str:
         kind = "full" if self.window is None else f"window({self.window})"
-        return f"{kind}:{len(self.layers)}x"
+        shared = f"+{len(self.readers)}shared" if self.readers else ""
+        return f"{kind}:{len(self.layers)}x{shared}"
 
 
 def layer_windows(config: dict, num_layers: int) -> list[int | None]:
@@ -70,14 +73,21 @@ def layer_windows(config: dict, num_layers: int) -> list[int | None]:
 
 def kv_groups(
     windows: list[int | None], num_kv_heads: int, head_dim: int, *, scale: float | None = None,
-    soft_cap: float | None = None,
+    soft_cap: float | None = None, shapes: list[tuple[int, int]] | None = None, shared: dict[int, int] | None = None,
 ) -> list[KVGroupSpec]:
-    """One group per distinct window, in order of each group's first layer (a full-attention model: one group)."""
-    by_window: dict[int | None, list[int]] = {}
+    """One group per distinct window and KV shape, in order of each group's first layer (a full-attention model:
+    one group). shapes: each layer's (num_kv_heads, head_dim) where they differ by layer (Gemma 4); shared:
+    layer -> the layer whose pages it reads (it holds none)."""
+    shared = shared or {}
+    by_key: dict[tuple[int | None, int, int], list[int]] = {}
     for layer, window in enumerate(windows):
-        by_window.setdefault(window, []).append(layer)
-    return [KVGroupSpec(tuple(layers), num_kv_heads, head_dim, window, scale, soft_cap)
-            for window, layers in by_window.items()]
+        if layer not in shared:
+            by_key.setdefault((window, *(shapes[layer] if shapes else (num_kv_heads, head_dim))), []).append(layer)
+    groups = []
+    for (window, heads, dim), layers in by_key.items():
+        readers = tuple((r, s) for r, s in sorted(shared.items()) if s in layers)
+        groups.append(KVGroupSpec(tuple(layers), heads, dim, window, scale, soft_cap, readers))
+    return groups
 
 
 def describe_groups(groups: list[KVGroupSpec]) -> str:

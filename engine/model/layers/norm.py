@@ -41,15 +41,19 @@ class RMSNorm(nn.Module):
 
 
 class GemmaRMSNorm(nn.Module):
-    """Gemma's RMSNorm: the weight is stored as an offset from 1, and the whole norm, the (1 + w) scale included,
-    is computed in float32 and cast back once (unlike RMSNorm above, which scales in the model dtype)."""
+    """Gemma's RMSNorm: the whole norm, its scale included, is computed in float32 and cast back once (unlike
+    RMSNorm above, which scales in the model dtype). Gemma 2 / 3 store the weight as an offset from 1 (scale
+    1 + w); Gemma 4 stores the scale itself (unit_offset=False), and has norms with no weight (scaled=False)."""
 
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, *, unit_offset: bool = True, scaled: bool = True) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
+        self.weight = nn.Parameter(torch.zeros(dim)) if scaled else None
         self.eps = eps
+        self.offset = 1.0 if unit_offset else 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+        if self.weight is not None:
+            normed = normed * (self.offset + self.weight.float())
+        return normed.to(x.dtype)

@@ -13,6 +13,7 @@ from torch import nn
 from engine.errors import UnsupportedModel
 from engine.model.models.gemma2 import Gemma2ForCausalLM
 from engine.model.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
+from engine.model.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
 from engine.model.models.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
+    "Gemma4ForCausalLM": Gemma4ForCausalLM,
+    "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
