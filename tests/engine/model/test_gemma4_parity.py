@@ -148,3 +148,27 @@ def test_engine_greedy_equals_transformers_batched_and_solo(gemma4):
             tokens.append(int(reference_logits(gemma4.hf, tokens)[-1].argmax()))
         assert batched[r] == tokens[len(prompt) :], r
         assert _generate(gemma4.path, {r: prompt}, 10)[0] == {r: batched[r]}
+
+
+def test_multimodal_checkpoint_serves_its_text_model(tmp_path):
+    """A Gemma4ForConditionalGeneration folder (vision tower and all): the bake's check passes, the vision weights
+    are left unread, and the text logits equal transformers' on text alone."""
+    import transformers as tf
+
+    text = {**CONFIG, "num_hidden_layers": 2, "layer_types": TYPES[1:3], "num_kv_shared_layers": 0}
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16)
+    torch.manual_seed(0)
+    hf = tf.AutoModelForImageTextToText.from_config(
+        tf.Gemma4Config(text_config=text, vision_config=vision, audio_config=None), attn_implementation="eager")
+    hf = hf.float().eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name or "scalar" in name else 0.15 * torch.randn_like(p))
+    hf.config.architectures = [type(hf).__name__]
+    hf.save_pretrained(tmp_path)
+    assert check_checkpoint(str(tmp_path)) == "Gemma4ForConditionalGeneration"
+    model, spec = load_model(str(tmp_path), torch.float32, torch.device("cpu"))
+    prompts = {"a": list(range(3, 8)), "b": list(range(10, 30))}
+    logits = Pages(spec.kv_groups).run(model, list(prompts.items()))
+    torch.testing.assert_close(logits[:5], reference_logits(hf, prompts["a"]), atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(logits[5:], reference_logits(hf, prompts["b"]), atol=ATOL, rtol=1e-4)
