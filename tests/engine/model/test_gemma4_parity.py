@@ -172,3 +172,16 @@ def test_multimodal_checkpoint_serves_its_text_model(tmp_path):
     logits = Pages(spec.kv_groups).run(model, list(prompts.items()))
     torch.testing.assert_close(logits[:5], reference_logits(hf, prompts["a"]), atol=ATOL, rtol=1e-4)
     torch.testing.assert_close(logits[5:], reference_logits(hf, prompts["b"]), atol=ATOL, rtol=1e-4)
+
+
+def test_preemption_recomputes_the_same_tokens(gemma4):
+    """A pool too small for every request at once: requests are preempted and recomputed (their shared-KV layers
+    read the recomputed pages), and every answer equals the roomy run's."""
+    gen = torch.Generator().manual_seed(3)
+    prompts = {f"q{i}": torch.randint(3, 128, (n,), generator=gen).tolist() for i, n in enumerate((14, 19, 22, 9))}
+    roomy, _ = _generate(gemma4.path, prompts, 12)
+    tight = LLMEngine(EngineConfig(model_path=str(gemma4.path), dtype="float32", page_size=4, max_num_seqs=4,
+                                   max_num_batched_tokens=16, num_kv_pages=20, enable_prefix_caching=False))
+    squeezed, engine = _generate(gemma4.path, prompts, 12, tight)
+    assert engine.scheduler.num_preemptions > 0
+    assert squeezed == roomy
