@@ -65,6 +65,8 @@ class FlashInferBackend:
         workspace_bytes: int = WORKSPACE_BYTES,
         prefill_backend: str = DEFAULT_PREFILL_BACKEND,
         window: int | None = None,
+        scale: float | None = None,
+        soft_cap: float | None = None,
         **_: object,
     ) -> None:
         import flashinfer
@@ -79,7 +81,11 @@ class FlashInferBackend:
         self.shape = (num_q_heads, num_kv_heads, head_dim, dtype)
         # A sliding window of W tokens is FlashInfer's window_left = W - 1 (keys i - W + 1 .. i); it is passed to
         # plan() only when set, so a full-attention model plans exactly as before.
-        self.window_extra = {} if window is None else {"window_left": window - 1}
+        self.plan_extra = {} if window is None else {"window_left": window - 1}
+        # Attention extras of the group's layers (Gemma): FlashInfer's sm_scale and logits_soft_cap on plan().
+        self.scale = scale
+        if soft_cap is not None:
+            self.plan_extra["logits_soft_cap"] = soft_cap
         # Zeroed: FlashInfer asks for a zero-initialised float workspace before its first use.
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
@@ -122,25 +128,27 @@ class FlashInferBackend:
         num_q_heads, head_dim = q.shape[1], q.shape[2]
         if q.dtype not in HALF_DTYPES:
             raise ValueError(f"FlashInfer attention needs float16 or bfloat16, got {q.dtype} (use the torch backend)")
+        if "logits_soft_cap" in self.plan_extra:
+            raise ValueError("attention sinks with a logit soft-cap are not implemented")
+        scale = 1.0 / math.sqrt(head_dim) if self.scale is None else self.scale
         if self._sink_wrapper is None:
             import flashinfer
 
             self._sink_wrapper = flashinfer.BatchAttentionWithAttentionSinkWrapper(
                 self.workspace, "NHD", backend=self._prefill_backend, q_data_type=q.dtype,
                 kv_data_type=k_cache.dtype, head_dim_qk=head_dim, head_dim_vo=head_dim,
-                window_left=self.window_extra.get("window_left", -1),
+                window_left=self.plan_extra.get("window_left", -1),
             )
         if not self._sink_planned:
             # Decode steps too: a decode row is a prefill of one query token (causal from the KV's end).
             self._sink_wrapper.plan(
                 meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
                 num_q_heads, k_cache.shape[2], head_dim, meta.page_size, causal=True,
-                q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=1.0 / math.sqrt(head_dim),
-                **self.window_extra,
+                q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=scale, **self.plan_extra,
             )
             self._sink_planned = True
         # NOTE: the variant reads its own sm_scale argument, not the planned one; sinks are float32 per q head.
-        return self._sink_wrapper.run(q, (k_cache, v_cache), sinks.float(), 1.0 / math.sqrt(head_dim))
+        return self._sink_wrapper.run(q, (k_cache, v_cache), sinks.float(), scale)
 
     def _plan(
         self, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -150,8 +158,8 @@ class FlashInferBackend:
             raise ValueError(f"FlashInfer attention needs float16 or bfloat16, got {dtype} (use the torch backend)")
         meta = self._meta
         assert meta is not None, "plan() was not called for this step"
-        common = dict(q_data_type=dtype, kv_data_type=kv_dtype or dtype, sm_scale=1.0 / math.sqrt(head_dim),
-                      **self.window_extra)
+        scale = 1.0 / math.sqrt(head_dim) if self.scale is None else self.scale
+        common = dict(q_data_type=dtype, kv_data_type=kv_dtype or dtype, sm_scale=scale, **self.plan_extra)
         if meta.is_decode:
             wrapper = self._decode_wrapper(use_tensor_core_decode(num_q_heads, num_kv_heads))
             wrapper.plan(

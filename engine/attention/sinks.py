@@ -16,15 +16,16 @@ import torch.nn.functional as F
 
 def sdpa_with_sink(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, sinks: torch.Tensor,
-    enable_gqa: bool = False,
+    enable_gqa: bool = False, scale: float | None = None,
 ) -> torch.Tensor:
     """SDPA of q [..., Hq', Lq, D] over k, v [..., Hk, L, D] plus one sink key; a (non-contiguous) [..., Lq, D].
 
     sinks: the sink logits shaped to broadcast over q's [..., Hq', Lq] (e.g. [Hq', 1]); mask: bool
-    [..., Lq, L] (True: seen) or None for no mask (every key seen). Scale 1/sqrt(D).
+    [..., Lq, L] (True: seen) or None for no mask (every key seen). scale: None for 1/sqrt(D).
     """
     d = q.shape[-1]
-    column = (sinks.to(q.dtype) * math.sqrt(d))[..., None].expand(*q.shape[:-1], 1)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    column = (sinks.to(q.dtype) / scale)[..., None].expand(*q.shape[:-1], 1)
     q = torch.cat([q, column], dim=-1)
     k = F.pad(k, (0, 1, 0, 1))  # a zero last dimension for the real keys, and the sink key's row
     k[..., -1, -1] = 1.0
@@ -33,5 +34,5 @@ def sdpa_with_sink(
     v = F.pad(v, (0, 1, 0, 1))
     if mask is not None:
         mask = torch.cat([mask, mask.new_ones(*mask.shape[:-1], 1)], dim=-1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(d), enable_gqa=enable_gqa)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
     return out[..., :d]

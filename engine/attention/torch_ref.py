@@ -58,9 +58,14 @@ class _Decode:
 class TorchRefBackend:
     """AttentionBackend over the NHD paged pool using torch.nn.functional.scaled_dot_product_attention."""
 
-    def __init__(self, device: torch.device | str = "cpu", *, window: int | None = None, **_: object) -> None:
+    def __init__(
+        self, device: torch.device | str = "cpu", *, window: int | None = None, scale: float | None = None,
+        soft_cap: float | None = None, **_: object,
+    ) -> None:
         self.device = torch.device(device)
         self.window = window
+        self.scale = scale  # None: 1/sqrt(head_dim)
+        self.soft_cap = soft_cap  # scores become soft_cap * tanh(scores / soft_cap) before the mask
         self._slots: torch.Tensor | None = None
         self._decodes: list[_Decode] = []
         self._prefills: list[_Prefill] = []
@@ -137,6 +142,8 @@ class TorchRefBackend:
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None
     ) -> torch.Tensor:
         """As AttentionBackend.run; sinks: the layer's sink logits [q_heads] (gpt-oss), or None."""
+        if sinks is not None and self.soft_cap is not None:
+            raise ValueError("attention sinks with a logit soft-cap are not implemented")
         if len(self._decodes) == 1 and self._decodes[0].rows is None:
             return self._run_decode(q, k_cache, v_cache, self._decodes[0], sinks)
         out = torch.empty_like(q)
@@ -146,9 +153,22 @@ class TorchRefBackend:
             out[p.rows] = self._run_prefill(q[p.rows], k_cache, v_cache, p, sinks)
         return out
 
-    @staticmethod
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                causal: bool = False, enable_gqa: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """SDPA; with sinks one more key (engine.attention.sinks); with a soft-cap (which SDPA lacks) the same
+        math spelled out as transformers' eager path."""
+        if sinks is not None:
+            if causal:  # SDPA's is_causal would hide the sink key, which comes last
+                t = q.shape[-2]
+                mask = torch.ones(t, k.shape[-2], dtype=torch.bool, device=q.device).tril(k.shape[-2] - t)
+            return sdpa_with_sink(q, k, v, mask, sinks, enable_gqa=enable_gqa, scale=self.scale)
+        if self.soft_cap is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
+                                                  enable_gqa=enable_gqa)
+        return soft_capped_attention(q, k, v, mask, causal, self.scale, self.soft_cap)
+
     def _run_decode(
-        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Decode, sinks: torch.Tensor | None
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Decode, sinks: torch.Tensor | None
     ) -> torch.Tensor:
         b, hq, d = q.shape
         hk = k_cache.shape[2]
@@ -157,16 +177,12 @@ class TorchRefBackend:
         k = k_cache.view(-1, d).index_select(0, plan.gather).view(b, hk, -1, d)
         v = v_cache.view(-1, d).index_select(0, plan.gather).view(b, hk, -1, d)
         # The GQA group becomes the query rows: q [B, Hk, group, D] against K/V [B, Hk, L, D].
-        q = q.view(b, hk, hq // hk, d)
-        if sinks is None:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask)
-        else:
-            out = sdpa_with_sink(q, k, v, plan.mask, sinks.view(hk, hq // hk))
+        out = self._attend(q.view(b, hk, hq // hk, d), k, v, plan.mask,
+                           sinks=None if sinks is None else sinks.view(hk, hq // hk))
         return out.reshape(b, hq, d)
 
-    @staticmethod
     def _run_prefill(
-        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Prefill, sinks: torch.Tensor | None
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Prefill, sinks: torch.Tensor | None
     ) -> torch.Tensor:
         hk, d = k_cache.shape[2], k_cache.shape[3]
         if plan.gather is None:
@@ -174,17 +190,29 @@ class TorchRefBackend:
         k = k_cache.view(-1, d).index_select(0, plan.gather).view(hk, -1, d)
         v = v_cache.view(-1, d).index_select(0, plan.gather).view(hk, -1, d)
         # NOTE: 4-D inputs: with 3-D ones CPU SDPA takes the math path (materialised scores, ~4x slower).
-        q = q.transpose(0, 1)[None]
-        if sinks is None:
-            out = F.scaled_dot_product_attention(
-                q, k[None], v[None], attn_mask=plan.mask, is_causal=plan.mask is None, enable_gqa=True
-            )
-        else:
-            if plan.mask is None:  # SDPA's is_causal would hide the sink key, which comes last
-                n = q.shape[2]
-                plan.mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-            out = sdpa_with_sink(q, k[None], v[None], plan.mask, sinks.view(-1, 1), enable_gqa=True)
+        out = self._attend(q.transpose(0, 1)[None], k[None], v[None], plan.mask, causal=plan.mask is None,
+                           enable_gqa=True, sinks=None if sinks is None else sinks.view(-1, 1))
         return out[0].transpose(0, 1)
+
+
+def soft_capped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+    scale: float | None, soft_cap: float,
+) -> torch.Tensor:
+    """SDPA's contract (q [..., Hq, T, D], k/v [..., Hk, L, D], GQA by head groups, bool mask or causal) with
+    the scores capped at soft_cap * tanh(scores / soft_cap); softmax in float32 as transformers does."""
+    *lead, hq, t, d = q.shape
+    hk, length = k.shape[-3], k.shape[-2]
+    qg = q.reshape(*lead, hk, hq // hk, t, d)
+    scores = qg @ k.unsqueeze(-3).transpose(-1, -2) * (d**-0.5 if scale is None else scale)
+    scores = torch.tanh(scores / soft_cap) * soft_cap
+    if causal:
+        mask = torch.ones(t, length, dtype=torch.bool, device=q.device).tril(length - t)
+    if mask is not None:
+        # A [B, 1, 1, L] decode mask gets a query axis; a [T, L] prefill mask broadcasts as it is.
+        scores = scores.masked_fill(~(mask.unsqueeze(-2) if mask.dim() == 4 else mask), float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return (probs @ v.unsqueeze(-3)).reshape(*lead, hq, t, d)
 
 
 def _split(lens: list[int], lo: int, hi: int, depth: int) -> list[tuple[int, int]]:

@@ -67,7 +67,7 @@ class LLMEngine:
                                f"{self.spec.max_position_embeddings}", param="max_model_len")
         groups = self.spec.kv_groups
         self.backend_name, self.backend_reason = resolve_backend(config.attention_backend, self.device, self.dtype)
-        self.backends = [create_backend(self.backend_name, self.device, window=g.window,
+        self.backends = [create_backend(self.backend_name, self.device, **g.attention_extras(),
                                         **cuda_setup.backend_kwargs(self.spec, self.dtype, g)) for g in groups]
         if self.device.type == "cuda":
             with timed(self.start_ms, "warm-up"):

@@ -15,12 +15,20 @@ WINDOW_OFF_BY_DEFAULT = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 
 @dataclass(frozen=True)
 class KVGroupSpec:
-    """The layers of one group (model layer indices, ascending), their KV shape and their window (None: full)."""
+    """The layers of one group (model layer indices, ascending), their KV shape and their window (None: full).
+
+    scale and soft_cap are the attention extras the group's backend plans with (Gemma's query_pre_attn_scalar and
+    attention logit soft-capping): None is 1/sqrt(head_dim) and no capping. readers: (layer, source) pairs of
+    layers that hold no pages and attend over a source layer's of this group (Gemma 4's shared KV).
+    """
 
     layers: tuple[int, ...]
     num_kv_heads: int
     head_dim: int
     window: int | None = None
+    scale: float | None = None
+    soft_cap: float | None = None
+    readers: tuple[tuple[int, int], ...] = ()
 
     def window_pages(self, page_size: int) -> int | None:
         """The most pages a sequence holds in this group between steps (None: unbounded, full attention)."""
@@ -32,10 +40,15 @@ class KVGroupSpec:
             return 0
         return max(0, num_computed - self.window + 1) // page_size
 
+    def attention_extras(self) -> dict[str, object]:
+        """What the group's attention backend is built with besides its shape: the window, scale and soft-cap."""
+        return {"window": self.window, "scale": self.scale, "soft_cap": self.soft_cap}
+
     @property
     def label(self) -> str:
         kind = "full" if self.window is None else f"window({self.window})"
-        return f"{kind}:{len(self.layers)}x"
+        shared = f"+{len(self.readers)}shared" if self.readers else ""
+        return f"{kind}:{len(self.layers)}x{shared}"
 
 
 def layer_windows(config: dict, num_layers: int) -> list[int | None]:
@@ -58,12 +71,23 @@ def layer_windows(config: dict, num_layers: int) -> list[int | None]:
     return [window if i >= first else None for i in range(num_layers)]
 
 
-def kv_groups(windows: list[int | None], num_kv_heads: int, head_dim: int) -> list[KVGroupSpec]:
-    """One group per distinct window, in order of each group's first layer (a full-attention model: one group)."""
-    by_window: dict[int | None, list[int]] = {}
+def kv_groups(
+    windows: list[int | None], num_kv_heads: int, head_dim: int, *, scale: float | None = None,
+    soft_cap: float | None = None, shapes: list[tuple[int, int]] | None = None, shared: dict[int, int] | None = None,
+) -> list[KVGroupSpec]:
+    """One group per distinct window and KV shape, in order of each group's first layer (a full-attention model:
+    one group). shapes: each layer's (num_kv_heads, head_dim) where they differ by layer (Gemma 4); shared:
+    layer -> the layer whose pages it reads (it holds none)."""
+    shared = shared or {}
+    by_key: dict[tuple[int | None, int, int], list[int]] = {}
     for layer, window in enumerate(windows):
-        by_window.setdefault(window, []).append(layer)
-    return [KVGroupSpec(tuple(layers), num_kv_heads, head_dim, window) for window, layers in by_window.items()]
+        if layer not in shared:
+            by_key.setdefault((window, *(shapes[layer] if shapes else (num_kv_heads, head_dim))), []).append(layer)
+    groups = []
+    for (window, heads, dim), layers in by_key.items():
+        readers = tuple((r, s) for r, s in sorted(shared.items()) if s in layers)
+        groups.append(KVGroupSpec(tuple(layers), heads, dim, window, scale, soft_cap, readers))
+    return groups
 
 
 def describe_groups(groups: list[KVGroupSpec]) -> str:
@@ -75,4 +99,6 @@ def graphs_blocker(groups: list[KVGroupSpec]) -> str | None:
     """Why decode cannot replay CUDA graphs (they hold one page table, planned without a window); None: it can."""
     if len(groups) > 1:
         return "several KV layer groups"
+    if groups[0].scale is not None or groups[0].soft_cap is not None:
+        return "an attention scale or soft-cap of the model's own"
     return "a sliding-window KV group" if groups[0].window is not None else None

@@ -32,10 +32,12 @@ class ModelRunner:
     ) -> None:
         self.model, self.pools, self.backends, self.sampler, self.device = model, pools, backends, sampler, device
         self.page_size = pools[0].page_size
-        if len(groups) == 1:
+        if len(groups) == 1 and not groups[0].readers:
             self.layer_caches, self.layer_backends = pools[0].kv_caches, backends[0]
         else:
             where = {layer: (g, i) for g, spec in enumerate(groups) for i, layer in enumerate(spec.layers)}
+            # A layer that shares KV attends over its source's pages with its source's backend.
+            where.update({reader: where[source] for spec in groups for reader, source in spec.readers})
             self.layer_caches = [pools[g].kv_caches[i] for g, i in (where[n] for n in range(len(where)))]
             self.layer_backends = [backends[where[n][0]] for n in range(len(where))]
         self.num_tokens_run = 0  # tokens fed to the model over the runner's life (prefix hits are not)

@@ -11,17 +11,18 @@ TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 
 def run_steps(pager, steps, num_q_heads: int, *, shape_known: bool = True, shares=(), window: int | None = None,
-              sinks: torch.Tensor | None = None) -> None:
+              sinks: torch.Tensor | None = None, **extras: float) -> None:
     """Each step: (request, new tokens). Both backends write their own pool and attend; outputs and pools
     must agree. shares: (before step index, src, dst, pages) prefix-cache hits applied before that step.
-    window: both backends attend through a sliding window of that many tokens; sinks: each layer's sink logits."""
+    window: both backends attend through a sliding window of that many tokens; sinks: each layer's sink logits;
+    extras: scale, soft_cap."""
     from engine.attention.flashinfer import FlashInferBackend
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     hk, d, dtype = pager.num_kv_heads, pager.head_dim, pager.dtype
     kw = dict(num_q_heads=num_q_heads, num_kv_heads=hk, head_dim=d, dtype=dtype) if shape_known else {}
-    fi = FlashInferBackend("cuda", window=window, **kw)
-    ref = TorchRefBackend("cuda", window=window)
+    fi = FlashInferBackend("cuda", window=window, **extras, **kw)
+    ref = TorchRefBackend("cuda", window=window, **extras)
     for index, step in enumerate(steps):
         for at, src, dst, pages in shares:
             if at == index:
@@ -141,3 +142,13 @@ def test_sinks_match_reference(gpu_pager, window, num_q_heads, num_kv_heads, hea
     sinks = torch.linspace(-2.0, 6.0, num_q_heads, device="cuda")
     steps = [[("a", 60), ("b", 3)], [("b", 1), ("a", 33), ("c", 5)]] + [[("a", 1), ("b", 1), ("c", 1)]] * 30
     run_steps(pager, steps, num_q_heads=num_q_heads, window=window, sinks=sinks)
+
+
+@pytest.mark.parametrize(("num_q_heads", "window", "head_dim"), [(4, None, 256), (8, 24, 256), (16, None, 256),
+                                                                 (8, None, 512)])
+def test_gemma_scale_and_soft_cap_match_reference(gpu_pager, num_q_heads, window, head_dim):
+    # Gemma's extras on plan(): sm_scale (query_pre_attn_scalar) and logits_soft_cap, on both decode kernels
+    # (GQA 2 and 8), with and without a window; 512 is Gemma 4's global head size.
+    pager = gpu_pager(num_layers=1, num_kv_heads=2, head_dim=head_dim, page_size=16)
+    steps = [[("a", 50), ("b", 3)], [("b", 30), ("a", 1), ("c", 7)]] + [[("a", 1), ("b", 1), ("c", 1)]] * 3
+    run_steps(pager, steps, num_q_heads=num_q_heads, window=window, scale=0.5, soft_cap=3.0)

@@ -38,3 +38,22 @@ class RMSNorm(nn.Module):
             return kernels.fused_add_rmsnorm(x, residual, self.weight, self.eps)
         residual = x.add_(residual)
         return self.forward(residual), residual
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: the whole norm, its scale included, is computed in float32 and cast back once (unlike
+    RMSNorm above, which scales in the model dtype). Gemma 2 / 3 store the weight as an offset from 1 (scale
+    1 + w); Gemma 4 stores the scale itself (unit_offset=False), and has norms with no weight (scaled=False)."""
+
+    def __init__(self, dim: int, eps: float, *, unit_offset: bool = True, scaled: bool = True) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim)) if scaled else None
+        self.eps = eps
+        self.offset = 1.0 if unit_offset else 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight is not None:
+            normed = normed * (self.offset + self.weight.float())
+        return normed.to(x.dtype)

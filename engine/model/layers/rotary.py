@@ -1,4 +1,4 @@
-"""Rotary position embedding with transformers' rope scaling types (default, linear, dynamic, llama3, yarn).
+"""Rotary position embedding with transformers' rope types (default, linear, dynamic, llama3, yarn, proportional).
 
 On CUDA with a half dtype the model switches to FlashInfer's RoPE kernel once, at init_rotary(); the torch code
 here is the CPU path.
@@ -18,6 +18,8 @@ def rope_inv_freq(head_dim: int, rope: dict, max_position_embeddings: int) -> tu
     """Inverse frequencies and the cos/sin scale for one of transformers' rope types (float32, CPU)."""
     rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
     base = float(rope.get("rope_theta", 10000.0))
+    if rope_type == "proportional":
+        return _proportional_inv_freq(head_dim, base, rope), 1.0
     if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
         raise UnsupportedModel("partial_rotary_factor != 1 is not supported", param="model")
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
@@ -32,6 +34,15 @@ def rope_inv_freq(head_dim: int, rope: dict, max_position_embeddings: int) -> tu
     if rope_type == "yarn":
         return _yarn_inv_freq(head_dim, base, rope, max_position_embeddings)
     raise UnsupportedModel(f"rope type {rope_type!r} is not supported", param="model")
+
+
+def _proportional_inv_freq(head_dim: int, base: float, rope: dict) -> torch.Tensor:
+    """Gemma 4's global layers: the first partial_rotary_factor of each half rotates at the full-width frequencies,
+    the rest does not rotate (frequency 0: cos 1, sin 0)."""
+    angles = int(float(rope.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+    rotated = 1.0 / (base ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = torch.cat((rotated, torch.zeros(head_dim // 2 - angles)))
+    return inv_freq / float(rope.get("factor", 1.0))
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, rope: dict) -> torch.Tensor:

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch import nn
 
 from engine.errors import UnsupportedModel
+from engine.model.models.gemma2 import Gemma2ForCausalLM
+from engine.model.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
+from engine.model.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
 from engine.model.models.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:
@@ -20,6 +23,11 @@ if TYPE_CHECKING:
     from engine.core.kv_spec import KVGroupSpec
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
+    "Gemma4ForCausalLM": Gemma4ForCausalLM,
+    "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
