@@ -15,6 +15,7 @@ from engine.errors import EngineError
 from worker.native import run_native
 from worker.openai.chat import complete_chat, prepare_chat, stream_chat
 from worker.openai.completions import complete, prepare_completion, stream_completion
+from worker.openai.embeddings import create_embeddings, prepare_embeddings
 from worker.openai.errors import BadRequest, RouteNotFound, error_body
 from worker.openai.models import list_models, retrieve_model
 from worker.openai.response_compact import complete_compaction, prepare_compaction
@@ -29,10 +30,12 @@ COMPLETIONS = "/v1/completions"
 RESPONSES = "/v1/responses"
 COMPACT = "/v1/responses/compact"
 MODELS = "/v1/models"
+EMBEDDINGS = "/v1/embeddings"
 # What the engine's error params are called on each route, where the route names them differently.
 CLIENT_PARAM_NAMES = {
     CHAT: {"prompt": "messages"},
     RESPONSES: {"prompt": "input", "max_tokens": "max_output_tokens"},
+    EMBEDDINGS: {"prompt": "input"},
 }
 # Routes that generate: how each prepares a request (on a thread), answers it whole, and streams it.
 GENERATIONS: dict[str, tuple[Callable[[Any, Runtime], Any], Callable[[Any], Awaitable[Any]],
@@ -94,6 +97,10 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
         call = await asyncio.to_thread(prepare_compaction, body, runtime)
         with _client_names(RESPONSES):
             yield await complete_compaction(call)
+    elif route == EMBEDDINGS:
+        call = await asyncio.to_thread(prepare_embeddings, body, runtime)
+        with _client_names(EMBEDDINGS):
+            yield await create_embeddings(call)
     elif route.startswith(RESPONSES + "/"):
         method = str(job_input.get("openai_method") or "GET").upper()
         yield stored_response(runtime.responses, route[len(RESPONSES) + 1:], method, body)
@@ -119,7 +126,7 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
                 yield group
     else:
         raise RouteNotFound(f"Unknown openai_route {route!r}: this worker serves {CHAT}, {COMPLETIONS}, "
-                            f"{RESPONSES}, {COMPACT} and {MODELS}", param="openai_route")
+                            f"{RESPONSES}, {COMPACT}, {EMBEDDINGS} and {MODELS}", param="openai_route")
 
 
 @contextmanager
