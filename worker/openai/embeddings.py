@@ -13,9 +13,9 @@ import sys
 import time
 from array import array
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from engine.outputs import PoolingOutput
 from worker.openai.errors import BadRequest
@@ -24,8 +24,6 @@ from worker.openai.models import resolve_model
 from worker.runtime import Runtime
 
 MAX_INPUTS = 2048  # OpenAI's limit on one request's inputs
-TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
-Text = Annotated[StrictStr, Field(min_length=1)]
 
 
 class EmbeddingRequest(BaseModel):
@@ -34,8 +32,7 @@ class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)
-    input: Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_INPUTS)] | TokenIds | Annotated[
-        list[TokenIds], Field(min_length=1, max_length=MAX_INPUTS)]
+    input: Any
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
@@ -43,6 +40,25 @@ class EmbeddingRequest(BaseModel):
     add_special_tokens: StrictBool = True
     request_id: str | None = None
     stream: StrictBool | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, value: Any) -> str | list:
+        if isinstance(value, str):
+            if not value:
+                raise BadRequest("input must not be an empty string", param="input")
+            return value
+        if not isinstance(value, list) or not value:
+            raise BadRequest("input must be a non-empty string, a list of strings, a list of token ids, or a list "
+                             "of such lists", param="input")
+        if _token_ids(value):
+            return value
+        if len(value) > MAX_INPUTS:
+            raise BadRequest(f"input has {len(value)} items; at most {MAX_INPUTS} per request", param="input")
+        if all(isinstance(v, str) and v for v in value) or all(isinstance(v, list) and _token_ids(v) for v in value):
+            return value
+        raise BadRequest("input's items must all be non-empty strings or all non-empty lists of token ids "
+                         "(integers from 0)", param="input")
 
     @field_validator("stream")
     @classmethod
@@ -109,6 +125,10 @@ async def create_embeddings(call: EmbeddingCall) -> dict[str, Any]:
                  for i, o in enumerate(outputs)],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+def _token_ids(value: list) -> bool:
+    return bool(value) and all(type(t) is int and t >= 0 for t in value)
 
 
 def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
