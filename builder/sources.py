@@ -27,6 +27,9 @@ TOKENIZER_FILES = [
     "vocab.json",
     "merges.txt",
 ]
+# sentence-transformers' description of how the model pools an embedding (engine/model/pooling.py reads it)
+POOLING_FILES = ["modules.json", "config_sentence_transformers.json", "sentence_bert_config.json",
+                 "*Pooling/config.json"]
 SAFETENSORS_FILES = ["*.safetensors", "model.safetensors.index.json"]
 BIN_FILES = ["*.bin", "pytorch_model.bin.index.json"]
 
@@ -69,7 +72,7 @@ def identity(source: Source) -> dict:
 def local_files(folder: Path) -> list[Path]:
     """The files of a local model folder that a bake copies."""
     names = {p.name for p in folder.iterdir() if p.is_file()}
-    patterns = CONFIG_FILES + TOKENIZER_FILES + SAFETENSORS_FILES
+    patterns = CONFIG_FILES + TOKENIZER_FILES + POOLING_FILES + SAFETENSORS_FILES
     if not any(n.endswith(".safetensors") for n in names):
         patterns += BIN_FILES
     return [path for pattern in patterns for path in sorted(folder.glob(pattern))]
@@ -82,7 +85,8 @@ def fingerprint(location: Path, files: list[Path]) -> str:
     digest = hashlib.sha256(str(location.resolve()).encode())
     for path in files:
         stat = path.stat()
-        digest.update(f"\0{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+        digest.update(f"\0{path.relative_to(location) if location.is_dir() else path.name}\0{stat.st_size}"
+                      f"\0{stat.st_mtime_ns}".encode())
     return digest.hexdigest()
 
 
@@ -113,12 +117,14 @@ def fetch(source: Source, staging: Path, token: str | None) -> str | None:
 
 def _copy_local(folder: Path, staging: Path) -> None:
     for path in local_files(folder):
-        shutil.copy2(path, staging / path.name)
+        target = staging / path.relative_to(folder)  # a Pooling module's config keeps its folder
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
 
 
 def _fetch_hub(source: Source, staging: Path, token: str | None) -> str | None:
     def patterns() -> list[str]:
-        return CONFIG_FILES + TOKENIZER_FILES + _hub_weight_patterns(source.ref, source.revision, token)
+        return CONFIG_FILES + TOKENIZER_FILES + POOLING_FILES + _hub_weight_patterns(source.ref, source.revision, token)
 
     snapshot = hub_snapshot(source.ref, source.revision, token, patterns)
     _copy_local(snapshot, staging)

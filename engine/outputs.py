@@ -66,3 +66,18 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0  # over all choices so far
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+
+@dataclass
+class PoolingOutput:
+    """An embedding request's one and only output: the pooled vector and the prompt it pooled."""
+
+    request_id: str
+    embedding: list[float]
+    prompt_token_ids: list[int]
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    finished: bool = True
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)

@@ -17,6 +17,7 @@ from worker.anthropic.messages import complete_message, count_message_tokens, pr
 from worker.native import run_native
 from worker.openai.chat import complete_chat, prepare_chat, stream_chat
 from worker.openai.completions import complete, prepare_completion, stream_completion
+from worker.openai.embeddings import create_embeddings, prepare_embeddings
 from worker.openai.errors import BadRequest, RouteNotFound, error_body
 from worker.openai.models import list_models, retrieve_model
 from worker.openai.response_compact import complete_compaction, prepare_compaction
@@ -31,11 +32,13 @@ COMPLETIONS = "/v1/completions"
 RESPONSES = "/v1/responses"
 COMPACT = "/v1/responses/compact"
 MODELS = "/v1/models"
+EMBEDDINGS = "/v1/embeddings"
 # What the engine's error params are called on each route, where the route names them differently.
 CLIENT_PARAM_NAMES = {
     CHAT: {"prompt": "messages"},
     RESPONSES: {"prompt": "input", "max_tokens": "max_output_tokens"},
     MESSAGES: {"prompt": "messages"},
+    EMBEDDINGS: {"prompt": "input"},
 }
 # Routes that stream named events (an SSE `event:` line per event, no [DONE] at the end).
 EVENT_STREAMS = (RESPONSES, MESSAGES)
@@ -112,6 +115,10 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
         call = await asyncio.to_thread(prepare_compaction, body, runtime)
         with _client_names(RESPONSES):
             yield await complete_compaction(call)
+    elif route == EMBEDDINGS:
+        call = await asyncio.to_thread(prepare_embeddings, body, runtime)
+        with _client_names(EMBEDDINGS):
+            yield await create_embeddings(call)
     elif route.startswith(RESPONSES + "/"):
         method = str(job_input.get("openai_method") or "GET").upper()
         yield stored_response(runtime.responses, route[len(RESPONSES) + 1:], method, body)
@@ -138,7 +145,8 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
                 yield group
     else:
         raise RouteNotFound(f"Unknown openai_route {route!r}: this worker serves {CHAT}, {COMPLETIONS}, "
-                            f"{RESPONSES}, {COMPACT}, {MESSAGES}, {COUNT_TOKENS} and {MODELS}", param="openai_route")
+                            f"{RESPONSES}, {COMPACT}, {MESSAGES}, {COUNT_TOKENS}, {EMBEDDINGS} and {MODELS}",
+                            param="openai_route")
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """The local endpoint: RunPod's URL layout on loopback, every route through the production handler.
 
-    /openai/v1/{models, models/<id>, chat/completions, completions, responses, responses/compact,
+    /openai/v1/{models, models/<id>, chat/completions, completions, embeddings, responses, responses/compact,
                 responses/<id>[/input_items], messages, messages/count_tokens}
                                                                           (also under /v2/<endpoint_id>/)
     /v2/<endpoint_id>/{run, runsync, stream/<job_id>, status/<job_id>, cancel/<job_id>, health}
@@ -93,6 +93,10 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
     @openai.post("/completions")
     async def completions(request: Request) -> Response:
         return await _openai_call(generate, "/v1/completions", await _json_body(request), request)
+
+    @openai.post("/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await _openai_call(generate, "/v1/embeddings", await _json_body(request), request)
 
     @openai.post("/responses")
     async def responses(request: Request) -> Response:

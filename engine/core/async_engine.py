@@ -11,8 +11,9 @@ from concurrent.futures import Future
 
 from engine.config import EngineConfig
 from engine.core.engine import LLMEngine
+from engine.core.pooling import PoolingParams
 from engine.errors import InvalidRequest
-from engine.outputs import RequestOutput
+from engine.outputs import PoolingOutput, RequestOutput
 from engine.sample.params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,23 @@ class AsyncEngine:
         """How long each start-up phase took (weights, tokenizer, kv cache, ...)."""
         return self.engine.start_ms
 
+    @property
+    def pooling(self):  # engine.model.pooling.PoolingConfig
+        """How this model pools an embedding (method, normalisation, whether it shortens)."""
+        return self.engine.spec.pooling
+
+    async def embed(self, prompt_token_ids: list[int], request_id: str, *, dimensions: int | None = None,
+                    truncate_prompt_tokens: int | None = None) -> PoolingOutput:
+        """One embedding request, run in the same batches as generation; raises its error instead."""
+        params = PoolingParams(self.engine.spec.pooling, dimensions, truncate_prompt_tokens)
+        async for output in self.generate(prompt_token_ids, params, request_id):
+            if isinstance(output, PoolingOutput):
+                return output
+        raise RuntimeError(f"embedding request {request_id} ended without its embedding")
+
     async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
-    ) -> AsyncIterator[RequestOutput]:
+        self, prompt_token_ids: list[int], params: SamplingParams | PoolingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput | PoolingOutput]:
         """Streams the request's outputs; raises its error instead. Closing or cancelling aborts it."""
         if self._stopped:
             raise RuntimeError("the engine is shut down")

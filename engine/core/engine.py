@@ -142,11 +142,11 @@ class LLMEngine:
             self.max_model_len = pages * ps
         return pages
 
-    # ---- requests
     @property
     def limits(self) -> Limits:
-        c = self.config
-        return Limits(self.spec.vocab_size, self.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, self.adapters)
+        c, m = self.config, self.spec
+        return Limits(m.vocab_size, self.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, self.adapters,
+                      m.hidden_size)
 
     def prepare(self, prompt_token_ids: list[int], params: SamplingParams) -> PreparedRequest:
         """Checks a request once (InvalidRequest / ContextTooLong) and submits its grammar's compile once."""

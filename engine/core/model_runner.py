@@ -1,7 +1,8 @@
 """Runs one scheduled step: flattened inputs and the CSR page table, the model forward, logits, sampling.
 
 Logits are computed only for the rows that need them: the last row of each sequence that reaches the
-end of its known tokens, and the prompt rows of requests that asked for prompt_logprobs.
+end of its known tokens, and the prompt rows of requests that asked for prompt_logprobs. An embedding request
+(engine/core/pooling.py) gets no logits: its chunk's final hidden states are handed on as they are.
 
 Each KV layer group has its own page pool and backend (planned once per step with the group's metadata); the
 groups' page lists are equally long, so they share qo/kv indptr and last page lengths and differ in pages only.
@@ -47,7 +48,7 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> StepResult:
         for g, pool in enumerate(self.pools):
             pool.copy_pages([s for h, s, _ in out.copies if h == g], [d for h, _, d in out.copies if h == g])
-        input_ids, positions, metas, sample_at, prompt_at = self._prepare(out.scheduled)
+        input_ids, positions, metas, sample_at, prompt_at, pool_at = self._prepare(out.scheduled)
         if self.graph_runner is not None:
             # NOTE: a replayed hidden is a static buffer the next replay overwrites: logits come first.
             hidden = self.graph_runner(input_ids, positions, metas[0])
@@ -57,6 +58,8 @@ class ModelRunner:
             hidden = self.model(input_ids, positions, metas[0], self.layer_caches, self.layer_backends)
         self.num_tokens_run += input_ids.numel()
         result = StepResult()
+        for i, row, count in pool_at:
+            result.pooled[i] = hidden[row : row + count]
         if prompt_at:
             self._prompt_logprobs(hidden, out.scheduled, prompt_at, result)
         if sample_at:
@@ -78,6 +81,7 @@ class ModelRunner:
         qo, kv, last = [0], [0], []
         sample_at: list[tuple[int, int]] = []  # (scheduled index, hidden row)
         prompt_at: list[tuple[int, int, int]] = []  # (scheduled index, first hidden row, number of rows)
+        pool_at: list[tuple[int, int, int]] = []  # the same, for embedding requests
         for i, s in enumerate(scheduled):
             seq, start, end = s.seq, s.start, s.start + s.num_tokens
             num_pages = -(-end // ps)
@@ -92,7 +96,9 @@ class ModelRunner:
             lora_runs.append((s.group.adapter, s.num_tokens))
             kv.append(kv[-1] + num_pages)
             last.append(end - (num_pages - 1) * ps)
-            if end == seq.num_tokens:
+            if s.group.pools:
+                pool_at.append((i, row, s.num_tokens))
+            elif end == seq.num_tokens:
                 sample_at.append((i, row + s.num_tokens - 1))
             prompt_len = len(s.group.prompt_token_ids)
             if s.group.needs_prompt_logprobs and start < prompt_len - 1 and seq is s.group.seqs[0]:
@@ -117,7 +123,7 @@ class ModelRunner:
         ]
         input_ids = torch.tensor(ids, dtype=torch.long).to(dev, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
-        return input_ids, pos, metas, sample_at, prompt_at
+        return input_ids, pos, metas, sample_at, prompt_at, pool_at
 
     def _prompt_logprobs(
         self, hidden: torch.Tensor, scheduled: list[ScheduledSeq], prompt_at: list[tuple[int, int, int]],

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from engine.core.pooling import finish, fold
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.step import Sample, ScheduledSeq, StepResult
-from engine.outputs import CompletionDelta, Logprob, PositionLogprobs, RequestOutput
+from engine.outputs import CompletionDelta, Logprob, PoolingOutput, PositionLogprobs, RequestOutput
 from engine.text.detokenizer import Detokenizer, token_bytes, token_text
 
 
@@ -29,8 +30,10 @@ class OutputProcessor:
         return changes
 
     def process(self, group: SequenceGroup, items: list[tuple[int, ScheduledSeq]], result: StepResult
-                ) -> RequestOutput | None:
+                ) -> RequestOutput | PoolingOutput | None:
         """items: this group's (index in the step, scheduled sequence). Raises what failed for this group."""
+        if group.pools:
+            return self._pool(group, items, result)
         for i, s in items:
             if i in result.errors:
                 raise result.errors[i]
@@ -51,6 +54,20 @@ class OutputProcessor:
         if group.params.num_sequences > group.params.n:
             return self._final(group) if group.finished else None  # best_of: only the n best, at the end
         return self._output(group, deltas)
+
+    def _pool(self, group: SequenceGroup, items: list[tuple[int, ScheduledSeq]], result: StepResult
+              ) -> PoolingOutput | None:
+        """Folds the chunk's hidden states in; once the whole prompt has run, the embedding, and the sequence ends."""
+        (i, s), = items
+        seq, out, total = s.seq, s.seq.output_state, len(group.prompt_token_ids)
+        end = s.start + s.num_tokens
+        out.pooled = fold(out.pooled, result.pooled[i], s.start, end, total, group.params.config.method)
+        if end < total:
+            return None
+        seq.finish_reason = "stop"
+        self.finished.append(seq)
+        return PoolingOutput(group.request_id, finish(out.pooled, group.params, total), group.prompt_token_ids,
+                             num_cached_tokens=group.num_cached_tokens)
 
     def abort(self, group: SequenceGroup) -> RequestOutput:
         """The last output of an aborted request: every open choice ends with finish_reason "abort"."""

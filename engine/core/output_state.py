@@ -31,6 +31,7 @@ class OutputState:
     grammar: GrammarState | None = None
     stop_reader: StopReader | None = None  # the request's own stop condition on this choice's text
     generator: torch.Generator | None = None  # a seeded choice's own RNG stream
+    pooled: torch.Tensor | None = None  # an embedding request's pooled hidden states so far (engine/core/pooling.py)
 
     def fork(self) -> OutputState:
         """A beam's child: the grammar state forked; the text side of a beam is rebuilt when it finishes."""

@@ -12,6 +12,7 @@ import torch
 
 from engine.core.kv_cache import adapter_salt
 from engine.core.output_state import OutputState
+from engine.core.pooling import PoolingParams
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.errors import ContextTooLong, InvalidRequest
 from engine.sample.beam_search import BeamSearch
@@ -29,6 +30,7 @@ class Limits:
     max_num_seqs: int
     max_num_batched_tokens: int
     adapters: dict[str, int]  # LoRA adapter name -> slot
+    hidden_size: int = 0  # an embedding's full size
 
 
 @dataclass
@@ -36,25 +38,20 @@ class PreparedRequest:
     """A checked request: the prompt as it will run, its parameters and its grammar's compile (submitted once)."""
 
     prompt: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams
     grammar: Future | None = None
 
 
-def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: Limits) -> list[int]:
+def check_request(prompt_token_ids: list[int], params: SamplingParams | PoolingParams, limits: Limits) -> list[int]:
     """The prompt as it will run (after truncate_prompt_tokens); raises InvalidRequest / ContextTooLong."""
+    if isinstance(params, PoolingParams):
+        return check_pooling(prompt_token_ids, params, limits)
     if not isinstance(params, SamplingParams):
         raise InvalidRequest("params must be SamplingParams", param="sampling_params")
     if params.adapter is not None and params.adapter not in limits.adapters:
         raise InvalidRequest(f"unknown LoRA adapter {params.adapter!r}", param="model")
-    prompt = list(prompt_token_ids)
-    if params.truncate_prompt_tokens:
-        prompt = prompt[-params.truncate_prompt_tokens :]
-    if not prompt:
-        raise InvalidRequest("the prompt is empty", param="prompt")
-    vocab = limits.vocab_size
-    if any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt):
-        raise InvalidRequest(f"the prompt has token ids outside the vocabulary (size {vocab})", param="prompt")
-    params.check_vocab(vocab)
+    prompt = _checked_tokens(prompt_token_ids, params.truncate_prompt_tokens, limits)
+    params.check_vocab(limits.vocab_size)
     limit = limits.max_model_len
     if len(prompt) >= limit:
         raise ContextTooLong(f"This model's maximum context length is {limit} tokens. However, your prompt "
@@ -71,6 +68,39 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: L
     return prompt
 
 
+def check_pooling(prompt_token_ids: list[int], params: PoolingParams, limits: Limits) -> list[int]:
+    """An embedding request's prompt as it will run: it may fill the whole context (nothing follows it)."""
+    config, dims = params.config, params.dimensions
+    if dims is not None:
+        if not config.matryoshka:
+            raise InvalidRequest("this model does not support shortening its embeddings: leave dimensions unset "
+                                 "(its config.json names no matryoshka_dimensions)", param="dimensions")
+        if dims > limits.hidden_size or (config.matryoshka_dimensions and dims not in config.matryoshka_dimensions):
+            sizes = config.matryoshka_dimensions or f"1 to {limits.hidden_size}"
+            raise InvalidRequest(f"dimensions {dims} is not one this model supports ({sizes})", param="dimensions")
+    if params.truncate_prompt_tokens and params.truncate_prompt_tokens > limits.max_model_len:
+        raise InvalidRequest(f"truncate_prompt_tokens {params.truncate_prompt_tokens} is above the model's maximum "
+                             f"context length of {limits.max_model_len} tokens", param="truncate_prompt_tokens")
+    prompt = _checked_tokens(prompt_token_ids, params.truncate_prompt_tokens, limits)
+    if len(prompt) > limits.max_model_len:
+        raise ContextTooLong(f"This model's maximum context length is {limits.max_model_len} tokens. However, the "
+                             f"input has {len(prompt)} tokens. Shorten it, or set truncate_prompt_tokens.",
+                             param="prompt")
+    return prompt
+
+
+def _checked_tokens(prompt_token_ids: list[int], truncate: int | None, limits: Limits) -> list[int]:
+    prompt = list(prompt_token_ids)
+    if truncate:
+        prompt = prompt[-truncate:]
+    if not prompt:
+        raise InvalidRequest("the prompt is empty", param="prompt")
+    vocab = limits.vocab_size
+    if any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt):
+        raise InvalidRequest(f"the prompt has token ids outside the vocabulary (size {vocab})", param="prompt")
+    return prompt
+
+
 def build_group(
     request_id: str, request: PreparedRequest, *, arrival: int, next_seq_id: Callable[[], int], tokenizer: Any,
     device: torch.device, eos_token_ids: set[int], limits: Limits,
@@ -78,6 +108,8 @@ def build_group(
     """The request's SequenceGroup: n (or best_of) choices, each with its own RNG stream and detokenizer, or
     the first beam of a beam search."""
     prompt, params = request.prompt, request.params
+    if isinstance(params, PoolingParams):
+        return SequenceGroup(request_id, prompt, params, [Sequence(next_seq_id(), list(prompt), len(prompt))], arrival)
     salt = adapter_salt(params.adapter)
     beam = None
     if params.use_beam_search:

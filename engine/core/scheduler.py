@@ -86,7 +86,7 @@ class Scheduler:
                 break
             cached = 0
             for seq in group.running:
-                if not seq.kv_pages and not group.needs_prompt_logprobs:
+                if not seq.kv_pages and not group.skips_prefix_cache:
                     self.kv.lookup(seq)
                     cached = cached or seq.num_computed_tokens
             used = self._schedule_group(group, budget, out, taken, admit=True)

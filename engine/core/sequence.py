@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from engine.core.kv_cache import page_hash
 from engine.core.output_state import OutputState
+from engine.core.pooling import PoolingParams
 
 if TYPE_CHECKING:
     from engine.outputs import PositionLogprobs
@@ -102,7 +103,7 @@ class SequenceGroup:
 
     request_id: str
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams  # PoolingParams: an embedding request (engine/core/pooling.py)
     seqs: list[Sequence]
     arrival: int
     eos_token_ids: set[int] = field(default_factory=set)
@@ -141,6 +142,16 @@ class SequenceGroup:
     @property
     def finished(self) -> bool:
         return self.forked and all(s.finished for s in self.seqs)
+
+    @property
+    def pools(self) -> bool:
+        """An embedding request: its prompt's hidden states are pooled, nothing is sampled."""
+        return isinstance(self.params, PoolingParams)
+
+    @property
+    def skips_prefix_cache(self) -> bool:
+        """Every prompt row must run: for its prompt logprobs, or for a pooling that reads them all."""
+        return self.needs_prompt_logprobs or (self.pools and self.params.needs_every_row)
 
     @property
     def needs_prompt_logprobs(self) -> bool:

@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.errors import EngineError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -54,3 +58,5 @@ class StepResult:
     # (logprob of the next prompt token, its top-k) for each prompt position of the chunk that has one.
     prompt_logprobs: dict[int, list[tuple[float, list[tuple[int, float]]]]] = field(default_factory=dict)
     errors: dict[int, Exception] = field(default_factory=dict)  # sampling failed for that sequence alone
+    # An embedding request's final hidden states of the chunk it ran (folded by the output processor).
+    pooled: dict[int, torch.Tensor] = field(default_factory=dict)

@@ -19,6 +19,7 @@ from engine.model.checkpoint import load_weights, plan_copies, safetensors_files
 from engine.model.layers.linear import pack_linears_for_cpu, quantize_linears_int4
 from engine.model.layers.lora import attach_lora
 from engine.model.models import CausalLM, model_class
+from engine.model.pooling import PoolingConfig, read_pooling
 from engine.model.quant.base import QuantFormat, swap_quantized_linears, to_serving
 from engine.model.quant.registry import quant_format
 
@@ -41,6 +42,7 @@ class ModelSpec:
     eos_token_ids: set[int]
     dtype: torch.dtype
     kv_groups: list[KVGroupSpec]  # the KV cache's layer groups (one for a full-attention model)
+    pooling: PoolingConfig  # how an embedding request pools the final hidden states
 
 
 def load_model(
@@ -94,6 +96,7 @@ def load_model(
         eos_token_ids=_eos_token_ids(config, model_path),
         dtype=dtype,
         kv_groups=model.kv_groups(config),
+        pooling=read_pooling(model_path, config),
     )
     return model, spec
 
@@ -105,6 +108,7 @@ def check_checkpoint(model_path: str) -> str:
     config, _, shapes, model, _ = _build_on_meta(model_path)
     plan_copies(model, shapes, _tied(config, shapes))
     model.kv_groups(config)
+    read_pooling(model_path, config)
     return config["architectures"][0]
 
 

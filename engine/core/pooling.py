@@ -1,0 +1,55 @@
+"""Embedding requests: prompt-only work whose result is the model's final hidden states, pooled.
+
+A PoolingParams request runs through the same scheduler and batches as generation, is never sampled, and gives
+its pages back as soon as its prompt has run (full pages stay in the prefix cache for others). Its hidden rows
+are folded in chunk by chunk (`fold`), so chunked prefill needs no more memory than one chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.model.pooling import PoolingConfig
+
+
+@dataclass
+class PoolingParams:
+    """What one embedding request asks: the model's pooling, shortened to `dimensions` when given."""
+
+    config: PoolingConfig
+    dimensions: int | None = None
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last this many tokens
+    # A group reads these of any request's parameters: an embedding is one sequence, no logprobs, no adapter.
+    n: int = 1
+    num_sequences: int = 1
+    prompt_logprobs: None = None
+    adapter: None = None
+    structured: None = None
+
+    @property
+    def needs_every_row(self) -> bool:
+        """Mean and CLS pooling read rows a prefix-cache hit would skip; the last token is always run."""
+        return self.config.method != "last"
+
+
+def fold(acc: torch.Tensor | None, rows: torch.Tensor, start: int, end: int, total: int,
+         method: str) -> torch.Tensor | None:
+    """The running pooled state after the hidden `rows` of prompt positions [start, end) of `total`."""
+    if method == "mean":
+        part = rows.float().sum(0)
+        return part if acc is None or start == 0 else acc + part  # start 0: a first run, or a rerun after preemption
+    if method == "cls":
+        return rows[0].float() if start == 0 else acc
+    return rows[-1].float() if end == total else acc
+
+
+def finish(acc: torch.Tensor, params: PoolingParams, total: int) -> list[float]:
+    """The embedding: the mean taken, shortened to `dimensions`, then normalised when the model normalises."""
+    vector = acc / total if params.config.method == "mean" else acc
+    if params.dimensions is not None:
+        vector = vector[: params.dimensions]
+    if params.config.normalize:
+        vector = torch.nn.functional.normalize(vector, dim=-1)
+    return vector.tolist()
