@@ -50,7 +50,7 @@ def _log_first_output() -> None:
 
 async def handler(job: dict[str, Any]) -> AsyncIterator[Any]:
     """The production handler: every route of the local endpoint goes through it too."""
-    from worker.jobs import run_job
+    from worker.jobs import close_when_cancelled, run_job
     from worker.openai.errors import error_body
     from worker.runtime import current
 
@@ -61,7 +61,9 @@ async def handler(job: dict[str, Any]) -> AsyncIterator[Any]:
 
         yield error_body(ShuttingDown("The worker is shutting down; send the request again."))
         return
-    async for output in run_job(job, runtime):
+    outputs = run_job(job, runtime)
+    close_when_cancelled(outputs)
+    async for output in outputs:
         _log_first_output()
         yield output
 
