@@ -171,11 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     imports.join()
     import runpod
 
+    from worker.concurrency import sdk_concurrency_modifier
+    from worker.runtime import current
+
     sys.argv = [sys.argv[0], *rest]
     runpod.serverless.start({
         "handler": handler,
         "return_aggregate_stream": True,
-        "concurrency_modifier": lambda current: settings.max_concurrency,
+        "concurrency_modifier": sdk_concurrency_modifier(current().concurrency),
     })
     return 0
 
