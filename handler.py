@@ -172,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     import runpod
 
     from worker.concurrency import sdk_concurrency_modifier
+    from worker.fitness import register_fitness_checks
     from worker.runtime import current
 
+    register_fitness_checks(current())
     sys.argv = [sys.argv[0], *rest]
     runpod.serverless.start({
         "handler": handler,
