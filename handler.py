@@ -50,7 +50,7 @@ def _log_first_output() -> None:
 
 async def handler(job: dict[str, Any]) -> AsyncIterator[Any]:
     """The production handler: every route of the local endpoint goes through it too."""
-    from worker.jobs import run_job
+    from worker.jobs import close_when_cancelled, run_job
     from worker.openai.errors import error_body
     from worker.runtime import current
 
@@ -61,7 +61,9 @@ async def handler(job: dict[str, Any]) -> AsyncIterator[Any]:
 
         yield error_body(ShuttingDown("The worker is shutting down; send the request again."))
         return
-    async for output in run_job(job, runtime):
+    outputs = run_job(job, runtime)
+    close_when_cancelled(outputs)
+    async for output in outputs:
         _log_first_output()
         yield output
 
@@ -169,11 +171,16 @@ def main(argv: list[str] | None = None) -> int:
     imports.join()
     import runpod
 
+    from worker.concurrency import sdk_concurrency_modifier
+    from worker.fitness import register_fitness_checks
+    from worker.runtime import current
+
+    register_fitness_checks(current())
     sys.argv = [sys.argv[0], *rest]
     runpod.serverless.start({
         "handler": handler,
         "return_aggregate_stream": True,
-        "concurrency_modifier": lambda current: settings.max_concurrency,
+        "concurrency_modifier": sdk_concurrency_modifier(current().concurrency),
     })
     return 0
 

@@ -40,7 +40,8 @@ QUESTIONS = ["Tell me about the ocean.", "Write a short story about a cat.", "Ex
              "Describe a walk in the forest.", "What makes a good breakfast?", "Tell me about the moon."]
 # Ours: the local endpoint with one environment change per side (nothing: what a user gets by default).
 OURS = {"ours": {}, "ours-fp32": {"DTYPE": "float32"}, "ours-int4": {"QUANTIZATION": "int4"},
-        "ours-c64": {"MAX_CONCURRENCY": "64"}}  # as many jobs at once as llama-server's 64 slots
+        "ours-c64": {"MAX_CONCURRENCY": "64"},  # as many jobs at once as llama-server's 64 slots
+        "ours-c30": {"MAX_CONCURRENCY": "30"}}  # the fixed default before concurrency followed the KV cache
 
 
 def free_port() -> int:
@@ -174,6 +175,7 @@ def main() -> int:
     parser.add_argument("--sides", default="ours,ours-fp32,llama")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--no-offline", action="store_true", help="skip the offline engine's run after each side")
     args = parser.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
     sides = args.sides.split(",")
@@ -188,7 +190,7 @@ def main() -> int:
                     result = asyncio.run(run_level(base, model, clients, args.tokens, requests_for(clients)))
                     runs.append({"round": round_, "side": side, **result})
                     print(json.dumps(runs[-1]), flush=True)
-            if side in OURS:
+            if side in OURS and not args.no_offline:
                 tok_s = offline(OURS[side], args.tokens)
                 runs.append({"round": round_, "side": f"{side} offline engine", "clients": 1, "tok_s": tok_s})
                 print(json.dumps(runs[-1]), flush=True)

@@ -13,6 +13,9 @@ from typing import Any
 Handler = Callable[[dict[str, Any]], AsyncIterator[Any]]
 FINAL = {"COMPLETED", "FAILED", "CANCELLED"}
 KEEP_FINISHED = 1000  # finished jobs remembered for /status; older ones are forgotten
+# How often a job waiting for its turn looks at the engine again when no job has ended meanwhile (its free
+# pages change with every step, which sends no event here).
+RECHECK_S = 0.05
 
 
 def is_error(output: Any) -> bool:
@@ -50,22 +53,33 @@ class Job:
 class JobStore:
     """The jobs of one local endpoint, each run as a task through the production handler."""
 
-    def __init__(self, handler: Handler, max_concurrency: int) -> None:
+    def __init__(self, handler: Handler, limit: Callable[[int], int]) -> None:
+        """`limit(running)`: how many jobs may run now, `running` of them running (worker/concurrency.py)."""
         self.handler = handler
+        self.limit = limit
         self.jobs: OrderedDict[str, Job] = OrderedDict()
         self.counts = {"completed": 0, "failed": 0, "cancelled": 0}
-        # At most MAX_CONCURRENCY jobs run at once, as RunPod's SDK takes them; the others wait their turn.
-        self.slots = asyncio.Semaphore(max_concurrency)
+        self.running = 0
+        self.turn = asyncio.Condition()  # notified when a running job ends
 
     async def limited(self, job: dict[str, Any], started: Callable[[], None] | None = None) -> AsyncIterator[Any]:
-        """The handler's outputs for `job` once a slot is free (held until the outputs end or are closed);
-        `started` is called when the slot is taken."""
-        async with self.slots:
+        """The handler's outputs for `job` once the engine takes another job, as RunPod's SDK would take it (the
+        turn is held until the outputs end or are closed); `started` is called when the turn is taken."""
+        async with self.turn:
+            while self.running >= self.limit(self.running):
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.turn.wait(), RECHECK_S)
+            self.running += 1
+        try:
             if started is not None:
                 started()
             async with contextlib.aclosing(self.handler(job)) as outputs:
                 async for output in outputs:
                     yield output
+        finally:
+            self.running -= 1
+            async with self.turn:
+                self.turn.notify_all()
 
     def submit(self, job_input: Any) -> Job:
         job = Job(id=f"local-{uuid.uuid4().hex}", input=job_input)

@@ -7,7 +7,7 @@ before the first output, so a bad job yields exactly one OpenAI error object and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing, contextmanager
 from typing import Any
 
@@ -91,6 +91,24 @@ def _error_shape(route: Any) -> Callable[[BaseException], dict[str, Any]]:
         return anthropic_error if normalize_route(route) in (MESSAGES, COUNT_TOKENS) else error_body
     except BadRequest:
         return error_body
+
+
+def close_when_cancelled(outputs: AsyncGenerator[Any, None]) -> None:
+    """Close `outputs` (aborting its engine requests, freeing their pages) once the task consuming it is cancelled.
+
+    NOTE: RunPod's SDK stops a job by cancelling its task, often while that task awaits the upload of an output:
+    the job's generators then sit suspended at a yield, where no CancelledError reaches them, and only the
+    garbage collector would close them, with the request still decoding meanwhile.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        return
+
+    def on_done(done: asyncio.Task) -> None:
+        if done.cancelled():
+            asyncio.get_running_loop().create_task(outputs.aclose())
+
+    task.add_done_callback(on_done)
 
 
 def normalize_route(route: Any) -> str:

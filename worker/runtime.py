@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from worker.concurrency import ConcurrencyGauge
 from worker.openai.harmony.encoding import harmony_encoding
 from worker.openai.reasoning import pick_reasoning
 from worker.openai.response_store import ResponseStore
@@ -41,6 +42,13 @@ class Runtime:
     def adapters(self) -> list[str]:
         """The names of the LoRA adapters the engine serves."""
         return list(self.engine.describe().get("adapters", []))
+
+    @cached_property
+    def concurrency(self) -> ConcurrencyGauge:
+        """How many jobs the worker takes at once, from the engine's free KV pages, within MAX_CONCURRENCY."""
+        info = self.engine.describe()
+        return ConcurrencyGauge(self.engine.stats, info["kv_pages"], info["max_num_seqs"],
+                                self.settings.max_concurrency)
 
     @property
     def tokenizer(self) -> Any:

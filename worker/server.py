@@ -55,7 +55,10 @@ async def _json_body(request: Request) -> Any:
 def create_app(handler: Handler, settings: Settings) -> FastAPI:
     """The FastAPI app; `handler` is the production async generator handler."""
     app = FastAPI(title="RunPod LLM worker (local)", docs_url=None, redoc_url=None, openapi_url=None)
-    store = JobStore(handler, settings.max_concurrency)
+    from worker.runtime import current
+
+    gauge = current().concurrency
+    store = JobStore(handler, gauge.limit)
     generate = store.limited  # generation routes take a slot, as RunPod's jobs do; reads do not
     app.state.jobs = store
 

@@ -68,7 +68,9 @@ class Settings(BaseModel):
     max_lora_rank: int = Field(16, alias="MAX_LORA_RANK", ge=1)
 
     # RunPod job handling
-    max_concurrency: int = Field(30, alias="MAX_CONCURRENCY", ge=1)
+    # An upper bound: below it the worker takes as many jobs as its KV cache holds (worker/concurrency.py).
+    # MAX_NUM_SEQS's default, so by default the engine's batch slots and pages decide.
+    max_concurrency: int = Field(256, alias="MAX_CONCURRENCY", ge=1)
     default_batch_size: int = Field(50, alias="DEFAULT_BATCH_SIZE", ge=1)
     default_min_batch_size: int = Field(1, alias="DEFAULT_MIN_BATCH_SIZE", ge=1)
     default_batch_size_growth_factor: float = Field(3.0, alias="DEFAULT_BATCH_SIZE_GROWTH_FACTOR", ge=1.0)

@@ -73,8 +73,7 @@ class LLMEngine:
             with timed(self.start_ms, "warm-up"):
                 for backend in self.backends:  # JIT builds now, not on a request
                     cuda_setup.warm_up(self.model, backend, config.page_size)
-        self._caps = kv_sizing.window_caps(groups, config.page_size, config.max_num_seqs,
-                                           config.max_num_batched_tokens)
+        self._caps = kv_sizing.window_caps(groups, config.page_size, config.max_num_seqs, config.max_num_batched_tokens)
         num_pages = kv_sizing.group_pages(self._caps, self._num_pages(
             kv_sizing.page_bytes(groups, config.page_size, self.dtype)))
         with timed(self.start_ms, "kv cache"):
@@ -269,9 +268,10 @@ class LLMEngine:
         return outputs
 
     def stats(self) -> dict[str, int | list[int]]:
-        """The live load: free KV pages (cached prefix pages included), preemptions and tokens run so far."""
+        """The live load: free KV pages (cached prefix ones too), preemptions, tokens run, requests in and waiting."""
         stats = {"kv_pages_free": self.allocator.num_free, "preemptions": self.scheduler.num_preemptions,
-                 "tokens_run": self.runner.num_tokens_run}
+                 "tokens_run": self.runner.num_tokens_run, "requests_running": len(self.scheduler.running),
+                 "requests_waiting": len(self.scheduler.waiting) + len(self._compiling)}
         if len(self.pools) > 1:
             stats["kv_pages_free_by_group"] = self.kv.num_free
         return stats

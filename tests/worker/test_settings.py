@@ -14,7 +14,7 @@ def test_defaults_match_runpods_vllm_worker() -> None:
     assert s.raw_openai_output is True
     assert s.response_role == "assistant"
     assert s.served_model_name_override is None
-    assert (s.max_concurrency, s.default_batch_size, s.default_min_batch_size) == (30, 50, 1)
+    assert (s.max_concurrency, s.default_batch_size, s.default_min_batch_size) == (256, 50, 1)
     assert s.default_batch_size_growth_factor == 3
     assert s.model_path == "/models/model"
     assert s.enable_prefix_caching is True and s.dtype == "auto" and s.api_key is None

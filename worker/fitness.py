@@ -1,0 +1,72 @@
+"""Fitness checks RunPod's SDK (1.12) runs before the worker takes its first job; one that fails marks the worker
+unhealthy and ends it (exit code 1), so a broken worker is told apart before a user's request finds it.
+
+- the model's files match the SHA-256 sums the bake's manifest records;
+- one request of one token runs through the engine: the device is usable, the attention backend's kernels load
+  and a forward pass gives a token;
+- the KV cache holds one sequence of the served max_model_len.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.sample.params import SamplingParams
+from worker.runtime import Runtime
+from worker.settings import MANIFEST
+
+FITNESS_REQUEST_ID = "fitness-check"
+
+
+def model_files_mismatch(model_path: str) -> list[str]:
+    """The files of the bake whose SHA-256 is not the manifest's (or that are gone); none without a manifest."""
+    folder = Path(model_path)
+    try:
+        files = json.loads((folder / MANIFEST).read_text()).get("files") or {}
+    except (OSError, ValueError):
+        return []
+    return [name for name, digest in sorted(files.items())
+            if not (folder / name).is_file() or _sha256(folder / name) != digest]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fitness_checks(runtime: Runtime) -> list[Callable]:
+    """The checks, in the order they run, as functions the SDK registers (named for its log)."""
+
+    def model_files_match_manifest() -> None:
+        bad = model_files_mismatch(runtime.settings.model_path)
+        if bad:
+            raise RuntimeError(f"model files differ from the bake's manifest checksums: {', '.join(bad)}")
+
+    async def one_token_forward_pass() -> None:
+        prompt = runtime.tokenizer.encode("Hi") or [0]
+        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        outputs = [o async for o in runtime.engine.generate(prompt, params, FITNESS_REQUEST_ID)]
+        if sum(len(o.outputs[0].token_ids) for o in outputs if o.outputs) != 1:
+            raise RuntimeError("the engine's forward pass gave no token")
+
+    def kv_cache_holds_one_max_len_sequence() -> None:
+        info = runtime.engine.describe()
+        if info["kv_pages"] * info["page_size"] < runtime.max_model_len:
+            raise RuntimeError(f"the KV cache ({info['kv_pages']} pages of {info['page_size']} tokens) cannot "
+                               f"hold one sequence of MAX_MODEL_LEN={runtime.max_model_len}")
+
+    return [model_files_match_manifest, one_token_forward_pass, kv_cache_holds_one_max_len_sequence]
+
+
+def register_fitness_checks(runtime: Runtime) -> None:
+    """Register the checks with RunPod's SDK (they run in `runpod.serverless.start`, on RunPod only)."""
+    import runpod
+
+    for check in fitness_checks(runtime):
+        runpod.serverless.register_fitness_check(check)
