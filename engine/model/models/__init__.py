@@ -12,6 +12,9 @@ from torch import nn
 
 from engine.errors import UnsupportedModel
 from engine.model.models.llama import LlamaForCausalLM
+from engine.model.models.mixtral import MixtralForCausalLM
+from engine.model.models.olmoe import OlmoeForCausalLM
+from engine.model.models.qwen3_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 if TYPE_CHECKING:
     import torch
@@ -22,8 +25,12 @@ if TYPE_CHECKING:
 ARCHITECTURES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 
@@ -33,7 +40,10 @@ class CausalLM(Protocol):
     `args` carries at least hidden_size, intermediate_size, num_layers, num_q_heads, num_kv_heads, head_dim,
     vocab_size and max_position_embeddings (CUDA start-up sizes its activations from them). A family may also
     define `checkpoint_name(name) -> str | None` to rename hub tensors to its own (None: skip the tensor), and its
-    modules `checkpoint_shards(prefix)` to stack several checkpoint tensors into one parameter.
+    modules `checkpoint_shards(prefix)` to stack several checkpoint tensors into one parameter (an expert: a
+    Shard with an index). A module that holds stacked linears (MoE experts) defines `swap_expert_linears(select,
+    make)` so that int4 and CPU packing reach them; `args.activation_width`, where present, is the widest MLP
+    activation per token (an MoE's k experts) that CUDA start-up budgets for instead of intermediate_size.
     """
 
     args: Any
