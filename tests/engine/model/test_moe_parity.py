@@ -175,3 +175,17 @@ def test_checkpoint_with_another_expert_count_is_refused(moe, tmp_path):
     with pytest.raises(UnsupportedModel, match="lacks tensors for: .*experts|shape") as err:
         check_checkpoint(str(tmp_path))
     assert "\n" not in str(err.value)
+
+
+def test_beam_search_returns_transformers_beams(moe):
+    """n / best_of with beams (forked sequences sharing the prompt's pages) on the MoE model: the beams
+    transformers' generate finds."""
+    from tests.engine.core.engine_run import run
+
+    prompt = torch.randint(3, 128, (7,), generator=torch.Generator().manual_seed(4)).tolist()
+    params = SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0.0, max_tokens=8, ignore_eos=True)
+    got = run(_engine(moe.path), {"b": (prompt, params)})["b"]
+    with torch.no_grad():
+        ref = moe.hf.generate(torch.tensor([prompt]), num_beams=3, num_return_sequences=2, max_new_tokens=8,
+                              min_new_tokens=8, do_sample=False, early_stopping=False, length_penalty=1.0)
+    assert [got.choices[i].token_ids for i in range(2)] == ref[:, len(prompt):].tolist()
