@@ -60,7 +60,8 @@ def reserve_bytes(
     The attention workspace and the weights are not in it: they exist before the budget is measured.
     """
     elt = torch.empty((), dtype=dtype).element_size()
-    h, i, d = args.hidden_size, args.intermediate_size, args.head_dim
+    h, d = args.hidden_size, args.head_dim
+    i = getattr(args, "activation_width", args.intermediate_size)  # an MoE's k experts per token
     per_token = elt * (4 * h + 2 * (args.num_q_heads + args.num_kv_heads) * d + 3 * i)
     total = max_num_batched_tokens * per_token
     total += max(max_num_seqs, LOGIT_ROWS_MIN) * args.vocab_size * SAMPLER_BYTES_PER_LOGIT

@@ -1,8 +1,8 @@
 """LoRA adapters in PEFT's layout (adapter_config.json + adapter_model.safetensors): checked against a model, read.
 
-Only what the engine applies exactly is accepted: LoRA on the attention and MLP projections, without DoRA,
-trained biases, extra saved modules or per-module rank patterns. Anything else is refused with one line
-rather than served half applied.
+Only what the engine applies exactly is accepted: LoRA on the attention and MLP projections (attention only on
+a mixture-of-experts model), without DoRA, trained biases, extra saved modules or per-module rank patterns.
+Anything else is refused with one line rather than served half applied.
 """
 
 from __future__ import annotations
@@ -22,9 +22,13 @@ from engine.errors import UnsupportedModel
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
+TARGETS = ATTENTION_TARGETS + MLP_TARGETS
 # PEFT's key of one LoRA matrix: base_model.model.model.layers.<i>.<self_attn|mlp>.<proj>.lora_<A|B>.weight
 _KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+# Parts of a key that mark an MoE router or expert (the engine applies no LoRA there).
+_MOE_PARTS = (".experts.", ".block_sparse_moe.", ".shared_expert", ".mlp.gate.")
 # Config flags that change what the adapter computes; each must be off (falsy) for the engine to serve it.
 _UNSUPPORTED = {
     "use_dora": "DoRA (use_dora)",
@@ -55,6 +59,9 @@ def projection_shapes(config: Any) -> dict[str, tuple[int, int]]:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     q, kv, inter = heads * head_dim, kv_heads * head_dim, config.intermediate_size
+    attention = {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, q)}
+    if getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None):
+        return attention  # a mixture of experts: its MLPs are experts, which no adapter may change
     return {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, q),
             "gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
 
@@ -113,9 +120,14 @@ def _layer_keys(path: Path, shapes: dict[str, tuple[int, int]], num_layers: int,
     with safe_open(str(path), framework="pt") as f:
         for key in f.keys():
             match = _KEY.match(key)
+            if any(part in key for part in _MOE_PARTS) or (match and match.group(2) in MLP_TARGETS and
+                                                           match.group(2) not in shapes):
+                raise UnsupportedModel(f"the adapter changes {key!r}, an MoE expert or router; on a "
+                                       f"mixture-of-experts model only {', '.join(shapes)} take LoRA",
+                                       param="model")
             if match is None or match.group(2) not in shapes:
                 raise UnsupportedModel(f"the adapter has tensor {key!r}; only LoRA A/B matrices of "
-                                       f"{', '.join(TARGETS)} are supported", param="model")
+                                       f"{', '.join(shapes)} are supported", param="model")
             layer, target, kind = int(match.group(1)), match.group(2), match.group(3)
             if layer >= num_layers:
                 raise UnsupportedModel(f"the adapter changes layer {layer}, but the model has {num_layers} layers "

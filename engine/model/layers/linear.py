@@ -106,4 +106,6 @@ def _swap_linears(model: nn.Module, select, make) -> int:
     ]
     for parent, name, child in targets:
         setattr(parent, name, make(child))
-    return len(targets)
+    # Modules that stack linears (MoE experts) swap each of theirs the same way.
+    stacked = [m for m in model.modules() if hasattr(m, "swap_expert_linears")]
+    return len(targets) + sum(m.swap_expert_linears(select, make) for m in stacked)

@@ -104,7 +104,9 @@ def attach_lora(model: nn.Module, adapters: dict[str, str], max_loras: int, max_
         raise UnsupportedModel(f"{len(adapters)} adapters are baked but MAX_LORAS is {max_loras}: raise MAX_LORAS",
                                param="model")
     layers = model.model.layers
-    shapes = {t: _shape(getattr(getattr(layers[0], m), p), t) for t, (m, p) in TARGET_MODULES.items()}
+    # Only the projections every layer has (an MoE model's MLPs are experts: no LoRA there).
+    shapes = {t: _shape(getattr(getattr(layers[0], m), p), t) for t, (m, p) in TARGET_MODULES.items()
+              if all(hasattr(getattr(layer, m), p) for layer in layers)}
     infos, weights = {}, {}
     for name, folder in adapters.items():
         try:

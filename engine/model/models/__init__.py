@@ -15,6 +15,9 @@ from engine.model.models.gemma2 import Gemma2ForCausalLM
 from engine.model.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from engine.model.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
 from engine.model.models.llama import LlamaForCausalLM
+from engine.model.models.mixtral import MixtralForCausalLM
+from engine.model.models.olmoe import OlmoeForCausalLM
+from engine.model.models.qwen3_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 if TYPE_CHECKING:
     import torch
@@ -30,8 +33,12 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 
@@ -41,7 +48,10 @@ class CausalLM(Protocol):
     `args` carries at least hidden_size, intermediate_size, num_layers, num_q_heads, num_kv_heads, head_dim,
     vocab_size and max_position_embeddings (CUDA start-up sizes its activations from them). A family may also
     define `checkpoint_name(name) -> str | None` to rename hub tensors to its own (None: skip the tensor), and its
-    modules `checkpoint_shards(prefix)` to stack several checkpoint tensors into one parameter.
+    modules `checkpoint_shards(prefix)` to stack several checkpoint tensors into one parameter (an expert: a
+    Shard with an index). A module that holds stacked linears (MoE experts) defines `swap_expert_linears(select,
+    make)` so that int4 and CPU packing reach them; `args.activation_width`, where present, is the widest MLP
+    activation per token (an MoE's k experts) that CUDA start-up budgets for instead of intermediate_size.
     """
 
     args: Any

@@ -1,0 +1,162 @@
+"""A mixture-of-experts MLP: a router picks top-k experts per token, only those experts run, and their outputs
+are summed with the routing weights (plus a gated shared expert where the family has one: Qwen2-MoE).
+
+Experts are stacked weights, gate|up fused [E, 2I, H] and down [E, H, I] (transformers 5's in-memory layout);
+the per-expert hub tensors (`experts.{i}.gate_proj.weight`, ...) load into slices of them. Tokens are sorted by
+expert so that each active expert runs one matmul over exactly the tokens routed to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.errors import UnsupportedModel
+from engine.model.checkpoint import Shard
+from engine.model.layers.activation import silu_and_mul
+
+# Config keys of routing schemes this layer does not implement -> the values it does run (None: key absent).
+UNSUPPORTED_ROUTING: dict[str, tuple] = {
+    "scoring_func": (None, "softmax"),  # DeepSeek-V3 / GLM-4.5: sigmoid scores
+    "topk_method": (None, "greedy"),  # DeepSeek: group_limited_greedy, noaux_tc
+    "n_group": (None, 1),  # grouped top-k
+    "topk_group": (None, 1),
+    "routed_scaling_factor": (None, 1, 1.0),
+    "moe_layer_freq": (None, 1),
+    "first_k_dense_replace": (None, 0),
+    "n_shared_experts": (None, 0),
+}
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How a family routes: `num_experts` experts of width `intermediate_size`, `top_k` per token, the chosen
+    probabilities renormalised to sum to 1 when `norm_topk_prob` (Mixtral always: a softmax over the chosen k)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    shared_expert_size: int = 0  # Qwen2-MoE: a dense expert every token runs, scaled by sigmoid(gate(x))
+
+
+def check_routing(config: dict) -> None:
+    """UnsupportedModel naming the config key of a routing scheme the layer does not implement."""
+    for key, allowed in UNSUPPORTED_ROUTING.items():
+        if config.get(key) not in allowed:
+            raise UnsupportedModel(f"MoE routing {key}={config[key]!r} is not supported (softmax top-k only)",
+                                   param="model")
+
+
+class ScoreLinear(nn.Module):
+    """A bias-free projection to a few scores (the router, the shared expert's gate). Not an nn.Linear on
+    purpose: int4 and LoRA leave it alone, because routing decisions are sensitive to its precision."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class StackedExperts(nn.Module):
+    """E experts' SwiGLU MLPs as two stacked weights; forward runs each expert on the tokens routed to it."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.num_experts, self.intermediate_size = num_experts, intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        # Set by swap_expert_linears (int4, CPU bf16 packing): each expert's (gate_up, down) as modules.
+        self.linears: nn.ModuleList | None = None
+
+    def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
+        """Hub per-expert tensors ('experts.3.up_proj.weight') -> their expert's slice of the stacked weights.
+        The fused names ('experts.gate_up_proj') are our own parameters and need no entry."""
+        n, shards = self.intermediate_size, {}
+        for e in range(self.num_experts):
+            shards[f"experts.{e}.gate_proj.weight"] = Shard(f"{prefix}.gate_up_proj", index=e, offset=0, size=n)
+            shards[f"experts.{e}.up_proj.weight"] = Shard(f"{prefix}.gate_up_proj", index=e, offset=n, size=n)
+            shards[f"experts.{e}.down_proj.weight"] = Shard(f"{prefix}.down_proj", index=e)
+        return shards
+
+    def swap_expert_linears(self, select: Callable[[nn.Linear], bool], make: Callable[[nn.Linear], nn.Module]
+                            ) -> int:
+        """Replaces the stacked weights by one module per expert projection, made from an nn.Linear view of
+        it (how quantize_linears_int4 and pack_linears_for_cpu reach the experts); returns how many."""
+        if self.linears is not None or not select(_linear(self.down_proj[0])):
+            return 0
+        self.linears = nn.ModuleList(
+            nn.ModuleList([make(_linear(self.gate_up_proj[e])), make(_linear(self.down_proj[e]))])
+            for e in range(self.num_experts)
+        )
+        del self.gate_up_proj, self.down_proj
+        return 2 * self.num_experts
+
+    def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [T, H]; expert_ids and weights [T, k]. Returns sum_j weights[t, j] * expert_{ids[t, j]}(x[t])."""
+        k = expert_ids.shape[1]
+        flat = expert_ids.reshape(-1)
+        order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens in order within each
+        token = order // k
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        rows = x.index_select(0, token)
+        out = torch.empty_like(rows)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                out[start : start + n] = self._expert(e, rows[start : start + n])
+                start += n
+        # NOTE: back to (token, slot) order and a sum over the k slots, not index_add_: on CPU that is a
+        # scatter_add costing 80 ms a call at one token (measured), and the fixed slot order keeps a token's
+        # sum independent of the batch it came in.
+        by_token = torch.empty_like(out)
+        by_token[order] = out
+        return by_token.view(-1, k, x.shape[1]).mul_(weights.unsqueeze(-1).to(out.dtype)).sum(dim=1)
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        if self.linears is not None:
+            gate_up, down = self.linears[e]
+            return down(silu_and_mul(gate_up(x)))
+        return F.linear(silu_and_mul(F.linear(x, self.gate_up_proj[e])), self.down_proj[e])
+
+
+class SparseMoE(nn.Module):
+    """The MoE MLP of a decoder layer: router `gate`, `experts`, and optionally `shared_expert` (any MLP
+    module) with its sigmoid `shared_expert_gate`. Parameter names follow the hub's `mlp.*`."""
+
+    def __init__(self, routing: Routing, hidden_size: int, shared_expert: nn.Module | None = None) -> None:
+        super().__init__()
+        self.routing = routing
+        self.gate = ScoreLinear(hidden_size, routing.num_experts)
+        self.experts = StackedExperts(routing.num_experts, hidden_size, routing.intermediate_size)
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = ScoreLinear(hidden_size, 1) if shared_expert is not None else None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(expert ids [T, k], routing weights [T, k] in x's dtype), as transformers computes them: a float32
+        softmax over all experts, top-k, renormalised when norm_topk_prob."""
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.routing.top_k, dim=-1)
+        if self.routing.norm_topk_prob:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        return ids, weights.to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids, weights = self.route(x)
+        out = self.experts(x, ids, weights)
+        if self.shared_expert is not None:
+            out += torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+def _linear(weight: torch.Tensor) -> nn.Linear:
+    """An nn.Linear around an existing [out, in] weight (no copy, no init)."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta", dtype=weight.dtype)
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    return linear
