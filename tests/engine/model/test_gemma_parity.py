@@ -9,21 +9,21 @@ on Gemma 3's global layers only.
 
 from __future__ import annotations
 
-import shutil
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from engine.attention.torch_ref import TorchRefBackend
-from engine.config import EngineConfig
-from engine.core.engine import LLMEngine
 from engine.core.kv_spec import KVGroupSpec
-from engine.model.loader import check_checkpoint, load_model
-from engine.sample.params import SamplingParams
-from tests.engine.conftest import TOKENIZER_FILES
+from engine.model.loader import check_checkpoint
+from tests.engine.model.family_parity import (
+    check_engine_greedy,
+    check_prefill_and_decode,
+    load_family,
+    reference_logits,
+    tiny_engine,
+)
 
-ATOL = 1e-4
 WINDOW = 8
 SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
              head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24, max_position_embeddings=256)
@@ -71,27 +71,8 @@ def build(kind: str, path, **changes):
 def gemma(request, tmp_path_factory, baked_model_path):
     path = tmp_path_factory.mktemp(request.param)
     hf = build(request.param, path)
-    for name in TOKENIZER_FILES:  # the engine needs a tokenizer; the ids stay below the tiny vocabulary
-        if (baked_model_path / name).exists() and name != "generation_config.json":
-            shutil.copy(baked_model_path / name, path / name)
-    model, spec = load_model(str(path), torch.float32, torch.device("cpu"))
+    model, spec = load_family(path, baked_model_path)
     return SimpleNamespace(kind=request.param, hf=hf, model=model, spec=spec, path=path)
-
-
-def reference_logits(hf, tokens: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([tokens])).logits[0].float()
-
-
-def run_step(model, spec, harness, batch) -> torch.Tensor:
-    input_ids, positions, meta = harness.step(batch)
-    by_layer = {layer: g for g in spec.kv_groups for layer in g.layers}
-    backends = [TorchRefBackend("cpu", window=g.window, scale=g.scale, soft_cap=g.soft_cap)
-                for g in (by_layer[n] for n in range(spec.num_layers))]
-    for b in backends:
-        b.plan(meta)
-    with torch.inference_mode():
-        return model.compute_logits(model(input_ids, positions, meta, harness.kv_caches, backends))
 
 
 def test_groups_carry_the_attention_extras(gemma):
@@ -111,57 +92,10 @@ def test_the_reference_caps_and_slides(gemma, tmp_path):
         assert (reference_logits(other, tokens) - ours)[WINDOW:].abs().max() > 1e-2, change
 
 
-def test_prefill_lengths_and_decode_past_the_window(gemma, paged_harness):
-    gen = torch.Generator().manual_seed(1)
-    prompts = {r: torch.randint(0, 128, (n,), generator=gen).tolist() for r, n in (("a", 5), ("b", 13), ("c", 30))}
-    s = gemma.spec
-    harness = paged_harness(num_layers=s.num_layers, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, num_pages=128)
-    logits = run_step(gemma.model, s, harness, list(prompts.items()))
-    row = 0
-    for tokens in prompts.values():
-        torch.testing.assert_close(logits[row : row + len(tokens)], reference_logits(gemma.hf, tokens),
-                                   atol=ATOL, rtol=1e-4)
-        row += len(tokens)
-    seqs = {r: list(t) for r, t in prompts.items()}
-    for _ in range(10):  # "a" crosses the window, every request crosses pages
-        nxt = {r: int(torch.randint(0, 128, (1,), generator=gen)) for r in seqs}
-        logits = run_step(gemma.model, s, harness, [(r, [t]) for r, t in nxt.items()])
-        for i, (r, t) in enumerate(nxt.items()):
-            seqs[r].append(t)
-            torch.testing.assert_close(logits[i], reference_logits(gemma.hf, seqs[r])[-1], atol=ATOL, rtol=1e-4)
-
-
-def _generate(path, prompts: dict[str, list[int]], max_tokens: int, engine: LLMEngine | None = None):
-    engine = engine or LLMEngine(EngineConfig(model_path=str(path), dtype="float32", page_size=4, max_num_seqs=8,
-                                              max_num_batched_tokens=16, num_kv_pages=64))
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    for r, prompt in prompts.items():
-        engine.add_request(r, prompt, params)
-    out: dict[str, list[int]] = {r: [] for r in prompts}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out[o.request_id] += o.outputs[0].token_ids
-        engine.kv.check()
-    assert engine.kv.num_free == [a.num_pages for a in engine.kv.allocators], "pages leaked"
-    return out, engine
-
-
-def _hf_greedy(hf, prompt: list[int], max_tokens: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(max_tokens):
-        tokens.append(int(reference_logits(hf, tokens)[-1].argmax()))
-    return tokens[len(prompt) :]
+def test_prefill_lengths_and_decode_past_the_window(gemma):
+    check_prefill_and_decode(gemma.model, gemma.spec, gemma.hf)  # 5 + 10 crosses the window
 
 
 def test_engine_greedy_equals_transformers_batched_and_solo(gemma):
-    gen = torch.Generator().manual_seed(2)
-    shared = torch.randint(3, 128, (10,), generator=gen).tolist()
-    prompts = {f"p{n}": shared + torch.randint(3, 128, (n,), generator=gen).tolist() for n in (1, 9, 23)}
-    prompts["short"] = [5, 6, 7]
-    batched, engine = _generate(gemma.path, prompts, 10)
-    assert engine.describe()["kv_groups"] == ",".join(g.label for g in GROUPS[gemma.kind])
-    again, _ = _generate(gemma.path, prompts, 10, engine)  # now from the prefix cache
-    assert again == batched
-    for r, prompt in prompts.items():
-        assert batched[r] == _hf_greedy(gemma.hf, prompt, 10), r
-        assert _generate(gemma.path, {r: prompt}, 10)[0] == {r: batched[r]}
+    assert tiny_engine(gemma.path).describe()["kv_groups"] == ",".join(g.label for g in GROUPS[gemma.kind])
+    check_engine_greedy(gemma.path, gemma.hf)

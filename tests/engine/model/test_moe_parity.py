@@ -12,15 +12,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.attention.torch_ref import TorchRefBackend
-from engine.config import EngineConfig
-from engine.core.engine import LLMEngine
 from engine.model.loader import load_model
 from engine.sample.params import SamplingParams
-from tests.engine.conftest import TOKENIZER_FILES
+from tests.engine.model.family_parity import (
+    Pages,
+    check_engine_greedy,
+    check_prefill_and_decode,
+    load_family,
+    tiny_engine,
+)
 from tests.engine.model.moe_checkpoints import build_moe_checkpoint
 
-ATOL = 1e-4
 CASES = ["qwen3_moe/hub", "qwen3_moe/fused", "qwen2_moe/hub", "mixtral/hub", "mixtral/fused", "olmoe/hub"]
 
 
@@ -29,26 +31,8 @@ def moe(request, tmp_path_factory, baked_model_path):
     kind, layout = request.param.split("/")
     path = tmp_path_factory.mktemp(kind + "-" + layout)
     hf = build_moe_checkpoint(kind, layout, path)
-    for name in TOKENIZER_FILES:  # the engine needs a tokenizer; the ids stay below the tiny vocabulary
-        if (baked_model_path / name).exists() and name != "generation_config.json":
-            shutil.copy(baked_model_path / name, path / name)
-    model, spec = load_model(str(path), torch.float32, torch.device("cpu"))
+    model, spec = load_family(path, baked_model_path)
     return SimpleNamespace(kind=kind, layout=layout, hf=hf, model=model, spec=spec, path=path)
-
-
-def reference_logits(hf, tokens: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([tokens])).logits[0].float()
-
-
-def run_step(moe, harness, batch) -> torch.Tensor:
-    input_ids, positions, meta = harness.step(batch)
-    by_layer = {layer: g.window for g in moe.spec.kv_groups for layer in g.layers}
-    backends = [TorchRefBackend("cpu", window=by_layer[n]) for n in range(moe.spec.num_layers)]
-    for b in backends:
-        b.plan(meta)
-    with torch.inference_mode():
-        return moe.model.compute_logits(moe.model(input_ids, positions, meta, harness.kv_caches, backends))
 
 
 def test_sparse_layers_follow_the_config(moe):
@@ -59,64 +43,15 @@ def test_sparse_layers_follow_the_config(moe):
     assert [g.window for g in moe.spec.kv_groups] == ([12] if moe.kind == "mixtral" else [None])
 
 
-def test_prefill_lengths_and_decode_match_transformers(moe, paged_harness):
-    gen = torch.Generator().manual_seed(1)
-    prompts = {r: torch.randint(0, 128, (n,), generator=gen).tolist() for r, n in (("a", 1), ("b", 7), ("c", 30))}
-    s = moe.spec
-    harness = paged_harness(num_layers=s.num_layers, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, num_pages=64)
-    logits = run_step(moe, harness, list(prompts.items()))
-    row = 0
-    for tokens in prompts.values():
-        torch.testing.assert_close(logits[row : row + len(tokens)], reference_logits(moe.hf, tokens),
-                                   atol=ATOL, rtol=1e-4)
-        row += len(tokens)
-    seqs = {r: list(t) for r, t in prompts.items()}
-    for _ in range(6):  # every request crosses a page; "c" decodes past Mixtral's window
-        nxt = {r: int(torch.randint(0, 128, (1,), generator=gen)) for r in seqs}
-        logits = run_step(moe, harness, [(r, [t]) for r, t in nxt.items()])
-        for i, (r, t) in enumerate(nxt.items()):
-            seqs[r].append(t)
-            torch.testing.assert_close(logits[i], reference_logits(moe.hf, seqs[r])[-1], atol=ATOL, rtol=1e-4)
-
-
-def _generate(engine: LLMEngine, prompts: dict[str, list[int]], max_tokens: int) -> dict[str, list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    for r, prompt in prompts.items():
-        engine.add_request(r, prompt, params)
-    out: dict[str, list[int]] = {r: [] for r in prompts}
-    while engine.has_unfinished():
-        for o in engine.step():
-            out[o.request_id] += o.outputs[0].token_ids
-        engine.kv.check()
-    assert engine.kv.num_free == [a.num_pages for a in engine.kv.allocators], "pages leaked"
-    return out
-
-
-def _engine(path) -> LLMEngine:
-    return LLMEngine(EngineConfig(model_path=str(path), dtype="float32", page_size=4, max_num_seqs=8,
-                                  max_num_batched_tokens=16, num_kv_pages=64))
-
-
-def _hf_greedy(hf, prompt: list[int], max_tokens: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(max_tokens):
-        tokens.append(int(reference_logits(hf, tokens)[-1].argmax()))
-    return tokens[len(prompt) :]
+def test_prefill_lengths_and_decode_match_transformers(moe):
+    # every request crosses a page; the 30-token one decodes past Mixtral's window
+    check_prefill_and_decode(moe.model, moe.spec, moe.hf, lengths=(1, 7, 30), decode_steps=6)
 
 
 def test_engine_greedy_equals_transformers_batched_and_solo(moe):
     """Through the engine: a batch of mixed prompts (chunked prefill under a 16-token budget, a shared prefix
     served from the cache the second time) gives each prompt the tokens it gets alone and from transformers."""
-    gen = torch.Generator().manual_seed(2)
-    shared = torch.randint(3, 128, (10,), generator=gen).tolist()
-    prompts = {f"p{n}": shared + torch.randint(3, 128, (n,), generator=gen).tolist() for n in (1, 9, 23)}
-    prompts["short"] = [5, 6, 7]
-    engine = _engine(moe.path)
-    batched = _generate(engine, prompts, 10)
-    assert _generate(engine, prompts, 10) == batched  # again, from the prefix cache
-    for r, prompt in prompts.items():
-        assert batched[r] == _hf_greedy(moe.hf, prompt, 10), r
-        assert _generate(_engine(moe.path), {r: prompt}, 10) == {r: batched[r]}
+    check_engine_greedy(moe.path, moe.hf)
 
 
 def test_only_routed_experts_compute(moe):
@@ -136,7 +71,7 @@ def test_only_routed_experts_compute(moe):
             layer.experts.gate_up_proj[unused] = saved
 
 
-def test_int4_quantizes_each_expert_in_place(moe, paged_harness):
+def test_int4_quantizes_each_expert_in_place(moe):
     """QUANTIZATION=int4 reaches the experts: each expert's gate|up and down become an Int4Linear whose weights
     are that expert's own within half a quantization step; the router stays in float."""
     from engine.model.layers.linear import INT4_GROUP, Int4Linear
@@ -154,8 +89,7 @@ def test_int4_quantizes_each_expert_in_place(moe, paged_harness):
                 step = (groups.amax(-1) - groups.amin(-1)).repeat_interleave(INT4_GROUP, 1) / 15
                 assert bool(((got - w).abs() <= step / 2 + 1e-5).all()), e
     tokens = list(range(5, 25))
-    harness = paged_harness(spec.num_layers, spec.num_kv_heads, spec.head_dim)
-    logits = run_step(SimpleNamespace(model=model, spec=spec), harness, [("x", tokens)])
+    logits = Pages(spec.kv_groups).run(model, [("x", tokens)])
     assert logits.shape == (len(tokens), 128) and bool(logits.isfinite().all())
 
 
@@ -184,7 +118,7 @@ def test_beam_search_returns_transformers_beams(moe):
 
     prompt = torch.randint(3, 128, (7,), generator=torch.Generator().manual_seed(4)).tolist()
     params = SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0.0, max_tokens=8, ignore_eos=True)
-    got = run(_engine(moe.path), {"b": (prompt, params)})["b"]
+    got = run(tiny_engine(moe.path), {"b": (prompt, params)})["b"]
     with torch.no_grad():
         ref = moe.hf.generate(torch.tensor([prompt]), num_beams=3, num_return_sequences=2, max_new_tokens=8,
                               min_new_tokens=8, do_sample=False, early_stopping=False, length_penalty=1.0)
