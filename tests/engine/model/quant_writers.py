@@ -146,12 +146,12 @@ WRITERS = {
 }
 
 
-def write_quantized(kind: str, model_type: str, path: Path):
-    """A tiny random model saved in `kind`'s format; returns the transformers model holding the weights that
-    checkpoint stands for (float32)."""
+def write_quantized(kind: str, model_type: str, path: Path, **sizes: object):
+    """A tiny random model (TINY, with `sizes` changed) saved in `kind`'s format; returns the transformers model
+    holding the weights that checkpoint stands for (float32)."""
     import transformers as tf
     torch.manual_seed(0)
-    config = tf.AutoConfig.for_model(model_type, **TINY)
+    config = tf.AutoConfig.for_model(model_type, **{**TINY, **sizes})
     model = tf.AutoModelForCausalLM.from_config(config).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
