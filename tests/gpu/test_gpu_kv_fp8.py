@@ -15,10 +15,13 @@ STEPS = [[("a", 37), ("b", 1), ("c", 16)], [("a", 1), ("b", 1), ("c", 1)], [("b"
          [("a", 1), ("b", 1), ("c", 1)], [("a", 1), ("b", 1), ("c", 1)]]
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("window", [None, 24])
+SLOW = pytest.mark.slow  # each FP8 window / sink variant is another FlashInfer JIT build: opt in with -m slow
+
+
+@pytest.mark.parametrize("page_size", [16, pytest.param(1, marks=SLOW)])
+@pytest.mark.parametrize("window", [None, pytest.param(24, marks=SLOW)])
 @pytest.mark.parametrize("scales", [(1.0, 1.0), (0.5, 2.0)])
-@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("with_sinks", [False, pytest.param(True, marks=SLOW)])
 def test_flashinfer_on_fp8_pages_equals_the_torch_reference(gpu_pager, page_size, window, scales, with_sinks):
     from engine.attention.flashinfer import FlashInferBackend
 
