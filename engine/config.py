@@ -27,6 +27,7 @@ class EngineConfig:
     page_size: int = 16
     kv_cache_bytes: int | None = None  # pool size in bytes; or
     num_kv_pages: int | None = None  # pool size in pages (wins over bytes); neither: a device default
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 | fp8_e4m3: pages in float8_e4m3fn
     gpu_memory_utilization: float = 0.90
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # CUDA: no graphs

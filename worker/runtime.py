@@ -108,6 +108,7 @@ def start(settings: Settings) -> Runtime:
         max_num_batched_tokens=settings.max_num_batched_tokens,
         page_size=settings.block_size,
         num_kv_pages=settings.num_gpu_blocks_override,
+        kv_cache_dtype=settings.kv_cache_dtype,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         enable_prefix_caching=settings.enable_prefix_caching,
         enforce_eager=settings.enforce_eager,
@@ -132,7 +133,8 @@ def start(settings: Settings) -> Runtime:
 # The engine names its settings as EngineConfig does; a worker's user sets them as these variables.
 ENV_OF_ENGINE_SETTING = {"max_model_len": "MAX_MODEL_LEN", "num_kv_pages": "NUM_GPU_BLOCKS_OVERRIDE",
                          "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION", "attention_backend": "ATTENTION_BACKEND",
-                         "dtype": "DTYPE", "max_num_seqs": "MAX_NUM_SEQS", "page_size": "BLOCK_SIZE"}
+                         "dtype": "DTYPE", "max_num_seqs": "MAX_NUM_SEQS", "page_size": "BLOCK_SIZE",
+                         "kv_cache_dtype": "KV_CACHE_DTYPE"}
 
 
 def _as_env_names(message: str) -> str:
@@ -160,7 +162,8 @@ def describe(runtime: Runtime) -> str:
         f"model={info['model']} served_as={runtime.served_model_name} "
         f"backend={info['backend']} ({info['backend_reason']}) dtype={info['dtype']} ({info['dtype_reason']})"
         f"{quantization} device={info['device']}{threads} "
-        f"kv_pages={info['kv_pages']}x{info['page_size']} ({info['kv_bytes'] / 2**20:.0f} MiB) "
+        f"kv_pages={info['kv_pages']}x{info['page_size']} ({info['kv_pages'] * info['page_size']} tokens, "
+        f"{info['kv_dtype']}, {info['kv_bytes'] / 2**20:.0f} MiB) "
         f"kv_groups={info['kv_groups']} "
         f"max_model_len={runtime.max_model_len} tool_calls={runtime.tool_format} "
         f"reasoning={runtime.reasoning_format or 'none'}"

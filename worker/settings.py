@@ -55,6 +55,7 @@ class Settings(BaseModel):
     quantization: Literal["none", "int4"] = Field("none", alias="QUANTIZATION")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", alias="DEVICE")
     attention_backend: Literal["auto", "flashinfer", "torch"] = Field("auto", alias="ATTENTION_BACKEND")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3"] = Field("auto", alias="KV_CACHE_DTYPE")
     enable_prefix_caching: bool = Field(True, alias="ENABLE_PREFIX_CACHING")
     block_size: int = Field(16, alias="BLOCK_SIZE", ge=1)
     gpu_memory_utilization: float = Field(0.90, alias="GPU_MEMORY_UTILIZATION", gt=0.0, le=1.0)
@@ -117,7 +118,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     if "DTYPE" in values:
         dtype = values["DTYPE"].strip().lower()
         values["DTYPE"] = _DTYPE_ALIASES.get(dtype, dtype)
-    for key in ("DEVICE", "ATTENTION_BACKEND", "QUANTIZATION", "TOOL_CALL_PARSER", "REASONING_PARSER"):
+    for key in ("DEVICE", "ATTENTION_BACKEND", "QUANTIZATION", "KV_CACHE_DTYPE", "TOOL_CALL_PARSER",
+                "REASONING_PARSER"):
         if key in values:
             values[key] = values[key].strip().lower()
     if "LOG_LEVEL" in values:

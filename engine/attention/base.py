@@ -34,17 +34,21 @@ class AttentionBackend(Protocol):
     def plan(self, meta: AttentionMetadata) -> None: ...
 
     def write_kv(
-        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        k_scale: float = 1.0, v_scale: float = 1.0,
     ) -> None:
-        """Store the step's new k, v ([num_tokens, kv_heads, head_dim]) at the planned slots."""
+        """Store the step's new k, v ([num_tokens, kv_heads, head_dim]) at the planned slots; into FP8 pages as
+        k / k_scale and v / v_scale (the layer's KV scales; ignored by pages in the model's dtype)."""
         ...
 
     def run(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None,
+        k_scale: float = 1.0, v_scale: float = 1.0,
     ) -> torch.Tensor:
         """q: [num_tokens, q_heads, head_dim]; caches: [pages, page_size, kv_heads, head_dim] (NHD).
 
         Returns [num_tokens, q_heads, head_dim]. Scale is 1/sqrt(head_dim); GQA when q_heads > kv_heads.
         sinks: the layer's learned sink logits [q_heads] (gpt-oss), one more softmax term with no value.
+        k_scale, v_scale: FP8 pages hold K / k_scale and V / v_scale (the same scales write_kv was given).
         """
         ...

@@ -7,6 +7,10 @@ under ~/.cache/flashinfer (FLASHINFER_WORKSPACE_BASE moves it); warmup() trigger
 Sink logits (gpt-oss) go through FlashInfer's BatchAttentionWithAttentionSinkWrapper (a JIT variant of the FA2
 paged prefill kernel, any GPU FA2 runs on), which serves prefill and decode steps alike; 0.5.3's `sinks`
 argument on the plain wrappers reaches only the trtllm-gen kernels (Blackwell), so it is not used.
+
+An FP8 KV cache is FlashInfer's own: plan() with kv_data_type float8_e4m3fn, run() with the layer's k_scale and
+v_scale, which FlashInfer folds into sm_scale and the output (the sink variant takes no scales: the same folding
+is done here).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import math
 import torch
 
 from engine.attention.base import AttentionMetadata
+from engine.attention.flashinfer_graph import FlashInferGraphDecode, use_tensor_core_decode
+from engine.attention.kv_quant import fp8_scales, write_kv_slots
 
 # The float workspace (split-KV partial results), shared by every wrapper.
 # NOTE: not FlashInfer's example 128 MiB: under CUDA graphs the tensor-core decode always splits the KV and
@@ -27,21 +33,6 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 # NOTE: FA2 for prefill on every GPU: on Hopper "auto" would pick FA3, a second large JIT build per head
 # dim, while prompts of a few hundred tokens spend little of a step in attention. Pass "auto" to get FA3.
 DEFAULT_PREFILL_BACKEND = "fa2"
-
-
-def use_tensor_core_decode(num_q_heads: int, num_kv_heads: int) -> bool:
-    """FlashInfer's advice: the tensor-core (prefill-kernel) decode wins once a KV head serves >= 4 q heads."""
-    return num_q_heads // num_kv_heads >= 4
-
-
-def write_kv_slots(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
-) -> None:
-    """Scatters k, v [tokens, kv_heads, head_dim] into the flat slots (page * page_size + offset) of the pool."""
-    _, _, h, d = k_cache.shape
-    # view() (not reshape) so that a non-contiguous pool raises instead of writing into a copy.
-    k_cache.view(-1, h, d).index_copy_(0, slots, k)
-    v_cache.view(-1, h, d).index_copy_(0, slots, v)
 
 
 class FlashInferBackend:
@@ -62,6 +53,7 @@ class FlashInferBackend:
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
         dtype: torch.dtype | None = None,
+        kv_dtype: torch.dtype | None = None,
         workspace_bytes: int = WORKSPACE_BYTES,
         prefill_backend: str = DEFAULT_PREFILL_BACKEND,
         window: int | None = None,
@@ -79,6 +71,7 @@ class FlashInferBackend:
         if dtype is not None and dtype not in HALF_DTYPES:
             raise ValueError(f"FlashInfer attention needs float16 or bfloat16, got {dtype} (use the torch backend)")
         self.shape = (num_q_heads, num_kv_heads, head_dim, dtype)
+        self.kv_dtype = kv_dtype or dtype  # the pages' dtype: the model's, or float8_e4m3fn
         # A sliding window of W tokens is FlashInfer's window_left = W - 1 (keys i - W + 1 .. i); it is passed to
         # plan() only when set, so a full-attention model plans exactly as before.
         self.plan_extra = {} if window is None else {"window_left": window - 1}
@@ -103,25 +96,30 @@ class FlashInferBackend:
         self._active = None
         self._sink_planned = False
         if None not in self.shape:
-            self._plan(*self.shape)
+            self._plan(*self.shape, kv_dtype=self.kv_dtype)
 
-    def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    def write_kv(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        k_scale: float = 1.0, v_scale: float = 1.0,
+    ) -> None:
         assert self._meta is not None, "plan() was not called for this step"
-        write_kv_slots(k, v, k_cache, v_cache, self._meta.slot_mapping)
+        write_kv_slots(k, v, k_cache, v_cache, self._meta.slot_mapping, k_scale, v_scale)
 
     def run(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None,
+        k_scale: float = 1.0, v_scale: float = 1.0,
     ) -> torch.Tensor:
         if q.stride(-1) != 1:
             q = q.contiguous()
         if sinks is not None:
-            return self._run_with_sinks(q, k_cache, v_cache, sinks)
+            return self._run_with_sinks(q, k_cache, v_cache, sinks, k_scale, v_scale)
         if self._active is None:
             self._plan(q.shape[1], k_cache.shape[2], q.shape[2], q.dtype, kv_dtype=k_cache.dtype)
-        return self._active.run(q, (k_cache, v_cache))
+        return self._active.run(q, (k_cache, v_cache), **fp8_scales(k_cache, k_scale, v_scale))
 
     def _run_with_sinks(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor,
+        k_scale: float, v_scale: float,
     ) -> torch.Tensor:
         meta = self._meta
         assert meta is not None, "plan() was not called for this step"
@@ -148,7 +146,10 @@ class FlashInferBackend:
             )
             self._sink_planned = True
         # NOTE: the variant reads its own sm_scale argument, not the planned one; sinks are float32 per q head.
-        return self._sink_wrapper.run(q, (k_cache, v_cache), sinks.float(), scale)
+        # FP8 pages: K's scale folds into sm_scale and V's into the output (the sink key has no value).
+        fp8 = bool(fp8_scales(k_cache, k_scale, v_scale))
+        out = self._sink_wrapper.run(q, (k_cache, v_cache), sinks.float(), scale * (k_scale if fp8 else 1.0))
+        return out * v_scale if fp8 and v_scale != 1.0 else out
 
     def _plan(
         self, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -192,7 +193,7 @@ class FlashInferBackend:
         if None in self.shape:
             raise ValueError("graph_decode() needs num_q_heads, num_kv_heads, head_dim and dtype at construction")
         return FlashInferGraphDecode(
-            self.workspace, batch_size, max_num_indices, num_q_heads, num_kv_heads, head_dim, dtype
+            self.workspace, batch_size, max_num_indices, num_q_heads, num_kv_heads, head_dim, dtype, self.kv_dtype
         )
 
     def warmup(self, page_size: int, sinks: bool = False) -> None:
@@ -202,7 +203,7 @@ class FlashInferBackend:
         if None in self.shape:
             raise ValueError("warmup() needs num_q_heads, num_kv_heads, head_dim and dtype at construction")
         dev, i32 = self.device, torch.int32
-        cache = torch.zeros(2, 2, page_size, num_kv_heads, head_dim, dtype=dtype, device=dev)
+        cache = torch.zeros(2, 2, page_size, num_kv_heads, head_dim, dtype=self.kv_dtype, device=dev)
         k_cache, v_cache = cache[0], cache[1]
         n = page_size + 1  # two pages, the second partly filled
         prefill = AttentionMetadata(
@@ -235,66 +236,3 @@ class FlashInferBackend:
         torch.cuda.synchronize(dev)
         self._meta = self._active = None
         self._sink_planned = False
-
-
-class FlashInferGraphDecode:
-    """Decode attention for one captured batch size: a CUDA-graph decode wrapper over fixed buffers.
-
-    plan() runs outside the graph before each replay: it copies the step's page table into the fixed
-    buffers (the wrapper's own plan does that) and the KV slots into a fixed slot buffer, so the captured
-    kernels read the new step's values at their old addresses.
-    """
-
-    def __init__(
-        self, workspace: torch.Tensor, batch_size: int, max_num_indices: int,
-        num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-    ) -> None:
-        import flashinfer
-
-        dev, i32 = workspace.device, torch.int32
-        self.batch_size = batch_size
-        self.shape = (num_q_heads, num_kv_heads, head_dim, dtype)
-        self.kv_indptr = torch.zeros(batch_size + 1, dtype=i32, device=dev)
-        self.kv_indices = torch.zeros(max_num_indices, dtype=i32, device=dev)
-        self.kv_last_page_len = torch.ones(batch_size, dtype=i32, device=dev)
-        self.slot_mapping = torch.zeros(batch_size, dtype=torch.int64, device=dev)
-        self.source_rows = torch.arange(batch_size, device=dev)  # which row's k/v each slot receives
-        self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD",
-            use_cuda_graph=True,
-            use_tensor_cores=use_tensor_core_decode(num_q_heads, num_kv_heads),
-            paged_kv_indptr_buffer=self.kv_indptr,
-            paged_kv_indices_buffer=self.kv_indices,
-            paged_kv_last_page_len_buffer=self.kv_last_page_len,
-        )
-
-    def plan(self, meta: AttentionMetadata, source_rows: torch.Tensor | None = None) -> tuple[int, ...]:
-        """Plans for `meta` (exactly batch_size rows); returns FlashInfer's plan info (the captured kernel
-        arguments depend on it, so a replay is only valid when it equals the one at capture)."""
-        num_q_heads, num_kv_heads, head_dim, dtype = self.shape
-        self.wrapper.plan(
-            meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
-            num_q_heads, num_kv_heads, head_dim, meta.page_size,
-            q_data_type=dtype, kv_data_type=dtype, sm_scale=1.0 / math.sqrt(head_dim),
-        )
-        self.slot_mapping.copy_(meta.slot_mapping, non_blocking=True)
-        if source_rows is not None:
-            self.source_rows.copy_(source_rows, non_blocking=True)
-        return tuple(int(x) for x in self.wrapper._plan_info)
-
-    def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        # NOTE: padding rows write the real row 0's k/v to row 0's slot (duplicate index, identical value),
-        # so whatever a padding row computes never reaches the pool.
-        rows = self.source_rows
-        write_kv_slots(k.index_select(0, rows), v.index_select(0, rows), k_cache, v_cache, self.slot_mapping)
-
-    def run(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        if sinks is not None:
-            # NOTE: refused rather than dropped: a graph of the plain decode kernel would attend without the sinks.
-            raise ValueError("CUDA-graph decode has no sink attention: run a model with sink logits with "
-                             "enforce_eager")
-        if q.stride(-1) != 1:
-            q = q.contiguous()
-        return self.wrapper.run(q, (k_cache, v_cache))

@@ -8,6 +8,9 @@ query rows. Longer (prefill) requests run one SDPA call each, causal with the qu
 Sink logits (gpt-oss), given per layer to run(), join every query's softmax as one more key with no value
 (engine.attention.sinks).
 
+An FP8 KV cache (engine.attention.kv_quant) is quantised on write and dequantised on read: the gathered rows are
+cast to the query's dtype and multiplied by the layer's k_scale / v_scale, so SDPA runs as with a float cache.
+
 With a sliding window of W tokens (a query at position i sees keys j with i - W < j <= i), plan() gathers only
 the keys some query of the request can see, so pages that fell out of every query's window (a window group's
 NULL page) are never read.
@@ -21,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.base import AttentionMetadata
+from engine.attention.kv_quant import dequantize, write_slots
 from engine.attention.sinks import sdpa_with_sink
 
 # A decode bucket costs about as much fixed work (a gather and an SDPA call) as this many padded KV rows;
@@ -133,24 +137,29 @@ class TorchRefBackend:
             mask = (torch.arange(max_len, device=dev)[None, :] < lens[:, None])[:, None, None, :]
         return _Decode(rows, slots, mask)
 
-    def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        _, _, h, d = k_cache.shape
-        k_cache.view(-1, h, d).index_copy_(0, self._slots, k)
-        v_cache.view(-1, h, d).index_copy_(0, self._slots, v)
+    def write_kv(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        k_scale: float = 1.0, v_scale: float = 1.0,
+    ) -> None:
+        write_slots(k, k_cache, self._slots, k_scale)
+        write_slots(v, v_cache, self._slots, v_scale)
 
     def run(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None,
+        k_scale: float = 1.0, v_scale: float = 1.0,
     ) -> torch.Tensor:
         """As AttentionBackend.run; sinks: the layer's sink logits [q_heads] (gpt-oss), or None."""
         if sinks is not None and self.soft_cap is not None:
             raise ValueError("attention sinks with a logit soft-cap are not implemented")
+        scales = (k_scale, v_scale)
         if len(self._decodes) == 1 and self._decodes[0].rows is None:
-            return self._run_decode(q, k_cache, v_cache, self._decodes[0], sinks)
+            return self._run_decode(q, k_cache, v_cache, self._decodes[0], sinks, scales)
         out = torch.empty_like(q)
         for d in self._decodes:
-            out.index_copy_(0, d.rows, self._run_decode(q.index_select(0, d.rows), k_cache, v_cache, d, sinks))
+            out.index_copy_(0, d.rows, self._run_decode(q.index_select(0, d.rows), k_cache, v_cache, d, sinks,
+                                                        scales))
         for p in self._prefills:
-            out[p.rows] = self._run_prefill(q[p.rows], k_cache, v_cache, p, sinks)
+            out[p.rows] = self._run_prefill(q[p.rows], k_cache, v_cache, p, sinks, scales)
         return out
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -168,27 +177,29 @@ class TorchRefBackend:
         return soft_capped_attention(q, k, v, mask, causal, self.scale, self.soft_cap)
 
     def _run_decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Decode, sinks: torch.Tensor | None
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Decode, sinks: torch.Tensor | None,
+        scales: tuple[float, float],
     ) -> torch.Tensor:
         b, hq, d = q.shape
         hk = k_cache.shape[2]
         if plan.gather is None:
             plan.gather = _head_rows(plan.slots, hk)
-        k = k_cache.view(-1, d).index_select(0, plan.gather).view(b, hk, -1, d)
-        v = v_cache.view(-1, d).index_select(0, plan.gather).view(b, hk, -1, d)
+        k = dequantize(k_cache.view(-1, d).index_select(0, plan.gather), q.dtype, scales[0]).view(b, hk, -1, d)
+        v = dequantize(v_cache.view(-1, d).index_select(0, plan.gather), q.dtype, scales[1]).view(b, hk, -1, d)
         # The GQA group becomes the query rows: q [B, Hk, group, D] against K/V [B, Hk, L, D].
         out = self._attend(q.view(b, hk, hq // hk, d), k, v, plan.mask,
                            sinks=None if sinks is None else sinks.view(hk, hq // hk))
         return out.reshape(b, hq, d)
 
     def _run_prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Prefill, sinks: torch.Tensor | None
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Prefill, sinks: torch.Tensor | None,
+        scales: tuple[float, float],
     ) -> torch.Tensor:
         hk, d = k_cache.shape[2], k_cache.shape[3]
         if plan.gather is None:
             plan.gather = _head_rows(plan.slots, hk)
-        k = k_cache.view(-1, d).index_select(0, plan.gather).view(hk, -1, d)
-        v = v_cache.view(-1, d).index_select(0, plan.gather).view(hk, -1, d)
+        k = dequantize(k_cache.view(-1, d).index_select(0, plan.gather), q.dtype, scales[0]).view(hk, -1, d)
+        v = dequantize(v_cache.view(-1, d).index_select(0, plan.gather), q.dtype, scales[1]).view(hk, -1, d)
         # NOTE: 4-D inputs: with 3-D ones CPU SDPA takes the math path (materialised scores, ~4x slower).
         out = self._attend(q.transpose(0, 1)[None], k[None], v[None], plan.mask, causal=plan.mask is None,
                            enable_gqa=True, sinks=None if sinks is None else sinks.view(-1, 1))

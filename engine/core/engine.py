@@ -10,6 +10,7 @@ from itertools import count
 import torch
 
 from engine.attention import create_backend, resolve_backend
+from engine.attention.kv_quant import resolve_kv_dtype
 from engine.config import EngineConfig
 from engine.core import kv_sizing
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
@@ -66,8 +67,9 @@ class LLMEngine:
             raise StartupError(f"max_model_len {config.max_model_len} is above the model's limit of "
                                f"{self.spec.max_position_embeddings}", param="max_model_len")
         groups = self.spec.kv_groups
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)  # the pages': the model's, or FP8
         self.backend_name, self.backend_reason = resolve_backend(config.attention_backend, self.device, self.dtype)
-        self.backends = [create_backend(self.backend_name, self.device, **g.attention_extras(),
+        self.backends = [create_backend(self.backend_name, self.device, **g.attention_extras(), kv_dtype=self.kv_dtype,
                                         **cuda_setup.backend_kwargs(self.spec, self.dtype, g)) for g in groups]
         if self.device.type == "cuda":
             with timed(self.start_ms, "warm-up"):
@@ -75,9 +77,9 @@ class LLMEngine:
                     cuda_setup.warm_up(self.model, backend, config.page_size)
         self._caps = kv_sizing.window_caps(groups, config.page_size, config.max_num_seqs, config.max_num_batched_tokens)
         num_pages = kv_sizing.group_pages(self._caps, self._num_pages(
-            kv_sizing.page_bytes(groups, config.page_size, self.dtype)))
+            kv_sizing.page_bytes(groups, config.page_size, self.kv_dtype)))
         with timed(self.start_ms, "kv cache"):
-            self.pools = [PagePool.for_group(g, n, config.page_size, self.dtype, self.device)
+            self.pools = [PagePool.for_group(g, n, config.page_size, self.kv_dtype, self.device)
                           for g, n in zip(groups, num_pages, strict=True)]
         self.kv = KVCacheManager(groups, num_pages, config.page_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
@@ -185,8 +187,7 @@ class LLMEngine:
             return
         if not self.scheduler.has_work():
             # Nothing else to run: wait a little for a compile instead of spinning.
-            wait_futures([f for _, f in self._compiling.values()], timeout=COMPILE_POLL_S,
-                         return_when=FIRST_COMPLETED)
+            wait_futures([f for _, f in self._compiling.values()], timeout=COMPILE_POLL_S, return_when=FIRST_COMPLETED)
         for request_id, (group, future) in list(self._compiling.items()):
             if not future.done():
                 continue
@@ -212,8 +213,7 @@ class LLMEngine:
 
     def abort_all(self) -> list[str]:
         """Drops every request (after a failure outside any one of them); returns their ids."""
-        ids = list(self._groups)
-        for request_id in ids:
+        for request_id in (ids := list(self._groups)):
             self.abort(request_id)
         return ids
 
@@ -292,7 +292,7 @@ class LLMEngine:
             "kv_groups": describe_groups(self.spec.kv_groups),
             "kv_pages_by_group": [a.num_pages for a in self.kv.allocators],
             "page_size": self.pool.page_size,
-            "kv_bytes": sum(p.nbytes for p in self.pools),
+            "kv_bytes": sum(p.nbytes for p in self.pools), "kv_dtype": str(self.kv_dtype).removeprefix("torch."),
             "max_num_seqs": self.config.max_num_seqs,
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "prefix_caching": self.config.enable_prefix_caching,

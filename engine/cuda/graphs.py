@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.base import AttentionMetadata
-from engine.attention.flashinfer import FlashInferBackend, FlashInferGraphDecode
+from engine.attention.flashinfer import FlashInferBackend
+from engine.attention.flashinfer_graph import FlashInferGraphDecode
 
 log = logging.getLogger(__name__)
 

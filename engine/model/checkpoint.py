@@ -17,6 +17,7 @@ from safetensors import safe_open
 from torch import nn
 
 from engine.errors import UnsupportedModel
+from engine.model.kv_scales import kv_scale_target
 
 # Buffers some checkpoints carry that we recompute.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -89,6 +90,8 @@ def plan_copies(model: nn.Module, shapes: dict[str, tuple[int, ...]], tied: bool
     for name, shape in shapes.items():
         ours = rename(name)
         if ours is None or ours.endswith(IGNORED_SUFFIXES) or (tied and ours == "lm_head.weight"):
+            continue
+        if kv_scale_target(ours) is not None:  # not a weight: engine.model.kv_scales reads these
             continue
         shard = targets.get(ours) or (Shard(ours) if ours in params else None)
         if shard is None:

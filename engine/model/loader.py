@@ -16,6 +16,7 @@ from engine.config import LoraConfig
 from engine.core.kv_spec import KVGroupSpec
 from engine.errors import UnsupportedModel
 from engine.model.checkpoint import load_weights, plan_copies, safetensors_files, tensor_shapes
+from engine.model.kv_scales import check_kv_cache_scheme, load_kv_scales
 from engine.model.layers.linear import pack_linears_for_cpu, quantize_linears_int4
 from engine.model.layers.lora import attach_lora
 from engine.model.models import CausalLM, model_class
@@ -71,6 +72,7 @@ def load_model(
     if tied:
         model.tie_weights()
     load_weights(model, files, shapes, tied)
+    load_kv_scales(model, files, shapes)
     if fmt is not None:
         # Before LoRA: its adapters wrap the serving modules and run in the serving dtype.
         to_serving(model, dtype, device)
@@ -123,6 +125,7 @@ def _build_on_meta(model_path: str) -> tuple[dict, list[str], dict[str, tuple[in
     config = read_config(model_path)
     cls = model_class((config.get("architectures") or ["<none>"])[0])
     fmt = quant_format(config)
+    check_kv_cache_scheme(config)
     files = safetensors_files(model_path)
     shapes = tensor_shapes(files)
     try:

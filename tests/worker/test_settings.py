@@ -33,6 +33,8 @@ def test_values_are_parsed_and_empty_strings_are_unset() -> None:
     assert load_settings({"MODEL_PATH": "/elsewhere", "BASE_PATH": "/baked"}).model_path == "/elsewhere"
     assert load_settings({"QUANTIZATION": " INT4 "}).quantization == "int4"
     assert load_settings({"QUANTIZATION": ""}).quantization == "none"
+    assert load_settings({"KV_CACHE_DTYPE": " FP8 "}).kv_cache_dtype == "fp8"
+    assert load_settings({}).kv_cache_dtype == "auto"
     process = load_settings({"LOG_LEVEL": "debug", "OMP_NUM_THREADS": "3", "RUNPOD_WEBHOOK_GET_JOB": "https://x"})
     assert (process.log_level, process.omp_num_threads, process.on_runpod) == ("DEBUG", 3, True)
     assert load_settings({}).on_runpod is False and load_settings({}).omp_num_threads is None
@@ -42,7 +44,7 @@ def test_values_are_parsed_and_empty_strings_are_unset() -> None:
     ("MAX_CONCURRENCY", "lots"), ("MAX_CONCURRENCY", "0"), ("RAW_OPENAI_OUTPUT", "maybe"), ("DTYPE", "int3"),
     ("DEFAULT_BATCH_SIZE_GROWTH_FACTOR", "0.5"), ("GPU_MEMORY_UTILIZATION", "1.5"), ("MAX_MODEL_LEN", "-1"),
     ("DEVICE", "tpu"), ("QUANTIZATION", "int8"), ("LOG_LEVEL", "verbose"), ("OMP_NUM_THREADS", "0"),
-    ("OMP_NUM_THREADS", "all"),
+    ("OMP_NUM_THREADS", "all"), ("KV_CACHE_DTYPE", "int8"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable(name: str, value: str) -> None:
     with pytest.raises(SettingsError) as info:

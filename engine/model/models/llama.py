@@ -107,6 +107,8 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
         # Set by init_rotary() on the fused path: RoPE by FlashInfer from this float32 cos|sin table.
         self.cos_sin_cache: torch.Tensor | None = None
+        # An FP8 KV cache holds K / k_scale and V / v_scale (the checkpoint's, set by the loader, or 1.0).
+        self.k_scale, self.v_scale = 1.0, 1.0
 
     def forward(
         self,
@@ -133,8 +135,8 @@ class LlamaAttention(nn.Module):
         else:
             q = apply_rotary_(self.q_norm(qkv[:, : hq * d].view(t, hq, d)), cos, sin)
             k = apply_rotary_(self.k_norm(qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)), cos, sin)
-        backend.write_kv(k, v, k_cache, v_cache)
-        out = backend.run(q, k_cache, v_cache)
+        backend.write_kv(k, v, k_cache, v_cache, k_scale=self.k_scale, v_scale=self.v_scale)
+        out = backend.run(q, k_cache, v_cache, k_scale=self.k_scale, v_scale=self.v_scale)
         return self.o_proj(out.reshape(t, hq * d))
 
 

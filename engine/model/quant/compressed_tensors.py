@@ -44,9 +44,12 @@ class PackedInt4Format(Int4Format):
         return Int4Weights(codes, zeros, scales, self.group or k)
 
 
-def read_compressed_tensors(qc: dict) -> QuantFormat:
-    """The format of a compressed-tensors config whose groups all quantize weights the same way."""
+def read_compressed_tensors(qc: dict) -> QuantFormat | None:
+    """The format of a compressed-tensors config whose groups all quantize weights the same way (None: float
+    weights, a config that quantizes only the KV cache)."""
     groups = list((qc.get("config_groups") or {}).values())
+    if not groups and qc.get("kv_cache_scheme"):
+        return None
     schemes = {repr(sorted((g.get("weights") or {}).items())) for g in groups}
     if len(schemes) != 1:
         raise UnsupportedModel(f"compressed-tensors with {len(schemes)} weight schemes is not supported (one)",

@@ -1,17 +1,25 @@
 """FP8 (e4m3) weights: compressed-tensors float-quantized (per-tensor, per-channel or block scales), the hub's
 block-wise `fp8` (weight_scale_inv per 128 x 128 block, as Qwen3-FP8 and DeepSeek ship) and `fbgemm_fp8`
-(per-channel). w = weight * scale, dequantised to the serving dtype at load.
+(per-channel). w = weight * scale.
 
-NOTE: activation scales (static input_scale, dynamic per-token) describe an FP8 matmul; the dequantised
-weight runs in the serving dtype, so they are read for their shape only.
+On CUDA GPUs with FP8 tensor cores (sm89+) per-tensor and per-channel weights stay in FP8 and run through
+torch._scaled_mm (fp8_linear.py); elsewhere, and for block scales, the weight is dequantised to the serving dtype
+at load. NOTE: the checkpoint's static activation scales (input_scale) are read for their shape only: the FP8
+matmul quantises activations with a dynamic scale.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
+from torch import nn
 
 from engine.errors import UnsupportedModel
-from engine.model.quant.base import CheckpointLinear, QuantFormat, TensorLayout
+from engine.model.quant.base import CheckpointLinear, QuantFormat, TensorLayout, dense_linear
+from engine.model.quant.fp8_linear import Fp8Linear
+
+log = logging.getLogger(__name__)
 
 STRATEGIES = ("tensor", "channel", "block")
 
@@ -36,14 +44,31 @@ class Fp8Format(QuantFormat):
     def marker(self) -> str:
         return self.scale  # a float linear the checkpoint left alone has a weight too
 
+    def row_scale(self, linear: CheckpointLinear) -> torch.Tensor:
+        """The weight scale of each output row [out, 1] (per-tensor and per-channel strategies)."""
+        scale = getattr(linear, self.scale)
+        return linear.rows_of_each(scale) if self.strategy == "tensor" else scale.reshape(-1, 1)
+
+    def serving_module(self, linear: CheckpointLinear, dtype: torch.dtype, device: torch.device) -> nn.Module:
+        """The FP8 weight itself on a GPU with FP8 tensor cores (not for block scales); else dequantised."""
+        if self.strategy == "block" or not Fp8Linear.fits(tuple(linear.weight.shape), device, dtype):
+            if device.type == "cuda" and not getattr(self, "_said_dense", False):
+                log.warning("%s: weights dequantised to %s (%s)", self.name, dtype,
+                            "block scales" if self.strategy == "block" else "no FP8 matmul on this GPU")
+                self._said_dense = True
+            return dense_linear(linear, self.dequantize(linear), dtype)
+        bias = None if linear.bias is None else linear.bias.detach()
+        module = Fp8Linear(linear.weight.detach(), self.row_scale(linear), bias, dtype, device)
+        module.shard_offsets = linear.shard_offsets
+        return module
+
     def dequantize(self, linear: CheckpointLinear) -> torch.Tensor:
-        weight, scale = linear.weight.float(), getattr(linear, self.scale)
-        if self.strategy == "tensor":
-            return weight * linear.rows_of_each(scale)
-        if self.strategy == "channel":
-            return weight * scale.reshape(-1, 1)
+        weight = linear.weight.float()
+        if self.strategy in ("tensor", "channel"):
+            return weight * self.row_scale(linear)
         rows, cols = self.block
         out, inp = weight.shape
+        scale = getattr(linear, self.scale)
         full = scale.repeat_interleave(rows, dim=0)[:out].repeat_interleave(cols, dim=1)[:, :inp]
         return weight * full
 

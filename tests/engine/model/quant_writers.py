@@ -146,12 +146,12 @@ WRITERS = {
 }
 
 
-def write_quantized(kind: str, model_type: str, path: Path):
-    """A tiny random model saved in `kind`'s format; returns the transformers model holding the weights that
-    checkpoint stands for (float32)."""
+def write_quantized(kind: str, model_type: str, path: Path, **sizes: object):
+    """A tiny random model (TINY, with `sizes` changed) saved in `kind`'s format; returns the transformers model
+    holding the weights that checkpoint stands for (float32)."""
     import transformers as tf
     torch.manual_seed(0)
-    config = tf.AutoConfig.for_model(model_type, **TINY)
+    config = tf.AutoConfig.for_model(model_type, **{**TINY, **sizes})
     model = tf.AutoModelForCausalLM.from_config(config).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -176,3 +176,25 @@ def write_quantized(kind: str, model_type: str, path: Path):
     config_json["quantization_config"] = quantization_config(kind)
     (path / "config.json").write_text(json.dumps(config_json))
     return model
+
+
+def fp8_stacked_linear(strategy: str, sizes: dict[str, int], in_features: int, seed: int = 0):
+    """(fmt, CheckpointLinear) of q|k|v-style matrices (`sizes`: name -> rows) in compressed-tensors FP8: one scale
+    per matrix ("tensor", each its own amax / 448) or per row ("channel")."""
+    from engine.model.quant.base import CheckpointLinear
+    from engine.model.quant.fp8 import Fp8Format
+    torch.manual_seed(seed)
+    w = torch.randn(sum(sizes.values()), in_features) * 0.05
+    parts = w.split(list(sizes.values()))
+    if strategy == "channel":
+        scale = w.abs().amax(1, keepdim=True) / 448
+        rows = scale
+    else:
+        scale = torch.stack([p.abs().max() / 448 for p in parts])[:, None]
+        rows = scale.repeat_interleave(torch.tensor(list(sizes.values())), dim=0)
+    fmt = Fp8Format("compressed-tensors fp8", "weight_scale", strategy)
+    shapes = {"weight": tuple(w.shape), "weight_scale": (1,) if strategy == "tensor" else (w.shape[0], 1)}
+    linear = CheckpointLinear(fmt, sizes, in_features, False, shapes)
+    linear.weight = nn.Parameter((w / rows).to(torch.float8_e4m3fn), requires_grad=False)
+    linear.weight_scale = nn.Parameter(scale, requires_grad=False)
+    return fmt, linear
