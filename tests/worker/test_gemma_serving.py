@@ -1,6 +1,7 @@
-"""A tiny random Gemma 2 baked by the builder from a hub-layout folder (the default model's tokenizer, a vocabulary
-to match, Gemma 2's chat template) serves chat through the local endpoint with the official SDK: whole and
-streamed answers agree, and the template's own refusal of a system turn is a 400 that says so."""
+"""Tiny random Gemma 2 and Gemma 3 models baked by the builder from hub-layout folders (the default model's tokenizer,
+a vocabulary to match, the family's chat template) serve chat through the local endpoint with the official SDK:
+whole and streamed answers agree; Gemma 2's template refuses a system turn (a 400 that says so), Gemma 3's folds
+it into the first user turn."""
 
 from __future__ import annotations
 
@@ -25,47 +26,72 @@ GEMMA2_TEMPLATE = (
     "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
 )
+# Gemma 3's (text content only): a system turn becomes a prefix of the first user turn.
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{% set first_user_prefix = messages[0]['content'] + '\n\n' %}{% set loop_messages = messages[1:] %}"
+    "{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}{% endif %}"
+    "{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
 PROMPT = [{"role": "user", "content": "Name a colour."}]
+SIZES = dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=16,
+             max_position_embeddings=512)
 
 
-@pytest.fixture(scope="module")
-def gemma_worker(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorker]:
+@pytest.fixture(scope="module", params=["gemma2", "gemma3"])
+def gemma_worker(request: pytest.FixtureRequest, baked_model_path: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorker]:
     import transformers as tf
 
-    root = tmp_path_factory.mktemp("gemma2-bake")
-    source = root / "tiny-gemma2"
-    config = tf.Gemma2Config(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
-                             sliding_window=16, max_position_embeddings=512)
+    family = request.param
+    root = tmp_path_factory.mktemp(family + "-bake")
+    source = root / ("tiny-" + family)
     torch.manual_seed(0)
-    tf.Gemma2ForCausalLM(config).save_pretrained(source)
+    if family == "gemma2":
+        tf.Gemma2ForCausalLM(tf.Gemma2Config(**SIZES)).save_pretrained(source)
+    else:  # one local layer (window 16) and one global, as layer_types says
+        config = tf.Gemma3TextConfig(**SIZES, layer_types=["sliding_attention", "full_attention"])
+        tf.Gemma3ForCausalLM(config).save_pretrained(source)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(baked_model_path / name, source / name)
-    (source / "chat_template.jinja").write_text(GEMMA2_TEMPLATE)
+    (source / "chat_template.jinja").write_text(GEMMA2_TEMPLATE if family == "gemma2" else GEMMA3_TEMPLATE)
     out = root / "model"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     baked = subprocess.run([sys.executable, "-m", "builder", "--model", str(source), "--out", str(out)], cwd=ROOT,
                            env=env, capture_output=True, text=True, timeout=300)
     assert baked.returncode == 0, baked.stderr
     w = start_worker(out, root / "worker.log", MAX_MODEL_LEN="512")
+    w.family = family
     yield w
     stop_worker(w)
 
 
 def test_chat_whole_and_streamed_agree(gemma_worker: LocalWorker) -> None:
-    sdk = gemma_worker.client()
-    whole = sdk.chat.completions.create(model="tiny-gemma2", messages=PROMPT, temperature=0, max_tokens=12)
+    sdk, name = gemma_worker.client(), "tiny-" + gemma_worker.family
+    whole = sdk.chat.completions.create(model=name, messages=PROMPT, temperature=0, max_tokens=12)
     assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 12
     text = whole.choices[0].message.content
     assert text
-    stream = sdk.chat.completions.create(model="tiny-gemma2", messages=PROMPT, temperature=0, max_tokens=12,
+    stream = sdk.chat.completions.create(model=name, messages=PROMPT, temperature=0, max_tokens=12,
                                          stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
 
 
-def test_a_system_turn_is_the_templates_400(gemma_worker: LocalWorker) -> None:
-    sdk = gemma_worker.client()
-    with pytest.raises(openai.BadRequestError) as info:
-        sdk.chat.completions.create(model="tiny-gemma2", max_tokens=4,
-                                    messages=[{"role": "system", "content": "Be brief."}, *PROMPT])
-    assert "System role not supported" in str(info.value)
+def test_a_system_turn_follows_the_template(gemma_worker: LocalWorker) -> None:
+    """Gemma 2: the template's own refusal, as a 400. Gemma 3: the system text joins the first user turn."""
+    sdk, name = gemma_worker.client(), "tiny-" + gemma_worker.family
+    with_system = [{"role": "system", "content": "Be brief."}, *PROMPT]
+    if gemma_worker.family == "gemma2":
+        with pytest.raises(openai.BadRequestError) as info:
+            sdk.chat.completions.create(model=name, max_tokens=4, messages=with_system)
+        assert "System role not supported" in str(info.value)
+        return
+    plain = sdk.chat.completions.create(model=name, max_tokens=4, messages=PROMPT)
+    folded = sdk.chat.completions.create(model=name, max_tokens=4, messages=with_system)
+    assert folded.usage.prompt_tokens > plain.usage.prompt_tokens

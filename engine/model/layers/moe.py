@@ -52,6 +52,16 @@ def check_routing(config: dict) -> None:
                                    param="model")
 
 
+def softmax_top_k(scores: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(expert ids [T, k], float32 weights [T, k]): a float32 softmax over all experts' scores, its top k,
+    renormalised to sum to 1 when `renormalize`."""
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights /= weights.sum(dim=-1, keepdim=True)
+    return ids, weights
+
+
 class ScoreLinear(nn.Module):
     """A bias-free projection to a few scores (the router, the shared expert's gate). Not an nn.Linear on
     purpose: int4 and LoRA leave it alone, because routing decisions are sensitive to its precision."""
@@ -65,11 +75,13 @@ class ScoreLinear(nn.Module):
 
 
 class StackedExperts(nn.Module):
-    """E experts' SwiGLU MLPs as two stacked weights; forward runs each expert on the tokens routed to it."""
+    """E experts' gated MLPs as two stacked weights; forward runs each expert on the tokens routed to it."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
+                 activation: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul) -> None:
         super().__init__()
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
+        self.activation = activation  # on the fused gate|up output: SwiGLU, or GeGLU (Gemma 4)
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
         # Set by swap_expert_linears (int4, CPU bf16 packing): each expert's (gate_up, down) as modules.
@@ -122,8 +134,8 @@ class StackedExperts(nn.Module):
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         if self.linears is not None:
             gate_up, down = self.linears[e]
-            return down(silu_and_mul(gate_up(x)))
-        return F.linear(silu_and_mul(F.linear(x, self.gate_up_proj[e])), self.down_proj[e])
+            return down(self.activation(gate_up(x)))
+        return F.linear(self.activation(F.linear(x, self.gate_up_proj[e])), self.down_proj[e])
 
 
 class SparseMoE(nn.Module):
@@ -141,10 +153,7 @@ class SparseMoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(expert ids [T, k], routing weights [T, k] in x's dtype), as transformers computes them: a float32
         softmax over all experts, top-k, renormalised when norm_topk_prob."""
-        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.routing.top_k, dim=-1)
-        if self.routing.norm_topk_prob:
-            weights /= weights.sum(dim=-1, keepdim=True)
+        ids, weights = softmax_top_k(self.gate(x), self.routing.top_k, self.routing.norm_topk_prob)
         return ids, weights.to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ On top of the Gemma 2 / 3 decoder: a head size and KV head count of their own on
 keys reused as values on global layers (attention_k_eq_v); q, k and v norms, attention scale 1; proportional rope
 with a partial rotary factor on global layers; the last num_kv_shared_layers layers attend over the pages of the
 last earlier layer of their type and hold none (KVGroupSpec.readers); per-layer input embeddings (PLE) added after
-each layer's MLP; a learned per-layer scalar. The MoE block (enable_moe_block, 26B-A4B) is refused at bake time.
+each layer's MLP; a learned per-layer scalar; the MoE block beside the MLP (enable_moe_block, gemma4_moe.py).
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.core.kv_spec import KVGroupSpec, kv_groups
 from engine.errors import UnsupportedModel
 from engine.model.layers.activation import gelu_tanh_and_mul
+from engine.model.layers.moe import Routing
 from engine.model.layers.norm import GemmaRMSNorm
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
 from engine.model.models.gemma2 import FULL, GELU_TANH, SLIDING, default_layer_types, soft_cap
+from engine.model.models.gemma4_moe import MOE_NORMS, moe_modules, read_routing
 from engine.model.models.llama import FusedLinear
 
 DEFAULT_ROPES = {SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
@@ -55,14 +57,19 @@ class Gemma4Args:
     ple_vocab: int = 0
     double_wide_mlp: bool = False  # shared-KV layers have an MLP twice as wide
     tie_word_embeddings: bool = True
+    routing: Routing | None = None  # the MoE block's experts (every layer has it when set)
+
+    @property
+    def activation_width(self) -> int:
+        """Per token, the widest MLP activations a layer holds (CUDA start-up budgets for them)."""
+        moe = self.routing.top_k * (self.routing.intermediate_size + self.hidden_size) if self.routing else 0
+        return self.intermediate_size * (2 if self.double_wide_mlp else 1) + moe
 
     @classmethod
     def from_config(cls, config: dict) -> Gemma4Args:
         act = config.get("hidden_activation") or "gelu_pytorch_tanh"
         if act not in GELU_TANH:
             raise UnsupportedModel(f"hidden_activation {act!r} is not supported (gelu_pytorch_tanh)", param="model")
-        if config.get("enable_moe_block"):
-            raise UnsupportedModel("Gemma 4's MoE block (enable_moe_block) is not supported yet", param="model")
         if config.get("use_bidirectional_attention") == "all":
             raise UnsupportedModel("use_bidirectional_attention 'all' is not supported (an encoder)", param="model")
         if config.get("attention_bias"):
@@ -83,7 +90,7 @@ class Gemma4Args:
             ple_dim=config.get("hidden_size_per_layer_input", 256) or 0,
             ple_vocab=config.get("vocab_size_per_layer_input", 262_144),
             double_wide_mlp=bool(config.get("use_double_wide_mlp")),
-            tie_word_embeddings=config.get("tie_word_embeddings", True),
+            tie_word_embeddings=config.get("tie_word_embeddings", True), routing=read_routing(config),
         )
 
     def windows(self) -> list[int | None]:
@@ -164,19 +171,24 @@ class Gemma4DecoderLayer(nn.Module):
         wide = 2 if a.double_wide_mlp and layer in a.kv_sources else 1
         self.mlp = Gemma4MLP(h, a.intermediate_size * wide)
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                     "post_feedforward_layernorm"):
+                     "post_feedforward_layernorm", *(MOE_NORMS if a.routing else ())):
             setattr(self, name, GemmaRMSNorm(h, eps, unit_offset=False))
         self.layer_scalar = nn.Parameter(torch.ones(1))
         if a.ple_dim:
             self.per_layer_input_gate = nn.Linear(h, a.ple_dim, bias=False)
             self.per_layer_projection = nn.Linear(a.ple_dim, h, bias=False)
             self.post_per_layer_input_norm = GemmaRMSNorm(h, eps, unit_offset=False)
+        self.router, self.experts = moe_modules(h, a.routing, eps)
 
     def forward(self, h: torch.Tensor, ple: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), cos, sin, k_cache, v_cache,
                                                              backend))
-        h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        out = self.mlp(self.pre_feedforward_layernorm(h))
+        if self.experts is not None:  # the router and the experts read h itself, not the dense MLP's input
+            moe = self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h))
+            out = self.post_feedforward_layernorm_1(out) + self.post_feedforward_layernorm_2(moe)
+        h = h + self.post_feedforward_layernorm(out)
         if ple is not None:
             gate = torch.nn.functional.gelu(self.per_layer_input_gate(h), approximate="tanh") * ple
             h = h + self.post_per_layer_input_norm(self.per_layer_projection(gate))
@@ -202,7 +214,7 @@ def _scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 class Gemma4ForCausalLM(nn.Module):
-    """The CausalLM of Gemma 4 text (dense)."""
+    """The CausalLM of Gemma 4 text (dense, or with the MoE block)."""
 
     @classmethod
     def read_args(cls, config: dict, names: set[str]) -> Gemma4Args:
