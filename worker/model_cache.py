@@ -16,23 +16,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-from collections.abc import Mapping
 from pathlib import Path
 
 from engine.errors import StartupError, UnsupportedModel
-from worker.settings import MANIFEST, Settings
+from worker.settings import MANIFEST, Settings, keep_hub_offline
 
 log = logging.getLogger("worker")
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def locate_model(settings: Settings, environ: Mapping[str, str] | None = None) -> Settings:
+def locate_model(settings: Settings) -> Settings:
     """`settings` with MODEL_PATH pointing at the folder to serve; StartupError (one line naming every path looked
     at) when MODEL_NAME names a hub repo that is neither baked nor in a cache."""
-    environ = os.environ if environ is None else environ
     name = settings.model_name
     if settings.model_path_env or not name or not HUB_ID.match(name) or Path(name).exists():
         return settings  # MODEL_PATH, or the bake (the engine names what is missing when there is none)
@@ -41,23 +38,20 @@ def locate_model(settings: Settings, environ: Mapping[str, str] | None = None) -
     if name.lower() in held:
         return settings
     looked = [f"{bake} ({'a bake of ' + sorted(held)[0] if held else 'no bake'})"]
-    for root in hub_cache_roots(settings, environ):
+    for root in hub_cache_roots(settings):
         snapshot = find_snapshot(root, name, settings.model_revision, looked)
         if snapshot is not None:
             check_snapshot(snapshot, name)
-            os.environ["HF_HUB_OFFLINE"] = "1"  # the tokenizer goes through transformers: it must not download
+            keep_hub_offline()
             log.info("serving MODEL_NAME=%s from the hub cache snapshot %s, in place", name, snapshot)
             return settings.model_copy(update={"model_path_env": str(snapshot)})
     raise StartupError(f"MODEL_NAME={name} is neither baked nor in a hub cache; looked at: {'; '.join(looked)}",
                        param="MODEL_NAME")
 
 
-def hub_cache_roots(settings: Settings, environ: Mapping[str, str]) -> list[Path]:
+def hub_cache_roots(settings: Settings) -> list[Path]:
     """RunPod's model cache, then HF_HOME's hub cache (HF_HUB_CACHE when set), then BASE_PATH."""
-    hf_home = Path(environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
-    hf_cache = Path(environ.get("HF_HUB_CACHE") or hf_home / "hub")
-    roots = [Path(settings.model_cache_path), hf_cache, Path(settings.base_path)]
-    return list(dict.fromkeys(roots))
+    return list(dict.fromkeys(Path(p) for p in (settings.model_cache_path, settings.hub_cache, settings.base_path)))
 
 
 def find_snapshot(root: Path, name: str, revision: str | None, looked: list[str]) -> Path | None:

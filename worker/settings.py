@@ -38,6 +38,8 @@ class Settings(BaseModel):
     # Without a bake of MODEL_NAME, its snapshot is read in place from a hub cache (worker/model_cache.py).
     model_revision: str | None = Field(None, alias="MODEL_REVISION")
     model_cache_path: str = Field("/runpod-volume/huggingface-cache/hub", alias="MODEL_CACHE_PATH")
+    hf_home: str | None = Field(None, alias="HF_HOME")  # its hub/ is the second cache looked at
+    hf_hub_cache: str | None = Field(None, alias="HF_HUB_CACHE")  # that cache, when not under HF_HOME
     served_model_name_override: str | None = Field(None, alias="OPENAI_SERVED_MODEL_NAME_OVERRIDE")
     response_role: str = Field("assistant", alias="OPENAI_RESPONSE_ROLE", min_length=1)
     raw_openai_output: bool = Field(True, alias="RAW_OPENAI_OUTPUT")
@@ -102,6 +104,11 @@ class Settings(BaseModel):
         return self.model_path_env or str(Path(self.base_path) / "model")
 
     @property
+    def hub_cache(self) -> str:
+        """HF_HOME's hub cache, as huggingface_hub finds it."""
+        return self.hf_hub_cache or str(Path(self.hf_home or Path.home() / ".cache" / "huggingface") / "hub")
+
+    @property
     def on_runpod(self) -> bool:
         return self.runpod_webhook_get_job is not None
 
@@ -132,6 +139,12 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         name = str(error["loc"][0]) if error["loc"] else "settings"
         got = environ.get(name, "")
         raise SettingsError(f"environment variable {name}={got!r} is invalid: {error['msg']}") from None
+
+
+def keep_hub_offline() -> None:
+    """Set HF_HUB_OFFLINE for this process: a model served from a hub cache has its tokenizer loaded through
+    transformers, which must never download."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 def served_model_name(settings: Settings) -> str:

@@ -5,6 +5,8 @@ starts it, as the local endpoint, and as a local test job; a missing model names
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -16,6 +18,8 @@ import pytest
 from hub_cache import COMMIT, NAME, make_cache
 from local_worker import ROOT, start_worker, stop_worker, worker_env
 from waiting import wait_until
+
+from worker.fitness import model_files_mismatch
 
 CHAT = {"openai_route": "/v1/chat/completions",
         "openai_input": {"model": NAME, "messages": [{"role": "user", "content": "Name a colour."}],
@@ -96,12 +100,14 @@ class RunPodJobs:
 
     def __init__(self, job: dict) -> None:
         self.results: list[dict] = []
+        self.taken = 0
         queue = [job]
         jobs = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 take = "/job-take" in self.path and queue
+                jobs.taken += bool(take)
                 body = json.dumps(queue.pop() if "/job-take/" in self.path else [queue.pop()]).encode() if take \
                     else b""
                 self.send_response(200 if body else 204)
@@ -155,3 +161,23 @@ def test_on_runpod_the_worker_passes_its_fitness_checks_and_answers_a_job_from_t
     finally:
         process.terminate()
         process.wait(timeout=60)
+
+
+def test_a_corrupted_cache_blob_fails_the_fitness_check_before_a_job_is_taken(
+        baked_model_path, tmp_path, runpod_jobs) -> None:
+    cache = tmp_path / "runpod-cache"
+    snapshot = make_cache(cache, baked_model_path, "models--HuggingFaceTB--SmolLM2-135M-Instruct")
+    blob = snapshot.parents[1] / "blobs" / Path(os.readlink(snapshot / "model.safetensors")).name
+    blob.unlink()
+    shutil.copyfile(baked_model_path / "model.safetensors", blob)  # a blob of its own, to corrupt
+    with blob.open("r+b") as f:  # the last bytes are tensor data: the weights still load, their sum differs
+        f.seek(-64, 2)
+        f.write(bytes(64))
+    assert model_files_mismatch(str(snapshot)) == ["model.safetensors"]
+    env = worker_env(tmp_path / "unused", **cache_env(tmp_path, cache), **runpod_jobs.env())
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        code = subprocess.run([sys.executable, str(ROOT / "handler.py")], cwd=ROOT, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=600).returncode  # a guard against a hung worker
+    assert code == 1 and "model_files_match_manifest" in log.read_text(), log.read_text()[-3000:]
+    assert runpod_jobs.results == [] and runpod_jobs.taken == 0

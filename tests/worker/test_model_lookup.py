@@ -25,8 +25,8 @@ def settings_for(tmp_path: Path, **env: str):
     for root in roots.values():
         root.mkdir(parents=True, exist_ok=True)
     settings = load_settings({"MODEL_NAME": NAME, "MODEL_CACHE_PATH": str(roots["runpod"]),
-                              "BASE_PATH": str(roots["base"]), **env})
-    return settings, roots, {"HF_HOME": str(tmp_path / "hf-home")}
+                              "BASE_PATH": str(roots["base"]), "HF_HOME": str(tmp_path / "hf-home"), **env})
+    return settings, roots
 
 
 def snapshot_folder(tmp_path: Path, config: dict, files: tuple[str, ...]) -> Path:
@@ -42,38 +42,38 @@ def snapshot_folder(tmp_path: Path, config: dict, files: tuple[str, ...]) -> Pat
 
 
 def test_a_bake_of_model_name_wins_over_every_cache(baked_model_path, tmp_path) -> None:
-    settings, roots, environ = settings_for(tmp_path, MODEL_NAME=NAME.lower())
+    settings, roots = settings_for(tmp_path, MODEL_NAME=NAME.lower())
     shutil.copytree(baked_model_path, roots["base"] / "model", ignore=shutil.ignore_patterns("*.safetensors"))
     make_cache(roots["runpod"], baked_model_path, FOLDER)
-    assert locate_model(settings, environ) == settings
+    assert locate_model(settings) == settings
     assert served_model_name(settings) == NAME  # the manifest's spelling
 
 
 def test_the_caches_are_read_in_order_and_the_served_name_is_model_name(baked_model_path, tmp_path) -> None:
-    settings, roots, environ = settings_for(tmp_path)
+    settings, roots = settings_for(tmp_path)
     shutil.copytree(baked_model_path, roots["base"] / "model", ignore=shutil.ignore_patterns("*.safetensors"))
     manifest = roots["base"] / "model" / "manifest.json"  # a bake of another model does not stand in for it
     manifest.write_text(json.dumps({"served_model_name": "other/Model", "source": {"kind": "hub", "ref": "o/M"}}))
     found = {}
     for key in ("base", "hf", "runpod"):  # each root added takes over from the ones after it in the order
         found[key] = make_cache(roots[key], baked_model_path, FOLDER.lower() if key == "hf" else FOLDER)
-        located = locate_model(settings, environ)
+        located = locate_model(settings)
         assert located.model_path == str(found[key]), key
         assert served_model_name(located) == NAME and accepted_model_names(located) == [NAME]
 
 
 def test_a_missing_revision_names_the_repo_folder_it_found(baked_model_path, tmp_path) -> None:
-    settings, roots, environ = settings_for(tmp_path, MODEL_REVISION="v2.0")
+    settings, roots = settings_for(tmp_path, MODEL_REVISION="v2.0")
     make_cache(roots["runpod"], baked_model_path, FOLDER)
     with pytest.raises(StartupError) as info:
-        locate_model(settings, environ)
+        locate_model(settings)
     assert f"{roots['runpod'] / FOLDER} (no snapshots/v2.0, nor refs/v2.0 naming one)" in info.value.message
     assert f"{roots['base'] / 'model'} (no bake)" in info.value.message and "\n" not in info.value.message
 
 
 def test_a_name_that_is_no_hub_id_leaves_the_bake_to_the_engine(tmp_path) -> None:
-    settings, _, environ = settings_for(tmp_path, MODEL_NAME="my-alias")
-    assert locate_model(settings, environ) == settings
+    settings, _ = settings_for(tmp_path, MODEL_NAME="my-alias")
+    assert locate_model(settings) == settings
 
 
 @pytest.mark.parametrize("files, says", [
@@ -85,10 +85,10 @@ def test_a_name_that_is_no_hub_id_leaves_the_bake_to_the_engine(tmp_path) -> Non
      "builder"),
 ])
 def test_what_only_the_bake_converts_is_refused_in_one_line(tmp_path, files, says) -> None:
-    settings, _, environ = settings_for(tmp_path)
+    settings, _ = settings_for(tmp_path)
     snapshot = snapshot_folder(tmp_path, {"architectures": ["LlamaForCausalLM"]}, files)
     with pytest.raises(StartupError) as info:
-        locate_model(settings, environ)
+        locate_model(settings)
     assert info.value.message == f"MODEL_NAME={NAME} ({snapshot}) {says}"
 
 
@@ -97,11 +97,11 @@ def test_what_only_the_bake_converts_is_refused_in_one_line(tmp_path, files, say
     ({"architectures": ["LlamaForCausalLM"]}, ("model.safetensors", "tokenizer.json")),
 ])
 def test_the_bakes_checks_run_at_start_up_in_the_bakes_words(tmp_path, config, files) -> None:
-    settings, _, environ = settings_for(tmp_path)
+    settings, _ = settings_for(tmp_path)
     snapshot = snapshot_folder(tmp_path, config, files)
     with pytest.raises(BakeError) as baked:
         check_folder(snapshot)
     with pytest.raises(StartupError) as started:
-        locate_model(settings, environ)
+        locate_model(settings)
     assert started.value.message == f"MODEL_NAME={NAME} ({snapshot}): {baked.value}"
     assert "\n" not in started.value.message
