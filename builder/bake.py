@@ -91,31 +91,12 @@ def update_adapters(out: Path, adapters: list[AdapterSpec], token: str | None = 
 def check_folder(folder: Path) -> str:
     """Fail with one line unless the folder holds config, safetensors weights and a tokenizer we can run."""
     from engine.errors import UnsupportedModel
-    from engine.model.loader import check_checkpoint
-    from engine.model.models import ARCHITECTURES
+    from engine.model.folder_check import check_model_folder
 
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise BakeError("the model has no config.json")
-    config = json.loads(config_path.read_text())
-    archs = config.get("architectures") or []
-    supported = [a for a in archs if a in ARCHITECTURES]
-    if not supported:
-        raise BakeError(
-            f"architecture {', '.join(archs) or '(none given)'} is not supported by the engine; "
-            f"supported: {', '.join(sorted(ARCHITECTURES))}"
-        )
-    if not list(folder.glob("*.safetensors")):
-        raise BakeError("the model has no weights (*.safetensors or *.bin)")
-    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer.model").is_file():
-        raise BakeError("the model has no tokenizer (tokenizer.json or tokenizer.model)")
-    if not (folder / "tokenizer_config.json").is_file():
-        raise BakeError("the model has no tokenizer_config.json")
     try:
-        check_checkpoint(str(folder))
+        return check_model_folder(folder)
     except UnsupportedModel as exc:
-        raise BakeError(f"the engine cannot run this model: {exc}") from None
-    return supported[0]
+        raise BakeError(str(exc)) from None
 
 
 def _save_tokenizer(folder: Path) -> str:

@@ -33,7 +33,7 @@ LOCAL_ONLY = {
 IMAGE_ENV_MEANING = {
     "FLASHINFER_WORKSPACE_BASE": "where FlashInfer keeps its compiled kernels (precompiled at build time)",
     "BASE_PATH": "where the worker finds the baked model",
-    "HF_HUB_OFFLINE": "the model is in the image: no download is ever attempted",
+    "HF_HUB_OFFLINE": "the model is in the image or in a hub cache: no download is ever attempted",
     "TRANSFORMERS_OFFLINE": "the same for transformers",
     "RAYON_NUM_THREADS": "caps the tokenizer's thread pool, which would otherwise start one thread per host core",
 }

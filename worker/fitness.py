@@ -1,7 +1,8 @@
 """Fitness checks RunPod's SDK (1.12) runs before the worker takes its first job; one that fails marks the worker
 unhealthy and ends it (exit code 1), so a broken worker is told apart before a user's request finds it.
 
-- the model's files match the SHA-256 sums the bake's manifest records;
+- the model's files match the SHA-256 sums the bake's manifest records (a hub cache snapshot's: the sums its
+  blobs are named by, which the hub gives large files);
 - one request of one token runs through the engine: the device is usable, the attention backend's kernels load
   and a forward pass gives a token;
 - the KV cache holds one sequence of the served max_model_len.
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,17 +22,27 @@ from worker.runtime import Runtime
 from worker.settings import MANIFEST
 
 FITNESS_REQUEST_ID = "fitness-check"
+SHA256_NAME = re.compile(r"[0-9a-f]{64}")
 
 
 def model_files_mismatch(model_path: str) -> list[str]:
-    """The files of the bake whose SHA-256 is not the manifest's (or that are gone); none without a manifest."""
+    """The files of the bake whose SHA-256 is not the manifest's (or that are gone); for a folder without a
+    manifest, the files linked to a hub cache blob named by a SHA-256 that is not theirs."""
     folder = Path(model_path)
     try:
         files = json.loads((folder / MANIFEST).read_text()).get("files") or {}
     except (OSError, ValueError):
-        return []
+        files = _cache_blob_digests(folder)
     return [name for name, digest in sorted(files.items())
             if not (folder / name).is_file() or _sha256(folder / name) != digest]
+
+
+def _cache_blob_digests(folder: Path) -> dict[str, str]:
+    """name -> SHA-256 of the snapshot's files whose blob is named by one (the hub's large files; small ones are
+    named by their git hash, which is not checked)."""
+    links = [p for p in sorted(folder.iterdir()) if p.is_symlink()] if folder.is_dir() else []
+    blobs = {p.name: Path(os.readlink(p)).name for p in links}
+    return {name: blob for name, blob in blobs.items() if SHA256_NAME.fullmatch(blob)}
 
 
 def _sha256(path: Path) -> str:
@@ -46,7 +59,8 @@ def fitness_checks(runtime: Runtime) -> list[Callable]:
     def model_files_match_manifest() -> None:
         bad = model_files_mismatch(runtime.settings.model_path)
         if bad:
-            raise RuntimeError(f"model files differ from the bake's manifest checksums: {', '.join(bad)}")
+            raise RuntimeError(f"model files differ from their checksums (the bake's manifest, or the hub cache's "
+                               f"blob names): {', '.join(bad)}")
 
     async def one_token_forward_pass() -> None:
         prompt = runtime.tokenizer.encode("Hi") or [0]

@@ -13,6 +13,7 @@ from functools import cached_property
 from typing import Any
 
 from worker.concurrency import ConcurrencyGauge
+from worker.model_cache import locate_model
 from worker.openai.harmony.encoding import harmony_encoding
 from worker.openai.reasoning import pick_reasoning
 from worker.openai.response_store import ResponseStore
@@ -89,7 +90,8 @@ _current: Runtime | None = None
 
 
 def start(settings: Settings) -> Runtime:
-    """Build the engine once (later calls return the same runtime) and log one line describing it."""
+    """Build the engine once over the model `locate_model` finds (later calls return the same runtime) and log one
+    line describing it."""
     global _current
     if _current is not None:
         return _current
@@ -97,6 +99,7 @@ def start(settings: Settings) -> Runtime:
     from engine.core.async_engine import AsyncEngine
     from engine.errors import StartupError
 
+    settings = locate_model(settings)
     config = EngineConfig(
         model_path=settings.model_path,
         dtype=settings.dtype,

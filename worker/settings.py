@@ -35,6 +35,11 @@ class Settings(BaseModel):
     base_path: str = Field("/models", alias="BASE_PATH")
     model_path_env: str | None = Field(None, alias="MODEL_PATH")
     model_name: str | None = Field(None, alias="MODEL_NAME")
+    # Without a bake of MODEL_NAME, its snapshot is read in place from a hub cache (worker/model_cache.py).
+    model_revision: str | None = Field(None, alias="MODEL_REVISION")
+    model_cache_path: str = Field("/runpod-volume/huggingface-cache/hub", alias="MODEL_CACHE_PATH")
+    hf_home: str | None = Field(None, alias="HF_HOME")  # its hub/ is the second cache looked at
+    hf_hub_cache: str | None = Field(None, alias="HF_HUB_CACHE")  # that cache, when not under HF_HOME
     served_model_name_override: str | None = Field(None, alias="OPENAI_SERVED_MODEL_NAME_OVERRIDE")
     response_role: str = Field("assistant", alias="OPENAI_RESPONSE_ROLE", min_length=1)
     raw_openai_output: bool = Field(True, alias="RAW_OPENAI_OUTPUT")
@@ -100,6 +105,11 @@ class Settings(BaseModel):
         return self.model_path_env or str(Path(self.base_path) / "model")
 
     @property
+    def hub_cache(self) -> str:
+        """HF_HOME's hub cache, as huggingface_hub finds it."""
+        return self.hf_hub_cache or str(Path(self.hf_home or Path.home() / ".cache" / "huggingface") / "hub")
+
+    @property
     def on_runpod(self) -> bool:
         return self.runpod_webhook_get_job is not None
 
@@ -133,17 +143,28 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError(f"environment variable {name}={got!r} is invalid: {error['msg']}") from None
 
 
+def keep_hub_offline() -> None:
+    """Set HF_HUB_OFFLINE for this process: a model served from a hub cache has its tokenizer loaded through
+    transformers, which must never download."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+
+
 def served_model_name(settings: Settings) -> str:
-    """The name the model is served under: the override, else the baker's manifest, else the folder name."""
+    """The name the model is served under: the override, else the baker's manifest, else MODEL_NAME, else the
+    folder name. A snapshot read from a hub cache is named by MODEL_NAME, never by its folder (a commit hash)."""
     if settings.served_model_name_override:
         return settings.served_model_name_override
-    return baked_model_name(settings.model_path)
+    return _manifest_name(settings.model_path) or settings.model_name or Path(settings.model_path).resolve().name
 
 
 def baked_model_name(model_path: str) -> str:
     """`served_model_name` from the folder's manifest.json, or the folder's own name when there is none."""
+    return _manifest_name(model_path) or Path(model_path).resolve().name
+
+
+def _manifest_name(model_path: str) -> str | None:
     name = _manifest(model_path).get("served_model_name")
-    return name if isinstance(name, str) and name else Path(model_path).resolve().name
+    return name if isinstance(name, str) and name else None
 
 
 def baked_adapters(settings: Settings) -> dict[str, str]:
@@ -165,7 +186,8 @@ def _manifest(model_path: str) -> dict:
 
 def accepted_model_names(settings: Settings) -> list[str]:
     """Every name a request's `model` may carry, the served (primary) one first."""
-    names = [served_model_name(settings), baked_model_name(settings.model_path)]
+    names = [served_model_name(settings), _manifest_name(settings.model_path) or settings.model_name
+             or baked_model_name(settings.model_path)]
     if settings.model_name:
         names.append(settings.model_name)
     return list(dict.fromkeys(names))
