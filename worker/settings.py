@@ -149,6 +149,12 @@ def keep_hub_offline() -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
 
 
+def point_tiktoken_at(folder: str) -> None:
+    """Set TIKTOKEN_ENCODINGS_BASE for this process: openai-harmony reads its vocabulary file from there (the bake
+    puts it in the model folder) instead of downloading it."""
+    os.environ["TIKTOKEN_ENCODINGS_BASE"] = folder
+
+
 def served_model_name(settings: Settings) -> str:
     """The name the model is served under: the override, else the baker's manifest, else MODEL_NAME, else the
     folder name. A snapshot read from a hub cache is named by MODEL_NAME, never by its folder (a commit hash)."""

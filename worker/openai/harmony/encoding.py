@@ -7,13 +7,13 @@ start-up error in one line instead of a hang on the network.
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from engine.errors import StartupError
 from engine.text.o200k_file import O200K_FILE
+from worker.settings import point_tiktoken_at
 
 HARMONY_MODEL_TYPES = ("gpt_oss",)
 
@@ -24,7 +24,7 @@ def harmony_encoding(folder: str) -> Any:
     if not (Path(folder) / O200K_FILE).is_file():
         raise StartupError(f"{O200K_FILE} is missing from the model folder; gpt-oss's harmony format needs it "
                            f"(the bake writes it: re-bake the model)")
-    os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(folder)
+    point_tiktoken_at(str(folder))
     from openai_harmony import HarmonyEncodingName, load_harmony_encoding
 
     try:
