@@ -107,6 +107,7 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
         # Set by init_rotary() on the fused path: RoPE by FlashInfer from this float32 cos|sin table.
         self.cos_sin_cache: torch.Tensor | None = None
+        self.sinks: nn.Parameter | None = None  # gpt-oss: a learned sink logit per q head
 
     def forward(
         self,
@@ -134,7 +135,8 @@ class LlamaAttention(nn.Module):
             q = apply_rotary_(self.q_norm(qkv[:, : hq * d].view(t, hq, d)), cos, sin)
             k = apply_rotary_(self.k_norm(qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)), cos, sin)
         backend.write_kv(k, v, k_cache, v_cache)
-        out = backend.run(q, k_cache, v_cache)
+        out = backend.run(q, k_cache, v_cache) if self.sinks is None else backend.run(q, k_cache, v_cache,
+                                                                                     sinks=self.sinks)
         return self.o_proj(out.reshape(t, hq * d))
 
 
