@@ -71,6 +71,10 @@ def _prompt(job: NativeJob, runtime: Runtime, params: SamplingParams
     """The prompt's token ids, how answers are read (None: as plain text) and the parameters the tools need."""
     if job.messages is None or job.tools is None:
         return _prompt_ids(job, runtime), None, params
+    if runtime.tool_format == "harmony":
+        # NOTE: harmony answers are read token by token (openai-harmony's parser); native jobs read text.
+        raise BadRequest("tools in a native job are not supported for this model's harmony format (gpt-oss): "
+                         "send the request to /v1/chat/completions or /v1/responses", param="tools")
     prompt, plan, output, constraint = render_with_tools(runtime, job.messages, tools=job.tools,
                                                          tool_choice=job.tool_choice,
                                                          parallel=job.parallel_tool_calls is not False)

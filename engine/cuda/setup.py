@@ -95,13 +95,21 @@ def kv_budget_bytes(device: torch.device, gpu_memory_utilization: float, reserve
     return budget
 
 
+def has_sinks(model: torch.nn.Module) -> bool:
+    """Whether any attention layer of the model carries sink logits (gpt-oss)."""
+    return any(getattr(m, "sinks", None) is not None for m in model.modules())
+
+
 def warm_up(model: torch.nn.Module, backend: Any, page_size: int, *, sampling: bool = False) -> float:
     """Runs the attention backend and the model's fused kernels once, so FlashInfer's JIT builds (or cache
     loads) happen at start-up. sampling: also FlashInfer's sampling kernel (only if the sampler uses it).
     Returns the seconds it took."""
     start = time.perf_counter()
     if hasattr(backend, "warmup"):
-        backend.warmup(page_size)
+        if has_sinks(model):  # the sink variant is its own JIT build (gpt-oss)
+            backend.warmup(page_size, sinks=True)
+        else:
+            backend.warmup(page_size)
     if getattr(model, "fused_kernels", False):
         a = model.args
         weight = next(model.parameters())

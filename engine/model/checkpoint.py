@@ -29,7 +29,8 @@ class Shard:
     [offset, offset + size) of that along `dim` (None: all of it).
 
     `dim` is 0 (rows) for a float weight; a quantized layout that stacks along another dimension says so, such
-    as AWQ's qweight [in, out / 8], whose q|k|v stack along dim 1 in packed columns.
+    as AWQ's qweight [in, out / 8], whose q|k|v stack along dim 1 in packed columns. `transposed`: the checkpoint
+    stores the parameter with its last two dimensions swapped (gpt-oss's experts, [E, in, out]).
     """
 
     param: str
@@ -37,8 +38,11 @@ class Shard:
     offset: int = 0
     size: int | None = None
     dim: int = 0
+    transposed: bool = False
 
     def view(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.transposed:
+            tensor = tensor.transpose(-1, -2)
         if self.index is not None:
             tensor = tensor[self.index]
         return tensor if self.size is None else tensor.narrow(self.dim, self.offset, self.size)

@@ -21,7 +21,7 @@ from engine.model.layers.linear import pack_linears_for_cpu, quantize_linears_in
 from engine.model.layers.lora import attach_lora
 from engine.model.models import CausalLM, model_class
 from engine.model.pooling import PoolingConfig, read_pooling
-from engine.model.quant.base import QuantFormat, swap_quantized_linears, to_serving
+from engine.model.quant.base import QuantFormat
 from engine.model.quant.registry import quant_format
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -75,7 +75,7 @@ def load_model(
     load_kv_scales(model, files, shapes)
     if fmt is not None:
         # Before LoRA: its adapters wrap the serving modules and run in the serving dtype.
-        to_serving(model, dtype, device)
+        fmt.serve(model, dtype, device)
     if lora is not None and lora.adapters:
         attach_lora(model, lora.adapters, lora.max_loras, lora.max_lora_rank)
     if quantization == "int4":
@@ -135,7 +135,7 @@ def _build_on_meta(model_path: str) -> tuple[dict, list[str], dict[str, tuple[in
     with torch.device("meta"):
         model = cls(args)
     if fmt is not None:
-        swap_quantized_linears(model, fmt, shapes)
+        fmt.swap(model, shapes)
     return config, files, shapes, model, fmt
 
 
@@ -159,9 +159,11 @@ def _materialize(model: torch.nn.Module, dtype: torch.dtype, device: torch.devic
     which import sympy and torch.fx (about half a second of every cold start).
     """
     for module in model.modules():
-        keep = getattr(module, "checkpoint_dtypes", False)  # a quantized linear's codes and scales
+        # A quantized linear's codes and scales (True: all its parameters), or the names of those it keeps.
+        keep = getattr(module, "checkpoint_dtypes", False)
         for name, param in module.named_parameters(recurse=False):
-            empty = torch.empty(param.shape, dtype=param.dtype if keep else dtype, device=device)
+            kept = keep is True or (bool(keep) and name in keep)
+            empty = torch.empty(param.shape, dtype=param.dtype if kept else dtype, device=device)
             setattr(module, name, torch.nn.Parameter(empty, requires_grad=False))
         for name, buffer in module.named_buffers(recurse=False):
             kind = dtype if buffer.is_floating_point() else buffer.dtype

@@ -1,8 +1,9 @@
 """A mixture-of-experts MLP: a router picks top-k experts per token, only those experts run, and their outputs
 are summed with the routing weights (plus a gated shared expert where the family has one: Qwen2-MoE).
 
-Experts are stacked weights, gate|up fused [E, 2I, H] and down [E, H, I] (transformers 5's in-memory layout);
-the per-expert hub tensors (`experts.{i}.gate_proj.weight`, ...) load into slices of them. Tokens are sorted by
+Experts are stacked weights, gate|up fused [E, 2I, H] and down [E, H, I] (transformers 5's in-memory layout),
+with optional biases and the family's activation (gpt-oss: clamped SwiGLU over interleaved gate/up, biased
+router); the per-expert hub tensors (`experts.{i}.gate_proj.weight`, ...) load into slices of them. Tokens are sorted by
 expert so that each active expert runs one matmul over exactly the tokens routed to it.
 """
 
@@ -42,6 +43,7 @@ class Routing:
     intermediate_size: int
     norm_topk_prob: bool
     shared_expert_size: int = 0  # Qwen2-MoE: a dense expert every token runs, scaled by sigmoid(gate(x))
+    router_bias: bool = False  # gpt-oss: the router is a linear with a bias
 
 
 def check_routing(config: dict) -> None:
@@ -63,27 +65,31 @@ def softmax_top_k(scores: torch.Tensor, top_k: int, renormalize: bool) -> tuple[
 
 
 class ScoreLinear(nn.Module):
-    """A bias-free projection to a few scores (the router, the shared expert's gate). Not an nn.Linear on
-    purpose: int4 and LoRA leave it alone, because routing decisions are sensitive to its precision."""
+    """A projection to a few scores (the router, the shared expert's gate). Not an nn.Linear on purpose: int4 and
+    LoRA leave it alone, because routing decisions are sensitive to its precision."""
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class StackedExperts(nn.Module):
-    """E experts' gated MLPs as two stacked weights; forward runs each expert on the tokens routed to it."""
+    """E experts' gated MLPs as two stacked weights (and biases, where the family has them); forward runs each
+    expert on the tokens routed to it. `activation` maps the gate_up output [T, 2I] to [T, I]."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, bias: bool = False,
                  activation: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul) -> None:
         super().__init__()
-        self.num_experts, self.intermediate_size = num_experts, intermediate_size
-        self.activation = activation  # on the fused gate|up output: SwiGLU, or GeGLU (Gemma 4)
+        # activation: on the fused gate|up output: SwiGLU, GeGLU (Gemma 4), or gpt-oss's clamped SwiGLU
+        self.num_experts, self.intermediate_size, self.activation = num_experts, intermediate_size, activation
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size)) if bias else None
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden_size)) if bias else None
         # Set by swap_expert_linears (int4, CPU bf16 packing): each expert's (gate_up, down) as modules.
         self.linears: nn.ModuleList | None = None
 
@@ -132,21 +138,27 @@ class StackedExperts(nn.Module):
         return by_token.view(-1, k, x.shape[1]).mul_(weights.unsqueeze(-1).to(out.dtype)).sum(dim=1)
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        up_bias = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[e]
+        down_bias = None if self.down_proj_bias is None else self.down_proj_bias[e]
         if self.linears is not None:
             gate_up, down = self.linears[e]
-            return down(self.activation(gate_up(x)))
-        return F.linear(self.activation(F.linear(x, self.gate_up_proj[e])), self.down_proj[e])
+            h = gate_up(x) if up_bias is None else gate_up(x) + up_bias
+            h = down(self.activation(h))
+            return h if down_bias is None else h + down_bias
+        h = self.activation(F.linear(x, self.gate_up_proj[e], up_bias))
+        return F.linear(h, self.down_proj[e], down_bias)
 
 
 class SparseMoE(nn.Module):
     """The MoE MLP of a decoder layer: router `gate`, `experts`, and optionally `shared_expert` (any MLP
     module) with its sigmoid `shared_expert_gate`. Parameter names follow the hub's `mlp.*`."""
 
-    def __init__(self, routing: Routing, hidden_size: int, shared_expert: nn.Module | None = None) -> None:
+    def __init__(self, routing: Routing, hidden_size: int, shared_expert: nn.Module | None = None,
+                 experts: StackedExperts | None = None) -> None:
         super().__init__()
         self.routing = routing
-        self.gate = ScoreLinear(hidden_size, routing.num_experts)
-        self.experts = StackedExperts(routing.num_experts, hidden_size, routing.intermediate_size)
+        self.gate = ScoreLinear(hidden_size, routing.num_experts, bias=routing.router_bias)
+        self.experts = experts or StackedExperts(routing.num_experts, hidden_size, routing.intermediate_size)
         self.shared_expert = shared_expert
         self.shared_expert_gate = ScoreLinear(hidden_size, 1) if shared_expert is not None else None
 

@@ -14,6 +14,7 @@ from engine.errors import UnsupportedModel
 from engine.model.models.gemma2 import Gemma2ForCausalLM
 from engine.model.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from engine.model.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
+from engine.model.models.gpt_oss import GptOssForCausalLM
 from engine.model.models.llama import LlamaForCausalLM
 from engine.model.models.mixtral import MixtralForCausalLM
 from engine.model.models.olmoe import OlmoeForCausalLM
@@ -31,6 +32,7 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,
     "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,
+    "GptOssForCausalLM": GptOssForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,

@@ -62,5 +62,5 @@ def moe_modules(hidden_size: int, routing: Routing | None, eps: float
     routing."""
     if routing is None:
         return None, None
-    experts = StackedExperts(routing.num_experts, hidden_size, routing.intermediate_size, gelu_tanh_and_mul)
+    experts = StackedExperts(routing.num_experts, hidden_size, routing.intermediate_size, activation=gelu_tanh_and_mul)
     return Gemma4Router(hidden_size, routing, eps), experts

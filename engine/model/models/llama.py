@@ -109,6 +109,7 @@ class LlamaAttention(nn.Module):
         self.cos_sin_cache: torch.Tensor | None = None
         # An FP8 KV cache holds K / k_scale and V / v_scale (the checkpoint's, set by the loader, or 1.0).
         self.k_scale, self.v_scale = 1.0, 1.0
+        self.sinks: nn.Parameter | None = None  # gpt-oss: a learned sink logit per q head
 
     def forward(
         self,
@@ -136,7 +137,8 @@ class LlamaAttention(nn.Module):
             q = apply_rotary_(self.q_norm(qkv[:, : hq * d].view(t, hq, d)), cos, sin)
             k = apply_rotary_(self.k_norm(qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)), cos, sin)
         backend.write_kv(k, v, k_cache, v_cache, k_scale=self.k_scale, v_scale=self.v_scale)
-        out = backend.run(q, k_cache, v_cache, k_scale=self.k_scale, v_scale=self.v_scale)
+        extra = {} if self.sinks is None else {"sinks": self.sinks}
+        out = backend.run(q, k_cache, v_cache, k_scale=self.k_scale, v_scale=self.v_scale, **extra)
         return self.o_proj(out.reshape(t, hq * d))
 
 

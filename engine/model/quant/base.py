@@ -50,6 +50,15 @@ class QuantFormat:
         """The module that serves `linear` (default: its weight dequantised to `dtype`)."""
         return dense_linear(linear, self.dequantize(linear), dtype)
 
+    def swap(self, model: nn.Module, shapes: dict[str, tuple[int, ...]]) -> int:
+        """Before loading: the modules that hold this format's tensors take their checkpoint layout (default:
+        linears become CheckpointLinear). Returns how many."""
+        return swap_quantized_linears(model, self, shapes)
+
+    def serve(self, model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+        """After loading: those modules become their serving form."""
+        to_serving(model, dtype, device)
+
 
 class CheckpointLinear(nn.Module):
     """A linear as the checkpoint stores it: one parameter per tensor of the format, stacked over its matrices

@@ -1,0 +1,64 @@
+"""gpt-oss: a Llama-style decoder with biases on q/k/v/o, a learned sink logit per head, sliding-window attention
+on the layers `layer_types` says (full on the rest), YaRN rope, and a mixture of experts on every layer: a biased
+router (top-k, softmax over the chosen), and experts with biases and a clamped SwiGLU over interleaved gate/up.
+
+transformers stores the experts transposed ([E, H, 2I] and [E, I, H]); they load into our [E, out, in] stacks.
+MXFP4 checkpoints (`*_blocks` / `*_scales`) are the loader's business (engine/model/quant/mxfp4_experts.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import nn
+
+from engine.errors import UnsupportedModel
+from engine.model.checkpoint import Shard
+from engine.model.layers.activation import clamped_swiglu
+from engine.model.layers.moe import Routing, SparseMoE, StackedExperts
+from engine.model.models.qwen3_moe import MoeArgs, MoeForCausalLM, read_moe_args
+
+
+@dataclass
+class GptOssArgs(MoeArgs):
+    """MoeArgs plus the experts' SwiGLU constants."""
+
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+
+
+class GptOssExperts(StackedExperts):
+    """Stacked experts with biases and the clamped SwiGLU; hub tensors are [E, in, out], ours [E, out, in]."""
+
+    def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
+        return {"experts.gate_up_proj": Shard(f"{prefix}.gate_up_proj", transposed=True),
+                "experts.down_proj": Shard(f"{prefix}.down_proj", transposed=True)}
+
+
+class GptOssForCausalLM(MoeForCausalLM):
+    @classmethod
+    def read_args(cls, config: dict, names: set[str]) -> GptOssArgs:
+        args = read_moe_args(config, names, expert_size_key="intermediate_size", norm_topk_prob=True)
+        if not any(n.endswith("self_attn.sinks") for n in names):
+            raise UnsupportedModel("gpt-oss checkpoint lacks self_attn.sinks", param="model")
+        fields = {name: getattr(args, name) for name in MoeArgs.__dataclass_fields__}
+        fields["routing"] = Routing(**{**args.routing.__dict__, "router_bias": True})
+        return GptOssArgs(**fields, swiglu_alpha=float(config.get("swiglu_alpha", 1.702)),
+                          swiglu_limit=float(config.get("swiglu_limit", 7.0)))
+
+    def __init__(self, args: GptOssArgs) -> None:
+        super().__init__(args)
+        for layer in self.model.layers:
+            layer.self_attn.sinks = nn.Parameter(torch.empty(args.num_q_heads))
+
+    def make_moe(self, a: GptOssArgs) -> SparseMoE:
+        r = a.routing
+        act = partial(clamped_swiglu, alpha=a.swiglu_alpha, limit=a.swiglu_limit)
+        experts = GptOssExperts(r.num_experts, a.hidden_size, r.intermediate_size, bias=True, activation=act)
+        return SparseMoE(r, a.hidden_size, experts=experts)
+
+    def checkpoint_name(self, name: str) -> str:
+        """The hub's `mlp.router` is our MoE's `gate`."""
+        return name.replace(".mlp.router.", ".mlp.gate.")
