@@ -88,9 +88,9 @@ def test_prompt_over_the_context_and_a_2mb_prompt(client, http, model_name) -> N
 
 
 def test_unknown_routes(http, client, model_name) -> None:
-    error = _error(http.post("/openai/v1/embeddings", json={"model": model_name, "input": "x"}), 404)
+    error = _error(http.post("/openai/v1/audio/speech", json={"model": model_name, "input": "x"}), 404)
     assert error["code"] == "unknown_url"
-    job = http.post("/v2/x/runsync", json={"input": {"openai_route": "/v1/embeddings", "openai_input": {}}}).json()
+    job = http.post("/v2/x/runsync", json={"input": {"openai_route": "/v1/audio/speech", "openai_input": {}}}).json()
     assert job["status"] == "FAILED" and job["error"]["code"] == "unknown_url"
     assert http.get("/v2/x/status/no-such-job").status_code == 404
     # Paths outside every router and wrong methods answer OpenAI error objects too, not FastAPI's {"detail"}.

@@ -20,9 +20,16 @@ from engine.errors import UnsupportedModel
 from engine.model.layers.moe import StackedExperts
 from engine.model.loader import check_checkpoint, load_model
 from tests.engine.conftest import TOKENIZER_FILES
-from tests.engine.model.test_gemma4_parity import Pages, _generate, reference_logits
+from tests.engine.model.family_parity import (
+    ATOL,
+    Pages,
+    check_prefill_and_decode,
+    greedy,
+    hf_greedy,
+    reference_logits,
+    tiny_engine,
+)
 
-ATOL = 1e-4
 WINDOW = 8
 S, F = "sliding_attention", "full_attention"
 CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
@@ -103,34 +110,16 @@ def test_the_bake_check_passes_and_every_layer_has_experts(gemma4):
 
 
 def test_prefill_lengths_and_decode_past_the_window(gemma4):
-    gen = torch.Generator().manual_seed(1)
-    prompts = {r: torch.randint(0, 128, (n,), generator=gen).tolist() for r, n in (("a", 5), ("b", 13), ("c", 30))}
-    pages = Pages(gemma4.spec.kv_groups)
-    logits = pages.run(gemma4.model, list(prompts.items()))
-    row = 0
-    for tokens in prompts.values():
-        torch.testing.assert_close(logits[row : row + len(tokens)], reference_logits(gemma4.hf, tokens),
-                                   atol=ATOL, rtol=1e-4)
-        row += len(tokens)
-    seqs = {r: list(t) for r, t in prompts.items()}
-    for _ in range(6):  # "a" crosses the window, every request crosses pages
-        nxt = {r: int(torch.randint(0, 128, (1,), generator=gen)) for r in seqs}
-        logits = pages.run(gemma4.model, [(r, [t]) for r, t in nxt.items()])
-        for i, (r, t) in enumerate(nxt.items()):
-            seqs[r].append(t)
-            torch.testing.assert_close(logits[i], reference_logits(gemma4.hf, seqs[r])[-1], atol=ATOL, rtol=1e-4)
+    check_prefill_and_decode(gemma4.model, gemma4.spec, gemma4.hf, decode_steps=6)  # 5 + 6 crosses the window
 
 
 def test_engine_greedy_equals_transformers_batched_and_solo(gemma4):
     gen = torch.Generator().manual_seed(2)
     prompts = {f"p{n}": torch.randint(3, 128, (n,), generator=gen).tolist() for n in (2, 11, 21)}
-    batched, _ = _generate(gemma4.path, prompts, 8)
+    batched = greedy(tiny_engine(gemma4.path), prompts, 8)
     for r, prompt in prompts.items():
-        tokens = list(prompt)
-        for _ in range(8):
-            tokens.append(int(reference_logits(gemma4.hf, tokens)[-1].argmax()))
-        assert batched[r] == tokens[len(prompt) :], r
-        assert _generate(gemma4.path, {r: prompt}, 8)[0] == {r: batched[r]}
+        assert batched[r] == hf_greedy(gemma4.hf, prompt, 8), r
+        assert greedy(tiny_engine(gemma4.path), {r: prompt}, 8) == {r: batched[r]}
 
 
 def test_multimodal_moe_checkpoint_serves_its_text_model(tmp_path, baked_model_path):

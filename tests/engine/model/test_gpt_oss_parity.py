@@ -15,19 +15,15 @@ from safetensors.torch import load_file, save_file
 
 from engine.errors import UnsupportedModel
 from engine.model.loader import check_checkpoint, load_model
-from tests.engine.conftest import TOKENIZER_FILES
+from tests.engine.model.family_parity import check_engine_greedy, check_prefill_and_decode, load_family
 from tests.engine.model.gpt_oss_checkpoints import build_gpt_oss
-from tests.engine.model.test_moe_parity import ATOL, _engine, _generate, _hf_greedy, reference_logits, run_step
 
 
 @pytest.fixture(scope="module", params=["float", "mxfp4"])
 def gpt_oss(request, tmp_path_factory, baked_model_path):
     path = tmp_path_factory.mktemp("gpt-oss-" + request.param)
     hf = build_gpt_oss(path, request.param)
-    for name in TOKENIZER_FILES:  # the engine needs a tokenizer; the ids stay below the tiny vocabulary
-        if (baked_model_path / name).exists() and name != "generation_config.json":
-            shutil.copy(baked_model_path / name, path / name)
-    model, spec = load_model(str(path), torch.float32, torch.device("cpu"))
+    model, spec = load_family(path, baked_model_path)
     return SimpleNamespace(layout=request.param, hf=hf, model=model, spec=spec, path=path)
 
 
@@ -39,39 +35,15 @@ def test_layers_follow_the_config(gpt_oss):
         assert torch.equal(ours.mlp.experts.down_proj, theirs.mlp.experts.down_proj.transpose(1, 2))
 
 
-def test_prefill_lengths_and_decode_match_transformers(gpt_oss, paged_harness):
-    gen = torch.Generator().manual_seed(1)
-    prompts = {r: torch.randint(0, 128, (n,), generator=gen).tolist() for r, n in (("a", 1), ("b", 7), ("c", 30))}
-    s = gpt_oss.spec
-    harness = paged_harness(num_layers=s.num_layers, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim, num_pages=64)
-    logits = run_step(gpt_oss, harness, list(prompts.items()))
-    row = 0
-    for tokens in prompts.values():  # "c" is longer than the window
-        torch.testing.assert_close(logits[row : row + len(tokens)], reference_logits(gpt_oss.hf, tokens),
-                                   atol=ATOL, rtol=1e-4)
-        row += len(tokens)
-    seqs = {r: list(t) for r, t in prompts.items()}
-    for _ in range(10):  # "b" decodes past the window too
-        nxt = {r: int(torch.randint(0, 128, (1,), generator=gen)) for r in seqs}
-        logits = run_step(gpt_oss, harness, [(r, [t]) for r, t in nxt.items()])
-        for i, (r, t) in enumerate(nxt.items()):
-            seqs[r].append(t)
-            torch.testing.assert_close(logits[i], reference_logits(gpt_oss.hf, seqs[r])[-1], atol=ATOL, rtol=1e-4)
+def test_prefill_lengths_and_decode_match_transformers(gpt_oss):
+    # the 30-token prompt is longer than the window, and the 7-token one decodes past it
+    check_prefill_and_decode(gpt_oss.model, gpt_oss.spec, gpt_oss.hf, lengths=(1, 7, 30), decode_steps=10)
 
 
 def test_engine_greedy_equals_transformers_batched_and_solo(gpt_oss):
     """Through the engine: mixed prompts, one past the window, chunked under a 16-token budget and a shared prefix
     served from the cache the second time, give each prompt the tokens it gets alone and from transformers."""
-    gen = torch.Generator().manual_seed(2)
-    shared = torch.randint(3, 128, (10,), generator=gen).tolist()
-    prompts = {f"p{n}": shared + torch.randint(3, 128, (n,), generator=gen).tolist() for n in (1, 9, 23)}
-    prompts["short"] = [5, 6, 7]
-    engine = _engine(gpt_oss.path)
-    batched = _generate(engine, prompts, 10)
-    assert _generate(engine, prompts, 10) == batched
-    for r, prompt in prompts.items():
-        assert batched[r] == _hf_greedy(gpt_oss.hf, prompt, 10), r
-        assert _generate(_engine(gpt_oss.path), {r: prompt}, 10) == {r: batched[r]}
+    check_engine_greedy(gpt_oss.path, gpt_oss.hf)
 
 
 def test_mxfp4_loads_to_bfloat16_as_transformers_dequantises(gpt_oss):
