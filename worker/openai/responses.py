@@ -53,7 +53,7 @@ def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:
 def _chat_call(request: ResponsesRequest, conversation: list[dict[str, Any]], runtime: Runtime, model: str) -> ChatCall:
     """The chat generation behind a response; with truncation "auto", the oldest whole turns go until it fits."""
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []
-    messages = system + chat_messages(conversation)
+    messages = system + chat_messages(conversation, reasoning=runtime.tool_format == "harmony")
     spec = _text_format_spec(request)
 
     def render(kept: list[dict[str, Any]]) -> ChatCall:
