@@ -259,3 +259,15 @@ def test_previous_response_id_renders_the_same_prompt_as_replayed_items(gpt_oss_
     text = harmony_encoding(str(vocab)).decode(chained_ids)
     assert "<|start|>assistant<|channel|>analysis<|message|>use the tool<|end|>" in text
     assert f"<|message|>{call.arguments}<|call|>" in text or f"<|message|>{call.arguments}<|end|>" in text
+
+
+def test_a_text_format_schema_holds_the_final_answer(gpt_oss_worker):
+    client = gpt_oss_worker.client()
+    name = client.models.list().data[0].id
+    schema = WEATHER["function"]["parameters"]
+    response = client.responses.create(model=name, input="Weather?", max_output_tokens=64, temperature=0,
+                                       text={"format": {"type": "json_schema", "name": "weather", "schema": schema}},
+                                       extra_body={"structured_outputs": {"disable_any_whitespace": True}})
+    [message] = response.output
+    assert message.type == "message" and response.status == "completed", response.output
+    jsonschema.validate(json.loads(message.content[0].text), schema)
