@@ -18,6 +18,8 @@ import pytest
 from harmony_vocab import o200k_folder
 from local_worker import start_worker, stop_worker
 
+from worker.openai.harmony.encoding import harmony_encoding
+
 ROOT = Path(__file__).resolve().parents[2]
 EOS = [200002, 199999, 200012]  # <|return|>, <|endoftext|>, <|call|>
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -144,3 +146,128 @@ def test_native_job_with_tools_is_refused(gpt_oss_worker):
         reply = http.post("/v2/e/runsync", json=job).json()
     assert reply["status"] == "FAILED", reply
     assert reply["error"]["param"] == "tools" and "harmony" in reply["error"]["message"]
+
+
+TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+        "parameters": WEATHER["function"]["parameters"]}
+
+
+def _thought(text: str) -> dict:
+    return {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+
+
+def _harmony_prompt(vocab: Path, turns: list) -> list[int]:
+    """openai-harmony's own render of `turns` (its Message objects) after the system and developer messages the
+    worker writes for TOOL with no reasoning effort, today's date."""
+    import datetime
+
+    from openai_harmony import Conversation, DeveloperContent, Message, Role, SystemContent, ToolDescription
+
+    system = SystemContent.new().with_conversation_start_date(datetime.date.today().isoformat())
+    tools = DeveloperContent.new().with_function_tools(
+        [ToolDescription.new(TOOL["name"], TOOL["description"], TOOL["parameters"])])
+    conv = Conversation.from_messages([Message.from_role_and_content(Role.SYSTEM, system),
+                                       Message.from_role_and_content(Role.DEVELOPER, tools), *turns])
+    return list(harmony_encoding(str(vocab)).render_conversation_for_completion(conv, Role.ASSISTANT))
+
+
+def _turns(items: list[dict]) -> list:
+    """The harmony messages gpt-oss wrote or read for these Responses items."""
+    from openai_harmony import Author, Message, Role
+
+    out, names = [], {}
+    for item in items:
+        if item["type"] == "message":
+            role = Role.USER if item["role"] == "user" else Role.ASSISTANT
+            text = item["content"] if isinstance(item["content"], str) else item["content"][0]["text"]
+            out.append(Message.from_role_and_content(role, text).with_channel("final") if role == Role.ASSISTANT
+                       else Message.from_role_and_content(role, text))
+        elif item["type"] == "reasoning":
+            out.append(Message.from_role_and_content(Role.ASSISTANT, item["content"][0]["text"])
+                       .with_channel("analysis"))
+        elif item["type"] == "function_call":
+            names[item["call_id"]] = item["name"]
+            out.append(Message.from_role_and_content(Role.ASSISTANT, item["arguments"]).with_channel("commentary")
+                       .with_recipient(f"functions.{item['name']}").with_content_type("<|constrain|>json"))
+        else:
+            author = Author.new(Role.TOOL, f"functions.{names[item['call_id']]}")
+            out.append(Message.from_author_and_content(author, item["output"]).with_channel("commentary")
+                       .with_recipient("assistant"))
+    return out
+
+
+def _ask(client, name: str, **fields):
+    """A Responses request that gives back its prompt's token ids (vLLM's return_token_ids)."""
+    fields.setdefault("tool_choice", "auto")
+    fields.setdefault("max_output_tokens", 2)
+    extra = {"return_token_ids": True, **fields.pop("extra_body", {})}
+    response = client.responses.create(model=name, tools=[TOOL], temperature=0, extra_body=extra, **fields)
+    return response, response.model_extra["prompt_token_ids"]
+
+
+def test_replayed_items_render_as_openai_harmony_renders_them(gpt_oss_worker, request: pytest.FixtureRequest):
+    vocab = o200k_folder(Path(request.config.cache.mkdir("harmony-o200k")))
+    client = gpt_oss_worker.client()
+    name = client.models.list().data[0].id
+    items = [{"type": "message", "role": "user", "content": "Weather in Paris?"},
+             _thought("first thought: call the tool"),
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+             _thought("second thought: answer"),
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
+             {"type": "message", "role": "user", "content": "And Rome?"},
+             _thought("third thought: call again"),
+             {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": '{"city":"Rome"}'},
+             {"type": "function_call_output", "call_id": "call_2", "output": "rainy"}]
+    decode = harmony_encoding(str(vocab)).decode
+    # After a final answer, the next user turn's prompt drops the reasoning that led to it.
+    _, ids = _ask(client, name, input=items[:7])
+    assert ids == _harmony_prompt(vocab, _turns(items[:7]))
+    text = decode(ids)
+    assert "first thought" not in text and "second thought" not in text
+    assert "<|channel|>final<|message|>Sunny.<|end|><|start|>user<|message|>And Rome?<|end|>" in text
+    assert "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>sunny<|end|>" in text
+    # In a turn still calling tools its reasoning stays. openai-harmony drops analysis only when the last
+    # assistant message is a final answer, so mid-turn it keeps the earlier turns' reasoning too.
+    _, ids = _ask(client, name, input=items)
+    assert ids == _harmony_prompt(vocab, _turns(items))
+    text = decode(ids)
+    assert "<|start|>assistant<|channel|>analysis<|message|>third thought: call again<|end|>" in text
+    assert text.count("<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>") == 2
+    assert text.endswith("rainy<|end|><|start|>assistant")
+
+
+def test_previous_response_id_renders_the_same_prompt_as_replayed_items(gpt_oss_worker,
+                                                                       request: pytest.FixtureRequest):
+    vocab = o200k_folder(Path(request.config.cache.mkdir("harmony-o200k")))
+    client = gpt_oss_worker.client()
+    name = client.models.list().data[0].id
+    opening = [{"type": "message", "role": "user", "content": "Hi"}, _thought("greet back"),
+               {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello!"}]},
+               {"type": "message", "role": "user", "content": "Weather in Rome?"}, _thought("use the tool")]
+    # The call is forced, so random weights still give a function_call item (its arguments held to the schema).
+    first, _ = _ask(client, name, input=opening, tool_choice={"type": "function", "name": "get_weather"},
+                    max_output_tokens=64, extra_body={"structured_outputs": {"disable_any_whitespace": True}})
+    [call] = first.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "rainy"}
+    chained, chained_ids = _ask(client, name, previous_response_id=first.id, input=[result])
+    replayed = [*opening, call.model_dump(exclude_none=True), result]
+    _, replayed_ids = _ask(client, name, input=replayed)
+    assert chained_ids == replayed_ids == _harmony_prompt(vocab, _turns(replayed))
+    assert chained.previous_response_id == first.id
+    text = harmony_encoding(str(vocab)).decode(chained_ids)
+    assert "<|start|>assistant<|channel|>analysis<|message|>use the tool<|end|>" in text
+    assert f"<|message|>{call.arguments}<|call|>" in text or f"<|message|>{call.arguments}<|end|>" in text
+
+
+def test_a_text_format_schema_holds_the_final_answer(gpt_oss_worker):
+    client = gpt_oss_worker.client()
+    name = client.models.list().data[0].id
+    schema = WEATHER["function"]["parameters"]
+    response = client.responses.create(model=name, input="Weather?", max_output_tokens=64, temperature=0,
+                                       text={"format": {"type": "json_schema", "name": "weather", "schema": schema}},
+                                       extra_body={"structured_outputs": {"disable_any_whitespace": True}})
+    [message] = response.output
+    assert message.type == "message" and response.status == "completed", response.output
+    jsonschema.validate(json.loads(message.content[0].text), schema)

@@ -133,25 +133,52 @@ def item_text(item: dict[str, Any]) -> str:
     return "\n".join(part.get("text", "") for part in item["content"])
 
 
-def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Items as chat messages: developer speaks as system, calls join the assistant turn they belong to."""
+def chat_messages(items: list[dict[str, Any]], reasoning: bool = False) -> list[dict[str, Any]]:
+    """Items as chat messages: developer speaks as system, calls join the assistant turn they belong to.
+
+    reasoning True (the harmony format): a reasoning item opens an assistant message as its
+    `reasoning_content`, and the calls or answer that follow it join that message, so the turn replays as the
+    model wrote it (analysis, then the call or the final answer); the renderer decides which reasoning the
+    prompt keeps. Other formats leave reasoning items out, as vLLM does."""
     messages: list[dict[str, Any]] = []
     for item in items:
         kind = item["type"]
+        last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
-            messages.append({"role": role, "content": item_text(item)})
+            if role == "assistant" and last is not None and _thought_only(last):
+                last["content"] = item_text(item)
+            else:
+                messages.append({"role": role, "content": item_text(item)})
         elif kind == "function_call":
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
-            if not (messages and messages[-1]["role"] == "assistant"):
+            if last is None:
                 messages.append({"role": "assistant", "content": ""})
             messages[-1].setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
         elif kind == "compaction":  # the model's own summary of the turns it replaces
             messages.append({"role": "assistant", "content": compaction_summary(item["encrypted_content"], "input")})
+        elif kind == "reasoning" and reasoning and reasoning_text(item):
+            messages.append({"role": "assistant", "content": "", "reasoning_content": reasoning_text(item)})
     return messages
+
+
+def reasoning_text(item: dict[str, Any]) -> str:
+    """A reasoning item's text: its `reasoning_text` content (what this worker writes), else its summary."""
+    for field, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(field)
+        texts = [p["text"] for p in parts if isinstance(p, dict) and p.get("type") == part_type
+                 and isinstance(p.get("text"), str)] if isinstance(parts, list) else []
+        if texts:
+            return "\n".join(texts)
+    return ""
+
+
+def _thought_only(message: dict[str, Any]) -> bool:
+    """An assistant message that so far holds only reasoning: the turn's call or answer still to join it."""
+    return bool(message.get("reasoning_content")) and not message["content"] and not message.get("tool_calls")
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

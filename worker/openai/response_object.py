@@ -81,6 +81,8 @@ def response_object(call: ResponseCall, status: str, output: list[dict[str, Any]
     }
     if request.user is not None:
         response["user"] = request.user
+    if request.return_token_ids:  # vLLM's extension, as on chat: the prompt as the engine got it
+        response["prompt_token_ids"] = list(call.chat.prompt.token_ids)
     return response
 
 

@@ -53,22 +53,40 @@ def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:
 def _chat_call(request: ResponsesRequest, conversation: list[dict[str, Any]], runtime: Runtime, model: str) -> ChatCall:
     """The chat generation behind a response; with truncation "auto", the oldest whole turns go until it fits."""
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []
-    messages = system + chat_messages(conversation)
+    harmony = runtime.tool_format == "harmony"
+    messages = system + chat_messages(conversation, reasoning=harmony)
     spec = _text_format_spec(request)
 
     def render(kept: list[dict[str, Any]]) -> ChatCall:
-        return chat_call(ChatCompletionRequest.model_validate(_chat_fields(request, kept, model)), runtime)
+        fields = _chat_fields(request, kept, model)
+        if spec is not None and harmony:
+            # Harmony's prompt opens the final channel (and shows a schema) only for a constraint the chat
+            # layer sees: without it the grammar would hold the answer's first token, before any header.
+            fields["response_format"] = _chat_response_format(request)
+        return chat_call(ChatCompletionRequest.model_validate(fields), runtime)
 
     if request.truncation == "auto":
         call = fit_turns(messages, render, lambda c: _fits(c, runtime.max_model_len))
     else:
         call = render(messages)
-    if spec is not None:
+    if spec is not None and harmony:  # the chat layer built it from text.format: named as the client sent it
+        call.params = dataclasses.replace(call.params, structured=dataclasses.replace(call.params.structured,
+                                                                                      param="text.format"))
+    elif spec is not None:
         if call.params.structured is not None:
             raise BadRequest(f"only one structured output constraint is allowed per request, got text.format and "
                              f"{call.params.structured.param}", param=call.params.structured.param)
         call.params = dataclasses.replace(call.params, structured=spec)
     return call
+
+
+def _chat_response_format(request: ResponsesRequest) -> dict[str, Any]:
+    """`text.format` as chat's response_format."""
+    fmt = request.text.format
+    if fmt.type == "json_object":
+        return {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.json_schema,
+                                                   "strict": fmt.strict, "description": fmt.description}}
 
 
 def _text_format_spec(request: ResponsesRequest) -> StructuredSpec | None:
