@@ -18,8 +18,15 @@ from torch import nn
 from engine.errors import UnsupportedModel
 from engine.model.layers.linear import Int4Linear
 from engine.model.layers.moe import ScoreLinear, SparseMoE
-from engine.model.loader import check_checkpoint
-from tests.engine.model.family_parity import check_engine_greedy, check_prefill_and_decode, load_family
+from engine.model.loader import check_checkpoint, load_model
+from tests.engine.model.family_parity import (
+    check_engine_greedy,
+    check_prefill_and_decode,
+    greedy,
+    load_family,
+    mixed_prompts,
+    tiny_engine,
+)
 from tests.engine.model.quant_writers import awq_tensors, write_quantized
 
 INT4 = {"awq", "gptq", "ct_int4"}
@@ -72,6 +79,25 @@ def test_prefill_lengths_and_decode_match_transformers(qmoe):
 
 def test_engine_greedy_equals_transformers_batched_and_solo(qmoe):
     check_engine_greedy(qmoe.path, qmoe.hf)
+
+
+def test_bfloat16_on_cpu_keeps_each_experts_weights_and_serves(qmoe):
+    """bfloat16 (the CPU default): INT4 experts keep the int4 kernel, FP8 experts are dequantised to bfloat16 (and
+    packed for oneDNN where the CPU has it); each computes its expert's weight to bfloat16 rounding, and the engine
+    serves greedy requests to the end."""
+    model, _ = load_model(str(qmoe.path), torch.bfloat16, torch.device("cpu"))
+    layers = zip(model.model.layers, qmoe.hf.model.layers, strict=True)
+    pairs = [(ours.mlp.experts, theirs.mlp.experts) for ours, theirs in layers if isinstance(ours.mlp, SparseMoE)]
+    for ours, theirs in pairs:
+        for e, (gate_up, down) in enumerate(ours.linears):
+            for module, weight in ((gate_up, theirs.gate_up_proj[e]), (down, theirs.down_proj[e])):
+                assert isinstance(module, Int4Linear) == (qmoe.kind in INT4)
+                assert all(t.dtype != torch.float32 for t in [*module.parameters(), *module.buffers()])
+                with torch.inference_mode():
+                    got = module(torch.eye(weight.shape[1], dtype=torch.bfloat16)).t().float()
+                torch.testing.assert_close(got, weight, atol=1e-3, rtol=2**-7, msg=f"expert {e}")
+    out = greedy(tiny_engine(qmoe.path, dtype="bfloat16"), mixed_prompts(), max_tokens=6)
+    assert all(len(tokens) == 6 for tokens in out.values())
 
 
 @pytest.fixture(scope="module")
