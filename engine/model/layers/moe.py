@@ -86,16 +86,27 @@ class StackedExperts(nn.Module):
         super().__init__()
         # activation: on the fused gate|up output: SwiGLU, GeGLU (Gemma 4), or gpt-oss's clamped SwiGLU
         self.num_experts, self.intermediate_size, self.activation = num_experts, intermediate_size, activation
+        self.hidden_size = hidden_size
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
         self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size)) if bias else None
         self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden_size)) if bias else None
-        # Set by swap_expert_linears (int4, CPU bf16 packing): each expert's (gate_up, down) as modules.
+        # Set by use_expert_linears (int4, CPU bf16 packing, quantized checkpoints): each expert's (gate_up, down).
         self.linears: nn.ModuleList | None = None
 
     def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
         """Hub per-expert tensors ('experts.3.up_proj.weight') -> their expert's slice of the stacked weights.
-        The fused names ('experts.gate_up_proj') are our own parameters and need no entry."""
+        The fused names ('experts.gate_up_proj') are our own parameters and need no entry. Experts that hold a
+        quantized checkpoint's modules take the tensors those modules name ('experts.3.up_proj.qweight')."""
+        if self.linears is not None:
+            shards = {}
+            for e, pair in enumerate(self.linears):
+                for j, module in enumerate(pair):
+                    own = getattr(module, "checkpoint_shards", None)
+                    if own is not None:
+                        shards.update({f"experts.{e}.{name}": shard
+                                       for name, shard in own(f"{prefix}.linears.{e}.{j}").items()})
+            return shards
         n, shards = self.intermediate_size, {}
         for e in range(self.num_experts):
             shards[f"experts.{e}.gate_proj.weight"] = Shard(f"{prefix}.gate_up_proj", index=e, offset=0, size=n)
@@ -109,12 +120,17 @@ class StackedExperts(nn.Module):
         it (how quantize_linears_int4 and pack_linears_for_cpu reach the experts); returns how many."""
         if self.linears is not None or not select(_linear(self.down_proj[0])):
             return 0
-        self.linears = nn.ModuleList(
-            nn.ModuleList([make(_linear(self.gate_up_proj[e])), make(_linear(self.down_proj[e]))])
-            for e in range(self.num_experts)
-        )
-        del self.gate_up_proj, self.down_proj
+        self.use_expert_linears([(make(_linear(self.gate_up_proj[e])), make(_linear(self.down_proj[e])))
+                                 for e in range(self.num_experts)])
         return 2 * self.num_experts
+
+    def use_expert_linears(self, linears: list[tuple[nn.Module, nn.Module]]) -> None:
+        """From now on expert e runs linears[e] = (gate_up [H -> 2I], down [I -> H]) instead of the stacked
+        weights, which are dropped."""
+        if len(linears) != self.num_experts:
+            raise ValueError(f"{len(linears)} experts' linears for {self.num_experts} experts")
+        self.linears = nn.ModuleList(nn.ModuleList(pair) for pair in linears)
+        del self.gate_up_proj, self.down_proj
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; expert_ids and weights [T, k]. Returns sum_j weights[t, j] * expert_{ids[t, j]}(x[t])."""

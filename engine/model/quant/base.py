@@ -1,8 +1,9 @@
 """The linear-method seam: a quantized checkpoint's linears hold the checkpoint's own tensors while it loads, then
 become the serving form of their format (an int4 kernel's layout, or a weight dequantised to the serving dtype).
 
-The model files never see a quantized tensor: the loader swaps their nn.Linear / FusedLinear modules for
-CheckpointLinear before the checkpoint is copied in, and for the serving module right after.
+The model files never see a quantized tensor: the loader swaps their nn.Linear / FusedLinear modules (and each
+MoE expert's projections) for CheckpointLinear before the checkpoint is copied in, and for the serving module
+right after.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from torch import nn
 
 from engine.errors import UnsupportedModel
 from engine.model.checkpoint import Shard
+from engine.model.layers.moe import ScoreLinear, StackedExperts
+
+# A hub MoE checkpoint's projections of each expert ('mlp.experts.3.gate_proj'; Mixtral's w1/w3/w2 renamed to these).
+EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -138,11 +143,12 @@ def dense_linear(linear: CheckpointLinear, weight: torch.Tensor, dtype: torch.dt
 
 
 def swap_quantized_linears(model: nn.Module, fmt: QuantFormat, shapes: dict[str, tuple[int, ...]]) -> int:
-    """Replaces each Linear whose checkpoint matrices carry the format's first tensor with a CheckpointLinear
-    (those the checkpoint left in float, such as an ignored lm_head, stay); returns how many."""
+    """Replaces each Linear whose checkpoint matrices carry the format's marker tensor with a CheckpointLinear,
+    and so each expert projection (swap_quantized_experts); those the checkpoint left in float (an ignored
+    lm_head, a router) stay. Returns how many."""
     rename = getattr(model, "checkpoint_name", lambda n: n)
     ours = {rename(n): s for n, s in shapes.items()}
-    swapped = 0
+    swapped = swap_quantized_experts(model, fmt, ours)
     for prefix, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             if not isinstance(child, nn.Linear):
@@ -150,17 +156,52 @@ def swap_quantized_linears(model: nn.Module, fmt: QuantFormat, shapes: dict[str,
             base = f"{prefix}." if prefix else ""
             offsets = getattr(child, "shard_offsets", None)
             shards = {n: size for n, (_, size) in offsets.items()} if offsets else {name: child.out_features}
-            first = base + next(iter(shards))
-            if f"{first}.{fmt.marker}" not in ours:
+            if f"{base}{next(iter(shards))}.{fmt.marker}" not in ours:
                 continue
-            tensors = {layout.suffix: ours[f"{first}.{layout.suffix}"] for layout in fmt.layouts
-                       if f"{first}.{layout.suffix}" in ours}
-            setattr(parent, name, CheckpointLinear(fmt, shards, child.in_features, child.bias is not None, tensors))
+            setattr(parent, name, _checkpoint_linear(fmt, ours, base, shards, child.in_features,
+                                                     child.bias is not None))
             swapped += 1
     if not swapped:
         raise UnsupportedModel(f"quantization_config says {fmt.name} but no linear has its "
                                f"{fmt.marker!r} tensor", param="model")
     return swapped
+
+
+def swap_quantized_experts(model: nn.Module, fmt: QuantFormat, ours: dict[str, tuple[int, ...]]) -> int:
+    """Each expert stack whose hub per-expert projections carry the format's tensors ('experts.3.gate_proj.qweight',
+    as AWQ, GPTQ and FP8 MoE checkpoints store them) runs one CheckpointLinear per expert for gate|up and one for
+    down; returns how many. `ours`: the checkpoint's shapes under our names."""
+    swapped = 0
+    for prefix, module in list(model.named_modules()):
+        if isinstance(module, ScoreLinear) and f"{prefix}.{fmt.marker}" in ours:
+            raise UnsupportedModel(f"{fmt.name}: the router {prefix} is quantized in this checkpoint; the engine "
+                                   "runs routers in float (modules_to_not_convert / ignore)", param="model")
+        if not isinstance(module, StackedExperts):
+            continue
+        names = [f"{prefix}.{e}.{proj}" for e in range(module.num_experts) for proj in EXPERT_PROJECTIONS]
+        floats = [n for n in names if f"{n}.{fmt.marker}" not in ours]
+        if len(floats) == len(names):
+            continue
+        if floats:  # NOTE: an expert stack is served all quantized or all float
+            raise UnsupportedModel(f"{fmt.name}: {floats[0]} is not quantized while other experts of {prefix} are",
+                                   param="model")
+        inner, hidden = module.intermediate_size, module.hidden_size
+        module.use_expert_linears([
+            (_checkpoint_linear(fmt, ours, f"{prefix}.{e}.", {"gate_proj": inner, "up_proj": inner}, hidden),
+             _checkpoint_linear(fmt, ours, f"{prefix}.{e}.", {"down_proj": hidden}, inner))
+            for e in range(module.num_experts)
+        ])
+        swapped += 2 * module.num_experts
+    return swapped
+
+
+def _checkpoint_linear(fmt: QuantFormat, ours: dict[str, tuple[int, ...]], base: str, shards: dict[str, int],
+                       in_features: int, bias: bool = False) -> CheckpointLinear:
+    """A CheckpointLinear for the checkpoint matrices `base` + each shard name, shaped after the first one's."""
+    first = base + next(iter(shards))
+    tensors = {layout.suffix: ours[f"{first}.{layout.suffix}"] for layout in fmt.layouts
+               if f"{first}.{layout.suffix}" in ours}
+    return CheckpointLinear(fmt, shards, in_features, bias, tensors)
 
 
 def to_serving(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:

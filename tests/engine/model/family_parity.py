@@ -73,15 +73,17 @@ class Pages:
             return model.compute_logits(hidden)
 
 
-def check_prefill_and_decode(model, spec, hf, lengths=(5, 13, 30), decode_steps: int = 10, vocab: int = 128) -> None:
-    """Prompts of `lengths` prefilled in one step, then decoded together: every logit row equals transformers'."""
+def check_prefill_and_decode(model, spec, hf, lengths=(5, 13, 30), decode_steps: int = 10, vocab: int = 128,
+                             atol: float = ATOL) -> None:
+    """Prompts of `lengths` prefilled in one step, then decoded together: every logit row equals transformers'
+    (within `atol`)."""
     gen = torch.Generator().manual_seed(1)
     prompts = {f"r{i}": torch.randint(0, vocab, (n,), generator=gen).tolist() for i, n in enumerate(lengths)}
     pages = Pages(spec.kv_groups)
     logits = pages.run(model, list(prompts.items()))
     row = 0
     for tokens in prompts.values():
-        torch.testing.assert_close(logits[row : row + len(tokens)], reference_logits(hf, tokens), atol=ATOL, rtol=1e-4)
+        torch.testing.assert_close(logits[row : row + len(tokens)], reference_logits(hf, tokens), atol=atol, rtol=1e-4)
         row += len(tokens)
     seqs = {r: list(t) for r, t in prompts.items()}
     for _ in range(decode_steps):
@@ -89,7 +91,7 @@ def check_prefill_and_decode(model, spec, hf, lengths=(5, 13, 30), decode_steps:
         logits = pages.run(model, [(r, [t]) for r, t in nxt.items()])
         for i, (r, t) in enumerate(nxt.items()):
             seqs[r].append(t)
-            torch.testing.assert_close(logits[i], reference_logits(hf, seqs[r])[-1], atol=ATOL, rtol=1e-4)
+            torch.testing.assert_close(logits[i], reference_logits(hf, seqs[r])[-1], atol=atol, rtol=1e-4)
 
 
 def tiny_engine(path: Path, **kw) -> LLMEngine:

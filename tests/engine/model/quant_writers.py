@@ -8,13 +8,19 @@ float32 weights the checkpoint stands for, which the transformers reference mode
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
+# A hub MoE checkpoint's expert projection (Mixtral's w1 gate, w3 up, w2 down) and its place in transformers 5's
+# fused experts: (parameter, which half of gate_up_proj or None).
+EXPERT = re.compile(r"^(.*)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+EXPERT_PLACE = {"gate_proj": ("gate_up_proj", 0), "w1": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+                "w3": ("gate_up_proj", 1), "down_proj": ("down_proj", None), "w2": ("down_proj", None)}
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's pack: nibble i of a word holds column AWQ_ORDER[i] of its 8
 TINY = dict(vocab_size=128, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
             head_dim=64, num_hidden_layers=2, max_position_embeddings=256, tie_word_embeddings=False,
@@ -108,11 +114,25 @@ def compressed_fp8_tensors(w: torch.Tensor) -> tuple[dict, torch.Tensor]:
     return dict(packed), back
 
 
-def compressed_fp8_scheme():
+def compressed_fp8_scheme(strategy: str = "channel"):
+    """FP8 weights per output channel with dynamic per-token activations, or per tensor with static activation
+    scales (input_scale)."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    activations = "token" if strategy == "channel" else "tensor"
     return QuantizationScheme(
-        targets=["Linear"], weights=QuantizationArgs(num_bits=8, type="float", strategy="channel", symmetric=True),
-        input_activations=QuantizationArgs(num_bits=8, type="float", strategy="token", dynamic=True))
+        targets=["Linear"], weights=QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True),
+        input_activations=QuantizationArgs(num_bits=8, type="float", strategy=activations,
+                                           dynamic=strategy == "channel"))
+
+
+def compressed_fp8_tensor_tensors(w: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """Per-tensor FP8 weights with a static per-tensor input_scale, compressed by FloatQuantizationCompressor."""
+    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+    scheme = compressed_fp8_scheme("tensor")
+    packed = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": (w.abs().amax() / 448).reshape(1)},
+                                                  scheme)
+    back = FloatQuantizationCompressor.decompress(dict(packed), scheme)["weight"].float()
+    return {**packed, "input_scale": torch.tensor([0.02])}, back
 
 
 def fp8_block_tensors(w: torch.Tensor, block: int = 128) -> tuple[dict, torch.Tensor]:
@@ -126,23 +146,31 @@ def fp8_block_tensors(w: torch.Tensor, block: int = 128) -> tuple[dict, torch.Te
     return {"weight": weight, "weight_scale_inv": scale}, back
 
 
-def quantization_config(kind: str) -> dict:
+def quantization_config(kind: str, float_modules: tuple[str, ...] = ()) -> dict:
+    """`float_modules`: what the checkpoint leaves in float beside lm_head (an MoE's routers), listed as each
+    format's config lists them."""
+    not_converted = ["lm_head", *float_modules]
     if kind == "awq":
-        return {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True}
+        return {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True,
+                **({"modules_to_not_convert": list(float_modules)} if float_modules else {})}
     if kind in ("gptq", "gptq_asym"):
         return {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": kind == "gptq",
                 "checkpoint_format": "gptq"}
     if kind == "fp8_block":
-        return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
-    scheme = compressed_fp8_scheme() if kind == "ct_fp8" else compressed_int4_scheme(128, symmetric=False)
-    fmt = "float-quantized" if kind == "ct_fp8" else "pack-quantized"
-    return {"quant_method": "compressed-tensors", "format": fmt, "ignore": ["lm_head"],
+        return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+                "modules_to_not_convert": not_converted}
+    if kind.startswith("ct_fp8"):
+        scheme, fmt = compressed_fp8_scheme("tensor" if kind == "ct_fp8_tensor" else "channel"), "float-quantized"
+    else:
+        scheme, fmt = compressed_int4_scheme(128, symmetric=False), "pack-quantized"
+    return {"quant_method": "compressed-tensors", "format": fmt, "ignore": not_converted,
             "quantization_status": "compressed", "config_groups": {"group_0": scheme.model_dump(mode="json")}}
 
 
 WRITERS = {
     "awq": awq_tensors, "gptq": gptq_tensors, "gptq_asym": lambda w: gptq_tensors(w, symmetric=False),
     "ct_int4": compressed_int4_tensors, "ct_fp8": compressed_fp8_tensors, "fp8_block": fp8_block_tensors,
+    "ct_fp8_tensor": compressed_fp8_tensor_tensors,
 }
 
 
@@ -170,12 +198,25 @@ def write_quantized(kind: str, model_type: str, path: Path, **sizes: object):
         quantized, reference = WRITERS[kind](tensors.pop(name).float())
         tensors.update({f"{module}.{k}": v.contiguous() for k, v in quantized.items()})
         with torch.no_grad():
-            state[name].copy_(reference)
+            reference_slot(state, name).copy_(reference)
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     config_json = json.loads((path / "config.json").read_text())
-    config_json["quantization_config"] = quantization_config(kind)
+    routers = sorted({n.removesuffix(".weight") for n in tensors if re.search(r"\.(mlp|block_sparse_moe)\.gate\.", n)})
+    config_json["quantization_config"] = quantization_config(kind, tuple(routers))
     (path / "config.json").write_text(json.dumps(config_json))
     return model
+
+
+def reference_slot(state: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """The transformers tensor a checkpoint matrix `name` loads into: itself, or an expert's slice of the fused
+    experts (experts.gate_up_proj [E, 2I, H] gate first, experts.down_proj [E, H, I])."""
+    match = EXPERT.match(name)
+    if match is None:
+        return state[name]
+    layer, expert, proj = match.groups()
+    param, half = EXPERT_PLACE[proj]
+    fused = state[f"{layer}.mlp.experts.{param}"][int(expert)]
+    return fused if half is None else fused.chunk(2, dim=0)[half]
 
 
 def fp8_stacked_linear(strategy: str, sizes: dict[str, int], in_features: int, seed: int = 0):
