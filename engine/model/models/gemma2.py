@@ -20,6 +20,7 @@ from engine.errors import UnsupportedModel
 from engine.model.layers.activation import gelu_tanh_and_mul
 from engine.model.layers.norm import GemmaRMSNorm
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
+from engine.model.models.base import DecoderLM
 from engine.model.models.llama import FusedLinear, rope_parameters
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -159,7 +160,7 @@ class GemmaModel(nn.Module):
         self.norm = GemmaRMSNorm(a.hidden_size, a.rms_norm_eps)
 
 
-class Gemma2ForCausalLM(nn.Module):
+class Gemma2ForCausalLM(DecoderLM):
     """The CausalLM of Gemma 2; Gemma 3's text model differs in its config (read_args) and q/k norms."""
 
     @classmethod
@@ -178,13 +179,8 @@ class Gemma2ForCausalLM(nn.Module):
                          soft_cap=a.attn_soft_cap)
 
     def __init__(self, args: GemmaArgs) -> None:
-        super().__init__()
-        self.args = args
-        self.model = GemmaModel(args)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        super().__init__(args, GemmaModel(args))
         self.rotary: dict[str, RotaryEmbedding] = {}
-        self.fused_kernels = False  # norms, rope and GeGLU run in torch on every device
-        self.lora = None
 
     def init_rotary(
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
@@ -193,9 +189,6 @@ class Gemma2ForCausalLM(nn.Module):
         a = self.args
         self.rotary = {t: RotaryEmbedding(a.head_dim, a.ropes[t], a.max_position_embeddings, max_positions, dtype,
                                           device) for t in sorted(set(a.layer_types))}
-
-    def tie_weights(self) -> None:
-        self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(
         self,
@@ -211,7 +204,7 @@ class Gemma2ForCausalLM(nn.Module):
         h = self.model.embed_tokens(input_ids)
         # transformers scales by sqrt(hidden) rounded to the model dtype first.
         h = h * torch.tensor(math.sqrt(self.args.hidden_size), dtype=h.dtype)
-        backends = backend if isinstance(backend, list) else [backend] * len(kv_caches)
+        backends = self.layer_backends(backend, len(kv_caches))
         for layer, (k_cache, v_cache), b in zip(self.model.layers, kv_caches, backends, strict=True):
             h = layer(h, *tables[layer.self_attn.layer_type], k_cache, v_cache, b)
         return self.model.norm(h)

@@ -22,6 +22,7 @@ from engine.model.layers.activation import gelu_tanh_and_mul
 from engine.model.layers.moe import Routing
 from engine.model.layers.norm import GemmaRMSNorm
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
+from engine.model.models.base import DecoderLM
 from engine.model.models.gemma2 import FULL, GELU_TANH, SLIDING, default_layer_types, soft_cap
 from engine.model.models.gemma4_moe import MOE_NORMS, moe_modules, read_routing
 from engine.model.models.llama import FusedLinear
@@ -213,7 +214,7 @@ def _scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
     return x * torch.tensor(scale, dtype=x.dtype)
 
 
-class Gemma4ForCausalLM(nn.Module):
+class Gemma4ForCausalLM(DecoderLM):
     """The CausalLM of Gemma 4 text (dense, or with the MoE block)."""
 
     @classmethod
@@ -234,13 +235,8 @@ class Gemma4ForCausalLM(nn.Module):
         return name
 
     def __init__(self, args: Gemma4Args) -> None:
-        super().__init__()
-        self.args = args
-        self.model = Gemma4Model(args)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        super().__init__(args, Gemma4Model(args))
         self.rotary: dict[str, RotaryEmbedding] = {}
-        self.fused_kernels = False  # norms, rope and GeGLU run in torch on every device
-        self.lora = None
 
     def init_rotary(
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
@@ -250,9 +246,6 @@ class Gemma4ForCausalLM(nn.Module):
         dims = {t: a.layer_shapes[i][1] for i, t in enumerate(a.layer_types)}
         self.rotary = {t: RotaryEmbedding(d, a.ropes[t], a.max_position_embeddings, max_positions, dtype, device)
                        for t, d in dims.items()}
-
-    def tie_weights(self) -> None:
-        self.lm_head.weight = self.model.embed_tokens.weight
 
     def per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """[T, layers, ple_dim]: each layer's token embedding mixed with a projection of the input embedding."""
@@ -275,7 +268,7 @@ class Gemma4ForCausalLM(nn.Module):
         tables = {t: r.lookup(positions) for t, r in self.rotary.items()}
         h = _scaled(self.model.embed_tokens(input_ids), math.sqrt(self.args.hidden_size))
         ple = self.per_layer_inputs(input_ids, h) if self.args.ple_dim else None
-        backends = backend if isinstance(backend, list) else [backend] * len(kv_caches)
+        backends = self.layer_backends(backend, len(kv_caches))
         for i, (layer, (k_cache, v_cache), b) in enumerate(zip(self.model.layers, kv_caches, backends, strict=True)):
             h = layer(h, None if ple is None else ple[:, i], *tables[layer.self_attn.layer_type], k_cache, v_cache, b)
         return self.model.norm(h)

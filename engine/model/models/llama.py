@@ -20,6 +20,7 @@ from engine.model.checkpoint import Shard
 from engine.model.layers.activation import silu_and_mul
 from engine.model.layers.norm import RMSNorm
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
+from engine.model.models.base import DecoderLM
 
 
 @dataclass
@@ -193,7 +194,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(DecoderLM):
     """The CausalLM of api.md. The caller plans the backend for `meta` before forward()."""
 
     @classmethod
@@ -208,13 +209,8 @@ class LlamaForCausalLM(nn.Module):
         return kv_groups(layer_windows(config, a.num_layers), a.num_kv_heads, a.head_dim)
 
     def __init__(self, args: LlamaArgs) -> None:
-        super().__init__()
-        self.args = args
-        self.model = LlamaModel(args)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        super().__init__(args, LlamaModel(args))
         self.rotary: RotaryEmbedding | None = None
-        self.fused_kernels = False  # FlashInfer's norm / RoPE / activation kernels (CUDA, half dtypes)
-        self.lora = None  # engine.model.layers.lora.LoraSet once adapters are attached
 
     def init_rotary(
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
@@ -234,9 +230,6 @@ class LlamaForCausalLM(nn.Module):
             elif isinstance(module, LlamaAttention):
                 module.cos_sin_cache = self.rotary.cos_sin_cache
 
-    def tie_weights(self) -> None:
-        self.lm_head.weight = self.model.embed_tokens.weight
-
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -251,11 +244,8 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = (None, None) if self.fused_kernels else self.rotary.lookup(positions)
         h = self.model.embed_tokens(input_ids)
         residual = None
-        backends = backend if isinstance(backend, list) else [backend] * len(kv_caches)
+        backends = self.layer_backends(backend, len(kv_caches))
         for layer, (k_cache, v_cache), b in zip(self.model.layers, kv_caches, backends, strict=True):
             h, residual = layer(h, residual, positions, cos, sin, k_cache, v_cache, b)
         h, _ = self.model.norm.add_forward(h, residual)
         return h
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
