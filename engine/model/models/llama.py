@@ -137,10 +137,15 @@ class LlamaAttention(nn.Module):
         else:
             q = apply_rotary_(self.q_norm(qkv[:, : hq * d].view(t, hq, d)), cos, sin)
             k = apply_rotary_(self.k_norm(qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)), cos, sin)
+        return self.attend(q, k, v, k_cache, v_cache, backend)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               backend: AttentionBackend) -> torch.Tensor:
+        """Writes k, v to the pages (under the FP8 KV scales), attends (with the sinks, if any) and projects out."""
         backend.write_kv(k, v, k_cache, v_cache, k_scale=self.k_scale, v_scale=self.v_scale)
         extra = {} if self.sinks is None else {"sinks": self.sinks}
         out = backend.run(q, k_cache, v_cache, k_scale=self.k_scale, v_scale=self.v_scale, **extra)
-        return self.o_proj(out.reshape(t, hq * d))
+        return self.o_proj(out.reshape(q.shape[0], self.num_q * self.head_dim))
 
 
 class LlamaMLP(nn.Module):

@@ -42,9 +42,7 @@ class OlmoeAttention(LlamaAttention):
             kernels.apply_rope_with_cos_sin_cache_inplace(positions, q, k, d, self.cos_sin_cache)
         else:
             q, k = apply_rotary_(q, cos, sin), apply_rotary_(k, cos, sin)
-        backend.write_kv(k, v, k_cache, v_cache)
-        out = backend.run(q, k_cache, v_cache)
-        return self.o_proj(out.reshape(t, hq * d))
+        return self.attend(q, k, v, k_cache, v_cache, backend)
 
 
 class OlmoeForCausalLM(MoeForCausalLM):

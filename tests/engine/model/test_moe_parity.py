@@ -123,3 +123,34 @@ def test_beam_search_returns_transformers_beams(moe):
         ref = moe.hf.generate(torch.tensor([prompt]), num_beams=3, num_return_sequences=2, max_new_tokens=8,
                               min_new_tokens=8, do_sample=False, early_stopping=False, length_penalty=1.0)
     assert [got.choices[i].token_ids for i in range(2)] == ref[:, len(prompt):].tolist()
+
+
+def test_fp8_kv_scales_reach_every_attention(moe):
+    """A checkpoint's k_scale / v_scale apply on every family's attention (OLMoE's has its own q/k norms): FP8
+    pages written under scales 4 and 2 hold K / 4 and V / 2 of what unit scales store."""
+    from engine.attention.kv_quant import FP8
+    from engine.attention.torch_ref import TorchRefBackend
+    from tests.paging import PageTable
+
+    attn = moe.model.model.layers[0].self_attn
+    shape = (8, 4, moe.spec.num_kv_heads, moe.spec.head_dim)
+    x = torch.randn(6, moe.spec.hidden_size, generator=torch.Generator().manual_seed(5))
+    stored = []
+    for scales in ((1.0, 1.0), (4.0, 2.0)):
+        positions, meta = PageTable(4, list(range(8))).step([("a", 6)])
+        backend = TorchRefBackend("cpu")
+        backend.plan(meta)
+        caches = (torch.zeros(shape, dtype=FP8), torch.zeros(shape, dtype=FP8))
+        cos, sin = moe.model.rotary.lookup(positions)
+        attn.k_scale, attn.v_scale = scales
+        try:
+            with torch.inference_mode():
+                attn(x, positions, cos, sin, *caches, backend)
+        finally:
+            attn.k_scale, attn.v_scale = 1.0, 1.0
+        stored.append([c.float() for c in caches])
+    (k1, v1), (k4, v2) = stored
+    assert k1.abs().max() > 0 and not torch.equal(k1, k4)
+    # e4m3: 3 mantissa bits (relative 1/8), and subnormal steps of 2**-9 near zero
+    torch.testing.assert_close(k4 * 4, k1, rtol=0.13, atol=2**-7)
+    torch.testing.assert_close(v2 * 2, v1, rtol=0.13, atol=2**-7)
