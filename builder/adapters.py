@@ -75,8 +75,13 @@ def bake_adapters(specs: list[AdapterSpec], model: Path, served_name: str, token
     from engine.errors import UnsupportedModel
     from engine.model.adapters import ADAPTER_FILES, check_adapter, projection_shapes
 
+    if not specs:
+        return []
     config = AutoConfig.from_pretrained(model)
-    shapes, num_layers = projection_shapes(config), config.num_hidden_layers
+    try:
+        shapes, num_layers = projection_shapes(config), config.num_hidden_layers
+    except (AttributeError, RuntimeError) as exc:  # per-layer shapes (Gemma 4's config refuses one global value)
+        raise BakeError(f"LoRA adapters are not supported on {config.model_type} models: {exc}") from None
     entries = []
     for spec in specs:
         if spec.name == served_name:

@@ -1,8 +1,8 @@
-"""Tiny random Gemma 2 and Gemma 3 models baked by the builder from hub-layout folders (the default model's tokenizer,
+"""Tiny random Gemma 2, 3 and 4 models baked by the builder from hub-layout folders (the default model's tokenizer,
 a vocabulary to match, the family's chat template) serve chat through the local endpoint with the official SDK:
 whole and streamed answers agree; Gemma 2's template refuses a system turn (a 400 that says so), Gemma 3's folds
-it into the first user turn; on Gemma 3 a forced tool call and a json_schema answer fit their schemas, while on
-Gemma 2 tools are a 400 for now (their text goes in a system turn its template refuses)."""
+it into the first user turn, Gemma 4's keeps it; on each a forced tool call and a json_schema answer fit their schemas
+(on Gemma 2 the tools' description opens the first user turn, as its template takes no system turn)."""
 
 from __future__ import annotations
 
@@ -39,13 +39,27 @@ GEMMA3_TEMPLATE = (
     "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
+# Gemma 4's turn markup (text only, without its tool and thinking blocks): it takes a system turn.
+GEMMA4_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' "
+    "else message['role'] %}{{ '<|turn>' + role + '\n' + message['content'] | trim + '<turn|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}"
+)
+TEMPLATES = {"gemma2": GEMMA2_TEMPLATE, "gemma3": GEMMA3_TEMPLATE, "gemma4": GEMMA4_TEMPLATE}
 PROMPT = [{"role": "user", "content": "Name a colour."}]
 SIZES = dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=16,
              max_position_embeddings=512)
 
 
-@pytest.fixture(scope="module", params=["gemma2", "gemma3"])
+# Gemma 4: local and global layers with their own head sizes, keys as values on the global one, the last layer
+# reading the KV of an earlier one, per-layer input embeddings.
+GEMMA4 = dict(global_head_dim=16, num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=1,
+              layer_types=["sliding_attention", "full_attention"] * 2, num_hidden_layers=4,
+              hidden_size_per_layer_input=4, vocab_size_per_layer_input=49152, final_logit_softcapping=30.0)
+
+
+@pytest.fixture(scope="module", params=["gemma2", "gemma3", "gemma4"])
 def gemma_worker(request: pytest.FixtureRequest, baked_model_path: Path,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorker]:
     import transformers as tf
@@ -56,12 +70,16 @@ def gemma_worker(request: pytest.FixtureRequest, baked_model_path: Path,
     torch.manual_seed(0)
     if family == "gemma2":
         tf.Gemma2ForCausalLM(tf.Gemma2Config(**SIZES)).save_pretrained(source)
-    else:  # one local layer (window 16) and one global, as layer_types says
+    elif family == "gemma3":  # one local layer (window 16) and one global, as layer_types says
         config = tf.Gemma3TextConfig(**SIZES, layer_types=["sliding_attention", "full_attention"])
         tf.Gemma3ForCausalLM(config).save_pretrained(source)
+    else:
+        model = tf.AutoModelForCausalLM.from_config(tf.Gemma4TextConfig(**{**SIZES, **GEMMA4}))
+        model.config.architectures = [type(model).__name__]
+        model.save_pretrained(source)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(baked_model_path / name, source / name)
-    (source / "chat_template.jinja").write_text(GEMMA2_TEMPLATE if family == "gemma2" else GEMMA3_TEMPLATE)
+    (source / "chat_template.jinja").write_text(TEMPLATES[family])
     out = root / "model"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     baked = subprocess.run([sys.executable, "-m", "builder", "--model", str(source), "--out", str(out)], cwd=ROOT,
@@ -85,7 +103,8 @@ def test_chat_whole_and_streamed_agree(gemma_worker: LocalWorker) -> None:
 
 
 def test_a_system_turn_follows_the_template(gemma_worker: LocalWorker) -> None:
-    """Gemma 2: the template's own refusal, as a 400. Gemma 3: the system text joins the first user turn."""
+    """Gemma 2: the template's own refusal, as a 400. Gemma 3: the system text joins the first user turn; Gemma 4:
+    a turn of its own."""
     sdk, name = gemma_worker.client(), "tiny-" + gemma_worker.family
     with_system = [{"role": "system", "content": "Be brief."}, *PROMPT]
     if gemma_worker.family == "gemma2":
@@ -114,13 +133,6 @@ def test_a_forced_tool_call_and_a_json_schema(gemma_worker: LocalWorker) -> None
     import jsonschema
 
     sdk, name = gemma_worker.client(), "tiny-" + gemma_worker.family
-    if gemma_worker.family == "gemma2":
-        # NOTE: tools on a template without tool support go in a system message, which Gemma 2's template refuses:
-        # a 400 naming the template's own error, until the tool text can go into the first user turn instead.
-        with pytest.raises(openai.BadRequestError, match="System role not supported"):
-            sdk.chat.completions.create(model=name, messages=PROMPT, tools=[WEATHER], tool_choice="required",
-                                        max_tokens=8)
-        return
     call = sdk.chat.completions.create(model=name, messages=[{"role": "user", "content": "Weather in Paris?"}],
                                        tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
                                        max_tokens=96, temperature=0,

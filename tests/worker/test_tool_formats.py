@@ -74,6 +74,25 @@ def test_the_generic_format_describes_tools_and_history_as_plain_turns(tokenizer
     assert "# Tools" not in none and "get_weather returned" in none  # no tools offered, the history still shown
 
 
+def test_where_the_template_refuses_a_system_turn_the_tools_open_the_first_user_turn(tokenizer) -> None:
+    from test_gemma_serving import GEMMA2_TEMPLATE
+
+    from worker.openai.chat_template import takes_system_turn
+
+    assert not takes_system_turn(tokenizer, GEMMA2_TEMPLATE) and takes_system_turn(tokenizer, tokenizer.chat_template)
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": HISTORY, "tools": [WEATHER]})
+    plan = ToolPlan("generic", check_tools([WEATHER]), ToolChoice("auto"))
+    shown, _ = plan.template_inputs(template_messages(request.messages), system_turn=False)
+    assert [m["role"] for m in shown] == ["user", "assistant", "user"]
+    assert shown[0]["content"].startswith("# Tools") and shown[0]["content"].endswith("\n\nWeather in Paris?")
+    text = render_chat(tokenizer, shown, chat_template=GEMMA2_TEMPLATE).text
+    assert "<start_of_turn>user\n# Tools" in text and "system" not in text
+    # A conversation with no user turn yet gets one holding the tools; a user's own system turn still meets the
+    # template's refusal (Gemma 2 takes none), as the served 400 says.
+    alone, _ = plan.template_inputs([{"role": "assistant", "content": "Hi."}], system_turn=False)
+    assert alone[0]["role"] == "user" and alone[0]["content"].startswith("# Tools")
+
+
 @pytest.mark.parametrize("tools,choice,param", [
     ([{"type": "function", "function": {"description": "no name"}}], None, "tools[0].function.name"),
     ([{"type": "function", "function": {"name": "has space"}}], None, "tools[0].function.name"),

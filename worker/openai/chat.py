@@ -13,7 +13,7 @@ from engine.sample.params import SamplingParams
 from engine.sample.structured.spec import StructuredSpec
 from worker.openai.chat_deltas import delta_dicts
 from worker.openai.chat_output import OutputFormat
-from worker.openai.chat_template import ChatPrompt, render_chat, template_messages
+from worker.openai.chat_template import ChatPrompt, render_chat, takes_system_turn, template_messages
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, collect, engine_request_id, response_id, start
 from worker.openai.harmony.chat import HarmonyFormat, harmony_request
@@ -98,7 +98,9 @@ def render_with_tools(runtime: Runtime, messages: list[Any], *, tools: list[Any]
                               else (runtime.tool_format, runtime.reasoning_format))
     checked = check_tools(tools)
     plan = ToolPlan(tool_format, checked, check_tool_choice(tool_choice, checked), parallel)
-    shown, template_tools = plan.template_inputs(template_messages(messages))
+    template = runtime.template_for(chat_template)
+    system_turn = plan.format != "generic" or not template or takes_system_turn(runtime.tokenizer, template)
+    shown, template_tools = plan.template_inputs(template_messages(messages), system_turn)
     prompt = render_chat(runtime.tokenizer, shown, chat_template=chat_template or runtime.settings.custom_chat_template,
                          tools=template_tools, **render)
     in_reasoning = reasoning is not None and starts_in_reasoning(reasoning, prompt.text)
@@ -106,7 +108,7 @@ def render_with_tools(runtime: Runtime, messages: list[Any], *, tools: list[Any]
                           runtime.settings.max_tool_calls_per_answer)
     # A prompt that closed the reasoning (Qwen3's enable_thinking false) leaves none to wait for before the calls.
     thinks = None if reasoning is None or closes_reasoning(prompt.text) else reasoning
-    constraint = tool_constraint(plan, runtime.template_for(chat_template), thinks, in_reasoning)
+    constraint = tool_constraint(plan, template, thinks, in_reasoning)
     return prompt, plan, output, constraint
 
 

@@ -42,6 +42,21 @@ def template_messages(messages: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+_TAKES_SYSTEM: dict[str, bool] = {}  # template text -> whether it renders a system turn
+
+
+def takes_system_turn(tokenizer: Any, template: str) -> bool:
+    """Whether `template` renders a leading system turn (Gemma 2's raises instead), tried once per template."""
+    if template not in _TAKES_SYSTEM:
+        probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+        try:
+            tokenizer.apply_chat_template(probe, tokenize=False, chat_template=template, add_generation_prompt=True)
+            _TAKES_SYSTEM[template] = True
+        except Exception:  # noqa: BLE001 - raise_exception() in the template, or anything it trips on
+            _TAKES_SYSTEM[template] = False
+    return _TAKES_SYSTEM[template]
+
+
 def render_chat(
     tokenizer: Any,
     messages: list[Any],

@@ -29,13 +29,13 @@ class ToolPlan:
     def parser(self) -> type[ToolParser] | None:
         return PARSERS[self.format] if self.active else None
 
-    def template_inputs(
-            self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    def template_inputs(self, messages: list[dict[str, Any]], system_turn: bool = True
+                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         """(messages, tools) for the chat template. With "none" the tools are left out, as the model may not call
-        them; the history's calls and results still render."""
+        them; the history's calls and results still render. `system_turn`: whether the template takes one."""
         tools = self.tools if self.active else []
         if self.format == "generic":
-            return generic_messages(messages, tools, self.parallel, self.choice), None
+            return generic_messages(messages, tools, self.parallel, self.choice, system_turn), None
         return template_messages(messages, short_ids=self.format == "mistral"), [t.spec for t in tools] or None
 
     def keeps_special_tokens(self, tokenizer: Any) -> bool:

@@ -3,8 +3,9 @@
 Templates that know tools get the tools as `tools` and the history as OpenAI messages, with each call's
 `arguments` as an object (Llama 3.1's, Qwen2.5's and Mistral's templates apply `tojson` to them) and, for
 Mistral, call ids cut to the nine characters its templates demand (as vLLM does). Templates that know no
-tools (the `generic` format) get plain turns instead: the tools described in the system message, calls
-written out as `<tool_call>` blocks, and results as sentences naming the function in a user turn.
+tools (the `generic` format) get plain turns instead: the tools described in the system message (at the head of the
+first user turn where the template refuses a system turn, as Gemma 2's does), calls written out as `<tool_call>`
+blocks, and results as sentences naming the function in a user turn.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ def generic_call_text(name: str, arguments: Any) -> str:
 
 
 def generic_messages(messages: list[dict[str, Any]], tools: list[Tool], parallel: bool,
-                     choice: ToolChoice | None = None) -> list[dict[str, Any]]:
-    """Messages for a template without tool support: tools in the system message, calls and results as text."""
+                     choice: ToolChoice | None = None, system_turn: bool = True) -> list[dict[str, Any]]:
+    """Messages for a template without tool support: tools in the system message, calls and results as text.
+
+    Without `system_turn` (the template refuses one) the tools open the first user turn instead."""
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # call id -> the function it called, to say whose result a tool turn is
     for message in messages:
@@ -78,8 +81,15 @@ def generic_messages(messages: list[dict[str, Any]], tools: list[Tool], parallel
         text = generic_system_text(tools, parallel, choice)
         if out and out[0].get("role") == "system":
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}" if out[0]["content"] else text}
-        else:
+        elif system_turn:
             out.insert(0, {"role": "system", "content": text})
+        else:
+            first = next((i for i, m in enumerate(out) if m.get("role") == "user"), None)
+            if first is None:
+                out.insert(0, {"role": "user", "content": text})
+            else:
+                content = out[first].get("content") or ""
+                out[first] = {**out[first], "content": f"{text}\n\n{content}" if content else text}
     return out
 
 
