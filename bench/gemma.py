@@ -32,10 +32,10 @@ def save_gemma3(args, folder: Path):
     import transformers as tf
 
     types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(args.layers)]
-    config = tf.Gemma3TextConfig(vocab_size=49152, hidden_size=640, intermediate_size=2048, num_hidden_layers=args.layers,
-                                 num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
-                                 sliding_window=512, layer_types=types, max_position_embeddings=4096,
-                                 eos_token_id=2, bos_token_id=1, pad_token_id=0)
+    config = tf.Gemma3TextConfig(vocab_size=49152, hidden_size=640, intermediate_size=2048,
+                                 num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=1,
+                                 head_dim=256, query_pre_attn_scalar=256, sliding_window=512, layer_types=types,
+                                 max_position_embeddings=4096, eos_token_id=2, bos_token_id=1, pad_token_id=0)
     torch.manual_seed(0)
     model = tf.Gemma3ForCausalLM(config).to(getattr(torch, args.dtype)).eval()
     model.config.architectures = [type(model).__name__]

@@ -14,7 +14,6 @@ weights its engine holds (parameters and buffers; llama-server: the GGUF file).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.serving import OURS, requests_for, run_level, server  # noqa: E402
+from bench.serving import OURS, run_sides  # noqa: E402
 from builder.sources import default_gguf_path  # noqa: E402
 
 GROUP = 64
@@ -107,15 +106,7 @@ def main() -> int:
     print(json.dumps({"weight_bytes": sizes}), flush=True)
     for side, path in paths.items():
         OURS[side] = {"MODEL_PATH": str(path)}
-    runs = []
-    for round_ in range(args.repeat):
-        for side in sides:
-            with server(side, out) as (base, model, _):
-                asyncio.run(run_level(base, model, 1, 8, 1))  # warm-up, not counted
-                for clients in levels:
-                    result = asyncio.run(run_level(base, model, clients, args.tokens, requests_for(clients)))
-                    runs.append({"round": round_, "side": side, **result})
-                    print(json.dumps(runs[-1]), flush=True)
+    runs = run_sides(sides, levels, args.repeat, args.tokens, out)
     (out / "quant.json").write_text(json.dumps({"weight_bytes": sizes, "runs": runs}, indent=2))
     best = {}
     for run in runs:

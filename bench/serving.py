@@ -169,6 +169,25 @@ def requests_for(clients: int) -> int:
     return max(4, clients) if clients > 1 else 4
 
 
+def run_sides(sides: list[str], levels: list[int], repeat: int, tokens: int, out_dir: Path,
+              with_offline: bool = False) -> list[dict]:
+    """Each side's server alone, the sides alternating `repeat` times; every run printed as it ends."""
+    runs = []
+    for round_ in range(repeat):
+        for side in sides:
+            with server(side, out_dir) as (base, model, _):
+                asyncio.run(run_level(base, model, 1, 8, 1))  # warm-up, not counted
+                for clients in levels:
+                    result = asyncio.run(run_level(base, model, clients, tokens, requests_for(clients)))
+                    runs.append({"round": round_, "side": side, **result})
+                    print(json.dumps(runs[-1]), flush=True)
+            if side in OURS and with_offline:
+                tok_s = offline(OURS[side], tokens)
+                runs.append({"round": round_, "side": f"{side} offline engine", "clients": 1, "tok_s": tok_s})
+                print(json.dumps(runs[-1]), flush=True)
+    return runs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", default="1,8,64")
@@ -181,19 +200,7 @@ def main() -> int:
     sides = args.sides.split(",")
     out_dir = ROOT / "bench" / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for round_ in range(args.repeat):
-        for side in sides:
-            with server(side, out_dir) as (base, model, _):
-                asyncio.run(run_level(base, model, 1, 8, 1))  # warm-up, not counted
-                for clients in levels:
-                    result = asyncio.run(run_level(base, model, clients, args.tokens, requests_for(clients)))
-                    runs.append({"round": round_, "side": side, **result})
-                    print(json.dumps(runs[-1]), flush=True)
-            if side in OURS and not args.no_offline:
-                tok_s = offline(OURS[side], args.tokens)
-                runs.append({"round": round_, "side": f"{side} offline engine", "clients": 1, "tok_s": tok_s})
-                print(json.dumps(runs[-1]), flush=True)
+    runs = run_sides(sides, levels, args.repeat, args.tokens, out_dir, with_offline=not args.no_offline)
     (out_dir / "serving.json").write_text(json.dumps(runs, indent=2))
     print_table(runs, sides, levels)
     return 0
