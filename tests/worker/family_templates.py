@@ -33,3 +33,6 @@ MISTRAL_V3 = _read("mistral-v0.3.jinja")
 # DeepSeek-R1 (distills): the generation prompt pre-fills <think>; no tool support in this form.
 DEEPSEEK_R1 = _read("deepseek-r1.jinja")
 assert _GENERATION_PROMPT in QWEN25 and QWEN3 != QWEN25 and QWEN3_THINKING != QWEN25
+# Gemma 4: its own markup for turns, tools (<|tool>declaration), calls (<|tool_call>call:NAME{...}), results
+# (<|tool_response>) and thinking (<|channel>thought ... <channel|>), trimmed to text.
+GEMMA4 = _read("gemma4.jinja")

@@ -2,7 +2,9 @@
 a vocabulary to match, the family's chat template) serve chat through the local endpoint with the official SDK:
 whole and streamed answers agree; Gemma 2's template refuses a system turn (a 400 that says so), Gemma 3's folds
 it into the first user turn, Gemma 4's keeps it; on each a forced tool call and a json_schema answer fit their schemas
-(on Gemma 2 the tools' description opens the first user turn, as its template takes no system turn)."""
+(on Gemma 2 the tools' description opens the first user turn, as its template takes no system turn). Gemma 4 serves
+with its own template's formats: calls in `<|tool_call>call:NAME{...}` whole and streamed, a second turn's call and
+result rendered by the template, thinking turned on by `enable_thinking`."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 import openai
 import pytest
 import torch
+from family_templates import GEMMA4 as GEMMA4_TEMPLATE
 from local_worker import ROOT, LocalWorker, start_worker, stop_worker
 
 # Gemma 2's template as its checkpoints ship it: no system role, turns between <start_of_turn> and <end_of_turn>.
@@ -38,12 +41,6 @@ GEMMA3_TEMPLATE = (
     "{% endif %}{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
     "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
-)
-# Gemma 4's turn markup (text only, without its tool and thinking blocks): it takes a system turn.
-GEMMA4_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' "
-    "else message['role'] %}{{ '<|turn>' + role + '\n' + message['content'] | trim + '<turn|>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}"
 )
 TEMPLATES = {"gemma2": GEMMA2_TEMPLATE, "gemma3": GEMMA3_TEMPLATE, "gemma4": GEMMA4_TEMPLATE}
 PROMPT = [{"role": "user", "content": "Name a colour."}]
@@ -126,8 +123,9 @@ CITY = {"type": "object", "properties": {"name": {"type": "string", "maxLength":
 
 
 def test_a_forced_tool_call_and_a_json_schema(gemma_worker: LocalWorker) -> None:
-    """Gemma's templates render no tools: a required call still comes back as a tool call whose arguments fit the
-    schema, and a json_schema answer fits its schema (random weights: the grammar does the work)."""
+    """A required call comes back as a tool call whose arguments fit the schema (Gemma 2's and 3's templates render
+    no tools: the generic format; Gemma 4's own format), and a json_schema answer fits its schema (random weights:
+    the grammar does the work)."""
     import json
 
     import jsonschema
@@ -146,3 +144,78 @@ def test_a_forced_tool_call_and_a_json_schema(gemma_worker: LocalWorker) -> None
                                          extra_body={"structured_outputs": {"disable_any_whitespace": True}})
     assert answer.choices[0].finish_reason == "stop", answer.choices[0].message.content
     jsonschema.validate(json.loads(answer.choices[0].message.content), CITY)
+
+
+def _gemma4_only(worker: LocalWorker) -> None:
+    if worker.family != "gemma4":
+        pytest.skip("Gemma 4's own tool and thinking formats")
+
+
+def _prompt(tokenizer, response) -> str:
+    return tokenizer.decode((response.model_extra or {})["prompt_token_ids"], skip_special_tokens=False)
+
+
+def test_gemma4_a_forced_call_streams_in_its_own_format(gemma_worker: LocalWorker) -> None:
+    """The grammar holds the random model to `<|tool_call>call:get_weather{city:<|"|>...<|"|>}<tool_call|>`; the
+    parser turns it into an OpenAI call with JSON arguments, the same whole and streamed."""
+    import json
+
+    import jsonschema
+
+    _gemma4_only(gemma_worker)
+    sdk, name = gemma_worker.client(), "tiny-gemma4"
+    ask = dict(model=name, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER],
+               tool_choice="required", parallel_tool_calls=False, max_tokens=96, temperature=0)
+    whole = sdk.chat.completions.create(**ask).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content is None
+    call = whole.message.tool_calls[0].function
+    jsonschema.validate(json.loads(call.arguments), CITY_ARG)
+    names, arguments, finish = [], "", None
+    for chunk in sdk.chat.completions.create(**ask, stream=True):
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                names += [delta.function.name] if delta.function.name else []
+                arguments += delta.function.arguments or ""
+            finish = choice.finish_reason or finish
+    assert (names, arguments, finish) == (["get_weather"], call.arguments, "tool_calls")
+
+
+def test_gemma4_a_second_turn_renders_the_call_and_its_result(gemma_worker: LocalWorker, tokenizer) -> None:
+    _gemma4_only(gemma_worker)
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_0123456789abcdef01234567", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "call_0123456789abcdef01234567", "content": "21 C, sunny"}]
+    answer = gemma_worker.client().chat.completions.create(
+        model="tiny-gemma4", messages=history, tools=[WEATHER], max_tokens=4, temperature=0,
+        extra_body={"return_token_ids": True})
+    prompt = _prompt(tokenizer, answer)
+    assert "<|tool>declaration:get_weather{description:<|\"|>The weather in a city.<|\"|>" in prompt
+    # The result closes the model's turn-so-far; the answer continues that turn (no generation prompt is added).
+    assert prompt.endswith('<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+                           '<|tool_response>response:get_weather{value:<|"|>21 C, sunny<|"|>}<tool_response|>')
+    assert answer.choices[0].finish_reason == "length"
+
+
+def test_gemma4_enable_thinking_leaves_the_thought_channel_to_the_model(gemma_worker: LocalWorker,
+                                                                       tokenizer) -> None:
+    """Thinking off (the default), the template closes an empty thought channel after `<|turn>model`; on, it puts
+    `<|think|>` in the system turn and leaves the channel for the model to open (then a forced call may follow its
+    thinking)."""
+    _gemma4_only(gemma_worker)
+    sdk = gemma_worker.client()
+    ask = dict(model="tiny-gemma4", messages=PROMPT, max_tokens=4, temperature=0)
+    off = sdk.chat.completions.create(**ask, extra_body={"return_token_ids": True})
+    assert _prompt(tokenizer, off).endswith("<|turn>model\n<|channel>thought\n<channel|>")
+    on = sdk.chat.completions.create(**ask, extra_body={"return_token_ids": True,
+                                                        "chat_template_kwargs": {"enable_thinking": True}})
+    thinking = _prompt(tokenizer, on)
+    assert "<|turn>system\n<|think|>\n" in thinking and thinking.endswith("<|turn>model\n")
+    forced = sdk.chat.completions.create(
+        **{**ask, "max_tokens": 160}, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
+        extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    message = forced.choices[0].message
+    assert forced.choices[0].finish_reason == "tool_calls" and message.tool_calls[0].function.name == "get_weather"
+    assert "<|channel>" not in (message.content or "") and "<channel|>" not in ((message.model_extra or {}).get(
+        "reasoning_content") or "")

@@ -4,14 +4,16 @@ split, tool calls read only after the reasoning, and its tokens counted."""
 from __future__ import annotations
 
 import pytest
-from family_templates import DEEPSEEK_R1, LLAMA31, QWEN3, QWEN3_THINKING, QWEN25
+from family_templates import DEEPSEEK_R1, GEMMA4, LLAMA31, QWEN3, QWEN3_THINKING, QWEN25
 
 from worker.openai.chat_output import OutputFormat, reasoning_tokens
-from worker.openai.reasoning import pick_reasoning, starts_in_reasoning
+from worker.openai.reasoning import closes_reasoning, pick_reasoning, starts_in_reasoning
+from worker.openai.tools.gemma4 import Gemma4Parser
 from worker.openai.tools.hermes import HermesParser
 
 QWEN3_ANSWER = "<think>\nThe user greets me. I should greet back.\n</think>\n\nHello! How can I help?"
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+G_CALL = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
 
 
 def test_the_parser_is_picked_from_the_template_unless_set() -> None:
@@ -19,6 +21,7 @@ def test_the_parser_is_picked_from_the_template_unless_set() -> None:
     assert pick_reasoning(DEEPSEEK_R1, None) == "deepseek_r1"
     assert pick_reasoning(QWEN25, None) is None and pick_reasoning(LLAMA31, None) is None
     assert pick_reasoning(QWEN25, "qwen3") == "qwen3" and pick_reasoning(QWEN3, "none") is None
+    assert pick_reasoning(GEMMA4, None) == "gemma4" and pick_reasoning(QWEN3, "gemma4") == "gemma4"
 
 
 def test_where_the_answer_starts_is_read_from_the_prompt() -> None:
@@ -27,6 +30,10 @@ def test_where_the_answer_starts_is_read_from_the_prompt() -> None:
     assert not starts_in_reasoning("qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n")  # enable_thinking off
     assert starts_in_reasoning("deepseek_r1", "<｜Assistant｜><think>\n")
     assert starts_in_reasoning("deepseek_r1", "<｜Assistant｜>")  # R1 distills may skip the opening tag
+    # Gemma 4: thinking on leaves the model to open the channel; off, the template closes it empty.
+    assert not starts_in_reasoning("gemma4", "<|turn>model\n")
+    assert not closes_reasoning("<|turn>model\n") and closes_reasoning("<|turn>model\n<|channel>thought\n<channel|>")
+    assert starts_in_reasoning("gemma4", "<|turn>model\n<|channel>thought\n")
 
 
 CASES = [
@@ -44,6 +51,16 @@ CASES = [
      f"\nMaybe {CALL} later.\n", "Checking.", ["get_weather"]),
     (OutputFormat(HermesParser, reasoning="qwen3", separate_reasoning=False), f"<think>\nPlan.\n</think>\n\n{CALL}",
      None, "<think>\nPlan.\n</think>\n\n", ["get_weather"]),
+    # Gemma 4: the channel's `thought` label is markup; calls inside the thinking are thinking.
+    (OutputFormat(reasoning="gemma4"), "<|channel>thought\nThe user greets me.<channel|>Hello!", "The user greets me.",
+     "Hello!", []),
+    (OutputFormat(reasoning="gemma4"), "Hello, <|channel> is just text here.", None,
+     "Hello, <|channel> is just text here.", []),
+    (OutputFormat(Gemma4Parser, reasoning="gemma4"),
+     f"<|channel>thought\nMaybe {G_CALL} later.\n<channel|>Checking.{G_CALL}<|tool_response>",
+     f"Maybe {G_CALL} later.\n", "Checking.", ["get_weather"]),
+    (OutputFormat(Gemma4Parser, reasoning="gemma4", in_reasoning=True), f"Opened by the prompt.<channel|>{G_CALL}",
+     "Opened by the prompt.", None, ["get_weather"]),
 ]
 
 

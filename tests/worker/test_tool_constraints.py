@@ -24,6 +24,8 @@ W = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 T = '{"name": "get_time", "arguments": {"tz": "CET"}}'
 H_W, H_T = f"<tool_call>\n{W}\n</tool_call>", f"<tool_call>\n{T}\n</tool_call>"
 L_W, L_T = W.replace("arguments", "parameters"), T.replace("arguments", "parameters")
+G_W = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+G_T = '<|tool_call>call:get_time{tz:<|"|>CET<|"|>}<tool_call|>'
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +64,20 @@ CASES = [
     ("mistral", "required", None, True, "", f"[TOOL_CALLS] [{W}, {T}]", True),
     ("mistral", "required", None, True, "[ARGS]", '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}', True),
     ("mistral", "auto", None, True, "", f"Hm [TOOL_CALLS] [{T}]", True),  # constrained: get_time is strict
+    # Gemma 4: its own argument syntax, no whitespace, calls in a row.
+    ("gemma4", "required", None, True, "", G_W, True),
+    ("gemma4", "required", None, True, "", G_W + G_T, True),
+    ("gemma4", "required", None, True, "", "Sure! " + G_W, False),
+    ("gemma4", "required", None, False, "", G_W + G_T, False),
+    ("gemma4", "required", None, True, "", G_W.replace("<|\"|>}", '<|"|>,x:1}'), False),  # schema: no other keys
+    ("gemma4", "required", None, True, "", G_T.replace("CET", "PST"), False),  # enum
+    ("gemma4", "required", None, True, "", G_W.replace("city:", "city: "), False),  # no whitespace
+    ("gemma4", "required", None, True, "", '<|tool_call>call:get_weather{city:<|"|>a<|b<|"|>}<tool_call|>', False),
+    ("gemma4", "named", "get_time", True, "", G_T, True),
+    ("gemma4", "named", "get_time", True, "", G_W, False),
+    ("gemma4", "auto", None, True, "", "Just an answer.", True),
+    ("gemma4", "auto", None, True, "", f"Let me check. {G_W}{G_T}", True),  # constrained: get_time is strict
+    ("gemma4", "auto", None, True, "", f"Let me check. {G_W} and more text", False),
 ]
 
 
@@ -106,3 +122,27 @@ def test_string_lengths_are_enforced(grammars, tokenizer) -> None:
     assert _matches(grammars, tokenizer, spec, call.format("abcd"))
     assert not _matches(grammars, tokenizer, spec, call.format("abcde"))
     assert not _matches(grammars, tokenizer, spec, call.format("a"))
+
+
+def test_gemma4_reasoning_first_and_schemas_its_grammar_cannot_enforce(grammars, tokenizer) -> None:
+    plan = ToolPlan("gemma4", TOOLS, ToolChoice("required"))
+    assert _matches(grammars, tokenizer, tool_constraint(plan, "", "gemma4"), f"<|channel>thought\nHm.<channel|>{G_W}")
+    assert not _matches(grammars, tokenizer, tool_constraint(plan, "", "gemma4"), f"<think>Hm.</think>{G_W}")
+    nested = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+                                               "at": {"type": "object", "properties": {"lat": {"type": "number"}},
+                                                      "required": ["lat"]}}, "required": ["at"]}
+    spec = tool_constraint(ToolPlan("gemma4", check_tools([{"type": "function", "function": {
+        "name": "f", "parameters": nested}}]), ToolChoice("required")), "")
+    call = "<|tool_call>call:f{{{}}}<tool_call|>"
+    assert _matches(grammars, tokenizer, spec, call.format('at:{lat:-1.5e3},tags:[<|"|>a<|"|>,<|"|>b<|"|>]'))
+    assert not _matches(grammars, tokenizer, spec, call.format('tags:[<|"|>a<|"|>]'))  # "at" is required
+    assert not _matches(grammars, tokenizer, spec, call.format('at:{lat:1},tags:[<|"|>a<|"|>,<|"|>b<|"|>,<|"|>c<|"|>]'))
+    # A keyword the grammar cannot hold to: any object for a plain tool, a 400 naming it for a strict one.
+    odd = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}
+    loose = check_tools([{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/$defs/x"}}}])
+    spec = tool_constraint(ToolPlan("gemma4", loose, ToolChoice("required")), "")
+    assert _matches(grammars, tokenizer, spec, call.format("z:1"))
+    strict = check_tools([WEATHER, {"type": "function", "function": {"name": "f", "strict": True, "parameters": odd}}])
+    with pytest.raises(BadRequest) as info:
+        tool_constraint(ToolPlan("gemma4", strict, ToolChoice("required")), "")
+    assert info.value.param == "tools[1].function.parameters" and "pattern" in info.value.message

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from family_templates import DEEPSEEK_R1, LLAMA31, MISTRAL_V3, QWEN3, QWEN25
+from family_templates import DEEPSEEK_R1, GEMMA4, LLAMA31, MISTRAL_V3, QWEN3, QWEN25
 from pydantic import ValidationError
 
 from worker.openai.chat_template import render_chat, template_messages
@@ -37,6 +37,9 @@ def test_the_format_comes_from_the_template_then_the_family_then_generic(tokeniz
     # A template that takes tools with markup of its own: the family decides.
     assert pick_format("{% for t in tools %}{{ t | tojson }}{% endfor %}", "qwen3") == "hermes"
     assert pick_format(QWEN25, "qwen2", "mistral") == "mistral" and pick_format(QWEN25, "qwen2", "auto") == "hermes"
+    # Gemma 4: by its template's <|tool_call> markup, or by the family when the template shows tools otherwise.
+    assert pick_format(GEMMA4, "gemma4_text") == "gemma4" and pick_format(GEMMA4, None) == "gemma4"
+    assert pick_format("{% for t in tools %}{{ t | tojson }}{% endfor %}", "gemma4") == "gemma4"
 
 
 def _render(tokenizer, fmt: str, template: str | None, messages: list, choice: str = "auto") -> str:
@@ -56,6 +59,28 @@ def test_a_second_turn_renders_through_each_familys_template(tokenizer) -> None:
     mistral = _render(tokenizer, "mistral", MISTRAL_V3, HISTORY)
     assert '"id": "f01234567"' in mistral and '"call_id": "f01234567"' in mistral
     assert "[AVAILABLE_TOOLS]" in mistral
+    # Gemma 4: the tools declared in the system turn, the call in its own syntax, the result in the model's turn,
+    # which the answer then continues (no new turn is opened).
+    gemma = _render(tokenizer, "gemma4", GEMMA4, HISTORY)
+    assert ('<|turn>system\n<|tool>declaration:get_weather{description:<|"|>The weather in a city.<|"|>,parameters:'
+            '{properties:{city:{type:<|"|>STRING<|"|>}},required:[<|"|>city<|"|>],type:<|"|>OBJECT<|"|>}}<tool|>'
+            "<turn|>") in gemma
+    assert gemma.endswith('<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+                          '<|tool_response>response:get_weather{value:<|"|>{"celsius": 21}<|"|>}<tool_response|>')
+
+
+def test_gemma4_markup_that_is_special_tokens_stays_in_the_text(tokenizer) -> None:
+    """Gemma 4's <|tool_call> and <|channel> are special tokens in its vocabulary: an answer read for calls or for
+    reasoning keeps special tokens in its text (otherwise the detokenizer drops the markup the parsers read)."""
+    import copy
+
+    gemma_like = copy.deepcopy(tokenizer)
+    gemma_like.add_special_tokens({"additional_special_tokens": ["<|tool_call>", "<|channel>"]})
+    tools = ToolPlan("gemma4", check_tools([WEATHER]), ToolChoice("auto"))
+    plain = ToolPlan("gemma4", [], ToolChoice("auto"))
+    assert tools.keeps_special_tokens(gemma_like) and plain.keeps_special_tokens(gemma_like, "gemma4")
+    assert not plain.keeps_special_tokens(gemma_like) and not plain.keeps_special_tokens(gemma_like, "qwen3")
+    assert not tools.keeps_special_tokens(tokenizer, "gemma4")  # plain text in the default model's vocabulary
 
 
 def test_the_generic_format_describes_tools_and_history_as_plain_turns(tokenizer) -> None:

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from worker.openai.tools.events import ContentDelta, ToolCallArguments, ToolCallStarted, fold_calls, fold_text
+from worker.openai.tools.gemma4 import Gemma4Parser
 from worker.openai.tools.generic import GenericParser
 from worker.openai.tools.hermes import HermesParser
 from worker.openai.tools.llama3_json import Llama3JsonParser
@@ -68,6 +69,20 @@ CASES = [
      '[ARGS]{}',
      "I will check both.", [("get_current_weather", {"location": "Paris, France"}), ("get_time", {})]),
     (MistralParser, "No tools needed [TOOL", "No tools needed [TOOL", []),
+    # Gemma 4: call:NAME{key:value} per <|tool_call>, strings in <|"|> (commas, braces, quotes, markup inside),
+    # bare keys, numbers and literals, nested objects and arrays, several calls in a row; <|tool_response> after.
+    (Gemma4Parser,
+     'Checking both.<|tool_call>call:get_weather{location:<|"|>Paris, {FR} "centre" <tool_call|> \\o/<|"|>,'
+     'days:[1,-2.5,3e2],opts:{deep:{on:true,off:false,none:null},list:[{a:<|"|>x<|"|>},[]]}}<tool_call|>'
+     '<|tool_call>call:get_time{<|"|>time zone<|"|>:<|"|>CET<|"|>}<tool_call|><|tool_response>',
+     "Checking both.", [("get_weather", {"location": 'Paris, {FR} "centre" <tool_call|> \\o/', "days": [1, -2.5, 300.0],
+                                         "opts": {"deep": {"on": True, "off": False, "none": None},
+                                                  "list": [{"a": "x"}, []]}}),
+                        ("get_time", {"time zone": "CET"})]),
+    (Gemma4Parser, '<|tool_call>call:get_time{}<tool_call|>\n<|tool_call>call:f{s:<|"|>a<b <|x<|"|>,n:007}<tool_call|>',
+     None, [("get_time", {}), ("f", {"s": "a<b <|x", "n": 7})]),
+    (Gemma4Parser, "Almost a call: <|tool_c", "Almost a call: <|tool_c", []),
+    (Gemma4Parser, "<|tool_call>not a call<tool_call|> and more", "<|tool_call>not a call<tool_call|> and more", []),
 ]
 
 
@@ -105,7 +120,8 @@ def test_streamed_at_every_split_the_deltas_join_into_the_whole_answer(cls, text
         assert ((got_content or None) if got_calls else got_content,
                 [(c.name, c.arguments) for c in got_calls]) == whole, pieces
         if calls:  # no piece of the markup reaches the content
-            for marker in ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", '"name"'):
+            for marker in ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", '"name"',
+                           "<|tool_call>", "<tool_call|>", '<|"|>', "call:"):
                 assert marker not in got_content
         # Each call opens once, with its name, before any of its arguments.
         opened: set[int] = set()
@@ -154,6 +170,7 @@ C_CALL = f'{{"name": "get_weather", "arguments": {C_ARGS}}}'
 F_CALL = f'{{"name": "get_weather", "arguments": {F_ARGS}}}'
 C_AGAIN = C_CALL.replace(", ", ",\n    ")  # the same call, spaced otherwise
 L_C, L_F, L_AGAIN = (c.replace('"arguments"', '"parameters"') for c in (C_CALL, F_CALL, C_AGAIN))
+G_CALL = '<|tool_call>call:get_weather{{city:<|"|>Paris<|"|>,unit:<|"|>{}<|"|>}}<tool_call|>'
 # (parser, answer whose third call repeats the first, that repeat): the default model's loop, in each format.
 REPEATS = [
     (HermesParser, "\n".join(f"<tool_call>\n{c}\n</tool_call>" for c in (C_CALL, F_CALL, C_AGAIN, F_CALL)), C_AGAIN),
@@ -161,6 +178,8 @@ REPEATS = [
     (MistralParser, f"[TOOL_CALLS] [{C_CALL}, {F_CALL}, {C_AGAIN}, {F_CALL}]", C_AGAIN),
     (MistralParser, "".join(f"[TOOL_CALLS]get_weather[ARGS]{a}" for a in (C_ARGS, F_ARGS, C_ARGS, F_ARGS)),
      f"[TOOL_CALLS]get_weather[ARGS]{C_ARGS}"),
+    (Gemma4Parser, "".join(G_CALL.format(u) for u in ("celsius", "fahrenheit", "celsius", "fahrenheit")),
+     G_CALL.format("celsius").removesuffix("<tool_call|>")),
 ]
 
 
@@ -206,3 +225,15 @@ def test_a_call_past_max_calls_ends_the_answer_once_it_is_named() -> None:
     assert not parser.done
     events += parser.push(text[named - 1:named]) + parser.push(text[named:]) + parser.finish()
     assert parser.done and [c.name for c in fold_calls(events)] == ["a", "b"]
+
+
+def test_gemma4_arguments_stream_as_they_are_written() -> None:
+    text = '<|tool_call>call:f{text:<|"|>a long argument<|"|>,n:12}<tool_call|>'
+    parser = Gemma4Parser()
+    events = [e for ch in text for e in parser.push(ch)] + parser.finish()
+    fragments = [e.fragment for e in events if isinstance(e, ToolCallArguments)]
+    assert len(fragments) > 10 and "".join(fragments) == '{"text": "a long argument", "n": 12}'
+    assert isinstance(events[0], ToolCallStarted) and events[0].name == "f"
+    # Cut short inside a string: what was written stays, as for the JSON formats.
+    content, calls = Gemma4Parser.parse('<|tool_call>call:f{q:<|"|>Par')
+    assert content is None and [(c.name, c.arguments) for c in calls] == [("f", '{"q": "Par')]

@@ -117,7 +117,7 @@ def tool_params(params: SamplingParams, plan: ToolPlan, runtime: Runtime, constr
     """The sampling parameters with what the tool calls need: their grammar, special tokens kept in the text
     when the format's markup is one, and the answer's end where its parser takes no further call."""
     changes: dict[str, Any] = {}
-    if plan.keeps_special_tokens(runtime.tokenizer):
+    if plan.keeps_special_tokens(runtime.tokenizer, output.reasoning):
         changes["skip_special_tokens"] = False
     if output.tool_parser is not None:
         changes["stop_reader"] = output.end_reader

@@ -77,7 +77,7 @@ class OutputStream:
 
     def __init__(self, fmt: OutputFormat) -> None:
         self.format = fmt
-        self.reasoning = ReasoningParser(fmt.in_reasoning) if fmt.reasoning else None
+        self.reasoning = ReasoningParser(fmt.in_reasoning, fmt.reasoning) if fmt.reasoning else None
         self.tools = fmt.tool_parser(fmt.parallel, fmt.max_calls) if fmt.tool_parser else None
         self.called = False  # some call started
 

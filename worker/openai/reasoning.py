@@ -1,10 +1,13 @@
-"""Reasoning output: `<think> ... </think>` split from the answer, the way the template set it up.
+"""Reasoning output: the model's thinking split from its answer, the way the template set it up.
 
-Qwen3 writes `<think>` itself (unless its template opened it in the prompt, as the 2507 thinking models'
-do, or closed it empty for `enable_thinking: false`); DeepSeek-R1's template pre-fills `<think>`, and its
-older distills write no opening tag at all. So whether an answer starts inside the reasoning is read
-from the end of the rendered prompt, and `deepseek_r1` assumes it does when the prompt does not say.
-The parser is picked from the chat template (it mentions `<think>`), or set by REASONING_PARSER.
+Qwen3 writes `<think> ... </think>` itself (unless its template opened it in the prompt, as the 2507 thinking
+models' do, or closed it empty for `enable_thinking: false`); DeepSeek-R1's template pre-fills `<think>`, and
+its older distills write no opening tag at all. Gemma 4 thinks in a channel, `<|channel>thought\n ...
+<channel|>` (its template turns thinking on with `<|think|>` in the system turn, and pre-fills the channel
+closed and empty when thinking is off); the `thought` label is markup, not reasoning. So whether an answer
+starts inside the reasoning is read from the end of the rendered prompt, and `deepseek_r1` assumes it does
+when the prompt does not say. The parser is picked from the chat template (the tags it mentions), or set by
+REASONING_PARSER.
 """
 
 from __future__ import annotations
@@ -14,9 +17,22 @@ from typing import Literal
 
 from worker.openai.tools.parser import held_prefix
 
-OPEN = "<think>"
-CLOSE = "</think>"
-KINDS = ("qwen3", "deepseek_r1")
+
+@dataclass(frozen=True)
+class Tags:
+    """How a family marks its reasoning: `open` and `close` around it, `label` right after `open` (markup)."""
+
+    open: str
+    close: str
+    label: str = ""
+
+
+THINK = Tags("<think>", "</think>")
+CHANNEL = Tags("<|channel>", "<channel|>", "thought\n")
+TAGS = {"qwen3": THINK, "deepseek_r1": THINK, "gemma4": CHANNEL}
+KINDS = tuple(TAGS)
+OPEN, CLOSE = THINK.open, THINK.close
+_GEMMA4_MARKER = CHANNEL.open + "thought"
 
 Part = Literal["reasoning", "content", "markup"]
 
@@ -33,23 +49,27 @@ def pick_reasoning(template: str | None, override: str | None) -> str | None:
     """The reasoning parser for a chat template: REASONING_PARSER when set ("none" turns it off), else by the tags."""
     if override and override != "auto":
         return None if override == "none" else override
+    if template and _GEMMA4_MARKER in template:
+        return "gemma4"
     if not template or OPEN not in template:
         return None
     return "deepseek_r1" if "<｜Assistant｜>" in template else "qwen3"
 
 
 def starts_in_reasoning(kind: str, prompt: str) -> bool:
-    """Whether the answer begins inside the reasoning: the prompt left `<think>` open (or, for DeepSeek-R1,
-    did not close one)."""
+    """Whether the answer begins inside the reasoning: the prompt left it open (or, for DeepSeek-R1, did not
+    close it)."""
+    tags = TAGS.get(kind, THINK)
     tail = prompt.rstrip()
-    if tail.endswith(OPEN):
+    if tail.endswith(tags.open) or (tags.label and tail.endswith(tags.open + tags.label.rstrip())):
         return True
     return kind == "deepseek_r1" and not tail.endswith(CLOSE)
 
 
 def closes_reasoning(prompt: str) -> bool:
-    """Whether the prompt ends by closing the reasoning (Qwen3's template with enable_thinking false)."""
-    return prompt.rstrip().endswith(CLOSE)
+    """Whether the prompt ends by closing the reasoning (Qwen3's and Gemma 4's templates with thinking off)."""
+    tail = prompt.rstrip()
+    return any(tail.endswith(tags.close) for tags in TAGS.values())
 
 
 class ReasoningParser:
@@ -59,7 +79,8 @@ class ReasoningParser:
     token counting reads it.
     """
 
-    def __init__(self, in_reasoning: bool) -> None:
+    def __init__(self, in_reasoning: bool, kind: str = "qwen3") -> None:
+        self.tags = TAGS.get(kind, THINK)
         self.state = "open" if in_reasoning else "start"
         self.buffer = ""
         self.seen = 0  # characters of the text consumed
@@ -73,7 +94,8 @@ class ReasoningParser:
     def finish(self) -> list[Piece]:
         pieces = self._run(final=True)
         if self.buffer:
-            pieces.append(Piece("reasoning" if self.state in ("open", "reasoning") else "content", self.buffer))
+            pieces.append(Piece("reasoning" if self.state in ("open", "label", "reasoning") else "content",
+                                self.buffer))
             self._take(len(self.buffer))
         return [p for p in pieces if p.text]
 
@@ -84,25 +106,32 @@ class ReasoningParser:
 
     def _run(self, final: bool) -> list[Piece]:
         pieces: list[Piece] = []
+        tags = self.tags
         while self.buffer:
             stripped = self.buffer.lstrip()
             if self.state in ("start", "open"):
                 # The first thing written may (again) be the opening tag.
-                if stripped.startswith(OPEN):
-                    pieces.append(Piece("markup", self._take(len(self.buffer) - len(stripped) + len(OPEN))))
-                    self.state, self.had_reasoning = "reasoning", True
-                elif not final and (not stripped or OPEN.startswith(stripped)):
+                if stripped.startswith(tags.open):
+                    pieces.append(Piece("markup", self._take(len(self.buffer) - len(stripped) + len(tags.open))))
+                    self.state, self.had_reasoning = "label" if tags.label else "reasoning", True
+                elif not final and (not stripped or tags.open.startswith(stripped)):
                     break
                 else:
                     self.state = "reasoning" if self.state == "open" else "content"
+            elif self.state == "label":
+                if self.buffer.startswith(tags.label):
+                    pieces.append(Piece("markup", self._take(len(tags.label))))
+                elif not final and tags.label.startswith(self.buffer):
+                    break
+                self.state = "reasoning"
             elif self.state == "reasoning":
-                at = self.buffer.find(CLOSE)
+                at = self.buffer.find(tags.close)
                 if at < 0:
-                    keep = 0 if final else held_prefix(self.buffer, (CLOSE,))
+                    keep = 0 if final else held_prefix(self.buffer, (tags.close,))
                     pieces.append(Piece("reasoning", self._take(len(self.buffer) - keep)))
                     break
                 pieces.append(Piece("reasoning", self._take(at)))
-                pieces.append(Piece("markup", self._take(len(CLOSE))))
+                pieces.append(Piece("markup", self._take(len(tags.close))))
                 self.end = self.seen
                 self.state = "after"
             elif self.state == "after":

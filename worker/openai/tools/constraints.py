@@ -6,7 +6,12 @@ xgrammar structural tag (engine.sample.structured runs it).
 - "auto": free text until the format's call opening (`<tool_call>`, `{"name": `), then calls only (one with
   parallel_tool_calls false) until the answer ends: text after calls is no part of the answer anyway.
   Mistral's `[TOOL_CALLS]` is a special token the grammar cannot offer, so Mistral's "auto" stays free
-  unless a tool is `strict` (then the opening is spelled out in plain tokens).
+  unless a tool is `strict` (then the opening is spelled out in plain tokens). So is Gemma 4's `<|tool_call>`.
+
+Gemma 4's arguments are not JSON: they are held to a grammar of their own (worker/openai/tools/gemma4_grammar.py).
+NOTE: Gemma 4's markup (`<|tool_call>`, the `<|"|>` quote) is special tokens in its vocabulary, which grammars
+never offer (engine.sample.structured.compiler blanks special tokens): a forced call is spelled out in plain
+tokens, which the parser reads the same but which the model saw no calls written in.
 
 Arguments are always held to the tool's `parameters` (xgrammar's schemas are strict: no properties beyond
 the listed ones). A schema the grammar engine cannot enforce is a 400 for a `strict` tool; for other tools
@@ -23,9 +28,9 @@ from engine.errors import InvalidRequest
 from engine.sample.structured.rewrite import lengths_as_patterns
 from engine.sample.structured.spec import StructuredSpec, check_schema
 from worker.openai.errors import BadRequest
-from worker.openai.reasoning import CLOSE as THINK_CLOSE
-from worker.openai.reasoning import OPEN as THINK_OPEN
+from worker.openai.reasoning import TAGS, THINK
 from worker.openai.tools.definitions import Tool
+from worker.openai.tools.gemma4_grammar import arguments_content
 from worker.openai.tools.plan import ToolPlan
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -50,6 +55,7 @@ LLAMA3 = CallMarkup('{{"name": {name}, "parameters": ', "}", '{"name": ', "; ")
 MISTRAL_V11 = CallMarkup("[TOOL_CALLS]{bare}[ARGS]", "", "[TOOL_CALLS]", "", special_trigger=True)
 MISTRAL_V3 = CallMarkup('{{"name": {name}, "arguments": ', "}", "[TOOL_CALLS]", ", ", special_trigger=True)
 MISTRAL_V3_LIST = ("[TOOL_CALLS] [", "]")
+GEMMA4 = CallMarkup("<|tool_call>call:{bare}", "<tool_call|>", "<|tool_call>", "", special_trigger=True)
 
 
 def markup(plan: ToolPlan, template: str) -> CallMarkup:
@@ -57,6 +63,8 @@ def markup(plan: ToolPlan, template: str) -> CallMarkup:
         return HERMES
     if plan.format == "llama3_json":
         return LLAMA3
+    if plan.format == "gemma4":
+        return GEMMA4
     return MISTRAL_V11 if "[ARGS]" in template else MISTRAL_V3
 
 
@@ -72,7 +80,7 @@ def tool_constraint(plan: ToolPlan, template: str, reasoning: str | None = None,
     if mode == "auto" and style.special_trigger and not any(t.strict for _, t in tools):
         return None
     once = mode == "named" or not plan.parallel
-    specs = [(_begin(style, tool), _schema(tool, i)) for i, tool in tools]
+    specs = [(_begin(style, tool), _content(style, tool, i)) for i, tool in tools]
     if mode == "auto":
         # Free text until the call markup opens; the calls then run to their end, and so does the answer.
         fmt: dict[str, Any] = {"type": "dispatch", "rules": [[style.trigger, _calls(style, specs, once)]],
@@ -81,7 +89,7 @@ def tool_constraint(plan: ToolPlan, template: str, reasoning: str | None = None,
         fmt = _calls(style, specs, once, opened=False)
     if reasoning is not None:
         spacing = {"type": "regex", "pattern": rf"\s{{0,{MAX_WHITESPACE}}}"}
-        fmt = {"type": "sequence", "elements": [_reasoning(in_reasoning), spacing, fmt]}
+        fmt = {"type": "sequence", "elements": [_reasoning(in_reasoning, reasoning), spacing, fmt]}
     value = json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
     return StructuredSpec("structural_tag", value, param="tools")
 
@@ -90,8 +98,14 @@ def _begin(style: CallMarkup, tool: Tool) -> str:
     return style.begin.format(name=json.dumps(tool.name, ensure_ascii=False), bare=tool.name)
 
 
-def _tag(begin: str, schema: dict[str, Any], end: str) -> dict[str, Any]:
-    arguments = {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_WHITESPACE}
+def _content(style: CallMarkup, tool: Tool, index: int) -> dict[str, Any]:
+    """What a call's arguments are held to: the tool's schema, as JSON or in Gemma 4's syntax."""
+    if style is GEMMA4:
+        return arguments_content(tool, index)
+    return {"type": "json_schema", "json_schema": _schema(tool, index), "max_whitespace_cnt": MAX_WHITESPACE}
+
+
+def _tag(begin: str, arguments: dict[str, Any], end: str) -> dict[str, Any]:
     return {"type": "tag", "begin": begin, "content": arguments, "end": end}
 
 
@@ -100,18 +114,18 @@ def _calls(style: CallMarkup, tools: list[tuple[str, dict[str, Any]]], once: boo
     """One call or more (one when `once`) in the style's markup. `opened`: the trigger was already written, so the
     first call starts after it."""
     if style is MISTRAL_V3:  # the calls are objects in one list after the trigger
-        objects = [_tag(begin, schema, style.end) for begin, schema in tools]
+        objects = [_tag(begin, arguments, style.end) for begin, arguments in tools]
         listed = {"type": "tags_with_separator", "tags": objects, "separator": style.separator, "at_least_one": True,
                   "stop_after_first": once}
         begin, end = MISTRAL_V3_LIST
         return {"type": "tag", "begin": begin[len(style.trigger):] if opened else begin, "content": listed, "end": end}
-    whole = [_tag(begin, schema, style.end) for begin, schema in tools]
+    whole = [_tag(begin, arguments, style.end) for begin, arguments in tools]
     separated = {"type": "tags_with_separator", "tags": whole, "separator": style.separator, "at_least_one": True,
                  "stop_after_first": once}
     if not opened:
         return separated
-    first = {"type": "or", "elements": [_tag(begin[len(style.trigger):], schema, style.end)
-                                        for begin, schema in tools]}
+    first = {"type": "or", "elements": [_tag(begin[len(style.trigger):], arguments, style.end)
+                                        for begin, arguments in tools]}
     if once:
         return first
     more = separated if not style.separator else {
@@ -131,9 +145,10 @@ def _schema(tool: Tool, index: int) -> dict[str, Any]:
     return lengths_as_patterns(schema)  # as the engine does for JSON schemas: the same language, cheaper masks
 
 
-def _reasoning(in_reasoning: bool) -> dict[str, Any]:
+def _reasoning(in_reasoning: bool, kind: str) -> dict[str, Any]:
     """The reasoning before forced calls: closing the block the prompt opened, or an optional whole one."""
+    tags = TAGS.get(kind, THINK)
     if in_reasoning:
-        return {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": THINK_CLOSE}
-    return {"type": "optional", "content": {"type": "tag", "begin": THINK_OPEN, "content": {"type": "any_text"},
-                                            "end": THINK_CLOSE}}
+        return {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": tags.close}
+    return {"type": "optional", "content": {"type": "tag", "begin": tags.open, "content": {"type": "any_text"},
+                                            "end": tags.close}}

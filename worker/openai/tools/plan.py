@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from worker.openai.reasoning import TAGS
 from worker.openai.tools.definitions import Tool, ToolChoice
 from worker.openai.tools.parser import ToolParser
 from worker.openai.tools.prompt import generic_messages, template_messages
@@ -38,15 +39,16 @@ class ToolPlan:
             return generic_messages(messages, tools, self.parallel, self.choice, system_turn), None
         return template_messages(messages, short_ids=self.format == "mistral"), [t.spec for t in tools] or None
 
-    def keeps_special_tokens(self, tokenizer: Any) -> bool:
-        """Whether the answer must keep special tokens for the parser to see its markup (Mistral's [TOOL_CALLS]
-        and Llama's <|python_tag|> are special tokens in their vocabularies)."""
+    def keeps_special_tokens(self, tokenizer: Any, reasoning: str | None = None) -> bool:
+        """Whether the answer must keep special tokens for the parsers to see its markup (Mistral's [TOOL_CALLS],
+        Llama's <|python_tag|>, Gemma 4's <|tool_call>, and Gemma 4's <|channel> around its reasoning are special
+        tokens in their vocabularies). `reasoning`: the answer's reasoning parser."""
         parser = self.parser
-        if parser is None:
-            return False
+        markers = (parser.openers if parser is not None else ()) + (
+            (TAGS[reasoning].open,) if reasoning in TAGS else ())
         encoder = getattr(tokenizer, "added_tokens_encoder", None) or {}
         decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-        for marker in parser.openers:
+        for marker in markers:
             token_id = encoder.get(marker)
             if token_id is not None and getattr(decoder.get(token_id), "special", False):
                 return True

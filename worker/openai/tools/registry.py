@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from worker.openai.harmony.encoding import HARMONY_MODEL_TYPES
+from worker.openai.tools.gemma4 import Gemma4Parser
 from worker.openai.tools.generic import GenericParser
 from worker.openai.tools.hermes import HermesParser
 from worker.openai.tools.llama3_json import Llama3JsonParser
@@ -15,14 +16,15 @@ from worker.openai.tools.mistral import MistralParser
 from worker.openai.tools.parser import ToolParser
 
 PARSERS: dict[str, type[ToolParser]] = {
-    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser, GenericParser)
+    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser, Gemma4Parser, GenericParser)
 }
 # Markup each family's template writes when it shows tools or calls, most specific first.
-_MARKERS = (("[TOOL_CALLS]", "mistral"), ("<tool_call>", "hermes"), ("<|python_tag|>", "llama3_json"),
-            ("dictionary of argument name and its value", "llama3_json"))
+_MARKERS = (("[TOOL_CALLS]", "mistral"), ("<|tool_call>", "gemma4"), ("<tool_call>", "hermes"),
+            ("<|python_tag|>", "llama3_json"), ("dictionary of argument name and its value", "llama3_json"))
 # For templates that take tools but show no markup the worker knows: the family's own format.
 _FAMILIES = {"qwen2": "hermes", "qwen2_moe": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes",
-             "llama": "llama3_json", "mistral": "mistral", "mixtral": "mistral"}
+             "llama": "llama3_json", "mistral": "mistral", "mixtral": "mistral", "gemma4": "gemma4",
+             "gemma4_text": "gemma4"}
 _USES_TOOLS = re.compile(r"\btools\b")
 
 
