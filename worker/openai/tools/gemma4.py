@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from worker.openai.tools.events import Event
 from worker.openai.tools.gemma4_values import ArgumentsReader
-from worker.openai.tools.parser import ToolParser, held_prefix
+from worker.openai.tools.parser import ToolParser
 
 OPEN = "<|tool_call>"
 CLOSE = "<tool_call|>"
@@ -60,7 +60,7 @@ class Gemma4Parser(ToolParser):
             return False
         name = head[len(CALL):].strip() if fits else ""
         if brace < 0 or not _NAME.fullmatch(name):
-            return self._no_call(final, events)
+            return self.end_at(CLOSE, final, events)
         self.consume(brace)
         self.start_call(name, events)
         self._arguments = ArgumentsReader()
@@ -76,25 +76,11 @@ class Gemma4Parser(ToolParser):
             self.phase = "close"
             return True
         if reader.broken:  # the syntax broke off: the call ends with what it had, at its closing token
-            return self._no_call(final, events)
+            return self.end_at(CLOSE, final, events)
         return False
 
-    def _no_call(self, final: bool, events: list[Event]) -> bool:
-        """Markup that is no (whole) call: it runs to its closing token, or to the end of the text."""
-        close = self.buffer.find(CLOSE)
-        if close < 0 and not final:
-            return False
-        self.consume(len(self.buffer) if close < 0 else close + len(CLOSE))
-        self.close_call(None, events)
-        self.phase = "between"
-        return True
-
     def _between(self, final: bool) -> bool:
-        at = self.buffer.find(OPEN)
-        if at >= 0:
-            self.consume(at + len(OPEN))
+        if self.past_opener(OPEN, final):
             self.phase = "head"
             return True
-        keep = 0 if final else held_prefix(self.buffer, (OPEN,))
-        self.consume(len(self.buffer) - keep)  # text after the calls is not part of the answer
         return False

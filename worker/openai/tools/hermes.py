@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from worker.openai.tools.events import Event
-from worker.openai.tools.parser import ToolParser, held_prefix
+from worker.openai.tools.parser import ToolParser
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -42,7 +42,7 @@ class HermesParser(ToolParser):
         if not self.buffer:
             return False
         if not self.buffer.startswith("{"):
-            return self._no_object(final, events)
+            return self.end_at(CLOSE, final, events)
         read = self.read_object(final, events)
         if read.end is not None:
             self.consume(read.end)
@@ -56,22 +56,9 @@ class HermesParser(ToolParser):
             return True
         return False
 
-    def _no_object(self, final: bool, events: list[Event]) -> bool:
-        close = self.buffer.find(CLOSE)
-        if close < 0 and not final:
-            return False
-        self.consume(len(self.buffer) if close < 0 else close + len(CLOSE))
-        self.close_call(None, events)
-        self.phase = "between"
-        return True
-
     def _between(self, final: bool) -> bool:
-        at = self.buffer.find(OPEN)
-        if at >= 0:
-            self.consume(at + len(OPEN))
+        if self.past_opener(OPEN, final):
             self.phase = "body"
             self.new_object(CLOSE)
             return True
-        keep = 0 if final else held_prefix(self.buffer, (OPEN,))
-        self.consume(len(self.buffer) - keep)  # text after the calls is not part of the answer
         return False

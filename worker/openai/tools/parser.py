@@ -225,6 +225,27 @@ class ToolParser:
         if not self.parallel:
             self.done = True
 
+    def end_at(self, close: str, final: bool, events: list[Event]) -> bool:
+        """Markup that is no (whole) call runs to its closing `close`, or to the end of the text, and ends the call
+        there; False while the text may still bring `close`."""
+        at = self.buffer.find(close)
+        if at < 0 and not final:
+            return False
+        self.consume(len(self.buffer) if at < 0 else at + len(close))
+        self.close_call(None, events)
+        self.phase = "between"
+        return True
+
+    def past_opener(self, opener: str, final: bool) -> bool:
+        """Between calls: consume through the next `opener` (True); without one the text so far is dropped, as text
+        after the calls is not part of the answer, all but what may begin `opener`."""
+        at = self.buffer.find(opener)
+        if at >= 0:
+            self.consume(at + len(opener))
+            return True
+        self.consume(len(self.buffer) - (0 if final else held_prefix(self.buffer, (opener,))))
+        return False
+
     def not_a_call(self, events: list[Event]) -> None:
         """The markup read since the opener was no call: content again before any call, dropped after one."""
         raw, self._raw = self._raw, ""
