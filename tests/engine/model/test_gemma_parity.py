@@ -1,6 +1,7 @@
 """Gemma 2 and Gemma 3 text against transformers in float32 on tiny random checkpoints: logits on several prompt
 lengths, decode past the sliding window, and the engine's greedy answers batched (chunked prefill, prefix hits)
-equal to each alone and to transformers. A Gemma3ForConditionalGeneration folder serves its text model alone.
+equal to each alone and to transformers, and the same after preemption with prefix caching off. A
+Gemma3ForConditionalGeneration folder serves its text model alone.
 
 The tiny configs make every Gemma extra bite: query_pre_attn_scalar != head_dim, attention and final soft-caps
 small enough to cap (checked against the same weights without them), a window of 8 tokens, a linear rope scaling
@@ -18,6 +19,7 @@ from engine.core.kv_spec import KVGroupSpec
 from engine.model.loader import check_checkpoint
 from tests.engine.model.family_parity import (
     check_engine_greedy,
+    check_preemption,
     check_prefill_and_decode,
     load_family,
     reference_logits,
@@ -99,3 +101,7 @@ def test_prefill_lengths_and_decode_past_the_window(gemma):
 def test_engine_greedy_equals_transformers_batched_and_solo(gemma):
     assert tiny_engine(gemma.path).describe()["kv_groups"] == ",".join(g.label for g in GROUPS[gemma.kind])
     check_engine_greedy(gemma.path, gemma.hf)
+
+
+def test_preemption_recomputes_the_same_tokens(gemma):
+    check_preemption(gemma.path)
