@@ -41,13 +41,7 @@ class Gemma4Parser(ToolParser):
         if self.phase == "arguments":
             return self._read_arguments(final, events)
         if self.phase == "close":
-            self.skip_space()
-            if self.buffer.startswith(CLOSE):
-                self.consume(len(CLOSE))
-            elif CLOSE.startswith(self.buffer) and not final:
-                return False
-            self.phase = "between"  # a missing closing token is forgiven
-            return True
+            return self.past_close(CLOSE, final)
         return self._between(final)
 
     def _head(self, final: bool, events: list[Event]) -> bool:

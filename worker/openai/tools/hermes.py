@@ -28,13 +28,7 @@ class HermesParser(ToolParser):
         if self.phase == "between":
             return self._between(final)
         if self.phase == "close":
-            self.skip_space()
-            if self.buffer.startswith(CLOSE):
-                self.consume(len(CLOSE))
-            elif CLOSE.startswith(self.buffer) and not final:
-                return False
-            self.phase = "between"  # a missing closing tag is forgiven
-            return True
+            return self.past_close(CLOSE, final)
         return self._body(final, events)
 
     def _body(self, final: bool, events: list[Event]) -> bool:

@@ -236,6 +236,17 @@ class ToolParser:
         self.phase = "between"
         return True
 
+    def past_close(self, close: str, final: bool) -> bool:
+        """After a call's object: consume its closing `close` (a missing one is forgiven) and go between calls;
+        False while the text may still bring it."""
+        self.skip_space()
+        if self.buffer.startswith(close):
+            self.consume(len(close))
+        elif close.startswith(self.buffer) and not final:
+            return False
+        self.phase = "between"
+        return True
+
     def past_opener(self, opener: str, final: bool) -> bool:
         """Between calls: consume through the next `opener` (True); without one the text so far is dropped, as text
         after the calls is not part of the answer, all but what may begin `opener`."""
