@@ -99,7 +99,7 @@ def render_with_tools(runtime: Runtime, messages: list[Any], *, tools: list[Any]
     checked = check_tools(tools)
     plan = ToolPlan(tool_format, checked, check_tool_choice(tool_choice, checked), parallel)
     template = runtime.template_for(chat_template)
-    system_turn = plan.format != "generic" or not template or takes_system_turn(runtime.tokenizer, template)
+    system_turn = plan.format != "generic" or not plan.active or takes_system_turn(runtime.tokenizer, template)
     shown, template_tools = plan.template_inputs(template_messages(messages), system_turn)
     prompt = render_chat(runtime.tokenizer, shown, chat_template=chat_template or runtime.settings.custom_chat_template,
                          tools=template_tools, **render)

@@ -46,7 +46,10 @@ _TAKES_SYSTEM: dict[str, bool] = {}  # template text -> whether it renders a sys
 
 
 def takes_system_turn(tokenizer: Any, template: str) -> bool:
-    """Whether `template` renders a leading system turn (Gemma 2's raises instead), tried once per template."""
+    """Whether `template` renders a leading system turn (Gemma 2's raises instead), tried once per template. No
+    template: True (render_chat says it is missing)."""
+    if not template:
+        return True
     if template not in _TAKES_SYSTEM:
         probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
         try:
