@@ -116,10 +116,15 @@ async def one_request(client, model: str, index: int, tokens: int) -> dict:
 
 async def run_level(base: str, model: str, clients: int, tokens: int, requests: int) -> dict:
     """`clients` concurrent streams until `requests` requests are done; tokens/s over the whole run."""
-    from openai import AsyncOpenAI
+    import httpx2
+    from openai import AsyncOpenAI, DefaultAsyncHttpx2Client
 
+    # NOTE: a connection per request. llama-server sometimes closes a kept-alive connection as the next request
+    # goes out on it ("Server disconnected without sending a response", seen here), and a retry would add the
+    # SDK's back-off to that side's time.
+    http = DefaultAsyncHttpx2Client(limits=httpx2.Limits(max_keepalive_connections=0))
     client = AsyncOpenAI(base_url=base, api_key=os.environ.get("RUNPOD_API_KEY", "none"), max_retries=0,
-                         timeout=600, http_client=None)
+                         timeout=600, http_client=http)
     queue = list(range(requests))
     results = []
 
