@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-from concurrent.futures import FIRST_COMPLETED, Future
-from concurrent.futures import wait as wait_futures
 from itertools import count
 
 import torch
@@ -14,6 +12,7 @@ from engine.attention.kv_quant import resolve_kv_dtype
 from engine.config import EngineConfig
 from engine.core import kv_sizing
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
+from engine.core.grammar_wait import GrammarWait
 from engine.core.kv_cache import PageAllocator, PagePool
 from engine.core.kv_manager import KVCacheManager
 from engine.core.kv_spec import describe_groups, graphs_blocker
@@ -41,8 +40,6 @@ log = logging.getLogger(__name__)
 # CPU default pool: room for max_num_seqs requests of this many tokens, but at most CPU_KV_BYTES.
 CPU_CONTEXT_PER_SEQ = 2048
 CPU_KV_BYTES = 1 << 30
-# How long an idle step waits for a grammar compile before it returns (and the caller's loop looks again).
-COMPILE_POLL_S = 0.02
 
 
 class LLMEngine:
@@ -98,11 +95,9 @@ class LLMEngine:
         self.processor = OutputProcessor(self.tokenizer, self.max_model_len, lambda: next(self._seq_ids))
         self._groups: dict[str, SequenceGroup] = {}
         self._failures: list[tuple[str, Exception]] = []
-        # Grammars are compiled off the engine loop; a request waits here, outside the scheduler, until its
-        # grammar is ready, while the others go on decoding.
         self.grammars = GrammarCache(self.tokenizer, self.spec.vocab_size, sorted(self.spec.eos_token_ids),
                                      threads=2 if self.device.type == "cpu" else 8)
-        self._compiling: dict[str, tuple[SequenceGroup, Future]] = {}
+        self._compiling = GrammarWait()
 
     @property
     def pool(self) -> PagePool:  # the first KV group's (a full-attention model's only one)
@@ -173,7 +168,7 @@ class LLMEngine:
         elif request.grammar.done():
             self._start_grammar(group, request.grammar.result())
         else:
-            self._compiling[request_id] = (group, request.grammar)
+            self._compiling.add(request_id, group, request.grammar)
 
     def _start_grammar(self, group: SequenceGroup, compiled: object) -> None:
         """One matcher per choice (n, best_of) or for the first beam (beams fork theirs); then schedule."""
@@ -183,15 +178,7 @@ class LLMEngine:
 
     def _admit_compiled(self) -> None:
         """Requests whose grammar finished compiling join the scheduler, or fail alone if it did not compile."""
-        if not self._compiling:
-            return
-        if not self.scheduler.has_work():
-            # Nothing else to run: wait a little for a compile instead of spinning.
-            wait_futures([f for _, f in self._compiling.values()], timeout=COMPILE_POLL_S, return_when=FIRST_COMPLETED)
-        for request_id, (group, future) in list(self._compiling.items()):
-            if not future.done():
-                continue
-            del self._compiling[request_id]
+        for group, future in self._compiling.finished(idle=not self.scheduler.has_work()):
             try:
                 compiled = future.result()
             except Exception as exc:
@@ -204,7 +191,7 @@ class LLMEngine:
         group = self._groups.pop(request_id, None)
         if group is None:
             return None
-        self._compiling.pop(request_id, None)
+        self._compiling.drop(request_id)
         self.scheduler.remove(group)
         return self.processor.abort(group)
 
@@ -225,7 +212,7 @@ class LLMEngine:
     def _fail(self, group: SequenceGroup, exc: Exception) -> None:
         log.error("request %s failed: %r", group.request_id, exc)
         if self._groups.pop(group.request_id, None) is not None:
-            self._compiling.pop(group.request_id, None)
+            self._compiling.drop(group.request_id)
             self.scheduler.remove(group)
             self._failures.append((group.request_id, exc))
 
