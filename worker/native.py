@@ -19,10 +19,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from engine.sample.params import SamplingParams
-from worker.openai.chat import render_with_tools, tool_params
 from worker.openai.chat_deltas import delta_dicts
 from worker.openai.chat_output import OutputFormat, OutputStream
 from worker.openai.chat_template import render_chat
+from worker.openai.chat_tools import render_with_tools, tool_params
 from worker.openai.errors import BadRequest
 from worker.openai.generation import start
 from worker.openai.models import resolve_model
@@ -78,7 +78,7 @@ def _prompt(job: NativeJob, runtime: Runtime, params: SamplingParams
     prompt, plan, output, constraint = render_with_tools(runtime, job.messages, tools=job.tools,
                                                          tool_choice=job.tool_choice,
                                                          parallel=job.parallel_tool_calls is not False)
-    return prompt.token_ids, output, tool_params(params, plan, runtime, constraint, output)
+    return prompt.token_ids, output, tool_params(params, plan, runtime, constraint, output, prompt.text)
 
 
 def _prompt_ids(job: NativeJob, runtime: Runtime) -> list[int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -10,10 +9,10 @@ from typing import Any
 
 from engine.outputs import CompletionDelta, CompletionOutput, RequestOutput
 from engine.sample.params import SamplingParams
-from engine.sample.structured.spec import StructuredSpec
 from worker.openai.chat_deltas import delta_dicts
 from worker.openai.chat_output import OutputFormat
-from worker.openai.chat_template import ChatPrompt, render_chat, takes_system_turn, template_messages
+from worker.openai.chat_template import ChatPrompt
+from worker.openai.chat_tools import render_with_tools, tool_params
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, collect, engine_request_id, response_id, start
 from worker.openai.harmony.chat import HarmonyFormat, harmony_request
@@ -21,9 +20,6 @@ from worker.openai.logprobs import chat_logprobs, prompt_logprobs
 from worker.openai.models import resolve_model
 from worker.openai.params import openai_sampling_params
 from worker.openai.protocol import ChatCompletionRequest
-from worker.openai.reasoning import closes_reasoning, starts_in_reasoning
-from worker.openai.tools.constraints import tool_constraint
-from worker.openai.tools.definitions import check_tool_choice, check_tools
 from worker.openai.tools.plan import ToolPlan
 from worker.openai.usage import usage
 from worker.runtime import Runtime
@@ -78,57 +74,12 @@ def chat_call(request: ChatCompletionRequest, runtime: Runtime) -> ChatCall:
             documents=request.documents,
             template_kwargs=request.chat_template_kwargs,
         )
-        params = tool_params(params, plan, runtime, constraint, output)
+        params = tool_params(params, plan, runtime, constraint, output, prompt.text)
     last = prompt.messages[-1]
     role = runtime.settings.response_role
     echo = last["content"] if request.echo and last["role"] == role else ""
     return ChatCall(runtime, request, prompt, params, response_id("chatcmpl", request.request_id),
                     int(time.time()), model, role, echo, plan, output)
-
-
-def render_with_tools(runtime: Runtime, messages: list[Any], *, tools: list[Any] | None, tool_choice: Any,
-                      parallel: bool = True, separate_reasoning: bool = True, chat_template: str | None = None,
-                      **render: Any) -> tuple[ChatPrompt, ToolPlan, OutputFormat, StructuredSpec | None]:
-    """The prompt with the tools shown as the model's format wants them, how its answers are read, and the grammar
-    its calls are held to (None: decoding is free).
-
-    `chat_template` is a request's own template (its formats are read from it); `render` goes to render_chat.
-    """
-    tool_format, reasoning = (runtime.formats_for(chat_template) if chat_template
-                              else (runtime.tool_format, runtime.reasoning_format))
-    checked = check_tools(tools)
-    plan = ToolPlan(tool_format, checked, check_tool_choice(tool_choice, checked), parallel)
-    template = runtime.template_for(chat_template)
-    system_turn = plan.format != "generic" or not plan.active or takes_system_turn(runtime.tokenizer, template)
-    shown, template_tools = plan.template_inputs(template_messages(messages), system_turn)
-    prompt = render_chat(runtime.tokenizer, shown, chat_template=chat_template or runtime.settings.custom_chat_template,
-                         tools=template_tools, **render)
-    in_reasoning = reasoning is not None and starts_in_reasoning(reasoning, prompt.text)
-    output = OutputFormat(plan.parser, plan.parallel, reasoning, in_reasoning, separate_reasoning,
-                          runtime.settings.max_tool_calls_per_answer)
-    # A prompt that closed the reasoning (Qwen3's enable_thinking false) leaves none to wait for before the calls.
-    thinks = None if reasoning is None or closes_reasoning(prompt.text) else reasoning
-    constraint = tool_constraint(plan, template, thinks, in_reasoning)
-    return prompt, plan, output, constraint
-
-
-def tool_params(params: SamplingParams, plan: ToolPlan, runtime: Runtime, constraint: StructuredSpec | None,
-                output: OutputFormat) -> SamplingParams:
-    """The sampling parameters with what the tool calls need: their grammar, special tokens kept in the text
-    when the format's markup is one, and the answer's end where its parser takes no further call."""
-    changes: dict[str, Any] = {}
-    if plan.keeps_special_tokens(runtime.tokenizer, output.reasoning):
-        changes["skip_special_tokens"] = False
-    if output.tool_parser is not None:
-        changes["stop_reader"] = output.end_reader
-    if constraint is not None:
-        if params.structured is None:
-            changes["structured"] = constraint
-        elif plan.choice.mode in ("required", "named"):
-            raise BadRequest(f"tool_choice {plan.choice.mode!r} constrains the answer to tool calls, which conflicts "
-                             f"with the request's {params.structured.param}", param="tool_choice")
-        # With "auto", the request's own constraint wins and calls are read from the free text.
-    return dataclasses.replace(params, **changes) if changes else params
 
 
 async def complete_chat(call: ChatCall) -> dict[str, Any]:

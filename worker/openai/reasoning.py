@@ -12,9 +12,12 @@ REASONING_PARSER.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from engine.sample.structured.spec import StructuredSpec
 from worker.openai.tools.parser import held_prefix
 
 
@@ -70,6 +73,39 @@ def closes_reasoning(prompt: str) -> bool:
     """Whether the prompt ends by closing the reasoning (Qwen3's and Gemma 4's templates with thinking off)."""
     tail = prompt.rstrip()
     return any(tail.endswith(tags.close) for tags in TAGS.values())
+
+
+# Whitespace a constrained answer may put between the reasoning's close and itself (Qwen3 writes two newlines).
+SPACING = 16
+
+
+def before_answer(in_reasoning: bool, kind: str) -> dict[str, Any]:
+    """A structural tag's format for the reasoning a constrained answer may write first, and a little whitespace
+    after its close: the rest of the block the prompt opened, or an optional whole one."""
+    tags = TAGS.get(kind, THINK)
+    block = {"type": "tag", "begin": "" if in_reasoning else tags.open, "content": {"type": "any_text"},
+             "end": tags.close}
+    thought = {"type": "sequence", "elements": [block, spacing()]}
+    return thought if in_reasoning else {"type": "optional", "content": thought}
+
+
+def spacing() -> dict[str, Any]:
+    return {"type": "regex", "pattern": rf"\s{{0,{SPACING}}}"}
+
+
+def after_reasoning(spec: StructuredSpec | None, kind: str | None, in_reasoning: bool, prompt: str
+                    ) -> StructuredSpec | None:
+    """A request's own constraint held from the end of the reasoning the model may write first, as vLLM applies
+    structured outputs only past its reasoning parser's end. Held from the first token, it would keep a thinking
+    model from thinking, and make one whose template opened the reasoning write its answer inside it.
+
+    A regex, grammar or structural tag that spells out the reasoning's close itself covers the reasoning, and is
+    kept as it is (held after the reasoning, it would make the model think twice)."""
+    if spec is None or kind is None or (not in_reasoning and closes_reasoning(prompt)):
+        return spec
+    if spec.kind in ("regex", "grammar", "structural_tag") and TAGS.get(kind, THINK).close in spec.value:
+        return spec
+    return dataclasses.replace(spec, prefix=json.dumps(before_answer(in_reasoning, kind), ensure_ascii=False))
 
 
 class ReasoningParser:

@@ -21,6 +21,7 @@ from worker.openai.errors import BadRequest, ResponseNotFound, error_body, statu
 from worker.openai.generation import Collected, engine_request_id, start
 from worker.openai.models import resolve_model
 from worker.openai.protocol import ChatCompletionRequest
+from worker.openai.reasoning import after_reasoning
 from worker.openai.response_items import chat_messages, chat_tool_choice, chat_tools, input_items, new_id
 from worker.openai.response_object import ResponseCall, final_usage, opening_usage, response_object, usage_object
 from worker.openai.response_output import EventFactory, OutputItems
@@ -76,7 +77,8 @@ def _chat_call(request: ResponsesRequest, conversation: list[dict[str, Any]], ru
         if call.params.structured is not None:
             raise BadRequest(f"only one structured output constraint is allowed per request, got text.format and "
                              f"{call.params.structured.param}", param=call.params.structured.param)
-        call.params = dataclasses.replace(call.params, structured=spec)
+        held = after_reasoning(spec, call.output.reasoning, call.output.in_reasoning, call.prompt.text)
+        call.params = dataclasses.replace(call.params, structured=held)
     return call
 
 

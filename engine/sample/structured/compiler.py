@@ -91,28 +91,38 @@ class GrammarCache:
 
     @staticmethod
     def _build(compiler: Any, spec: StructuredSpec) -> Any:
-        kind, value = spec.kind, spec.value
-        if kind == "json":
+        grammar = _grammar(spec)
+        if spec.prefix:
             import xgrammar as xgr
 
-            schema = json.dumps(lengths_as_patterns(json.loads(value)), ensure_ascii=False)
-            grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=spec.any_whitespace, strict_mode=True)
-            return compiler.compile_grammar(str(grammar).replace(_LENGTH_CHARS, _JSON_CHARS))
-        if kind == "json_object":
-            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=spec.any_whitespace)
-        if kind == "regex":
-            return compiler.compile_regex(value)
-        if kind == "choice":
-            # JSON string literals are EBNF string literals too (same escapes).
-            choices = json.loads(value)
-            alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
-            return compiler.compile_grammar(f"root ::= {alternatives}")
-        if kind == "grammar":
-            # vLLM takes Lark grammars too; EBNF is told apart by its "::=".
-            return compiler.compile_grammar(value) if "::=" in value else compiler.compile_lark(value)
-        if kind == "structural_tag":
-            return _structural_tag(compiler, value)
-        raise InvalidRequest(f"unknown constraint kind {kind!r}", param=spec.param)
+            tag = {"type": "structural_tag", "format": json.loads(spec.prefix)}
+            grammar = xgr.Grammar.concat(xgr.Grammar.from_structural_tag(json.dumps(tag, ensure_ascii=False)), grammar)
+        return compiler.compile_grammar(grammar)
+
+
+def _grammar(spec: StructuredSpec) -> Any:
+    """The spec's constraint as an xgrammar Grammar (not yet compiled for the vocabulary)."""
+    import xgrammar as xgr
+
+    kind, value = spec.kind, spec.value
+    if kind == "json":
+        schema = json.dumps(lengths_as_patterns(json.loads(value)), ensure_ascii=False)
+        grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=spec.any_whitespace, strict_mode=True)
+        return xgr.Grammar.from_ebnf(str(grammar).replace(_LENGTH_CHARS, _JSON_CHARS))
+    if kind == "json_object":
+        return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=spec.any_whitespace)
+    if kind == "regex":
+        return xgr.Grammar.from_regex(value)
+    if kind == "choice":
+        # JSON string literals are EBNF string literals too (same escapes).
+        alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in json.loads(value))
+        return xgr.Grammar.from_ebnf(f"root ::= {alternatives}")
+    if kind == "grammar":
+        # vLLM takes Lark grammars too; EBNF is told apart by its "::=".
+        return xgr.Grammar.from_ebnf(value) if "::=" in value else xgr.Grammar.from_lark(value)
+    if kind == "structural_tag":
+        return _structural_tag(value)
+    raise InvalidRequest(f"unknown constraint kind {kind!r}", param=spec.param)
 
 
 def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> Any:
@@ -153,7 +163,7 @@ def _vocab_kind(info: Any, tokenizer: Any, vocab: dict[str, int]) -> tuple[Any, 
     return metadata["vocab_type"], metadata["add_prefix_space"]
 
 
-def _structural_tag(compiler: Any, value: str) -> Any:
+def _structural_tag(value: str) -> Any:
     import xgrammar as xgr
 
     tag = json.loads(value)
@@ -161,8 +171,8 @@ def _structural_tag(compiler: Any, value: str) -> Any:
         # vLLM's first format: {"structures": [{"begin", "schema", "end"}], "triggers": [...]}.
         items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
                  for s in tag["structures"]]
-        return compiler.compile_structural_tag(items, tag.get("triggers", []))
-    return compiler.compile_structural_tag(value)
+        return xgr.Grammar.from_structural_tag(items, tag.get("triggers", []))
+    return xgr.Grammar.from_structural_tag(value)
 
 
 _NAMES = {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regular expression",

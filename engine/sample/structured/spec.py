@@ -29,12 +29,17 @@ UNSUPPORTED_KEYWORDS = frozenset({
 @dataclass(frozen=True)
 class StructuredSpec:
     """What the output must match. `value` is text: a JSON schema, a regex, an EBNF grammar, a JSON list of
-    choices or a structural tag, as the kind says; `param` names the request field it came from (for errors)."""
+    choices or a structural tag, as the kind says; `param` names the request field it came from (for errors).
+
+    `prefix`, when set, is a structural tag's format (JSON text) that the output matches first, and the constraint
+    holds from its end on: the reasoning a thinking model writes before its answer.
+    """
 
     kind: Kind
     value: str = ""
     any_whitespace: bool = True
     param: str = field(default="structured_outputs", compare=False)
+    prefix: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -51,11 +56,13 @@ class StructuredSpec:
             parse_json(self.value, self.param)
         elif self.kind in ("regex", "grammar") and not self.value:
             raise InvalidRequest(f"{self.param} must not be empty", param=self.param)
+        if self.prefix:
+            parse_json(self.prefix, self.param)
 
     @property
-    def key(self) -> tuple[str, str, bool]:
+    def key(self) -> tuple[str, str, bool, str]:
         """What the compiled grammar depends on (the compile cache's key)."""
-        return (self.kind, self.value, self.any_whitespace)
+        return (self.kind, self.value, self.any_whitespace, self.prefix)
 
     @classmethod
     def json_schema(cls, schema: Any, param: str, any_whitespace: bool = True) -> StructuredSpec:

@@ -28,7 +28,7 @@ from engine.errors import InvalidRequest
 from engine.sample.structured.rewrite import lengths_as_patterns
 from engine.sample.structured.spec import StructuredSpec, check_schema
 from worker.openai.errors import BadRequest
-from worker.openai.reasoning import TAGS, THINK
+from worker.openai.reasoning import before_answer, spacing
 from worker.openai.tools.definitions import Tool
 from worker.openai.tools.gemma4_grammar import arguments_content
 from worker.openai.tools.plan import ToolPlan
@@ -88,8 +88,8 @@ def tool_constraint(plan: ToolPlan, template: str, reasoning: str | None = None,
     else:
         fmt = _calls(style, specs, once, opened=False)
     if reasoning is not None:
-        spacing = {"type": "regex", "pattern": rf"\s{{0,{MAX_WHITESPACE}}}"}
-        fmt = {"type": "sequence", "elements": [_reasoning(in_reasoning, reasoning), spacing, fmt]}
+        # Whitespace may open the calls even after no reasoning.
+        fmt = {"type": "sequence", "elements": [before_answer(in_reasoning, reasoning), spacing(), fmt]}
     value = json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
     return StructuredSpec("structural_tag", value, param="tools")
 
@@ -143,12 +143,3 @@ def _schema(tool: Tool, index: int) -> dict[str, Any]:
             raise BadRequest(f"{exc.message}; a strict tool's arguments must be enforceable", param=param) from None
         return ANY_OBJECT
     return lengths_as_patterns(schema)  # as the engine does for JSON schemas: the same language, cheaper masks
-
-
-def _reasoning(in_reasoning: bool, kind: str) -> dict[str, Any]:
-    """The reasoning before forced calls: closing the block the prompt opened, or an optional whole one."""
-    tags = TAGS.get(kind, THINK)
-    if in_reasoning:
-        return {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": tags.close}
-    return {"type": "optional", "content": {"type": "tag", "begin": tags.open, "content": {"type": "any_text"},
-                                            "end": tags.close}}
