@@ -12,7 +12,7 @@ from engine.sample.structured.spec import StructuredSpec
 from worker.openai.chat_output import OutputFormat
 from worker.openai.chat_template import ChatPrompt, render_chat, takes_system_turn, template_messages
 from worker.openai.errors import BadRequest
-from worker.openai.reasoning import after_reasoning, closes_reasoning, starts_in_reasoning
+from worker.openai.reasoning import after_reasoning, reasoning_first, starts_in_reasoning
 from worker.openai.tools.constraints import tool_constraint
 from worker.openai.tools.definitions import check_tool_choice, check_tools
 from worker.openai.tools.plan import ToolPlan
@@ -39,9 +39,7 @@ def render_with_tools(runtime: Runtime, messages: list[Any], *, tools: list[Any]
     in_reasoning = reasoning is not None and starts_in_reasoning(reasoning, prompt.text)
     output = OutputFormat(plan.parser, plan.parallel, reasoning, in_reasoning, separate_reasoning,
                           runtime.settings.max_tool_calls_per_answer)
-    # A prompt that closed the reasoning (Qwen3's enable_thinking false) leaves none to wait for before the calls.
-    thinks = None if reasoning is None or closes_reasoning(prompt.text) else reasoning
-    constraint = tool_constraint(plan, template, thinks, in_reasoning)
+    constraint = tool_constraint(plan, template, reasoning_first(reasoning, prompt.text), in_reasoning)
     return prompt, plan, output, constraint
 
 

@@ -75,22 +75,29 @@ def closes_reasoning(prompt: str) -> bool:
     return any(tail.endswith(tags.close) for tags in TAGS.values())
 
 
+def reasoning_first(kind: str | None, prompt: str) -> str | None:
+    """The reasoning parser when the answer may reason before it answers; None without one, or when the prompt
+    closed the reasoning (Qwen3's `enable_thinking: false`)."""
+    return None if kind is None or closes_reasoning(prompt) else kind
+
+
 # Whitespace a constrained answer may put between the reasoning's close and itself (Qwen3 writes two newlines).
 SPACING = 16
 
 
-def before_answer(in_reasoning: bool, kind: str) -> dict[str, Any]:
-    """A structural tag's format for the reasoning a constrained answer may write first, and a little whitespace
-    after its close: the rest of the block the prompt opened, or an optional whole one."""
-    tags = TAGS.get(kind, THINK)
-    block = {"type": "tag", "begin": "" if in_reasoning else tags.open, "content": {"type": "any_text"},
-             "end": tags.close}
-    thought = {"type": "sequence", "elements": [block, spacing()]}
-    return thought if in_reasoning else {"type": "optional", "content": thought}
-
-
 def spacing() -> dict[str, Any]:
     return {"type": "regex", "pattern": rf"\s{{0,{SPACING}}}"}
+
+
+def thought(in_reasoning: bool, kind: str, then: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """A structural tag's format for the reasoning a constrained answer may write first, followed by `then`: the
+    rest of the block the prompt opened, or an optional whole one."""
+    tags = TAGS.get(kind, THINK)
+    block: dict[str, Any] = {"type": "tag", "begin": "" if in_reasoning else tags.open,
+                             "content": {"type": "any_text"}, "end": tags.close}
+    if then:
+        block = {"type": "sequence", "elements": [block, *then]}
+    return block if in_reasoning else {"type": "optional", "content": block}
 
 
 def after_reasoning(spec: StructuredSpec | None, kind: str | None, in_reasoning: bool, prompt: str
@@ -101,11 +108,13 @@ def after_reasoning(spec: StructuredSpec | None, kind: str | None, in_reasoning:
 
     A regex, grammar or structural tag that spells out the reasoning's close itself covers the reasoning, and is
     kept as it is (held after the reasoning, it would make the model think twice)."""
-    if spec is None or kind is None or (not in_reasoning and closes_reasoning(prompt)):
+    kind = reasoning_first(kind, prompt)
+    if spec is None or kind is None:
         return spec
     if spec.kind in ("regex", "grammar", "structural_tag") and TAGS.get(kind, THINK).close in spec.value:
         return spec
-    return dataclasses.replace(spec, prefix=json.dumps(before_answer(in_reasoning, kind), ensure_ascii=False))
+    prefix = thought(in_reasoning, kind, (spacing(),))
+    return dataclasses.replace(spec, prefix=json.dumps(prefix, ensure_ascii=False))
 
 
 class ReasoningParser:

@@ -28,7 +28,7 @@ from engine.errors import InvalidRequest
 from engine.sample.structured.rewrite import lengths_as_patterns
 from engine.sample.structured.spec import StructuredSpec, check_schema
 from worker.openai.errors import BadRequest
-from worker.openai.reasoning import before_answer, spacing
+from worker.openai.reasoning import spacing, thought
 from worker.openai.tools.definitions import Tool
 from worker.openai.tools.gemma4_grammar import arguments_content
 from worker.openai.tools.plan import ToolPlan
@@ -88,8 +88,7 @@ def tool_constraint(plan: ToolPlan, template: str, reasoning: str | None = None,
     else:
         fmt = _calls(style, specs, once, opened=False)
     if reasoning is not None:
-        # Whitespace may open the calls even after no reasoning.
-        fmt = {"type": "sequence", "elements": [before_answer(in_reasoning, reasoning), spacing(), fmt]}
+        fmt = {"type": "sequence", "elements": [thought(in_reasoning, reasoning), spacing(), fmt]}
     value = json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
     return StructuredSpec("structural_tag", value, param="tools")
 
