@@ -93,3 +93,16 @@ def test_a_constraint_that_spells_out_the_reasoning_covers_it(qwen3) -> None:
     assert not spec.prefix
     assert _takes(qwen3, spec, "<think>\nthe capital\n</think>\n\nParis.")
     assert not _takes(qwen3, spec, "<think>\nhm\n</think>\n\n<think>\nthe capital\n</think>\n\nParis.")
+
+
+def test_a_bad_constraint_under_a_thinking_template_is_a_400_and_the_next_request_is_served(client, model_name
+                                                                                            ) -> None:
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=model_name, messages=ASK, max_tokens=8,
+                                       extra_body={"chat_template": QWEN3, "structured_outputs": {"regex": "a(b"}})
+    assert info.value.status_code == 400 and info.value.body["param"] == "structured_outputs.regex"
+    answer = client.chat.completions.create(model=model_name, messages=ASK, response_format=FORMAT, temperature=0,
+                                            max_tokens=60, extra_body={"chat_template": QWEN3})
+    jsonschema.validate(json.loads(answer.choices[0].message.content), SCHEMA)
