@@ -80,6 +80,10 @@ def load_model(
         attach_lora(model, lora.adapters, lora.max_loras, lora.max_lora_rank)
     if quantization == "int4":
         quantize_linears_int4(model.model.layers, dtype)
+    head = getattr(model.lm_head, "weight", None)
+    if dtype != torch.float32 and isinstance(head, torch.Tensor) and head.dtype == dtype:
+        # NOTE: tied heads share the embedding's storage; an untied one is held twice once packed below.
+        model.head_weight = head.detach()
     if device.type == "cpu" and dtype == torch.bfloat16:
         pack_linears_for_cpu(model)
     args = model.args

@@ -209,5 +209,5 @@ class Gemma2ForCausalLM(DecoderLM):
             h = layer(h, *tables[layer.self_attn.layer_type], k_cache, v_cache, b)
         return self.model.norm(h)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return soft_cap(self.lm_head(hidden).float(), self.args.final_soft_cap)
+    def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
+        return soft_cap(self.head_logits(hidden, exact_rows), self.args.final_soft_cap)

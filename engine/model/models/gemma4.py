@@ -273,8 +273,8 @@ class Gemma4ForCausalLM(DecoderLM):
             h = layer(h, None if ple is None else ple[:, i], *tables[layer.self_attn.layer_type], k_cache, v_cache, b)
         return self.model.norm(h)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return soft_cap(self.lm_head(hidden).float(), self.args.final_soft_cap)
+    def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
+        return soft_cap(self.head_logits(hidden, exact_rows), self.args.final_soft_cap)
 
 
 class Gemma4ForConditionalGeneration(Gemma4ForCausalLM):

@@ -27,13 +27,16 @@ class TensorLayout:
     """One checkpoint tensor of a quantized linear, kept in `dtype` (a cast that loses nothing: fp16 scales go to
     float32). `dim`: the dimension along which stacked matrices (q|k|v) sit, with `rows_per_entry` output rows per
     entry along it (8 for a nibble-packed dimension, 128 for a block scale); None: one per matrix (a per-tensor
-    scale, a shape), held as param[i]."""
+    scale, a shape), held as param[i]. `ragged`: a matrix whose rows are not a multiple of rows_per_entry ends
+    on a partial entry of its own (a block scale of a 64-row K projection), so it still stacks with its siblings;
+    CheckpointLinear.rows_per_matrix spreads such entries over their rows."""
 
     suffix: str
     dtype: torch.dtype
     dim: int | None = 0
     rows_per_entry: int = 1
     required: bool = True
+    ragged: bool = False
 
 
 class QuantFormat:
@@ -96,7 +99,7 @@ class CheckpointLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta"), requires_grad=False) if bias else None
 
     def _entries(self, layout: TensorLayout, size: int) -> int:
-        if len(self.shard_offsets) > 1 and size % layout.rows_per_entry:
+        if len(self.shard_offsets) > 1 and size % layout.rows_per_entry and not layout.ragged:
             raise UnsupportedModel(
                 f"{self.fmt.name}: {layout.suffix} of a {size}-row matrix cannot be stacked with its siblings "
                 f"({layout.rows_per_entry} rows per entry)", param="model",
@@ -123,6 +126,16 @@ class CheckpointLinear(nn.Module):
     def tensor(self, suffix: str) -> torch.Tensor | None:
         """The stacked checkpoint tensor, or None when the checkpoint has none of that name."""
         return getattr(self, suffix, None)
+
+    def rows_per_matrix(self, values: torch.Tensor, layout: TensorLayout) -> torch.Tensor:
+        """A stacked tensor of `layout` whose entries each cover rows_per_entry output rows, repeated over those
+        rows matrix by matrix (a ragged matrix's partial last entry covers only the rows it has): [out, ...]."""
+        parts, entry = [], 0
+        for _, size in self.shard_offsets.values():
+            n = self._entries(layout, size)
+            parts.append(values[entry : entry + n].repeat_interleave(layout.rows_per_entry, dim=0)[:size])
+            entry += n
+        return torch.cat(parts)
 
     def rows_of_each(self, values: torch.Tensor) -> torch.Tensor:
         """A per-matrix tensor [matrices, ...] (one per-tensor scale each) repeated over each matrix's rows."""

@@ -32,7 +32,7 @@ class Fp8Format(QuantFormat):
         scale_layout = {
             "tensor": TensorLayout(scale, torch.float32, dim=None),
             "channel": TensorLayout(scale, torch.float32, dim=0),
-            "block": TensorLayout(scale, torch.float32, dim=0, rows_per_entry=block[0] if block else 1),
+            "block": TensorLayout(scale, torch.float32, dim=0, rows_per_entry=block[0] if block else 1, ragged=True),
         }[strategy]
         self.layouts = (
             TensorLayout("weight", torch.float8_e4m3fn),
@@ -66,11 +66,9 @@ class Fp8Format(QuantFormat):
         weight = linear.weight.float()
         if self.strategy in ("tensor", "channel"):
             return weight * self.row_scale(linear)
-        rows, cols = self.block
-        out, inp = weight.shape
-        scale = getattr(linear, self.scale)
-        full = scale.repeat_interleave(rows, dim=0)[:out].repeat_interleave(cols, dim=1)[:, :inp]
-        return weight * full
+        layout = self.layouts[1]
+        rows = linear.rows_per_matrix(getattr(linear, self.scale), layout)  # [out, column blocks]
+        return weight * rows.repeat_interleave(self.block[1], dim=1)[:, : weight.shape[1]]
 
 
 def read_fp8_block(qc: dict) -> Fp8Format:

@@ -137,13 +137,14 @@ def check_engine_greedy(path: Path, hf, max_tokens: int = 10, **kw) -> dict[str,
     return batched
 
 
-def check_preemption(path: Path, vocab: int = 128) -> None:
+def check_preemption(path: Path, vocab: int = 128, **kw) -> None:
     """A pool too small for every request at once, prefix caching off: requests are preempted and recomputed (a
-    shared-KV layer reads the recomputed pages of its source), and every answer equals the roomy run's."""
+    shared-KV layer reads the recomputed pages of its source), and every answer equals the roomy run's. kw: more
+    engine settings for both runs (an FP8 KV cache)."""
     gen = torch.Generator().manual_seed(3)
     prompts = {f"q{i}": torch.randint(3, vocab, (n,), generator=gen).tolist() for i, n in enumerate((14, 19, 22, 9))}
-    roomy = greedy(tiny_engine(path), prompts, 12)
-    tight = tiny_engine(path, max_num_seqs=4, num_kv_pages=20, enable_prefix_caching=False)
+    roomy = greedy(tiny_engine(path, **kw), prompts, 12)
+    tight = tiny_engine(path, **{**kw, "max_num_seqs": 4, "num_kv_pages": 20, "enable_prefix_caching": False})
     squeezed = greedy(tight, prompts, 12)
     assert tight.scheduler.num_preemptions > 0
     assert squeezed == roomy

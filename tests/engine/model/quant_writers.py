@@ -136,12 +136,16 @@ def compressed_fp8_tensor_tensors(w: torch.Tensor) -> tuple[dict, torch.Tensor]:
 
 
 def fp8_block_tensors(w: torch.Tensor, block: int = 128) -> tuple[dict, torch.Tensor]:
-    """The hub's block-wise FP8: weight_scale_inv per block; the reference is transformers' own dequantiser."""
+    """The hub's block-wise FP8: weight_scale_inv per block (a partial last block where the rows or columns are
+    not a multiple, as a 64-row K projection has); the reference is transformers' own dequantiser."""
     from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
     n, k = w.shape
-    blocks = w.view(n // block, block, k // block, block)
+    rows, cols = -(-n // block), -(-k // block)
+    padded = torch.zeros(rows * block, cols * block)
+    padded[:n, :k] = w
+    blocks = padded.view(rows, block, cols, block)
     scale = blocks.abs().amax((1, 3)) / 448
-    weight = (blocks / scale[:, None, :, None]).view(n, k).to(torch.float8_e4m3fn)
+    weight = (blocks / scale[:, None, :, None]).view(rows * block, cols * block)[:n, :k].to(torch.float8_e4m3fn)
     back = _dequantize_fp8_weight(weight, scale, [block, block], torch.float32).float()
     return {"weight": weight, "weight_scale_inv": scale}, back
 

@@ -37,11 +37,10 @@ GROUPS = [KVGroupSpec((0, 1, 3), 2, 16, WINDOW, 1.0, None, ((4, 3),)),
           KVGroupSpec((2,), 1, 32, None, 1.0, None, ((5, 2),))]
 
 
-@pytest.fixture(scope="module")
-def gemma4(tmp_path_factory, baked_model_path):
+def save_tiny_gemma4(path):
+    """Saves the tiny random Gemma 4 of CONFIG to `path`; returns the transformers model (float32, eager)."""
     import transformers as tf
 
-    path = tmp_path_factory.mktemp("gemma4")
     torch.manual_seed(0)
     hf = tf.AutoModelForCausalLM.from_config(tf.Gemma4TextConfig(**CONFIG), attn_implementation="eager")
     hf = hf.float().eval()
@@ -50,6 +49,13 @@ def gemma4(tmp_path_factory, baked_model_path):
             p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name or "scalar" in name else 0.15 * torch.randn_like(p))
     hf.config.architectures = [type(hf).__name__]
     hf.save_pretrained(path)
+    return hf
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory, baked_model_path):
+    path = tmp_path_factory.mktemp("gemma4")
+    hf = save_tiny_gemma4(path)
     model, spec = load_family(path, baked_model_path)
     return SimpleNamespace(hf=hf, model=model, spec=spec, path=path)
 

@@ -115,6 +115,19 @@ def test_a_bitsandbytes_bake_fails_with_one_line(tmp_path):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_block_fp8_with_kv_projections_smaller_than_a_block_loads_as_transformers(model_type, tmp_path,
+                                                                                    paged_harness):
+    """One KV head of 64: K and V hold 64 rows, half a 128-row scale block each, stacked with Q's 256."""
+    hf = write_quantized("fp8_block", model_type, tmp_path, num_key_value_heads=1)
+    assert check_checkpoint(str(tmp_path)).endswith("ForCausalLM")
+    model, spec = load_model(str(tmp_path), torch.float32, torch.device("cpu"))
+    harness = paged_harness(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+    prompt = torch.randint(0, TINY["vocab_size"], (13,), generator=torch.Generator().manual_seed(6)).tolist()
+    torch.testing.assert_close(run_step(model, harness, [("x", prompt)]), reference_logits(hf, prompt),
+                               atol=ATOL, rtol=1e-4)
+
+
 @pytest.mark.parametrize("kind", ["awq", "fp8_block"])
 def test_lora_on_a_quantized_base_matches_the_merged_dequantised_weights(kind, tmp_path, paged_harness):
     hf = write_quantized(kind, "llama", tmp_path / "model")
