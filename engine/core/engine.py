@@ -24,6 +24,7 @@ from engine.core.sequence import SequenceGroup
 from engine.core.step import ScheduledSeq
 from engine.cuda import setup as cuda_setup
 from engine.errors import InvalidRequest, StartupError
+from engine.model.capture import capture_blocker
 from engine.model.loader import load_model
 from engine.outputs import RequestOutput
 from engine.sample.params import SamplingParams
@@ -82,14 +83,14 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, groups, self.pools, self.backends, Sampler(), self.device)
         if self.device.type == "cuda":
-            graphless = graphs_blocker(groups)
+            # NOTE: a step's adapter grouping is Python control flow that a replayed graph would freeze.
+            graphless = (graphs_blocker(groups) or capture_blocker(self.model, self.device, self.spec.dtype)
+                         or ("LoRA adapters" if self.adapters else None))
             with timed(self.start_ms, "graphs"):
                 self.runner.graph_runner = cuda_setup.prepare_cuda(
                     self.model, self.backends[0], self.pools[0].kv_caches, page_size=config.page_size,
                     max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                    # NOTE: a step's adapter grouping is Python control flow that a replayed graph would freeze.
-                    enforce_eager=config.enforce_eager or bool(self.adapters) or graphless is not None,
-                    why=graphless)
+                    enforce_eager=config.enforce_eager or graphless is not None, why=graphless)
         self._seq_ids = count()
         self._arrivals = count()
         self.processor = OutputProcessor(self.tokenizer, self.max_model_len, lambda: next(self._seq_ids))

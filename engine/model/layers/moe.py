@@ -5,6 +5,12 @@ Experts are stacked weights, gate|up fused [E, 2I, H] and down [E, H, I] (transf
 with optional biases and the family's activation (gpt-oss: clamped SwiGLU over interleaved gate/up, biased
 router); the per-expert hub tensors (`experts.{i}.gate_proj.weight`, ...) load into slices of them. Tokens are sorted by
 expert so that each active expert runs one matmul over exactly the tokens routed to it.
+
+Two ways to run the sorted tokens, chosen in grouped_mm_runs(): one grouped matmul per projection over all experts
+(torch._grouped_mm, its per-expert offsets computed on the device: no host sync, so CUDA graphs can capture it),
+or one matmul per active expert, which needs the per-expert counts on the host. The second is for experts held as
+modules of their own (int4, CPU-packed bf16, quantized checkpoints) and for devices without the grouped kernel;
+capture_blocker() says so, and the engine then runs decode eagerly.
 """
 
 from __future__ import annotations
@@ -132,26 +138,50 @@ class StackedExperts(nn.Module):
         self.linears = nn.ModuleList(nn.ModuleList(pair) for pair in linears)
         del self.gate_up_proj, self.down_proj
 
+    def capture_blocker(self, device: torch.device, dtype: torch.dtype) -> str | None:
+        """Why this layer's forward cannot be captured in a CUDA graph on `device`; None: it can."""
+        if self.linears is not None:
+            return "MoE experts held one module each (quantized or packed) run one matmul per expert with host-side counts"
+        if not grouped_mm_runs(device, dtype):
+            return f"no grouped expert matmul for {dtype} on this device (torch._grouped_mm)"
+        return None
+
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; expert_ids and weights [T, k]. Returns sum_j weights[t, j] * expert_{ids[t, j]}(x[t])."""
         k = expert_ids.shape[1]
         flat = expert_ids.reshape(-1)
         order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens in order within each
-        token = order // k
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        rows = x.index_select(0, token)
-        out = torch.empty_like(rows)
-        start = 0
-        for e, n in enumerate(counts):
-            if n:
-                out[start : start + n] = self._expert(e, rows[start : start + n])
-                start += n
+        rows = x.index_select(0, order // k)
+        if self.linears is None and grouped_mm_runs(x.device, x.dtype):
+            out = self._grouped(rows, flat.index_select(0, order))
+        else:
+            out = self._per_expert(rows, flat)
         # NOTE: back to (token, slot) order and a sum over the k slots, not index_add_: on CPU that is a
         # scatter_add costing 80 ms a call at one token (measured), and the fixed slot order keeps a token's
         # sum independent of the batch it came in.
         by_token = torch.empty_like(out)
         by_token[order] = out
         return by_token.view(-1, k, x.shape[1]).mul_(weights.unsqueeze(-1).to(out.dtype)).sum(dim=1)
+
+    def _grouped(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """rows [N, H] sorted by their expert ids `experts` [N]: two grouped matmuls, offsets found on the device."""
+        bounds = torch.arange(1, self.num_experts + 1, device=rows.device, dtype=experts.dtype)
+        offsets = torch.searchsorted(experts, bounds).to(torch.int32)  # end row of each expert's tokens
+        h = torch._grouped_mm(rows, self.gate_up_proj.transpose(1, 2), offs=offsets)
+        if self.gate_up_proj_bias is not None:
+            h = h + self.gate_up_proj_bias.index_select(0, experts)
+        h = torch._grouped_mm(self.activation(h), self.down_proj.transpose(1, 2), offs=offsets)
+        return h if self.down_proj_bias is None else h + self.down_proj_bias.index_select(0, experts)
+
+    def _per_expert(self, rows: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        out = torch.empty_like(rows)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                out[start : start + n] = self._expert(e, rows[start : start + n])
+                start += n
+        return out
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         up_bias = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[e]
@@ -190,6 +220,16 @@ class SparseMoE(nn.Module):
         if self.shared_expert is not None:
             out += torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+
+def grouped_mm_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch._grouped_mm runs experts of `dtype` on `device`: on the CPU in float32 and bfloat16 (torch 2.11
+    and later); on CUDA in bfloat16 from Hopper (sm90) on."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if device.type == "cpu":
+        return dtype in (torch.float32, torch.bfloat16)
+    return device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def _linear(weight: torch.Tensor) -> nn.Linear:

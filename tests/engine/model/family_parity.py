@@ -47,7 +47,8 @@ class Pages:
     """Each KV group's NaN-filled pools and backend over one shuffled page table; a shared-KV layer gets its
     source's pages and backend."""
 
-    def __init__(self, groups: list[KVGroupSpec], num_pages: int = 128, page_size: int = 4) -> None:
+    def __init__(self, groups: list[KVGroupSpec], num_pages: int = 128, page_size: int = 4,
+                 dtype: torch.dtype = torch.float32) -> None:
         free = list(range(num_pages))
         random.Random(0).shuffle(free)
         self.table = PageTable(page_size, free)
@@ -56,7 +57,7 @@ class Pages:
             backend = TorchRefBackend("cpu", **g.attention_extras())
             shape = (num_pages, page_size, g.num_kv_heads, g.head_dim)
             for layer in g.layers:
-                self.caches[layer] = (torch.full(shape, float("nan")), torch.full(shape, float("nan")))
+                self.caches[layer] = (torch.full(shape, float("nan")).to(dtype), torch.full(shape, float("nan")).to(dtype))
                 self.backends[layer] = backend
             for reader, source in g.readers:
                 self.caches[reader], self.backends[reader] = self.caches[source], backend
