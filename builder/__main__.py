@@ -27,7 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--if-missing", action="store_true",
                         help="keep the model OUT already holds when it is a bake of --model (and --revision) in "
                              "this builder's format (bake only adapters it lacks from --lora-modules); else re-bake")
+    parser.add_argument("--plan", action="store_true",
+                        help="print what the model baked in OUT needs on a GPU (weights, KV per token, context that "
+                             "fits on 24 / 48 / 80 / 141 GB at GPU_MEMORY_UTILIZATION) and bake nothing")
     args = parser.parse_args(argv)
+    if args.plan:
+        return print_plan(args.out)
 
     token = os.environ.get("HF_TOKEN")
     try:
@@ -48,6 +53,30 @@ def main(argv: list[str] | None = None) -> int:
     names = "".join(f" + adapter {a['name']} (rank {a['rank']})" for a in manifest["adapters"])
     print(f"baked {manifest['served_model_name']} ({manifest['architecture']}, {manifest['dtype']}){names} "
           f"into {args.out}")
+    return 0
+
+
+def print_plan(folder: Path) -> int:
+    """The memory plan of the bake in `folder`, served as the worker's settings say (DTYPE, KV_CACHE_DTYPE,
+    GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS; on a GPU, DTYPE=auto is bfloat16)."""
+    import torch
+
+    from engine.errors import UnsupportedModel
+    from engine.model.memory_plan import describe, plan_for_folder
+
+    dtypes = {"float32": torch.float32, "float16": torch.float16}
+    dtype = dtypes.get(os.environ.get("DTYPE", "auto").lower(), torch.bfloat16)
+    kv = torch.float8_e4m3fn if os.environ.get("KV_CACHE_DTYPE", "auto").lower().startswith("fp8") else None
+    try:
+        plan = plan_for_folder(str(folder), dtype, kv, max_num_seqs=int(os.environ.get("MAX_NUM_SEQS", 256)),
+                               max_num_batched_tokens=int(os.environ.get("MAX_NUM_BATCHED_TOKENS", 2048)))
+    except (UnsupportedModel, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"memory plan of {folder} in {str(dtype).removeprefix('torch.')}"
+          f"{', KV in float8_e4m3fn' if kv is not None else ''}:")
+    for line in describe(plan, float(os.environ.get("GPU_MEMORY_UTILIZATION", 0.9))):
+        print("  " + line)
     return 0
 
 

@@ -15,7 +15,7 @@ ENGINE_DOORS = {
     "worker": {"engine", "engine.config", "engine.errors", "engine.outputs", "engine.timing", "engine.sample.params",
                "engine.sample.structured.spec", "engine.sample.structured.rewrite", "engine.core.async_engine",
                "engine.text.detokenizer", "engine.text.o200k_file", "engine.model.folder_check"},
-    "builder": {"engine.errors", "engine.text.tokenizer", "engine.model.adapters", "engine.model.models",
+    "builder": {"engine.errors", "engine.text.tokenizer", "engine.model.adapters", "engine.model.models", "engine.model.memory_plan",
                 "engine.model.loader", "engine.text.o200k_file", "engine.model.folder_check"},
 }
 

@@ -1,0 +1,104 @@
+"""What a model needs on a GPU, read from its config before paying for one: weight bytes as the GPU path serves
+them, KV bytes per token of each layer group, and the tokens of context that fit on the GPUs RunPod rents.
+
+The model is built on the meta device (no weights are read). Weights count in DTYPE: that is how the GPU path
+serves every format today except per-tensor and per-channel FP8 on sm89+, which stays in FP8 (so for those the
+figure is an upper bound); MXFP4, int4 and block-FP8 checkpoints are dequantised at load. A sliding-window group
+holds at most its window per sequence, so it costs a fixed max_num_seqs * window tokens' worth; full-attention
+groups share the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.cuda.setup import reserve_bytes
+from engine.model.checkpoint import safetensors_files, tensor_shapes
+from engine.model.loader import read_config
+from engine.model.models import model_class
+
+GB = 10**9
+# The GPU sizes RunPod rents, as sold (decimal GB): 24 (RTX 4090, L4, A5000), 48 (A6000, L40S), 80 (A100,
+# H100), 141 (H200).
+GPU_SIZES_GB = (24, 48, 80, 141)
+# The CUDA context, cuBLAS and FlashInfer workspaces: present before the KV budget is measured. An estimate.
+CONTEXT_BYTES = 1 << 30
+PAGE_SIZE = 16  # EngineConfig's default: the decode graphs' page tables are sized by it
+
+
+@dataclass(frozen=True)
+class GroupKV:
+    """One KV layer group: its layers, bytes of K and V per token over them, and its window (None: full)."""
+
+    layers: int
+    bytes_per_token: int
+    window: int | None
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    weight_bytes: int
+    groups: tuple[GroupKV, ...]
+    reserve_bytes: int  # activations, sampler, graphs and slack (engine.cuda.setup.reserve_bytes)
+    max_num_seqs: int
+
+    @property
+    def full_bytes_per_token(self) -> int:
+        return sum(g.bytes_per_token for g in self.groups if g.window is None)
+
+    @property
+    def window_bytes(self) -> int:
+        """What the window groups hold when every sequence has filled its window."""
+        return sum(g.bytes_per_token * g.window * self.max_num_seqs for g in self.groups if g.window is not None)
+
+    def tokens_that_fit(self, gpu_bytes: int, utilization: float) -> int:
+        """Tokens of context (over all sequences) the KV pool holds on a GPU of `gpu_bytes`; 0 if the weights do
+        not fit. A model without full-attention layers is bounded by its windows alone: -1 (unbounded)."""
+        budget = int(gpu_bytes * utilization) - self.weight_bytes - self.reserve_bytes - CONTEXT_BYTES
+        budget -= self.window_bytes
+        if budget <= 0:
+            return 0
+        return budget // self.full_bytes_per_token if self.full_bytes_per_token else -1
+
+
+def plan_from_config(config: dict, names: set[str], dtype: torch.dtype, kv_dtype: torch.dtype | None = None, *,
+                     max_num_seqs: int = 256, max_num_batched_tokens: int = 2048) -> MemoryPlan:
+    """The plan of the model `config` and its checkpoint's tensor `names` describe (names tell a family its
+    biases and sinks), served in `dtype` with KV pages in `kv_dtype` (default: dtype)."""
+    cls = model_class((config.get("architectures") or ["<none>"])[0])
+    args = cls.read_args(config, names)
+    with torch.device("meta"):
+        model = cls(args)
+    if bool(config.get("tie_word_embeddings")) and hasattr(model, "tie_weights"):
+        model.tie_weights()
+    elt = torch.empty((), dtype=dtype).element_size()
+    kv_elt = torch.empty((), dtype=kv_dtype or dtype).element_size()
+    weights = sum(p.numel() for p in model.parameters()) * elt  # parameters() counts a tied weight once
+    groups = tuple(GroupKV(len(g.layers), 2 * len(g.layers) * g.num_kv_heads * g.head_dim * kv_elt, g.window)
+                   for g in model.kv_groups(config))
+    pages_per_seq = -(-int(args.max_position_embeddings) // PAGE_SIZE)
+    reserve = reserve_bytes(args, dtype, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                            max_pages_per_seq=pages_per_seq, graphs=True)
+    return MemoryPlan(weights, groups, reserve, max_num_seqs)
+
+
+def plan_for_folder(model_path: str, dtype: torch.dtype, kv_dtype: torch.dtype | None = None, **kw: int
+                    ) -> MemoryPlan:
+    names = set(tensor_shapes(safetensors_files(model_path)))
+    return plan_from_config(read_config(model_path), names, dtype, kv_dtype, **kw)
+
+
+def describe(plan: MemoryPlan, utilization: float) -> list[str]:
+    """The plan as lines a user reads: weights, KV per token per group, tokens that fit on each GPU size."""
+    lines = [f"weights {plan.weight_bytes / GB:.2f} GB; reserved for activations {plan.reserve_bytes / GB:.2f} GB "
+             f"+ CUDA context about {CONTEXT_BYTES / GB:.2f} GB"]
+    for g in plan.groups:
+        kind = "full attention" if g.window is None else f"window of {g.window} tokens"
+        lines.append(f"KV {g.bytes_per_token / 1024:.1f} KiB per token over {g.layers} layers ({kind})")
+    for size in GPU_SIZES_GB:
+        fits = plan.tokens_that_fit(size * GB, utilization)
+        text = "weights do not fit" if fits == 0 else ("windows only" if fits < 0 else f"{fits:,} tokens of context")
+        lines.append(f"{size} GB GPU at GPU_MEMORY_UTILIZATION={utilization}: {text}")
+    return lines
