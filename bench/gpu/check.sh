@@ -7,10 +7,10 @@
 # Steps, each under a time limit so that the whole run ends before a deadline (CHECK_BUDGET_S, 470 s):
 #   1. install the carried wheels (flashinfer-python, apache-tvm-ffi) into a private --target folder
 #   2. JIT-compile, into an empty cache and timed, the attention kernels of both model shapes, RMSNorm and
-#      SiLU-and-mul; then start compiling the slow RoPE and sampling modules in the background
+#      SiLU-and-mul; then start compiling the slow RoPE module in the background
 #   3. pytest tests/gpu (not slow)
 #   4. bench/gpu/bench.py all (copy bandwidth; engine and transformers on both model shapes)
-#   5. with the time left: the slow GPU tests (RoPE, sampling, float16), once the background build is done
+#   5. with the time left: the slow GPU tests (RoPE, float16), once the background build is done
 # Writes into OUTDIR: check.log, env.json, jit.log, jit-slow.log, pytest.log, pytest.xml, pytest-slow.log,
 # pytest-slow.xml, bench.log, bench/*.json and results.json (all of it in one object, with what was cut).
 # Where only a few files can come back from the GPU machine:
@@ -81,7 +81,7 @@ log "JIT compile (limit $(limit 200)s)"
 timeout "$(limit 200)" $PY bench/gpu/check_steps.py precompile attention norm activation >"$OUT/jit.log" 2>&1
 STATUS[jit]=$?
 log "JIT compile: status ${STATUS[jit]}: $(tail -c 300 "$OUT/jit.log")"
-MAX_JOBS=4 nice -n 19 timeout "$(limit 400)" $PY bench/gpu/check_steps.py precompile rope sampling \
+MAX_JOBS=4 nice -n 19 timeout "$(limit 400)" $PY bench/gpu/check_steps.py precompile rope \
     >"$OUT/jit-slow.log" 2>&1 &
 SLOW_JIT=$!
 
@@ -108,7 +108,7 @@ if [ "${STATUS[jit_slow]}" -eq 0 ]; then
     STATUS[pytest_slow]=$?
     log "pytest slow: status ${STATUS[pytest_slow]}: $(tail -1 "$OUT/pytest-slow.log")"
 else
-    log "the RoPE/sampling build failed or did not finish in time: slow tests not run"
+    log "the RoPE build failed or did not finish in time: slow tests not run"
 fi
 
 status_json=$(for k in "${!STATUS[@]}"; do printf '"%s": %s, ' "$k" "${STATUS[$k]}"; done)

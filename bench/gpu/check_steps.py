@@ -1,7 +1,7 @@
 """The Python steps of bench/gpu/check.sh.
 
     check_steps.py env                          versions and device, as JSON
-    check_steps.py precompile NAME...           FlashInfer JIT builds (attention norm activation rope sampling)
+    check_steps.py precompile NAME...           FlashInfer JIT builds (attention norm activation rope)
     check_steps.py results OUTDIR STATUS WALL_S  OUTDIR/results.json from everything check.sh left there
 """
 

@@ -1,7 +1,6 @@
-"""Fused kernels from FlashInfer (RMSNorm, RoPE, SiLU-and-mul, top-k/top-p sampling) with torch fallbacks.
+"""Fused kernels from FlashInfer (RMSNorm, RoPE, SiLU-and-mul) with torch fallbacks.
 
-Each function takes FlashInfer's kernel when its tensors are float16/bfloat16 on CUDA (any dtype on CUDA
-for sampling) and flashinfer imports; otherwise the torch code here runs, which follows transformers'
+Each function takes FlashInfer's kernel when its tensors are float16/bfloat16 on CUDA and flashinfer imports; otherwise the torch code here runs, which follows transformers'
 math and is what the GPU tests compare the kernels against. flashinfer is imported lazily.
 """
 
@@ -111,49 +110,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate).mul_(up)
 
 
-def top_k_top_p_sampling_from_logits(
-    logits: torch.Tensor, top_k: torch.Tensor | int, top_p: torch.Tensor | float,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """One token per row of logits [rows, vocab]: top-k first (k <= 0 keeps all), then top-p on the
-    renormalised rest. Returns int64 [rows]. generator None: the device's default generator."""
-    rows, vocab = logits.shape
-    top_k = _per_row(top_k, rows, logits.device, torch.int64)
-    top_k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
-    top_p = _per_row(top_p, rows, logits.device, torch.float32)
-    if logits.is_cuda and flashinfer_available():
-        import flashinfer
-
-        # NOTE: flashinfer 0.5.3 draws from a *fresh* default-seeded generator when given None,
-        # which would repeat the same "random" numbers every call.
-        gen = generator or torch.cuda.default_generators[logits.device.index or 0]
-        samples = flashinfer.sampling.top_k_top_p_sampling_from_logits(
-            logits.float(), top_k.int(), top_p, filter_apply_order="top_k_first", generator=gen
-        )
-        return samples.long()
-    sorted_logits, order = logits.float().sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab, device=logits.device)
-    sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
-    probs = sorted_logits.softmax(dim=-1)
-    # Keep a token while the mass before it is below top_p (the first token always stays).
-    outside = (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
-    probs = probs.masked_fill(outside, 0.0)
-    choice = torch.multinomial(probs, 1, generator=generator)
-    return order.gather(1, choice).squeeze(1)
-
-
-def _per_row(value: torch.Tensor | float, rows: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value.to(device=device, dtype=dtype).reshape(rows)
-    return torch.full((rows,), value, device=device, dtype=dtype)
-
-
 def warmup(
     hidden_size: int, intermediate_size: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-    sampling: bool = True,
 ) -> None:
-    """Calls each kernel once on a few rows, so FlashInfer's JIT builds happen at start-up.
-    sampling=False skips the sampling kernel (a build of minutes) when nothing will call it."""
+    """Calls each kernel once on a few rows, so FlashInfer's JIT builds happen at start-up."""
     x = torch.randn(4, hidden_size, dtype=dtype, device=device)
     w = torch.ones(hidden_size, dtype=dtype, device=device)
     rmsnorm(x, w, 1e-6)
@@ -164,13 +124,13 @@ def warmup(
     apply_rope_with_cos_sin_cache_inplace(
         torch.arange(4, device=device), qk[:, :1], qk[:, 1:], head_dim, cos_sin_cache(half.cos(), half.sin())
     )
-    if sampling:
-        top_k_top_p_sampling_from_logits(torch.randn(2, 1000, device=device), 5, 0.9)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-KERNEL_MODULES = ("norm", "activation", "rope", "sampling")
+# NOTE: no FlashInfer sampling: it draws a batch from one generator, and a seeded request must get the same
+# tokens whatever shares its batch (engine.sample.sampler draws each row from its own).
+KERNEL_MODULES = ("norm", "activation", "rope")
 
 
 def precompile(
@@ -187,11 +147,11 @@ def precompile(
 
     if cuda_arch:
         os.environ["FLASHINFER_CUDA_ARCH_LIST"] = cuda_arch
-    from flashinfer.jit import activation, attention, build_jit_specs, norm, rope, sampling
+    from flashinfer.jit import activation, attention, build_jit_specs, norm, rope
 
     from engine.attention.flashinfer import DEFAULT_PREFILL_BACKEND
 
-    makers = {"norm": norm.gen_norm_module, "rope": rope.gen_rope_module, "sampling": sampling.gen_sampling_module,
+    makers = {"norm": norm.gen_norm_module, "rope": rope.gen_rope_module,
               "activation": lambda: activation.gen_act_and_mul_module("silu")}
     specs = [makers[name]() for name in kernels]
     for d in head_dims:

@@ -100,10 +100,9 @@ def has_sinks(model: torch.nn.Module) -> bool:
     return any(getattr(m, "sinks", None) is not None for m in model.modules())
 
 
-def warm_up(model: torch.nn.Module, backend: Any, page_size: int, *, sampling: bool = False) -> float:
+def warm_up(model: torch.nn.Module, backend: Any, page_size: int) -> float:
     """Runs the attention backend and the model's fused kernels once, so FlashInfer's JIT builds (or cache
-    loads) happen at start-up. sampling: also FlashInfer's sampling kernel (only if the sampler uses it).
-    Returns the seconds it took."""
+    loads) happen at start-up. Returns the seconds it took."""
     start = time.perf_counter()
     if hasattr(backend, "warmup"):
         if has_sinks(model):  # the sink variant is its own JIT build (gpt-oss)
@@ -113,7 +112,7 @@ def warm_up(model: torch.nn.Module, backend: Any, page_size: int, *, sampling: b
     if getattr(model, "fused_kernels", False):
         a = model.args
         weight = next(model.parameters())
-        kernels.warmup(a.hidden_size, a.intermediate_size, a.head_dim, weight.dtype, weight.device, sampling=sampling)
+        kernels.warmup(a.hidden_size, a.intermediate_size, a.head_dim, weight.dtype, weight.device)
     return time.perf_counter() - start
 
 
