@@ -3,9 +3,9 @@ block-wise `fp8` (weight_scale_inv per 128 x 128 block, as Qwen3-FP8 and DeepSee
 (per-channel). w = weight * scale.
 
 On CUDA GPUs with FP8 tensor cores (sm89+) per-tensor and per-channel weights stay in FP8 and run through
-torch._scaled_mm (fp8_linear.py); elsewhere, and for block scales, the weight is dequantised to the serving dtype
-at load. NOTE: the checkpoint's static activation scales (input_scale) are read for their shape only: the FP8
-matmul quantises activations with a dynamic scale.
+torch._scaled_mm (fp8_linear.py), block-scaled ones on Hopper through the block-scaled GEMM (fp8_block_linear.py);
+elsewhere the weight is dequantised to the serving dtype at load. NOTE: the checkpoint's static activation scales
+(input_scale) are read for their shape only: the FP8 matmuls quantise activations with a dynamic scale.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch import nn
 
 from engine.errors import UnsupportedModel
 from engine.model.quant.base import CheckpointLinear, QuantFormat, TensorLayout, dense_linear
+from engine.model.quant.fp8_block_linear import Fp8BlockLinear
 from engine.model.quant.fp8_linear import Fp8Linear
 
 log = logging.getLogger(__name__)
@@ -50,14 +51,20 @@ class Fp8Format(QuantFormat):
         return linear.rows_of_each(scale) if self.strategy == "tensor" else scale.reshape(-1, 1)
 
     def serving_module(self, linear: CheckpointLinear, dtype: torch.dtype, device: torch.device) -> nn.Module:
-        """The FP8 weight itself on a GPU with FP8 tensor cores (not for block scales); else dequantised."""
+        """The FP8 weight itself on a GPU with FP8 tensor cores (block scales: on Hopper); else dequantised."""
+        bias = None if linear.bias is None else linear.bias.detach()
+        if self.strategy == "block" and Fp8BlockLinear.fits(
+                [size for _, size in linear.shard_offsets.values()], linear.in_features, self.block, device, dtype):
+            module = Fp8BlockLinear(linear.weight.detach(), getattr(linear, self.scale).detach(), bias, dtype, device)
+            module.shard_offsets = linear.shard_offsets
+            return module
         if self.strategy == "block" or not Fp8Linear.fits(tuple(linear.weight.shape), device, dtype):
             if device.type == "cuda" and not getattr(self, "_said_dense", False):
                 log.warning("%s: weights dequantised to %s (%s)", self.name, dtype,
-                            "block scales" if self.strategy == "block" else "no FP8 matmul on this GPU")
+                            "block scales off Hopper, or matrices not in whole 128-row blocks"
+                            if self.strategy == "block" else "no FP8 matmul on this GPU")
                 self._said_dense = True
             return dense_linear(linear, self.dequantize(linear), dtype)
-        bias = None if linear.bias is None else linear.bias.detach()
         module = Fp8Linear(linear.weight.detach(), self.row_scale(linear), bias, dtype, device)
         module.shard_offsets = linear.shard_offsets
         return module
