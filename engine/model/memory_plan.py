@@ -2,8 +2,8 @@
 them, KV bytes per token of each layer group, and the tokens of context that fit on the GPUs RunPod rents.
 
 The model is built on the meta device (no weights are read). Weights count in DTYPE: that is how the GPU path
-serves every format today except per-tensor and per-channel FP8 on sm89+, which stays in FP8 (so for those the
-figure is an upper bound); MXFP4, int4 and block-FP8 checkpoints are dequantised at load. A sliding-window group
+serves every format today except int4 (AWQ, GPTQ: tinygemm) and FP8 (per tensor or channel on sm89+, block-wise
+on Hopper), which stay quantized: for those the figure is an upper bound. MXFP4 experts are dequantised at load. A sliding-window group
 holds at most its window per sequence, so it costs a fixed max_num_seqs * window tokens' worth; full-attention
 groups share the rest.
 """
