@@ -6,41 +6,36 @@ the meta device, and fills it from the checkpoint (engine/model/checkpoint.py).
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any, Protocol
 
-from torch import nn
-
 from engine.errors import UnsupportedModel
-from engine.model.models.gemma2 import Gemma2ForCausalLM
-from engine.model.models.gemma3 import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
-from engine.model.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
-from engine.model.models.gpt_oss import GptOssForCausalLM
-from engine.model.models.llama import LlamaForCausalLM
-from engine.model.models.mixtral import MixtralForCausalLM
-from engine.model.models.olmoe import OlmoeForCausalLM
-from engine.model.models.qwen3_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from engine.attention.base import AttentionBackend, AttentionMetadata
     from engine.core.kv_spec import KVGroupSpec
 
-ARCHITECTURES: dict[str, type[nn.Module]] = {
-    "Gemma2ForCausalLM": Gemma2ForCausalLM,
-    "Gemma3ForCausalLM": Gemma3ForCausalLM,
-    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
-    "Gemma4ForCausalLM": Gemma4ForCausalLM,
-    "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,
-    "GptOssForCausalLM": GptOssForCausalLM,
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "MixtralForCausalLM": MixtralForCausalLM,
-    "OlmoeForCausalLM": OlmoeForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
-    "Qwen3ForCausalLM": LlamaForCausalLM,
-    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+# Architecture name -> (module, class). Only the family a checkpoint names is imported (model_class), so a
+# worker's cold start does not pay for every family's module; callers that only ask which names are supported
+# (membership, sorted names) read the keys.
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "Gemma2ForCausalLM": ("engine.model.models.gemma2", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("engine.model.models.gemma3", "Gemma3ForCausalLM"),
+    "Gemma3ForConditionalGeneration": ("engine.model.models.gemma3", "Gemma3ForConditionalGeneration"),
+    "Gemma4ForCausalLM": ("engine.model.models.gemma4", "Gemma4ForCausalLM"),
+    "Gemma4ForConditionalGeneration": ("engine.model.models.gemma4", "Gemma4ForConditionalGeneration"),
+    "GptOssForCausalLM": ("engine.model.models.gpt_oss", "GptOssForCausalLM"),
+    "LlamaForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
+    "MixtralForCausalLM": ("engine.model.models.mixtral", "MixtralForCausalLM"),
+    "OlmoeForCausalLM": ("engine.model.models.olmoe", "OlmoeForCausalLM"),
+    "Qwen2ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
+    "Qwen2MoeForCausalLM": ("engine.model.models.qwen3_moe", "Qwen2MoeForCausalLM"),
+    "Qwen3ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
+    "Qwen3MoeForCausalLM": ("engine.model.models.qwen3_moe", "Qwen3MoeForCausalLM"),
 }
 
 
@@ -78,9 +73,10 @@ class CausalLM(Protocol):
 def model_class(architecture: str) -> type[nn.Module]:
     """The class that runs `architecture`, or UnsupportedModel naming it."""
     try:
-        return ARCHITECTURES[architecture]
+        module, name = ARCHITECTURES[architecture]
     except KeyError:
         supported = ", ".join(sorted(ARCHITECTURES))
         raise UnsupportedModel(
             f"architecture {architecture!r} is not supported (supported: {supported})", param="model"
         ) from None
+    return getattr(importlib.import_module(module), name)

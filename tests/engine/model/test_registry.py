@@ -1,0 +1,42 @@
+"""The architecture registry imports a family's module only when a checkpoint names it: loading the default Llama
+bake leaves the other families unimported (their modules are cold-start time a Llama worker never uses)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.errors import UnsupportedModel
+from engine.model.models import ARCHITECTURES, model_class
+
+ROOT = Path(__file__).resolve().parents[3]
+OTHER_FAMILIES = ("gemma2", "gemma3", "gemma4", "gemma4_moe", "gpt_oss", "mixtral", "olmoe", "qwen3_moe")
+
+
+def test_loading_the_default_llama_imports_no_other_family(baked_model_path: Path) -> None:
+    code = ("import json, sys; import engine.model.models; "
+            "from engine.config import EngineConfig; from engine.core.engine import LLMEngine; "
+            "LLMEngine(EngineConfig(model_path=sys.argv[1], num_kv_pages=16)); "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('engine.model.models.'))))")
+    result = subprocess.run([sys.executable, "-c", code, str(baked_model_path)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "engine.model.models.llama" in loaded
+    assert not [m for m in loaded if m.rsplit(".", 1)[1] in OTHER_FAMILIES], loaded
+
+
+def test_every_registered_architecture_resolves_to_its_class() -> None:
+    for architecture, (_, name) in ARCHITECTURES.items():
+        cls = model_class(architecture)
+        assert cls.__name__ == name and callable(cls.read_args), architecture
+    assert model_class("MistralForCausalLM") is model_class("LlamaForCausalLM")
+
+
+def test_an_unknown_architecture_names_the_supported_ones() -> None:
+    with pytest.raises(UnsupportedModel, match="BertModel.*LlamaForCausalLM"):
+        model_class("BertModel")
