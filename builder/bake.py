@@ -28,13 +28,15 @@ def bake(source: Source, out: Path, token: str | None = None, served_name: str |
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        revision = fetch(source, staging, token)
+        fetched = fetch(source, staging, token)
+        sums = check_sums(staging, fetched.digests)
         _convert_bin_weights(staging)
         architecture = check_folder(staging)
         saved_by = _save_tokenizer(staging)
         if json.loads((staging / "config.json").read_text()).get("model_type") == "gpt_oss":
             write_harmony_vocab(staging)  # openai-harmony's tokenizer, which it would otherwise download
-        manifest = _manifest(source, staging, revision, architecture, served_name or source.served_name)
+        manifest = _manifest(source, staging, fetched.revision, architecture, served_name or source.served_name,
+                             sums)
         manifest[BAKE_MARK] = saved_by
         manifest["adapters"] = bake_adapters(adapters or [], staging, manifest["served_model_name"], token)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -143,17 +145,47 @@ def _safetensors_name(bin_name: str) -> str:
     return bin_name.replace("pytorch_model", "model").removesuffix(".bin") + ".safetensors"
 
 
-def _manifest(source: Source, folder: Path, revision: str | None, architecture: str, served_name: str) -> dict:
+def check_sums(folder: Path, digests: dict[str, str]) -> dict[str, tuple[int, int, str]]:
+    """Fail with one line unless each staged file the source gives a SHA-256 for has it (a corrupted download or
+    hub cache blob stops the bake). Returns name -> (size, mtime_ns, SHA-256) of the files read, so the manifest
+    does not read them again."""
+    sums = {}
+    for name, want in sorted(digests.items()):
+        path = folder / name
+        if not path.is_file():  # a file of the snapshot the bake does not take
+            continue
+        stat = path.stat()
+        got = sha256(path)
+        if got != want:
+            raise BakeError(f"{name} is not the file the hub gives (its SHA-256 is {got}, not {want}): a corrupted "
+                            f"download or hub cache; delete it from the cache and bake again")
+        sums[name] = (stat.st_size, stat.st_mtime_ns, got)
+    return sums
+
+
+def _manifest(source: Source, folder: Path, revision: str | None, architecture: str, served_name: str,
+              sums: dict[str, tuple[int, int, str]]) -> dict:
+    """The bake's record. `files` holds each file's SHA-256 (the worker checks them when VERIFY_MODEL_SHA256 is
+    set) and `sizes` its size in bytes (checked on every start: cheap, and catches a truncated or missing file)."""
     config = json.loads((folder / "config.json").read_text())
+    files = [p for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST]
     return {
         "served_model_name": served_name,
         "source": identity(source),
         "revision": revision,
         "architecture": architecture,
         "dtype": str(config.get("dtype") or config.get("torch_dtype") or "float32"),
-        "files": {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST},
+        "files": {p.name: _known_sum(p, sums) for p in files},
+        "sizes": {p.name: p.stat().st_size for p in files},
         "baked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def _known_sum(path: Path, sums: dict[str, tuple[int, int, str]]) -> str:
+    """The file's SHA-256, from `sums` when it is unchanged since it was read (the tokenizer is saved anew)."""
+    stat = path.stat()
+    size, mtime_ns, digest = sums.get(path.name, (-1, -1, ""))
+    return digest if (size, mtime_ns) == (stat.st_size, stat.st_mtime_ns) else sha256(path)
 
 
 def sha256(path: Path) -> str:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
+import re
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.errors import BakeError
@@ -32,6 +34,7 @@ POOLING_FILES = ["modules.json", "config_sentence_transformers.json", "sentence_
                  "*Pooling/config.json"]
 SAFETENSORS_FILES = ["*.safetensors", "model.safetensors.index.json"]
 BIN_FILES = ["*.bin", "pytorch_model.bin.index.json"]
+SHA256_NAME = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass
@@ -42,6 +45,15 @@ class Source:
     ref: str  # repo id, folder or file path, or the default's package/file
     revision: str | None = None
     served_name: str = ""
+
+
+@dataclass
+class Fetched:
+    """What `fetch` staged: the resolved revision (hub) and, per file name, the SHA-256 the source vouches for (the
+    hub's, which names its large files' cache blobs), which the bake checks its copies against."""
+
+    revision: str | None = None
+    digests: dict[str, str] = field(default_factory=dict)
 
 
 def resolve(model: str | None, revision: str | None) -> Source:
@@ -103,16 +115,16 @@ def default_gguf_path() -> Path:
     return path
 
 
-def fetch(source: Source, staging: Path, token: str | None) -> str | None:
-    """Write the source's files into `staging`; returns the resolved revision when there is one."""
+def fetch(source: Source, staging: Path, token: str | None) -> Fetched:
+    """Write the source's files into `staging`; returns the resolved revision and the sums the source gives."""
     if source.kind == "hub":
         return _fetch_hub(source, staging, token)
     if source.kind == "local":
         _copy_local(Path(source.ref), staging)
-        return None
+        return Fetched()
     gguf = default_gguf_path() if source.kind == "default" else Path(source.ref)
     _convert_gguf(gguf, staging)
-    return None
+    return Fetched()
 
 
 def _copy_local(folder: Path, staging: Path) -> None:
@@ -128,7 +140,15 @@ def _fetch_hub(source: Source, staging: Path, token: str | None) -> str | None:
 
     snapshot = hub_snapshot(source.ref, source.revision, token, patterns)
     _copy_local(snapshot, staging)
-    return snapshot.name  # snapshots are named by commit hash
+    return Fetched(snapshot.name, hub_blob_digests(snapshot))  # snapshots are named by commit hash
+
+
+def hub_blob_digests(snapshot: Path) -> dict[str, str]:
+    """name -> SHA-256 of the snapshot's files whose cache blob is named by one: the hub names large (LFS) files'
+    blobs by their SHA-256 (small files' by their git hash, which is not checked)."""
+    links = [p for p in sorted(snapshot.iterdir()) if p.is_symlink()]
+    blobs = {p.name: Path(os.readlink(p)).name for p in links}
+    return {name: blob for name, blob in blobs.items() if SHA256_NAME.fullmatch(blob)}
 
 
 def hub_snapshot(repo: str, revision: str | None, token: str | None, patterns: Callable[[], list[str]],

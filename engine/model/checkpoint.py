@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from glob import glob
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from engine.errors import UnsupportedModel
@@ -64,9 +64,13 @@ def tensor_shapes(files: list[str]) -> dict[str, tuple[int, ...]]:
     """Every tensor's name and shape, read from the files' headers (no data is read)."""
     shapes: dict[str, tuple[int, ...]] = {}
     for path in files:
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                shapes[name] = tuple(f.get_slice(name).get_shape())
+        try:
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+        except (SafetensorError, OSError) as exc:  # a truncated or missing shard: one line, not a traceback
+            raise UnsupportedModel(f"{os.path.basename(path)} cannot be read as safetensors: {exc}",
+                                   param="model") from None
     return shapes
 
 
