@@ -1,8 +1,10 @@
 """Fitness checks RunPod's SDK (1.12) runs before the worker takes its first job; one that fails marks the worker
 unhealthy and ends it (exit code 1), so a broken worker is told apart before a user's request finds it.
 
-- the model's files match the SHA-256 sums the bake's manifest records (a hub cache snapshot's: the sums its
-  blobs are named by, which the hub gives large files);
+- the model's files are there with the sizes the bake's manifest records (a hub cache snapshot's: its links to
+  the blobs resolve); with VERIFY_MODEL_SHA256=true, also with the SHA-256 sums the manifest records (a
+  snapshot's: the sums its blobs are named by, which the hub gives large files). The sums are opt-in because
+  they read every weight byte on every cold start, which grows with the model; sizes cost one stat per file;
 - one request of one token runs through the engine: the device is usable, the attention backend's kernels load
   and a forward pass gives a token;
 - the KV cache holds one sequence of the served max_model_len.
@@ -25,16 +27,25 @@ FITNESS_REQUEST_ID = "fitness-check"
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")
 
 
-def model_files_mismatch(model_path: str) -> list[str]:
-    """The files of the bake whose SHA-256 is not the manifest's (or that are gone); for a folder without a
-    manifest, the files linked to a hub cache blob named by a SHA-256 that is not theirs."""
+def model_files_mismatch(model_path: str, sha256: bool = False) -> list[str]:
+    """The files of the bake that are gone or not the size its manifest records (a manifest from before sizes were
+    recorded: gone only), and with `sha256` those whose SHA-256 is not the manifest's. For a folder without a
+    manifest, the files linked to a hub cache blob named by a SHA-256: gone, or with `sha256` not of that sum."""
     folder = Path(model_path)
     try:
-        files = json.loads((folder / MANIFEST).read_text()).get("files") or {}
+        manifest = json.loads((folder / MANIFEST).read_text())
+        digests, sizes = manifest.get("files") or {}, manifest.get("sizes") or {}
     except (OSError, ValueError):
-        files = _cache_blob_digests(folder)
-    return [name for name, digest in sorted(files.items())
-            if not (folder / name).is_file() or _sha256(folder / name) != digest]
+        digests, sizes = _cache_blob_digests(folder), {}
+    return [name for name, digest in sorted(digests.items())
+            if not _has_size(folder / name, sizes.get(name)) or (sha256 and _sha256(folder / name) != digest)]
+
+
+def _has_size(path: Path, size: int | None) -> bool:
+    try:
+        return path.is_file() and (size is None or path.stat().st_size == size)
+    except OSError:
+        return False
 
 
 def _cache_blob_digests(folder: Path) -> dict[str, str]:
@@ -55,12 +66,14 @@ def _sha256(path: Path) -> str:
 
 def fitness_checks(runtime: Runtime) -> list[Callable]:
     """The checks, in the order they run, as functions the SDK registers (named for its log)."""
+    sha256 = runtime.settings.verify_model_sha256
 
     def model_files_match_manifest() -> None:
-        bad = model_files_mismatch(runtime.settings.model_path)
+        bad = model_files_mismatch(runtime.settings.model_path, sha256=sha256)
         if bad:
-            raise RuntimeError(f"model files differ from their checksums (the bake's manifest, or the hub cache's "
-                               f"blob names): {', '.join(bad)}")
+            what = "sizes or checksums" if sha256 else "sizes (SHA-256 sums not read: VERIFY_MODEL_SHA256=false)"
+            raise RuntimeError(f"model files are missing or differ from their recorded {what} (the bake's "
+                               f"manifest, or the hub cache's blob names): {', '.join(bad)}")
 
     async def one_token_forward_pass() -> None:
         prompt = runtime.tokenizer.encode("Hi") or [0]

@@ -93,6 +93,9 @@ class Settings(BaseModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO", alias="LOG_LEVEL")
     # torch's CPU threads: by default the CPUs this process may use, capped by its container's CPU quota
     omp_num_threads: int | None = Field(None, alias="OMP_NUM_THREADS", ge=1)
+    # The start-up fitness check reads every weight file for its SHA-256 only when asked: that costs a full read
+    # of the model on each cold start; by default it checks each file is there with the size the bake recorded.
+    verify_model_sha256: bool = Field(False, alias="VERIFY_MODEL_SHA256")
     # Set by RunPod on its workers: `python handler.py` then runs the serverless loop, not a local test job
     runpod_webhook_get_job: str | None = Field(None, alias="RUNPOD_WEBHOOK_GET_JOB")
 

@@ -22,7 +22,7 @@ def test_configuration_page_is_up_to_date(gen: ModuleType) -> None:
 def test_configuration_page_documents_every_variable_with_its_default() -> None:
     page = (ROOT / "docs" / "configuration.md").read_text()
     runtime = page.split("## Run-time environment variables", 1)[1].split("\n## ", 1)[0]
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([A-Z_]+)` \| ([^|]+) \|", runtime, re.M)}
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([A-Z0-9_]+)` \| ([^|]+) \|", runtime, re.M)}
     for field in Settings.model_fields.values():
         assert field.alias in rows, field.alias
         if field.default is not None and not isinstance(field.default, bool):
@@ -54,7 +54,7 @@ def test_every_build_argument_and_secret_is_documented_in_the_dockerfile(dockerf
 def test_readme_configuration_table_names_real_variables(dockerfile: list, gen: ModuleType) -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
-    names = re.findall(r"^\| `([A-Z_]+)` \|", section, re.M)
+    names = re.findall(r"^\| `([A-Z0-9_]+)` \|", section, re.M)
     known = {f.alias for f in Settings.model_fields.values()}
     known |= {name for name, _, _ in gen.build_args(dockerfile)} | {name for name, _ in gen.secrets(dockerfile)}
     assert names, "the README's configuration table is gone"

@@ -163,7 +163,7 @@ def test_on_runpod_the_worker_passes_its_fitness_checks_and_answers_a_job_from_t
         process.wait(timeout=60)
 
 
-def test_a_corrupted_cache_blob_fails_the_fitness_check_before_a_job_is_taken(
+def test_with_verify_model_sha256_a_corrupted_cache_blob_fails_the_fitness_check_before_a_job_is_taken(
         baked_model_path, tmp_path, runpod_jobs) -> None:
     cache = tmp_path / "runpod-cache"
     snapshot = make_cache(cache, baked_model_path, "models--HuggingFaceTB--SmolLM2-135M-Instruct")
@@ -173,8 +173,10 @@ def test_a_corrupted_cache_blob_fails_the_fitness_check_before_a_job_is_taken(
     with blob.open("r+b") as f:  # the last bytes are tensor data: the weights still load, their sum differs
         f.seek(-64, 2)
         f.write(bytes(64))
-    assert model_files_mismatch(str(snapshot)) == ["model.safetensors"]
-    env = worker_env(tmp_path / "unused", **cache_env(tmp_path, cache), **runpod_jobs.env())
+    assert model_files_mismatch(str(snapshot)) == []  # by default: the link resolves, no byte is read
+    assert model_files_mismatch(str(snapshot), sha256=True) == ["model.safetensors"]
+    env = worker_env(tmp_path / "unused", **cache_env(tmp_path, cache), **runpod_jobs.env(),
+                     VERIFY_MODEL_SHA256="true")
     log = tmp_path / "worker.log"
     with log.open("w") as out:
         code = subprocess.run([sys.executable, str(ROOT / "handler.py")], cwd=ROOT, env=env, stdout=out,
