@@ -207,4 +207,5 @@ class ModelRunner:
             eos_token_ids=group.eos_token_ids,
             bad_words_ids=group.bad_words_ids,
             grammar=seq.output_state.grammar,
+            penalties=seq.output_state.penalties,
         )

@@ -18,6 +18,7 @@ from engine.errors import ContextTooLong, InvalidRequest
 from engine.sample.beam_search import BeamSearch
 from engine.sample.logits_processor import tokenize_bad_words
 from engine.sample.params import SamplingParams
+from engine.sample.penalties import PenaltyCounts, has_penalty
 from engine.text.detokenizer import Detokenizer
 
 
@@ -117,17 +118,23 @@ def build_group(
         max_tokens = min(params.max_tokens or limits.max_model_len, limits.max_model_len - len(prompt))
         beam = BeamSearch(params.num_sequences, length_penalty=params.length_penalty,
                           early_stopping=params.early_stopping, stop_token_ids=stops, max_tokens=max_tokens)
-        seqs = [Sequence(next_seq_id(), list(prompt), len(prompt), cache_salt=salt)]
+        seqs = [Sequence(next_seq_id(), list(prompt), len(prompt), cache_salt=salt,
+                         output_state=OutputState(penalties=_penalties(params)))]
     else:
         seqs = [
             Sequence(next_seq_id(), list(prompt), len(prompt), index=i, cache_salt=salt, output_state=OutputState(
                 detokenizer=_detokenizer(tokenizer, params, prompt), generator=_generator(params.seed, i, device),
-                stop_reader=params.stop_reader() if params.stop_reader else None))
+                stop_reader=params.stop_reader() if params.stop_reader else None, penalties=_penalties(params)))
             for i in range(params.num_sequences)
         ]
     bad_words = tokenize_bad_words(tokenizer, params.bad_words) if params.bad_words else []
     return SequenceGroup(request_id, prompt, params, seqs, arrival, eos_token_ids=set(eos_token_ids),
                          bad_words_ids=bad_words, beam=beam, adapter=limits.adapters.get(params.adapter))
+
+
+def _penalties(params: SamplingParams) -> PenaltyCounts | None:
+    # Each choice counts its own tokens (a beam's children clone their parent's counts when they fork).
+    return PenaltyCounts() if has_penalty(params) else None
 
 
 def _generator(seed: int | None, index: int, device: torch.device) -> torch.Generator | None:

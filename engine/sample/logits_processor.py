@@ -1,5 +1,6 @@
 """Logits processing before the draw, in vLLM's order: logit_bias, allowed_token_ids, bad_words and min_tokens
-masks, the grammar's token bitmask (structured outputs), then repetition, frequency and presence penalties.
+masks, the grammar's token bitmask (structured outputs), then repetition, frequency and presence penalties
+(engine/sample/penalties.py).
 Beam search ranks its candidates on the result too.
 """
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.sample.params import SamplingParams
+from engine.sample.penalties import PenaltyCounts, apply_penalties, has_penalty
 from engine.sample.structured.bitmask import apply_bitmask, grammar_bitmask
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ class SamplingRow:
     eos_token_ids: set[int] = field(default_factory=set)
     bad_words_ids: list[list[int]] = field(default_factory=list)
     grammar: GrammarState | None = None  # the sequence's place in its grammar (structured outputs)
+    penalties: PenaltyCounts | None = None  # the sequence's running token counts (None: counted afresh)
 
 
 def process_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -39,7 +42,7 @@ def process_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
     """
     raw = logits.float()
     masked = [i for i, r in enumerate(rows) if _has_mask(r)]
-    penalised = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
+    penalised = [i for i, r in enumerate(rows) if has_penalty(r.params)]
     constrained = [i for i, r in enumerate(rows) if r.grammar is not None]
     if not masked and not penalised and not constrained:
         return raw
@@ -51,7 +54,7 @@ def process_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
         bitmask = grammar_bitmask([rows[i].grammar for i in constrained], out.shape[1])
         apply_bitmask(out, bitmask, constrained)
     if penalised:
-        _apply_penalties(out, [(i, rows[i]) for i in penalised])
+        apply_penalties(out, [(i, rows[i]) for i in penalised])
     # A row whose every token got masked would sample NaN; let it fall back to the raw logits, under its
     # grammar alone where it has one (the grammar wins over min_tokens or allowed_token_ids that contradict it).
     dead = out.amax(dim=-1) == NEG_INF
@@ -98,37 +101,6 @@ def _apply_masks(out: torch.Tensor, rows: list[tuple[int, SamplingRow]]) -> None
         out[torch.tensor(banned[0], device=device), torch.tensor(banned[1], device=device)] = NEG_INF
 
 
-def _apply_penalties(out: torch.Tensor, rows: list[tuple[int, SamplingRow]]) -> None:
-    """In place, touching only the (row, token) pairs that occur: repetition, then frequency and presence.
-
-    The work is proportional to the tokens seen, not to batch x vocabulary.
-    """
-    device = out.device
-    vocab = out.shape[1]
-    flat = out.view(-1)
-    per_row = [[1.0] * out.shape[0], [0.0] * out.shape[0], [0.0] * out.shape[0]]
-    for i, row in rows:
-        p = row.params
-        per_row[0][i], per_row[1][i], per_row[2][i] = p.repetition_penalty, p.frequency_penalty, p.presence_penalty
-    rep, freq, presence = torch.tensor(per_row, device=device)
-
-    out_keys, out_counts = torch.unique(_pair_keys(rows, vocab, device, prompt=False), return_counts=True)
-    rep_rows = [(i, r) for i, r in rows if r.params.repetition_penalty != 1.0]
-    if rep_rows:
-        # Repetition covers the prompt and the output; a token counts once however often it occurs.
-        seen = torch.unique(torch.cat([_pair_keys(rep_rows, vocab, device, prompt=True), out_keys]))
-        values = flat[seen]
-        penalty = rep[seen // vocab]
-        flat[seen] = torch.where(values > 0, values / penalty, values * penalty)
-    if out_keys.numel():
-        owner = out_keys // vocab
-        flat[out_keys] -= freq[owner] * out_counts + presence[owner]
-
-
-def _has_penalty(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-
-
 def _has_mask(row: SamplingRow) -> bool:
     p = row.params
     return bool(p.logit_bias or p.allowed_token_ids or row.bad_words_ids or len(row.output_token_ids) < p.min_tokens)
@@ -148,12 +120,6 @@ def _banned_tokens(row: SamplingRow) -> list[int]:
         if not p.ignore_eos:
             banned += row.eos_token_ids
     return banned
-
-
-def _pair_keys(rows: list[tuple[int, SamplingRow]], vocab: int, device: torch.device, prompt: bool) -> torch.Tensor:
-    """row * vocab + token for every token of each row's prompt (or output), as one flat tensor."""
-    keys = [i * vocab + t for i, r in rows for t in (r.prompt_token_ids if prompt else r.output_token_ids)]
-    return torch.tensor(keys, dtype=torch.long, device=device)
 
 
 def tokenize_bad_words(tokenizer, bad_words: list[str]) -> list[list[int]]:

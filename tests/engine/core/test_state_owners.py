@@ -8,7 +8,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[3] / "engine" / "core"
 KV_SIDE = {"kv_pages", "pages", "num_computed_tokens", "page_hashes", "reset"}
-OUTPUT_SIDE = {"output_state", "detokenizer", "grammar", "stop_reader", "generator"}
+OUTPUT_SIDE = {"output_state", "detokenizer", "grammar", "stop_reader", "generator", "penalties"}
 
 
 def _attributes(name: str) -> set[str]:
