@@ -168,7 +168,9 @@ def describe(runtime: Runtime) -> str:
         f"kv_pages={info['kv_pages']}x{info['page_size']} ({info['kv_pages'] * info['page_size']} tokens, "
         f"{info['kv_dtype']}, {info['kv_bytes'] / 2**20:.0f} MiB) "
         f"kv_groups={info['kv_groups']} "
-        f"max_model_len={runtime.max_model_len} tool_calls={runtime.tool_format} "
+        + (f"state_pool={info['state_seqs']} sequences (+{info['state_seqs']} prefix snapshots, "
+           f"{info['state_bytes'] / 2**20:.0f} MiB) " if info.get("state_seqs") else "")
+        + f"max_model_len={runtime.max_model_len} tool_calls={runtime.tool_format} "
         f"reasoning={runtime.reasoning_format or 'none'}"
         + (f" adapters={','.join(runtime.adapters)}" if runtime.adapters else "")
     )

@@ -10,7 +10,7 @@ import torch
 from engine.attention import create_backend, resolve_backend
 from engine.attention.kv_quant import resolve_kv_dtype
 from engine.config import EngineConfig
-from engine.core import kv_sizing
+from engine.core.cache_plan import plan_cache
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
 from engine.core.grammar_wait import GrammarWait
 from engine.core.kv_cache import PageAllocator, PagePool
@@ -21,6 +21,7 @@ from engine.core.output_processor import OutputProcessor
 from engine.core.requests import Limits, PreparedRequest, build_group, check_request
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import SequenceGroup
+from engine.core.state_cache import StatePool, StateSlots
 from engine.core.step import ScheduledSeq
 from engine.cuda import setup as cuda_setup
 from engine.errors import InvalidRequest, StartupError
@@ -37,11 +38,6 @@ from engine.timing import timed
 __all__ = ["LLMEngine"]
 
 log = logging.getLogger(__name__)
-
-# CPU default pool: room for max_num_seqs requests of this many tokens, but at most CPU_KV_BYTES.
-CPU_CONTEXT_PER_SEQ = 2048
-CPU_KV_BYTES = 1 << 30
-
 
 class LLMEngine:
     """The synchronous engine: add requests, call step() until has_unfinished() is false."""
@@ -73,15 +69,20 @@ class LLMEngine:
             with timed(self.start_ms, "warm-up"):
                 for backend in self.backends:  # JIT builds now, not on a request
                     cuda_setup.warm_up(self.model, backend, config.page_size)
-        self._caps = kv_sizing.window_caps(groups, config.page_size, config.max_num_seqs, config.max_num_batched_tokens)
-        num_pages = kv_sizing.group_pages(self._caps, self._num_pages(
-            kv_sizing.page_bytes(groups, config.page_size, self.kv_dtype)))
+        plan = plan_cache(config, self.spec, self.model, self.device, self.dtype, self.kv_dtype, self.max_model_len)
+        self.max_model_len, num_pages = plan.max_model_len, plan.num_pages
         with timed(self.start_ms, "kv cache"):
             self.pools = [PagePool.for_group(g, n, config.page_size, self.kv_dtype, self.device)
                           for g, n in zip(groups, num_pages, strict=True)]
-        self.kv = KVCacheManager(groups, num_pages, config.page_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, groups, self.pools, self.backends, Sampler(), self.device)
+            recurrent = self.spec.recurrent
+            self.state_pool = None if recurrent is None else StatePool(recurrent, 2 * plan.state_seqs, self.dtype,
+                                                                       self.device)
+        self.max_num_seqs = min(config.max_num_seqs, plan.state_seqs or config.max_num_seqs)
+        state = None if recurrent is None else StateSlots(plan.state_seqs, config.enable_prefix_caching)
+        self.kv = KVCacheManager(groups, num_pages, config.page_size, config.enable_prefix_caching, state)
+        self.scheduler = Scheduler(self.kv, self.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, groups, self.pools, self.backends, Sampler(), self.device, recurrent,
+                                  self.state_pool)
         if self.device.type == "cuda":
             # NOTE: a step's adapter grouping is Python control flow that a replayed graph would freeze.
             graphless = (graphs_blocker(groups) or capture_blocker(self.model, self.device, self.spec.dtype)
@@ -108,41 +109,10 @@ class LLMEngine:
     def allocator(self) -> PageAllocator:  # the first KV group's
         return self.kv.allocators[0]
 
-    def _num_pages(self, sizes: list[int]) -> int:
-        """The full-attention groups' page count (window groups take min(their cap, it))."""
-        c, ps = self.config, self.config.page_size
-        full_seq = kv_sizing.pages_for_one_sequence(self._caps, self.spec.kv_groups, ps, self.max_model_len,
-                                                    c.max_num_batched_tokens)
-        def fit(budget: int) -> int:
-            return kv_sizing.pages_for_budget(budget, sizes, self._caps)
-        if c.num_kv_pages:
-            pages = c.num_kv_pages
-        elif c.kv_cache_bytes:
-            pages = fit(c.kv_cache_bytes)
-        elif self.device.type == "cuda":
-            reserve = cuda_setup.reserve_bytes(
-                self.model.args, self.dtype, max_num_batched_tokens=c.max_num_batched_tokens,
-                max_num_seqs=c.max_num_seqs, max_pages_per_seq=full_seq,
-                graphs=not c.enforce_eager and graphs_blocker(self.spec.kv_groups) is None)
-            pages = fit(cuda_setup.kv_budget_bytes(self.device, c.gpu_memory_utilization, reserve))
-        else:
-            want = c.max_num_seqs * min(self.max_model_len, CPU_CONTEXT_PER_SEQ)
-            pages = max(full_seq, min(-(-want // ps), fit(CPU_KV_BYTES)))
-        if pages < full_seq:
-            if c.max_model_len:
-                more = ("num_kv_pages" if c.num_kv_pages else "kv_cache_bytes" if c.kv_cache_bytes
-                        else "gpu_memory_utilization")
-                raise StartupError(f"the KV cache ({pages} pages of {ps} tokens) cannot hold one sequence of "
-                                   f"max_model_len={self.max_model_len} tokens: lower max_model_len to at most "
-                                   f"{pages * ps}, or raise {more}", param="max_model_len")
-            log.warning("max_model_len lowered to %d tokens to fit the KV cache", pages * ps)
-            self.max_model_len = pages * ps
-        return pages
-
     @property
     def limits(self) -> Limits:
         c, m = self.config, self.spec
-        return Limits(m.vocab_size, self.max_model_len, c.max_num_seqs, c.max_num_batched_tokens, self.adapters,
+        return Limits(m.vocab_size, self.max_model_len, self.max_num_seqs, c.max_num_batched_tokens, self.adapters,
                       m.hidden_size)
 
     def prepare(self, prompt_token_ids: list[int], params: SamplingParams) -> PreparedRequest:
@@ -281,7 +251,10 @@ class LLMEngine:
             "kv_pages_by_group": [a.num_pages for a in self.kv.allocators],
             "page_size": self.pool.page_size,
             "kv_bytes": sum(p.nbytes for p in self.pools), "kv_dtype": str(self.kv_dtype).removeprefix("torch."),
-            "max_num_seqs": self.config.max_num_seqs,
+            "max_num_seqs": self.max_num_seqs,
+            # A hybrid model's recurrent-state pool: the sequences it holds (as many snapshot slots again), bytes.
+            "state_seqs": self.kv.state.num_seqs if self.kv.state is not None else None,
+            "state_bytes": self.state_pool.nbytes if self.state_pool is not None else 0,
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "prefix_caching": self.config.enable_prefix_caching,
             "adapters": list(self.adapters),

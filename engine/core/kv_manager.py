@@ -6,6 +6,10 @@ table format). In a sliding-window group a page that fell wholly out of the wind
 NULL page (one reserved page past the allocator's, never freed, never read: the backend skips keys outside the
 window) and given back after the step; between steps a sequence holds at most ceil(W / page_size) + 1 real
 pages there.
+
+A hybrid model's recurrent layers hold a state slot per sequence instead (engine/core/state_cache.py): this
+manager gives slots out and back with the pages, captures a snapshot at the last page boundary each step
+crosses, and lets a prefix hit stop only at a boundary whose snapshot it has.
 """
 
 from __future__ import annotations
@@ -13,15 +17,18 @@ from __future__ import annotations
 from engine.core.kv_cache import PageAllocator
 from engine.core.kv_spec import KVGroupSpec
 from engine.core.sequence import Sequence
+from engine.core.state_cache import StateSlots
 
 
 class KVCacheManager:
     """One PageAllocator per layer group; group g's NULL page (window groups) is page id num_pages[g]."""
 
     def __init__(
-        self, specs: list[KVGroupSpec], num_pages: list[int], page_size: int, enable_prefix_caching: bool = True
+        self, specs: list[KVGroupSpec], num_pages: list[int], page_size: int, enable_prefix_caching: bool = True,
+        state: StateSlots | None = None,
     ) -> None:
         self.specs = specs
+        self.state = state  # a hybrid model's recurrent-state slots (None: every layer has pages)
         self.page_size = page_size
         self.enable_prefix_caching = enable_prefix_caching
         self.allocators = [PageAllocator(n, enable_prefix_caching) for n in num_pages]
@@ -32,6 +39,12 @@ class KVCacheManager:
     @property
     def has_windows(self) -> bool:
         return any(null is not None for null in self.null_pages)
+
+    @property
+    def waits_for_choices(self) -> bool:
+        """A resumed lead stops at the prompt's full pages for its choices to take them (engine/core/scheduler.py):
+        past them a window would drop pages they read, or the state at them would not be snapshotted."""
+        return self.has_windows or self.state is not None
 
     @property
     def num_free(self) -> list[int]:
@@ -81,11 +94,33 @@ class KVCacheManager:
                 pages[-1] = copy
             if total > len(pages):
                 pages += a.allocate(total - len(pages))
+        if self.state is not None:
+            self._plan_state(seq, n)
+
+    def _plan_state(self, seq: Sequence, n: int) -> None:
+        """The sequence's state slot (zeros for one that starts now), and a snapshot slot for the last page
+        boundary its next n tokens cross."""
+        if seq.state_slot is None:
+            seq.state_slot = self.state.take()
+        start = seq.num_computed_tokens
+        boundary = (start + n) // self.page_size * self.page_size
+        if seq.state_capture is not None:
+            self.state.release(seq.state_capture[1])
+        seq.state_capture = None
+        if boundary > start:
+            slot = self.state.take_snapshot()
+            if slot is not None:
+                seq.state_capture = (boundary, slot)
 
     def free(self, seq: Sequence) -> None:
         """Gives back every page the sequence holds and forgets its KV."""
         for g, pages in enumerate(seq.kv_pages):
             self.allocators[g].free(self._real(g, pages))
+        if self.state is not None:
+            for slot in (seq.state_slot, seq.state_capture[1] if seq.state_capture else None):
+                if slot is not None:
+                    self.state.release(slot)
+            seq.state_slot, seq.state_capture = None, None
         seq.reset()
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
@@ -95,15 +130,25 @@ class KVCacheManager:
         child.page_hashes = list(parent.page_hashes)
         for g, pages in enumerate(child.kv_pages):
             self.allocators[g].share(self._real(g, pages))
+        if self.state is not None:
+            child.state_slot = self.state.take(parent.state_slot)
 
     def share_prefix(self, lead: Sequence, seq: Sequence, count: int) -> bool:
         """`seq` takes `lead`'s first `count` pages (the same prompt) in every group instead of its own; False
-        (and nothing done) when a window group of `lead` has already dropped a page that `seq` would read."""
+        (and nothing done) when a window group of `lead` has already dropped a page that `seq` would read, or when
+        no snapshot of the recurrent state at those pages' end is kept."""
         ps = self.page_size
         firsts = [s.first_needed_page(count * ps, ps) for s in self.specs]
         for g, first in enumerate(firsts):
             if self.null_pages[g] is not None and self.null_pages[g] in lead.kv_pages[g][first:count]:
                 return False
+        if self.state is not None:
+            snapshot = self.state.find(lead.hashes(count, ps)[-1])
+            if snapshot is None:
+                return False
+            if seq.state_slot is not None:
+                self.state.release(seq.state_slot)
+            seq.state_slot = self.state.take(snapshot)
         for g, pages in enumerate(seq.kv_pages):
             self.allocators[g].free(self._real(g, pages))
         seq.kv_pages = []
@@ -126,13 +171,15 @@ class KVCacheManager:
         for g, spec in enumerate(self.specs):
             if spec.window is None:
                 count = next((i for i, page in enumerate(found[g][:count]) if page is None), count)
-        while count and not all(
+        while count and not (all(
             None not in found[g][spec.first_needed_page(count * ps, ps) : count]
             for g, spec in enumerate(self.specs) if spec.window is not None
-        ):
+        ) and (self.state is None or self.state.find(hashes[count - 1]) is not None)):
             count -= 1
         if not count:
             return
+        if self.state is not None:
+            seq.state_slot = self.state.take(self.state.find(hashes[count - 1]))
         seq.kv_pages = []
         for g, spec in enumerate(self.specs):
             first = spec.first_needed_page(count * ps, ps)
@@ -154,6 +201,20 @@ class KVCacheManager:
         for g, spec in enumerate(self.specs):
             if spec.window is not None:
                 self._slide(g, seq.kv_pages[g], spec.first_needed_page(new, ps))
+        if self.state is not None and seq.state_capture is not None:
+            self._register_snapshot(seq)
+
+    def _register_snapshot(self, seq: Sequence) -> None:
+        """The state captured at a page boundary joins the prefix cache under that page's hash. Past the prompt a
+        sequence keeps only its latest: an earlier decode boundary is of no use to a later turn."""
+        boundary, slot = seq.state_capture
+        seq.state_capture = None
+        h = seq.hashes(boundary // self.page_size, self.page_size)[-1]
+        self.state.register(h, slot)
+        if boundary > seq.num_prompt_tokens:
+            if seq.state_snapshot is not None and seq.state_snapshot != h:
+                self.state.drop(seq.state_snapshot)
+            seq.state_snapshot = h
 
     def _slide(self, g: int, pages: list[int], first: int) -> None:
         """NULLs pages[:first]. The NULL pages of a list are always a prefix: walk back from `first`."""
@@ -169,7 +230,11 @@ class KVCacheManager:
         null = self.null_pages[g]
         return pages if null is None else [p for p in pages if p != null]
 
-    def check(self) -> None:
-        """Asserts every allocator's bookkeeping invariants (tests call this every step)."""
+    def check(self, seqs: list[Sequence] | None = None) -> None:
+        """Asserts every allocator's bookkeeping invariants (tests call this every step); with the live sequences,
+        that every state slot is free, a snapshot or held by one of them."""
         for a in self.allocators:
             a.check()
+        if self.state is not None and seqs is not None:
+            self.state.check([slot for s in seqs for slot in (s.state_slot, (s.state_capture or (0, None))[1])
+                              if slot is not None])

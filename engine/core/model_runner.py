@@ -5,7 +5,9 @@ end of its known tokens, and the prompt rows of requests that asked for prompt_l
 (engine/core/pooling.py) gets no logits: its chunk's final hidden states are handed on as they are.
 
 Each KV layer group has its own page pool and backend (planned once per step with the group's metadata); the
-groups' page lists are equally long, so they share qo/kv indptr and last page lengths and differ in pages only.
+groups' page lists are equally long, so they share qo/kv indptr and last page lengths and differ in pages only. A
+hybrid model's recurrent layers read and write their state slots (engine/core/state_cache.py) under one
+RecurrentStep plan per step.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.core.kv_cache import PagePool
 from engine.core.kv_spec import KVGroupSpec
 from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.state_cache import StatePool
 from engine.core.step import Sample, ScheduledSeq, SchedulerOutput, StepResult
+from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec, RecurrentStep
 from engine.sample.logits_processor import SamplingRow, process_logits
 from engine.sample.sampler import Sampler, compute_logprobs
 
@@ -30,17 +34,26 @@ class ModelRunner:
     def __init__(
         self, model: torch.nn.Module, groups: list[KVGroupSpec], pools: list[PagePool],
         backends: list[AttentionBackend], sampler: Sampler, device: torch.device,
+        recurrent: RecurrentSpec | None = None, state_pool: StatePool | None = None,
     ) -> None:
         self.model, self.pools, self.backends, self.sampler, self.device = model, pools, backends, sampler, device
         self.page_size = pools[0].page_size
-        if len(groups) == 1 and not groups[0].readers:
+        self.state_pool = state_pool
+        self.recurrent_plan = RecurrentPlan() if state_pool is not None else None
+        if len(groups) == 1 and not groups[0].readers and recurrent is None:
             self.layer_caches, self.layer_backends = pools[0].kv_caches, backends[0]
         else:
             where = {layer: (g, i) for g, spec in enumerate(groups) for i, layer in enumerate(spec.layers)}
             # A layer that shares KV attends over its source's pages with its source's backend.
             where.update({reader: where[source] for spec in groups for reader, source in spec.readers})
-            self.layer_caches = [pools[g].kv_caches[i] for g, i in (where[n] for n in range(len(where)))]
-            self.layer_backends = [backends[where[n][0]] for n in range(len(where))]
+            caches = {n: pools[g].kv_caches[i] for n, (g, i) in where.items()}
+            layer_backends = {n: backends[g] for n, (g, _) in where.items()}
+            if recurrent is not None:
+                # A recurrent layer's "cache" is its (conv windows, delta states) slots; its "backend" the step plan.
+                caches.update(zip(recurrent.layers, state_pool.layer_states, strict=True))
+                layer_backends.update((n, self.recurrent_plan) for n in recurrent.layers)
+            self.layer_caches = [caches[n] for n in range(len(caches))]
+            self.layer_backends = [layer_backends[n] for n in range(len(caches))]
         self.num_tokens_run = 0  # tokens fed to the model over the runner's life (prefix hits are not)
         self.graph_runner = None  # CUDA: engine.cuda.graphs.CudaGraphRunner for decode steps
 
@@ -49,6 +62,9 @@ class ModelRunner:
         for g, pool in enumerate(self.pools):
             pool.copy_pages([s for h, s, _ in out.copies if h == g], [d for h, _, d in out.copies if h == g])
         input_ids, positions, metas, sample_at, prompt_at, pool_at = self._prepare(out.scheduled)
+        if self.state_pool is not None:
+            self.state_pool.copy_slots(out.state_copies)
+            self.recurrent_plan.plan(self._recurrent_step(out.scheduled, metas[0].is_decode))
         if self.graph_runner is not None:
             # NOTE: a replayed hidden is a static buffer the next replay overwrites: logits come first.
             hidden = self.graph_runner(input_ids, positions, metas[0])
@@ -128,6 +144,17 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long).to(dev, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
         return input_ids, pos, metas, sample_at, prompt_at, pool_at
+
+    def _recurrent_step(self, scheduled: list[ScheduledSeq], is_decode: bool) -> RecurrentStep:
+        spans, slots, captures, row = [], [], [], 0
+        for i, s in enumerate(scheduled):
+            spans.append((row, s.num_tokens))
+            slots.append(s.seq.state_slot)
+            if s.seq.state_capture is not None:
+                boundary, slot = s.seq.state_capture
+                captures.append((i, boundary - s.start, slot))
+            row += s.num_tokens
+        return RecurrentStep(spans, slots, captures, torch.tensor(slots, device=self.device), is_decode)
 
     def _prompt_logprobs(
         self, hidden: torch.Tensor, scheduled: list[ScheduledSeq], prompt_at: list[tuple[int, int, int]],

@@ -76,6 +76,8 @@ class Scheduler:
                     taken.add(id(group))
                     budget -= used
         self._admit(budget, out, taken)
+        if self.kv.state is not None:
+            out.state_copies = self.kv.state.drain()
         return out
 
     def _admit(self, budget: int, out: SchedulerOutput, taken: set[int]) -> None:
@@ -136,7 +138,7 @@ class Scheduler:
                 continue
             n = min(remaining, budget - used)
             full = len(group.prompt_token_ids) // self.page_size * self.page_size
-            if s is seqs[0] and len(seqs) > 1 and self.kv.has_windows and s.num_computed_tokens < full:
+            if s is seqs[0] and len(seqs) > 1 and self.kv.waits_for_choices and s.num_computed_tokens < full:
                 # A resumed lead stops at the prompt's full pages, which its choices then take (_share_prompt):
                 # past them its sliding windows would drop pages the choices read.
                 n = min(n, full - s.num_computed_tokens)

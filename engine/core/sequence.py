@@ -34,6 +34,11 @@ class Sequence:
     kv_pages: list[list[int]] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose KV is in `kv_pages`
     page_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the first full pages
+    # A hybrid model's recurrent state (engine/core/state_cache.py): the sequence's slot, the (page boundary,
+    # slot) of the snapshot its scheduled step captures, and the hash its latest decode-time snapshot went under.
+    state_slot: int | None = None
+    state_capture: tuple[int, int] | None = None
+    state_snapshot: bytes | None = None
     output_token_ids: list[int] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None

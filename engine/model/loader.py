@@ -19,6 +19,7 @@ from engine.model.checkpoint import load_weights, plan_copies, safetensors_files
 from engine.model.kv_scales import check_kv_cache_scheme, load_kv_scales
 from engine.model.layers.linear import pack_linears_for_cpu, quantize_linears_int4
 from engine.model.layers.lora import attach_lora
+from engine.model.layers.recurrent_step import RecurrentSpec
 from engine.model.models import CausalLM, model_class
 from engine.model.pooling import PoolingConfig, read_pooling
 from engine.model.quant.base import QuantFormat
@@ -44,6 +45,8 @@ class ModelSpec:
     dtype: torch.dtype
     kv_groups: list[KVGroupSpec]  # the KV cache's layer groups (one for a full-attention model)
     pooling: PoolingConfig  # how an embedding request pools the final hidden states
+    # A hybrid model's recurrent layers and their per-sequence state shapes (None: every layer attends over pages)
+    recurrent: RecurrentSpec | None = None
 
 
 def load_model(
@@ -103,6 +106,7 @@ def load_model(
         dtype=dtype,
         kv_groups=model.kv_groups(config),
         pooling=read_pooling(model_path, config),
+        recurrent=model.recurrent_spec() if hasattr(model, "recurrent_spec") else None,
     )
     return model, spec
 

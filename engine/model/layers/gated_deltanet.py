@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model.layers import delta_rule
+from engine.model.layers.recurrent_step import RecurrentStep
 
 
 @dataclass(frozen=True)
@@ -69,30 +70,80 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(s.head_v_dim, s.eps)
         self.out_proj = nn.Linear(value_dim, s.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, spans: list[tuple[int, int]], conv_states: torch.Tensor,
-                delta_states: torch.Tensor) -> torch.Tensor:
-        """x [tokens, hidden]: the step's sequences one after another, sequence i at rows spans[i] = (start,
-        length); conv_states [i] and delta_states [i] are its state, updated in place."""
+    def forward(self, x: torch.Tensor, step: RecurrentStep, conv_pool: torch.Tensor,
+                state_pool: torch.Tensor) -> torch.Tensor:
+        """x [tokens, hidden]: the step's sequences one after another (step.spans); conv_pool [slots, conv_dim, K - 1]
+        and state_pool [slots, Hv, Dk, Dv] are this layer's state slots, read and written at step.slots."""
         s = self.shape
-        key_dim = s.num_k_heads * s.head_k_dim
-        mixed = self.in_proj_qkv(x)
-        z = self.in_proj_z(x)
-        beta = torch.sigmoid(self.in_proj_b(x))
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
-        out = torch.empty(x.shape[0], s.num_v_heads, s.head_v_dim, dtype=x.dtype, device=x.device)
-        weight = self.conv1d.weight  # [conv_dim, 1, K]
-        for i, (start, length) in enumerate(spans):
-            rows = slice(start, start + length)
-            # The conv sees the sequence's last K - 1 inputs before this step, then this step's.
-            window = torch.cat([conv_states[i].to(mixed.dtype), mixed[rows].t()], dim=1)
-            conv_states[i].copy_(window[:, -(s.conv_kernel - 1):])
-            qkv = F.silu(F.conv1d(window[None], weight, groups=s.conv_dim)[0]).t()  # [length, conv_dim]
-            q = qkv[:, :key_dim].reshape(length, s.num_k_heads, s.head_k_dim)
-            k = qkv[:, key_dim : 2 * key_dim].reshape(length, s.num_k_heads, s.head_k_dim)
-            v = qkv[:, 2 * key_dim :].reshape(length, s.num_v_heads, s.head_v_dim)
-            rule = delta_rule.recurrent if length == 1 else delta_rule.chunked
-            o, state = rule(q, k, v, g[rows], beta[rows], delta_states[i])
-            delta_states[i].copy_(state)
-            out[rows] = o
+        mixed, z, b, a = self.project(x)
+        beta = torch.sigmoid(b)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        if step.is_decode:
+            out = self._decode(mixed, g, beta, step.slot_index, conv_pool, state_pool)
+            for i, _, dst in step.captures:  # a decode row's snapshot is its state after the step
+                conv_pool[dst].copy_(conv_pool[step.slots[i]])
+                state_pool[dst].copy_(state_pool[step.slots[i]])
+        else:
+            out = torch.empty(x.shape[0], s.num_v_heads, s.head_v_dim, dtype=x.dtype, device=x.device)
+            for i, ((start, length), slot) in enumerate(zip(step.spans, step.slots, strict=True)):
+                rows = slice(start, start + length)
+                capture = step.capture_of(i)
+                if length == 1 and capture is None:
+                    index = torch.tensor([slot], device=x.device)
+                    out[rows] = self._decode(mixed[rows], g[rows], beta[rows], index, conv_pool, state_pool)
+                else:
+                    out[rows] = self._prefill(mixed[rows], g[rows], beta[rows], slot, capture, conv_pool, state_pool)
         gated = self.norm(out.reshape(-1, s.head_v_dim), z.reshape(-1, s.head_v_dim))
         return self.out_proj(gated.reshape(x.shape[0], -1))
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q|k|v before the conv, z, b, a), each [tokens, ...] flat per head."""
+        return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+
+    def capture_blocker(self, device: torch.device, dtype: torch.dtype) -> str | None:
+        return "recurrent-state layers (Gated DeltaNet) run eagerly"
+
+    def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        s, t = self.shape, qkv.shape[0]
+        key_dim = s.num_k_heads * s.head_k_dim
+        return (qkv[:, :key_dim].reshape(t, s.num_k_heads, s.head_k_dim),
+                qkv[:, key_dim : 2 * key_dim].reshape(t, s.num_k_heads, s.head_k_dim),
+                qkv[:, 2 * key_dim :].reshape(t, s.num_v_heads, s.head_v_dim))
+
+    def _decode(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, index: torch.Tensor,
+                conv_pool: torch.Tensor, state_pool: torch.Tensor) -> torch.Tensor:
+        """One token of each of B sequences (rows of mixed), their states at `index`: the conv as a dot product
+        with each window, the recurrent rule over the B sequences' heads at once."""
+        s, b = self.shape, mixed.shape[0]
+        window = torch.cat([conv_pool.index_select(0, index).to(mixed.dtype), mixed[:, :, None]], dim=2)
+        conv_pool.index_copy_(0, index, window[:, :, 1:].to(conv_pool.dtype))
+        qkv = F.silu((window * self.conv1d.weight[:, 0]).sum(-1))  # [B, conv_dim]
+        q, k, v = self._split(qkv)
+        states = state_pool.index_select(0, index).reshape(b * s.num_v_heads, s.head_k_dim, s.head_v_dim)
+        o, states = delta_rule.recurrent(q.reshape(1, b * s.num_k_heads, -1), k.reshape(1, b * s.num_k_heads, -1),
+                                         v.reshape(1, b * s.num_v_heads, -1), g.reshape(1, -1), beta.reshape(1, -1),
+                                         states)
+        state_pool.index_copy_(0, index, states.view(b, s.num_v_heads, s.head_k_dim, s.head_v_dim))
+        return o.view(b, s.num_v_heads, s.head_v_dim)
+
+    def _prefill(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, slot: int,
+                 capture: tuple[int, int] | None, conv_pool: torch.Tensor, state_pool: torch.Tensor) -> torch.Tensor:
+        """One sequence's rows from its state in `slot`, chunked; capture (rows, dst): dst gets the state after
+        that many rows (the rule then runs in two parts, from the state between them)."""
+        s, length = self.shape, mixed.shape[0]
+        # The conv sees the sequence's last K - 1 inputs before this step, then this step's.
+        window = torch.cat([conv_pool[slot].to(mixed.dtype), mixed.t()], dim=1)
+        qkv = F.silu(F.conv1d(window[None], self.conv1d.weight, groups=s.conv_dim)[0]).t()  # [length, conv_dim]
+        q, k, v = self._split(qkv)
+        cut = capture[0] if capture is not None else length
+        parts = [(0, cut), (cut, length)] if cut < length else [(0, length)]
+        state, outs = state_pool[slot].float(), []
+        for lo, hi in parts:
+            o, state = delta_rule.chunked(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], state)
+            outs.append(o)
+            if capture is not None and hi == cut:
+                conv_pool[capture[1]].copy_(window[:, cut : cut + s.conv_kernel - 1])
+                state_pool[capture[1]].copy_(state)
+        conv_pool[slot].copy_(window[:, -(s.conv_kernel - 1):])
+        state_pool[slot].copy_(state)
+        return torch.cat(outs) if len(outs) > 1 else outs[0]

@@ -36,6 +36,11 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen2MoeForCausalLM": ("engine.model.models.qwen3_moe", "Qwen2MoeForCausalLM"),
     "Qwen3ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     "Qwen3MoeForCausalLM": ("engine.model.models.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "Qwen3NextForCausalLM": ("engine.model.models.qwen3_5", "Qwen3NextForCausalLM"),
+    "Qwen3_5ForCausalLM": ("engine.model.models.qwen3_5", "Qwen3_5ForCausalLM"),
+    "Qwen3_5ForConditionalGeneration": ("engine.model.models.qwen3_5", "Qwen3_5ForConditionalGeneration"),
+    "Qwen3_5MoeForCausalLM": ("engine.model.models.qwen3_5", "Qwen3_5MoeForCausalLM"),
+    "Qwen3_5MoeForConditionalGeneration": ("engine.model.models.qwen3_5", "Qwen3_5MoeForConditionalGeneration"),
 }
 
 

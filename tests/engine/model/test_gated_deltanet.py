@@ -10,6 +10,7 @@ import torch
 
 from engine.model.layers import delta_rule
 from engine.model.layers.gated_deltanet import DeltaNetShape, GatedDeltaNet
+from engine.model.layers.recurrent_step import RecurrentStep
 
 ATOL = 2e-5
 CONFIG = dict(hidden_size=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
@@ -68,6 +69,11 @@ def states(ours: GatedDeltaNet, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(n, *conv), torch.zeros(n, *delta)
 
 
+def plan(spans: list[tuple[int, int]], captures=()) -> RecurrentStep:
+    slots = list(range(len(spans)))
+    return RecurrentStep(spans, slots, list(captures), torch.tensor(slots), all(n == 1 for _, n in spans))
+
+
 def reference(hf, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return hf(x[None])[0]
@@ -78,7 +84,7 @@ def test_one_pass_matches_transformers(layers, length):
     hf, ours = layers
     x = torch.randn(length, 64, generator=torch.Generator().manual_seed(length))
     with torch.no_grad():
-        got = ours(x, [(0, length)], *states(ours, 1))
+        got = ours(x, plan([(0, length)]), *states(ours, 1))
     torch.testing.assert_close(got, reference(hf, x), atol=ATOL, rtol=1e-4)
 
 
@@ -89,7 +95,7 @@ def test_chunks_and_decode_carry_the_state_over(layers):
     pieces = []
     with torch.no_grad():
         for lo, hi in ((0, 2), (2, 67), (67, 80)) + tuple((t, t + 1) for t in range(80, 90)):
-            pieces.append(ours(x[lo:hi], [(0, hi - lo)], conv, delta))
+            pieces.append(ours(x[lo:hi], plan([(0, hi - lo)]), conv, delta))
     torch.testing.assert_close(torch.cat(pieces), reference(hf, x), atol=ATOL, rtol=1e-4)
 
 
@@ -102,5 +108,35 @@ def test_sequences_in_one_step_equal_each_alone(layers):
         spans.append((start, len(x)))
         start += len(x)
     with torch.no_grad():
-        got = ours(torch.cat(xs), spans, *states(ours, 3))
+        got = ours(torch.cat(xs), plan(spans), *states(ours, 3))
     torch.testing.assert_close(got, torch.cat([reference(hf, x) for x in xs]), atol=ATOL, rtol=1e-4)
+
+
+def test_a_snapshot_inside_a_chunk_is_the_state_a_run_to_there_leaves(layers):
+    """A capture at row 40 of a 70-row chunk holds what a 40-row prefill leaves: resuming from it gives the rest."""
+    hf, ours = layers
+    x = torch.randn(70, 64, generator=torch.Generator().manual_seed(3))
+    conv, delta = states(ours, 2)
+    with torch.no_grad():
+        whole = ours(x, plan([(0, 70)], captures=[(0, 40, 1)]), conv, delta)
+        # Slot 1 holds the snapshot: the last 30 rows run from it as a new sequence would from a prefix hit.
+        step = RecurrentStep([(0, 30)], [1], [], torch.tensor([1]), False)
+        rest = ours(x[40:], step, conv, delta)
+    want = reference(hf, x)
+    torch.testing.assert_close(whole, want, atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(rest, want[40:], atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(conv[0], conv[1])  # both ran to the end of the sequence
+    torch.testing.assert_close(delta[0], delta[1], atol=ATOL, rtol=1e-4)
+
+
+def test_batched_decode_equals_each_sequence_alone(layers):
+    hf, ours = layers
+    gen = torch.Generator().manual_seed(4)
+    xs = [torch.randn(n, 64, generator=gen) for n in (5, 9, 2)]
+    conv, delta = states(ours, 3)
+    with torch.no_grad():
+        first = ours(torch.cat([x[:-1] for x in xs]), plan([(0, 4), (4, 8), (12, 1)]), conv, delta)
+        last = ours(torch.stack([x[-1] for x in xs]), plan([(0, 1), (1, 1), (2, 1)]), conv, delta)
+    for j, x in enumerate(xs):
+        torch.testing.assert_close(last[j], reference(hf, x)[-1], atol=ATOL, rtol=1e-4)
+    assert first.shape[0] == 13

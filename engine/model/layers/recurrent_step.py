@@ -1,0 +1,60 @@
+"""One step's plan for the recurrent-state layers (Gated DeltaNet), the counterpart of an attention backend's
+plan: which rows of the flattened batch are each sequence's, which state slot each sequence reads and writes, and
+where a snapshot of a sequence's state is taken (at a page boundary, for the prefix cache).
+
+The runner builds it once per step (engine/core/model_runner.py) from the slots the KV manager gave out; every
+recurrent layer runs with it over its own slots of the state pool (engine/core/state_cache.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RecurrentSpec:
+    """The model's recurrent layers (model layer indices, ascending) and one slot's state shapes per layer:
+    the conv window [conv_dim, K - 1] (in the model dtype) and the delta-rule state [Hv, Dk, Dv] (float32)."""
+
+    layers: tuple[int, ...]
+    conv_shape: tuple[int, int]
+    state_shape: tuple[int, int, int]
+
+    def slot_bytes(self, dtype: torch.dtype) -> int:
+        """Bytes of one sequence's state across every recurrent layer."""
+        conv = self.conv_shape[0] * self.conv_shape[1] * torch.empty((), dtype=dtype).element_size()
+        state = self.state_shape[0] * self.state_shape[1] * self.state_shape[2] * 4
+        return len(self.layers) * (conv + state)
+
+    @property
+    def label(self) -> str:
+        return f"recurrent:{len(self.layers)}x"
+
+
+@dataclass
+class RecurrentStep:
+    """spans[i] = (first row, rows) of scheduled sequence i in the flattened batch; slots[i] its state slot (also as
+    slot_index, a long tensor on the device); captures: (i, rows into its span, slot) where a copy of sequence i's
+    state after that many of its rows goes; is_decode: every sequence has one row (the batched path)."""
+
+    spans: list[tuple[int, int]]
+    slots: list[int]
+    captures: list[tuple[int, int, int]]
+    slot_index: torch.Tensor
+    is_decode: bool
+
+    def capture_of(self, i: int) -> tuple[int, int] | None:
+        """(rows, slot) of sequence i's snapshot this step, or None."""
+        return next(((rows, slot) for j, rows, slot in self.captures if j == i), None)
+
+
+class RecurrentPlan:
+    """What the runner hands every recurrent layer in place of an attention backend: planned once per step."""
+
+    def __init__(self) -> None:
+        self.step: RecurrentStep | None = None
+
+    def plan(self, step: RecurrentStep) -> None:
+        self.step = step

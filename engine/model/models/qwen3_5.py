@@ -1,0 +1,258 @@
+"""Hybrid decoders of linear and full attention: Qwen3.5 / Qwen3.6 (dense and MoE, and the text model of their
+image-text checkpoints) and Qwen3-Next.
+
+Most layers are Gated DeltaNet (engine.model.layers.gated_deltanet), whose per-sequence state lives in a slot of
+the engine's state pool; every `full_attention_interval`-th layer is gated attention over the paged KV cache: a
+q_proj that also emits a per-head output gate, zero-centred RMSNorms on q and k, rotary on the first
+partial_rotary_factor of each head (interleaved multimodal sections reduce to plain 1-D positions for text), and
+attn * sigmoid(gate) before o_proj. Every decoder norm is zero-centred (scale 1 + w, computed in float32). The MLP
+is SwiGLU, or a mixture of experts with a sigmoid-gated shared expert.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.core.kv_spec import KVGroupSpec
+from engine.errors import UnsupportedModel
+from engine.model.layers.gated_deltanet import DeltaNetShape, GatedDeltaNet
+from engine.model.layers.moe import SparseMoE
+from engine.model.layers.norm import GemmaRMSNorm
+from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec
+from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
+from engine.model.models.base import DecoderLM
+from engine.model.models.llama import FusedLinear, LlamaArgs, LlamaAttention, LlamaMLP
+from engine.model.models.qwen3_moe import MoeArgs, qwen_sparse_layers, read_moe_args
+
+log = logging.getLogger(__name__)
+
+LAYER_TYPES = ("linear_attention", "full_attention")
+# Per-layer-type rope keys that only the multimodal positions use; text positions make them moot.
+MROPE_KEYS = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
+
+
+@dataclass
+class HybridArgs(MoeArgs):
+    layer_types: tuple[str, ...] = ()
+    rotary_dim: int = 0  # the leading dims of each q / k head that rotate
+    deltanet: DeltaNetShape | None = None
+    fused_projections: bool = False  # Qwen3-Next: in_proj_qkvz and in_proj_ba, interleaved per key head
+
+    @property
+    def activation_width(self) -> int:
+        return self.intermediate_size if self.routing is None else super().activation_width
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "linear_attention")
+
+
+def read_hybrid_args(config: dict, names: set[str], *, moe: bool, fused_projections: bool = False,
+                     sparse_layers: tuple[int, ...] | None = None, norm_topk_prob: bool | None = None) -> HybridArgs:
+    """HybridArgs from a Qwen3.5 / Qwen3-Next text config; UnsupportedModel naming what the engine does not run."""
+    n = config["num_hidden_layers"]
+    layer_types = tuple(config.get("layer_types") or
+                        ("full_attention" if (i + 1) % config.get("full_attention_interval", 4) == 0
+                         else "linear_attention" for i in range(n)))
+    unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+    if unknown:
+        raise UnsupportedModel(f"layer type {unknown[0]!r} is not supported (supported: {', '.join(LAYER_TYPES)})",
+                               param="model")
+    rope = dict(config.get("rope_parameters") or {"rope_theta": config.get("rope_theta", 10000.0)})
+    factor = float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
+    config = {**config, "rope_parameters": {k: v for k, v in rope.items() if k not in MROPE_KEYS}}
+    if moe:
+        base = read_moe_args(config, names, expert_size_key="moe_intermediate_size", norm_topk_prob=norm_topk_prob,
+                             shared_expert_size=config.get("shared_expert_intermediate_size") or 0,
+                             sparse_layers=sparse_layers)
+        fields = {name: getattr(base, name) for name in MoeArgs.__dataclass_fields__}
+    else:
+        if config.get("hidden_act", "silu") != "silu":
+            raise UnsupportedModel(f"hidden_act {config['hidden_act']!r} is not supported", param="model")
+        fields = vars(LlamaArgs.from_config(config, names))
+    shape = DeltaNetShape(config["hidden_size"], config["linear_num_key_heads"], config["linear_num_value_heads"],
+                          config["linear_key_head_dim"], config["linear_value_head_dim"],
+                          config["linear_conv_kernel_dim"], config.get("rms_norm_eps", 1e-6))
+    if shape.num_v_heads % shape.num_k_heads:
+        raise UnsupportedModel("linear_num_value_heads must be a multiple of linear_num_key_heads", param="model")
+    head_dim = fields["head_dim"]
+    return HybridArgs(**fields, layer_types=layer_types, rotary_dim=int(head_dim * factor), deltanet=shape,
+                      fused_projections=fused_projections)
+
+
+class GatedAttention(LlamaAttention):
+    """Full attention whose q_proj rows are, per head, [query (head_dim) | output gate (head_dim)]."""
+
+    def __init__(self, a: HybridArgs) -> None:
+        super().__init__(a)
+        q, kv = a.num_q_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        self.qkv_proj = FusedLinear(a.hidden_size, {"q_proj": 2 * q, "k_proj": kv, "v_proj": kv}, a.qkv_bias)
+        self.q_norm = GemmaRMSNorm(a.head_dim, a.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(a.head_dim, a.rms_norm_eps)
+        self.rotary_dim = a.rotary_dim
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+        t, hq, hk, d, r = x.shape[0], self.num_q, self.num_kv, self.head_dim, self.rotary_dim
+        qkv = self.qkv_proj(x)
+        q_gate = qkv[:, : 2 * hq * d].view(t, hq, 2 * d)
+        q, gate = self.q_norm(q_gate[..., :d]), q_gate[..., d:].reshape(t, hq * d)
+        k = self.k_norm(qkv[:, 2 * hq * d : (2 * hq + hk) * d].view(t, hk, d))
+        v = qkv[:, (2 * hq + hk) * d :].view(t, hk, d)
+        apply_rotary_(q[..., :r], cos, sin)
+        apply_rotary_(k[..., :r], cos, sin)
+        backend.write_kv(k, v, k_cache, v_cache, k_scale=self.k_scale, v_scale=self.v_scale)
+        out = backend.run(q, k_cache, v_cache, k_scale=self.k_scale, v_scale=self.v_scale)
+        return self.o_proj(out.reshape(t, hq * d) * torch.sigmoid(gate))
+
+
+class FusedProjectionDeltaNet(GatedDeltaNet):
+    """Qwen3-Next's Gated DeltaNet: q|k|v|z in one in_proj_qkvz and b|a in one in_proj_ba, both laid out per key
+    head ([q_h, k_h, v of its value heads, z of its value heads]); split back into Qwen3.5's order at run time."""
+
+    def __init__(self, shape: DeltaNetShape) -> None:
+        super().__init__(shape)
+        del self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a
+        s = shape
+        self.in_proj_qkvz = nn.Linear(s.hidden_size, 2 * s.conv_dim - 2 * s.num_k_heads * s.head_k_dim, bias=False)
+        self.in_proj_ba = nn.Linear(s.hidden_size, 2 * s.num_v_heads, bias=False)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        s, t = self.shape, x.shape[0]
+        per = s.num_v_heads // s.num_k_heads * s.head_v_dim
+        q, k, v, z = self.in_proj_qkvz(x).view(t, s.num_k_heads, -1).split([s.head_k_dim, s.head_k_dim, per, per], -1)
+        b, a = self.in_proj_ba(x).view(t, s.num_k_heads, -1).chunk(2, dim=-1)
+        mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+        return mixed, z.reshape(t, -1), b.reshape(t, -1), a.reshape(t, -1)
+
+
+class HybridDecoderLayer(nn.Module):
+    def __init__(self, a: HybridArgs, index: int) -> None:
+        super().__init__()
+        self.recurrent = a.layer_types[index] == "linear_attention"
+        if self.recurrent:
+            self.linear_attn = (FusedProjectionDeltaNet if a.fused_projections else GatedDeltaNet)(a.deltanet)
+        else:
+            self.self_attn = GatedAttention(a)
+        self.mlp = LlamaMLP(a)
+        self.input_layernorm = GemmaRMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(a.hidden_size, a.rms_norm_eps)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
+                backend: AttentionBackend | RecurrentPlan) -> torch.Tensor:
+        x = self.input_layernorm(h)
+        if self.recurrent:
+            x = self.linear_attn(x, backend.step, *cache)
+        else:
+            x = self.self_attn(x, cos, sin, *cache, backend)
+        h = h + x
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class HybridModel(nn.Module):
+    def __init__(self, a: HybridArgs) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size, _weight=torch.empty(a.vocab_size, a.hidden_size))
+        self.layers = nn.ModuleList(HybridDecoderLayer(a, i) for i in range(a.num_layers))
+        self.norm = GemmaRMSNorm(a.hidden_size, a.rms_norm_eps)
+
+
+class Qwen3_5ForCausalLM(DecoderLM):
+    """Qwen3.5's dense text model (qwen3_5_text)."""
+
+    @classmethod
+    def read_args(cls, config: dict, names: set[str]) -> HybridArgs:
+        return read_hybrid_args(config, names, moe=False)
+
+    def __init__(self, args: HybridArgs) -> None:
+        super().__init__(args, HybridModel(args))
+        for i in args.sparse_layers:
+            self.model.layers[i].mlp = self.make_moe(args)
+        self.rotary: RotaryEmbedding | None = None
+
+    def make_moe(self, a: HybridArgs) -> SparseMoE:
+        r = a.routing
+        shared = LlamaMLP(LlamaArgs(**{**{n: getattr(a, n) for n in LlamaArgs.__dataclass_fields__},
+                                       "intermediate_size": r.shared_expert_size})) if r.shared_expert_size else None
+        return SparseMoE(r, a.hidden_size, shared)
+
+    def kv_groups(self, config: dict) -> list[KVGroupSpec]:
+        a = self.args
+        full = tuple(i for i, t in enumerate(a.layer_types) if t == "full_attention")
+        return [KVGroupSpec(full, a.num_kv_heads, a.head_dim)] if full else []
+
+    def recurrent_spec(self) -> RecurrentSpec:
+        conv, state = self.args.deltanet.state_shapes()
+        return RecurrentSpec(self.args.linear_layers, conv, state)
+
+    @staticmethod
+    def checkpoint_name(name: str) -> str | None:
+        """The multi-token-prediction head (mtp.*) is not read (it stays in the bake for speculative decoding)."""
+        return None if name.startswith("mtp.") else name
+
+    def init_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device,
+                    fused: bool | None = None) -> None:
+        """The torch path on every device (FlashInfer's kernels are not wired for this family)."""
+        a = self.args
+        self.rotary = RotaryEmbedding(a.rotary_dim, a.rope, a.max_position_embeddings, max_positions, dtype, device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                backend: list[AttentionBackend | RecurrentPlan]) -> torch.Tensor:
+        """kv_caches / backend per layer: a full-attention layer's K/V pages and its group's backend, a linear one's
+        (conv windows, delta states) slots and the step's RecurrentPlan."""
+        assert self.rotary is not None, "init_rotary() was not called"
+        cos, sin = self.rotary.lookup(positions)
+        h = self.model.embed_tokens(input_ids)
+        for layer, cache, b in zip(self.model.layers, kv_caches, backend, strict=True):
+            h = layer(h, cos, sin, cache, b)
+        return self.model.norm(h)
+
+
+class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
+    """Qwen3.5's MoE text model (qwen3_5_moe_text): every layer's MLP is experts plus a shared expert."""
+
+    @classmethod
+    def read_args(cls, config: dict, names: set[str]) -> HybridArgs:
+        return read_hybrid_args(config, names, moe=True, norm_topk_prob=True)  # its router always renormalises
+
+
+class Qwen3NextForCausalLM(Qwen3_5ForCausalLM):
+    """Qwen3-Next: fused DeltaNet projections, experts on the layers transformers' Qwen MoE rule picks."""
+
+    @classmethod
+    def read_args(cls, config: dict, names: set[str]) -> HybridArgs:
+        moe = bool(config.get("num_experts"))
+        return read_hybrid_args(config, names, moe=moe, fused_projections=True, norm_topk_prob=config.get(
+                                    "norm_topk_prob", True),
+                                sparse_layers=qwen_sparse_layers(config) if moe else None)
+
+
+class _ImageTextCheckpoint:
+    """The text model of a Qwen3.5 image-text checkpoint (model.language_model.*); the vision tower is not read."""
+
+    @classmethod
+    def read_args(cls, config: dict, names: set[str]) -> HybridArgs:
+        if config.get("vision_config"):
+            log.info("%s: the vision tower is not loaded (image input is not served yet)", config["architectures"][0])
+        return super().read_args(dict(config.get("text_config") or {}), names)
+
+    @staticmethod
+    def checkpoint_name(name: str) -> str | None:
+        if name.startswith(("model.visual.", "mtp.")):
+            return None
+        return "model." + name.removeprefix("model.language_model.") if name.startswith("model.language_model.") \
+            else name
+
+
+class Qwen3_5ForConditionalGeneration(_ImageTextCheckpoint, Qwen3_5ForCausalLM):
+    pass
+
+
+class Qwen3_5MoeForConditionalGeneration(_ImageTextCheckpoint, Qwen3_5MoeForCausalLM):
+    pass
