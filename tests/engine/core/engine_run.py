@@ -67,6 +67,8 @@ def run(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]]
         step += 1
         assert step < 2000
     assert engine.allocator.num_free == engine.allocator.num_pages, "pages leaked"
+    if engine.kv.state is not None:
+        engine.kv.state.check([])  # a hybrid model's state slots: each free or a prefix snapshot
     return results
 
 

@@ -14,6 +14,8 @@ from engine.attention.torch_ref import TorchRefBackend
 from engine.config import EngineConfig
 from engine.core.engine import LLMEngine
 from engine.core.kv_spec import KVGroupSpec
+from engine.core.state_cache import StatePool
+from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec, RecurrentStep
 from engine.model.loader import load_model
 from engine.sample.params import SamplingParams
 from tests.engine.conftest import TOKENIZER_FILES
@@ -45,10 +47,10 @@ def hf_greedy(hf, prompt: list[int], max_tokens: int) -> list[int]:
 
 class Pages:
     """Each KV group's NaN-filled pools and backend over one shuffled page table; a shared-KV layer gets its
-    source's pages and backend."""
+    source's pages and backend; a hybrid model's recurrent layers a state slot per request (zeros at its start)."""
 
     def __init__(self, groups: list[KVGroupSpec], num_pages: int = 128, page_size: int = 4,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, recurrent: RecurrentSpec | None = None) -> None:
         free = list(range(num_pages))
         random.Random(0).shuffle(free)
         self.table = PageTable(page_size, free)
@@ -62,11 +64,22 @@ class Pages:
             for reader, source in g.readers:
                 self.caches[reader], self.backends[reader] = self.caches[source], backend
         self.unique = list({id(b): b for b in self.backends.values()}.values())
+        self.slots: dict[str, int] = {}
+        self.recurrent_plan: RecurrentPlan | None = None
+        if recurrent is not None:
+            self.state, self.recurrent_plan = StatePool(recurrent, 16, dtype, "cpu"), RecurrentPlan()
+            for layer, slots in zip(recurrent.layers, self.state.layer_states, strict=True):
+                self.caches[layer], self.backends[layer] = slots, self.recurrent_plan
 
     def run(self, model, batch: list[tuple[str, list[int]]]) -> torch.Tensor:
         positions, meta = self.table.step([(r, len(t)) for r, t in batch])
         for b in self.unique:
             b.plan(meta)
+        if self.recurrent_plan is not None:
+            slots = [self.slots.setdefault(r, len(self.slots)) for r, _ in batch]
+            starts = [sum(len(t) for _, t in batch[:i]) for i in range(len(batch))]
+            self.recurrent_plan.plan(RecurrentStep([(s, len(t)) for s, (_, t) in zip(starts, batch)], slots, [],
+                                                   torch.tensor(slots), all(len(t) == 1 for _, t in batch)))
         layers = sorted(self.caches)
         with torch.inference_mode():
             hidden = model(torch.tensor([t for _, ts in batch for t in ts]), positions, meta,
@@ -80,7 +93,7 @@ def check_prefill_and_decode(model, spec, hf, lengths=(5, 13, 30), decode_steps:
     (within `atol`)."""
     gen = torch.Generator().manual_seed(1)
     prompts = {f"r{i}": torch.randint(0, vocab, (n,), generator=gen).tolist() for i, n in enumerate(lengths)}
-    pages = Pages(spec.kv_groups)
+    pages = Pages(spec.kv_groups, recurrent=spec.recurrent)
     logits = pages.run(model, list(prompts.items()))
     row = 0
     for tokens in prompts.values():
@@ -111,8 +124,10 @@ def greedy(engine: LLMEngine, prompts: dict[str, list[int]], max_tokens: int) ->
     while engine.has_unfinished():
         for o in engine.step():
             out[o.request_id] += o.outputs[0].token_ids
-        engine.kv.check()
+        engine.kv.check([s for g in engine.scheduler.running for s in g.seqs])
     assert engine.kv.num_free == [a.num_pages for a in engine.kv.allocators], "pages leaked"
+    if engine.kv.state is not None:
+        engine.kv.state.check([])  # every state slot free or a snapshot
     return out
 
 
