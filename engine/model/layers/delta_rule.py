@@ -79,3 +79,21 @@ def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
         s = s * decay[:, c, -1].exp()[:, None, None] + k_to_end[:, c].transpose(-1, -2) @ fresh
     out = out.reshape(heads, n * chunk, -1)[:, :length]
     return out.transpose(0, 1).to(v.dtype), s
+
+
+def step_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+          state: torch.Tensor) -> torch.Tensor:
+    """One token of each of N heads (decode), updating `state` in place: q, k [Hk, Dk]; v [Hv, Dv]; g, beta [Hv];
+    state [Hv, Dk, Dv] float32. Returns o [Hv, Dv] in v's dtype.
+
+    Both reads of the state come from the state before the token, in one batched matmul:
+        S' = e^g S + k d^T with d = beta (v - e^g S^T k),   o = S'^T q = e^g S^T q + d (k . q),
+    and the update is two in-place passes (scale, rank-one add): the state is read three times and written twice.
+    """
+    q, k = _prepare(q[None], k[None], v.shape[0])  # [Hv, 1, Dk]
+    read = torch.bmm(torch.cat([k, q], dim=1), state)  # [Hv, 2, Dv]: S^T k and S^T q
+    decay = g.float().exp()[:, None]
+    delta = beta.float()[:, None] * (v.float() - decay * read[:, 0])
+    out = decay * read[:, 1] + (k[:, 0] * q[:, 0]).sum(-1, keepdim=True) * delta
+    state.mul_(decay[:, :, None]).baddbmm_(k.transpose(1, 2), delta[:, None, :])
+    return out.to(v.dtype)

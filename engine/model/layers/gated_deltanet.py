@@ -79,7 +79,7 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         if step.is_decode:
-            out = self._decode(mixed, g, beta, step.slot_index, conv_pool, state_pool)
+            out = self._decode(mixed, g, beta, step.slots, step.slot_index, conv_pool, state_pool)
             for i, _, dst in step.captures:  # a decode row's snapshot is its state after the step
                 conv_pool[dst].copy_(conv_pool[step.slots[i]])
                 state_pool[dst].copy_(state_pool[step.slots[i]])
@@ -90,7 +90,7 @@ class GatedDeltaNet(nn.Module):
                 capture = step.capture_of(i)
                 if length == 1 and capture is None:
                     index = torch.tensor([slot], device=x.device)
-                    out[rows] = self._decode(mixed[rows], g[rows], beta[rows], index, conv_pool, state_pool)
+                    out[rows] = self._decode(mixed[rows], g[rows], beta[rows], [slot], index, conv_pool, state_pool)
                 else:
                     out[rows] = self._prefill(mixed[rows], g[rows], beta[rows], slot, capture, conv_pool, state_pool)
         gated = self.norm(out.reshape(-1, s.head_v_dim), z.reshape(-1, s.head_v_dim))
@@ -110,21 +110,28 @@ class GatedDeltaNet(nn.Module):
                 qkv[:, key_dim : 2 * key_dim].reshape(t, s.num_k_heads, s.head_k_dim),
                 qkv[:, 2 * key_dim :].reshape(t, s.num_v_heads, s.head_v_dim))
 
-    def _decode(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, index: torch.Tensor,
-                conv_pool: torch.Tensor, state_pool: torch.Tensor) -> torch.Tensor:
-        """One token of each of B sequences (rows of mixed), their states at `index`: the conv as a dot product
-        with each window, the recurrent rule over the B sequences' heads at once."""
+    def _decode(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, slots: list[int],
+                index: torch.Tensor, conv_pool: torch.Tensor, state_pool: torch.Tensor) -> torch.Tensor:
+        """One token of each of B sequences (rows of mixed), their states at `slots` (also as `index`): the conv as
+        a dot product with each window, the recurrent rule over the B sequences' heads at once, in place on the
+        pool's slots lo..hi when they span few more than B (idle slots in between get a zero key and no decay,
+        which leaves their state exactly as it was), on gathered copies otherwise."""
         s, b = self.shape, mixed.shape[0]
         window = torch.cat([conv_pool.index_select(0, index).to(mixed.dtype), mixed[:, :, None]], dim=2)
         conv_pool.index_copy_(0, index, window[:, :, 1:].to(conv_pool.dtype))
         qkv = F.silu((window * self.conv1d.weight[:, 0]).sum(-1))  # [B, conv_dim]
         q, k, v = self._split(qkv)
-        states = state_pool.index_select(0, index).reshape(b * s.num_v_heads, s.head_k_dim, s.head_v_dim)
-        o, states = delta_rule.recurrent(q.reshape(1, b * s.num_k_heads, -1), k.reshape(1, b * s.num_k_heads, -1),
-                                         v.reshape(1, b * s.num_v_heads, -1), g.reshape(1, -1), beta.reshape(1, -1),
-                                         states)
-        state_pool.index_copy_(0, index, states.view(b, s.num_v_heads, s.head_k_dim, s.head_v_dim))
-        return o.view(b, s.num_v_heads, s.head_v_dim)
+        lo, hi = min(slots), max(slots) + 1
+        in_place, in_order = hi - lo <= 2 * b, slots == list(range(lo, hi))
+        if in_place and not in_order:  # rows in slot order, idle slots between them zero
+            q, k, v, g, beta = (torch.zeros((hi - lo, *x.shape[1:]), dtype=x.dtype, device=x.device)
+                                .index_copy_(0, index - lo, x) for x in (q, k, v, g, beta))
+        states = state_pool[lo:hi] if in_place else state_pool.index_select(0, index)
+        o = delta_rule.step_(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), g.flatten(), beta.flatten(),
+                             states.view(-1, s.head_k_dim, s.head_v_dim)).view(-1, s.num_v_heads, s.head_v_dim)
+        if not in_place:
+            state_pool.index_copy_(0, index, states)
+        return o.index_select(0, index - lo) if in_place and not in_order else o
 
     def _prefill(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, slot: int,
                  capture: tuple[int, int] | None, conv_pool: torch.Tensor, state_pool: torch.Tensor) -> torch.Tensor:

@@ -46,6 +46,11 @@ def test_the_delta_rule_matches_transformers_from_a_state(length):
         torch.testing.assert_close(out, ref_out[0], atol=ATOL, rtol=1e-4)
         torch.testing.assert_close(new_state, ref_state[0], atol=ATOL, rtol=1e-4)
     torch.testing.assert_close(chunk_out, ref_out, atol=ATOL, rtol=1e-4)  # transformers' two forms agree too
+    if length == 1:  # decode's in-place single step
+        stepped = state.clone()
+        out = delta_rule.step_(q[0], k[0], v[0], g[0], beta[0], stepped)
+        torch.testing.assert_close(out, ref_out[0, 0], atol=ATOL, rtol=1e-4)
+        torch.testing.assert_close(stepped, ref_state[0], atol=ATOL, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +145,27 @@ def test_batched_decode_equals_each_sequence_alone(layers):
     for j, x in enumerate(xs):
         torch.testing.assert_close(last[j], reference(hf, x)[-1], atol=ATOL, rtol=1e-4)
     assert first.shape[0] == 13
+
+
+@pytest.mark.parametrize("slots", [[5, 2, 3], [0, 9], [3, 4, 5]])
+def test_decode_in_any_slot_order_leaves_every_other_slot_untouched(layers, slots):
+    """Slots out of order with an idle one between them (updated in place over the span), far apart (gathered) and
+    in order: each sequence's row equals transformers', and the slots no sequence holds keep their bits."""
+    hf, ours = layers
+    gen = torch.Generator().manual_seed(5)
+    xs = [torch.randn(n, 64, generator=gen) for n in (4, 6, 3)][: len(slots)]
+    conv, delta = states(ours, 10)
+    conv.normal_(generator=gen)
+    delta.normal_(generator=gen)
+    for x, slot in zip(xs, slots):  # each prefilled alone into its slot (its zeroed state first)
+        conv[slot], delta[slot] = 0, 0
+        with torch.no_grad():
+            ours(x[:-1], RecurrentStep([(0, len(x) - 1)], [slot], [], torch.tensor([slot]), False), conv, delta)
+    before = conv.clone(), delta.clone()
+    step = RecurrentStep([(i, 1) for i in range(len(slots))], slots, [], torch.tensor(slots), True)
+    with torch.no_grad():
+        last = ours(torch.stack([x[-1] for x in xs]), step, conv, delta)
+    for j, x in enumerate(xs):
+        torch.testing.assert_close(last[j], reference(hf, x)[-1], atol=ATOL, rtol=1e-4)
+    idle = [i for i in range(10) if i not in slots]
+    assert torch.equal(conv[idle], before[0][idle]) and torch.equal(delta[idle], before[1][idle])
