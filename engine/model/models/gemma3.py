@@ -1,11 +1,13 @@
-"""Gemma 3's text model: the Gemma 2 decoder with q/k norms, five local layers to one global, and a rope per layer
-type (local rope_local_base_freq, global rope_theta with its scaling). A Gemma3ForConditionalGeneration
+"""Gemma 3's text model: Gemma 2's config layout (gemma2.py) with q/k norms, five local layers to one global, and a
+rope per layer type (local rope_local_base_freq, global rope_theta with its scaling). A Gemma3ForConditionalGeneration
 checkpoint serves its language model alone: its vision tower and projector are left unread.
 """
 
 from __future__ import annotations
 
-from engine.model.models.gemma2 import FULL, SLIDING, Gemma2ForCausalLM, GemmaArgs, default_layer_types
+from engine.model.models.gemma2 import Gemma2ForCausalLM
+from engine.model.models.gemma_base import GemmaArgs, GemmaTextOfMultimodal, default_layer_types
+from engine.model.models.gemma_layers import FULL, SLIDING
 
 # transformers' Gemma3TextConfig defaults: a multimodal checkpoint's text_config lists only what differs from them.
 TEXT_DEFAULTS = {
@@ -40,28 +42,14 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
     def read_args(cls, config: dict, names: set[str]) -> GemmaArgs:
         config = {**TEXT_DEFAULTS, **config}
         layer_types = default_layer_types(config, int(config.get("sliding_window_pattern") or 6))
-        return GemmaArgs.from_config(config, layer_types, gemma3_ropes(config), qk_norm=True,
-                                     attn_soft_cap=config["attn_logit_softcapping"],
-                                     final_soft_cap=config["final_logit_softcapping"])
+        return cls.args_from(config, layer_types, gemma3_ropes(config), qk_norm=True)
 
 
-class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
-    """A Gemma 3 image-text checkpoint served as its text model (text in, text out)."""
+class Gemma3ForConditionalGeneration(GemmaTextOfMultimodal, Gemma3ForCausalLM):
+    """A Gemma 3 image-text checkpoint served as its text model (text in, text out): transformers 5's
+    model.language_model.* and 4.x's language_model.model.* are ours; the vision tower and the projector are not
+    read."""
 
-    @classmethod
-    def read_args(cls, config: dict, names: set[str]) -> GemmaArgs:
-        return super().read_args(dict(config.get("text_config") or {}), names)
-
-    @staticmethod
-    def checkpoint_name(name: str) -> str | None:
-        """transformers 5's model.language_model.* (and 4.x's language_model.model.*) -> ours; the vision tower
-        and the projector -> None (not read)."""
-        for prefix in ("model.language_model.", "language_model.model."):
-            if name.startswith(prefix):
-                return "model." + name[len(prefix) :]
-        if name in ("lm_head.weight", "language_model.lm_head.weight"):
-            return "lm_head.weight"
-        if name.startswith(("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
-                            "multi_modal_projector.")):
-            return None
-        return name
+    TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
+                     "language_model.lm_head.weight": "lm_head.weight"}
+    NOT_TEXT = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
