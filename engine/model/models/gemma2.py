@@ -5,8 +5,8 @@ the one Gemma 3's text model extends (gemma3.py)."""
 from __future__ import annotations
 
 from engine.errors import UnsupportedModel
-from engine.model.models.gemma_base import GemmaArgs, GemmaForCausalLM, check_config, default_layer_types
-from engine.model.models.gemma_layers import FULL, SLIDING
+from engine.model.models.gemma_args import FULL, SLIDING, GemmaArgs, check_config, default_layer_types
+from engine.model.models.gemma_base import GemmaForCausalLM
 from engine.model.models.llama import rope_parameters
 
 

@@ -6,8 +6,8 @@ checkpoint serves its language model alone: its vision tower and projector are l
 from __future__ import annotations
 
 from engine.model.models.gemma2 import Gemma2ForCausalLM
-from engine.model.models.gemma_base import GemmaArgs, GemmaTextOfMultimodal, default_layer_types
-from engine.model.models.gemma_layers import FULL, SLIDING
+from engine.model.models.gemma_args import FULL, SLIDING, GemmaArgs, default_layer_types
+from engine.model.models.gemma_base import GemmaTextOfMultimodal
 
 # transformers' Gemma3TextConfig defaults: a multimodal checkpoint's text_config lists only what differs from them.
 TEXT_DEFAULTS = {

@@ -12,14 +12,8 @@ from __future__ import annotations
 
 from engine.errors import UnsupportedModel
 from engine.model.models.gemma4_moe import read_routing
-from engine.model.models.gemma_base import (
-    GemmaArgs,
-    GemmaForCausalLM,
-    GemmaTextOfMultimodal,
-    check_config,
-    default_layer_types,
-)
-from engine.model.models.gemma_layers import FULL, SLIDING
+from engine.model.models.gemma_args import FULL, SLIDING, GemmaArgs, check_config, default_layer_types
+from engine.model.models.gemma_base import GemmaForCausalLM, GemmaTextOfMultimodal
 
 DEFAULTS = {"max_position_embeddings": 131_072, "sliding_window": 512}
 DEFAULT_ROPES = {SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},

@@ -5,8 +5,6 @@ hub's."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
@@ -15,12 +13,8 @@ from engine.model.layers.activation import gelu_tanh_and_mul
 from engine.model.layers.norm import GemmaRMSNorm
 from engine.model.layers.rotary import apply_rotary_
 from engine.model.models.gemma4_moe import MOE_NORMS, moe_modules
+from engine.model.models.gemma_args import FULL, GemmaArgs
 from engine.model.models.llama import FusedLinear
-
-if TYPE_CHECKING:
-    from engine.model.models.gemma_base import GemmaArgs
-
-SLIDING, FULL = "sliding_attention", "full_attention"
 
 
 def scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
