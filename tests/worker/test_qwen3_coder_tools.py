@@ -55,6 +55,8 @@ CASES = [
     # A value that is not of its type: kept as written (a number where an integer was asked for, a word).
     (block("get_weather", city="Rome", days="2.5", hourly="maybe"), None,
      [("get_weather", {"city": "Rome", "days": 2.5, "hourly": "maybe"})]),
+    # An enum's value is the listed one, less the whitespace the grammar allows around it.
+    (block("get_time", tz="\n CET\n"), None, [("get_time", {"tz": "CET"})]),
     # No parameters; a missing </parameter> and </function> are forgiven; one blank line kept of two.
     ("<tool_call>\n<function=get_time>\n</function>\n</tool_call>", None, [("get_time", {})]),
     ("<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n\n</tool_call>", None,
@@ -181,6 +183,7 @@ GRAMMAR_CASES = [
     ("required", None, True, block("get_weather", city="Paris", days="three"), False),  # an integer
     ("required", None, True, block("get_weather", city="Paris", wind="5"), False),  # no other parameters
     ("required", None, True, block("get_time", tz="PST"), False),  # enum
+    ("required", None, True, block("get_time", tz="\n  CET \n"), True),
     ("required", None, True, block("get_other", x="1"), False),  # not a tool
     ("required", None, True, W.replace("</function>\n", ""), False),  # malformed: no </function>
     ("required", None, True, W.replace("<parameter=days>\n3\n</parameter>\n", "<parameter=days>\n3\n"), False),

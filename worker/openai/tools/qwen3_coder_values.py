@@ -1,10 +1,11 @@
 """Qwen3-Coder's parameter values typed into JSON by the tool's schema.
 
 Each value is the raw text between `<parameter=KEY>` and `</parameter>` (less one newline either side). A
-parameter whose schema says string, or that the schema does not list, keeps its text as a JSON string; one of
-another type (integer, number, boolean, null, object, array) is read as JSON (or as the Python literal small
+parameter whose schema says string, or that the schema does not list, keeps its text as a JSON string; a value of
+an enum or const is the listed value less the whitespace around it (the call grammar allows whitespace there); one
+of another type (integer, number, boolean, null, object, array) is read as JSON (or as the Python literal small
 models sometimes write: `True`, `{'a': 1}`), and stays a string when it reads as none of its types and a string
-is allowed, or cannot be read at all. The same conversion as vLLM's and SGLang's `qwen3_coder` parsers.
+is allowed, or cannot be read at all. vLLM's and SGLang's `qwen3_coder` parsers convert values the same way.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def schema_types(schema: Any) -> set[str]:
             out |= schema_types(option)
     if out:
         return out
-    values = [schema["const"]] if "const" in schema else schema.get("enum")
-    if isinstance(values, list) and values:
+    values = _choices(schema)
+    if values:
         return {_type_of(v) for v in values}
     if "properties" in schema:
         return {"object"}
@@ -54,22 +55,37 @@ def schema_types(schema: Any) -> set[str]:
 
 
 def is_text(schema: Any) -> bool:
-    """Whether a value of this parameter is its text as written (a string, or a parameter the schema leaves out)."""
+    """Whether a value of this parameter is its text as written (a string, or a parameter the schema leaves out),
+    so that it can stream as it comes. A choice of values (enum, const) is not: it is known at its end."""
     kinds = schema_types(schema)
-    return not kinds or kinds <= STRING_TYPES
+    return (not kinds or kinds <= STRING_TYPES) and not _choices(schema)
 
 
 def typed_value(raw: str, schema: Any) -> str:
     """The JSON text for a parameter's raw value."""
-    if is_text(schema):
-        return json.dumps(raw, ensure_ascii=False)
+    choices = _choices(schema)
+    if choices:  # a listed value, less the whitespace around it (which the call grammar allows there)
+        value = raw.strip()
+        read = _read(value)
+        for candidate in (value, read):
+            if any(candidate == c and type(candidate) is type(c) for c in choices):
+                return json.dumps(candidate, ensure_ascii=False)
     kinds = schema_types(schema)
+    if not kinds or kinds <= STRING_TYPES:
+        return json.dumps(raw, ensure_ascii=False)
     value = _read(raw.strip())
     if value is not _UNREAD and any(_fits(value, kind) for kind in kinds):
         return json.dumps(value, ensure_ascii=False)
     if value is _UNREAD or kinds & STRING_TYPES:
         return json.dumps(raw, ensure_ascii=False)
     return json.dumps(value, ensure_ascii=False)  # a value of another type than declared: as the model wrote it
+
+
+def _choices(schema: Any) -> list[Any]:
+    if not isinstance(schema, dict):
+        return []
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    return values if isinstance(values, list) else []
 
 
 def _read(text: str) -> Any:
