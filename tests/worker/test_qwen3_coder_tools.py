@@ -69,6 +69,8 @@ CASES = [
     # Cut short: the call keeps what it had, as a whole object.
     ("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", None, [("get_weather", {"city": "Par"})]),
     ("<tool_call>\n<function=get_weather>\n<parameter=days>\n12", None, [("get_weather", {"days": 12})]),
+    ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</param", None,
+     [("get_weather", {"city": "Paris"})]),
     ("Hm. <tool_call>\n<function=get_weather>\n<param", "Hm.", [("get_weather", {})]),
 ]
 

@@ -154,8 +154,9 @@ class Qwen3CoderParser(ToolParser):
                 self.consume(len(end))
             self.phase = "body"
             return True
-        if final:
-            self._end_value(self.consume(len(self.buffer)), events)
+        if final:  # cut short: the value is what was written, less any beginning of its closing markup
+            rest = self.consume(len(self.buffer))
+            self._end_value(rest[:len(rest) - held_prefix(rest, VALUE_ENDS)], events)
             self.phase = "body"
             return True
         if self._text:  # a string streams as it comes, all but what may still be its closing markup
@@ -181,6 +182,3 @@ class Qwen3CoderParser(ToolParser):
                 self.phase = "body"
             self.stream_arguments(self._json + "}", events)
         super().close_call(read, events)
-
-    def after_not_a_call(self) -> None:
-        self.phase = "function"
