@@ -46,8 +46,8 @@ class Settings(BaseModel):
     custom_chat_template: str | None = Field(None, alias="CUSTOM_CHAT_TEMPLATE")
 
     # Tool calls and reasoning: the formats are read from the chat template unless these name one
-    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral", "gemma4", "generic"] = Field(
-        "auto", alias="TOOL_CALL_PARSER")
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral", "gemma4", "qwen3_coder", "generic"] = (
+        Field("auto", alias="TOOL_CALL_PARSER"))
     reasoning_parser: Literal["auto", "qwen3", "deepseek_r1", "gemma4", "none"] = Field(
         "auto", alias="REASONING_PARSER")
     # An answer ends at its call past this many (a small model can call on until the context is full).

@@ -36,3 +36,8 @@ assert _GENERATION_PROMPT in QWEN25 and QWEN3 != QWEN25 and QWEN3_THINKING != QW
 # Gemma 4: its own markup for turns, tools (<|tool>declaration), calls (<|tool_call>call:NAME{...}), results
 # (<|tool_response>) and thinking (<|channel>thought ... <channel|>), trimmed to text.
 GEMMA4 = _read("gemma4.jinja")
+# Qwen3.5 / Qwen3.6 (Qwen3-Coder's call format): tools as JSON in <tools> under "# Tools", calls as XML
+# (<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>), results as
+# <tool_response> in a user turn; the generation prompt opens <think> (enable_thinking=false closes it empty).
+# Trimmed to text (no images or videos).
+QWEN35 = _read("qwen3.5.jinja")

@@ -7,7 +7,8 @@ give the same reasoning, content and calls (the whole form runs the streaming on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from worker.openai.reasoning import Piece, ReasoningParser
@@ -41,6 +42,7 @@ class OutputFormat:
     in_reasoning: bool = False  # the prompt left the reasoning open
     separate_reasoning: bool = True  # False (SGLang's option): the reasoning stays in the content as written
     max_calls: int | None = None  # the most tool calls one answer may make (MAX_TOOL_CALLS_PER_ANSWER)
+    schemas: Mapping[str, Any] = field(default_factory=dict)  # each tool's parameters schema, by name
 
     @property
     def plain(self) -> bool:
@@ -78,7 +80,7 @@ class OutputStream:
     def __init__(self, fmt: OutputFormat) -> None:
         self.format = fmt
         self.reasoning = ReasoningParser(fmt.in_reasoning, fmt.reasoning) if fmt.reasoning else None
-        self.tools = fmt.tool_parser(fmt.parallel, fmt.max_calls) if fmt.tool_parser else None
+        self.tools = fmt.tool_parser(fmt.parallel, fmt.max_calls, fmt.schemas) if fmt.tool_parser else None
         self.called = False  # some call started
 
     def push(self, text: str, token_ids: object = ()) -> list[Event]:

@@ -38,7 +38,7 @@ def render_with_tools(runtime: Runtime, messages: list[Any], *, tools: list[Any]
                          tools=template_tools, **render)
     in_reasoning = reasoning is not None and starts_in_reasoning(reasoning, prompt.text)
     output = OutputFormat(plan.parser, plan.parallel, reasoning, in_reasoning, separate_reasoning,
-                          runtime.settings.max_tool_calls_per_answer)
+                          runtime.settings.max_tool_calls_per_answer, plan.schemas)
     constraint = tool_constraint(plan, template, reasoning_first(reasoning, prompt.text), in_reasoning)
     return prompt, plan, output, constraint
 

@@ -9,6 +9,8 @@ xgrammar structural tag (engine.sample.structured runs it).
   unless a tool is `strict` (then the opening is spelled out in plain tokens). So is Gemma 4's `<|tool_call>`.
 
 Gemma 4's arguments are not JSON: they are held to a grammar of their own (worker/openai/tools/gemma4_grammar.py).
+Qwen3-Coder's (Qwen3.5's) `<parameter=KEY>\nVALUE\n</parameter>` blocks are held to the schema by xgrammar's own
+qwen_xml style: the listed parameters only, in the schema's order, every required one, each value of its type.
 NOTE: Gemma 4's markup (`<|tool_call>`, the `<|"|>` quote) is special tokens in its vocabulary, which grammars
 never offer (engine.sample.structured.compiler blanks special tokens): a forced call is spelled out in plain
 tokens, which the parser reads the same but which the model saw no calls written in.
@@ -56,6 +58,9 @@ MISTRAL_V11 = CallMarkup("[TOOL_CALLS]{bare}[ARGS]", "", "[TOOL_CALLS]", "", spe
 MISTRAL_V3 = CallMarkup('{{"name": {name}, "arguments": ', "}", "[TOOL_CALLS]", ", ", special_trigger=True)
 MISTRAL_V3_LIST = ("[TOOL_CALLS] [", "]")
 GEMMA4 = CallMarkup("<|tool_call>call:{bare}", "<tool_call|>", "<|tool_call>", "", special_trigger=True)
+QWEN3_CODER = CallMarkup("<tool_call>\n<function={bare}>\n", "</function>\n</tool_call>", "<tool_call>", "\n")
+# What a Qwen3-Coder string value may not hold: the parser ends a value there (a missing </parameter> forgiven).
+QWEN3_CODER_EXCLUDES = ["</function>", "</tool_call>"]
 
 
 def markup(plan: ToolPlan, template: str) -> CallMarkup:
@@ -65,6 +70,8 @@ def markup(plan: ToolPlan, template: str) -> CallMarkup:
         return LLAMA3
     if plan.format == "gemma4":
         return GEMMA4
+    if plan.format == "qwen3_coder":
+        return QWEN3_CODER
     return MISTRAL_V11 if "[ARGS]" in template else MISTRAL_V3
 
 
@@ -98,9 +105,13 @@ def _begin(style: CallMarkup, tool: Tool) -> str:
 
 
 def _content(style: CallMarkup, tool: Tool, index: int) -> dict[str, Any]:
-    """What a call's arguments are held to: the tool's schema, as JSON or in Gemma 4's syntax."""
+    """What a call's arguments are held to: the tool's schema, as JSON, in Gemma 4's syntax or as Qwen3-Coder's
+    `<parameter=KEY>` blocks (xgrammar's qwen_xml style: the schema's properties in its order, values typed)."""
     if style is GEMMA4:
         return arguments_content(tool, index)
+    if style is QWEN3_CODER:
+        return {"type": "json_schema", "json_schema": _schema(tool, index), "style": "qwen_xml",
+                "max_whitespace_cnt": MAX_WHITESPACE, "excludes": QWEN3_CODER_EXCLUDES}
     return {"type": "json_schema", "json_schema": _schema(tool, index), "max_whitespace_cnt": MAX_WHITESPACE}
 
 

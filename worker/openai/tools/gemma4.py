@@ -10,7 +10,8 @@ chat.py keeps special tokens in the text while this parser reads it. After its c
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from worker.openai.tools.events import Event
 from worker.openai.tools.gemma4_values import ArgumentsReader
@@ -27,8 +28,9 @@ class Gemma4Parser(ToolParser):
     name: ClassVar[str] = "gemma4"
     openers: ClassVar[tuple[str, ...]] = (OPEN,)
 
-    def __init__(self, parallel: bool = True, max_calls: int | None = None) -> None:
-        super().__init__(parallel, max_calls)
+    def __init__(self, parallel: bool = True, max_calls: int | None = None,
+                 schemas: Mapping[str, Any] | None = None) -> None:
+        super().__init__(parallel, max_calls, schemas)
         self._arguments = ArgumentsReader()
 
     def enter(self, opener: str) -> None:

@@ -9,7 +9,8 @@ while this parser reads it, as vLLM does.
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from worker.openai.tools.call_reader import JsonScanner
 from worker.openai.tools.events import Event
@@ -26,8 +27,9 @@ class MistralParser(ToolParser):
     name: ClassVar[str] = "mistral"
     openers: ClassVar[tuple[str, ...]] = (TOOL_CALLS,)
 
-    def __init__(self, parallel: bool = True, max_calls: int | None = None) -> None:
-        super().__init__(parallel, max_calls)
+    def __init__(self, parallel: bool = True, max_calls: int | None = None,
+                 schemas: Mapping[str, Any] | None = None) -> None:
+        super().__init__(parallel, max_calls, schemas)
         self._value = JsonScanner()  # the arguments object of a `name[ARGS]{...}` call
 
     def enter(self, opener: str) -> None:

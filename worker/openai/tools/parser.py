@@ -14,7 +14,8 @@ repeat, so a dropped call never reaches a stream.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from worker.openai.tools.call_log import CallLog
 from worker.openai.tools.call_reader import CallRead, CallReader
@@ -47,9 +48,11 @@ class ToolParser:
     name: ClassVar[str]
     openers: ClassVar[tuple[str, ...]]  # markup that opens the calls wherever it appears
 
-    def __init__(self, parallel: bool = True, max_calls: int | None = None) -> None:
+    def __init__(self, parallel: bool = True, max_calls: int | None = None,
+                 schemas: Mapping[str, Any] | None = None) -> None:
         self.parallel = parallel  # False: the first call is the only one
         self.max_calls = max_calls  # the most calls one answer may make (None: no bound)
+        self.schemas = schemas or {}  # each tool's parameters schema by name, for formats whose values are not JSON
         self.buffer = ""
         self.calls = 0  # calls started so far
         self.in_calls = False
@@ -67,10 +70,10 @@ class ToolParser:
         self._reader = CallReader()
 
     @classmethod
-    def parse(cls, text: str, parallel: bool = True, max_calls: int | None = None
-              ) -> tuple[str | None, list[ToolCall]]:
+    def parse(cls, text: str, parallel: bool = True, max_calls: int | None = None,
+              schemas: Mapping[str, Any] | None = None) -> tuple[str | None, list[ToolCall]]:
         """(content, calls) of a whole text: content is None when there are calls and no text before them."""
-        parser = cls(parallel, max_calls)
+        parser = cls(parallel, max_calls, schemas)
         events = parser.push(text) + parser.finish()
         calls = fold_calls(events)
         content = fold_text(events, ContentDelta)

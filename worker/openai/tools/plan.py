@@ -27,6 +27,11 @@ class ToolPlan:
         return bool(self.tools) and self.choice.mode != "none"
 
     @property
+    def schemas(self) -> dict[str, Any]:
+        """Each offered tool's parameters schema by name (formats whose values are not JSON type them by it)."""
+        return {t.name: t.parameters for t in self.tools} if self.active else {}
+
+    @property
     def parser(self) -> type[ToolParser] | None:
         return PARSERS[self.format] if self.active else None
 
