@@ -3,7 +3,7 @@
 The input items (with a stored response's conversation in front when `previous_response_id` names
 one) become chat messages; the chat layer validates, renders and samples as for /v1/chat/completions;
 the answer, read for reasoning and tool calls as the chat route reads it, comes back as output items
-(worker/openai/response_output.py), whole or as OpenAI's stream of events.
+(worker/openai/responses/output.py), whole or as OpenAI's stream of events.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from worker.openai.generation import Collected, engine_request_id
 from worker.openai.models import resolve_model
 from worker.openai.protocol import ChatCompletionRequest
 from worker.openai.reasoning import after_reasoning
-from worker.openai.response_items import chat_messages, chat_tool_choice, chat_tools, input_items, new_id
-from worker.openai.response_object import ResponseCall, final_usage, opening_usage, response_object, usage_object
-from worker.openai.response_output import EventFactory, OutputItems
-from worker.openai.response_request import RESPONSES_ONLY, ResponsesRequest
-from worker.openai.response_store import StoredResponse
-from worker.openai.response_truncation import fit_turns
+from worker.openai.responses.items import chat_messages, chat_tool_choice, chat_tools, input_items, new_id
+from worker.openai.responses.output import EventFactory, OutputItems
+from worker.openai.responses.request import RESPONSES_ONLY, ResponsesRequest
+from worker.openai.responses.response import ResponseCall, final_usage, opening_usage, response_object, usage_object
+from worker.openai.responses.store import StoredResponse
+from worker.openai.responses.truncation import fit_turns
 from worker.openai.stream_driver import run_to_end, stream_events
 from worker.openai.tools.events import ContentDelta
 from worker.runtime import Runtime
