@@ -20,9 +20,9 @@ from worker.openai.completions import complete, prepare_completion, stream_compl
 from worker.openai.embeddings import create_embeddings, prepare_embeddings
 from worker.openai.errors import BadRequest, RouteNotFound, error_body
 from worker.openai.models import list_models, retrieve_model
-from worker.openai.response_compact import complete_compaction, prepare_compaction
-from worker.openai.response_resources import stored_response
-from worker.openai.responses import complete_response, prepare_response, stream_response
+from worker.openai.responses.compact import complete_compaction, prepare_compaction
+from worker.openai.responses.resources import stored_response
+from worker.openai.responses.route import complete_response, prepare_response, stream_response
 from worker.openai.streaming import BatchSize, openai_stream
 from worker.runtime import Runtime
 from worker.unicode_check import check_unicode

@@ -16,7 +16,7 @@ from worker.concurrency import ConcurrencyGauge
 from worker.model_cache import locate_model
 from worker.openai.harmony.encoding import harmony_encoding
 from worker.openai.reasoning import pick_reasoning
-from worker.openai.response_store import ResponseStore
+from worker.openai.responses.store import ResponseStore
 from worker.openai.tools.registry import model_type, pick_format, template_text
 from worker.settings import Settings, accepted_model_names, baked_adapters
 from worker.shutdown import Drain

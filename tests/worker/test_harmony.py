@@ -20,7 +20,7 @@ from worker.openai.harmony.chat import harmony_chat
 from worker.openai.harmony.encoding import harmony_encoding
 from worker.openai.harmony.output import HarmonyFormat
 from worker.openai.harmony.render import conversation, render
-from worker.openai.response_output import OutputItems
+from worker.openai.responses.output import OutputItems
 from worker.openai.tools.definitions import check_tools
 from worker.openai.tools.events import ToolCallStarted, fold_calls, fold_text
 

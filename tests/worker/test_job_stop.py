@@ -18,7 +18,7 @@ from aiohttp import web
 import worker.runtime
 from engine.config import EngineConfig
 from engine.core.async_engine import AsyncEngine
-from worker.openai.response_store import ResponseStore
+from worker.openai.responses.store import ResponseStore
 from worker.runtime import Runtime
 from worker.settings import baked_model_name, load_settings
 from worker.shutdown import Drain

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.openai.response_store import ResponseStore, StoredResponse
+from worker.openai.responses.store import ResponseStore, StoredResponse
 
 
 def _entry(i: int, text: str = "x") -> StoredResponse:

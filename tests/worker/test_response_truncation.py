@@ -9,7 +9,7 @@ import openai
 import pytest
 from openai_schema import validate
 
-from worker.openai.response_truncation import fit_turns
+from worker.openai.responses.truncation import fit_turns
 
 # ChatML as the baked model writes it, but refusing a conversation that does not alternate user/assistant
 # (as Mistral v0.1's and Gemma's templates do).

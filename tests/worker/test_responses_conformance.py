@@ -54,7 +54,7 @@ def test_echoed_tools_and_formats_name_every_field(client, model_name) -> None:
 def test_a_message_before_a_call_is_commentary() -> None:
     """The item builder alone (the baked model does not write text before a call): a message that more output
     follows is commentary, the last one the final answer."""
-    from worker.openai.response_output import OutputItems
+    from worker.openai.responses.output import OutputItems
     from worker.openai.tools.events import ContentDelta, ToolCallArguments, ToolCallStarted
 
     items = OutputItems(lambda kind, **fields: {"type": kind, **fields}, 0, False)

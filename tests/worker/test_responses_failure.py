@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from engine.core.async_engine import AsyncEngine
 from engine.sample.sampler import Sampler
 from worker.jobs import run_job
-from worker.openai.response_store import ResponseStore
+from worker.openai.responses.store import ResponseStore
 from worker.runtime import Runtime
 from worker.settings import baked_model_name, load_settings
 from worker.shutdown import Drain

@@ -93,7 +93,7 @@ def test_output_items_keep_reasoning_text_and_calls_in_order() -> None:
     reasoning parser): every event and item checks against the spec, in the order the model wrote them."""
     import itertools
 
-    from worker.openai.response_output import OutputItems
+    from worker.openai.responses.output import OutputItems
     from worker.openai.tools.events import ContentDelta, ReasoningDelta, ToolCallArguments, ToolCallStarted
 
     numbers = itertools.count()

@@ -13,7 +13,7 @@ from family_templates import QWEN3, QWEN3_THINKING
 from tiny_families import build_family, serve
 
 from worker.openai.chat import prepare_chat
-from worker.openai.responses import prepare_response
+from worker.openai.responses.route import prepare_response
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from family_templates import LLAMA31, MISTRAL_V3, QWEN3, QWEN25
 
-from worker.openai.response_store import ResponseStore
+from worker.openai.responses.store import ResponseStore
 from worker.runtime import Runtime
 from worker.settings import baked_model_name, load_settings
 from worker.shutdown import Drain

@@ -22,8 +22,9 @@ from worker.anthropic.errors import anthropic_error
 from worker.anthropic.request import CountTokensRequest, MessagesRequest
 from worker.openai.chat import ChatCall, chat_call
 from worker.openai.errors import BadRequest
-from worker.openai.generation import Collected, engine_request_id, start
+from worker.openai.generation import Collected, engine_request_id
 from worker.openai.protocol import ChatCompletionRequest
+from worker.openai.stream_driver import run_to_end, stream_events
 from worker.openai.tools.events import ContentDelta
 from worker.runtime import Runtime
 
@@ -100,13 +101,20 @@ def _chat_call(request: CountTokensRequest, runtime: Runtime) -> ChatCall:
 
 
 class _Answer:
-    """One answer read into content blocks as it arrives (or whole)."""
+    """One answer read into content blocks as it arrives (or whole); streamed, the stream driver's event builder."""
 
     def __init__(self, call: MessageCall) -> None:
         self.call = call
         self.blocks = ContentBlocks()
         self.reader = None if call.chat.output.plain else call.chat.output.stream()
         self.result = Collected()
+
+    def opening(self, first: RequestOutput) -> list[dict[str, Any]]:
+        """`message_start` (the message with no content yet) and a ping."""
+        opening = {"input_tokens": len(self.call.chat.prompt.token_ids), "output_tokens": 0,
+                   "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        return [{"type": "message_start", "message": message_object(self.call, [], None, None, opening)},
+                {"type": "ping"}]
 
     def add(self, output: RequestOutput) -> list[dict[str, Any]]:
         self.result.add(output)
@@ -131,6 +139,16 @@ class _Answer:
         message = message_object(self.call, self.blocks.blocks, stop_reason, stop_sequence, usage(self.result))
         return events, message
 
+    def closing(self) -> list[dict[str, Any]]:
+        """The last block's stop, `message_delta` (the stop reason and usage) and `message_stop`."""
+        events, message = self.finish()
+        delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
+        return [*events, {"type": "message_delta", "delta": delta, "usage": message["usage"]},
+                {"type": "message_stop"}]
+
+    def failed(self, exc: Exception) -> list[dict[str, Any]]:
+        return [anthropic_error(exc)]
+
 
 def message_object(call: MessageCall, content: list[dict[str, Any]], stop_reason: str | None,
                    stop_sequence: str | None, used: dict[str, Any]) -> dict[str, Any]:
@@ -149,39 +167,15 @@ def usage(result: Collected) -> dict[str, Any]:
 async def complete_message(call: MessageCall) -> dict[str, Any]:
     """The whole `message` object."""
     chat = call.chat
-    started = await start(chat.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id))
     answer = _Answer(call)
-    try:
-        async for output in started:
-            answer.add(output)
-    finally:
-        await started.aclose()
+    await run_to_end(chat.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id), answer.add)
     return answer.finish()[1]
 
 
-async def stream_message(call: MessageCall) -> AsyncIterator[dict[str, Any]]:
+def stream_message(call: MessageCall) -> AsyncIterator[dict[str, Any]]:
     """Anthropic's event stream: message_start and a ping, each content block started, filled and stopped,
     message_delta (the stop reason and usage), message_stop; a failure after the first event is an `error`
     event. The engine request starts before the first event, so a bad request raises instead of streaming."""
     chat = call.chat
-    started = await start(chat.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id))
-    answer = _Answer(call)
-    try:
-        opening = {"input_tokens": len(chat.prompt.token_ids), "output_tokens": 0, "cache_creation_input_tokens": 0,
-                   "cache_read_input_tokens": 0}
-        yield {"type": "message_start", "message": message_object(call, [], None, None, opening)}
-        yield {"type": "ping"}
-        async for output in started:
-            for event in answer.add(output):
-                yield event
-        closing, message = answer.finish()
-        for event in closing:
-            yield event
-        yield {"type": "message_delta", "delta": {"stop_reason": message["stop_reason"],
-                                                  "stop_sequence": message["stop_sequence"]},
-               "usage": message["usage"]}
-        yield {"type": "message_stop"}
-    except Exception as exc:
-        yield anthropic_error(exc)
-    finally:
-        await started.aclose()
+    return stream_events(chat.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id),
+                         _Answer(call))

@@ -1,1 +1,2 @@
-"""OpenAI-compatible routes: protocol models, chat, completions, models, streaming and errors."""
+"""OpenAI-compatible routes: protocol models, chat, completions, models, streaming and errors; responses/: the
+Responses API."""

@@ -20,6 +20,7 @@ from worker.openai.logprobs import chat_logprobs, prompt_logprobs
 from worker.openai.models import resolve_model
 from worker.openai.params import openai_sampling_params
 from worker.openai.protocol import ChatCompletionRequest
+from worker.openai.stream_driver import stream_events
 from worker.openai.tools.plan import ToolPlan
 from worker.openai.usage import usage
 from worker.runtime import Runtime
@@ -151,50 +152,70 @@ def _finish_reason(reason: str | None, called: bool) -> str | None:
     return "tool_calls" if called and reason == "stop" else reason
 
 
-async def stream_chat(call: ChatCall) -> AsyncIterator[dict[str, Any]]:
+def stream_chat(call: ChatCall) -> AsyncIterator[dict[str, Any]]:
     """`chat.completion.chunk` objects as OpenAI streams them: roles, deltas, one finish per choice, usage.
 
     The engine request starts before the first chunk, so a bad request raises from the first
-    `__anext__` instead of streaming.
+    `__anext__` instead of streaming; an error after that raises for the SSE framing to report.
     """
-    started = await start(call.runtime.engine, call.prompt.token_ids, call.params, engine_request_id(call.id))
-    request = call.request
-    options = request.stream_options
-    include_usage = bool(options and options.include_usage)
-    continuous = include_usage and bool(options and options.continuous_usage_stats)
-    last: RequestOutput = started.first
+    return stream_events(call.runtime.engine, call.prompt.token_ids, call.params, engine_request_id(call.id),
+                         _ChatChunks(call))
 
-    def chunk(choice: dict[str, Any], opening: bool = False, **extra: Any) -> dict[str, Any]:
+
+class _ChatChunks:
+    """The chunks of one streamed chat completion, as the stream driver asks for them."""
+
+    def __init__(self, call: ChatCall) -> None:
+        self.call = call
+        options = call.request.stream_options
+        self.include_usage = bool(options and options.include_usage)
+        self.continuous = self.include_usage and bool(options and options.continuous_usage_stats)
+        self.readers: dict[int, _Reader] = {}
+        self.last: RequestOutput | None = None  # the latest output: usage so far
+
+    def _chunk(self, choice: dict[str, Any], opening: bool = False, **extra: Any) -> dict[str, Any]:
+        call = self.call
         out = {"id": call.id, "object": "chat.completion.chunk", "created": call.created, "model": call.model,
                "choices": [choice], **extra}
-        if include_usage:
+        if self.include_usage:
             # An opening (role) chunk comes before any token, as in vLLM: no completion tokens yet.
-            out["usage"] = _usage(last, 0 if opening else None) if continuous else None
+            out["usage"] = _usage(self.last, 0 if opening else None) if self.continuous else None
         return out
 
-    try:
+    def opening(self, first: RequestOutput) -> list[dict[str, Any]]:
+        call, request = self.call, self.call.request
+        self.last = first
         first_extra: dict[str, Any] = {}
         if request.return_token_ids:
-            first_extra["prompt_token_ids"] = list(started.first.prompt_token_ids)
+            first_extra["prompt_token_ids"] = list(first.prompt_token_ids)
         if request.prompt_logprobs is not None:
-            first_extra["prompt_logprobs"] = prompt_logprobs(started.first.prompt_logprobs)
+            first_extra["prompt_logprobs"] = prompt_logprobs(first.prompt_logprobs)
+        chunks = []
         for index in range(request.n):
             delta = {"role": call.role, "content": call.echo}
-            yield chunk({"index": index, "delta": delta, "logprobs": None, "finish_reason": None}, opening=True,
-                        **(first_extra if index == 0 else {}))
-        readers = {i: _Reader(call) for i in range(request.n)}
-        async for output in started:
-            last = output
-            for delta in output.outputs:
-                reader = readers.setdefault(delta.index, _Reader(call))
-                for choice in _delta_choices(call, delta, reader):
-                    yield chunk(choice)
-        if include_usage:
-            thinking = sum(r.reasoning_tokens() for r in readers.values()) if call.output.reasoning else None
-            yield {"id": call.id, "object": "chat.completion.chunk", "created": call.created, "model": call.model,
-                   "choices": [], "usage": _usage(last, reasoning=thinking)}
-    finally:
-        await started.aclose()
+            chunks.append(self._chunk({"index": index, "delta": delta, "logprobs": None, "finish_reason": None},
+                                      opening=True, **(first_extra if index == 0 else {})))
+        self.readers = {i: _Reader(call) for i in range(request.n)}
+        return chunks
+
+    def add(self, output: RequestOutput) -> list[dict[str, Any]]:
+        self.last = output
+        chunks = []
+        for delta in output.outputs:
+            reader = self.readers.setdefault(delta.index, _Reader(self.call))
+            chunks += [self._chunk(choice) for choice in _delta_choices(self.call, delta, reader)]
+        return chunks
+
+    def closing(self) -> list[dict[str, Any]]:
+        if not self.include_usage:
+            return []
+        call = self.call
+        thinking = sum(r.reasoning_tokens() for r in self.readers.values()) if call.output.reasoning else None
+        return [{"id": call.id, "object": "chat.completion.chunk", "created": call.created, "model": call.model,
+                 "choices": [], "usage": _usage(self.last, reasoning=thinking)}]
+
+    def failed(self, exc: Exception) -> None:
+        return None  # chat has no failure chunk: the SSE framing turns the error into an error event
 
 
 class _Reader:

@@ -3,7 +3,7 @@
 Clients replay a previous response's `output` items verbatim as the next `input`, so every output
 item shape is also an input shape here. Reasoning items are kept in the record but not shown to the
 chat template (as vLLM does); `item_reference` items are looked up among stored responses' items;
-`compaction` items (worker/openai/response_compact.py) show their summary as an assistant message.
+`compaction` items (worker/openai/responses/compact.py) show their summary as an assistant message.
 """
 
 from __future__ import annotations

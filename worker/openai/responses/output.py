@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from worker.openai.logprobs import chat_logprobs
-from worker.openai.response_items import new_id
+from worker.openai.responses.items import new_id
 from worker.openai.tools.events import ContentDelta, Event, ReasoningDelta, ToolCallArguments, ToolCallStarted
 
 EventFactory = Callable[..., dict[str, Any]]  # (type, **fields) -> a numbered stream event

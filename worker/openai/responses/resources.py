@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.openai.errors import BadRequest, ResponseNotFound, RouteNotFound
-from worker.openai.response_store import ResponseStore, StoredResponse
+from worker.openai.responses.store import ResponseStore, StoredResponse
 
 
 class InputItemsQuery(BaseModel):

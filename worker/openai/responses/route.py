@@ -3,7 +3,7 @@
 The input items (with a stored response's conversation in front when `previous_response_id` names
 one) become chat messages; the chat layer validates, renders and samples as for /v1/chat/completions;
 the answer, read for reasoning and tool calls as the chat route reads it, comes back as output items
-(worker/openai/response_output.py), whole or as OpenAI's stream of events.
+(worker/openai/responses/output.py), whole or as OpenAI's stream of events.
 """
 
 from __future__ import annotations
@@ -18,16 +18,17 @@ from engine.outputs import RequestOutput
 from engine.sample.structured.spec import StructuredSpec
 from worker.openai.chat import ChatCall, chat_call, count_reasoning_tokens
 from worker.openai.errors import BadRequest, ResponseNotFound, error_body, status_of
-from worker.openai.generation import Collected, engine_request_id, start
+from worker.openai.generation import Collected, engine_request_id
 from worker.openai.models import resolve_model
 from worker.openai.protocol import ChatCompletionRequest
 from worker.openai.reasoning import after_reasoning
-from worker.openai.response_items import chat_messages, chat_tool_choice, chat_tools, input_items, new_id
-from worker.openai.response_object import ResponseCall, final_usage, opening_usage, response_object, usage_object
-from worker.openai.response_output import EventFactory, OutputItems
-from worker.openai.response_request import RESPONSES_ONLY, ResponsesRequest
-from worker.openai.response_store import StoredResponse
-from worker.openai.response_truncation import fit_turns
+from worker.openai.responses.items import chat_messages, chat_tool_choice, chat_tools, input_items, new_id
+from worker.openai.responses.output import EventFactory, OutputItems
+from worker.openai.responses.request import RESPONSES_ONLY, ResponsesRequest
+from worker.openai.responses.response import ResponseCall, final_usage, opening_usage, response_object, usage_object
+from worker.openai.responses.store import StoredResponse
+from worker.openai.responses.truncation import fit_turns
+from worker.openai.stream_driver import run_to_end, stream_events
 from worker.openai.tools.events import ContentDelta
 from worker.runtime import Runtime
 
@@ -127,14 +128,23 @@ def _chat_fields(request: ResponsesRequest, messages: list[dict[str, Any]], mode
 
 
 class _Answer:
-    """One answer read into output items as it arrives (or whole): plain text, or parsed for calls and reasoning."""
+    """One answer read into output items as it arrives (or whole): plain text, or parsed for calls and reasoning.
+
+    Streamed, it is the stream driver's event builder: `event` numbers the events it makes.
+    """
 
     def __init__(self, call: ResponseCall, event: EventFactory) -> None:
         self.call = call
+        self.event = event
         request = call.request
         self.items = OutputItems(event, request.top_logprobs or 0, request.wants_logprobs)
         self.reader = None if call.chat.output.plain else call.chat.output.stream()
         self.result = Collected()
+
+    def opening(self, first: RequestOutput) -> list[dict[str, Any]]:
+        """`response.created` and `response.in_progress`, both with the response as it starts."""
+        opening = response_object(self.call, "in_progress", [], opening_usage(len(self.call.chat.prompt.token_ids)))
+        return [self.event("response.created", response=opening), self.event("response.in_progress", response=opening)]
 
     def add(self, output: RequestOutput) -> list[dict[str, Any]]:
         """Stream events for one engine output."""
@@ -146,6 +156,14 @@ class _Answer:
             else:
                 events += self.items.push(self.reader.push(delta.text, delta.token_ids))
         return events
+
+    def closing(self) -> list[dict[str, Any]]:
+        """The items' closing events, then `response.completed` or `response.incomplete`."""
+        events, response = self.finish()
+        return [*events, self.event(f"response.{response['status']}", response=response)]
+
+    def failed(self, exc: Exception) -> list[dict[str, Any]]:
+        return [self.event("response.failed", response=_failed(self.call, exc, self.result))]
 
     def finish(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The closing stream events and the final response (stored when the request asked for it)."""
@@ -176,17 +194,12 @@ def _store(call: ResponseCall, response: dict[str, Any]) -> None:
 async def complete_response(call: ResponseCall) -> dict[str, Any]:
     """The whole `response` object."""
     chat = call.chat
-    started = await start(call.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id))
     answer = _Answer(call, lambda kind, **fields: {})
-    try:
-        async for output in started:
-            answer.add(output)
-    finally:
-        await started.aclose()
+    await run_to_end(call.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id), answer.add)
     return answer.finish()[1]
 
 
-async def stream_response(call: ResponseCall) -> AsyncIterator[dict[str, Any]]:
+def stream_response(call: ResponseCall) -> AsyncIterator[dict[str, Any]]:
     """OpenAI's event stream: created and in_progress, then each output item opened, filled (text, reasoning or
     call-argument deltas) and closed, then completed or incomplete; a failure after the first event is a
     `response.failed` event.
@@ -194,28 +207,18 @@ async def stream_response(call: ResponseCall) -> AsyncIterator[dict[str, Any]]:
     The engine request starts before the first event, so a bad request raises instead of streaming.
     """
     chat = call.chat
-    started = await start(call.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id))
+    return stream_events(call.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id),
+                         _Answer(call, _numbered_events()))
+
+
+def _numbered_events() -> EventFactory:
+    """Stream events numbered in the order they are made (`sequence_number`)."""
     numbers = itertools.count()
 
     def event(kind: str, **fields: Any) -> dict[str, Any]:
         return {"type": kind, "sequence_number": next(numbers), **fields}
 
-    answer = _Answer(call, event)
-    try:
-        opening = response_object(call, "in_progress", [], opening_usage(len(chat.prompt.token_ids)))
-        yield event("response.created", response=opening)
-        yield event("response.in_progress", response=opening)
-        async for output in started:
-            for item in answer.add(output):
-                yield item
-        closing, response = answer.finish()
-        for item in closing:
-            yield item
-        yield event(f"response.{response['status']}", response=response)
-    except Exception as exc:
-        yield event("response.failed", response=_failed(call, exc, answer.result))
-    finally:
-        await started.aclose()
+    return event
 
 
 def _failed(call: ResponseCall, exc: Exception, result: Collected) -> dict[str, Any]:

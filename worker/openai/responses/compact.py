@@ -4,7 +4,7 @@ As OpenAI's: the output lists every user message of the conversation (the stored
 names, then `input`), then a single `compaction` item standing for the rest (answers, calls, results). Here
 the compaction holds the model's own summary of the conversation, written with `truncation: "auto"` so that
 a conversation longer than the context still compacts; sent back as input, it reaches the chat template as an
-assistant message with that summary (worker/openai/response_items.py).
+assistant message with that summary (worker/openai/responses/items.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.openai.errors import BadRequest
-from worker.openai.response_items import compaction_content, item_text, new_id
-from worker.openai.response_object import ResponseCall
-from worker.openai.responses import complete_response, prepare_response
+from worker.openai.responses.items import compaction_content, item_text, new_id
+from worker.openai.responses.response import ResponseCall
+from worker.openai.responses.route import complete_response, prepare_response
 from worker.runtime import Runtime
 
 SUMMARY_REQUEST = ("Summarize the conversation so far for your own later use: the user's goals, the facts and "

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from worker.openai.generation import Collected
 from worker.openai.params import DEFAULT_TEMPERATURE
-from worker.openai.response_request import ResponsesRequest
+from worker.openai.responses.request import ResponsesRequest
 
 if TYPE_CHECKING:
     from worker.openai.chat import ChatCall
