@@ -15,7 +15,6 @@ from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
 from engine.core.grammar_wait import GrammarWait
 from engine.core.kv_cache import PageAllocator, PagePool
 from engine.core.kv_manager import KVCacheManager
-from engine.core.kv_spec import describe_groups, graphs_blocker
 from engine.core.model_runner import ModelRunner
 from engine.core.output_processor import OutputProcessor
 from engine.core.requests import Limits, PreparedRequest, build_group, check_request
@@ -25,6 +24,7 @@ from engine.core.step import ScheduledSeq
 from engine.cuda import setup as cuda_setup
 from engine.errors import InvalidRequest, StartupError
 from engine.model.capture import capture_blocker
+from engine.model.kv_spec import describe_groups, graphs_blocker
 from engine.model.loader import load_model
 from engine.outputs import RequestOutput
 from engine.sample.params import SamplingParams

@@ -11,8 +11,8 @@ pages there.
 from __future__ import annotations
 
 from engine.core.kv_cache import PageAllocator
-from engine.core.kv_spec import KVGroupSpec
 from engine.core.sequence import Sequence
+from engine.model.kv_spec import KVGroupSpec
 
 
 class KVCacheManager:

@@ -14,9 +14,9 @@ import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.core.kv_cache import PagePool
-from engine.core.kv_spec import KVGroupSpec
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.step import Sample, ScheduledSeq, SchedulerOutput, StepResult
+from engine.model.kv_spec import KVGroupSpec
 from engine.sample.logits_processor import SamplingRow, process_logits
 from engine.sample.sampler import Sampler, compute_logprobs
 

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
-from engine.core.kv_spec import KVGroupSpec, kv_groups
 from engine.errors import UnsupportedModel
+from engine.model.kv_spec import KVGroupSpec, kv_groups
 from engine.model.layers.activation import gelu_tanh_and_mul
 from engine.model.layers.norm import GemmaRMSNorm
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_

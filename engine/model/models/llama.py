@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
-from engine.core.kv_spec import KVGroupSpec, kv_groups, layer_windows
 from engine.cuda import kernels
 from engine.errors import UnsupportedModel
 from engine.model.checkpoint import Shard
+from engine.model.kv_spec import KVGroupSpec, kv_groups, layer_windows
 from engine.model.layers.activation import silu_and_mul
 from engine.model.layers.norm import RMSNorm
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_

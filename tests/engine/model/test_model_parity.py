@@ -249,7 +249,7 @@ def test_config_json_reads_as_transformers_reads_it(tmp_path, kind):
     # The loader reads config.json without transformers (cold start); it must see what AutoConfig sees.
     from transformers import AutoConfig
 
-    from engine.core.kv_spec import layer_windows
+    from engine.model.kv_spec import layer_windows
     from engine.model.loader import read_config
     from engine.model.models import model_class
     from tests.engine.conftest import tiny_config
