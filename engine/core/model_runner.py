@@ -42,7 +42,7 @@ class ModelRunner:
             self.layer_caches = [pools[g].kv_caches[i] for g, i in (where[n] for n in range(len(where)))]
             self.layer_backends = [backends[where[n][0]] for n in range(len(where))]
         self.num_tokens_run = 0  # tokens fed to the model over the runner's life (prefix hits are not)
-        self.graph_runner = None  # CUDA: engine.cuda.graphs.CudaGraphRunner for decode steps
+        self.graph_runner = None  # CUDA: engine.core.cuda_graphs.CudaGraphRunner for decode steps
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
