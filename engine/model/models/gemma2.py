@@ -18,10 +18,10 @@ from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import UnsupportedModel
 from engine.model.kv_spec import KVGroupSpec, kv_groups
 from engine.model.layers.activation import gelu_tanh_and_mul
+from engine.model.layers.linear import FusedLinear
 from engine.model.layers.norm import GemmaRMSNorm
-from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
+from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_, rope_parameters
 from engine.model.models.base import DecoderLM
-from engine.model.models.llama import FusedLinear, rope_parameters
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")

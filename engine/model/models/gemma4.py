@@ -19,13 +19,13 @@ from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import UnsupportedModel
 from engine.model.kv_spec import KVGroupSpec, kv_groups
 from engine.model.layers.activation import gelu_tanh_and_mul
+from engine.model.layers.linear import FusedLinear
 from engine.model.layers.moe import Routing
 from engine.model.layers.norm import GemmaRMSNorm
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
 from engine.model.models.base import DecoderLM
 from engine.model.models.gemma2 import FULL, GELU_TANH, SLIDING, default_layer_types, soft_cap
 from engine.model.models.gemma4_moe import MOE_NORMS, moe_modules, read_routing
-from engine.model.models.llama import FusedLinear
 
 DEFAULT_ROPES = {SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
                  FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}

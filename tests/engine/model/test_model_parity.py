@@ -10,9 +10,8 @@ import torch
 
 from engine.attention.torch_ref import TorchRefBackend
 from engine.errors import UnsupportedModel
-from engine.model.layers.rotary import rope_inv_freq
+from engine.model.layers.rotary import rope_inv_freq, rope_parameters
 from engine.model.loader import load_model
-from engine.model.models.llama import rope_parameters
 
 KINDS = ["llama", "llama_tied", "llama3_rope", "llama_linear_rope", "mistral", "qwen2", "qwen3"]
 ATOL = 1e-4
