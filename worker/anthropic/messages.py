@@ -24,8 +24,8 @@ from worker.openai.chat import ChatCall, chat_call
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, engine_request_id, start
 from worker.openai.protocol import ChatCompletionRequest
+from worker.openai.runtime import Runtime
 from worker.openai.tools.events import ContentDelta
-from worker.runtime import Runtime
 
 # Anthropic's default temperature (chat completions' default here is RunPod's 0.7).
 DEFAULT_TEMPERATURE = 1.0

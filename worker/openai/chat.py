@@ -20,9 +20,9 @@ from worker.openai.logprobs import chat_logprobs, prompt_logprobs
 from worker.openai.models import resolve_model
 from worker.openai.params import openai_sampling_params
 from worker.openai.protocol import ChatCompletionRequest
+from worker.openai.runtime import Runtime
 from worker.openai.tools.plan import ToolPlan
 from worker.openai.usage import usage
-from worker.runtime import Runtime
 
 
 @dataclass

@@ -28,8 +28,8 @@ from worker.openai.response_output import EventFactory, OutputItems
 from worker.openai.response_request import RESPONSES_ONLY, ResponsesRequest
 from worker.openai.response_store import StoredResponse
 from worker.openai.response_truncation import fit_turns
+from worker.openai.runtime import Runtime
 from worker.openai.tools.events import ContentDelta
-from worker.runtime import Runtime
 
 
 def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:
