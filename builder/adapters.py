@@ -13,6 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.digest import sha256
 from builder.errors import BakeError
 from builder.sources import fingerprint, hub_snapshot
 
@@ -71,7 +72,6 @@ def bake_adapters(specs: list[AdapterSpec], model: Path, served_name: str, token
     """Fetches and checks each adapter into model/adapters/<name>/; returns the manifest's entries."""
     from transformers import AutoConfig
 
-    from builder.bake import sha256
     from engine.errors import UnsupportedModel
     from engine.model.adapters import ADAPTER_FILES, check_adapter, projection_shapes
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -12,6 +11,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from builder.adapters import ADAPTERS_DIR, AdapterSpec, adapter_identity, bake_adapters
+from builder.digest import sha256
 from builder.errors import BakeError
 from builder.harmony_vocab import write_harmony_vocab
 from builder.sources import Source, fetch, identity
@@ -186,14 +186,6 @@ def _known_sum(path: Path, sums: dict[str, tuple[int, int, str]]) -> str:
     stat = path.stat()
     size, mtime_ns, digest = sums.get(path.name, (-1, -1, ""))
     return digest if (size, mtime_ns) == (stat.st_size, stat.st_mtime_ns) else sha256(path)
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _replace(staging: Path, out: Path) -> None:

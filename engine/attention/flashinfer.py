@@ -22,6 +22,7 @@ import torch
 from engine.attention.base import AttentionMetadata
 from engine.attention.flashinfer_graph import FlashInferGraphDecode, use_tensor_core_decode
 from engine.attention.kv_quant import fp8_scales, write_kv_slots
+from engine.cuda.kernels import DEFAULT_PREFILL_BACKEND
 
 # The float workspace (split-KV partial results), shared by every wrapper.
 # NOTE: not FlashInfer's example 128 MiB: under CUDA graphs the tensor-core decode always splits the KV and
@@ -30,9 +31,6 @@ from engine.attention.kv_quant import fp8_scales, write_kv_slots
 # capture. vLLM's default is 394 MiB.
 WORKSPACE_BYTES = 384 * 1024 * 1024
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-# NOTE: FA2 for prefill on every GPU: on Hopper "auto" would pick FA3, a second large JIT build per head
-# dim, while prompts of a few hundred tokens spend little of a step in attention. Pass "auto" to get FA3.
-DEFAULT_PREFILL_BACKEND = "fa2"
 
 
 class FlashInferBackend:

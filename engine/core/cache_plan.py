@@ -15,7 +15,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core import kv_sizing
-from engine.core.kv_spec import graphs_blocker
+from engine.model.kv_spec import graphs_blocker
 from engine.core.state_cache import state_slots_for_budget
 from engine.cuda import setup as cuda_setup
 from engine.errors import StartupError

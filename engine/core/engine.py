@@ -11,11 +11,11 @@ from engine.attention import create_backend, resolve_backend
 from engine.attention.kv_quant import resolve_kv_dtype
 from engine.config import EngineConfig
 from engine.core.cache_plan import plan_cache
+from engine.core.cuda_graphs import prepare_cuda
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
 from engine.core.grammar_wait import GrammarWait
 from engine.core.kv_cache import PageAllocator, PagePool
 from engine.core.kv_manager import KVCacheManager
-from engine.core.kv_spec import describe_groups, graphs_blocker
 from engine.core.model_runner import ModelRunner
 from engine.core.output_processor import OutputProcessor
 from engine.core.requests import Limits, PreparedRequest, build_group, check_request
@@ -26,6 +26,7 @@ from engine.core.step import ScheduledSeq
 from engine.cuda import setup as cuda_setup
 from engine.errors import InvalidRequest, StartupError
 from engine.model.capture import capture_blocker
+from engine.model.kv_spec import describe_groups, graphs_blocker
 from engine.model.loader import load_model
 from engine.outputs import RequestOutput
 from engine.sample.params import SamplingParams
@@ -88,7 +89,7 @@ class LLMEngine:
             graphless = (graphs_blocker(groups) or capture_blocker(self.model, self.device, self.spec.dtype)
                          or ("LoRA adapters" if self.adapters else None))
             with timed(self.start_ms, "graphs"):
-                self.runner.graph_runner = cuda_setup.prepare_cuda(
+                self.runner.graph_runner = prepare_cuda(
                     self.model, self.backends[0], self.pools[0].kv_caches, page_size=config.page_size,
                     max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
                     enforce_eager=config.enforce_eager or graphless is not None, why=graphless)

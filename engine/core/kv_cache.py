@@ -13,7 +13,7 @@ from itertools import takewhile
 
 import torch
 
-from engine.core.kv_spec import KVGroupSpec
+from engine.model.kv_spec import KVGroupSpec
 
 
 def page_hash(parent: bytes | None, tokens: list[int]) -> bytes:

@@ -15,9 +15,9 @@ crosses, and lets a prefix hit stop only at a boundary whose snapshot it has.
 from __future__ import annotations
 
 from engine.core.kv_cache import PageAllocator
-from engine.core.kv_spec import KVGroupSpec
 from engine.core.sequence import Sequence
 from engine.core.state_cache import StateSlots
+from engine.model.kv_spec import KVGroupSpec
 
 
 class KVCacheManager:

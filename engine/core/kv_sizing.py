@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from engine.core.kv_cache import PagePool
-from engine.core.kv_spec import KVGroupSpec
+from engine.model.kv_spec import KVGroupSpec
 
 
 def page_bytes(groups: list[KVGroupSpec], page_size: int, dtype: torch.dtype) -> list[int]:

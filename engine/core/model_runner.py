@@ -16,7 +16,7 @@ import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.core.kv_cache import PagePool
-from engine.core.kv_spec import KVGroupSpec
+from engine.model.kv_spec import KVGroupSpec
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.state_cache import StatePool
 from engine.core.step import Sample, ScheduledSeq, SchedulerOutput, StepResult
@@ -55,7 +55,7 @@ class ModelRunner:
             self.layer_caches = [caches[n] for n in range(len(caches))]
             self.layer_backends = [layer_backends[n] for n in range(len(caches))]
         self.num_tokens_run = 0  # tokens fed to the model over the runner's life (prefix hits are not)
-        self.graph_runner = None  # CUDA: engine.cuda.graphs.CudaGraphRunner for decode steps
+        self.graph_runner = None  # CUDA: engine.core.cuda_graphs.CudaGraphRunner for decode steps
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:

@@ -13,6 +13,10 @@ import torch
 import torch.nn.functional as F
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+# The prefill kernel family the attention backend plans with and precompile() builds.
+# NOTE: FA2 for prefill on every GPU: on Hopper "auto" would pick FA3, a second large JIT build per head
+# dim, while prompts of a few hundred tokens spend little of a step in attention. Pass "auto" to get FA3.
+DEFAULT_PREFILL_BACKEND = "fa2"
 
 
 @functools.cache
@@ -148,8 +152,6 @@ def precompile(
     if cuda_arch:
         os.environ["FLASHINFER_CUDA_ARCH_LIST"] = cuda_arch
     from flashinfer.jit import activation, attention, build_jit_specs, norm, rope
-
-    from engine.attention.flashinfer import DEFAULT_PREFILL_BACKEND
 
     makers = {"norm": norm.gen_norm_module, "rope": rope.gen_rope_module,
               "activation": lambda: activation.gen_act_and_mul_module("silu")}

@@ -1,10 +1,11 @@
-"""CUDA start-up: which attention backend, kernel warm-up (JIT), the KV pool budget, decode CUDA graphs.
+"""CUDA start-up: which attention backend, kernel warm-up (JIT), the KV pool budget, the decode graphs' sizes.
 
 The engine calls these in this order on CUDA:
   1. backend = create_backend(resolve_backend(...)[0], device, **backend_kwargs(spec, dtype))
   2. warm_up(model, backend, page_size)          FlashInfer JIT builds happen here, not on a request
   3. kv_budget_bytes(device, utilization, reserve_bytes(...)) -> bytes for the PagePool
-  4. prepare_cuda(model, backend, pool.kv_caches, ...) -> the CudaGraphRunner (None when eager)
+  4. prepare_cuda(model, backend, pool.kv_caches, ...) -> the CudaGraphRunner (None when eager), in
+     engine/core/cuda_graphs.py: the graphs run the attention backend, which sits above this package
 Step 4 needs the pool (graphs read the pool's addresses) and runs the warm-up again, which costs
 milliseconds once the kernels are built.
 """
@@ -18,7 +19,6 @@ from typing import Any
 import torch
 
 from engine.cuda import kernels
-from engine.cuda.graphs import CudaGraphRunner, batch_size_ladder
 from engine.errors import StartupError
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,12 @@ def backend_kwargs(spec: Any, dtype: torch.dtype, group: Any = None) -> dict[str
     the KVGroupSpec whose layers the backend serves when given)."""
     kv = group if group is not None else spec
     return dict(num_q_heads=spec.num_q_heads, num_kv_heads=kv.num_kv_heads, head_dim=kv.head_dim, dtype=dtype)
+
+
+def batch_size_ladder(max_batch_size: int) -> list[int]:
+    """1, 2, 4, 8, then every 16 up to max_batch_size (which is always included)."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_batch_size] + list(range(16, max_batch_size, 16))
+    return sorted(set(sizes) | {max_batch_size})
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -114,26 +120,3 @@ def warm_up(model: torch.nn.Module, backend: Any, page_size: int) -> float:
         weight = next(model.parameters())
         kernels.warmup(a.hidden_size, a.intermediate_size, a.head_dim, weight.dtype, weight.device)
     return time.perf_counter() - start
-
-
-def prepare_cuda(
-    model: torch.nn.Module, backend: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], *,
-    page_size: int, max_num_seqs: int, max_model_len: int, enforce_eager: bool, why: str | None = None,
-) -> CudaGraphRunner | None:
-    """Warms the kernels up and, unless enforce_eager (or the backend cannot run under graphs), captures decode
-    CUDA graphs at graph_batch_sizes(max_num_seqs). Call before any request holds KV pages. why: the reason
-    enforce_eager was set, for the start-up log."""
-    seconds = warm_up(model, backend, page_size)
-    log.info("kernel warm-up took %.1f s", seconds)
-    if enforce_eager or not hasattr(backend, "graph_decode"):
-        log.info("decode runs eagerly (%s)", why or ("enforce_eager" if enforce_eager else type(backend).__name__))
-        return None
-    start = time.perf_counter()
-    runner = CudaGraphRunner(
-        model, backend, kv_caches,
-        batch_sizes=graph_batch_sizes(max_num_seqs), max_pages_per_seq=-(-max_model_len // page_size),
-    )
-    runner.capture()
-    log.info("captured decode CUDA graphs for batch sizes %s in %.1f s", runner.batch_sizes,
-             time.perf_counter() - start)
-    return runner

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import LoraConfig
-from engine.core.kv_spec import KVGroupSpec
 from engine.errors import UnsupportedModel
 from engine.model.checkpoint import load_weights, plan_copies, safetensors_files, tensor_shapes
 from engine.model.kv_scales import check_kv_cache_scheme, load_kv_scales
+from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.linear import pack_linears_for_cpu, quantize_linears_int4
 from engine.model.layers.lora import attach_lora
 from engine.model.layers.recurrent_step import RecurrentSpec

@@ -1,10 +1,20 @@
-"""The import graph of the whole tree (engine/, worker/, builder/, handler.py): no cycles, and each layer reaches
-the next only through its doors. Module-level imports count, type-only ones included; imports inside functions
-(the deferred heavy ones) count for the layering rules too."""
+"""The import graph of the whole tree (engine/, worker/, builder/, handler.py): no cycle between modules, package
+arrows that point one way (docs of the design: worker -> engine; inside the engine core -> model, attention,
+sample, text; model -> attention and layers; cuda below attention), each layer reaching the next only through its
+doors, and family files that build on shared blocks rather than on each other.
+
+Every import statement counts, wherever it sits: at module level, inside a function or a class (the deferred
+heavy imports are still a dependency), and under `if TYPE_CHECKING:` (a type-only import names a dependency as
+much as a call does, so none is exempt). `from a import b` where a.b is a module counts as an import of a.b.
+Imports by string (importlib.import_module, the lazy registries of engine/__init__.py and models/__init__.py)
+are not seen.
+"""
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,24 +28,51 @@ ENGINE_DOORS = {
     "builder": {"engine.errors", "engine.text.tokenizer", "engine.model.adapters", "engine.model.models", "engine.model.memory_plan",
                 "engine.model.loader", "engine.text.o200k_file", "engine.model.folder_check"},
 }
+# Package -> the packages it may import (besides itself). A package not named here is a bug of this table.
+# "engine" is the engine's public types (config, errors, outputs, timing), which every engine package may use;
+# "worker" is handler.py and worker/'s own modules, "worker.settings" the one of them the protocol layers read.
+ARROWS: dict[str, set[str]] = {
+    "engine": set(),
+    "engine.text": {"engine"},
+    "engine.sample": {"engine"},
+    "engine.cuda": {"engine"},
+    "engine.attention": {"engine", "engine.cuda"},
+    "engine.model": {"engine", "engine.attention", "engine.cuda"},
+    "engine.core": {"engine", "engine.model", "engine.attention", "engine.sample", "engine.text", "engine.cuda"},
+    "worker.settings": set(),
+    "worker.openai": {"worker.settings", "engine"},
+    "worker.anthropic": {"worker.openai", "worker.settings", "engine"},
+    "worker": {"worker.openai", "worker.anthropic", "worker.settings", "engine"},
+    "builder": {"engine"},
+}
+ENGINE_PACKAGES = ("core", "model", "attention", "sample", "text", "cuda")
+FAMILIES = "engine.model.models."
+# Family files and what they build on: models/base.py and models/moe_base.py, the blocks of layers/, and no other
+# family's file but these (family -> family files it extends, with why).
+SHARED_MODEL_FILES = {"engine.model.models", "engine.model.models.base", "engine.model.models.moe_base"}
+FAMILY_BASES = {
+    # The Llama decoder is the dense decoder the Llama-attention MoE decoders extend.
+    "engine.model.models.moe_base": {"engine.model.models.llama"},
+    "engine.model.models.qwen3_moe": {"engine.model.models.llama"},
+    "engine.model.models.olmoe": {"engine.model.models.llama"},
+    # One family in several generations, each extending an earlier one.
+    "engine.model.models.gemma3": {"engine.model.models.gemma2"},
+    "engine.model.models.gemma4": {"engine.model.models.gemma2", "engine.model.models.gemma4_moe"},
+}
 
 
-def _imports(path: Path, top_level_only: bool = True) -> set[str]:
-    """Modules of our packages that `path` imports (at module level, inside `if TYPE_CHECKING:` too; with
-    top_level_only False, inside functions as well)."""
-    out: set[str] = set()
-    nodes = list(ast.parse(path.read_text()).body) if top_level_only else list(ast.walk(ast.parse(path.read_text())))
-    while nodes:
-        node = nodes.pop()
-        if top_level_only and isinstance(node, ast.If):
-            nodes += node.body
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
-            out.add(node.module)
-        elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
-    return out
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the imported module (the package itself for a name that is not a module of it)
+    line: int
+
+    def __str__(self) -> str:
+        path = _modules()[self.source].relative_to(ROOT)
+        return f"{path}:{self.line} ({self.source}) imports {self.target}"
 
 
+@cache
 def _modules() -> dict[str, Path]:
     paths = {"handler": ROOT / "handler.py"}
     for package in PACKAGES:
@@ -44,36 +81,117 @@ def _modules() -> dict[str, Path]:
     return paths
 
 
-def test_the_tree_imports_without_cycles() -> None:
-    graph = {name: _imports(path) for name, path in _modules().items()}
-    state: dict[str, int] = {}  # 1: on the path, 2: done
+def _resolve(name: str) -> str:
+    """The module of ours that `name` is, or the nearest package above it that is one."""
+    modules = _modules()
+    while name not in modules and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
 
-    def visit(module: str, path: list[str]) -> None:
-        if state.get(module) == 1:
-            raise AssertionError("import cycle: " + " -> ".join(path[path.index(module):] + [module]))
-        if state.get(module) == 2 or module not in graph:
-            return
+
+@cache
+def _imports(module: str) -> tuple[Import, ...]:
+    """Every import of our packages in `module`, anywhere in its syntax tree."""
+    out = []
+    for node in ast.walk(ast.parse(_modules()[module].read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                node.module.split(".")[0] in PACKAGES:
+            for alias in node.names:
+                out.append(Import(module, _resolve(f"{node.module}.{alias.name}"), node.lineno))
+        elif isinstance(node, ast.Import):
+            out += [Import(module, _resolve(a.name), node.lineno) for a in node.names
+                    if a.name.split(".")[0] in PACKAGES]
+    return tuple(sorted(set(out), key=lambda i: (i.line, i.target)))
+
+
+def _package(module: str) -> str:
+    """The package of ARROWS that `module` belongs to."""
+    parts = module.split(".")
+    if module == "handler":
+        return "worker"
+    if parts[0] == "engine":
+        return f"engine.{parts[1]}" if len(parts) > 1 and parts[1] in ENGINE_PACKAGES else "engine"
+    if parts[0] == "worker" and len(parts) > 1 and parts[1] in ("openai", "anthropic", "settings"):
+        return f"worker.{parts[1]}"
+    return parts[0]
+
+
+def test_the_import_graph_sees_deferred_and_type_only_imports() -> None:
+    # The scanner itself: a function-level import and a TYPE_CHECKING one are both edges.
+    targets = {i.target for i in _imports("worker.runtime")}
+    assert "engine.core.async_engine" in targets  # inside start()
+    assert "engine.attention.base" in {i.target for i in _imports("engine.model.models")}  # under TYPE_CHECKING
+
+
+def test_the_tree_imports_without_cycles() -> None:
+    """No cycle between modules, counting deferred imports: a cycle broken only by a function-level import is
+    still two modules that cannot be understood (or moved) one without the other."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    cycles = []
+
+    def visit(module: str, path: list[Import]) -> None:
         state[module] = 1
-        for target in sorted(graph[module]):
-            visit(target, [*path, module])
+        for edge in _imports(module):
+            if edge.target == module or edge.target not in _modules():
+                continue
+            if state.get(edge.target) == 1:
+                start = next(i for i, e in enumerate([*path, edge]) if e.source == edge.target)
+                cycles.append("import cycle:\n  " + "\n  ".join(str(e) for e in [*path, edge][start:]))
+            elif state.get(edge.target) is None:
+                visit(edge.target, [*path, edge])
         state[module] = 2
 
-    for module in sorted(graph):
-        visit(module, [])
+    for module in sorted(_modules()):
+        if module not in state:
+            visit(module, [])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_package_arrows_point_one_way() -> None:
+    unknown = sorted({_package(m) for m in _modules()} - set(ARROWS))
+    assert not unknown, f"packages with no row in ARROWS: {unknown}"
+    wrong = []
+    for module in sorted(_modules()):
+        for edge in _imports(module):
+            source, target = _package(module), _package(edge.target)
+            if not source.startswith("engine") and target.startswith("engine"):
+                target = "engine"  # which engine modules the worker and the builder reach: their doors, below
+            if source != target and target not in ARROWS[source]:
+                wrong.append(f"{edge}: {source} may not import {target} (it may import: "
+                             f"{', '.join(sorted(ARROWS[source])) or 'nothing of ours'})")
+    assert not wrong, "reversed or unplanned package arrows:\n" + "\n".join(wrong)
+
+
+def test_family_files_build_on_shared_blocks_not_on_each_other() -> None:
+    """A block two families share lives in layers/ or models/base.py (moe_base.py for the MoE decoders), and
+    layers/ and quant/ know nothing of the families or the loader."""
+    wrong = []
+    for module in sorted(_modules()):
+        for edge in _imports(module):
+            t = edge.target
+            if module.startswith(FAMILIES) and t.startswith(FAMILIES) and t != module and \
+                    t not in SHARED_MODEL_FILES and t not in FAMILY_BASES.get(module, ()):
+                wrong.append(f"{edge}: a family file builds on layers/ and models/base.py, not on another family")
+            elif module.startswith(("engine.model.layers", "engine.model.quant")) and \
+                    (t.startswith(FAMILIES) or t == "engine.model.models" or t == "engine.model.loader"):
+                wrong.append(f"{edge}: layers/ and quant/ sit below the families and the loader")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_each_layer_reaches_the_next_only_through_its_doors() -> None:
     wrong = []
-    for name, path in _modules().items():
+    for name in _modules():
         layer = "worker" if name == "handler" else name.split(".")[0]
-        for target in _imports(path, top_level_only=False):
-            top = target.split(".")[0]
+        for edge in _imports(name):
+            top = edge.target.split(".")[0]
             if layer == "engine" and top != "engine":
-                wrong.append(f"{name} imports {target}: the engine knows nothing of the worker or the builder")
+                wrong.append(f"{edge}: the engine knows nothing of the worker or the builder")
             elif layer == "worker" and top == "builder":
-                wrong.append(f"{name} imports {target}: the worker serves a bake, it does not make one")
-            elif layer in ENGINE_DOORS and top == "engine" and target not in ENGINE_DOORS[layer]:
-                wrong.append(f"{name} imports {target}, which is not one of the engine's doors for {layer}/")
+                wrong.append(f"{edge}: the worker serves a bake, it does not make one")
+            elif layer == "builder" and top == "worker":
+                wrong.append(f"{edge}: the builder makes a bake, it does not serve one")
+            elif layer in ENGINE_DOORS and top == "engine" and edge.target not in ENGINE_DOORS[layer]:
+                wrong.append(f"{edge}, which is not one of the engine's doors for {layer}/")
     assert not wrong, "\n".join(wrong)
 
 

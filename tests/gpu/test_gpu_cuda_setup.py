@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine.attention import resolve_backend
+from engine.core.cuda_graphs import prepare_cuda
 from engine.cuda import setup as cuda_setup
 
 DT = torch.bfloat16
@@ -89,12 +90,12 @@ def test_prepare_cuda_captures_within_the_reserve(tmp_path, tiny_llama_checkpoin
         graphs=True,
     )
     pool = PagePool(spec.num_layers, 256, page_size, spec.num_kv_heads, spec.head_dim, DT, dev)
-    assert cuda_setup.prepare_cuda(model, backend, pool.kv_caches, page_size=page_size, max_num_seqs=max_num_seqs,
-                                   max_model_len=max_model_len, enforce_eager=True) is None
+    assert prepare_cuda(model, backend, pool.kv_caches, page_size=page_size, max_num_seqs=max_num_seqs,
+                        max_model_len=max_model_len, enforce_eager=True) is None
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info(dev)[0]
-    runner = cuda_setup.prepare_cuda(model, backend, pool.kv_caches, page_size=page_size,
-                                     max_num_seqs=max_num_seqs, max_model_len=max_model_len, enforce_eager=False)
+    runner = prepare_cuda(model, backend, pool.kv_caches, page_size=page_size,
+                          max_num_seqs=max_num_seqs, max_model_len=max_model_len, enforce_eager=False)
     torch.cuda.synchronize()
     used = free_before - torch.cuda.mem_get_info(dev)[0]
     assert runner is not None and runner.batch_sizes == [1, 2, 4, 8, 16, 24]

@@ -10,7 +10,7 @@ DT = torch.bfloat16
 
 def build(tmp_path, tiny_llama_checkpoint, gpu_pager, num_q_heads, num_kv_heads, batch_sizes):
     from engine.attention.flashinfer import FlashInferBackend
-    from engine.cuda.graphs import CudaGraphRunner
+    from engine.core.cuda_graphs import CudaGraphRunner
     from engine.model.loader import load_model
 
     path = tiny_llama_checkpoint(tmp_path / "model", num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
@@ -84,7 +84,7 @@ def test_oversize_and_prefill_batches_run_eagerly(tmp_path, tiny_llama_checkpoin
 
 
 def test_batch_size_ladder():
-    from engine.cuda.graphs import batch_size_ladder
+    from engine.cuda.setup import batch_size_ladder
 
     assert batch_size_ladder(256)[:6] == [1, 2, 4, 8, 16, 32] and batch_size_ladder(256)[-1] == 256
     assert batch_size_ladder(3) == [1, 2, 3]

@@ -52,7 +52,7 @@ def test_flashinfer_on_fp8_pages_equals_the_torch_reference(gpu_pager, page_size
 
 def test_graph_decode_on_fp8_pages_equals_eager(tmp_path, tiny_llama_checkpoint, gpu_pager):
     from engine.attention.flashinfer import FlashInferBackend
-    from engine.cuda.graphs import CudaGraphRunner
+    from engine.core.cuda_graphs import CudaGraphRunner
     from engine.model.loader import load_model
 
     path = tiny_llama_checkpoint(tmp_path / "model")

@@ -47,3 +47,18 @@ def test_the_worker_reaches_the_engine_only_through_async_engine_methods() -> No
                     node.value.attr == "engine" and (node.attr == "engine" or node.attr.startswith("_")):
                 inside.append(f"{path.relative_to(ROOT)}:{node.lineno} .engine.{node.attr}")
     assert not inside, inside
+
+
+def test_the_runtime_has_what_the_routes_ask_of_it() -> None:
+    """worker/openai and worker/anthropic take a worker.openai.runtime.Runtime (a protocol, so they need not
+    import worker/runtime.py back); the runtime start() builds has every member of it."""
+    import typing
+
+    import worker.runtime
+    from worker.openai.runtime import Runtime as Asked
+
+    asked = {n for n in (*typing.get_type_hints(Asked, localns={"Settings": object, "ResponseStore": object}),
+                         *vars(Asked)) if not n.startswith("_")}
+    built = worker.runtime.Runtime
+    missing = sorted(n for n in asked if not hasattr(built, n) and n not in built.__dataclass_fields__)
+    assert not missing, missing

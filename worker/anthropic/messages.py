@@ -26,7 +26,7 @@ from worker.openai.generation import Collected, engine_request_id
 from worker.openai.protocol import ChatCompletionRequest
 from worker.openai.stream_driver import run_to_end, stream_events
 from worker.openai.tools.events import ContentDelta
-from worker.runtime import Runtime
+from worker.openai.runtime import Runtime
 
 # Anthropic's default temperature (chat completions' default here is RunPod's 0.7).
 DEFAULT_TEMPERATURE = 1.0

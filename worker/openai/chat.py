@@ -23,7 +23,7 @@ from worker.openai.protocol import ChatCompletionRequest
 from worker.openai.stream_driver import stream_events
 from worker.openai.tools.plan import ToolPlan
 from worker.openai.usage import usage
-from worker.runtime import Runtime
+from worker.openai.runtime import Runtime
 
 
 @dataclass

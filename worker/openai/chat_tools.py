@@ -13,10 +13,10 @@ from worker.openai.chat_output import OutputFormat
 from worker.openai.chat_template import ChatPrompt, render_chat, takes_system_turn, template_messages
 from worker.openai.errors import BadRequest
 from worker.openai.reasoning import after_reasoning, reasoning_first, starts_in_reasoning
+from worker.openai.runtime import Runtime
 from worker.openai.tools.constraints import tool_constraint
 from worker.openai.tools.definitions import check_tool_choice, check_tools
 from worker.openai.tools.plan import ToolPlan
-from worker.runtime import Runtime
 
 
 def render_with_tools(runtime: Runtime, messages: list[Any], *, tools: list[Any] | None, tool_choice: Any,

@@ -21,8 +21,8 @@ from worker.openai.logprobs import TextOffsets, completion_logprobs, prompt_logp
 from worker.openai.models import resolve_model
 from worker.openai.params import openai_sampling_params
 from worker.openai.protocol import CompletionRequest
+from worker.openai.runtime import Runtime
 from worker.openai.usage import usage
-from worker.runtime import Runtime
 
 
 @dataclass

@@ -21,7 +21,7 @@ from engine.outputs import PoolingOutput
 from worker.openai.errors import BadRequest
 from worker.openai.generation import engine_request_id, response_id
 from worker.openai.models import resolve_model
-from worker.runtime import Runtime
+from worker.openai.runtime import Runtime
 
 MAX_INPUTS = 2048  # OpenAI's limit on one request's inputs
 

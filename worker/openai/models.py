@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from worker.openai.errors import ModelNotFound
-from worker.runtime import Runtime
+from worker.openai.runtime import Runtime
 
 OWNED_BY = "runpod"
 

@@ -1,4 +1,5 @@
-"""Linear layers for CPU serving: bf16 weights pre-packed for oneDNN, and weight-only int4 (GGUF Q4_1's layout)."""
+"""Linear layers: several checkpoint matrices stacked in one (FusedLinear), and for CPU serving bf16 weights
+pre-packed for oneDNN and weight-only int4 (GGUF Q4_1's layout)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,25 @@ import torch
 from torch import nn
 
 from engine.errors import UnsupportedModel
+from engine.model.checkpoint import Shard
+
+
+class FusedLinear(nn.Linear):
+    """A Linear whose output rows are several checkpoint matrices stacked (q|k|v or gate|up)."""
+
+    def __init__(self, in_features: int, shards: dict[str, int], bias: bool) -> None:
+        super().__init__(in_features, sum(shards.values()), bias=bias)
+        self.shard_offsets: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, size in shards.items():
+            self.shard_offsets[name] = (offset, size)
+            offset += size
+
+    def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
+        """'q_proj.weight' (a sibling of this module in the checkpoint) -> rows of our stacked weight."""
+        kinds = ("weight", "bias") if self.bias is not None else ("weight",)
+        return {f"{name}.{kind}": Shard(f"{prefix}.{kind}", offset=offset, size=size)
+                for name, (offset, size) in self.shard_offsets.items() for kind in kinds}
 
 
 class PackedLinear(nn.Module):

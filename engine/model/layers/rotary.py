@@ -14,6 +14,19 @@ from engine.cuda import kernels
 from engine.errors import UnsupportedModel
 
 
+def rope_parameters(config: dict) -> dict:
+    """transformers 5 `rope_parameters`, or the older `rope_scaling` + `rope_theta` pair, as one dict."""
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope:
+        return dict(rope)
+    if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
+        raise UnsupportedModel("per-layer-type rope parameters are not supported", param="model")
+    scaling = dict(config.get("rope_scaling") or {})
+    scaling["rope_type"] = scaling.get("rope_type", scaling.pop("type", "default"))
+    scaling["rope_theta"] = config.get("rope_theta") or 10000.0
+    return scaling
+
+
 def rope_inv_freq(head_dim: int, rope: dict, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies and the cos/sin scale for one of transformers' rope types (float32, CPU)."""
     rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"

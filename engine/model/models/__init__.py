@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from engine.attention.base import AttentionBackend, AttentionMetadata
-    from engine.core.kv_spec import KVGroupSpec
+    from engine.model.kv_spec import KVGroupSpec
 
 # Architecture name -> (module, class). Only the family a checkpoint names is imported (model_class), so a
 # worker's cold start does not pay for every family's module; callers that only ask which names are supported

@@ -7,7 +7,7 @@ from __future__ import annotations
 from engine.errors import UnsupportedModel
 from engine.model.models.gemma_args import FULL, SLIDING, GemmaArgs, check_config, default_layer_types
 from engine.model.models.gemma_base import GemmaForCausalLM
-from engine.model.models.llama import rope_parameters
+from engine.model.layers.rotary import rope_parameters
 
 
 class Gemma2ForCausalLM(GemmaForCausalLM):

@@ -14,7 +14,7 @@ import math
 import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
-from engine.core.kv_spec import KVGroupSpec, kv_groups
+from engine.model.kv_spec import KVGroupSpec, kv_groups
 from engine.model.layers.rotary import RotaryEmbedding
 from engine.model.models.base import DecoderLM
 from engine.model.models.gemma_args import GemmaArgs

@@ -14,7 +14,7 @@ from engine.model.layers.norm import GemmaRMSNorm
 from engine.model.layers.rotary import apply_rotary_
 from engine.model.models.gemma4_moe import MOE_NORMS, moe_modules
 from engine.model.models.gemma_args import FULL, GemmaArgs
-from engine.model.models.llama import FusedLinear
+from engine.model.layers.linear import FusedLinear
 
 
 def scaled(x: torch.Tensor, scale: float) -> torch.Tensor:

@@ -18,7 +18,7 @@ from engine.errors import UnsupportedModel
 from engine.model.checkpoint import Shard
 from engine.model.layers.activation import clamped_swiglu
 from engine.model.layers.moe import Routing, SparseMoE, StackedExperts
-from engine.model.models.qwen3_moe import MoeArgs, MoeForCausalLM, read_moe_args
+from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args
 
 
 @dataclass

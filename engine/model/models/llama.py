@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
-from engine.core.kv_spec import KVGroupSpec, kv_groups, layer_windows
 from engine.cuda import kernels
 from engine.errors import UnsupportedModel
-from engine.model.checkpoint import Shard
+from engine.model.kv_spec import KVGroupSpec, kv_groups, layer_windows
 from engine.model.layers.activation import silu_and_mul
+from engine.model.layers.linear import FusedLinear
 from engine.model.layers.norm import RMSNorm
-from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
+from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_, rope_parameters
 from engine.model.models.base import DecoderLM
 
 
@@ -64,37 +64,6 @@ class LlamaArgs:
             mlp_bias=any(n.endswith("mlp.gate_proj.bias") for n in names),
             **extra,
         )
-
-
-def rope_parameters(config: dict) -> dict:
-    """transformers 5 `rope_parameters`, or the older `rope_scaling` + `rope_theta` pair, as one dict."""
-    rope = config.get("rope_parameters")
-    if isinstance(rope, dict) and "rope_theta" in rope:
-        return dict(rope)
-    if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
-        raise UnsupportedModel("per-layer-type rope parameters are not supported", param="model")
-    scaling = dict(config.get("rope_scaling") or {})
-    scaling["rope_type"] = scaling.get("rope_type", scaling.pop("type", "default"))
-    scaling["rope_theta"] = config.get("rope_theta") or 10000.0
-    return scaling
-
-
-class FusedLinear(nn.Linear):
-    """A Linear whose output rows are several checkpoint matrices stacked (q|k|v or gate|up)."""
-
-    def __init__(self, in_features: int, shards: dict[str, int], bias: bool) -> None:
-        super().__init__(in_features, sum(shards.values()), bias=bias)
-        self.shard_offsets: dict[str, tuple[int, int]] = {}
-        offset = 0
-        for name, size in shards.items():
-            self.shard_offsets[name] = (offset, size)
-            offset += size
-
-    def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
-        """'q_proj.weight' (a sibling of this module in the checkpoint) -> rows of our stacked weight."""
-        kinds = ("weight", "bias") if self.bias is not None else ("weight",)
-        return {f"{name}.{kind}": Shard(f"{prefix}.{kind}", offset=offset, size=size)
-                for name, (offset, size) in self.shard_offsets.items() for kind in kinds}
 
 
 class LlamaAttention(nn.Module):

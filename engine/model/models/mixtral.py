@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from engine.model.models.qwen3_moe import MoeArgs, MoeForCausalLM, read_moe_args
+from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args
 
 _EXPERT_W = re.compile(r"\.experts\.(\d+)\.w([123])\.")
 _W_NAMES = {"1": "gate_proj", "2": "down_proj", "3": "up_proj"}

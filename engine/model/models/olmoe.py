@@ -11,7 +11,7 @@ from engine.cuda import kernels
 from engine.model.layers.norm import RMSNorm
 from engine.model.layers.rotary import apply_rotary_
 from engine.model.models.llama import LlamaAttention
-from engine.model.models.qwen3_moe import MoeArgs, MoeForCausalLM, read_moe_args
+from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args
 
 
 class OlmoeAttention(LlamaAttention):

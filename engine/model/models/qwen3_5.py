@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
-from engine.core.kv_spec import KVGroupSpec
+from engine.model.kv_spec import KVGroupSpec
 from engine.errors import UnsupportedModel
 from engine.model.layers.gated_deltanet import DeltaNetShape, GatedDeltaNet
 from engine.model.layers.moe import SparseMoE
@@ -26,8 +26,10 @@ from engine.model.layers.norm import GemmaRMSNorm
 from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
 from engine.model.models.base import DecoderLM
-from engine.model.models.llama import FusedLinear, LlamaArgs, LlamaAttention, LlamaMLP
-from engine.model.models.qwen3_moe import MoeArgs, qwen_sparse_layers, read_moe_args
+from engine.model.layers.linear import FusedLinear
+from engine.model.models.llama import LlamaArgs, LlamaAttention, LlamaMLP
+from engine.model.models.moe_base import MoeArgs, read_moe_args
+from engine.model.models.qwen3_moe import qwen_sparse_layers
 
 log = logging.getLogger(__name__)
 

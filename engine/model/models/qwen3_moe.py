@@ -1,56 +1,13 @@
-"""Llama-attention decoders whose MLPs are mixtures of experts: Qwen3-MoE (q/k norm per head) and Qwen2-MoE
-(qkv bias, a shared expert with a sigmoid gate). Which layers are sparse follows transformers:
-`decoder_sparse_step` and `mlp_only_layers`; the other layers keep the dense Llama MLP.
-
-Mixtral (mixtral.py) and OLMoE (olmoe.py) build on MoeForCausalLM here.
+"""Qwen's Llama-attention MoE decoders: Qwen3-MoE (q/k norm per head) and Qwen2-MoE (qkv bias, a shared expert
+with a sigmoid gate), on moe_base.py. Which layers are sparse follows transformers: `decoder_sparse_step` and
+`mlp_only_layers`; the other layers keep the dense Llama MLP.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from engine.errors import UnsupportedModel
-from engine.model.layers.moe import Routing, SparseMoE, check_routing
-from engine.model.models.llama import LlamaArgs, LlamaForCausalLM, LlamaMLP
-
-
-@dataclass
-class MoeArgs(LlamaArgs):
-    """A Llama decoder's shape plus its experts: `routing`, and which layers run it (`sparse_layers`)."""
-
-    routing: Routing | None = None
-    sparse_layers: tuple[int, ...] = ()
-    clip_qkv: float | None = None  # OLMoE: q, k and v clamped to +-clip_qkv
-
-    @property
-    def activation_width(self) -> int:
-        """Per token, the widest MLP activation a step holds: the dense MLP's, or k experts' (plus the shared
-        expert and k rows of hidden size for the grouped tokens). CUDA start-up sizes its budget from it."""
-        r = self.routing
-        return max(self.intermediate_size, r.top_k * (r.intermediate_size + self.hidden_size) + r.shared_expert_size)
-
-
-def read_moe_args(config: dict, names: set[str], *, expert_size_key: str, norm_topk_prob: bool | None,
-                  shared_expert_size: int = 0, sparse_layers: tuple[int, ...] | None = None,
-                  qk_norm: bool = False) -> MoeArgs:
-    """MoeArgs from a MoE config; `norm_topk_prob` None reads the config key (default False as transformers),
-    `sparse_layers` None means every layer. UnsupportedModel naming the key for what the layer does not run."""
-    if config.get("hidden_act", "silu") != "silu":
-        raise UnsupportedModel(f"hidden_act {config['hidden_act']!r} is not supported", param="model")
-    check_routing(config)
-    # transformers 5 writes num_local_experts for every family (num_experts is an alias of it in some).
-    num_experts = config.get("num_local_experts") or config.get("num_experts")
-    if not num_experts:
-        raise KeyError("num_experts")
-    top_k = config["num_experts_per_tok"]
-    if not 0 < top_k <= num_experts:
-        raise UnsupportedModel(f"num_experts_per_tok={top_k} must be in 1..{num_experts}", param="model")
-    if norm_topk_prob is None:
-        norm_topk_prob = bool(config.get("norm_topk_prob", False))
-    routing = Routing(num_experts, top_k, config[expert_size_key], norm_topk_prob, shared_expert_size)
-    num_layers = config["num_hidden_layers"]
-    sparse = tuple(range(num_layers)) if sparse_layers is None else sparse_layers
-    return MoeArgs.from_config(config, names, qk_norm=qk_norm, routing=routing, sparse_layers=sparse)
+from engine.model.layers.moe import SparseMoE
+from engine.model.models.llama import LlamaArgs, LlamaMLP
+from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args
 
 
 def qwen_sparse_layers(config: dict) -> tuple[int, ...]:
@@ -59,18 +16,6 @@ def qwen_sparse_layers(config: dict) -> tuple[int, ...]:
     step = config.get("decoder_sparse_step", 1) or 1
     dense = set(config.get("mlp_only_layers") or ())
     return tuple(i for i in range(config["num_hidden_layers"]) if i not in dense and (i + 1) % step == 0)
-
-
-class MoeForCausalLM(LlamaForCausalLM):
-    """A Llama decoder whose sparse layers' MLP is a SparseMoE (the family's routing)."""
-
-    def __init__(self, args: MoeArgs) -> None:
-        super().__init__(args)
-        for i in args.sparse_layers:
-            self.model.layers[i].mlp = self.make_moe(args)
-
-    def make_moe(self, a: MoeArgs) -> SparseMoE:
-        return SparseMoE(a.routing, a.hidden_size)
 
 
 class Qwen3MoeForCausalLM(MoeForCausalLM):

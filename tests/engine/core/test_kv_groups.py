@@ -7,8 +7,8 @@ import pytest
 
 from engine.core.kv_manager import KVCacheManager
 from engine.core.kv_sizing import group_pages, pages_for_budget, window_caps
-from engine.core.kv_spec import KVGroupSpec, kv_groups, layer_windows
 from engine.core.sequence import Sequence
+from engine.model.kv_spec import KVGroupSpec, kv_groups, layer_windows
 from tests.engine.core.engine_run import make_engine
 
 FULL, WIN = KVGroupSpec((0,), 2, 8), KVGroupSpec((1, 2), 2, 8, window=8)

@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from engine.core.engine import LLMEngine
-from engine.core.kv_spec import KVGroupSpec
+from engine.model.kv_spec import KVGroupSpec
 from engine.sample.params import SamplingParams
 from tests.engine.core.engine_run import TINY_VOCAB, make_engine
 

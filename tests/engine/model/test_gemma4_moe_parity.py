@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.core.kv_spec import KVGroupSpec
 from engine.errors import UnsupportedModel
+from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.moe import StackedExperts
 from engine.model.loader import check_checkpoint, load_model
 from tests.engine.conftest import TOKENIZER_FILES

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.core.kv_spec import KVGroupSpec
+from engine.model.kv_spec import KVGroupSpec
 from engine.model.loader import check_checkpoint, load_model
 from tests.engine.model.family_parity import (
     ATOL,

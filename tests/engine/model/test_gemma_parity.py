@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.core.kv_spec import KVGroupSpec
+from engine.model.kv_spec import KVGroupSpec
 from engine.model.loader import check_checkpoint
 from tests.engine.model.family_parity import (
     check_engine_greedy,

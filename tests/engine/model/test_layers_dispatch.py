@@ -17,6 +17,7 @@ import torch
 
 from engine.attention import resolve_backend
 from engine.attention.torch_ref import TorchRefBackend
+from engine.core.cuda_graphs import prepare_cuda
 from engine.cuda import kernels
 from engine.cuda import setup as cuda_setup
 from engine.errors import StartupError
@@ -188,6 +189,6 @@ def test_prepare_cuda_without_a_graph_backend_runs_eagerly(tiny_checkpoint, page
     model, spec = load(tiny_checkpoint, tmp_path, "llama")
     harness = paged_harness(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
     for eager in (True, False):
-        runner = cuda_setup.prepare_cuda(model, TorchRefBackend("cpu"), harness.kv_caches, page_size=4,
-                                         max_num_seqs=8, max_model_len=128, enforce_eager=eager)
+        runner = prepare_cuda(model, TorchRefBackend("cpu"), harness.kv_caches, page_size=4,
+                              max_num_seqs=8, max_model_len=128, enforce_eager=eager)
         assert runner is None

@@ -10,9 +10,8 @@ import torch
 
 from engine.attention.torch_ref import TorchRefBackend
 from engine.errors import UnsupportedModel
-from engine.model.layers.rotary import rope_inv_freq
+from engine.model.layers.rotary import rope_inv_freq, rope_parameters
 from engine.model.loader import load_model
-from engine.model.models.llama import rope_parameters
 
 KINDS = ["llama", "llama_tied", "llama3_rope", "llama_linear_rope", "mistral", "qwen2", "qwen3"]
 ATOL = 1e-4
@@ -249,7 +248,7 @@ def test_config_json_reads_as_transformers_reads_it(tmp_path, kind):
     # The loader reads config.json without transformers (cold start); it must see what AutoConfig sees.
     from transformers import AutoConfig
 
-    from engine.core.kv_spec import layer_windows
+    from engine.model.kv_spec import layer_windows
     from engine.model.loader import read_config
     from engine.model.models import model_class
     from tests.engine.conftest import tiny_config

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.core.kv_spec import KVGroupSpec
+from engine.model.kv_spec import KVGroupSpec
 from tests.engine.conftest import WINDOW
 from tests.engine.model.family_parity import (
     check_prefill_and_decode,

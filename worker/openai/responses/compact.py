@@ -19,7 +19,7 @@ from worker.openai.errors import BadRequest
 from worker.openai.responses.items import compaction_content, item_text, new_id
 from worker.openai.responses.response import ResponseCall
 from worker.openai.responses.route import complete_response, prepare_response
-from worker.runtime import Runtime
+from worker.openai.runtime import Runtime
 
 SUMMARY_REQUEST = ("Summarize the conversation so far for your own later use: the user's goals, the facts and "
                    "decisions established, results of tool calls that matter, and what is still open. Be concise.")

@@ -20,7 +20,7 @@ from worker.openai.responses.request import ResponsesRequest
 
 if TYPE_CHECKING:
     from worker.openai.chat import ChatCall
-    from worker.runtime import Runtime
+    from worker.openai.runtime import Runtime
 
 
 @dataclass

@@ -30,7 +30,7 @@ from worker.openai.responses.store import StoredResponse
 from worker.openai.responses.truncation import fit_turns
 from worker.openai.stream_driver import run_to_end, stream_events
 from worker.openai.tools.events import ContentDelta
-from worker.runtime import Runtime
+from worker.openai.runtime import Runtime
 
 
 def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:

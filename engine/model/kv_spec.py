@@ -1,4 +1,5 @@
-"""KV cache layer groups: which layers share a page pool, and what each group's attention sees.
+"""KV cache layer groups: which layers share a page pool, and what each group's attention sees (a model declares
+them, engine/core sizes and fills the pages).
 
 Layers whose KV has the same shape and the same reach form one group: full attention (today's), or a sliding
 window of W tokens (a query at position i sees keys j with i - W < j <= i, as transformers masks it). Every

@@ -3,32 +3,29 @@
 A decode batch of b rows is padded to the smallest captured size >= b. Padding rows run token 0 at
 position 0 against one written slot of row 0's page and write nothing of their own (FlashInferGraphDecode
 routes row 0's K/V to their slot), so their results are simply dropped. Steps with prefill and batches
-above the largest size run eagerly.
+above the largest size run eagerly. prepare_cuda() is start-up's last CUDA step: warm-up, then the capture.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from engine.attention.base import AttentionMetadata
 from engine.attention.flashinfer import FlashInferBackend
 from engine.attention.flashinfer_graph import FlashInferGraphDecode
+from engine.cuda.setup import graph_batch_sizes, warm_up
 
 log = logging.getLogger(__name__)
 
 # model(input_ids, positions, meta, kv_caches, backend) -> hidden [tokens, hidden_size], as CausalLM.forward
 ModelForward = Callable[..., torch.Tensor]
-
-
-def batch_size_ladder(max_batch_size: int) -> list[int]:
-    """1, 2, 4, 8, then every 16 up to max_batch_size (which is always included)."""
-    sizes = [s for s in (1, 2, 4, 8) if s < max_batch_size] + list(range(16, max_batch_size, 16))
-    return sorted(set(sizes) | {max_batch_size})
 
 
 @dataclass
@@ -127,6 +124,29 @@ class CudaGraphRunner:
             log.warning("FlashInfer plan for batch %d differs from its capture; running eagerly", bs)
         self.backend.plan(meta)
         return self.model(input_ids, positions, meta, self.kv_caches, self.backend)
+
+
+def prepare_cuda(
+    model: torch.nn.Module, backend: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], *,
+    page_size: int, max_num_seqs: int, max_model_len: int, enforce_eager: bool, why: str | None = None,
+) -> CudaGraphRunner | None:
+    """Warms the kernels up and, unless enforce_eager (or the backend cannot run under graphs), captures decode
+    CUDA graphs at graph_batch_sizes(max_num_seqs). Call before any request holds KV pages. why: the reason
+    enforce_eager was set, for the start-up log."""
+    seconds = warm_up(model, backend, page_size)
+    log.info("kernel warm-up took %.1f s", seconds)
+    if enforce_eager or not hasattr(backend, "graph_decode"):
+        log.info("decode runs eagerly (%s)", why or ("enforce_eager" if enforce_eager else type(backend).__name__))
+        return None
+    start = time.perf_counter()
+    runner = CudaGraphRunner(
+        model, backend, kv_caches,
+        batch_sizes=graph_batch_sizes(max_num_seqs), max_pages_per_seq=-(-max_model_len // page_size),
+    )
+    runner.capture()
+    log.info("captured decode CUDA graphs for batch sizes %s in %.1f s", runner.batch_sizes,
+             time.perf_counter() - start)
+    return runner
 
 
 def _pad_meta(meta: AttentionMetadata, bs: int) -> tuple[AttentionMetadata, torch.Tensor]:
