@@ -55,9 +55,16 @@ FAMILY_BASES = {
     "engine.model.models.moe_base": {"engine.model.models.llama"},
     "engine.model.models.qwen3_moe": {"engine.model.models.llama"},
     "engine.model.models.olmoe": {"engine.model.models.llama"},
-    # One family in several generations, each extending an earlier one.
-    "engine.model.models.gemma3": {"engine.model.models.gemma2"},
-    "engine.model.models.gemma4": {"engine.model.models.gemma2", "engine.model.models.gemma4_moe"},
+    # The hybrid decoders' full-attention layer and MLP are the Llama ones, their routing Qwen's MoE rule.
+    "engine.model.models.qwen3_5": {"engine.model.models.llama", "engine.model.models.qwen3_moe"},
+    # One Gemma decoder (gemma_args / gemma_layers / gemma_base) that each generation configures.
+    "engine.model.models.gemma_layers": {"engine.model.models.gemma_args", "engine.model.models.gemma4_moe"},
+    "engine.model.models.gemma_base": {"engine.model.models.gemma_args", "engine.model.models.gemma_layers"},
+    "engine.model.models.gemma2": {"engine.model.models.gemma_args", "engine.model.models.gemma_base"},
+    "engine.model.models.gemma3": {"engine.model.models.gemma_args", "engine.model.models.gemma_base",
+                                   "engine.model.models.gemma2"},
+    "engine.model.models.gemma4": {"engine.model.models.gemma_args", "engine.model.models.gemma_base",
+                                   "engine.model.models.gemma2", "engine.model.models.gemma4_moe"},
 }
 
 
