@@ -29,7 +29,7 @@ from engine.model.models.base import DecoderLM
 from engine.model.layers.linear import FusedLinear
 from engine.model.models.llama import LlamaArgs, LlamaAttention, LlamaMLP
 from engine.model.models.moe_base import MoeArgs, read_moe_args
-from engine.model.models.qwen3_moe import qwen_sparse_layers
+from engine.model.models.qwen3_moe import qwen_sparse_layers, shared_expert_moe
 
 log = logging.getLogger(__name__)
 
@@ -178,10 +178,7 @@ class Qwen3_5ForCausalLM(DecoderLM):
         self.rotary: RotaryEmbedding | None = None
 
     def make_moe(self, a: HybridArgs) -> SparseMoE:
-        r = a.routing
-        shared = LlamaMLP(LlamaArgs(**{**{n: getattr(a, n) for n in LlamaArgs.__dataclass_fields__},
-                                       "intermediate_size": r.shared_expert_size})) if r.shared_expert_size else None
-        return SparseMoE(r, a.hidden_size, shared)
+        return shared_expert_moe(a)
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
         a = self.args
@@ -244,12 +241,12 @@ class _ImageTextCheckpoint:
             log.info("%s: the vision tower is not loaded (image input is not served yet)", config["architectures"][0])
         return super().read_args(dict(config.get("text_config") or {}), names)
 
-    @staticmethod
-    def checkpoint_name(name: str) -> str | None:
-        if name.startswith(("model.visual.", "mtp.")):
+    def checkpoint_name(self, name: str) -> str | None:
+        if name.startswith("model.visual."):
             return None
-        return "model." + name.removeprefix("model.language_model.") if name.startswith("model.language_model.") \
-            else name
+        if name.startswith("model.language_model."):
+            name = "model." + name.removeprefix("model.language_model.")
+        return super().checkpoint_name(name)
 
 
 class Qwen3_5ForConditionalGeneration(_ImageTextCheckpoint, Qwen3_5ForCausalLM):

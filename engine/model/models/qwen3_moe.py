@@ -33,11 +33,14 @@ class Qwen2MoeForCausalLM(MoeForCausalLM):
                              shared_expert_size=shared, sparse_layers=qwen_sparse_layers(config))
 
     def make_moe(self, a: MoeArgs) -> SparseMoE:
-        shared = None
-        if a.routing.shared_expert_size:
-            shared = LlamaMLP(LlamaArgs(**{**_llama_fields(a), "intermediate_size": a.routing.shared_expert_size}))
-        return SparseMoE(a.routing, a.hidden_size, shared)
+        return shared_expert_moe(a)
 
 
-def _llama_fields(a: MoeArgs) -> dict:
-    return {name: getattr(a, name) for name in LlamaArgs.__dataclass_fields__}
+def shared_expert_moe(a: MoeArgs) -> SparseMoE:
+    """Qwen's MoE block: the routed experts and, when the config has one, a SwiGLU shared expert of its own width
+    under a sigmoid gate (Qwen2-MoE, Qwen3-Next, Qwen3.5-MoE)."""
+    shared = None
+    if a.routing.shared_expert_size:
+        fields = {name: getattr(a, name) for name in LlamaArgs.__dataclass_fields__}
+        shared = LlamaMLP(LlamaArgs(**{**fields, "intermediate_size": a.routing.shared_expert_size}))
+    return SparseMoE(a.routing, a.hidden_size, shared)
