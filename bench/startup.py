@@ -10,7 +10,9 @@ The worker logs "start-up in ms: python .., settings .., imports .., weights ..,
 started" and "first output X s after the process started" (handler.py, counted from the process's start as /proc
 gives it); this script reads those, adds the exit time and the first forward (first output - ready), and prints a
 table. Trees alternate run by run so that a slow period of a shared machine falls on both sides. The model's files
-are read once first (warm page cache) unless --cold-ok. Every run goes to bench/out/startup.json.
+are read once first (warm page cache) unless --cold-ok; --cold empties the whole page cache before every run
+(root: /proc/sys/vm/drop_caches), so that the interpreter, torch and the weights are all read from disk as on a
+fresh machine. Every run goes to bench/out/startup.json.
 """
 
 from __future__ import annotations
@@ -121,6 +123,15 @@ def run_serve(tree: Path, model: Path, env: dict[str, str], log_path: Path) -> d
     return {**phases_of(log_path.read_text()), "health_s": round(health_s, 2)}
 
 
+def drop_page_cache() -> None:
+    """Writes back dirty pages and drops the clean ones (all files, not only the bake's)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    except OSError as exc:
+        raise SystemExit(f"--cold needs to write /proc/sys/vm/drop_caches (root): {exc}") from exc
+
+
 def load_average() -> float:
     try:
         return float(Path("/proc/loadavg").read_text().split()[0])
@@ -162,6 +173,7 @@ def main() -> int:
                              "--quiet-below")
     parser.add_argument("--quiet-below", type=float, default=0.5)
     parser.add_argument("--cold-ok", action="store_true", help="do not read the bake first")
+    parser.add_argument("--cold", action="store_true", help="drop the page cache before every run (root)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "startup.json")
     args = parser.parse_args()
 
@@ -169,7 +181,7 @@ def main() -> int:
         [("this", ROOT)]
     env = dict(e.split("=", 1) for e in args.env)
     model = args.model.resolve()
-    if not args.cold_ok:
+    if not (args.cold_ok or args.cold):
         print(f"read {warm(model):.2f} GB of {model.name} to warm the page cache", file=sys.stderr)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, object]] = []
@@ -177,6 +189,8 @@ def main() -> int:
         for mode in args.modes.split(","):
             for label, tree in trees:  # alternating: each tree once per run and mode
                 wait_quiet(args.wait_quiet, args.quiet_below)
+                if args.cold:
+                    drop_page_cache()
                 load = load_average()
                 if mode == "test_input":
                     figures = run_test_input(tree, model, args.job, env)
@@ -186,7 +200,7 @@ def main() -> int:
                     figures = run_serve(tree, model, env, args.out.parent / f"startup-{label}.log")
                 rows.append({"run": run, "tree": label, "mode": mode, "load": load, **figures})
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    args.out.write_text(json.dumps({"model": model.name, "env": env, "runs": rows}, indent=1) + "\n")
+    args.out.write_text(json.dumps({"model": model.name, "env": env, "cold": args.cold, "runs": rows}, indent=1) + "\n")
     print(table(rows))
     return 0
 

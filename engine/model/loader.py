@@ -88,7 +88,8 @@ def load_model(
         # NOTE: tied heads share the embedding's storage; an untied one is held twice once packed below.
         model.head_weight = head.detach()
     if device.type == "cpu" and dtype == torch.bfloat16:
-        pack_linears_for_cpu(model)
+        # Set once every bf16 linear is packed for oneDNN (a large model's are packed after this returns).
+        model.cpu_packing = pack_linears_for_cpu(model)
     args = model.args
     model.init_rotary(args.max_position_embeddings, dtype, device)
     model.eval().requires_grad_(False)
