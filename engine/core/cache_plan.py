@@ -16,6 +16,7 @@ import torch
 from engine.config import EngineConfig
 from engine.core import kv_sizing
 from engine.model.kv_spec import graphs_blocker
+from engine.model.quant.mxfp4_packed import scratch_bytes as mxfp4_scratch_bytes
 from engine.core.state_cache import state_slots_for_budget
 from engine.cuda import setup as cuda_setup
 from engine.errors import StartupError
@@ -47,6 +48,7 @@ def plan_cache(config: EngineConfig, spec, model: torch.nn.Module, device: torch
         reserve = cuda_setup.reserve_bytes(
             model.args, dtype, max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
             max_pages_per_seq=full_seq, graphs=not c.enforce_eager and graphs_blocker(groups) is None)
+        reserve += mxfp4_scratch_bytes(model)  # allocated by the first step, after this is measured
         budget = cuda_setup.kv_budget_bytes(device, c.gpu_memory_utilization, reserve)
     else:
         budget = CPU_KV_BYTES

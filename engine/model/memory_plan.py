@@ -3,7 +3,8 @@ them, KV bytes per token of each layer group, and the tokens of context that fit
 
 The model is built on the meta device (no weights are read). Weights count in DTYPE: that is how the GPU path
 serves every format today except int4 (AWQ, GPTQ: tinygemm) and FP8 (per tensor or channel on sm89+, block-wise
-on Hopper), which stay quantized: for those the figure is an upper bound. MXFP4 experts are dequantised at load. A sliding-window group
+on Hopper), which stay quantized: for those the figure is an upper bound. MXFP4 experts stay MXFP4 (17 bits per 32
+weights), plus the few experts a step dequantises at a time (engine/model/quant/mxfp4_packed.py). A sliding-window group
 holds at most its window per sequence, so it costs a fixed max_num_seqs * window tokens' worth; full-attention
 groups share the rest.
 """
@@ -16,8 +17,11 @@ import torch
 
 from engine.cuda.setup import reserve_bytes
 from engine.model.checkpoint import safetensors_files, tensor_shapes
+from engine.model.layers.moe import StackedExperts
 from engine.model.loader import read_config
 from engine.model.models import model_class
+from engine.model.quant.mxfp4 import GROUP
+from engine.model.quant.mxfp4_packed import experts_at_a_time
 
 GB = 10**9
 # The GPU sizes RunPod rents, as sold (decimal GB): 24 (RTX 4090, L4, A5000), 48 (A6000, L40S), 80 (A100,
@@ -43,6 +47,7 @@ class MemoryPlan:
     groups: tuple[GroupKV, ...]
     reserve_bytes: int  # activations, sampler, graphs and slack (engine.cuda.setup.reserve_bytes)
     max_num_seqs: int
+    scratch_bytes: int = 0  # packed MXFP4 experts: those a step dequantises at a time
 
     @property
     def full_bytes_per_token(self) -> int:
@@ -56,7 +61,8 @@ class MemoryPlan:
     def tokens_that_fit(self, gpu_bytes: int, utilization: float) -> int:
         """Tokens of context (over all sequences) the KV pool holds on a GPU of `gpu_bytes`; 0 if the weights do
         not fit. A model without full-attention layers is bounded by its windows alone: -1 (unbounded)."""
-        budget = int(gpu_bytes * utilization) - self.weight_bytes - self.reserve_bytes - CONTEXT_BYTES
+        budget = int(gpu_bytes * utilization) - self.weight_bytes - self.reserve_bytes - self.scratch_bytes
+        budget -= CONTEXT_BYTES
         budget -= self.window_bytes
         if budget <= 0:
             return 0
@@ -76,12 +82,19 @@ def plan_from_config(config: dict, names: set[str], dtype: torch.dtype, kv_dtype
     elt = torch.empty((), dtype=dtype).element_size()
     kv_elt = torch.empty((), dtype=kv_dtype or dtype).element_size()
     weights = sum(p.numel() for p in model.parameters()) * elt  # parameters() counts a tied weight once
+    scratch = 0
+    if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":
+        for experts in (m for m in model.modules() if isinstance(m, StackedExperts)):
+            stacked = experts.gate_up_proj.numel() + experts.down_proj.numel()
+            weights -= stacked * elt - stacked // GROUP * (GROUP // 2 + 1)  # 16 bytes of codes and a scale a group
+            per_expert = stacked // experts.num_experts * elt
+            scratch = max(scratch, per_expert * experts_at_a_time(experts.num_experts, per_expert))
     groups = tuple(GroupKV(len(g.layers), 2 * len(g.layers) * g.num_kv_heads * g.head_dim * kv_elt, g.window)
                    for g in model.kv_groups(config))
     pages_per_seq = -(-int(args.max_position_embeddings) // PAGE_SIZE)
     reserve = reserve_bytes(args, dtype, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                             max_pages_per_seq=pages_per_seq, graphs=True)
-    return MemoryPlan(weights, groups, reserve, max_num_seqs)
+    return MemoryPlan(weights, groups, reserve, max_num_seqs, scratch)
 
 
 def plan_for_folder(model_path: str, dtype: torch.dtype, kv_dtype: torch.dtype | None = None, **kw: int
@@ -93,7 +106,9 @@ def plan_for_folder(model_path: str, dtype: torch.dtype, kv_dtype: torch.dtype |
 def describe(plan: MemoryPlan, utilization: float) -> list[str]:
     """The plan as lines a user reads: weights, KV per token per group, tokens that fit on each GPU size."""
     lines = [f"weights {plan.weight_bytes / GB:.2f} GB; reserved for activations {plan.reserve_bytes / GB:.2f} GB "
-             f"+ CUDA context about {CONTEXT_BYTES / GB:.2f} GB"]
+             f"+ CUDA context about {CONTEXT_BYTES / GB:.2f} GB"
+             + (f" + MXFP4 experts dequantised at a time {plan.scratch_bytes / GB:.2f} GB"
+                if plan.scratch_bytes else "")]
     for g in plan.groups:
         kind = "full attention" if g.window is None else f"window of {g.window} tokens"
         lines.append(f"KV {g.bytes_per_token / 1024:.1f} KiB per token over {g.layers} layers ({kind})")

@@ -99,6 +99,9 @@ class StackedExperts(nn.Module):
         self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden_size)) if bias else None
         # Set by use_expert_linears (int4, CPU bf16 packing, quantized checkpoints): each expert's (gate_up, down).
         self.linears: nn.ModuleList | None = None
+        # Set by a format that keeps the experts packed (MXFP4 on CUDA): runner(self, x, expert_ids, weights)
+        # runs the layer from the packed weights, through run_sorted() with weights it dequantised.
+        self.runner: Callable[..., torch.Tensor] | None = None
 
     def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
         """Hub per-expert tensors ('experts.3.up_proj.weight') -> their expert's slice of the stacked weights.
@@ -142,57 +145,81 @@ class StackedExperts(nn.Module):
         """Why this layer's forward cannot be captured in a CUDA graph on `device`; None: it can."""
         if self.linears is not None:
             return "MoE experts held one module each (quantized or packed) run one matmul per expert with host-side counts"
+        if self.runner is not None:
+            ask = getattr(self.runner, "capture_blocker", None)
+            return ask(device, dtype) if ask is not None else None
         if not grouped_mm_runs(device, dtype):
             return f"no grouped expert matmul for {dtype} on this device (torch._grouped_mm)"
         return None
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; expert_ids and weights [T, k]. Returns sum_j weights[t, j] * expert_{ids[t, j]}(x[t])."""
+        if self.runner is not None:
+            return self.runner(self, x, expert_ids, weights)
+        if self.linears is not None:
+            return self.run_sorted(x, expert_ids, weights)
+        return self.run_sorted(x, expert_ids, weights, self.gate_up_proj, self.down_proj)
+
+    def run_sorted(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
+                   gate_up: torch.Tensor | None = None, down: torch.Tensor | None = None) -> torch.Tensor:
+        """forward() over stacked weights `gate_up` [E, 2I, H] and `down` [E, H, I] (None: the expert linears)."""
         k = expert_ids.shape[1]
         flat = expert_ids.reshape(-1)
         order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens in order within each
         rows = x.index_select(0, order // k)
-        if self.linears is None and grouped_mm_runs(x.device, x.dtype):
-            out = self._grouped(rows, flat.index_select(0, order))
+        if gate_up is not None and grouped_mm_runs(x.device, x.dtype):
+            out = self._grouped(rows, flat.index_select(0, order), gate_up, down)
         else:
-            out = self._per_expert(rows, flat)
+            out = self._per_expert(rows, flat, gate_up, down)
+        return self.combine(out, order, weights)
+
+    @staticmethod
+    def combine(out: torch.Tensor, order: torch.Tensor | None, weights: torch.Tensor) -> torch.Tensor:
+        """Expert outputs [T * k, H] (in `order`'s order; None: already in (token, slot) order) -> [T, H], each
+        token's k outputs summed with its routing weights."""
         # NOTE: back to (token, slot) order and a sum over the k slots, not index_add_: on CPU that is a
         # scatter_add costing 80 ms a call at one token (measured), and the fixed slot order keeps a token's
         # sum independent of the batch it came in.
-        by_token = torch.empty_like(out)
-        by_token[order] = out
-        return by_token.view(-1, k, x.shape[1]).mul_(weights.unsqueeze(-1).to(out.dtype)).sum(dim=1)
+        by_token = out
+        if order is not None:
+            by_token = torch.empty_like(out)
+            by_token[order] = out
+        k = weights.shape[1]
+        return by_token.view(-1, k, out.shape[1]).mul_(weights.unsqueeze(-1).to(out.dtype)).sum(dim=1)
 
-    def _grouped(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    def _grouped(self, rows: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
+                 ) -> torch.Tensor:
         """rows [N, H] sorted by their expert ids `experts` [N]: two grouped matmuls, offsets found on the device."""
         bounds = torch.arange(1, self.num_experts + 1, device=rows.device, dtype=experts.dtype)
         offsets = torch.searchsorted(experts, bounds).to(torch.int32)  # end row of each expert's tokens
-        h = torch._grouped_mm(rows, self.gate_up_proj.transpose(1, 2), offs=offsets)
+        h = torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=offsets)
         if self.gate_up_proj_bias is not None:
             h = h + self.gate_up_proj_bias.index_select(0, experts)
-        h = torch._grouped_mm(self.activation(h), self.down_proj.transpose(1, 2), offs=offsets)
+        h = torch._grouped_mm(self.activation(h), down.transpose(1, 2), offs=offsets)
         return h if self.down_proj_bias is None else h + self.down_proj_bias.index_select(0, experts)
 
-    def _per_expert(self, rows: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    def _per_expert(self, rows: torch.Tensor, flat: torch.Tensor, gate_up: torch.Tensor | None,
+                    down: torch.Tensor | None) -> torch.Tensor:
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         out = torch.empty_like(rows)
         start = 0
         for e, n in enumerate(counts):
             if n:
-                out[start : start + n] = self._expert(e, rows[start : start + n])
+                out[start : start + n] = self._expert(e, rows[start : start + n], gate_up, down)
                 start += n
         return out
 
-    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+    def _expert(self, e: int, x: torch.Tensor, gate_up: torch.Tensor | None, down: torch.Tensor | None
+                ) -> torch.Tensor:
         up_bias = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[e]
         down_bias = None if self.down_proj_bias is None else self.down_proj_bias[e]
-        if self.linears is not None:
-            gate_up, down = self.linears[e]
-            h = gate_up(x) if up_bias is None else gate_up(x) + up_bias
-            h = down(self.activation(h))
+        if gate_up is None:
+            up, dn = self.linears[e]
+            h = up(x) if up_bias is None else up(x) + up_bias
+            h = dn(self.activation(h))
             return h if down_bias is None else h + down_bias
-        h = self.activation(F.linear(x, self.gate_up_proj[e], up_bias))
-        return F.linear(h, self.down_proj[e], down_bias)
+        h = self.activation(F.linear(x, gate_up[e], up_bias))
+        return F.linear(h, down[e], down_bias)
 
 
 class SparseMoE(nn.Module):

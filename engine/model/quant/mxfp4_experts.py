@@ -1,7 +1,11 @@
 """MXFP4 mixture-of-experts checkpoints as the hub stores gpt-oss (`quant_method: mxfp4`): each expert stack's
-`{proj}_blocks` [E, out, in / 32, 16] and `{proj}_scales` [E, out, in / 32] load as stored, then are dequantised
-once to the serving dtype on the serving device, as transformers does without its kernels. Nothing else in such a
+`{proj}_blocks` [E, out, in / 32, 16] and `{proj}_scales` [E, out, in / 32] load as stored. Nothing else in such a
 checkpoint is quantized (its modules_to_not_convert: attention, router, embeddings, lm_head).
+
+On CUDA the experts stay packed (4.25 bits a weight: gpt-oss-120b's experts in about 61 GB instead of 230) and each
+step dequantises only what it runs (engine/model/quant/mxfp4_packed.py). On the CPU they are dequantised once to the
+serving dtype at load, as transformers does without its kernels: there, dequantising every step costs more than the
+matmuls it feeds.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from engine.errors import UnsupportedModel
 from engine.model.layers.moe import StackedExperts
 from engine.model.quant.base import QuantFormat
 from engine.model.quant.mxfp4 import GROUP, dequantize_mxfp4
+from engine.model.quant.mxfp4_packed import PROJECTIONS, PackedMxfp4
 
 log = logging.getLogger(__name__)
-PROJECTIONS = ("gate_up_proj", "down_proj")
+# Devices whose experts stay MXFP4 in memory.
+PACKED_DEVICES = ("cuda",)
 
 
 class Mxfp4Experts(QuantFormat):
@@ -57,10 +63,13 @@ class Mxfp4Experts(QuantFormat):
         return swapped
 
     def serve(self, model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
-        """Blocks and scales -> the float [E, out, in] weights the experts run, on the device they were loaded to."""
-        stacks = 0
-        for module in model.modules():
-            if not isinstance(module, StackedExperts) or not getattr(module, "checkpoint_dtypes", None):
+        """On a PACKED_DEVICES device, each expert stack keeps its blocks and scales and runs through PackedMxfp4;
+        elsewhere they become the float [E, out, in] weights the experts run, on the device they were loaded to."""
+        stacks = [m for m in model.modules() if isinstance(m, StackedExperts) and getattr(m, "checkpoint_dtypes", None)]
+        packed = device.type in PACKED_DEVICES
+        for module in stacks:
+            if packed:
+                module.runner = PackedMxfp4(module, dtype)
                 continue
             for proj in PROJECTIONS:
                 blocks = getattr(module, f"{proj}_blocks", None)
@@ -71,9 +80,14 @@ class Mxfp4Experts(QuantFormat):
                 delattr(module, f"{proj}_scales")
                 setattr(module, proj, nn.Parameter(weight, requires_grad=False))
             module.checkpoint_dtypes = frozenset()
-            stacks += 1
-        log.info("MXFP4 experts (%d stacks) dequantised to %s on %s at load: no MXFP4 kernel is used yet",
-                 stacks, str(dtype).removeprefix("torch."), device.type)
+        if packed and stacks:
+            log.info("MXFP4 experts (%d stacks) stay MXFP4 on %s: a step dequantises to %s the experts it routes to "
+                     "(all of them, %d at a time, from %d tokens x top-k up); no fused MXFP4 kernel is used",
+                     len(stacks), device.type, str(dtype).removeprefix("torch."), stacks[0].runner.chunk,
+                     stacks[0].num_experts)
+        else:
+            log.info("MXFP4 experts (%d stacks) dequantised to %s on %s at load (faster there than per step)",
+                     len(stacks), str(dtype).removeprefix("torch."), device.type)
 
 
 def read_mxfp4(qc: dict) -> Mxfp4Experts:

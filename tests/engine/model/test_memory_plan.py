@@ -1,5 +1,5 @@
 """The memory plan (engine.model.memory_plan) against hand arithmetic on the shapes users ask about: Llama-3.1-8B,
-Qwen3-30B-A3B, gpt-oss-120b (weights as the GPU path serves them today: its MXFP4 experts dequantised), and a
+Qwen3-30B-A3B, gpt-oss-120b (its experts in bf16, and as MXFP4 as the GPU path serves them), and a
 Gemma 4 shape with sliding and global layers of their own head sizes (its weights against transformers' own
 parameter count); `python -m builder --plan` prints it for the baked model."""
 
@@ -58,7 +58,8 @@ def gpt_oss_120b_params() -> int:
 
 
 def fits(plan, gb: int, utilization: float = 0.9) -> int:
-    budget = int(gb * GB * utilization) - plan.weight_bytes - plan.reserve_bytes - CONTEXT_BYTES - plan.window_bytes
+    budget = (int(gb * GB * utilization) - plan.weight_bytes - plan.reserve_bytes - CONTEXT_BYTES - plan.window_bytes
+              - plan.scratch_bytes)
     return max(0, budget // plan.full_bytes_per_token) if budget > 0 else 0
 
 
@@ -80,14 +81,31 @@ def test_qwen3_30b_a3b():
     assert plan.tokens_that_fit(80 * GB, 0.9) == fits(plan, 80) > 0
 
 
-def test_gpt_oss_120b_fits_no_single_gpu_while_its_experts_are_dequantised():
+def gpt_oss_120b_expert_weights() -> int:
+    return 36 * 128 * (2880 * 2 * 2880 + 2880 * 2880)
+
+
+def test_gpt_oss_120b_in_bfloat16_fits_no_single_gpu():
     plan = plan_from_config(GPT_OSS_120B, GPT_OSS_NAMES, torch.bfloat16)
     assert plan.weight_bytes == gpt_oss_120b_params() * BF16  # about 234 GB
+    assert plan.scratch_bytes == 0
     per_token = 2 * 18 * 8 * 64 * BF16
     assert [(g.layers, g.bytes_per_token, g.window) for g in plan.groups] == [(18, per_token, 128),
                                                                              (18, per_token, None)]
     assert plan.window_bytes == per_token * 128 * 256
     assert all(plan.tokens_that_fit(gb * GB, 0.9) == 0 for gb in (24, 48, 80, 141))
+
+
+def test_gpt_oss_120b_with_mxfp4_experts_fits_an_80_gb_gpu():
+    plan = plan_from_config({**GPT_OSS_120B, "quantization_config": {"quant_method": "mxfp4"}}, GPT_OSS_NAMES,
+                            torch.bfloat16)
+    experts = gpt_oss_120b_expert_weights()
+    # 32 FP4 codes in 16 bytes and one e8m0 scale a group of 32; everything else (expert biases too) in bf16
+    assert plan.weight_bytes == (gpt_oss_120b_params() - experts) * BF16 + experts // 32 * 17  # about 65 GB
+    per_expert = (2880 * 2 * 2880 + 2880 * 2880) * BF16  # 49.8 MB: 21 of them fit the 1 GiB scratch
+    assert plan.scratch_bytes == 21 * per_expert
+    assert [plan.tokens_that_fit(gb * GB, 0.9) for gb in (24, 48)] == [0, 0]
+    assert plan.tokens_that_fit(80 * GB, 0.9) == fits(plan, 80) > 0
 
 
 def test_gemma4_shape_with_global_layers_of_their_own():
