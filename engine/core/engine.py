@@ -23,6 +23,7 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import SequenceGroup
 from engine.core.state_cache import StatePool, StateSlots
 from engine.core.step import ScheduledSeq
+from engine.cuda import linear_attention
 from engine.cuda import setup as cuda_setup
 from engine.errors import InvalidRequest, StartupError
 from engine.model.capture import capture_blocker
@@ -78,6 +79,8 @@ class LLMEngine:
             recurrent = self.spec.recurrent
             self.state_pool = None if recurrent is None else StatePool(recurrent, 2 * plan.state_seqs, self.dtype,
                                                                        self.device)
+        if recurrent is not None:
+            log.info("%s", linear_attention.describe(self.device))
         self.max_num_seqs = min(config.max_num_seqs, plan.state_seqs or config.max_num_seqs)
         state = None if recurrent is None else StateSlots(plan.state_seqs, config.enable_prefix_caching)
         self.kv = KVCacheManager(groups, num_pages, config.page_size, config.enable_prefix_caching, state)

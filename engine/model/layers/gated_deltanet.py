@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.cuda import linear_attention
 from engine.model.layers import delta_rule
 from engine.model.layers.recurrent_step import RecurrentStep
 
@@ -145,8 +146,10 @@ class GatedDeltaNet(nn.Module):
         cut = capture[0] if capture is not None else length
         parts = [(0, cut), (cut, length)] if cut < length else [(0, length)]
         state, outs = state_pool[slot].float(), []
+        fla = linear_attention.fla_runs(mixed.device)
+        rule = linear_attention.chunk_gated_delta_rule if fla else delta_rule.chunked
         for lo, hi in parts:
-            o, state = delta_rule.chunked(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], state)
+            o, state = rule(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], state)
             outs.append(o)
             if capture is not None and hi == cut:
                 conv_pool[capture[1]].copy_(window[:, cut : cut + s.conv_kernel - 1])

@@ -1,0 +1,48 @@
+"""The gated delta rule's prefill on CUDA through flash-linear-attention's Triton kernel (fla-core's
+chunk_gated_delta_rule), for Gated DeltaNet layers (Qwen3.5, Qwen3-Next). The torch rule in
+engine/model/layers/delta_rule.py is the reference the GPU tests hold it to, and what runs where this does not.
+fla is imported lazily: it needs Triton, which a CPU build of torch does not have.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+
+@functools.cache
+def fla_import_error() -> Exception | None:
+    """None when fla's gated delta rule imports, else the error it raised."""
+    try:
+        importlib.import_module("fla.ops.gated_delta_rule")
+    except Exception as exc:  # a Triton without a GPU driver raises more than ImportError
+        return exc
+    return None
+
+
+def fla_runs(device: torch.device) -> bool:
+    """Whether the prefill of a recurrent layer on `device` goes through fla's kernel."""
+    return device.type == "cuda" and fla_import_error() is None
+
+
+def describe(device: torch.device) -> str:
+    """For the start-up log: which gated delta rule a hybrid model's prefill runs on `device`."""
+    if fla_runs(device):
+        return "Gated DeltaNet prefill through fla's chunk_gated_delta_rule (Triton)"
+    reason = "not on CUDA" if device.type != "cuda" else f"fla does not import: {fla_import_error()}"
+    return f"Gated DeltaNet prefill through the torch delta rule ({reason})"
+
+
+def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                           state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence from `state`, as engine.model.layers.delta_rule.chunked: q, k [T, Hk, Dk] (normalised and q
+    scaled inside), v [T, Hv, Dv], g (log decay) and beta [T, Hv], state [Hv, Dk, Dv] float32. Returns
+    (o [T, Hv, Dv] in v's dtype, the float32 state after the last token)."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as kernel
+
+    o, final = kernel(q[None], k[None], v[None], g.float()[None], beta.to(v.dtype)[None], scale=q.shape[-1] ** -0.5,
+                      initial_state=state.float()[None].contiguous(), output_final_state=True,
+                      use_qk_l2norm_in_kernel=True)
+    return o[0].to(v.dtype), final[0].float()
