@@ -111,3 +111,19 @@ def _tiny_checkpoint(path: Path, *, kind: str = "llama", num_q_heads: int = 8, n
         tie_word_embeddings=kind == "qwen2",
     )
     return save_random_checkpoint(config, path, torch.bfloat16, seed, logit_scale=3.0)
+
+
+def replay_experts_on_new_routing(layer, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                                  new_ids: torch.Tensor, new_weights: torch.Tensor) -> torch.Tensor:
+    """An MoE experts layer's forward captured in a CUDA graph (after one warm-up run outside it), then replayed
+    with the routing tensors overwritten by new_ids / new_weights; returns the graph's output."""
+    with torch.inference_mode():
+        layer(x, ids, weights)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layer(x, ids, weights)
+        ids.copy_(new_ids)
+        weights.copy_(new_weights)
+        graph.replay()
+    return out
