@@ -1,4 +1,4 @@
-"""A file's SHA-256, read in 4 MiB blocks (the bake's manifest and the adapters' records)."""
+"""A file's SHA-256 (the bake's manifest and the adapters' records), by hashlib's own file reader."""
 
 from __future__ import annotations
 
@@ -7,8 +7,5 @@ from pathlib import Path
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -57,11 +57,8 @@ def _cache_blob_digests(folder: Path) -> dict[str, str]:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def fitness_checks(runtime: Runtime) -> list[Callable]:
