@@ -171,15 +171,18 @@ class KVCacheManager:
         for g, spec in enumerate(self.specs):
             if spec.window is None:
                 count = next((i for i, page in enumerate(found[g][:count]) if page is None), count)
-        while count and not (all(
-            None not in found[g][spec.first_needed_page(count * ps, ps) : count]
-            for g, spec in enumerate(self.specs) if spec.window is not None
-        ) and (self.state is None or self.state.find(hashes[count - 1]) is not None)):
+        snapshot = None  # a hybrid model's recurrent state at the hit's end
+        while count:
+            if all(None not in found[g][spec.first_needed_page(count * ps, ps) : count]
+                   for g, spec in enumerate(self.specs) if spec.window is not None):
+                snapshot = None if self.state is None else self.state.find(hashes[count - 1])
+                if self.state is None or snapshot is not None:
+                    break
             count -= 1
         if not count:
             return
-        if self.state is not None:
-            seq.state_slot = self.state.take(self.state.find(hashes[count - 1]))
+        if snapshot is not None:
+            seq.state_slot = self.state.take(snapshot)
         seq.kv_pages = []
         for g, spec in enumerate(self.specs):
             first = spec.first_needed_page(count * ps, ps)
