@@ -12,16 +12,22 @@ IMAGE_TORCH := $(shell sed -n 's/^ARG TORCH_VERSION=//p' Dockerfile)
 IMAGE_VENV := .venv-image-torch
 IMAGE_PY := $(IMAGE_VENV)/bin/python
 
-.PHONY: serve test setup model
+.PHONY: serve test setup model redis-server
 
 serve: model
 	$(PY) handler.py --serve
 
-test: model $(IMAGE_VENV)/.installed
+test: model $(IMAGE_VENV)/.installed redis-server
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(IMAGE_PY) -m pytest -q tests/engine
 
 setup: $(VENV)/.installed
+
+# A real Redis for the tests of the shared response store (RESPONSE_STORE_URL); they skip, saying so, without it.
+redis-server:
+	@command -v redis-server >/dev/null || apt-get install -y -qq redis-server >/dev/null 2>&1 \
+		|| (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null 2>&1 \
+		|| echo "redis-server could not be installed: the Redis response store tests will skip"
 
 model: setup
 	$(PY) -m builder --if-missing --out $(MODEL_DIR)

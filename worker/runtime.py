@@ -16,6 +16,8 @@ from worker.concurrency import ConcurrencyGauge
 from worker.model_cache import locate_model
 from worker.openai.harmony.encoding import harmony_encoding
 from worker.openai.reasoning import pick_reasoning
+from worker.openai.errors import StoreUnavailable
+from worker.openai.responses.redis_store import RedisResponseStore
 from worker.openai.responses.store import ResponseStore
 from worker.openai.tools.registry import model_type, pick_format, template_text
 from worker.settings import Settings, accepted_model_names, baked_adapters
@@ -32,7 +34,7 @@ class Runtime:
     engine: Any  # engine.core.async_engine.AsyncEngine (not imported at module level: it brings torch)
     model_names: list[str]  # accepted request names; the first is the one responses carry
     created: int  # unix time the model was loaded, reported by /v1/models
-    responses: ResponseStore  # stored Responses API responses (this process only)
+    responses: ResponseStore | RedisResponseStore  # stored Responses API responses
     drain: Drain  # SIGTERM's grace period
 
     @property
@@ -123,7 +125,7 @@ def start(settings: Settings) -> Runtime:
         engine = AsyncEngine(config)
     except StartupError as exc:
         raise StartupError(_as_env_names(exc.message), param=exc.param) from None
-    store = ResponseStore(settings.response_store_max_entries, int(settings.response_store_max_mb * 2**20))
+    store = response_store(settings)
     runtime = Runtime(settings=settings, engine=engine, model_names=accepted_model_names(settings),
                       created=int(time.time()), responses=store, drain=Drain(engine, settings.shutdown_grace_s))
     if runtime.tool_format == "harmony":
@@ -138,6 +140,22 @@ ENV_OF_ENGINE_SETTING = {"max_model_len": "MAX_MODEL_LEN", "num_kv_pages": "NUM_
                          "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION", "attention_backend": "ATTENTION_BACKEND",
                          "dtype": "DTYPE", "max_num_seqs": "MAX_NUM_SEQS", "page_size": "BLOCK_SIZE",
                          "kv_cache_dtype": "KV_CACHE_DTYPE"}
+
+
+def response_store(settings: Settings) -> ResponseStore | RedisResponseStore:
+    """The Responses API's store: this process's memory, or the Redis server RESPONSE_STORE_URL names, which every
+    worker of an endpoint shares (down at start: said, and only requests that store or continue fail)."""
+    max_bytes = int(settings.response_store_max_mb * 2**20)
+    if not settings.response_store_url:
+        return ResponseStore(settings.response_store_max_entries, max_bytes)
+    store = RedisResponseStore(settings.response_store_url, settings.response_store_max_entries, max_bytes,
+                               settings.response_store_ttl_s)
+    try:
+        store.check()
+        log.info("responses stored in Redis at %s (TTL %d s)", store.where, settings.response_store_ttl_s)
+    except StoreUnavailable as exc:
+        log.warning("%s", exc.message)
+    return store
 
 
 def _as_env_names(message: str) -> str:

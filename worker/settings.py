@@ -85,7 +85,9 @@ class Settings(BaseModel):
     # 10 s that Docker (and so a container platform's stop) waits before SIGKILL by default.
     shutdown_grace_s: float = Field(8.0, alias="SHUTDOWN_GRACE_SECONDS", ge=0.0)
 
-    # Responses API: the in-memory store behind `store` and `previous_response_id`
+    # Responses API: the store behind `store` and `previous_response_id`, in memory or in Redis
+    response_store_url: str = Field("", alias="RESPONSE_STORE_URL", pattern=r"^$|^(redis|rediss|unix)://")
+    response_store_ttl_s: int = Field(30 * 24 * 3600, alias="RESPONSE_STORE_TTL_SECONDS", ge=1)
     response_store_max_entries: int = Field(1000, alias="RESPONSE_STORE_MAX_ENTRIES", ge=0)
     response_store_max_mb: float = Field(64.0, alias="RESPONSE_STORE_MAX_MB", ge=0.0)
 

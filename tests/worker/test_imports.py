@@ -57,7 +57,8 @@ def test_the_runtime_has_what_the_routes_ask_of_it() -> None:
     import worker.runtime
     from worker.openai.runtime import Runtime as Asked
 
-    asked = {n for n in (*typing.get_type_hints(Asked, localns={"Settings": object, "ResponseStore": object}),
+    asked = {n for n in (*typing.get_type_hints(Asked, localns={"Settings": object, "ResponseStore": object,
+                                                                    "RedisResponseStore": object}),
                          *vars(Asked)) if not n.startswith("_")}
     built = worker.runtime.Runtime
     missing = sorted(n for n in asked if not hasattr(built, n) and n not in built.__dataclass_fields__)

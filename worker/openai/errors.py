@@ -71,6 +71,14 @@ class RequestTooLarge(WorkerError):
     code = "request_too_large"
 
 
+class StoreUnavailable(WorkerError):
+    """The shared response store (RESPONSE_STORE_URL) does not answer: requests that need it fail, others run."""
+
+    status = 503
+    type = "server_error"
+    code = "response_store_unavailable"
+
+
 class AuthenticationFailed(WorkerError):
     """A missing or wrong API key on the local endpoint (401)."""
 
@@ -126,7 +134,7 @@ def _body(message: str, type_: str, param: str | None, code: str | None, status:
 
 
 _STATUS_BY_CODE = {"model_not_found": 404, "unknown_url": 404, "response_not_found": 404,
-                   "worker_shutting_down": 503, "request_too_large": 413, "method_not_allowed": 405}
+                   "worker_shutting_down": 503, "response_store_unavailable": 503, "request_too_large": 413, "method_not_allowed": 405}
 _STATUS_BY_TYPE = {"authentication_error": 401, "server_error": 500,
                    # Anthropic's error types (the Messages API's errors, worker/anthropic/errors.py)
                    "permission_error": 403, "not_found_error": 404, "request_too_large": 413,

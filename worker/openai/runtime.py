@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from worker.openai.response_store import ResponseStore
+    from worker.openai.responses.redis_store import RedisResponseStore
+    from worker.openai.responses.store import ResponseStore
     from worker.settings import Settings
 
 
@@ -20,7 +21,7 @@ class Runtime(Protocol):
     engine: Any  # engine.core.async_engine.AsyncEngine
     model_names: list[str]  # accepted request names; the first is the one responses carry
     created: int  # unix time the model was loaded
-    responses: ResponseStore  # stored Responses API responses
+    responses: ResponseStore | RedisResponseStore  # stored Responses API responses
 
     @property
     def served_model_name(self) -> str: ...

@@ -39,12 +39,14 @@ def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:
         raise BadRequest("the request body must be a JSON object")
     request = ResponsesRequest.model_validate(body)
     model, _ = resolve_model(runtime, request.model)  # the chat call runs the adapter
+    if request.store is not False:
+        runtime.responses.check()  # a store that is down fails the request before it runs, not after
     history: list[dict[str, Any]] = []
     if request.previous_response_id is not None:
         previous = runtime.responses.get(request.previous_response_id)
         if previous is None:
             raise ResponseNotFound(f"Previous response with id '{request.previous_response_id}' not found (it was "
-                                   "never stored, was deleted, or was dropped from this worker's store).",
+                                   "never stored, was deleted, or was dropped from the store).",
                                    param="previous_response_id")
         history = previous.context
     items = input_items(request.input, runtime.responses.item)

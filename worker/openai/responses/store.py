@@ -1,7 +1,7 @@
 """The bounded in-memory store behind `store`, `previous_response_id` and GET/DELETE /v1/responses/{id}.
 
 It lives in one worker process: an endpoint with several workers cannot rely on a response stored by
-another. Capped in entries and bytes; the oldest entries go first. Each entry keeps the conversation
+another; RESPONSE_STORE_URL puts the store in Redis instead (redis_store.py), shared by all of them. Capped in entries and bytes; the oldest entries go first. Each entry keeps the conversation
 up to and including its output, so a continuation needs only that entry, not its ancestors.
 """
 
@@ -34,6 +34,9 @@ class ResponseStore:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def check(self) -> None:
+        """Always ready (the Redis store asks its server here)."""
 
     def put(self, entry: StoredResponse) -> None:
         entry.size = len(json.dumps([entry.response, entry.input_items, entry.context]))
