@@ -30,6 +30,11 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 | fp8_e4m3: pages in float8_e4m3fn
     gpu_memory_utilization: float = 0.90
     enable_prefix_caching: bool = True
+    # fcfs: the waiting queue in arrival order; priority: by each request's `priority` (lower first), then arrival,
+    # and under memory pressure the lowest priority running request preempted first (vLLM's two policies)
+    scheduling_policy: str = "fcfs"
+    # priority: a waiting request's priority improves by one for every this many steps it waits, so none waits forever
+    priority_aging_steps: int = 1000
     enforce_eager: bool = False  # CUDA: no graphs
     seed: int = 0
     cpu_threads: int | None = None  # CPU: torch's threads (None: the CPUs this process may use, capped by its quota)

@@ -116,6 +116,7 @@ def start(settings: Settings) -> Runtime:
         kv_cache_dtype=settings.kv_cache_dtype,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         enable_prefix_caching=settings.enable_prefix_caching,
+        scheduling_policy=settings.scheduling_policy,
         enforce_eager=settings.enforce_eager,
         seed=settings.seed,
         cpu_threads=settings.omp_num_threads,

@@ -85,6 +85,9 @@ class Settings(BaseModel):
     # 10 s that Docker (and so a container platform's stop) waits before SIGKILL by default.
     shutdown_grace_s: float = Field(8.0, alias="SHUTDOWN_GRACE_SECONDS", ge=0.0)
 
+    # vLLM's --scheduling-policy: fcfs, or priority (each request's `priority` field, lower first)
+    scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", alias="SCHEDULING_POLICY")
+
     # Responses API: the store behind `store` and `previous_response_id`, in memory or in Redis
     response_store_url: str = Field("", alias="RESPONSE_STORE_URL", pattern=r"^$|^(redis|rediss|unix)://")
     response_store_ttl_s: int = Field(30 * 24 * 3600, alias="RESPONSE_STORE_TTL_SECONDS", ge=1)

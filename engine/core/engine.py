@@ -84,7 +84,8 @@ class LLMEngine:
         self.max_num_seqs = min(config.max_num_seqs, plan.state_seqs or config.max_num_seqs)
         state = None if recurrent is None else StateSlots(plan.state_seqs, config.enable_prefix_caching)
         self.kv = KVCacheManager(groups, num_pages, config.page_size, config.enable_prefix_caching, state)
-        self.scheduler = Scheduler(self.kv, self.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.kv, self.max_num_seqs, config.max_num_batched_tokens,
+                                   config.scheduling_policy, config.priority_aging_steps)
         self.runner = ModelRunner(self.model, groups, self.pools, self.backends, Sampler(), self.device, recurrent,
                                   self.state_pool)
         if self.device.type == "cuda":

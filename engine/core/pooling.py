@@ -26,6 +26,7 @@ class PoolingParams:
     num_sequences: int = 1
     prompt_logprobs: None = None
     adapter: None = None
+    priority: int = 0
     structured: None = None
 
     @property

@@ -5,10 +5,17 @@ sequence), then the running prefills (chunked to the budget), then new or preemp
 waiting queue (first come, first served). When pages run out, the most recently admitted group is
 preempted by recompute: its pages are freed and it goes back to the front of the queue; the prefix
 cache usually gives most of its pages back when it returns.
+
+Under the "priority" policy the waiting queue is ordered by each request's priority (lower first), then by
+arrival, and the running list is kept in that order too, so the group preempted when pages run out is the lowest
+priority one admitted last. A waiting group gains one level for every `aging_steps` steps it waits: a request
+of priority p behind a stream of priority-q requests (q < p) waits at most (p - q) * aging_steps steps before its
+turn comes.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 from engine.core.kv_manager import KVCacheManager
@@ -17,12 +24,20 @@ from engine.core.step import ScheduledSeq, SchedulerOutput
 from engine.errors import EngineError, InvalidRequest
 
 
+POLICIES = ("fcfs", "priority")
+
+
 class Scheduler:
     """Owns the waiting queue and the running list; allocates pages (in every KV layer group, through `kv`) for
     what it schedules. Page needs are per-group counts: a step fits when every group has room."""
 
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, policy: str = "fcfs",
+                 aging_steps: int = 1000) -> None:
+        if policy not in POLICIES:
+            raise InvalidRequest(f"scheduling policy {policy!r} is not one of {', '.join(POLICIES)}",
+                                 param="scheduling_policy")
         self.kv = kv
+        self.by_priority, self.aging_steps = policy == "priority", max(1, aging_steps)
         self.page_size = kv.page_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -63,6 +78,10 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.by_priority and self.waiting:
+            for group in self.waiting:
+                group.waited_steps += 1
+            self.waiting = deque(sorted(self.waiting, key=self._waiting_key))
         budget = self.max_num_batched_tokens
         taken: set[int] = set()  # ids of groups in this step: they cannot be preempted any more
         for decode in (True, False):
@@ -105,7 +124,10 @@ class Scheduler:
                 group.admitted = True
                 group.num_cached_tokens = min(cached, len(group.prompt_token_ids))
             self.waiting.popleft()
-            self.running.append(group)
+            if self.by_priority:
+                bisect.insort(self.running, group, key=_running_key)
+            else:
+                self.running.append(group)
             taken.add(id(group))
             seats += group.num_seats
             budget -= used
@@ -175,6 +197,9 @@ class Scheduler:
         self.kv.share_prefix(lead, seq, full // self.page_size)
         return True
 
+    def _waiting_key(self, group: SequenceGroup) -> tuple[int, int]:
+        return group.params.priority - group.waited_steps // self.aging_steps, group.arrival
+
     def _reserve(self, admit: bool) -> list[int] | None:
         """Free pages an admission must leave in each group for the running decodes (none when nothing runs)."""
         return self.kv.watermark if admit and self.running else None
@@ -217,7 +242,7 @@ class Scheduler:
         self.running.remove(group)
         for seq in group.running:
             self.free_seq(seq)
-        self.waiting.appendleft(group)
+        self.waiting.appendleft(group)  # (under "priority" the next step sorts it in)
         out.preempted.append(group)
 
     def commit(self, out: SchedulerOutput) -> None:
@@ -226,3 +251,7 @@ class Scheduler:
         for s in out.scheduled:
             old = s.seq.num_computed_tokens
             self.kv.commit(s.seq, old, old + s.num_tokens)
+
+
+def _running_key(group: SequenceGroup) -> tuple[int, int]:
+    return group.params.priority, group.arrival

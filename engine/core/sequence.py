@@ -118,6 +118,7 @@ class SequenceGroup:
     forked: bool = False  # the choices run on their own (always true with one choice)
     num_cached_tokens: int = 0  # prompt tokens the first admission found in the prefix cache
     admitted: bool = False
+    waited_steps: int = 0  # steps spent in the waiting queue (the priority policy's aging)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     prompt_logprobs_sent: bool = False  # they go out once, with the first output
 

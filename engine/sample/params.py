@@ -92,8 +92,10 @@ class SamplingParams:
     # Makes each choice's StopReader: a stop condition on the text that stop strings cannot express (where a
     # tool-call answer takes no further call). Not applied to beam search.
     stop_reader: Callable[[], StopReader] | None = None
-    # Not a sampling setting, but it travels with the request's settings: the LoRA adapter to run (None: the base).
+    # Not sampling settings, but they travel with the request's: the LoRA adapter to run (None: the base), and its
+    # priority under the "priority" scheduling policy (lower runs first; vLLM's request field).
     adapter: str | None = None
+    priority: int = 0
 
     def __post_init__(self) -> None:
         self._normalize()
@@ -156,6 +158,7 @@ class SamplingParams:
 
     def _check_fields(self) -> None:
         _check_int("n", self.n, 1)
+        _check_int("priority", self.priority, -(2**63), 2**63 - 1)
         if self.best_of is not None:
             _check_int("best_of", self.best_of, 1)
         _check_range("temperature", self.temperature, 0.0, None)

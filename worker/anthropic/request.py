@@ -21,7 +21,7 @@ CHAT_EXTRAS = frozenset({
     "chat_template", "chat_template_kwargs", "seed", "min_p", "repetition_penalty", "presence_penalty",
     "frequency_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "skip_special_tokens", "logit_bias",
     "allowed_token_ids", "bad_words", "request_id", "truncate_prompt_tokens", "structured_outputs", "guided_json",
-    "guided_regex", "guided_choice", "guided_grammar", "regex", "ebnf", "json_schema",
+    "guided_regex", "guided_choice", "guided_grammar", "regex", "ebnf", "json_schema", "priority",
 })
 IGNORED = frozenset({"service_tier", "inference_geo", "speed", "cache_control", "diagnostics", "metadata",
                      "user_profile_id", "workspace_id"})

@@ -22,7 +22,7 @@ _SHARED = (
     "n", "best_of", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed",
     "use_beam_search", "length_penalty", "early_stopping", "stop_token_ids", "include_stop_str_in_output",
     "ignore_eos", "min_tokens", "allowed_token_ids", "bad_words", "skip_special_tokens",
-    "spaces_between_special_tokens", "prompt_logprobs",
+    "spaces_between_special_tokens", "prompt_logprobs", "priority",
 )
 
 

@@ -104,6 +104,8 @@ class SamplingFields(BaseModel):
     bad_words: list[str] | None = None
     echo: StrictBool = False
     request_id: str | None = Field(None, min_length=1, max_length=256)
+    # vLLM's: the request's place under SCHEDULING_POLICY=priority (lower runs first); ignored under fcfs
+    priority: int = Field(0, ge=-INT64, lt=INT64)
     return_token_ids: StrictBool | None = False
     response_format: ResponseFormat | None = None
     # Structured outputs by vLLM's names (engine spec built in worker/openai/structured.py) and SGLang's.
