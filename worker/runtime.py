@@ -192,4 +192,6 @@ def describe(runtime: Runtime) -> str:
         + f"max_model_len={runtime.max_model_len} tool_calls={runtime.tool_format} "
         f"reasoning={runtime.reasoning_format or 'none'}"
         + (f" adapters={','.join(runtime.adapters)}" if runtime.adapters else "")
+        + (f" scheduling={runtime.settings.scheduling_policy}" if runtime.settings.scheduling_policy != "fcfs" else "")
+        + (" responses=redis" if runtime.settings.response_store_url else "")
     )
