@@ -34,6 +34,7 @@ ENGINE_DOORS = {
 ARROWS: dict[str, set[str]] = {
     "engine": set(),
     "engine.text": {"engine"},
+    "engine.image": {"engine"},
     "engine.sample": {"engine"},
     "engine.cuda": {"engine"},
     "engine.attention": {"engine", "engine.cuda"},
@@ -45,7 +46,7 @@ ARROWS: dict[str, set[str]] = {
     "worker": {"worker.openai", "worker.anthropic", "worker.settings", "engine"},
     "builder": {"engine"},
 }
-ENGINE_PACKAGES = ("core", "model", "attention", "sample", "text", "cuda")
+ENGINE_PACKAGES = ("core", "model", "attention", "sample", "text", "image", "cuda")
 FAMILIES = "engine.model.models."
 # Family files and what they build on: models/base.py and models/moe_base.py, the blocks of layers/, and no other
 # family's file but these (family -> family files it extends, with why).
