@@ -1,8 +1,9 @@
-"""What every family's CausalLM shares: its args, the decoder (`model`), an lm_head that may be tied to the
-embeddings, the LoRA slot, and one attention backend per layer."""
+"""What every family's CausalLM shares: its args (DecoderShape, the fields every config gives), the decoder
+(`model`), an lm_head that may be tied to the embeddings, the LoRA slot, and one attention backend per layer."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -10,6 +11,38 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend
 from engine.model.layers.logits import refine_near_max
+
+
+@dataclass
+class DecoderShape:
+    """The shape of a decoder every transformers config gives; a family's args add their options to it."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+
+    @staticmethod
+    def read(config: dict, *, max_positions: int) -> dict[str, Any]:
+        """These fields from `config` (KeyError on a missing required one); transformers' defaults for the
+        rest: KV heads = query heads, head_dim = hidden / heads, eps 1e-6, `max_positions` positions."""
+        heads, hidden = config["num_attention_heads"], config["hidden_size"]
+        return dict(
+            hidden_size=hidden,
+            intermediate_size=config["intermediate_size"],
+            num_layers=config["num_hidden_layers"],
+            num_q_heads=heads,
+            num_kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=config.get("head_dim") or hidden // heads,
+            vocab_size=config["vocab_size"],
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=config.get("max_position_embeddings", max_positions),
+        )
 
 
 class DecoderLM(nn.Module):

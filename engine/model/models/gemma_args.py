@@ -7,25 +7,17 @@ from dataclasses import dataclass, field
 
 from engine.errors import UnsupportedModel
 from engine.model.layers.moe import Routing
+from engine.model.models.base import DecoderShape
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 
 
 @dataclass
-class GemmaArgs:
+class GemmaArgs(DecoderShape):
     """The shape of a Gemma decoder and the options each family sets. num_kv_heads / head_dim are the local
     layers'; layer_shapes has every layer's (num_kv_heads, head_dim) (empty: all the same)."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    rms_norm_eps: float
-    max_position_embeddings: int
     layer_types: list[str]
     ropes: dict[str, dict]  # layer type -> transformers' rope parameters
     sliding_window: int | None
@@ -52,17 +44,8 @@ class GemmaArgs:
     def from_config(cls, config: dict, layer_types: list[str], ropes: dict[str, dict], **fields) -> GemmaArgs:
         """The fields every Gemma config has (KeyError on a missing one; the family fills its own defaults into
         `config` first); `fields` sets the rest and overrides."""
-        heads = config["num_attention_heads"]
         common = dict(
-            hidden_size=config["hidden_size"],
-            intermediate_size=config["intermediate_size"],
-            num_layers=config["num_hidden_layers"],
-            num_q_heads=heads,
-            num_kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-            vocab_size=config["vocab_size"],
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            max_position_embeddings=config.get("max_position_embeddings", 8192),
+            **DecoderShape.read(config, max_positions=8192),
             layer_types=layer_types,
             ropes=ropes,
             sliding_window=config.get("sliding_window"),

@@ -20,22 +20,13 @@ from engine.model.layers.activation import silu_and_mul
 from engine.model.layers.linear import FusedLinear
 from engine.model.layers.norm import RMSNorm
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_, rope_parameters
-from engine.model.models.base import DecoderLM
+from engine.model.models.base import DecoderLM, DecoderShape
 
 
 @dataclass
-class LlamaArgs:
-    """The shape of a decoder, read from a transformers config by the loader."""
+class LlamaArgs(DecoderShape):
+    """The shape of a Llama-style decoder and its options, read from a transformers config by the loader."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    rms_norm_eps: float
-    max_position_embeddings: int
     rope: dict = field(default_factory=dict)  # transformers' rope_parameters (rope_theta, rope_type, ...)
     qkv_bias: bool = False
     o_bias: bool = False
@@ -46,17 +37,8 @@ class LlamaArgs:
     @classmethod
     def from_config(cls, config: dict, names: set[str], **extra) -> LlamaArgs:
         """The fields every Llama-style config has (KeyError on a missing one); `extra` sets the rest."""
-        heads, hidden = config["num_attention_heads"], config["hidden_size"]
         return cls(
-            hidden_size=hidden,
-            intermediate_size=config["intermediate_size"],
-            num_layers=config["num_hidden_layers"],
-            num_q_heads=heads,
-            num_kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or hidden // heads,
-            vocab_size=config["vocab_size"],
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            **DecoderShape.read(config, max_positions=2048),
             rope=rope_parameters(config),
             # Biases are read off the checkpoint: Qwen2 always has qkv bias, Llama only with attention_bias.
             qkv_bias=any(n.endswith("self_attn.q_proj.bias") for n in names),
