@@ -10,6 +10,7 @@ import re
 import time
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from worker.concurrency import ConcurrencyGauge
@@ -118,6 +119,7 @@ def start(settings: Settings) -> Runtime:
         seed=settings.seed,
         cpu_threads=settings.omp_num_threads,
         lora=LoraConfig(baked_adapters(settings), settings.max_loras, settings.max_lora_rank),
+        speculative=speculative_config(settings),
     )
     try:
         engine = AsyncEngine(config)
@@ -131,6 +133,22 @@ def start(settings: Settings) -> Runtime:
     _current = runtime
     log.info("serving %s", describe(_current))
     return _current
+
+
+def speculative_config(settings: Settings) -> Any:
+    """SPECULATIVE_CONFIG as the engine's SpeculativeConfig (None when unset); a relative draft folder is under
+    BASE_PATH."""
+    from engine.config import SpeculativeConfig
+
+    spec = settings.speculative_config
+    if spec is None:
+        return None
+    model = spec.model
+    if model is not None and not Path(model).is_absolute():
+        model = str(Path(settings.base_path) / model)
+    return SpeculativeConfig(method=spec.method, num_speculative_tokens=spec.num_speculative_tokens,
+                       prompt_lookup_min=spec.lookup[0], prompt_lookup_max=spec.lookup[1], model=model,
+                       disable_by_batch_size=spec.disable_by_batch_size)
 
 
 # The engine names its settings as EngineConfig does; a worker's user sets them as these variables.
@@ -173,4 +191,12 @@ def describe(runtime: Runtime) -> str:
         + f"max_model_len={runtime.max_model_len} tool_calls={runtime.tool_format} "
         f"reasoning={runtime.reasoning_format or 'none'}"
         + (f" adapters={','.join(runtime.adapters)}" if runtime.adapters else "")
+        + _speculative(info.get("speculative"))
     )
+
+
+def _speculative(spec: dict | None) -> str:
+    if not spec:
+        return ""
+    extra = "".join(f",{k}={v}" for k, v in spec.items() if k not in ("method", "num_speculative_tokens"))
+    return f" speculative={spec['method']}(k={spec['num_speculative_tokens']}{extra})"
