@@ -167,6 +167,8 @@ class LLMEngine:
             return None
         self._compiling.drop(request_id)
         self.scheduler.remove(group)
+        if self.speculator is not None:
+            self.speculator.settle(self.scheduler.running)
         return self.processor.abort(group)
 
     def has_unfinished(self) -> bool:
@@ -230,6 +232,8 @@ class LLMEngine:
             self.scheduler.remove(group)
         for group, exc in failed:
             self._fail(group, exc)
+        if self.speculator is not None:
+            self.speculator.settle(self.scheduler.running)
         return outputs
 
     def stats(self) -> dict[str, int | list[int]]:

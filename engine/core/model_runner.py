@@ -57,8 +57,6 @@ class ModelRunner:
             self.layer_backends = [layer_backends[n] for n in range(len(caches))]
         self.num_tokens_run = 0  # tokens fed to the model over the runner's life (prefix hits are not)
         self.graph_runner = None  # CUDA: engine.core.cuda_graphs.CudaGraphRunner for decode steps
-        # A draft model's distributions of its last proposals (seq_id -> [k, vocab]); None: point-mass proposals.
-        self.draft_probs: dict[int, torch.Tensor] | None = None
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
@@ -97,7 +95,7 @@ class ModelRunner:
                 self._sample(logits[: len(sample_at)], [(i, out.scheduled[i]) for i, _ in sample_at], result)
             if verify_at:
                 verify(logits[len(sample_at) :], [(i, out.scheduled[i]) for i, _, _ in verify_at], self.sampler,
-                       result, self.draft_probs)
+                       result)
         return result
 
     def _prepare(self, scheduled: list[ScheduledSeq]):

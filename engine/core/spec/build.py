@@ -48,7 +48,6 @@ def build_speculator(config: SpeculativeConfig | None, engine: LLMEngine) -> Spe
         from engine.core.spec.draft import DraftModelProposer
 
         proposer = DraftModelProposer(config, engine)
-        engine.runner.draft_probs = None if proposer.deterministic else proposer.last_probs
     log.info("speculative decoding: %s, up to %d tokens per step, off above %d decoding sequences",
              proposer.name, config.num_speculative_tokens, config.disable_by_batch_size)
     return Speculator(config, proposer, engine.max_model_len)

@@ -50,7 +50,6 @@ class Speculator:
     def propose(self, running: list[SequenceGroup]) -> dict[int, list[int]]:
         """seq_id -> proposed tokens, for the decoding sequences of `running` that speculate this step."""
         decoding = [g for g in running if g.forked and all(s.in_decode for s in g.running)]
-        self.proposer.retain({s.seq_id for g in running for s in g.running})
         if sum(len(g.running) for g in decoding) > self.config.disable_by_batch_size:
             self.num_skipped_steps += 1
             return {}
@@ -72,6 +71,10 @@ class Speculator:
             return {}
         proposals = self.proposer.propose(seqs, limits)
         return {s.seq_id: p for s, p in zip(seqs, proposals, strict=True) if p}
+
+    def settle(self, running: list[SequenceGroup]) -> None:
+        """After a step: the proposer forgets the sequences that finished, left or were preempted."""
+        self.proposer.retain({s.seq_id for g in running for s in g.running})
 
     def record(self, proposed: list[int], accepted: list[int]) -> None:
         """One step's proposal lengths and accepted counts (per speculating sequence)."""

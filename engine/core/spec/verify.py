@@ -19,20 +19,20 @@ from engine.sample.rejection import accept_greedy, accept_sampled
 from engine.sample.sampler import Sampler
 
 
-def verify(logits: torch.Tensor, items: list[tuple[int, ScheduledSeq]], sampler: Sampler, result: StepResult,
-           draft_probs: dict[int, torch.Tensor] | None = None) -> None:
-    """logits: the k + 1 rows of each item in turn. Fills result.samples (or result.errors) per item."""
+def verify(logits: torch.Tensor, items: list[tuple[int, ScheduledSeq]], sampler: Sampler, result: StepResult) -> None:
+    """logits: the k + 1 rows of each item in turn. Fills result.samples (or result.errors) per item. Every
+    proposer here is deterministic (n-gram lookup, a greedy draft), so each proposal is a point mass."""
     spans, row = [], 0
     for _, s in items:
         spans.append(row)
         row += s.num_tokens
     try:
-        _verify(logits, items, spans, sampler, result, draft_probs)
+        _verify(logits, items, spans, sampler, result)
     except Exception:
         # One request's bad parameters must not fail the batch: each sequence alone.
         for (i, s), start in zip(items, spans, strict=True):
             try:
-                _verify(logits[start : start + s.num_tokens], [(i, s)], [0], sampler, result, draft_probs)
+                _verify(logits[start : start + s.num_tokens], [(i, s)], [0], sampler, result)
             except Exception as exc:
                 result.errors[i] = exc
 
@@ -46,7 +46,7 @@ def _rows(s: ScheduledSeq) -> list[SamplingRow]:
 
 
 def _verify(logits: torch.Tensor, items: list[tuple[int, ScheduledSeq]], spans: list[int], sampler: Sampler,
-            result: StepResult, draft_probs: dict[int, torch.Tensor] | None) -> None:
+            result: StepResult) -> None:
     rows = [r for _, s in items for r in _rows(s)]
     raw = logits.float()
     processed = process_logits(raw, rows)
@@ -61,8 +61,7 @@ def _verify(logits: torch.Tensor, items: list[tuple[int, ScheduledSeq]], spans: 
         mine = rows[start : start + n]
         probs = sampler.probs(processed[start : start + n], mine)
         u = sampler.uniforms(mine[:1], logits.device, per_row=n)[0]
-        q = draft_probs.get(s.seq.seq_id) if draft_probs is not None else None
-        accepted.append(accept_sampled(probs, s.draft, u, q))
+        accepted.append(accept_sampled(probs, s.draft, u))
     # The accepted tokens' logprobs, each from its own row, in one scoring pass.
     used = [start + j for (_, s), start, toks in zip(items, spans, accepted, strict=True) for j in range(len(toks))]
     index = torch.tensor(used, device=logits.device)
