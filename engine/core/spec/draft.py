@@ -59,9 +59,11 @@ class DraftModelProposer:
         if self.spec.recurrent is not None:
             raise StartupError(f"the draft model at {config.model} has recurrent layers, which a draft cannot roll "
                                "back", param="speculative.model")
-        if self.spec.vocab_size > engine.spec.vocab_size:
-            raise StartupError(f"the draft model at {config.model} has a vocabulary of {self.spec.vocab_size}, "
-                               f"larger than the model's {engine.spec.vocab_size}", param="speculative.model")
+        # Every token id the tokenizer gives must be one the draft reads, and every one it proposes one the model has.
+        if not len(engine.tokenizer) <= self.spec.vocab_size <= engine.spec.vocab_size:
+            raise StartupError(f"the draft model at {config.model} has a vocabulary of {self.spec.vocab_size} "
+                               f"tokens; it needs between the tokenizer's {len(engine.tokenizer)} and the model's "
+                               f"{engine.spec.vocab_size}", param="speculative.model")
         groups = self.spec.kv_groups
         page_size = engine.config.page_size
         num_pages = config.draft_kv_pages or engine.allocator.num_pages
