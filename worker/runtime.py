@@ -140,7 +140,7 @@ def speculative_config(settings: Settings) -> Any:
     BASE_PATH."""
     from engine.config import SpeculativeConfig
 
-    spec = settings.speculative_config
+    spec = settings.speculative
     if spec is None:
         return None
     model = spec.model

@@ -100,7 +100,8 @@ class Settings(BaseModel):
     enforce_eager: bool = Field(False, alias="ENFORCE_EAGER")
     seed: int = Field(0, alias="SEED")
     # JSON, as RunPod's vLLM worker takes it: {"method": "ngram", "num_speculative_tokens": 4, ...}
-    speculative_config: SpeculativeSettings | None = Field(None, alias="SPECULATIVE_CONFIG")
+    # (kept as the text given; `speculative` is it parsed, checked here once)
+    speculative_config: str | None = Field(None, alias="SPECULATIVE_CONFIG")
 
     # LoRA adapters: baked with the model (build arg LORA_MODULES), served by name in `model`
     enable_lora: bool = Field(True, alias="ENABLE_LORA")
@@ -137,17 +138,16 @@ class Settings(BaseModel):
     # RunPod's own API refuses job payloads over 20 MB (/runsync; 10 MB for /run): the local one does the same.
     max_request_mb: float = Field(20.0, alias="MAX_REQUEST_MB", gt=0.0)
 
-    @field_validator("speculative_config", mode="before")
+    @field_validator("speculative_config")
     @classmethod
-    def _parse_speculative(cls, value: object) -> object:
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                raise ValueError(f"not JSON ({exc})") from None
-            if not isinstance(value, dict):
-                raise ValueError("must be a JSON object")
+    def _check_speculative(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_speculative(value)
         return value
+
+    @property
+    def speculative(self) -> SpeculativeSettings | None:
+        return None if self.speculative_config is None else parse_speculative(self.speculative_config)
 
     @property
     def model_path(self) -> str:
@@ -161,6 +161,22 @@ class Settings(BaseModel):
     @property
     def on_runpod(self) -> bool:
         return self.runpod_webhook_get_job is not None
+
+
+def parse_speculative(text: str) -> SpeculativeSettings:
+    """SPECULATIVE_CONFIG's JSON, checked; a ValueError naming the key that is wrong."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object")
+    try:
+        return SpeculativeSettings.model_validate(value)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = "".join(f"{part}: " for part in error["loc"])
+        raise ValueError(where + error["msg"].removeprefix("Value error, ")) from None
 
 
 _DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -189,10 +205,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         error = exc.errors()[0]
         name = str(error["loc"][0]) if error["loc"] else "settings"
         got = environ.get(name, "")
-        # A JSON variable's error names the key in it.
-        where = "".join(f"{part}: " for part in error["loc"][1:])
         message = error["msg"].removeprefix("Value error, ")
-        raise SettingsError(f"environment variable {name}={got!r} is invalid: {where}{message}") from None
+        raise SettingsError(f"environment variable {name}={got!r} is invalid: {message}") from None
 
 
 def keep_hub_offline() -> None:

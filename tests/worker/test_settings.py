@@ -70,7 +70,7 @@ def test_served_name_comes_from_the_manifest_then_the_folder(tmp_path) -> None:
 def test_speculative_config_is_json_as_vllms_and_a_bad_one_is_one_line() -> None:
     from worker.runtime import speculative_config
 
-    assert load_settings({}).speculative_config is None and speculative_config(load_settings({})) is None
+    assert load_settings({}).speculative is None and speculative_config(load_settings({})) is None
     s = load_settings({"SPECULATIVE_CONFIG": json.dumps(
         {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5, "prompt_lookup_min": 2})})
     config = speculative_config(s)
@@ -79,7 +79,7 @@ def test_speculative_config_is_json_as_vllms_and_a_bad_one_is_one_line() -> None
     assert speculative_config(load_settings({"SPECULATIVE_CONFIG": '{"method": "ngram"}'})).prompt_lookup_max == 4
     # One of the two lookup sizes set: the other takes its value, as vLLM.
     assert load_settings({"SPECULATIVE_CONFIG": '{"method": "ngram", "prompt_lookup_max": 3}'}
-                         ).speculative_config.lookup == (3, 3)
+                         ).speculative.lookup == (3, 3)
     draft = load_settings({"BASE_PATH": "/baked", "SPECULATIVE_CONFIG": '{"method": "draft_model", "model": "draft"}'})
     assert speculative_config(draft).model == "/baked/draft"
     bad = {
