@@ -162,3 +162,46 @@ def test_a_large_batch_turns_speculation_off_for_the_step(baked_model_path, prom
     run(spec, {f"r{i}": (prompts["repeat"], greedy(8)) for i in range(3)})
     stats = spec.stats()
     assert stats["spec_skipped_steps"] > 0 and stats["spec_verify_steps"] == 0
+
+
+def test_structured_requests_run_without_speculation_beside_those_that_speculate(engines, prompts, caplog):
+    from engine.sample.structured.spec import StructuredSpec
+
+    regex = StructuredSpec("regex", r"(yes|no|maybe)! [a-z ]{4,12}\.", param="guided_regex")
+    requests = {"json": (prompts["repeat"], greedy(24, structured=regex)), "repeat": (prompts["repeat"], greedy(24))}
+    with caplog.at_level("INFO", logger="engine.core.spec.speculator"):
+        a, b, accepted = _both(engines, requests)
+    assert _tokens(a) == _tokens(b) and accepted > 0
+    assert "requests with structured output run without it" in caplog.text
+
+
+def test_a_hybrid_model_starts_without_speculation_and_says_so(baked_model_path, tmp_path, caplog):
+    import shutil
+
+    from tests.engine.conftest import TOKENIZER_FILES
+    from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
+
+    build_hybrid_checkpoint("qwen3_next", tmp_path)
+    for name in TOKENIZER_FILES:
+        if (baked_model_path / name).exists():
+            shutil.copy(baked_model_path / name, tmp_path / name)
+    with caplog.at_level("WARNING", logger="engine.core.spec.build"):
+        engine = make_engine(tmp_path, num_kv_pages=64, speculative=NGRAM)
+    assert engine.speculator is None and engine.describe()["speculative"] is None
+    assert "speculative decoding is off" in caplog.text and "recurrent" in caplog.text
+    out = run(engine, {"r": ([5, 6, 7, 5, 6, 7, 5, 6], greedy(6, ignore_eos=True))})
+    assert len(out["r"].choices[0].token_ids) == 6
+
+
+def test_sliding_window_pages_follow_accepted_tokens(tiny_window_model_path):
+    """A model with a full-attention group and a window group of 8 tokens (pages of 4): proposals cross pages
+    and the window, and the output equals plain decoding."""
+    from tests.engine.core.engine_run import random_prompts
+
+    loop = [7, 8, 9, 10, 11] * 6  # a prompt that repeats, and random ones
+    requests = {f"p{i}": (p, greedy(40, ignore_eos=True)) for i, p in enumerate(random_prompts(4, 5, 30, seed=3))}
+    requests["loop"] = (loop, greedy(40, ignore_eos=True))
+    plain = make_engine(tiny_window_model_path, page_size=4)
+    spec = make_engine(tiny_window_model_path, page_size=4, speculative=NGRAM)
+    assert _tokens(run(plain, requests)) == _tokens(run(spec, requests))
+    assert spec.stats()["spec_accepted_tokens"] > 0
