@@ -59,11 +59,12 @@ class DraftModelProposer:
         if self.spec.recurrent is not None:
             raise StartupError(f"the draft model at {config.model} has recurrent layers, which a draft cannot roll "
                                "back", param="speculative.model")
-        # Every token id the tokenizer gives must be one the draft reads, and every one it proposes one the model has.
-        if not len(engine.tokenizer) <= self.spec.vocab_size <= engine.spec.vocab_size:
+        # Every token id the model reads must be one the draft reads, and every one it proposes one the model has.
+        least = min(len(engine.tokenizer), engine.spec.vocab_size)
+        if not least <= self.spec.vocab_size <= engine.spec.vocab_size:
             raise StartupError(f"the draft model at {config.model} has a vocabulary of {self.spec.vocab_size} "
-                               f"tokens; it needs between the tokenizer's {len(engine.tokenizer)} and the model's "
-                               f"{engine.spec.vocab_size}", param="speculative.model")
+                               f"tokens; it needs between {least} and the model's {engine.spec.vocab_size}",
+                               param="speculative.model")
         groups = self.spec.kv_groups
         page_size = engine.config.page_size
         num_pages = config.draft_kv_pages or engine.allocator.num_pages
@@ -125,8 +126,18 @@ class DraftModelProposer:
         seq.token_ids = list(tokens)
         seq.num_computed_tokens = min(seq.num_computed_tokens, same, len(tokens) - 1)
         self.kv.trim(seq)
+        if self._lost_window_pages(seq):
+            self.kv.free(seq)  # its windows slid past pages the shorter prefix reads: run it again from the start
         shadow.synced = len(tokens)
         return shadow
+
+    def _lost_window_pages(self, seq: Sequence) -> bool:
+        """A window group dropped a page the computed prefix still reads (the draft ran ahead, then was cut back)."""
+        if not seq.kv_pages:
+            return False
+        c, ps = seq.num_computed_tokens, self.kv.page_size
+        return any(null is not None and null in seq.kv_pages[g][spec.first_needed_page(c, ps) :]
+                   for g, (spec, null) in enumerate(zip(self.kv.specs, self.kv.null_pages, strict=True)))
 
     def _allocate(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
         if not self.kv.has_room(self.kv.needed(seq, n)):

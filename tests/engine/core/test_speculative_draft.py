@@ -91,3 +91,25 @@ def test_a_draft_with_another_tokenizer_or_vocabulary_fails_the_start_in_one_lin
     with pytest.raises(StartupError) as info:
         make_engine(baked_model_path, num_kv_pages=64, speculative=_draft(other))
     assert "another tokenizer" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_draft_with_sliding_windows_runs_ahead_and_is_cut_back(tiny_window_model_path, tmp_path, baked_model_path):
+    """The tiny two-group model (a window of 8 tokens, pages of 4) drafted by a shallower one of the same shape: the
+    draft's windows slide past pages while it runs ahead, and a shadow cut back after a refusal recomputes rather
+    than read a page its window dropped."""
+    import transformers as tf
+
+    from tests.engine.conftest import WINDOW
+    from tests.engine.core.engine_run import random_prompts
+
+    config = tf.Qwen2Config(**ENGINE_TINY, num_hidden_layers=2, use_sliding_window=True, sliding_window=WINDOW,
+                            max_window_layers=1)
+    draft = _save_tiny_engine_model(config, tmp_path / "draft", baked_model_path)
+    loop = [7, 8, 9, 10, 11] * 4
+    requests = {f"p{i}": (p, greedy(30, ignore_eos=True)) for i, p in enumerate(random_prompts(3, 5, 30, seed=4))}
+    requests["loop"] = (loop, greedy(30, ignore_eos=True))
+    plain = make_engine(tiny_window_model_path, page_size=4)
+    spec = make_engine(tiny_window_model_path, page_size=4, speculative=_draft(draft))
+    assert _tokens(run(plain, requests)) == _tokens(run(spec, requests))
+    assert 0 < spec.stats()["spec_acceptance_rate"] < 1  # some proposals refused: shadows were cut back
+    spec.speculator.proposer.kv.check()
