@@ -22,6 +22,7 @@ from engine.core.requests import Limits, PreparedRequest, build_group, check_req
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import SequenceGroup
 from engine.core.spec.build import accepted_counts, build_speculator
+from engine.core.spec.proposer import Target
 from engine.core.state_cache import StatePool, StateSlots
 from engine.core.step import ScheduledSeq
 from engine.cuda import setup as cuda_setup
@@ -102,7 +103,10 @@ class LLMEngine:
         self.grammars = GrammarCache(self.tokenizer, self.spec.vocab_size, sorted(self.spec.eos_token_ids),
                                      threads=2 if self.device.type == "cpu" else 8)
         self._compiling = GrammarWait()
-        self.speculator = build_speculator(config.speculative, self)
+        self.speculator = build_speculator(config.speculative, Target(
+            self.tokenizer, self.spec.vocab_size, self.spec.recurrent is not None, self.dtype, self.device,
+            self.kv_dtype, self.backend_name, config.page_size, self.allocator.num_pages,
+            config.max_num_batched_tokens, self.max_model_len))
 
     @property
     def pool(self) -> PagePool:  # the first KV group's (a full-attention model's only one)

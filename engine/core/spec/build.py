@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
-
 from engine.config import SpeculativeConfig
 from engine.core.spec.ngram import NgramProposer
+from engine.core.spec.proposer import Target
 from engine.core.spec.speculator import Speculator
 from engine.core.step import SchedulerOutput, StepResult
 from engine.errors import StartupError
-
-if TYPE_CHECKING:
-    from engine.core.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +29,11 @@ def check_config(config: SpeculativeConfig) -> None:
         raise StartupError("the draft_model method needs the draft's folder as `model`", param="speculative.model")
 
 
-def build_speculator(config: SpeculativeConfig | None, engine: LLMEngine) -> Speculator | None:
+def build_speculator(config: SpeculativeConfig | None, target: Target) -> Speculator | None:
     if config is None:
         return None
     check_config(config)
-    if engine.spec.recurrent is not None:
+    if target.recurrent:
         # NOTE: a recurrent state cannot be rolled back past rejected tokens; verifying would corrupt it.
         log.warning("speculative decoding is off: this model's recurrent (linear-attention) layers cannot roll "
                     "their state back past rejected tokens")
@@ -47,10 +43,10 @@ def build_speculator(config: SpeculativeConfig | None, engine: LLMEngine) -> Spe
     else:
         from engine.core.spec.draft import DraftModelProposer
 
-        proposer = DraftModelProposer(config, engine)
+        proposer = DraftModelProposer(config, target)
     log.info("speculative decoding: %s, up to %d tokens per step, off above %d decoding sequences",
              proposer.name, config.num_speculative_tokens, config.disable_by_batch_size)
-    return Speculator(config, proposer, engine.max_model_len)
+    return Speculator(config, proposer, target.max_model_len)
 
 
 def accepted_counts(out: SchedulerOutput, result: StepResult) -> tuple[list[int], list[int]]:

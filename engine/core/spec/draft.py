@@ -11,7 +11,6 @@ needs no draft distributions (engine/sample/rejection.py).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from engine.attention import create_backend
 from engine.config import SpeculativeConfig
@@ -19,6 +18,7 @@ from engine.core.kv_cache import PagePool
 from engine.core.kv_manager import KVCacheManager
 from engine.core.model_runner import ModelRunner
 from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.spec.proposer import Target
 from engine.core.step import ScheduledSeq, SchedulerOutput
 from engine.cuda import setup as cuda_setup
 from engine.errors import StartupError
@@ -26,9 +26,6 @@ from engine.model.loader import load_model
 from engine.sample.params import SamplingParams
 from engine.sample.sampler import Sampler
 from engine.text.tokenizer import load_tokenizer
-
-if TYPE_CHECKING:
-    from engine.core.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -50,39 +47,39 @@ class DraftModelProposer:
     name = "draft_model"
     deterministic = True
 
-    def __init__(self, config: SpeculativeConfig, engine: LLMEngine) -> None:
+    def __init__(self, config: SpeculativeConfig, target: Target) -> None:
         self.num_tokens = config.num_speculative_tokens
-        self.budget = engine.config.max_num_batched_tokens
+        self.budget = target.max_num_batched_tokens
         self.path = config.model
-        self._check_tokenizer(engine)
-        self.model, self.spec = load_model(config.model, engine.dtype, engine.device)
+        self._check_tokenizer(target)
+        self.model, self.spec = load_model(config.model, target.dtype, target.device)
         if self.spec.recurrent is not None:
             raise StartupError(f"the draft model at {config.model} has recurrent layers, which a draft cannot roll "
                                "back", param="speculative.model")
         # Every token id the model reads must be one the draft reads, and every one it proposes one the model has.
-        least = min(len(engine.tokenizer), engine.spec.vocab_size)
-        if not least <= self.spec.vocab_size <= engine.spec.vocab_size:
+        least = min(len(target.tokenizer), target.vocab_size)
+        if not least <= self.spec.vocab_size <= target.vocab_size:
             raise StartupError(f"the draft model at {config.model} has a vocabulary of {self.spec.vocab_size} "
-                               f"tokens; it needs between {least} and the model's {engine.spec.vocab_size}",
+                               f"tokens; it needs between {least} and the model's {target.vocab_size}",
                                param="speculative.model")
         groups = self.spec.kv_groups
-        page_size = engine.config.page_size
-        num_pages = config.draft_kv_pages or engine.allocator.num_pages
-        self.pools = [PagePool.for_group(g, num_pages, page_size, engine.kv_dtype, engine.device) for g in groups]
-        backends = [create_backend(engine.backend_name, engine.device, **g.attention_extras(), kv_dtype=engine.kv_dtype,
-                                   **cuda_setup.backend_kwargs(self.spec, engine.dtype, g)) for g in groups]
+        page_size = target.page_size
+        num_pages = config.draft_kv_pages or target.num_pages
+        self.pools = [PagePool.for_group(g, num_pages, page_size, target.kv_dtype, target.device) for g in groups]
+        backends = [create_backend(target.backend_name, target.device, **g.attention_extras(), kv_dtype=target.kv_dtype,
+                                   **cuda_setup.backend_kwargs(self.spec, target.dtype, g)) for g in groups]
         self.kv = KVCacheManager(groups, [num_pages] * len(groups), page_size, enable_prefix_caching=False)
-        self.runner = ModelRunner(self.model, groups, self.pools, backends, Sampler(), engine.device)
+        self.runner = ModelRunner(self.model, groups, self.pools, backends, Sampler(), target.device)
         self._shadows: dict[int, _Shadow] = {}
         log.info("draft model %s: %d KV pages of %d tokens", config.model, num_pages, page_size)
 
-    def _check_tokenizer(self, engine: LLMEngine) -> None:
+    def _check_tokenizer(self, target: Target) -> None:
         try:
             draft = load_tokenizer(self.path)
         except Exception as exc:
             raise StartupError(f"the draft model at {self.path} has no tokenizer that loads ({exc})",
                                param="speculative.model") from None
-        if draft.get_vocab() != engine.tokenizer.get_vocab():
+        if draft.get_vocab() != target.tokenizer.get_vocab():
             raise StartupError(f"the draft model at {self.path} has another tokenizer than the model's: a draft "
                                "must share its vocabulary", param="speculative.model")
 

@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import torch
+
     from engine.core.sequence import Sequence
+
+
+@dataclass
+class Target:
+    """What a proposer needs of the engine it proposes for (the target model's side)."""
+
+    tokenizer: Any
+    vocab_size: int
+    recurrent: bool  # the model has recurrent-state layers, which cannot roll back
+    dtype: torch.dtype
+    device: torch.device
+    kv_dtype: torch.dtype
+    backend_name: str
+    page_size: int
+    num_pages: int  # the target's KV pool (its first group's), the draft pool's default size
+    max_num_batched_tokens: int
+    max_model_len: int
 
 
 class Proposer(Protocol):
