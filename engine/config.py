@@ -26,7 +26,7 @@ class SpeculativeConfig:
     model: str | None = None  # draft_model: the draft's folder
     # No speculation in a step with more decoding sequences than this: verifying k + 1 tokens per sequence costs
     # compute that a large batch no longer has spare (bench/RESULTS.md, "Speculative decoding (CPU)").
-    disable_by_batch_size: int = 8
+    disable_by_batch_size: int = 4
     draft_kv_pages: int | None = None  # draft_model: its own KV pool in pages (None: as many as the target's)
 
 

@@ -38,7 +38,7 @@ class SpeculativeSettings(BaseModel):
     prompt_lookup_min: int | None = Field(None, ge=1)
     model: str | None = None  # draft_model: the draft's folder (relative: under BASE_PATH)
     # No speculation in a step with more decoding sequences than this (measured: bench/RESULTS.md).
-    disable_by_batch_size: int = Field(8, ge=0)
+    disable_by_batch_size: int = Field(4, ge=0)
 
     @property
     def lookup(self) -> tuple[int, int]:
