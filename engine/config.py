@@ -15,6 +15,22 @@ class LoraConfig:
 
 
 @dataclass
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's names): a proposer guesses up to num_speculative_tokens tokens, one forward
+    of the model verifies them (engine/core/spec/)."""
+
+    method: str  # "ngram" (prompt lookup) | "draft_model" (a smaller model with the same tokenizer)
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4  # ngram: the longest suffix looked up in the prompt and output so far
+    prompt_lookup_min: int = 2  # ngram: the shortest
+    model: str | None = None  # draft_model: the draft's folder
+    # No speculation in a step with more decoding sequences than this: verifying k + 1 tokens per sequence costs
+    # compute that a large batch no longer has spare (bench/RESULTS.md, "Speculative decoding (CPU)").
+    disable_by_batch_size: int = 4
+    draft_kv_pages: int | None = None  # draft_model: its own KV pool in pages (None: as many as the target's)
+
+
+@dataclass
 class EngineConfig:
     model_path: str
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, fp32 on CPU)
@@ -39,3 +55,4 @@ class EngineConfig:
     seed: int = 0
     cpu_threads: int | None = None  # CPU: torch's threads (None: the CPUs this process may use, capped by its quota)
     lora: LoraConfig | None = None  # None (or no adapters): the base model alone, at no LoRA cost
+    speculative: SpeculativeConfig | None = None  # None: one token per sequence and step

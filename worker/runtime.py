@@ -10,6 +10,7 @@ import re
 import time
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from worker.concurrency import ConcurrencyGauge
@@ -121,6 +122,7 @@ def start(settings: Settings) -> Runtime:
         seed=settings.seed,
         cpu_threads=settings.omp_num_threads,
         lora=LoraConfig(baked_adapters(settings), settings.max_loras, settings.max_lora_rank),
+        speculative=speculative_config(settings),
     )
     try:
         engine = AsyncEngine(config)
@@ -134,6 +136,22 @@ def start(settings: Settings) -> Runtime:
     _current = runtime
     log.info("serving %s", describe(_current))
     return _current
+
+
+def speculative_config(settings: Settings) -> Any:
+    """SPECULATIVE_CONFIG as the engine's SpeculativeConfig (None when unset); a relative draft folder is under
+    BASE_PATH."""
+    from engine.config import SpeculativeConfig
+
+    spec = settings.speculative
+    if spec is None:
+        return None
+    model = spec.model
+    if model is not None and not Path(model).is_absolute():
+        model = str(Path(settings.base_path) / model)
+    return SpeculativeConfig(method=spec.method, num_speculative_tokens=spec.num_speculative_tokens,
+                       prompt_lookup_min=spec.lookup[0], prompt_lookup_max=spec.lookup[1], model=model,
+                       disable_by_batch_size=spec.disable_by_batch_size)
 
 
 # The engine names its settings as EngineConfig does; a worker's user sets them as these variables.
@@ -194,4 +212,12 @@ def describe(runtime: Runtime) -> str:
         + (f" adapters={','.join(runtime.adapters)}" if runtime.adapters else "")
         + (f" scheduling={runtime.settings.scheduling_policy}" if runtime.settings.scheduling_policy != "fcfs" else "")
         + (" responses=redis" if runtime.settings.response_store_url else "")
+        + _speculative(info.get("speculative"))
     )
+
+
+def _speculative(spec: dict | None) -> str:
+    if not spec:
+        return ""
+    extra = "".join(f",{k}={v}" for k, v in spec.items() if k not in ("method", "num_speculative_tokens"))
+    return f" speculative={spec['method']}(k={spec['num_speculative_tokens']}{extra})"

@@ -17,13 +17,44 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MANIFEST = "manifest.json"
 
 
 class SettingsError(ValueError):
     """A bad environment variable: the message is one line naming it and what it accepts."""
+
+
+class SpeculativeSettings(BaseModel):
+    """SPECULATIVE_CONFIG: vLLM's speculative_config JSON, the keys this engine runs (others are refused)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: Literal["ngram", "draft_model"]
+    num_speculative_tokens: int = Field(4, ge=1, le=16)
+    # Neither set: 4 and 2; one set: the other takes its value, as in vLLM.
+    prompt_lookup_max: int | None = Field(None, ge=1)
+    prompt_lookup_min: int | None = Field(None, ge=1)
+    model: str | None = None  # draft_model: the draft's folder (relative: under BASE_PATH)
+    # No speculation in a step with more decoding sequences than this (measured: bench/RESULTS.md).
+    disable_by_batch_size: int = Field(4, ge=0)
+
+    @property
+    def lookup(self) -> tuple[int, int]:
+        """(prompt_lookup_min, prompt_lookup_max) with the defaults filled in."""
+        if self.prompt_lookup_min is None and self.prompt_lookup_max is None:
+            return 2, 4
+        return self.prompt_lookup_min or self.prompt_lookup_max, self.prompt_lookup_max or self.prompt_lookup_min
+
+    @model_validator(mode="after")
+    def _check(self) -> SpeculativeSettings:
+        if self.lookup[0] > self.lookup[1]:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) is above prompt_lookup_max "
+                             f"({self.prompt_lookup_max})")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError('method "draft_model" needs the draft model\'s folder as "model"')
+        return self
 
 
 class Settings(BaseModel):
@@ -68,6 +99,9 @@ class Settings(BaseModel):
     num_gpu_blocks_override: int | None = Field(None, alias="NUM_GPU_BLOCKS_OVERRIDE", ge=1)
     enforce_eager: bool = Field(False, alias="ENFORCE_EAGER")
     seed: int = Field(0, alias="SEED")
+    # JSON, as RunPod's vLLM worker takes it: {"method": "ngram", "num_speculative_tokens": 4, ...}
+    # (kept as the text given; `speculative` is it parsed, checked here once)
+    speculative_config: str | None = Field(None, alias="SPECULATIVE_CONFIG")
 
     # LoRA adapters: baked with the model (build arg LORA_MODULES), served by name in `model`
     enable_lora: bool = Field(True, alias="ENABLE_LORA")
@@ -109,6 +143,17 @@ class Settings(BaseModel):
     # RunPod's own API refuses job payloads over 20 MB (/runsync; 10 MB for /run): the local one does the same.
     max_request_mb: float = Field(20.0, alias="MAX_REQUEST_MB", gt=0.0)
 
+    @field_validator("speculative_config")
+    @classmethod
+    def _check_speculative(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_speculative(value)
+        return value
+
+    @property
+    def speculative(self) -> SpeculativeSettings | None:
+        return None if self.speculative_config is None else parse_speculative(self.speculative_config)
+
     @property
     def model_path(self) -> str:
         return self.model_path_env or str(Path(self.base_path) / "model")
@@ -121,6 +166,22 @@ class Settings(BaseModel):
     @property
     def on_runpod(self) -> bool:
         return self.runpod_webhook_get_job is not None
+
+
+def parse_speculative(text: str) -> SpeculativeSettings:
+    """SPECULATIVE_CONFIG's JSON, checked; a ValueError naming the key that is wrong."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object")
+    try:
+        return SpeculativeSettings.model_validate(value)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = "".join(f"{part}: " for part in error["loc"])
+        raise ValueError(where + error["msg"].removeprefix("Value error, ")) from None
 
 
 _DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -149,7 +210,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         error = exc.errors()[0]
         name = str(error["loc"][0]) if error["loc"] else "settings"
         got = environ.get(name, "")
-        raise SettingsError(f"environment variable {name}={got!r} is invalid: {error['msg']}") from None
+        message = error["msg"].removeprefix("Value error, ")
+        raise SettingsError(f"environment variable {name}={got!r} is invalid: {message}") from None
 
 
 def keep_hub_offline() -> None:

@@ -21,6 +21,8 @@ from engine.core.output_processor import OutputProcessor
 from engine.core.requests import Limits, PreparedRequest, build_group, check_request
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import SequenceGroup
+from engine.core.spec.build import accepted_counts, build_speculator
+from engine.core.spec.proposer import Target
 from engine.core.state_cache import StatePool, StateSlots
 from engine.core.step import ScheduledSeq
 from engine.cuda import linear_attention
@@ -105,6 +107,10 @@ class LLMEngine:
         self.grammars = GrammarCache(self.tokenizer, self.spec.vocab_size, sorted(self.spec.eos_token_ids),
                                      threads=2 if self.device.type == "cpu" else 8)
         self._compiling = GrammarWait()
+        self.speculator = build_speculator(config.speculative, Target(
+            self.tokenizer, self.spec.vocab_size, self.spec.recurrent is not None, self.dtype, self.device,
+            self.kv_dtype, self.backend_name, config.page_size, self.allocator.num_pages,
+            config.max_num_batched_tokens, self.max_model_len))
 
     @property
     def pool(self) -> PagePool:  # the first KV group's (a full-attention model's only one)
@@ -169,6 +175,8 @@ class LLMEngine:
             return None
         self._compiling.drop(request_id)
         self.scheduler.remove(group)
+        if self.speculator is not None:
+            self.speculator.settle(self.scheduler.running)
         return self.processor.abort(group)
 
     def has_unfinished(self) -> bool:
@@ -195,7 +203,8 @@ class LLMEngine:
     # ---- the step
     def step(self) -> list[RequestOutput]:
         self._admit_compiled()
-        out = self.scheduler.schedule()
+        proposals = self.speculator.propose(self.scheduler.running) if self.speculator is not None else None
+        out = self.scheduler.schedule(proposals)
         for group, exc in out.failed:
             self._fail(group, exc)
         if not out.scheduled:
@@ -209,7 +218,6 @@ class LLMEngine:
             for group, _ in by_group.values():
                 self._fail(group, exc)
             return []
-        self.scheduler.commit(out)
         outputs, done, failed = [], [], []
         for group, items in by_group.values():
             try:
@@ -221,13 +229,19 @@ class LLMEngine:
                 done.append(group)
             if output is not None:
                 outputs.append(output)
-        # NOTE: the pages settle before any group leaves: a choice may fork and finish within this step.
+        # NOTE: after the tokens are appended (a speculating sequence keeps the KV of those it accepted), and the
+        # pages settle before any group leaves: a choice may fork and finish within this step.
+        self.scheduler.commit(out)
+        if self.speculator is not None:
+            self.speculator.record(*accepted_counts(out, result))
         self.scheduler.postprocess(*self.processor.take_page_changes())
         for group in done:
             self._groups.pop(group.request_id, None)
             self.scheduler.remove(group)
         for group, exc in failed:
             self._fail(group, exc)
+        if self.speculator is not None:
+            self.speculator.settle(self.scheduler.running)
         return outputs
 
     def stats(self) -> dict[str, int | list[int]]:
@@ -237,6 +251,8 @@ class LLMEngine:
                  "requests_waiting": len(self.scheduler.waiting) + len(self._compiling)}
         if len(self.pools) > 1:
             stats["kv_pages_free_by_group"] = self.kv.num_free
+        if self.speculator is not None:
+            stats.update(self.speculator.stats())
         return stats
 
     def describe(self) -> dict:
@@ -263,4 +279,5 @@ class LLMEngine:
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "prefix_caching": self.config.enable_prefix_caching,
             "adapters": list(self.adapters),
+            "speculative": self.speculator.describe() if self.speculator is not None else None,
         }

@@ -207,6 +207,15 @@ class KVCacheManager:
         if self.state is not None and seq.state_capture is not None:
             self._register_snapshot(seq)
 
+    def trim(self, seq: Sequence) -> None:
+        """Gives back the pages past the computed prefix: those that held only a speculative step's rejected tokens
+        (their slots in the kept last page are rewritten by the next tokens; only full pages are ever hashed)."""
+        keep = -(-seq.num_computed_tokens // self.page_size)
+        for g, pages in enumerate(seq.kv_pages):
+            if len(pages) > keep:
+                self.allocators[g].free(self._real(g, pages[keep:]))
+                del pages[keep:]
+
     def _register_snapshot(self, seq: Sequence) -> None:
         """The state captured at a page boundary joins the prefix cache under that page's hash. Past the prompt a
         sequence keeps only its latest: an earlier decode boundary is of no use to a later turn."""

@@ -18,8 +18,9 @@ from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.core.kv_cache import PagePool
 from engine.model.kv_spec import KVGroupSpec
 from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.spec.verify import verify
 from engine.core.state_cache import StatePool
-from engine.core.step import Sample, ScheduledSeq, SchedulerOutput, StepResult
+from engine.core.step import Sample, ScheduledSeq, SchedulerOutput, StepResult, sampling_row
 from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec, RecurrentStep
 from engine.sample.logits_processor import SamplingRow, process_logits
 from engine.sample.sampler import Sampler, compute_logprobs
@@ -78,14 +79,23 @@ class ModelRunner:
             result.pooled[i] = hidden[row : row + count]
         if prompt_at:
             self._prompt_logprobs(hidden, out.scheduled, prompt_at, result)
-        if sample_at:
-            rows = torch.tensor([row for _, row in sample_at], device=self.device)
+        verify_at = [(i, row, out.scheduled[i].num_tokens) for i, row in sample_at if out.scheduled[i].draft]
+        sample_at = [(i, row) for i, row in sample_at if not out.scheduled[i].draft]
+        if sample_at or verify_at:
+            # A speculating sequence needs every one of its rows: each verifies the proposal before it.
+            picked = [(i, row) for i, row in sample_at] + [(i, r) for i, row, n in verify_at
+                                                            for r in range(row, row + n)]
+            rows = torch.tensor([row for _, row in picked], device=self.device)
             # Greedy rows get the float32 argmax of a bf16 head (engine.model.layers.logits); sampled rows do
             # not need it, and at batch 64 it would cost a few percent of the step.
-            greedy = [j for j, (i, _) in enumerate(sample_at) if out.scheduled[i].group.params.greedy]
+            greedy = [j for j, (i, _) in enumerate(picked) if out.scheduled[i].group.params.greedy]
             logits = self.model.compute_logits(hidden.index_select(0, rows),
                                                torch.tensor(greedy, dtype=torch.long, device=self.device))
-            self._sample(logits, [(i, out.scheduled[i]) for i, _ in sample_at], result)
+            if sample_at:
+                self._sample(logits[: len(sample_at)], [(i, out.scheduled[i]) for i, _ in sample_at], result)
+            if verify_at:
+                verify(logits[len(sample_at) :], [(i, out.scheduled[i]) for i, _, _ in verify_at], self.sampler,
+                       result)
         return result
 
     def _prepare(self, scheduled: list[ScheduledSeq]):
@@ -110,7 +120,7 @@ class ModelRunner:
                 slots[g] += [pages[p // ps] * ps + p % ps for p in range(start, end)]
                 indices[g] += pages
             row = qo[-1]
-            ids += seq.token_ids[start:end]
+            ids += seq.token_ids[start:end] if not s.draft else seq.token_ids[start : end - len(s.draft)] + s.draft
             positions += range(start, end)
             qo.append(row + s.num_tokens)
             lora_runs.append((s.group.adapter, s.num_tokens))
@@ -118,6 +128,8 @@ class ModelRunner:
             last.append(end - (num_pages - 1) * ps)
             if s.group.pools:
                 pool_at.append((i, row, s.num_tokens))
+            elif s.draft:
+                sample_at.append((i, row))  # its first row: the runner verifies the proposals on it and after
             elif end == seq.num_tokens:
                 sample_at.append((i, row + s.num_tokens - 1))
             prompt_len = len(s.group.prompt_token_ids)
@@ -226,13 +238,5 @@ class ModelRunner:
 
     @staticmethod
     def _row(group: SequenceGroup, seq: Sequence) -> SamplingRow:
-        return SamplingRow(
-            params=group.params,
-            prompt_token_ids=group.prompt_token_ids,
-            output_token_ids=seq.output_token_ids,
-            generator=seq.output_state.generator,
-            eos_token_ids=group.eos_token_ids,
-            bad_words_ids=group.bad_words_ids,
-            grammar=seq.output_state.grammar,
-            penalties=seq.output_state.penalties,
-        )
+        return sampling_row(group, seq)
+

@@ -50,7 +50,7 @@ class OutputProcessor:
             (_, samples), = sampled
             deltas = [self._append(group, seq, sample) for seq, sample in zip(group.seqs, samples, strict=True)]
         else:
-            deltas = [self._append(group, seq, samples[0]) for seq, samples in sampled]
+            deltas = [self._extend(group, seq, samples) for seq, samples in sampled]
         if group.params.num_sequences > group.params.n:
             return self._final(group) if group.finished else None  # best_of: only the n best, at the end
         return self._output(group, deltas)
@@ -85,6 +85,21 @@ class OutputProcessor:
     def _fork(self, group: SequenceGroup) -> None:
         """The first token is in: every choice goes on from the prompt on its own."""
         self.forks += group.fork_choices()
+
+    def _extend(self, group: SequenceGroup, seq: Sequence, samples: list[Sample]) -> CompletionDelta:
+        """Appends a choice's tokens of this step in order (several after a speculative step), up to the first that
+        ends it: what follows a stop, or max_tokens, is dropped as it never was."""
+        delta = self._append(group, seq, samples[0])
+        for sample in samples[1:]:
+            if seq.finished:
+                break
+            more = self._append(group, seq, sample)
+            delta.text += more.text
+            delta.token_ids += more.token_ids
+            if delta.logprobs is not None:
+                delta.logprobs += more.logprobs
+            delta.finish_reason, delta.stop_reason = more.finish_reason, more.stop_reason
+        return delta
 
     def _append(self, group: SequenceGroup, seq: Sequence, sample: Sample) -> CompletionDelta:
         p = group.params

@@ -44,6 +44,7 @@ class Scheduler:
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.num_preemptions = 0
+        self._proposals: dict[int, list[int]] = {}
 
     def add(self, group: SequenceGroup) -> None:
         self.waiting.append(group)
@@ -76,7 +77,10 @@ class Scheduler:
     def free_seq(self, seq: Sequence) -> None:
         self.kv.free(seq)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, proposals: dict[int, list[int]] | None = None) -> SchedulerOutput:
+        """proposals: seq_id -> tokens a proposer guessed (engine/core/spec/); a decoding sequence that has some
+        is given room for them and its last token, when that room is free without preempting anyone."""
+        self._proposals = proposals or {}
         out = SchedulerOutput()
         if self.by_priority and self.waiting:
             for group in self.waiting:
@@ -141,15 +145,17 @@ class Scheduler:
             # Decode steps are whole-group: beam search needs every live beam's next token together.
             if len(seqs) > budget:
                 return 0
-            need = [sum(n) for n in zip(*(self.kv.needed(s, 1) for s in seqs), strict=True)]
+            drafts = self._drafts(seqs, budget, admit)
+            need = [sum(n) for n in zip(*(self.kv.needed(s, 1 + len(d)) for s, d in zip(seqs, drafts, strict=True)),
+                                        strict=True)]
             if not self._make_room(need, group, out, taken, admit, self._reserve(admit)):
                 if not admit:
                     self._give_way(group, out)
                 return 0
-            for s in seqs:
-                self.kv.allocate(s, 1, out.copies)
-                out.scheduled.append(ScheduledSeq(s, group, s.num_computed_tokens, 1))
-            return len(seqs)
+            for s, d in zip(seqs, drafts, strict=True):
+                self.kv.allocate(s, 1 + len(d), out.copies)
+                out.scheduled.append(ScheduledSeq(s, group, s.num_computed_tokens, 1 + len(d), d))
+            return len(seqs) + sum(len(d) for d in drafts)
 
         used = 0
         for s in seqs:
@@ -179,6 +185,18 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(s, group, s.num_computed_tokens, n))
             used += n
         return used
+
+    def _drafts(self, seqs: list[Sequence], budget: int, admit: bool) -> list[list[int]]:
+        """The proposals the decoding `seqs` run this step: all of theirs when the token budget and the free pages
+        hold them (speculation never preempts), else none."""
+        drafts = [self._proposals.get(s.seq_id, []) for s in seqs]
+        if not any(drafts):
+            return drafts
+        need = [sum(n) for n in zip(*(self.kv.needed(s, 1 + len(d)) for s, d in zip(seqs, drafts, strict=True)),
+                                    strict=True)]
+        if len(seqs) + sum(len(d) for d in drafts) > budget or not self.kv.has_room(need, self._reserve(admit)):
+            return [[] for _ in seqs]
+        return drafts
 
     def _share_prompt(self, group: SequenceGroup, lead: Sequence, seq: Sequence) -> bool:
         """Whether `seq` may run now. A choice resumed after preemption waits for the lead choice to compute
@@ -246,11 +264,17 @@ class Scheduler:
         out.preempted.append(group)
 
     def commit(self, out: SchedulerOutput) -> None:
-        """After the step ran: the fed tokens are in the cache; newly full pages join the prefix cache, pages
-        that fell out of a sliding window are given back."""
+        """After the step ran and its tokens were appended: the fed tokens are in the cache; newly full pages join
+        the prefix cache, pages that fell out of a sliding window are given back. A speculating sequence keeps the
+        KV of its last token and of the proposals it accepted (it holds one token less than it has, as after any
+        decode); the pages past them go back, so no rejected token is ever hashed or shared."""
         for s in out.scheduled:
             old = s.seq.num_computed_tokens
-            self.kv.commit(s.seq, old, old + s.num_tokens)
+            if not s.draft:
+                self.kv.commit(s.seq, old, old + s.num_tokens)
+                continue
+            self.kv.commit(s.seq, old, max(old, min(old + s.num_tokens, s.seq.num_tokens - 1)))
+            self.kv.trim(s.seq)
 
 
 def _running_key(group: SequenceGroup) -> tuple[int, int]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.errors import EngineError
+from engine.sample.logits_processor import SamplingRow
 
 if TYPE_CHECKING:
     import torch
@@ -15,17 +16,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class ScheduledSeq:
-    """Feed seq.token_ids[start:start + num_tokens] this step."""
+    """Feed seq.token_ids[start:start + num_tokens] this step; a speculating sequence's num_tokens also counts its
+    proposed tokens (`draft`), fed after its last known one and verified by the runner."""
 
     seq: Sequence
     group: SequenceGroup
     start: int
     num_tokens: int
+    draft: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """The chunk reaches the end of the known tokens, so its last row predicts the next one."""
-        return self.start + self.num_tokens == self.seq.num_tokens
+        return self.start + self.num_tokens - len(self.draft) == self.seq.num_tokens
 
 
 @dataclass
@@ -54,11 +57,26 @@ class Sample:
 class StepResult:
     """Per scheduled sequence (by index in SchedulerOutput.scheduled): what the step produced for it."""
 
-    # One Sample per choice for a group's first token (n, best_of), a beam's 2*width best candidates,
-    # else the one sampled token.
+    # One Sample per choice for a group's first token (n, best_of), a beam's 2*width best candidates, a speculating
+    # sequence's accepted tokens in order (its accepted proposals, then the target's own next token), else the one
+    # sampled token.
     samples: dict[int, list[Sample]] = field(default_factory=dict)
     # (logprob of the next prompt token, its top-k) for each prompt position of the chunk that has one.
     prompt_logprobs: dict[int, list[tuple[float, list[tuple[int, float]]]]] = field(default_factory=dict)
     errors: dict[int, Exception] = field(default_factory=dict)  # sampling failed for that sequence alone
     # An embedding request's final hidden states of the chunk it ran (folded by the output processor).
     pooled: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def sampling_row(group: SequenceGroup, seq: Sequence) -> SamplingRow:
+    """The sampler's view of one sequence this step."""
+    return SamplingRow(
+        params=group.params,
+        prompt_token_ids=group.prompt_token_ids,
+        output_token_ids=seq.output_token_ids,
+        generator=seq.output_state.generator,
+        eos_token_ids=group.eos_token_ids,
+        bad_words_ids=group.bad_words_ids,
+        grammar=seq.output_state.grammar,
+        penalties=seq.output_state.penalties,
+    )

@@ -48,20 +48,25 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         assert logits.dim() == 2 and logits.shape[0] == len(rows)
         raw = logits.float()
-        processed = process_logits(raw, rows)
+        return self.score(raw, self.choose(process_logits(raw, rows), rows), rows)
+
+    def choose(self, processed: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """One token per row of the processed logits: the argmax for greedy rows, a draw for the others."""
         sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
         if not sampled:
-            tokens = processed.argmax(dim=-1)
-        elif len(sampled) == len(rows):
-            tokens = self._sample(processed, rows)
-        else:
-            device = raw.device
-            greedy = torch.tensor([i for i, row in enumerate(rows) if row.params.greedy], device=device)
-            index = torch.tensor(sampled, device=device)
-            tokens = torch.empty(len(rows), dtype=torch.long, device=device)
-            tokens[greedy] = processed[greedy].argmax(dim=-1)
-            tokens[index] = self._sample(processed[index], [rows[i] for i in sampled])
+            return processed.argmax(dim=-1)
+        if len(sampled) == len(rows):
+            return self._sample(processed, rows)
+        device = processed.device
+        greedy = torch.tensor([i for i, row in enumerate(rows) if row.params.greedy], device=device)
+        index = torch.tensor(sampled, device=device)
+        tokens = torch.empty(len(rows), dtype=torch.long, device=device)
+        tokens[greedy] = processed[greedy].argmax(dim=-1)
+        tokens[index] = self._sample(processed[index], [rows[i] for i in sampled])
+        return tokens
 
+    def score(self, raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+        """The chosen tokens with their logprobs (and top logprobs) under the raw float32 logits."""
         token_ids = tokens.tolist()
         # NOTE: the log-normaliser costs a pass over [B, vocab]; only rows that report logprobs or rank
         # their samples (best_of > n) pay for it, the others get NaN.
@@ -84,6 +89,11 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Temperature, top_k / top_p / min_p, then one draw per row from its own generator."""
+        return self.draw(self.probs(logits, rows), self.uniforms(rows, logits.device))
+
+    def probs(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """The distribution each sampled row draws from (unnormalised where min_p cut it): temperature, then
+        top_k / top_p, then min_p. Speculative verification (engine/sample/rejection.py) reads it too."""
         device = logits.device
         temps = torch.tensor([r.params.temperature for r in rows], device=device)[:, None]
         logits = logits / temps
@@ -99,25 +109,33 @@ class Sampler:
         if any(m > 0.0 for m in min_p):
             floor = torch.tensor(min_p, device=device)[:, None] * probs.amax(dim=-1, keepdim=True)
             probs = probs.masked_fill(probs < floor, 0.0)
+        return probs
 
-        # Inverse CDF: one uniform per row, drawn from the row's own generator, so a seeded row gets
-        # the same token whatever else shares the batch. (One number per row, not one per token as an
-        # exponential race would need: the RNG dominates a CPU step otherwise.)
-        u = torch.empty(len(rows), device=device)
+    @staticmethod
+    def uniforms(rows: list[SamplingRow], device: torch.device, per_row: int = 1) -> torch.Tensor:
+        """[rows, per_row] uniforms in [0, 1), a seeded row's from its own generator."""
+        # NOTE: a few numbers per row, not one per token as an exponential race would need: the RNG dominates a
+        # CPU step otherwise. A seeded row gets the same numbers whatever else shares the batch.
+        u = torch.empty(len(rows), per_row, device=device)
         unseeded = [i for i, r in enumerate(rows) if r.generator is None]
         if len(unseeded) == len(rows):
             u.uniform_()
         else:
             for i, row in enumerate(rows):
                 if row.generator is not None:
-                    u[i] = torch.rand(1, generator=row.generator, device=device)[0]
+                    u[i] = torch.rand(per_row, generator=row.generator, device=device)
             if unseeded:
-                u[torch.tensor(unseeded, device=device)] = torch.rand(len(unseeded), device=device)
+                u[torch.tensor(unseeded, device=device)] = torch.rand(len(unseeded), per_row, device=device)
+        return u
+
+    @staticmethod
+    def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Inverse CDF: row i's token for its uniform u[i] (any shape of [rows] or [rows, 1])."""
         cdf = probs.cumsum(dim=-1)
         total = cdf[:, -1:]
         # Strictly below the total, so the first cdf entry above it is a token of nonzero probability
         # (a zero-probability token repeats the entry before it and is never the first to exceed).
-        target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+        target = torch.minimum(u.reshape(-1, 1) * total, torch.nextafter(total, torch.zeros_like(total)))
         return torch.searchsorted(cdf, target, right=True).squeeze(1)
 
     @staticmethod

@@ -65,3 +65,34 @@ def test_served_name_comes_from_the_manifest_then_the_folder(tmp_path) -> None:
     with_alias = load_settings({"MODEL_PATH": str(folder), "OPENAI_SERVED_MODEL_NAME_OVERRIDE": "mine",
                                 "MODEL_NAME": "hub/name"})
     assert accepted_model_names(with_alias) == ["mine", "org/Model-1B", "hub/name"]
+
+
+def test_speculative_config_is_json_as_vllms_and_a_bad_one_is_one_line() -> None:
+    from worker.runtime import speculative_config
+
+    assert load_settings({}).speculative is None and speculative_config(load_settings({})) is None
+    s = load_settings({"SPECULATIVE_CONFIG": json.dumps(
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5, "prompt_lookup_min": 2})})
+    config = speculative_config(s)
+    assert (config.method, config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max) == (
+        "ngram", 3, 2, 5)
+    assert speculative_config(load_settings({"SPECULATIVE_CONFIG": '{"method": "ngram"}'})).prompt_lookup_max == 4
+    # One of the two lookup sizes set: the other takes its value, as vLLM.
+    assert load_settings({"SPECULATIVE_CONFIG": '{"method": "ngram", "prompt_lookup_max": 3}'}
+                         ).speculative.lookup == (3, 3)
+    draft = load_settings({"BASE_PATH": "/baked", "SPECULATIVE_CONFIG": '{"method": "draft_model", "model": "draft"}'})
+    assert speculative_config(draft).model == "/baked/draft"
+    bad = {
+        '{"method": "eagle"}': "method: Input should be 'ngram' or 'draft_model'",
+        "ngram": "not JSON",
+        '["ngram"]': "must be a JSON object",
+        '{"method": "ngram", "num_speculative_tokens": 0}': "num_speculative_tokens: Input should be greater",
+        '{"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}': "prompt_lookup_min (5) is above",
+        '{"method": "draft_model"}': 'needs the draft model\'s folder as "model"',
+        '{"method": "ngram", "num_speculative_token": 4}': "num_speculative_token: Extra inputs are not permitted",
+    }
+    for value, message in bad.items():
+        with pytest.raises(SettingsError) as info:
+            load_settings({"SPECULATIVE_CONFIG": value})
+        assert str(info.value).startswith("environment variable SPECULATIVE_CONFIG=")
+        assert message in str(info.value) and "\n" not in str(info.value)

@@ -1,0 +1,49 @@
+"""A worker started with SPECULATIVE_CONFIG (n-gram) answers through the official SDK exactly as one without it
+(greedy, chat and completions, streamed and not), says so in its start-up line, and reports acceptance in /health."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from local_worker import LocalWorker, start_worker, stop_worker
+
+TEXT = ("Our team will meet on Friday at ten in the small room to plan the launch, review the budget and agree who "
+        "writes the press note.")
+CONFIG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+@pytest.fixture(scope="module")
+def spec_worker(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorker]:
+    w = start_worker(baked_model_path, tmp_path_factory.mktemp("spec") / "worker.log",
+                     SPECULATIVE_CONFIG=json.dumps(CONFIG))
+    yield w
+    stop_worker(w)
+
+
+def _chat(client, model: str, stream: bool) -> str:
+    messages = [{"role": "user", "content": f"Repeat this text exactly:\n{TEXT}"}]
+    if not stream:
+        return client.chat.completions.create(model=model, messages=messages, max_tokens=48,
+                                              temperature=0).choices[0].message.content
+    chunks = client.chat.completions.create(model=model, messages=messages, max_tokens=48, temperature=0,
+                                            stream=True)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_speculative_worker_answers_as_the_plain_one(spec_worker, worker, model_name) -> None:
+    assert "speculative=ngram(k=4" in spec_worker.log.read_text()
+    spec, plain = spec_worker.client(), worker.client()
+    want = _chat(plain, model_name, stream=False)
+    assert _chat(spec, model_name, stream=False) == want
+    assert _chat(spec, model_name, stream=True) == want
+    prompt = f"Text: {TEXT}\nThe same text again: {TEXT[:40]}"
+    completion = {"model": model_name, "prompt": prompt, "max_tokens": 32, "temperature": 0}
+    assert spec.completions.create(**completion).choices[0].text == plain.completions.create(**completion
+                                                                                            ).choices[0].text
+    with spec_worker.http() as http:
+        engine = http.get("/v2/test-endpoint/health").json()["engine"]
+    assert engine["spec_accepted_tokens"] > 0 and 0 < engine["spec_acceptance_rate"] <= 1
+    assert engine["speculative"]["method"] == "ngram"
