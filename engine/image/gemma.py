@@ -1,7 +1,7 @@
 """Gemma 3's image preprocessing (transformers' Gemma3ImageProcessor; its SigLIP tower sees a fixed square), as its
 PIL backend computes it: optionally pan and scan first (an image much wider or taller than square also gives
 2 or more crops side by side, each processed as an image of its own, after the whole), then each is resized
-bilinearly by Pillow to size x size, x * rescale_factor in float64 then float32, (x - mean) / std in float32.
+bilinearly by Pillow to size x size and normalised (engine/image/pixels.py).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from engine.image.pixels import resize_and_normalise
 
 STANDARD_MEAN = (0.5, 0.5, 0.5)
 STANDARD_STD = (0.5, 0.5, 0.5)
@@ -67,10 +69,5 @@ def preprocess(image: "PIL.Image.Image", config: GemmaImageConfig) -> np.ndarray
     if config.do_pan_and_scan:
         parts += [Image.fromarray(whole[top : top + h, left : left + w])
                   for top, left, h, w in pan_and_scan_crops(image.height, image.width, config)]
-    mean, std = (np.array(v, dtype=np.float32) for v in (config.image_mean, config.image_std))
-    out = []
-    for part in parts:
-        resized = np.asarray(part.resize((config.width, config.height), resample=config.resample))
-        pixels = (resized.astype(np.float64) * config.rescale_factor).astype(np.float32)
-        out.append(((pixels - mean) / std).transpose(2, 0, 1))
-    return np.stack(out)
+    return np.stack([resize_and_normalise(part, config.width, config.height, config.resample, config.rescale_factor,
+                                          config.image_mean, config.image_std) for part in parts])

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.errors import InvalidRequest
+from engine.image.pixels import resize_and_normalise
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -86,10 +87,8 @@ def smart_resize(height: int, width: int, config: QwenVLImageConfig) -> tuple[in
 def preprocess(image: "PIL.Image.Image", config: QwenVLImageConfig) -> QwenVLImage:  # noqa: F821
     """An RGB Pillow image (engine.image.decode) -> its patches and grid."""
     height, width = smart_resize(image.height, image.width, config)
-    resized = np.asarray(image.resize((width, height), resample=config.resample))  # [H, W, 3] uint8
-    pixels = (resized.astype(np.float64) * config.rescale_factor).astype(np.float32)
-    mean, std = (np.array(v, dtype=np.float32) for v in (config.image_mean, config.image_std))
-    pixels = ((pixels - mean) / std).transpose(2, 0, 1)  # [3, H, W]
+    pixels = resize_and_normalise(image, width, height, config.resample, config.rescale_factor, config.image_mean,
+                                  config.image_std)  # [3, H, W]
     p, m, t = config.patch_size, config.merge_size, config.temporal_patch_size
     grid_h, grid_w = height // p, width // p
     patches = pixels.reshape(3, grid_h // m, m, p, grid_w // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
