@@ -13,7 +13,9 @@ from tests.engine.core.engine_run import greedy, make_engine, run
 
 TEXT = ("The committee met on Tuesday to review the budget. It approved the new library, the park repairs and the "
         "bus route, and it asked the mayor to report back in June.")
-NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2)
+# Speculating at every batch size these tests run (the default turns it off above 4 decoding sequences).
+NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2,
+                          disable_by_batch_size=256)
 
 
 @pytest.fixture(scope="module")
