@@ -7,65 +7,25 @@ target modules and checksums, and the worker serves exactly those.
 
 from __future__ import annotations
 
-import json
-import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from builder.digest import sha256
 from builder.errors import BakeError
 from builder.sources import fingerprint, hub_snapshot
+from engine.config import AdapterSpec
+from engine.config import parse_lora_modules as parse_specs
+from engine.errors import StartupError
 
 ADAPTERS_DIR = "adapters"
-# A name goes in `model` (also as "<base>:<name>") and in a folder name: no colon, no spaces.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
-
-
-@dataclass
-class AdapterSpec:
-    """One adapter to bake: the name clients put in `model`, where it comes from, the base it was trained on."""
-
-    name: str
-    path: str  # hub repo id or local folder
-    base_model_name: str | None = None
 
 
 def parse_lora_modules(value: str | None) -> list[AdapterSpec]:
-    """vLLM's forms: a JSON list of {"name", "path", "base_model_name"?} (or one such object), or name=path pairs
-    separated by spaces or commas."""
-    value = (value or "").strip()
-    if not value:
-        return []
-    if value[0] in "[{":
-        try:
-            items = json.loads(value)
-        except ValueError as exc:
-            raise BakeError(f"LORA_MODULES is not valid JSON: {exc}") from None
-        specs = [_from_json(item) for item in (items if isinstance(items, list) else [items])]
-    else:
-        specs = []
-        for pair in re.split(r"[\s,]+", value):
-            name, sep, path = pair.partition("=")
-            if not sep or not name or not path:
-                raise BakeError(f"LORA_MODULES entry {pair!r} is not name=path")
-            specs.append(AdapterSpec(name, path))
-    names = [s.name for s in specs]
-    for spec in specs:
-        if not _NAME.match(spec.name):
-            raise BakeError(f"adapter name {spec.name!r} must be letters, digits and . _ / - (no ':' or spaces)")
-        if names.count(spec.name) > 1:
-            raise BakeError(f"adapter name {spec.name!r} is given twice in LORA_MODULES")
-    return specs
-
-
-def _from_json(item: object) -> AdapterSpec:
-    if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not isinstance(item.get("path"), str):
-        raise BakeError(f'each LORA_MODULES entry needs "name" and "path" strings, got {json.dumps(item)}')
-    extra = set(item) - {"name", "path", "base_model_name"}
-    if extra:
-        raise BakeError(f"LORA_MODULES entry {item['name']!r} has unknown keys: {', '.join(sorted(extra))}")
-    return AdapterSpec(item["name"], item["path"], item.get("base_model_name") or None)
+    """LORA_MODULES as vLLM writes it (engine.config.parse_lora_modules); BakeError in one line when it is bad."""
+    try:
+        return parse_specs(value)
+    except StartupError as exc:
+        raise BakeError(exc.message) from None
 
 
 def bake_adapters(specs: list[AdapterSpec], model: Path, served_name: str, token: str | None) -> list[dict]:

@@ -2,16 +2,79 @@
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
+
+from engine.errors import StartupError
+
+# An adapter's name goes in `model` (also as "<base>:<name>") and in a folder name: no colon, no spaces.
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 
 
 @dataclass
 class LoraConfig:
-    """LoRA adapters loaded at start-up, served per request by name."""
+    """LoRA adapters loaded at start-up, served per request by name; with `runtime`, more loaded and unloaded while
+    serving, into slots allocated up front for every projection (max_loras of them, each of max_lora_rank)."""
 
     adapters: dict[str, str] = field(default_factory=dict)  # name -> PEFT folder
     max_loras: int = 8  # at most this many adapters (the stacked buffers' slots)
     max_lora_rank: int = 16
+    runtime: bool = False
+
+
+@dataclass
+class AdapterSpec:
+    """One adapter LORA_MODULES names: the name clients put in `model`, where it comes from (a hub repo id or a
+    folder), and the base model it was trained on when the spec says."""
+
+    name: str
+    path: str
+    base_model_name: str | None = None
+
+
+def parse_lora_modules(value: str | None) -> list[AdapterSpec]:
+    """vLLM's forms of LORA_MODULES: a JSON list of {"name", "path", "base_model_name"?} (or one such object), or
+    name=path pairs separated by spaces or commas. StartupError (one line) on anything else."""
+    value = (value or "").strip()
+    if not value:
+        return []
+    if value[0] in "[{":
+        try:
+            items = json.loads(value)
+        except ValueError as exc:
+            raise StartupError(f"LORA_MODULES is not valid JSON: {exc}", param="LORA_MODULES") from None
+        specs = [_spec_from_json(item) for item in (items if isinstance(items, list) else [items])]
+    else:
+        specs = []
+        for pair in re.split(r"[\s,]+", value):
+            name, sep, path = pair.partition("=")
+            if not sep or not name or not path:
+                raise StartupError(f"LORA_MODULES entry {pair!r} is not name=path", param="LORA_MODULES")
+            specs.append(AdapterSpec(name, path))
+    names = [s.name for s in specs]
+    for spec in specs:
+        check_adapter_name(spec.name, "LORA_MODULES")
+        if names.count(spec.name) > 1:
+            raise StartupError(f"adapter name {spec.name!r} is given twice in LORA_MODULES", param="LORA_MODULES")
+    return specs
+
+
+def check_adapter_name(name: str, param: str) -> None:
+    if not ADAPTER_NAME.match(name):
+        raise StartupError(f"adapter name {name!r} must be letters, digits and . _ / - (no ':' or spaces)",
+                           param=param)
+
+
+def _spec_from_json(item: object) -> AdapterSpec:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not isinstance(item.get("path"), str):
+        raise StartupError(f'each LORA_MODULES entry needs "name" and "path" strings, got {json.dumps(item)}',
+                           param="LORA_MODULES")
+    extra = set(item) - {"name", "path", "base_model_name"}
+    if extra:
+        raise StartupError(f"LORA_MODULES entry {item['name']!r} has unknown keys: {', '.join(sorted(extra))}",
+                           param="LORA_MODULES")
+    return AdapterSpec(item["name"], item["path"], item.get("base_model_name") or None)
 
 
 @dataclass

@@ -131,6 +131,34 @@ class AsyncEngine:
             await ready
         future.result()
 
+    @property
+    def adapters(self) -> list[str]:
+        """The names of the LoRA adapters served now."""
+        return list(self.engine.adapters)
+
+    @property
+    def adapters_at_run_time(self) -> bool:
+        """Whether adapters may be loaded and unloaded while serving (LoraConfig.runtime)."""
+        return self.engine.config.lora is not None and self.engine.config.lora.runtime
+
+    async def load_adapter(self, name: str, folder: str) -> None:
+        """Reads and checks the adapter off the engine's thread (UnsupportedModel in one line), then installs it
+        between two steps, so running requests only wait for a few tensor copies."""
+        if not self.adapters_at_run_time:
+            raise InvalidRequest("adapters are not loaded at run time on this engine", param="lora_name")
+        adapter = await asyncio.to_thread(self.engine.lora.read, name, folder)
+        await self._between_steps(self.engine.install_adapter, name, adapter)
+
+    async def unload_adapter(self, name: str) -> None:
+        if not self.adapters_at_run_time:
+            raise InvalidRequest("adapters are not unloaded at run time on this engine", param="lora_name")
+        await self._between_steps(self.engine.remove_adapter, name)
+
+    async def _between_steps(self, call, *args) -> None:
+        done: Future = Future()
+        self._post(("call", call, args, done))
+        await asyncio.wrap_future(done)
+
     def abort(self, request_id: str) -> None:
         """Ends the request: its pages are freed before the next step, its stream gets a last "abort" output."""
         self._post(("abort", request_id))
@@ -185,6 +213,12 @@ class AsyncEngine:
                     self.engine.add(request_id, request)
                 except Exception as exc:
                     self._deliver(request_id, exc)
+            elif command[0] == "call":
+                _, call, args, done = command
+                try:
+                    done.set_result(call(*args))
+                except Exception as exc:
+                    done.set_exception(exc)
             else:
                 output = self.engine.abort(command[1])
                 if output is not None:
@@ -210,3 +244,7 @@ class AsyncEngine:
                 self._deliver(request_id, exc)
         for request_id in list(self._streams):
             self._deliver(request_id, RuntimeError("the engine shut down"))
+        while not self._inbox.empty():  # adapter loads waiting for a step that will not come
+            command = self._inbox.get_nowait()
+            if command[0] == "call":
+                command[3].set_exception(RuntimeError("the engine shut down"))

@@ -30,6 +30,7 @@ from engine.cuda import setup as cuda_setup
 from engine.errors import InvalidRequest, StartupError
 from engine.model.capture import capture_blocker
 from engine.model.kv_spec import describe_groups, graphs_blocker
+from engine.model.layers.lora import LoadedAdapter
 from engine.model.loader import load_model
 from engine.outputs import RequestOutput
 from engine.sample.params import SamplingParams
@@ -56,7 +57,8 @@ class LLMEngine:
         with timed(self.start_ms, "weights"):
             self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization,
                                                config.lora)
-        self.adapters: dict[str, int] = self.model.lora.slots if self.model.lora is not None else {}
+        self.lora = self.model.lora  # engine.model.layers.lora.LoraSet, or None
+        self.adapters: dict[str, int] = self.lora.slots if self.lora is not None else {}
         with timed(self.start_ms, "tokenizer"):
             self.tokenizer = load_tokenizer(config.model_path)
         self.max_model_len = min(config.max_model_len or self.spec.max_position_embeddings,
@@ -93,7 +95,7 @@ class LLMEngine:
         if self.device.type == "cuda":
             # NOTE: a step's adapter grouping is Python control flow that a replayed graph would freeze.
             graphless = (graphs_blocker(groups) or capture_blocker(self.model, self.device, self.spec.dtype)
-                         or ("LoRA adapters" if self.adapters else None))
+                         or ("LoRA adapters" if self.lora is not None else None))
             with timed(self.start_ms, "graphs"):
                 self.runner.graph_runner = prepare_cuda(
                     self.model, self.backends[0], self.pools[0].kv_caches, page_size=config.page_size,
@@ -124,7 +126,7 @@ class LLMEngine:
     def limits(self) -> Limits:
         c, m = self.config, self.spec
         return Limits(m.vocab_size, self.max_model_len, self.max_num_seqs, c.max_num_batched_tokens, self.adapters,
-                      m.hidden_size)
+                      m.hidden_size, self.lora.keys if self.lora is not None else {})
 
     def prepare(self, prompt_token_ids: list[int], params: SamplingParams) -> PreparedRequest:
         """Checks a request once (InvalidRequest / ContextTooLong) and submits its grammar's compile once."""
@@ -178,6 +180,18 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.settle(self.scheduler.running)
         return self.processor.abort(group)
+
+    def install_adapter(self, name: str, adapter: LoadedAdapter) -> None:
+        """Serves an adapter read while serving (LoraSet.read) under `name`, in a slot no running request reads."""
+        if name in self.adapters:
+            raise InvalidRequest(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
+        self.lora.install(name, adapter, {g.adapter for g in self._groups.values() if g.adapter is not None})
+
+    def remove_adapter(self, name: str) -> None:
+        """Stops serving the adapter; requests running with it finish with it, and then its slot is free."""
+        if name not in self.adapters:
+            raise InvalidRequest(f"The lora adapter '{name}' cannot be found.", param="lora_name")
+        self.lora.remove(name)
 
     def has_unfinished(self) -> bool:
         return bool(self._groups)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ class Limits:
     max_num_batched_tokens: int
     adapters: dict[str, int]  # LoRA adapter name -> slot
     hidden_size: int = 0  # an embedding's full size
+    adapter_keys: dict[str, str] = field(default_factory=dict)  # name -> the seed of its prefix-cache hashes
 
 
 @dataclass
@@ -111,7 +112,9 @@ def build_group(
     prompt, params = request.prompt, request.params
     if isinstance(params, PoolingParams):
         return SequenceGroup(request_id, prompt, params, [Sequence(next_seq_id(), list(prompt), len(prompt))], arrival)
-    salt = adapter_salt(params.adapter)
+    if params.adapter is not None and params.adapter not in limits.adapters:  # unloaded since it was checked
+        raise InvalidRequest(f"LoRA adapter {params.adapter!r} was unloaded", param="model")
+    salt = adapter_salt(limits.adapter_keys.get(params.adapter, params.adapter))
     beam = None
     if params.use_beam_search:
         stops = (set() if params.ignore_eos else eos_token_ids) | set(params.stop_token_ids or ())

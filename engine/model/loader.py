@@ -79,8 +79,8 @@ def load_model(
     if fmt is not None:
         # Before LoRA: its adapters wrap the serving modules and run in the serving dtype.
         fmt.serve(model, dtype, device)
-    if lora is not None and lora.adapters:
-        attach_lora(model, lora.adapters, lora.max_loras, lora.max_lora_rank)
+    if lora is not None and (lora.adapters or lora.runtime):
+        attach_lora(model, lora.adapters, lora.max_loras, lora.max_lora_rank, lora.runtime)
     if quantization == "int4":
         quantize_linears_int4(model.model.layers, dtype)
     head = getattr(model.lm_head, "weight", None)

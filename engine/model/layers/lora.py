@@ -9,6 +9,8 @@ whatever the batch size. Rows with no adapter cost nothing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from itertools import count
 from pathlib import Path
 
 import torch
@@ -73,6 +75,12 @@ class LoraLinear(nn.Module):
         self.lora_b[slot, start : start + rank, offset : offset + size] = (b * scale).T
         self.widths[slot] = start + rank
 
+    def clear(self, slot: int) -> None:
+        """Empties the slot for another adapter."""
+        self.lora_a[slot].zero_()
+        self.lora_b[slot].zero_()
+        self.widths[slot] = 0
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
         for slot, rows in self.plan.groups:
@@ -87,16 +95,67 @@ class LoraLinear(nn.Module):
         return y
 
 
+@dataclass
+class LoadedAdapter:
+    """An adapter read from its folder and checked against the model: ready to be written into a slot."""
+
+    rank: int
+    scale: float
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]  # (layer, target) -> (A, B), float32
+
+
 class LoraSet:
-    """The loaded adapters: their slots by name and the plan every LoraLinear of the model reads."""
+    """The loaded adapters: their slots by name, the plan every LoraLinear of the model reads, and (when adapters
+    load at run time) the free slots and a key per load that tells two loads under one name apart."""
 
-    def __init__(self, slots: dict[str, int], ranks: dict[str, int]) -> None:
-        self.slots, self.ranks = slots, ranks
+    def __init__(self, num_slots: int, max_rank: int, shapes: dict[str, tuple[int, int]], num_layers: int) -> None:
+        self.num_slots, self.max_rank, self.shapes, self.num_layers = num_slots, max_rank, shapes, num_layers
+        self.slots: dict[str, int] = {}
+        self.ranks: dict[str, int] = {}
+        self.keys: dict[str, str] = {}  # name -> what its prefix-cache hashes are seeded with
         self.plan = LoraPlan()
+        self.wrapped: dict[tuple[int, str, str], LoraLinear] = {}
+        self._loads = count(1)
+
+    def read(self, name: str, folder: Path) -> LoadedAdapter:
+        """The adapter in `folder`, checked against this model and MAX_LORA_RANK; UnsupportedModel in one line.
+        Reads files only (no slot is touched), so it may run on any thread."""
+        try:
+            info = check_adapter(Path(folder), self.shapes, self.num_layers)
+        except UnsupportedModel as exc:
+            raise UnsupportedModel(f"adapter {name!r}: {exc.message}", param="model") from None
+        if info.rank > self.max_rank:
+            raise UnsupportedModel(f"adapter {name!r} has rank {info.rank}, above MAX_LORA_RANK={self.max_rank}",
+                                   param="model")
+        return LoadedAdapter(info.rank, info.scale, read_adapter(Path(folder), info))
+
+    def install(self, name: str, adapter: LoadedAdapter, busy: set[int]) -> int:
+        """Writes the adapter into a slot no name holds and no running request (`busy`) still reads; its slot."""
+        free = [s for s in range(self.num_slots) if s not in self.slots.values() and s not in busy]
+        if not free:
+            raise UnsupportedModel(f"all {self.num_slots} LoRA slots are taken (MAX_LORAS): unload an adapter "
+                                   "first", param="lora_name")
+        slot = free[0]
+        for linear in self.wrapped.values():
+            linear.clear(slot)
+        for (layer, target), (a, b) in adapter.weights.items():
+            module_name, proj = TARGET_MODULES[target]
+            self.wrapped[(layer, module_name, proj)].set(slot, target, a, b, adapter.scale)
+        self.slots[name], self.ranks[name] = slot, adapter.rank
+        # A name loaded again (other weights, maybe) must not meet the KV pages its earlier load left cached.
+        self.keys[name] = f"{name}#{next(self._loads)}" if name in self.keys else name
+        return slot
+
+    def remove(self, name: str) -> None:
+        """Forgets the name; its slot is reused once the requests still running with it are done."""
+        del self.slots[name], self.ranks[name]
 
 
-def attach_lora(model: nn.Module, adapters: dict[str, str], max_loras: int, max_rank: int) -> LoraSet:
-    """Wraps every projection some adapter targets in a LoraLinear and loads the adapters into their slots.
+def attach_lora(model: nn.Module, adapters: dict[str, str], max_loras: int, max_rank: int,
+                runtime: bool = False) -> LoraSet:
+    """Wraps the projections adapters target in LoraLinears and loads the adapters into their slots; with
+    `runtime`, every projection an adapter may target gets all max_loras slots of max_rank now, so that adapters
+    loaded later need no new buffers.
 
     Runs on the loaded float weights, before any int4 or CPU packing swaps the base linears inside the wrappers.
     """
@@ -106,33 +165,24 @@ def attach_lora(model: nn.Module, adapters: dict[str, str], max_loras: int, max_
     layers = model.model.layers
     # Only the projections every layer has (an MoE model's MLPs are experts: no LoRA there).
     shapes = {t: _shape(getattr(getattr(layers[0], m), p), t) for t, (m, p) in TARGET_MODULES.items()
-              if all(hasattr(getattr(layer, m), p) for layer in layers)}
-    infos, weights = {}, {}
-    for name, folder in adapters.items():
-        try:
-            info = check_adapter(Path(folder), shapes, len(layers))
-        except UnsupportedModel as exc:
-            raise UnsupportedModel(f"adapter {name!r}: {exc.message}", param="model") from None
-        if info.rank > max_rank:
-            raise UnsupportedModel(f"adapter {name!r} has rank {info.rank}, above MAX_LORA_RANK={max_rank}",
-                                   param="model")
-        infos[name], weights[name] = info, read_adapter(Path(folder), info)
-    lora = LoraSet({name: i for i, name in enumerate(adapters)}, {n: i.rank for n, i in infos.items()})
+              if all(hasattr(getattr(layer, m, None), p) for layer in layers)}
+    lora = LoraSet(max_loras if runtime else len(adapters), max_rank, shapes, len(layers))
+    loaded = {name: lora.read(name, Path(folder)) for name, folder in adapters.items()}
     model.lora = lora
-    rank = max(lora.ranks.values(), default=1)
-    wrapped: dict[tuple[int, str, str], LoraLinear] = {}
-    for name, slot in lora.slots.items():
-        for (layer, target), (a, b) in weights[name].items():
-            module_name, proj = TARGET_MODULES[target]
-            parent = getattr(layers[layer], module_name)
-            key = (layer, module_name, proj)
-            if key not in wrapped:
-                wrapped[key] = LoraLinear(getattr(parent, proj), _shards(getattr(parent, proj), target),
-                                          len(adapters), rank, lora.plan)
-                setattr(parent, proj, wrapped[key])
-            wrapped[key].set(slot, target, a, b, infos[name].scale)
+    width = max_rank if runtime else max((a.rank for a in loaded.values()), default=1)
+    wanted = {(layer, target) for layer in range(len(layers)) for target in shapes} if runtime else {
+        where for adapter in loaded.values() for where in adapter.weights}
+    for layer, target in sorted(wanted):
+        module_name, proj = TARGET_MODULES[target]
+        parent = getattr(layers[layer], module_name)
+        key = (layer, module_name, proj)
+        if key not in lora.wrapped:
+            lora.wrapped[key] = LoraLinear(getattr(parent, proj), _shards(getattr(parent, proj), target),
+                                           lora.num_slots, width, lora.plan)
+            setattr(parent, proj, lora.wrapped[key])
+    for name, adapter in loaded.items():
+        lora.install(name, adapter, set())
     return lora
-
 
 def _shards(linear: nn.Module, target: str) -> dict[str, tuple[int, int]]:
     offsets = getattr(linear, "shard_offsets", None)  # a FusedLinear, or the serving form of a quantized one
