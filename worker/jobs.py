@@ -14,6 +14,7 @@ from typing import Any
 from engine.errors import EngineError
 from worker.anthropic.errors import COUNT_TOKENS, MESSAGES, anthropic_error
 from worker.anthropic.messages import complete_message, count_message_tokens, prepare_message, stream_message
+from worker.lora_routes import LOAD, UNLOAD, load_lora_adapter, unload_lora_adapter
 from worker.native import run_native
 from worker.openai.chat import complete_chat, prepare_chat, stream_chat
 from worker.openai.completions import complete, prepare_completion, stream_completion
@@ -42,6 +43,8 @@ CLIENT_PARAM_NAMES = {
 }
 # Routes that stream named events (an SSE `event:` line per event, no [DONE] at the end).
 EVENT_STREAMS = (RESPONSES, MESSAGES)
+# vLLM's routes that load and unload LoRA adapters while serving (each answers one line of text).
+ADAPTER_ROUTES = {LOAD: load_lora_adapter, UNLOAD: unload_lora_adapter}
 # Routes that generate: how each prepares a request (on a thread), answers it whole, and streams it.
 GENERATIONS: dict[str, tuple[Callable[[Any, Runtime], Any], Callable[[Any], Awaitable[Any]],
                              Callable[[Any], AsyncIterator[Any]]]] = {
@@ -127,6 +130,8 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
         yield list_models(runtime)
     elif route.startswith(MODELS + "/"):
         yield retrieve_model(runtime, route[len(MODELS) + 1:])
+    elif route in ADAPTER_ROUTES:
+        yield await ADAPTER_ROUTES[route](body, runtime)
     elif route == COUNT_TOKENS:
         yield await asyncio.to_thread(count_message_tokens, body, runtime)
     elif route == COMPACT:

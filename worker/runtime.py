@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.concurrency import ConcurrencyGauge
+from worker.lora_sources import startup_adapters
 from worker.model_cache import locate_model
 from worker.openai.harmony.encoding import harmony_encoding
 from worker.openai.reasoning import pick_reasoning
@@ -42,10 +43,10 @@ class Runtime:
     def served_model_name(self) -> str:
         return self.model_names[0]
 
-    @cached_property
+    @property
     def adapters(self) -> list[str]:
-        """The names of the LoRA adapters the engine serves."""
-        return list(self.engine.describe().get("adapters", []))
+        """The names of the LoRA adapters the engine serves now (loaded at start-up or since)."""
+        return self.engine.adapters
 
     @cached_property
     def concurrency(self) -> ConcurrencyGauge:
@@ -121,7 +122,8 @@ def start(settings: Settings) -> Runtime:
         enforce_eager=settings.enforce_eager,
         seed=settings.seed,
         cpu_threads=settings.omp_num_threads,
-        lora=LoraConfig(baked_adapters(settings), settings.max_loras, settings.max_lora_rank),
+        lora=LoraConfig(startup_adapters(settings, baked_adapters(settings)), settings.max_loras,
+                        settings.max_lora_rank, runtime=settings.enable_lora and settings.allow_runtime_lora_updating),
         speculative=speculative_config(settings),
     )
     try:

@@ -20,13 +20,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from worker.anthropic.errors import COUNT_TOKENS, MESSAGES
 from worker.http_guards import ApiKeyGuard, BodyLimit, error_response
 from worker.job_store import Handler, JobStore, is_error
-from worker.jobs import EVENT_STREAMS
+from worker.jobs import ADAPTER_ROUTES, EVENT_STREAMS
+from worker.lora_routes import LOAD, UNLOAD
 from worker.openai.errors import (
     BadRequest,
     MethodNotAllowed,
@@ -130,6 +131,14 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
     async def count_tokens(request: Request) -> Response:
         return await _openai_call(handler, COUNT_TOKENS, await _json_body(request), None)
 
+    @openai.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        return await _openai_call(handler, LOAD, await _json_body(request), None)
+
+    @openai.post("/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        return await _openai_call(handler, UNLOAD, await _json_body(request), None)
+
     @openai.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def unknown(rest: str, request: Request) -> Response:
         return error_response(RouteNotFound(f"Unknown route /v1/{rest}", param=None), path=request.url.path)
@@ -213,6 +222,9 @@ async def _openai_call(handler: Handler, route: str, body: Any, request: Request
     except BaseException:
         await outputs.aclose()
         raise
+    if isinstance(first, str) and route in ADAPTER_ROUTES:  # vLLM answers these with a line of text
+        await outputs.aclose()
+        return PlainTextResponse(first, headers=headers)
     if is_error(first) or not (isinstance(body, dict) and body.get("stream") is True):
         await outputs.aclose()
         return JSONResponse(first, status_code=status_of(first) or 200, headers=headers)

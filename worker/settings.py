@@ -107,6 +107,10 @@ class Settings(BaseModel):
     enable_lora: bool = Field(True, alias="ENABLE_LORA")
     max_loras: int = Field(8, alias="MAX_LORAS", ge=1)
     max_lora_rank: int = Field(16, alias="MAX_LORA_RANK", ge=1)
+    # At run time too: adapters not baked, read at start from a folder or a hub cache (worker/lora_adapters.py)
+    lora_modules: str = Field("", alias="LORA_MODULES")
+    # vLLM's switch for /v1/load_lora_adapter and /v1/unload_lora_adapter (off: those routes are 404s)
+    allow_runtime_lora_updating: bool = Field(False, alias="VLLM_ALLOW_RUNTIME_LORA_UPDATING")
 
     # RunPod job handling
     # An upper bound: below it the worker takes as many jobs as its KV cache holds (worker/concurrency.py).
@@ -218,6 +222,11 @@ def keep_hub_offline() -> None:
     """Set HF_HUB_OFFLINE for this process: a model served from a hub cache has its tokenizer loaded through
     transformers, which must never download."""
     os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def hub_is_offline() -> bool:
+    """Whether HF_HUB_OFFLINE is set now (by the user, or by keep_hub_offline for a model served from a cache)."""
+    return bool(os.environ.get("HF_HUB_OFFLINE"))
 
 
 def point_tiktoken_at(folder: str) -> None:

@@ -50,6 +50,13 @@ class ResponseNotFound(WorkerError):
     code = "response_not_found"
 
 
+class AdapterNotFound(WorkerError):
+    """A LoRA adapter that is neither loaded (unload) nor found where lora_path points (load) (404)."""
+
+    status = 404
+    code = "adapter_not_found"
+
+
 class RouteNotFound(WorkerError):
     """An openai_route (or URL) this worker does not serve (404)."""
 
@@ -133,7 +140,7 @@ def _body(message: str, type_: str, param: str | None, code: str | None, status:
     return body
 
 
-_STATUS_BY_CODE = {"model_not_found": 404, "unknown_url": 404, "response_not_found": 404,
+_STATUS_BY_CODE = {"model_not_found": 404, "adapter_not_found": 404, "unknown_url": 404, "response_not_found": 404,
                    "worker_shutting_down": 503, "response_store_unavailable": 503, "request_too_large": 413, "method_not_allowed": 405}
 _STATUS_BY_TYPE = {"authentication_error": 401, "server_error": 500,
                    # Anthropic's error types (the Messages API's errors, worker/anthropic/errors.py)
