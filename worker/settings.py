@@ -31,12 +31,12 @@ class SpeculativeSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    method: Literal["ngram", "draft_model"]
+    method: Literal["ngram", "draft_model", "eagle3"]
     num_speculative_tokens: int = Field(4, ge=1, le=16)
     # Neither set: 4 and 2; one set: the other takes its value, as in vLLM.
     prompt_lookup_max: int | None = Field(None, ge=1)
     prompt_lookup_min: int | None = Field(None, ge=1)
-    model: str | None = None  # draft_model: the draft's folder (relative: under BASE_PATH)
+    model: str | None = None  # draft_model / eagle3: the draft's or head's folder (relative: under BASE_PATH)
     # No speculation in a step with more decoding sequences than this (measured: bench/RESULTS.md).
     disable_by_batch_size: int = Field(4, ge=0)
 
@@ -52,8 +52,9 @@ class SpeculativeSettings(BaseModel):
         if self.lookup[0] > self.lookup[1]:
             raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) is above prompt_lookup_max "
                              f"({self.prompt_lookup_max})")
-        if self.method == "draft_model" and not self.model:
-            raise ValueError('method "draft_model" needs the draft model\'s folder as "model"')
+        if self.method in ("draft_model", "eagle3") and not self.model:
+            what = "draft model" if self.method == "draft_model" else "EAGLE-3 head"
+            raise ValueError(f'method "{self.method}" needs the {what}\'s folder as "model"')
         return self
 
 

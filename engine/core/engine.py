@@ -95,7 +95,9 @@ class LLMEngine:
         if self.device.type == "cuda":
             # NOTE: a step's adapter grouping is Python control flow that a replayed graph would freeze.
             graphless = (graphs_blocker(groups) or capture_blocker(self.model, self.device, self.spec.dtype)
-                         or ("LoRA adapters" if self.lora is not None else None))
+                         or ("LoRA adapters" if self.lora is not None else None)
+                         or ("an EAGLE-3 head" if config.speculative and config.speculative.method == "eagle3"
+                             else None))
             with timed(self.start_ms, "graphs"):
                 self.runner.graph_runner = prepare_cuda(
                     self.model, self.backends[0], self.pools[0].kv_caches, page_size=config.page_size,
@@ -112,7 +114,7 @@ class LLMEngine:
         self.speculator = build_speculator(config.speculative, Target(
             self.tokenizer, self.spec.vocab_size, self.spec.recurrent is not None, self.dtype, self.device,
             self.kv_dtype, self.backend_name, config.page_size, self.allocator.num_pages,
-            config.max_num_batched_tokens, self.max_model_len))
+            config.max_num_batched_tokens, self.max_model_len, self.model))
 
     @property
     def pool(self) -> PagePool:  # the first KV group's (a full-attention model's only one)
@@ -248,6 +250,7 @@ class LLMEngine:
         self.scheduler.commit(out)
         if self.speculator is not None:
             self.speculator.record(*accepted_counts(out, result))
+            self.speculator.observe(out, result)
         self.scheduler.postprocess(*self.processor.take_page_changes())
         for group in done:
             self._groups.pop(group.request_id, None)

@@ -74,7 +74,7 @@ class ModelRunner:
                 backend.plan(meta)
             hidden = self.model(input_ids, positions, metas[0], self.layer_caches, self.layer_backends)
         self.num_tokens_run += input_ids.numel()
-        result = StepResult()
+        result = StepResult(aux_hidden=getattr(self.model, "aux_hidden", None))
         for i, row, count in pool_at:
             result.pooled[i] = hidden[row : row + count]
         if prompt_at:

@@ -66,6 +66,8 @@ class StepResult:
     errors: dict[int, Exception] = field(default_factory=dict)  # sampling failed for that sequence alone
     # An embedding request's final hidden states of the chunk it ran (folded by the output processor).
     pooled: dict[int, torch.Tensor] = field(default_factory=dict)
+    # With an EAGLE-3 head: the target's captured hidden states of every row of the step, side by side.
+    aux_hidden: torch.Tensor | None = None
 
 
 def sampling_row(group: SequenceGroup, seq: Sequence) -> SamplingRow:

@@ -56,6 +56,8 @@ FAMILY_BASES = {
     "engine.model.models.moe_base": {"engine.model.models.llama"},
     "engine.model.models.qwen3_moe": {"engine.model.models.llama"},
     "engine.model.models.olmoe": {"engine.model.models.llama"},
+    # An EAGLE-3 head is a one-layer Llama decoder with a wider qkv.
+    "engine.model.models.eagle3": {"engine.model.models.llama"},
     # The hybrid decoders' full-attention layer and MLP are the Llama ones, their routing Qwen's MoE rule.
     "engine.model.models.qwen3_5": {"engine.model.models.llama", "engine.model.models.qwen3_moe"},
     # One Gemma decoder (gemma_args / gemma_layers / gemma_base) that each generation configures.

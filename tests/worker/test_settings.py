@@ -83,7 +83,7 @@ def test_speculative_config_is_json_as_vllms_and_a_bad_one_is_one_line() -> None
     draft = load_settings({"BASE_PATH": "/baked", "SPECULATIVE_CONFIG": '{"method": "draft_model", "model": "draft"}'})
     assert speculative_config(draft).model == "/baked/draft"
     bad = {
-        '{"method": "eagle"}': "method: Input should be 'ngram' or 'draft_model'",
+        '{"method": "eagle"}': "method: Input should be 'ngram', 'draft_model' or 'eagle3'",
         "ngram": "not JSON",
         '["ngram"]': "must be a JSON object",
         '{"method": "ngram", "num_speculative_tokens": 0}': "num_speculative_tokens: Input should be greater",

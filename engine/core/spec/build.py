@@ -12,7 +12,9 @@ from engine.errors import StartupError
 
 log = logging.getLogger(__name__)
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "eagle3")
+# The methods whose proposer is a model of its own, in SpeculativeConfig.model.
+MODEL_METHODS = {"draft_model": "the draft's folder", "eagle3": "the EAGLE-3 head's folder"}
 
 
 def check_config(config: SpeculativeConfig) -> None:
@@ -25,8 +27,9 @@ def check_config(config: SpeculativeConfig) -> None:
     if config.method == "ngram" and not 1 <= config.prompt_lookup_min <= config.prompt_lookup_max:
         raise StartupError("prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max",
                            param="speculative.prompt_lookup_min")
-    if config.method == "draft_model" and not config.model:
-        raise StartupError("the draft_model method needs the draft's folder as `model`", param="speculative.model")
+    if config.method in MODEL_METHODS and not config.model:
+        raise StartupError(f"the {config.method} method needs {MODEL_METHODS[config.method]} as `model`",
+                           param="speculative.model")
 
 
 def build_speculator(config: SpeculativeConfig | None, target: Target) -> Speculator | None:
@@ -40,6 +43,10 @@ def build_speculator(config: SpeculativeConfig | None, target: Target) -> Specul
         return None
     if config.method == "ngram":
         proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+    elif config.method == "eagle3":
+        from engine.core.spec.eagle3 import Eagle3Proposer
+
+        proposer = Eagle3Proposer(config, target)
     else:
         from engine.core.spec.draft import DraftModelProposer
 

@@ -26,6 +26,7 @@ class Target:
     num_pages: int  # the target's KV pool (its first group's), the draft pool's default size
     max_num_batched_tokens: int
     max_model_len: int
+    model: Any = None  # the target model itself (an EAGLE-3 head reads its hidden states)
 
 
 class Proposer(Protocol):

@@ -17,6 +17,7 @@ from engine.config import SpeculativeConfig
 if TYPE_CHECKING:
     from engine.core.sequence import Sequence, SequenceGroup
     from engine.core.spec.proposer import Proposer
+    from engine.core.step import SchedulerOutput, StepResult
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,12 @@ class Speculator:
             return {}
         proposals = self.proposer.propose(seqs, limits)
         return {s.seq_id: p for s, p in zip(seqs, proposals, strict=True) if p}
+
+    def observe(self, out: SchedulerOutput, result: StepResult) -> None:
+        """After a step's tokens are committed: a proposer that reads the target's hidden states reads them."""
+        observe = getattr(self.proposer, "observe", None)
+        if observe is not None:
+            observe(out, result)
 
     def settle(self, running: list[SequenceGroup]) -> None:
         """After a step: the proposer forgets the sequences that finished, left or were preempted."""

@@ -167,6 +167,9 @@ class LlamaForCausalLM(DecoderLM):
     def __init__(self, args: LlamaArgs) -> None:
         super().__init__(args, LlamaModel(args))
         self.rotary: RotaryEmbedding | None = None
+        # Set by an EAGLE-3 proposer: the layers whose input each forward keeps, side by side, in aux_hidden.
+        self.aux_layers: tuple[int, ...] = ()
+        self.aux_hidden: torch.Tensor | None = None
 
     def init_rotary(
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
@@ -201,7 +204,12 @@ class LlamaForCausalLM(DecoderLM):
         h = self.model.embed_tokens(input_ids)
         residual = None
         backends = self.layer_backends(backend, len(kv_caches))
-        for layer, (k_cache, v_cache), b in zip(self.model.layers, kv_caches, backends, strict=True):
+        captured = []
+        for i, (layer, (k_cache, v_cache), b) in enumerate(zip(self.model.layers, kv_caches, backends, strict=True)):
+            if i in self.aux_layers:  # an EAGLE-3 head reads the residual stream entering these layers
+                captured.append(h if residual is None else h + residual)
             h, residual = layer(h, residual, positions, cos, sin, k_cache, v_cache, b)
+        if captured:
+            self.aux_hidden = torch.cat([captured[self.aux_layers.index(i)] for i in self.aux_layers], dim=-1)
         h, _ = self.model.norm.add_forward(h, residual)
         return h
