@@ -47,3 +47,26 @@ def test_speculative_worker_answers_as_the_plain_one(spec_worker, worker, model_
         engine = http.get("/v2/test-endpoint/health").json()["engine"]
     assert engine["spec_accepted_tokens"] > 0 and 0 < engine["spec_acceptance_rate"] <= 1
     assert engine["speculative"]["method"] == "ngram"
+
+
+@pytest.fixture(scope="module")
+def eagle_worker(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorker]:
+    from tests.engine.core.eagle3_heads import write_head
+
+    root = tmp_path_factory.mktemp("eagle3")
+    write_head(root / "head", json.loads((baked_model_path / "config.json").read_text()))
+    config = {"method": "eagle3", "model": str(root / "head"), "num_speculative_tokens": 3}
+    w = start_worker(baked_model_path, root / "worker.log", SPECULATIVE_CONFIG=json.dumps(config))
+    yield w
+    stop_worker(w)
+
+
+def test_an_eagle3_worker_answers_as_the_plain_one(eagle_worker, worker, model_name) -> None:
+    assert "speculative=eagle3(k=3" in eagle_worker.log.read_text()
+    spec, plain = eagle_worker.client(), worker.client()
+    want = _chat(plain, model_name, stream=False)
+    assert _chat(spec, model_name, stream=False) == want
+    assert _chat(spec, model_name, stream=True) == want
+    with eagle_worker.http() as http:
+        engine = http.get("/v2/test-endpoint/health").json()["engine"]
+    assert engine["spec_verify_steps"] > 0 and engine["speculative"]["method"] == "eagle3"
