@@ -61,6 +61,9 @@ ARG MODEL_REVISION=""
 # too with `python -m builder`), each checked against it: a JSON list of {"name", "path", "base_model_name"?}
 # (vLLM's form) or name=path pairs, e.g. 'sql=org/smollm2-sql-lora'. Requests pick one with `model: "<name>"`.
 ARG LORA_MODULES=""
+# SPECULATIVE_CONFIG: vLLM's speculative_config JSON; a draft_model or eagle3 `model` given as a hub repo id is
+# baked into BASE_PATH/speculative and checked against the model. Set the same value on the endpoint to use it.
+ARG SPECULATIVE_CONFIG=""
 # BASE_PATH: the model is baked into BASE_PATH/model, and the worker reads it from there.
 ARG BASE_PATH=/models
 # The hub download cache is a cache mount, so rebuilding after a code change does not download again.

@@ -1,5 +1,6 @@
 """`python -m builder`: bake MODEL_NAME (hub id, folder, .gguf, or the bundled default) into BASE_PATH/model,
-with the LoRA adapters LORA_MODULES names beside it."""
+with the LoRA adapters LORA_MODULES names beside it, and the draft model or EAGLE-3 head SPECULATIVE_CONFIG names
+on the hub into BASE_PATH/speculative."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from builder.adapters import parse_lora_modules
 from builder.bake import bake, is_current_bake, source_change, update_adapters
 from builder.errors import BakeError
+from builder.speculative import bake_speculative, speculative_repo
 from builder.sources import resolve
 
 
@@ -24,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--served-name", default=None, help="name the worker serves (default: the source's)")
     parser.add_argument("--lora-modules", default=os.environ.get("LORA_MODULES", ""),
                         help='LoRA adapters: a JSON list of {"name", "path", "base_model_name"?}, or name=path pairs')
+    parser.add_argument("--speculative-config", default=os.environ.get("SPECULATIVE_CONFIG", ""),
+                        help='vLLM\'s speculative_config JSON: a draft_model or eagle3 `model` on the hub is baked '
+                             'into BASE_PATH/speculative')
     parser.add_argument("--if-missing", action="store_true",
                         help="keep the model OUT already holds when it is a bake of --model (and --revision) in "
                              "this builder's format (bake only adapters it lacks from --lora-modules); else re-bake")
@@ -36,20 +41,29 @@ def main(argv: list[str] | None = None) -> int:
 
     token = os.environ.get("HF_TOKEN")
     try:
-        adapters = parse_lora_modules(args.lora_modules)
-        source = resolve(args.model, args.revision)
-        if args.if_missing and is_current_bake(args.out):
-            change = source_change(args.out, source)
-            if change is None:
-                updated = update_adapters(args.out, adapters, token) if adapters else None
-                print(f"model already baked in {args.out}" + (
-                    f"; adapters now {', '.join(a['name'] for a in updated['adapters'])}" if updated else ""))
-                return 0
-            print(f"re-baking {args.out}: {change}")
-        manifest = bake(source, args.out, token=token, served_name=args.served_name, adapters=adapters)
+        status = bake_model(args, token)
+        speculative = speculative_repo(args.speculative_config)
+        if status == 0 and speculative is not None:
+            print(bake_speculative(*speculative, args.out.parent, args.out, token, if_missing=args.if_missing))
     except BakeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    return status
+
+
+def bake_model(args: argparse.Namespace, token: str | None) -> int:
+    """The model and its adapters (kept when --if-missing finds them baked); BakeError in one line."""
+    adapters = parse_lora_modules(args.lora_modules)
+    source = resolve(args.model, args.revision)
+    if args.if_missing and is_current_bake(args.out):
+        change = source_change(args.out, source)
+        if change is None:
+            updated = update_adapters(args.out, adapters, token) if adapters else None
+            print(f"model already baked in {args.out}" + (
+                f"; adapters now {', '.join(a['name'] for a in updated['adapters'])}" if updated else ""))
+            return 0
+        print(f"re-baking {args.out}: {change}")
+    manifest = bake(source, args.out, token=token, served_name=args.served_name, adapters=adapters)
     names = "".join(f" + adapter {a['name']} (rank {a['rank']})" for a in manifest["adapters"])
     print(f"baked {manifest['served_model_name']} ({manifest['architecture']}, {manifest['dtype']}){names} "
           f"into {args.out}")

@@ -10,7 +10,6 @@ import re
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from worker.concurrency import ConcurrencyGauge
@@ -24,6 +23,7 @@ from worker.openai.responses.store import ResponseStore
 from worker.openai.tools.registry import model_type, pick_format, template_text
 from worker.settings import Settings, accepted_model_names, baked_adapters
 from worker.shutdown import Drain
+from worker.speculative_source import locate_speculative
 
 log = logging.getLogger("worker")
 
@@ -141,16 +141,14 @@ def start(settings: Settings) -> Runtime:
 
 
 def speculative_config(settings: Settings) -> Any:
-    """SPECULATIVE_CONFIG as the engine's SpeculativeConfig (None when unset); a relative draft folder is under
-    BASE_PATH."""
+    """SPECULATIVE_CONFIG as the engine's SpeculativeConfig (None when unset), its draft or head folder found by
+    worker/speculative_source.py."""
     from engine.config import SpeculativeConfig
 
     spec = settings.speculative
     if spec is None:
         return None
-    model = spec.model
-    if model is not None and not Path(model).is_absolute():
-        model = str(Path(settings.base_path) / model)
+    model = None if spec.model is None else locate_speculative(spec.model, settings)
     return SpeculativeConfig(method=spec.method, num_speculative_tokens=spec.num_speculative_tokens,
                        prompt_lookup_min=spec.lookup[0], prompt_lookup_max=spec.lookup[1], model=model,
                        disable_by_batch_size=spec.disable_by_batch_size)

@@ -25,7 +25,7 @@ ENGINE_DOORS = {
     "worker": {"engine", "engine.config", "engine.errors", "engine.outputs", "engine.timing", "engine.sample.params",
                "engine.sample.structured.spec", "engine.sample.structured.rewrite", "engine.core.async_engine",
                "engine.text.detokenizer", "engine.text.o200k_file", "engine.model.folder_check"},
-    "builder": {"engine.config", "engine.errors", "engine.text.tokenizer", "engine.model.adapters", "engine.model.models", "engine.model.memory_plan",
+    "builder": {"engine.config", "engine.errors", "engine.text.tokenizer", "engine.model.adapters", "engine.model.models", "engine.model.models.eagle3", "engine.model.memory_plan",
                 "engine.model.loader", "engine.text.o200k_file", "engine.model.folder_check"},
 }
 # Package -> the packages it may import (besides itself). A package not named here is a bug of this table.

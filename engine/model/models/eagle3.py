@@ -88,10 +88,10 @@ class Eagle3Head(LlamaForCausalLM):
         return logits
 
 
-def load_eagle3_head(folder: str, target: nn.Module, dtype: torch.dtype, device: torch.device
-                     ) -> tuple[Eagle3Head, tuple[int, ...]]:
-    """The head in `folder`, checked against the target model, and the target layers it reads; StartupError in
-    one line when it does not fit."""
+def check_eagle3_head(folder: str, hidden_size: int, vocab_size: int, num_layers: int
+                      ) -> tuple[dict, tuple[int, ...]]:
+    """The head's config and the target layers it reads, from its config and its files' headers, when it fits a
+    target of this shape; StartupError in one line when it does not (the bake and the start-up both ask)."""
     where = f"the EAGLE-3 head at {folder}"
     try:
         config = json.loads((Path(folder) / "config.json").read_text())
@@ -101,22 +101,36 @@ def load_eagle3_head(folder: str, target: nn.Module, dtype: torch.dtype, device:
     if arch not in ARCHITECTURES:
         raise StartupError(f"{where} is a {arch}, not an EAGLE-3 head ({' or '.join(ARCHITECTURES)})",
                            param="speculative.model")
+    shapes = _tensor_shapes(Path(folder), where)
+    fc = shapes.get("fc.weight")
+    target_hidden = config.get("target_hidden_size") or (fc[1] // 3 if fc is not None else config.get("hidden_size"))
+    if target_hidden != hidden_size:
+        raise StartupError(f"{where} reads hidden states of size {target_hidden}; the model's are {hidden_size}",
+                           param="speculative.model")
+    if config.get("vocab_size") != vocab_size:
+        raise StartupError(f"{where} is for a vocabulary of {config.get('vocab_size')} tokens; the model has "
+                           f"{vocab_size}", param="speculative.model")
+    return config, aux_layers(config, num_layers)
+
+
+def load_eagle3_head(folder: str, target: nn.Module, dtype: torch.dtype, device: torch.device
+                     ) -> tuple[Eagle3Head, tuple[int, ...]]:
+    """The head in `folder`, checked against the target model, and the target layers it reads; StartupError in
+    one line when it does not fit."""
+    where = f"the EAGLE-3 head at {folder}"
+    t_args = target.args
+    config, layers = check_eagle3_head(folder, t_args.hidden_size, t_args.vocab_size, t_args.num_layers)
     tensors = _read_tensors(Path(folder), where)
     args = LlamaArgs.from_config({**config, "num_hidden_layers": 1}, {"model.layers.0." + n.removeprefix("midlayer.")
                                                                       for n in tensors})
-    t_args = target.args
-    fc = tensors.get("fc.weight")
-    target_hidden = config.get("target_hidden_size") or (fc.shape[1] // 3 if fc is not None else args.hidden_size)
-    if target_hidden != t_args.hidden_size:
-        raise StartupError(f"{where} reads hidden states of size {target_hidden}; the model's are {t_args.hidden_size}",
-                           param="speculative.model")
-    if config["vocab_size"] != t_args.vocab_size:
-        raise StartupError(f"{where} is for a vocabulary of {config['vocab_size']} tokens; the model has "
-                           f"{t_args.vocab_size}", param="speculative.model")
+    target_hidden = t_args.hidden_size
     draft_vocab = config.get("draft_vocab_size") or config["vocab_size"]
     with torch.device("meta"):  # no throw-away vocabulary-sized tensors
         head = Eagle3Head(args, target_hidden, draft_vocab, t_args.vocab_size)
     shared = "embed_tokens.weight" not in tensors  # the published heads share the target's embedding
+    if shared and args.hidden_size != target_hidden:
+        raise StartupError(f"{where} has no embedding of its own and a hidden size of {args.hidden_size}: it cannot "
+                           f"share the model's ({target_hidden} wide)", param="speculative.model")
     if shared:
         head.model.embed_tokens = nn.Identity()
     head = head.to_empty(device=device).to(dtype)
@@ -125,15 +139,27 @@ def load_eagle3_head(folder: str, target: nn.Module, dtype: torch.dtype, device:
         head.model.embed_tokens = target.model.embed_tokens
     head.init_rotary(args.max_position_embeddings, dtype, device)
     head.eval().requires_grad_(False)
-    return head, aux_layers(config, t_args.num_layers)
+    return head, layers
 
 
-def _read_tensors(folder: Path, where: str) -> dict[str, torch.Tensor]:
+def _tensor_shapes(folder: Path, where: str) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for file in _weight_files(folder, where):
+        with safe_open(str(file), framework="pt") as f:
+            shapes.update({name.removeprefix("model."): tuple(f.get_slice(name).get_shape()) for name in f.keys()})
+    return shapes
+
+
+def _weight_files(folder: Path, where: str) -> list[Path]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise StartupError(f"{where} has no .safetensors weights", param="speculative.model")
+    return files
+
+
+def _read_tensors(folder: Path, where: str) -> dict[str, torch.Tensor]:
     tensors = {}
-    for file in files:
+    for file in _weight_files(folder, where):
         with safe_open(str(file), framework="pt") as f:
             tensors.update({name.removeprefix("model."): f.get_tensor(name) for name in f.keys()})
     return tensors
