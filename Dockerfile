@@ -61,6 +61,10 @@ ARG MODEL_REVISION=""
 # too with `python -m builder`), each checked against it: a JSON list of {"name", "path", "base_model_name"?}
 # (vLLM's form) or name=path pairs, e.g. 'sql=org/smollm2-sql-lora'. Requests pick one with `model: "<name>"`.
 ARG LORA_MODULES=""
+# HF_OVERRIDES: a JSON object of config.json keys the bake sets on the model (vLLM's --hf-overrides), e.g. to serve
+# Qwen3-Reranker as a reranker: '{"architectures": ["Qwen3ForSequenceClassification"],
+# "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}'.
+ARG HF_OVERRIDES=""
 # BASE_PATH: the model is baked into BASE_PATH/model, and the worker reads it from there.
 ARG BASE_PATH=/models
 # The hub download cache is a cache mount, so rebuilding after a code change does not download again.

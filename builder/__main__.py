@@ -4,6 +4,7 @@ with the LoRA adapters LORA_MODULES names beside it."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 from builder.adapters import parse_lora_modules
 from builder.bake import bake, is_current_bake, source_change, update_adapters
 from builder.errors import BakeError
+from builder.overrides import parse_hf_overrides
 from builder.sources import resolve
 
 
@@ -24,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--served-name", default=None, help="name the worker serves (default: the source's)")
     parser.add_argument("--lora-modules", default=os.environ.get("LORA_MODULES", ""),
                         help='LoRA adapters: a JSON list of {"name", "path", "base_model_name"?}, or name=path pairs')
+    parser.add_argument("--hf-overrides", default=os.environ.get("HF_OVERRIDES", ""),
+                        help="a JSON object of config.json keys to set on the baked model (vLLM's --hf-overrides)")
     parser.add_argument("--if-missing", action="store_true",
                         help="keep the model OUT already holds when it is a bake of --model (and --revision) in "
                              "this builder's format (bake only adapters it lacks from --lora-modules); else re-bake")
@@ -37,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     token = os.environ.get("HF_TOKEN")
     try:
         adapters = parse_lora_modules(args.lora_modules)
-        source = resolve(args.model, args.revision)
+        source = dataclasses.replace(resolve(args.model, args.revision),
+                                     hf_overrides=parse_hf_overrides(args.hf_overrides))
         if args.if_missing and is_current_bake(args.out):
             change = source_change(args.out, source)
             if change is None:
