@@ -106,3 +106,32 @@ def test_the_stream_names_the_stop_sequence(claude, model_name) -> None:
     delta = next(e for e in events if e.type == "message_delta")
     assert delta.delta.stop_reason == "stop_sequence" and delta.delta.stop_sequence == word
     assert final.stop_sequence == word and word not in final.content[0].text
+
+
+def test_a_stream_cut_by_shutdown_ends_with_a_schema_error_event(baked_model_path, tmp_path, model_name) -> None:
+    """SIGTERM with no grace mid-stream: the Messages stream's last event is Anthropic's `error` event."""
+    import signal
+
+    import httpx
+    from anthropic_schema import check_stream, sse_events
+    from local_worker import start_worker, stop_worker
+
+    worker = start_worker(baked_model_path, tmp_path / "worker.log", SHUTDOWN_GRACE_SECONDS="0")
+    body = {"model": model_name, "max_tokens": 1500, "temperature": 0, "ignore_eos": True, "stream": True,
+            "messages": [{"role": "user", "content": "Tell me a long story."}]}
+    text, signalled = "", False
+    try:
+        with httpx.Client(base_url=worker.base, timeout=None) as http, \
+                http.stream("POST", f"{ENDPOINT}/openai/v1/messages", json=body) as reply:
+            assert reply.status_code == 200
+            for chunk in reply.iter_text():
+                text += chunk
+                if not signalled and "content_block_delta" in text:
+                    worker.process.send_signal(signal.SIGTERM)  # once the answer is being written
+                    signalled = True
+    finally:
+        stop_worker(worker)
+    events = sse_events(text)
+    check_stream(events)
+    assert events[-1]["type"] == "error" and events[-1]["error"]["type"] == "overloaded_error"
+    assert any(e["type"] == "content_block_delta" for e in events)
