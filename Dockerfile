@@ -64,6 +64,10 @@ ARG LORA_MODULES=""
 # SPECULATIVE_CONFIG: vLLM's speculative_config JSON; a draft_model or eagle3 `model` given as a hub repo id is
 # baked into BASE_PATH/speculative and checked against the model. Set the same value on the endpoint to use it.
 ARG SPECULATIVE_CONFIG=""
+# HF_OVERRIDES: a JSON object of config.json keys the bake sets on the model (vLLM's --hf-overrides), e.g. to serve
+# Qwen3-Reranker as a reranker: '{"architectures": ["Qwen3ForSequenceClassification"],
+# "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}'.
+ARG HF_OVERRIDES=""
 # BASE_PATH: the model is baked into BASE_PATH/model, and the worker reads it from there.
 ARG BASE_PATH=/models
 # The hub download cache is a cache mount, so rebuilding after a code change does not download again.

@@ -5,6 +5,7 @@ on the hub into BASE_PATH/speculative."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 from builder.adapters import parse_lora_modules
 from builder.bake import bake, is_current_bake, source_change, update_adapters
 from builder.errors import BakeError
+from builder.overrides import parse_hf_overrides
 from builder.speculative import bake_speculative, speculative_repo
 from builder.sources import resolve
 
@@ -29,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speculative-config", default=os.environ.get("SPECULATIVE_CONFIG", ""),
                         help='vLLM\'s speculative_config JSON: a draft_model or eagle3 `model` on the hub is baked '
                              'into BASE_PATH/speculative')
+    parser.add_argument("--hf-overrides", default=os.environ.get("HF_OVERRIDES", ""),
+                        help="a JSON object of config.json keys to set on the baked model (vLLM's --hf-overrides)")
     parser.add_argument("--if-missing", action="store_true",
                         help="keep the model OUT already holds when it is a bake of --model (and --revision) in "
                              "this builder's format (bake only adapters it lacks from --lora-modules); else re-bake")
@@ -54,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 def bake_model(args: argparse.Namespace, token: str | None) -> int:
     """The model and its adapters (kept when --if-missing finds them baked); BakeError in one line."""
     adapters = parse_lora_modules(args.lora_modules)
-    source = resolve(args.model, args.revision)
+    source = dataclasses.replace(resolve(args.model, args.revision),
+                                 hf_overrides=parse_hf_overrides(args.hf_overrides))
     if args.if_missing and is_current_bake(args.out):
         change = source_change(args.out, source)
         if change is None:

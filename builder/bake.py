@@ -14,6 +14,7 @@ from builder.adapters import ADAPTERS_DIR, AdapterSpec, adapter_identity, bake_a
 from builder.digest import sha256
 from builder.errors import BakeError
 from builder.harmony_vocab import write_harmony_vocab
+from builder.overrides import apply_hf_overrides
 from builder.sources import Source, fetch, identity
 from engine.text.tokenizer import BAKE_MARK, saved_by_bake
 
@@ -30,6 +31,7 @@ def bake(source: Source, out: Path, token: str | None = None, served_name: str |
     try:
         fetched = fetch(source, staging, token)
         sums = check_sums(staging, fetched.digests)
+        apply_hf_overrides(staging, source.hf_overrides)
         _convert_bin_weights(staging)
         architecture = check_folder(staging)
         saved_by = _save_tokenizer(staging)
@@ -59,6 +61,9 @@ def source_change(out: Path, source: Source) -> str | None:
     if baked == wanted:
         return None
     held = f"{baked.get('ref', '?')} ({baked.get('kind', '?')})"
+    if baked.get("hf_overrides", {}) != wanted.get("hf_overrides", {}):
+        return (f"it was baked with HF_OVERRIDES {json.dumps(baked.get('hf_overrides', {}))}, not "
+                f"{json.dumps(wanted.get('hf_overrides', {}))}")
     if (baked.get("kind"), baked.get("ref")) != (wanted["kind"], wanted["ref"]):
         return f"it holds {held}, not {wanted['ref']} ({wanted['kind']})"
     if "fingerprint" in wanted:

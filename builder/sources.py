@@ -45,6 +45,7 @@ class Source:
     ref: str  # repo id, folder or file path, or the default's package/file
     revision: str | None = None
     served_name: str = ""
+    hf_overrides: dict = field(default_factory=dict)  # config.json keys the bake sets (builder/overrides.py)
 
 
 @dataclass
@@ -73,12 +74,13 @@ def resolve(model: str | None, revision: str | None) -> Source:
 def identity(source: Source) -> dict:
     """What the manifest records of the source, and what `--if-missing` compares: hub ids and the default by
     name (with the revision asked for), local folders and GGUF files by name and fingerprint."""
+    overrides = {"hf_overrides": source.hf_overrides} if source.hf_overrides else {}
     if source.kind in ("hub", "default"):
         asked = {"revision": source.revision} if source.revision else {}
-        return {"kind": source.kind, "ref": source.ref, **asked}
+        return {"kind": source.kind, "ref": source.ref, **asked, **overrides}
     path = Path(source.ref)
     files = local_files(path) if source.kind == "local" else [path]
-    return {"kind": source.kind, "ref": path.name, "fingerprint": fingerprint(path, files)}
+    return {"kind": source.kind, "ref": path.name, "fingerprint": fingerprint(path, files), **overrides}
 
 
 def local_files(folder: Path) -> list[Path]:

@@ -74,6 +74,11 @@ def fitness_checks(runtime: Runtime) -> list[Callable]:
 
     async def one_token_forward_pass() -> None:
         prompt = runtime.tokenizer.encode("Hi") or [0]
+        if runtime.engine.classifier is not None:  # a cross-encoder scores instead of generating
+            scored = await runtime.engine.score(prompt, FITNESS_REQUEST_ID)
+            if len(scored.embedding) != runtime.engine.classifier.num_labels:
+                raise RuntimeError("the engine's forward pass gave no score")
+            return
         params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         outputs = [o async for o in runtime.engine.generate(prompt, params, FITNESS_REQUEST_ID)]
         if sum(len(o.outputs[0].token_ids) for o in outputs if o.outputs) != 1:

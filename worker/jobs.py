@@ -24,6 +24,8 @@ from worker.openai.models import list_models, retrieve_model
 from worker.openai.responses.compact import complete_compaction, prepare_compaction
 from worker.openai.responses.resources import stored_response
 from worker.openai.responses.route import complete_response, prepare_response, stream_response
+from worker.openai.scoring import (RERANK, RERANK_V2, SCORE, create_rerank, create_score, prepare_rerank,
+                                   prepare_score, refuse_generation)
 from worker.openai.streaming import BatchSize, openai_stream
 from worker.runtime import Runtime
 from worker.unicode_check import check_unicode
@@ -40,6 +42,17 @@ CLIENT_PARAM_NAMES = {
     RESPONSES: {"prompt": "input", "max_tokens": "max_output_tokens"},
     MESSAGES: {"prompt": "messages"},
     EMBEDDINGS: {"prompt": "input"},
+    SCORE: {"prompt": "text_2"},
+    RERANK: {"prompt": "documents"},
+    RERANK_V2: {"prompt": "documents"},
+}
+# Routes that score with a cross-encoder: how each prepares a request (on a thread) and answers it.
+SCORING: dict[str, tuple[Callable[[Any, Runtime], Any], Callable[[Any], Awaitable[Any]]]] = {
+    SCORE: (prepare_score, create_score),
+    RERANK: (prepare_rerank, create_rerank),
+    RERANK_V2: (prepare_rerank, create_rerank),
+    "/score": (prepare_score, create_score),  # vLLM serves these without the version too
+    "/rerank": (prepare_rerank, create_rerank),
 }
 # Routes that stream named events (an SSE `event:` line per event, no [DONE] at the end).
 EVENT_STREAMS = (RESPONSES, MESSAGES)
@@ -69,6 +82,8 @@ async def run_job(job: Any, runtime: Runtime) -> AsyncIterator[Any]:
         if isinstance(body, dict):  # an OpenAI request's fields are named as the client wrote them
             check_unicode(body)
         check_unicode({k: v for k, v in job_input.items() if not (isinstance(body, dict) and k == "openai_input")})
+        if not openai:
+            refuse_generation(runtime, "native generation jobs")
         source = _openai(job_input, runtime) if openai else run_native(job_input, runtime)
         first = await source.__anext__()
     except StopAsyncIteration:
@@ -126,6 +141,8 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
     route = normalize_route(job_input.get("openai_route"))
     body = job_input.get("openai_input")
     body = {} if body is None else body
+    if route in GENERATIONS or route in (COMPACT, EMBEDDINGS, COUNT_TOKENS):
+        refuse_generation(runtime, route)
     if route == MODELS:
         yield list_models(runtime)
     elif route.startswith(MODELS + "/"):
@@ -138,6 +155,11 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
         call = await asyncio.to_thread(prepare_compaction, body, runtime)
         with _client_names(RESPONSES):
             yield await complete_compaction(call)
+    elif route in SCORING:
+        prepare, run = SCORING[route]
+        call = await asyncio.to_thread(prepare, body, runtime)
+        with _client_names(route):
+            yield await run(call)
     elif route == EMBEDDINGS:
         call = await asyncio.to_thread(prepare_embeddings, body, runtime)
         with _client_names(EMBEDDINGS):
@@ -168,7 +190,8 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
                 yield group
     else:
         raise RouteNotFound(f"Unknown openai_route {route!r}: this worker serves {CHAT}, {COMPLETIONS}, "
-                            f"{RESPONSES}, {COMPACT}, {MESSAGES}, {COUNT_TOKENS}, {EMBEDDINGS} and {MODELS}",
+                            f"{RESPONSES}, {COMPACT}, {MESSAGES}, {COUNT_TOKENS}, {EMBEDDINGS}, {SCORE}, {RERANK}, "
+                            f"{RERANK_V2} and {MODELS}",
                             param="openai_route")
 
 

@@ -102,6 +102,14 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
     async def embeddings(request: Request) -> Response:
         return await _openai_call(generate, "/v1/embeddings", await _json_body(request), request)
 
+    @openai.post("/score")
+    async def score(request: Request) -> Response:
+        return await _openai_call(generate, "/v1/score", await _json_body(request), request)
+
+    @openai.post("/rerank")
+    async def rerank(request: Request) -> Response:
+        return await _openai_call(generate, "/v1/rerank", await _json_body(request), request)
+
     @openai.post("/responses")
     async def responses(request: Request) -> Response:
         return await _openai_call(generate, "/v1/responses", await _json_body(request), request)
@@ -143,6 +151,12 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
     async def unknown(rest: str, request: Request) -> Response:
         return error_response(RouteNotFound(f"Unknown route /v1/{rest}", param=None), path=request.url.path)
 
+    openai_v2 = APIRouter()  # vLLM serves Cohere's rerank under /v2 too
+
+    @openai_v2.post("/rerank")
+    async def rerank_v2(request: Request) -> Response:
+        return await _openai_call(generate, "/v2/rerank", await _json_body(request), request)
+
     jobs = APIRouter()
 
     @jobs.post("/run")
@@ -181,6 +195,7 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
 
     for prefix in OPENAI_PREFIXES:
         app.include_router(openai, prefix=prefix)
+        app.include_router(openai_v2, prefix=prefix.removesuffix("/v1") + "/v2")
     for prefix in JOB_PREFIXES:
         app.include_router(jobs, prefix=prefix)
     return app

@@ -1,4 +1,5 @@
-"""Embedding requests: prompt-only work whose result is the model's final hidden states, pooled.
+"""Embedding and score requests: prompt-only work whose result is the model's final hidden states, pooled (and, for
+a cross-encoder's score, read by its head: engine/model/classifier.py).
 
 A PoolingParams request runs through the same scheduler and batches as generation, is never sampled, and gives
 its pages back as soon as its prompt has run (full pages stay in the prefix cache for others). Its hidden rows
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.model.classifier import activate
 from engine.model.pooling import PoolingConfig
 
 
@@ -21,6 +23,8 @@ class PoolingParams:
     config: PoolingConfig
     dimensions: int | None = None
     truncate_prompt_tokens: int | None = None  # keep the prompt's last this many tokens
+    head: torch.Tensor | None = None  # a cross-encoder's score head [num_labels, hidden]: a score, not an embedding
+    activation: bool = True  # a score's labels through the classifier's activation (False: the raw logits)
     # A group reads these of any request's parameters: an embedding is one sequence, no logprobs, no adapter.
     n: int = 1
     num_sequences: int = 1
@@ -47,7 +51,11 @@ def fold(acc: torch.Tensor | None, rows: torch.Tensor, start: int, end: int, tot
 
 
 def finish(acc: torch.Tensor, params: PoolingParams, total: int) -> list[float]:
-    """The embedding: the mean taken, shortened to `dimensions`, then normalised when the model normalises."""
+    """The embedding: the mean taken, shortened to `dimensions`, then normalised when the model normalises; or a
+    cross-encoder's label scores, its head applied to the last token's hidden state."""
+    if params.head is not None:
+        logits = params.head.to(acc.device) @ acc.float()
+        return (activate(logits) if params.activation else logits).tolist()
     vector = acc / total if params.config.method == "mean" else acc
     if params.dimensions is not None:
         vector = vector[: params.dimensions]

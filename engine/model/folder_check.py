@@ -13,6 +13,7 @@ def check_model_folder(folder: Path) -> str:
     """Raise UnsupportedModel (one line) unless the folder holds config.json, safetensors weights, a tokenizer and
     tokenizer_config.json, and a checkpoint the engine runs (architecture, tensor shapes, quantization). Returns the
     architecture."""
+    from engine.model.classifier import refuse_encoder
     from engine.model.loader import check_checkpoint
     from engine.model.models import ARCHITECTURES
 
@@ -20,6 +21,8 @@ def check_model_folder(folder: Path) -> str:
     if not config_path.is_file():
         raise UnsupportedModel("the model has no config.json", param="model")
     archs = json.loads(config_path.read_text()).get("architectures") or []
+    for arch in archs:
+        refuse_encoder(arch)
     supported = [a for a in archs if a in ARCHITECTURES]
     if not supported:
         raise UnsupportedModel(

@@ -14,6 +14,7 @@ import torch
 
 from engine.config import LoraConfig
 from engine.errors import UnsupportedModel
+from engine.model.classifier import Classifier, attach_score, check_tokens, head_weight, read_classifier
 from engine.model.checkpoint import load_weights, plan_copies, safetensors_files, tensor_shapes
 from engine.model.kv_scales import check_kv_cache_scheme, load_kv_scales
 from engine.model.kv_spec import KVGroupSpec
@@ -47,6 +48,9 @@ class ModelSpec:
     pooling: PoolingConfig  # how an embedding request pools the final hidden states
     # A hybrid model's recurrent layers and their per-sequence state shapes (None: every layer attends over pages)
     recurrent: RecurrentSpec | None = None
+    # A cross-encoder's classifier and its head ([num_labels, hidden], float32): the model scores, never generates
+    classifier: Classifier | None = None
+    score_head: torch.Tensor | None = None
 
 
 def load_model(
@@ -106,10 +110,19 @@ def load_model(
         eos_token_ids=_eos_token_ids(config, model_path),
         dtype=dtype,
         kv_groups=model.kv_groups(config),
-        pooling=read_pooling(model_path, config),
+        pooling=_pooling(model_path, config, model.classifier),
         recurrent=model.recurrent_spec() if hasattr(model, "recurrent_spec") else None,
+        classifier=model.classifier,
+        score_head=None if model.classifier is None else head_weight(model, model.classifier, model_path),
     )
     return model, spec
+
+
+def _pooling(model_path: str, config: dict, classifier: Classifier | None) -> PoolingConfig:
+    # A cross-encoder scores its last token's hidden state as it is (its head reads it unnormalised).
+    if classifier is not None:
+        return PoolingConfig(method="last", normalize=False, source="classifier")
+    return read_pooling(model_path, config)
 
 
 def check_checkpoint(model_path: str) -> str:
@@ -119,7 +132,8 @@ def check_checkpoint(model_path: str) -> str:
     config, _, shapes, model, _ = _build_on_meta(model_path)
     plan_copies(model, shapes, _tied(config, shapes))
     model.kv_groups(config)
-    read_pooling(model_path, config)
+    _pooling(model_path, config, model.classifier)
+    check_tokens(model.classifier, model_path)
     return config["architectures"][0]
 
 
@@ -141,8 +155,11 @@ def _build_on_meta(model_path: str) -> tuple[dict, list[str], dict[str, tuple[in
         args = cls.read_args(config, set(shapes))
     except KeyError as exc:
         raise UnsupportedModel(f"config.json lacks {exc.args[0]!r}", param="model") from None
+    classifier = read_classifier(config, shapes)
     with torch.device("meta"):
         model = cls(args)
+        attach_score(model, classifier, args.hidden_size)
+    model.classifier = classifier
     if fmt is not None:
         fmt.swap(model, shapes)
     return config, files, shapes, model, fmt

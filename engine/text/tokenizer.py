@@ -85,6 +85,10 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_pair(self, text: str, pair: str, add_special_tokens: bool = True) -> list[int]:
+        """Two texts as one sequence, joined by the tokenizer's pair template (transformers' `text_pair`)."""
+        return self.backend_tokenizer.encode(text, pair, add_special_tokens=add_special_tokens).ids
+
     def decode(self, token_ids: int | list[int], skip_special_tokens: bool = False,
                clean_up_tokenization_spaces: bool | None = None) -> str:
         ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)

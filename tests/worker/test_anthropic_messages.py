@@ -2,7 +2,8 @@
 against the local endpoint, and as RunPod jobs.
 
 Answers are compared with the chat route's answers to the same conversation (temperature 0), never with
-hard-coded text; the SDK's `messages.stream` helper checks the event order as it rebuilds the message.
+hard-coded text; the SDK's `messages.stream` helper checks the event order as it rebuilds the message. Every reply
+the SDK reads, and every body the raw requests get, is held to Anthropic's published schema (anthropic_schema.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import anthropic
 import jsonschema
 import pytest
+from anthropic_client import claude, create, held_to_the_schema, sdk, stream  # noqa: F401 (fixtures, used by name)
+from anthropic_schema import check, check_error, check_message, check_stream
 from family_templates import QWEN3
 from local_worker import ENDPOINT
 from openai_schema import parse_events
@@ -23,29 +26,6 @@ WEATHER = {"name": "get_weather", "description": "Current weather in a city",
                             "required": ["city"], "additionalProperties": False}}
 CHAT_WEATHER = {"type": "function", "function": {"name": WEATHER["name"], "description": WEATHER["description"],
                                                  "parameters": WEATHER["input_schema"]}}
-
-
-def sdk(worker, api_key: str | None = None) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=worker.url(f"{ENDPOINT}/openai"), api_key=api_key or worker.api_key,
-                               max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def claude(worker) -> anthropic.Anthropic:
-    return sdk(worker)
-
-
-def create(claude, model, **kw):
-    """messages.create at temperature 0 (this SDK has no temperature argument; the API takes the field)."""
-    kw.setdefault("max_tokens", 24)
-    kw.setdefault("messages", [{"role": "user", "content": Q}])
-    kw["extra_body"] = {"temperature": 0, **kw.get("extra_body", {})}
-    return claude.messages.create(model=model, **kw)
-
-
-def stream(claude, model, **kw):
-    kw["extra_body"] = {"temperature": 0, **kw.get("extra_body", {})}
-    return claude.messages.stream(model=model, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +86,12 @@ def test_raw_sse_names_every_event_in_anthropics_order(http, model_name) -> None
     assert "[DONE]" not in text
     names = [line.removeprefix("event: ") for line in text.splitlines() if line.startswith("event: ")]
     events = parse_events(text)
+    check_stream(events)
     assert names == [e["type"] for e in events]
     assert names[:3] == ["message_start", "ping", "content_block_start"]
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
-    assert events[-2]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+    assert events[-2]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None, "stop_details": None,
+                                   "container": None}
     assert events[-2]["usage"]["output_tokens"] == 4
 
 
@@ -222,6 +204,7 @@ def test_bad_requests_are_anthropic_400s(http, model_name, body, words) -> None:
     reply = http.post(f"{ENDPOINT}/openai/v1/messages", json={k: v for k, v in request.items() if v is not None})
     assert reply.status_code == 400, reply.text
     error = reply.json()
+    check_error(error)
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert words in error["error"]["message"]
 
@@ -234,6 +217,7 @@ def test_the_sdk_raises_anthropics_errors(claude, http) -> None:
         claude.messages.count_tokens(model="x", messages=[])
     broken = http.post("/openai/v1/messages", content=b"{not json", headers={"content-type": "application/json"})
     assert broken.status_code == 400 and broken.json()["error"]["type"] == "invalid_request_error"
+    check_error(broken.json())
 
 
 def test_jobs_run_messages_whole_streamed_and_counted(http, model_name, first) -> None:
@@ -246,14 +230,18 @@ def test_jobs_run_messages_whole_streamed_and_counted(http, model_name, first) -
         return reply["output"] if status == "COMPLETED" else reply["error"]
 
     [whole] = job("/v1/messages", body)
-    assert whole["content"] == [{"type": "text", "text": first.content[0].text}]
+    check_message(whole)
+    assert whole["content"] == [{"type": "text", "text": first.content[0].text, "citations": None}]
     events = parse_events("".join(job("/v1/messages", {**body, "stream": True})))
+    check_stream(events)
     assert "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta") == \
         first.content[0].text
     [counted] = job("/v1/messages/count_tokens", {k: body[k] for k in ("model", "system", "messages")})
+    check(counted, "MessageTokensCount")
     assert counted["input_tokens"] == first.usage.input_tokens + first.usage.cache_read_input_tokens
     # A refused job fails with the error object's inner part, as the RunPod SDK fails a job on any "error".
     refused = job("/v1/messages", {**body, "max_tokens": 0}, status="FAILED")
+    check(refused, "ErrorObject")
     assert refused["type"] == "invalid_request_error" and "max_tokens" in refused["message"]
 
 
@@ -271,6 +259,7 @@ def test_x_api_key_and_raw_output_off(custom_worker) -> None:
             "messages": [{"role": "user", "content": Q}]}}}
         out = http.post("/runsync", json=job).json()["output"]
     assert all(isinstance(group, list) for group in out)  # lists of event objects, RunPod's non-raw form
+    check_stream([e for group in out for e in group])
     kinds = [e["type"] for group in out for e in group]
     assert kinds[:2] == ["message_start", "ping"] and kinds[-1] == "message_stop"
     text = "".join(e["delta"].get("text", "") for group in out for e in group if e["type"] == "content_block_delta")

@@ -1,5 +1,7 @@
 """A message's content blocks, built from the parsed answer's events: `thinking`, `text` and `tool_use` blocks
-in the order the model wrote them, with the stream events that open, fill and close each.
+in the order the model wrote them, with the stream events that open, fill and close each. Each block carries the
+fields Anthropic's schema requires of it: a text block's `citations` (null: nothing is cited), a tool_use block's
+`caller`.
 
 The same builder serves whole and streamed answers, so both give the same blocks. A thinking block's
 `signature` is empty: Anthropic signs its own reasoning so that it can check it when replayed, and this
@@ -8,6 +10,7 @@ worker keeps no keys (replayed thinking is shown to the template as it is).
 
 from __future__ import annotations
 
+import copy
 import json
 import uuid
 from typing import Any
@@ -58,14 +61,16 @@ class ContentBlocks:
             return []
         out = self._close()
         if kind == "text":
-            block: dict[str, Any] = {"type": "text", "text": ""}
+            block: dict[str, Any] = {"type": "text", "text": "", "citations": None}
         elif kind == "thinking":
             block = {"type": "thinking", "thinking": "", "signature": ""}
         else:
-            block = {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": {}}
+            # `caller` says who made the call: the model itself ("direct"); Anthropic's server tools are not run here.
+            block = {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": {},
+                     "caller": {"type": "direct"}}
         self.blocks.append(block)
         self.open, self.arguments = True, ""
-        out.append({"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": dict(block)})
+        out.append({"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": copy.deepcopy(block)})
         return out
 
     def _delta(self, delta: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ OpenAI's do (worker/openai/errors.status_of reads both), so the local endpoint a
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from worker.openai.errors import error_body, status_of
@@ -32,7 +33,9 @@ def anthropic_error(exc: BaseException) -> dict[str, Any]:
 
 
 def anthropic_shape(body: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI error object said in Anthropic's shape."""
+    """An OpenAI error object said in Anthropic's shape, with the `request_id` Anthropic's schema requires (one of
+    its own: an error may come before any message id exists)."""
     status = status_of(body) or 500
     kind = TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": body["error"]["message"]}}
+    return {"type": "error", "error": {"type": kind, "message": body["error"]["message"]},
+            "request_id": f"req_{uuid.uuid4().hex[:24]}"}

@@ -17,10 +17,11 @@ from typing import Any
 from engine.outputs import RequestOutput
 from engine.sample.structured.spec import StructuredSpec
 from worker.anthropic.blocks import ContentBlocks
+from worker.anthropic.caching import Caching, delta_usage, message_usage, requested_caching
 from worker.anthropic.conversation import chat_messages, chat_tool_choice, chat_tools
 from worker.anthropic.errors import anthropic_error
 from worker.anthropic.request import CountTokensRequest, MessagesRequest
-from worker.openai.chat import ChatCall, chat_call
+from worker.openai.chat import ChatCall, chat_call, count_reasoning_tokens
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, engine_request_id
 from worker.openai.protocol import ChatCompletionRequest
@@ -39,6 +40,7 @@ class MessageCall:
     request: MessagesRequest
     chat: ChatCall
     id: str
+    caching: Caching | None  # what the request's cache_control asked for (worker/anthropic/caching.py)
 
     @property
     def stream(self) -> bool:
@@ -48,13 +50,15 @@ class MessageCall:
 def prepare_message(body: Any, runtime: Runtime) -> MessageCall:
     """Everything that can fail before the engine runs: parsing, the conversation, the template."""
     request = MessagesRequest.model_validate(_object(body))
+    caching = requested_caching(body)
     chat = _chat_call(request, runtime)
-    return MessageCall(request, chat, f"msg_{request.extras.get('request_id') or uuid.uuid4().hex[:24]}")
+    return MessageCall(request, chat, f"msg_{request.extras.get('request_id') or uuid.uuid4().hex[:24]}", caching)
 
 
 def count_message_tokens(body: Any, runtime: Runtime) -> dict[str, Any]:
     """`{"input_tokens": n}`: the prompt the request would run, rendered and counted, nothing generated."""
     request = CountTokensRequest.model_validate(_object(body))
+    requested_caching(body)  # a malformed cache_control is refused here as on /v1/messages
     return {"input_tokens": len(_chat_call(request, runtime).prompt.token_ids)}
 
 
@@ -110,11 +114,14 @@ class _Answer:
         self.result = Collected()
 
     def opening(self, first: RequestOutput) -> list[dict[str, Any]]:
-        """`message_start` (the message with no content yet) and a ping."""
-        opening = {"input_tokens": len(self.call.chat.prompt.token_ids), "output_tokens": 0,
-                   "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        """`message_start` (the message with no content yet, its usage the prompt's) and a ping."""
+        opening = self._usage(len(self.call.chat.prompt.token_ids), first.num_cached_tokens, 0, None)
         return [{"type": "message_start", "message": message_object(self.call, [], None, None, opening)},
                 {"type": "ping"}]
+
+    def _usage(self, prompt: int, cached: int, output: int, thinking: int | None) -> dict[str, Any]:
+        page_size = self.call.chat.runtime.settings.block_size
+        return message_usage(self.call.caching, prompt, cached, output, thinking, page_size)
 
     def add(self, output: RequestOutput) -> list[dict[str, Any]]:
         self.result.add(output)
@@ -136,14 +143,21 @@ class _Answer:
             stop_reason = "tool_use"
         elif isinstance(choice.stop_reason, str) and choice.stop_reason in (self.call.request.stop_sequences or []):
             stop_reason, stop_sequence = "stop_sequence", choice.stop_reason
-        message = message_object(self.call, self.blocks.blocks, stop_reason, stop_sequence, usage(self.result))
+        thinking = None
+        if self.call.chat.output.reasoning:
+            end = self.reader.reasoning_end if self.reader is not None else None
+            thinking = count_reasoning_tokens(self.call.chat, choice.token_ids, end)
+        used = self._usage(self.result.num_prompt_tokens, self.result.num_cached_tokens,
+                           self.result.num_generated_tokens, thinking)
+        message = message_object(self.call, self.blocks.blocks, stop_reason, stop_sequence, used)
         return events, message
 
     def closing(self) -> list[dict[str, Any]]:
         """The last block's stop, `message_delta` (the stop reason and usage) and `message_stop`."""
         events, message = self.finish()
-        delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
-        return [*events, {"type": "message_delta", "delta": delta, "usage": message["usage"]},
+        delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"],
+                 "stop_details": None, "container": None}
+        return [*events, {"type": "message_delta", "delta": delta, "usage": delta_usage(message["usage"])},
                 {"type": "message_stop"}]
 
     def failed(self, exc: Exception) -> list[dict[str, Any]]:
@@ -152,16 +166,10 @@ class _Answer:
 
 def message_object(call: MessageCall, content: list[dict[str, Any]], stop_reason: str | None,
                    stop_sequence: str | None, used: dict[str, Any]) -> dict[str, Any]:
+    # `stop_details` (a refusal's category) and `container` (code execution's) are null: neither happens here.
     return {"id": call.id, "type": "message", "role": "assistant", "model": call.chat.model, "content": content,
-            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": used}
-
-
-def usage(result: Collected) -> dict[str, Any]:
-    """Anthropic's usage: `input_tokens` are the prompt tokens the prefix cache did not hold, the rest are
-    `cache_read_input_tokens` (their sum is what count_tokens says)."""
-    cached = result.num_cached_tokens
-    return {"input_tokens": result.num_prompt_tokens - cached, "output_tokens": result.num_generated_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "stop_details": None, "container": None,
+            "usage": used}
 
 
 async def complete_message(call: MessageCall) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The request models of POST /v1/messages and /v1/messages/count_tokens: Anthropic's fields, checked.
 
 Fields that steer Anthropic's platform and mean nothing here (`service_tier`, `inference_geo`, `speed`,
-`cache_control`, `diagnostics`, `metadata`, `user_profile_id`, `workspace_id`) are accepted and ignored; ones
+`diagnostics`, `metadata`, `user_profile_id`, `workspace_id`) are accepted and ignored; `cache_control` is checked
+and read by worker/anthropic/caching.py (it steers what `usage` reports); ones
 whose meaning this worker cannot give (`container`, `mcp_servers`, `context_management`) are a 400 naming them.
 The sampling extras that chat completions take from vLLM (`temperature` aside, which Anthropic's newest client
 no longer sends: `chat_template`, `seed`, `min_p`, structured outputs, ...) pass through to the chat request;

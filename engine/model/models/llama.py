@@ -157,7 +157,7 @@ class LlamaForCausalLM(DecoderLM):
     def read_args(cls, config: dict, names: set[str]) -> LlamaArgs:
         if config.get("hidden_act", "silu") != "silu":
             raise UnsupportedModel(f"hidden_act {config['hidden_act']!r} is not supported", param="model")
-        qk_norm = (config.get("architectures") or [""])[0] == "Qwen3ForCausalLM"
+        qk_norm = (config.get("architectures") or [""])[0] in ("Qwen3ForCausalLM", "Qwen3ForSequenceClassification")
         return LlamaArgs.from_config(config, names, qk_norm=qk_norm)
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:

@@ -1,0 +1,56 @@
+"""Tiny random cross-encoder checkpoints for tests, and transformers' scores for them (float32).
+
+Kinds: `qwen3` and `llama` (`*ForSequenceClassification`, one label), `llama3` (three labels), and `reranker`
+(Qwen3-Reranker's layout: a Qwen3ForCausalLM whose config.json carries vLLM's overrides, scored by its "yes" / "no"
+logits). Each is saved in the hub layout with SmolLM2's tokenizer (its vocabulary has "yes" and "no").
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+KINDS = ("qwen3", "llama", "llama3", "reranker")
+RERANKER_KEYS = {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"],
+                 "is_original_qwen3_reranker": True}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+SHAPE = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-6)
+
+
+def build_cross_encoder(kind: str, folder: Path, tokenizer_from: Path, seed: int = 0):
+    """Saves a random cross-encoder of `kind` in `folder`; returns the transformers model (float32, eval)."""
+    import transformers as tf
+
+    model_type = "qwen3" if kind in ("qwen3", "reranker") else "llama"
+    labels = 3 if kind == "llama3" else 1
+    config = tf.AutoConfig.for_model(model_type, **SHAPE, num_labels=labels, tie_word_embeddings=False)
+    config.pad_token_id = None  # a request is one unpadded prompt: transformers then reads its last token
+    torch.manual_seed(seed)
+    auto = tf.AutoModelForCausalLM if kind == "reranker" else tf.AutoModelForSequenceClassification
+    model = auto.from_config(config, attn_implementation="eager").float().eval()
+    with torch.no_grad():  # bigger than the default init, so that scores differ clearly from prompt to prompt
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.2 * torch.randn_like(p)) if "norm" in name else p.normal_(0.0, 0.15)
+    model.config.architectures = [type(model).__name__]
+    model.save_pretrained(folder)
+    if kind == "reranker":
+        saved = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**saved, **RERANKER_KEYS}, indent=2))
+    for name in TOKENIZER_FILES:
+        if (tokenizer_from / name).exists():
+            shutil.copy(tokenizer_from / name, folder / name)
+    return model
+
+
+def reference_scores(model, kind: str, prompt: list[int], yes_no: tuple[int, int] = (10407, 4607)) -> list[float]:
+    """transformers' scores for one prompt, activated as vLLM does (sigmoid for one label, else softmax)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0].float()
+    if kind == "reranker":  # Qwen3-Reranker's model card: the softmax of the "no" and "yes" logits, "yes"'s share
+        yes, no = yes_no
+        return [torch.softmax(torch.stack([logits[-1, no], logits[-1, yes]]), dim=0)[1].item()]
+    return (torch.sigmoid(logits) if logits.numel() == 1 else torch.softmax(logits, dim=-1)).tolist()

@@ -1,0 +1,39 @@
+"""Cross-encoder scores on the CUDA path (FlashInfer attention, the score head's matmul on the GPU) against the
+torch reference on CPU in float32, for each tiny cross-encoder layout. bfloat16 on the GPU: the scores (sigmoids)
+may move by a few thousandths; the ranking of clearly different scores must not change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.cross_encoders import KINDS, build_cross_encoder
+from tests.engine.core.engine_run import random_prompts
+
+TOLERANCE = 0.02  # absolute, on a sigmoid / softmax output, bf16 against float32
+
+
+def scores(path, prompts: list[list[int]], **config) -> list[list[float]]:
+    from engine.config import EngineConfig
+    from engine.core.engine import LLMEngine
+    from engine.core.pooling import PoolingParams
+
+    engine = LLMEngine(EngineConfig(model_path=str(path), num_kv_pages=256, **config))
+    for i, prompt in enumerate(prompts):
+        engine.add(str(i), engine.prepare(prompt, PoolingParams(engine.spec.pooling, head=engine.spec.score_head)))
+    got: dict[str, list[float]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] = out.embedding
+    del engine
+    torch.cuda.empty_cache()
+    return [got[str(i)] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_scores_match_the_cpu_reference(kind, tmp_path, baked_model_path) -> None:
+    build_cross_encoder(kind, tmp_path, baked_model_path)
+    prompts = [random_prompts(1, n, n, seed=n)[0] for n in (3, 17, 64, 200)]
+    cpu = scores(tmp_path, prompts, device="cpu", dtype="float32")
+    cuda = scores(tmp_path, prompts, device="cuda", dtype="bfloat16", attention_backend="flashinfer")
+    torch.testing.assert_close(torch.tensor(cuda), torch.tensor(cpu), atol=TOLERANCE, rtol=0)
