@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from itertools import count
 
 import torch
@@ -13,6 +14,7 @@ from engine.config import EngineConfig
 from engine.core.cache_plan import plan_cache
 from engine.core.cuda_graphs import prepare_cuda
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
+from engine.core.distributed.ranks import RankSet, rank_config, resolve_size
 from engine.core.grammar_wait import GrammarWait
 from engine.core.kv_cache import PageAllocator, PagePool
 from engine.core.kv_manager import KVCacheManager
@@ -27,7 +29,7 @@ from engine.core.state_cache import StatePool, StateSlots
 from engine.core.step import ScheduledSeq
 from engine.cuda import linear_attention
 from engine.cuda import setup as cuda_setup
-from engine.errors import InvalidRequest, StartupError
+from engine.errors import InvalidRequest, RankFailed, StartupError
 from engine.model.capture import capture_blocker
 from engine.model.kv_spec import describe_groups, graphs_blocker
 from engine.model.loader import load_model
@@ -47,15 +49,34 @@ class LLMEngine:
     """The synchronous engine: add requests, call step() until has_unfinished() is false."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
         self.start_ms: dict[str, int] = {}  # how long each start-up phase took, for the start-up log
         self.device = resolve_device(config.device)
+        self.tp_size = resolve_size(config.tensor_parallel_size, self.device)
+        self.ranks: RankSet | None = None  # the other tensor-parallel ranks (None: this process runs the model)
+        self.on_fatal: Callable[[RankFailed], None] | None = None  # told when a rank fails (AsyncEngine sets it)
+        if self.tp_size > 1:
+            config = rank_config(config, self.tp_size, self.device)
+        self.config = config
+        try:
+            self._start(config)
+        except BaseException:
+            self.close()
+            raise
+
+    def _rank_failed(self, exc: RankFailed) -> None:
+        if self.on_fatal is not None:
+            self.on_fatal(exc)
+
+    def _start(self, config: EngineConfig) -> None:
         self.dtype, self.dtype_reason = resolve_dtype(config.dtype, self.device, config.quantization)
         self.threads = size_thread_pool(config.cpu_threads) if self.device.type == "cpu" else None
         torch.manual_seed(config.seed)
+        if self.tp_size > 1:
+            with timed(self.start_ms, "ranks"):
+                self.ranks = RankSet(config, self.tp_size, self.device, on_failure=self._rank_failed)
         with timed(self.start_ms, "weights"):
             self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization,
-                                               config.lora)
+                                               config.lora, tp=self.ranks.tp if self.ranks is not None else None)
         self.adapters: dict[str, int] = self.model.lora.slots if self.model.lora is not None else {}
         with timed(self.start_ms, "tokenizer"):
             self.tokenizer = load_tokenizer(config.model_path)
@@ -69,7 +90,7 @@ class LLMEngine:
         self.backend_name, self.backend_reason = resolve_backend(config.attention_backend, self.device, self.dtype)
         self.backends = [create_backend(self.backend_name, self.device, **g.attention_extras(), kv_dtype=self.kv_dtype,
                                         **cuda_setup.backend_kwargs(self.spec, self.dtype, g)) for g in groups]
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.ranks is None:  # a warm-up forward would need every rank
             with timed(self.start_ms, "warm-up"):
                 for backend in self.backends:  # JIT builds now, not on a request
                     cuda_setup.warm_up(self.model, backend, config.page_size)
@@ -90,10 +111,14 @@ class LLMEngine:
                                    config.scheduling_policy, config.priority_aging_steps)
         self.runner = ModelRunner(self.model, groups, self.pools, self.backends, Sampler(), self.device, recurrent,
                                   self.state_pool)
+        if self.ranks is not None:
+            self.ranks.share_cache(num_pages)
+            self.runner.peers = self.ranks
         if self.device.type == "cuda":
             # NOTE: a step's adapter grouping is Python control flow that a replayed graph would freeze.
             graphless = (graphs_blocker(groups) or capture_blocker(self.model, self.device, self.spec.dtype)
-                         or ("LoRA adapters" if self.adapters else None))
+                         or ("LoRA adapters" if self.adapters else None)
+                         or ("tensor parallelism (its collectives are not captured yet)" if self.ranks else None))
             with timed(self.start_ms, "graphs"):
                 self.runner.graph_runner = prepare_cuda(
                     self.model, self.backends[0], self.pools[0].kv_caches, page_size=config.page_size,
@@ -201,7 +226,14 @@ class LLMEngine:
             self._failures.append((group.request_id, exc))
 
     # ---- the step
+    def close(self) -> None:
+        """Ends the other tensor-parallel ranks (nothing to do on one rank); the engine runs no more steps."""
+        if self.ranks is not None:
+            self.ranks.close()
+
     def step(self) -> list[RequestOutput]:
+        if self.ranks is not None:
+            self.ranks.check()  # a rank that died while the engine was idle ends it now
         self._admit_compiled()
         proposals = self.speculator.propose(self.scheduler.running) if self.speculator is not None else None
         out = self.scheduler.schedule(proposals)
@@ -215,6 +247,8 @@ class LLMEngine:
         try:
             result = self.runner.execute(out)
         except Exception as exc:  # the batch as a whole failed: so do its requests, the engine goes on
+            if self.ranks is not None:  # ... unless the ranks may now be out of step: then it ends
+                raise self.ranks.fail(exc) from exc
             for group, _ in by_group.values():
                 self._fail(group, exc)
             return []
@@ -265,6 +299,7 @@ class LLMEngine:
             "dtype_reason": self.dtype_reason,
             "quantization": self.config.quantization,
             "device": str(self.device),
+            "tensor_parallel_size": self.tp_size,
             "threads": self.threads,
             "max_model_len": self.max_model_len,
             "kv_pages": self.allocator.num_pages,
