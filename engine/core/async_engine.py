@@ -208,9 +208,8 @@ class AsyncEngine:
                 outputs = self.engine.step()
             except RankFailed as exc:  # the engine cannot run any more: every request, now and later, gets why
                 log.critical("engine stopped: %s", exc.message)
-                self.fail_all(exc)
+                self.fail_all(exc)  # new requests are refused with it from now on
                 self.engine.abort_all()
-                self._stopped = True
                 if self._on_fatal is not None:
                     self._on_fatal(exc)
                 break

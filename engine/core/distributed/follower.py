@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -19,7 +18,7 @@ from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
 from engine.core.kv_cache import PagePool
 from engine.core.model_runner import ModelRunner
 from engine.core.distributed import wire
-from engine.core.distributed.ranks import IDLE_TIMEOUT
+from engine.core.distributed.ranks import join_groups
 from engine.model.layers.parallel import TensorParallel
 from engine.model.loader import load_model
 from engine.sample.sampler import Sampler
@@ -34,7 +33,8 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(3)
 
 
-def follower_main(rank: int, size: int, init_method: str, config: EngineConfig, timeout_s: float) -> None:
+def follower_main(rank: int, size: int, port: int, config: EngineConfig, timeout_s: float, commands) -> None:
+    """The process of rank `rank`: `commands` is the read end of rank 0's pipe to it."""
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), name="tp-parent", daemon=True).start()
     device = resolve_device(config.device)
     if device.type == "cuda":
@@ -42,11 +42,11 @@ def follower_main(rank: int, size: int, init_method: str, config: EngineConfig, 
         device = torch.device("cuda", rank)
     else:
         size_thread_pool(config.cpu_threads)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
-                            world_size=size, timeout=timedelta(seconds=timeout_s))
-    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    data = join_groups("nccl" if device.type == "cuda" else "gloo", port, rank, size, timeout_s)
     try:
-        Follower(config, TensorParallel(rank, size, dist.group.WORLD), control, device).serve()
+        Follower(config, TensorParallel(rank, size, data), commands, device).serve()
+    except EOFError:  # rank 0 closed its end without a STOP: it is gone
+        pass
     finally:
         dist.destroy_process_group()
 
@@ -54,8 +54,8 @@ def follower_main(rank: int, size: int, init_method: str, config: EngineConfig, 
 class Follower:
     """One rank's model shard, pools and backends, driven by rank 0's commands."""
 
-    def __init__(self, config: EngineConfig, tp: TensorParallel, control, device: torch.device) -> None:
-        self.config, self.tp, self.control, self.device = config, tp, control, device
+    def __init__(self, config: EngineConfig, tp: TensorParallel, commands, device: torch.device) -> None:
+        self.config, self.tp, self.commands, self.device = config, tp, commands, device
         torch.manual_seed(config.seed)
         self.dtype, _ = resolve_dtype(config.dtype, device, config.quantization)
         self.model, self.spec = load_model(config.model_path, self.dtype, device, tp=tp)
@@ -64,9 +64,7 @@ class Follower:
         self.runner: ModelRunner | None = None
 
     def _receive(self) -> torch.Tensor:
-        head = wire.header(0)
-        dist.broadcast(head, src=0, group=self.control)
-        return head
+        return torch.frombuffer(bytearray(self.commands.recv_bytes()), dtype=torch.int64)
 
     def serve(self) -> None:
         while True:

@@ -1,10 +1,10 @@
 """The one owner of the tensor-parallel rank processes: starts ranks 1..N-1 (torch.multiprocessing spawn), joins
-them in a process group (gloo on CPU, NCCL on CUDA; a gloo control group for the commands), sends them each step,
-watches them, and ends them.
+them in a process group (gloo on CPU, NCCL on CUDA), sends them each step, watches them, and ends them.
 
-A rank that exits ends the engine: a watchdog thread sees its process end at once and reports it (on_failure), and
-a rank that hangs fails the next collective after `timeout_s`. Idle ranks wait on the control group, whose timeout
-is long; every rank also exits when rank 0's process is gone, so nothing outlives the worker.
+Commands go down a pipe to each rank (a fixed-size header: idle ranks wait on it as long as the worker is idle, and
+writing it never waits on a rank), the step's data by broadcast in the group. A rank that exits ends the engine: a
+watchdog thread sees its process end at once and reports it (on_failure); a rank that hangs fails the next
+collective after `timeout_s`. Every rank exits when rank 0's process is gone, so nothing outlives the worker.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ from engine.model.sharding import check_shardable
 
 log = logging.getLogger(__name__)
 
-IDLE_TIMEOUT = timedelta(days=7)  # the control group: ranks wait on it between requests
+# Joining the group: a spawned rank first imports torch and the engine (seconds), which the step timeout may not
+# allow for.
+START_TIMEOUT = timedelta(seconds=180)
 JOIN_S = 10.0  # how long a rank gets to leave on STOP before it is killed
 
 
@@ -71,6 +73,14 @@ def rank_config(config: EngineConfig, size: int, device: torch.device) -> Engine
     return config
 
 
+def join_groups(backend: str, port: int, rank: int, size: int, timeout_s: float) -> object:
+    """Every rank calls this: the model's group, whose collectives time out after timeout_s, met at a store on
+    loopback that rank 0 serves, within START_TIMEOUT."""
+    store = dist.TCPStore("127.0.0.1", port, size, rank == 0, START_TIMEOUT, wait_for_workers=False)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=START_TIMEOUT)
+    return dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -88,25 +98,30 @@ class RankSet:
         self.failure: RankFailed | None = None
         self._closing = False
         self._lock = threading.Lock()
+        # NOTE: one thread at a time reaps a process: two concurrent waitpid calls leave one with ECHILD, and
+        # multiprocessing then takes the dead process for a live one.
+        self._reap = threading.Lock()
         timeout = config.tensor_parallel_timeout_s
-        init = f"tcp://127.0.0.1:{_free_port()}"
+        port = _free_port()
         context = mp.get_context("spawn")
-        self.processes = [context.Process(target=follower_main, args=(r, size, init, config, timeout), daemon=True,
-                                          name=f"tp-rank-{r}") for r in range(1, size)]
+        pipes = [context.Pipe(duplex=False) for _ in range(1, size)]
+        self.commands = [writer for _, writer in pipes]
+        self.processes = [context.Process(target=follower_main, args=(r, size, port, config, timeout, reader),
+                                          daemon=True, name=f"tp-rank-{r}") for r, (reader, _) in enumerate(pipes, 1)]
         for p in self.processes:
             p.start()
+        for reader, _ in pipes:
+            reader.close()
         self._watchdog = threading.Thread(target=self._watch, name="tp-watchdog", daemon=True)
         self._watchdog.start()
         atexit.register(self.close)
         backend = "nccl" if device.type == "cuda" else "gloo"
         try:
-            dist.init_process_group(backend, init_method=init, rank=0, world_size=size,
-                                    timeout=timedelta(seconds=timeout))
-            self.control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+            data = join_groups(backend, port, 0, size, timeout)
         except Exception as exc:
             self.close()
             raise self._startup_error(exc) from None
-        self.tp = TensorParallel(0, size, dist.group.WORLD)
+        self.tp = TensorParallel(0, size, data)
 
     def _startup_error(self, exc: BaseException) -> StartupError:
         dead = [f"rank {r} exited with code {p.exitcode}" for r, p in enumerate(self.processes, 1)
@@ -120,7 +135,8 @@ class RankSet:
         while alive:
             for sentinel in wait(list(alive)):
                 rank, process = alive.pop(sentinel)
-                process.join()
+                with self._reap:
+                    process.join()
                 if self._closing:
                     continue
                 self._fail(RankFailed(f"tensor-parallel rank {rank} (pid {process.pid}) exited with code "
@@ -170,7 +186,9 @@ class RankSet:
 
     def _send(self, head: torch.Tensor) -> None:
         self.check()
-        dist.broadcast(head, src=0, group=self.control)
+        message = head.numpy().tobytes()
+        for pipe in self.commands:
+            pipe.send_bytes(message)
 
     # ---- the end
     def close(self) -> None:
@@ -179,23 +197,26 @@ class RankSet:
             if self._closing:
                 return
             self._closing = True
-        if self.failure is None and dist.is_initialized() and hasattr(self, "control"):
+        if self.failure is None:
             try:
-                dist.broadcast(wire.header(wire.STOP), src=0, group=self.control)
+                self._send(wire.header(wire.STOP))
             except Exception:  # a rank already gone: the kill below ends the rest
                 pass
+        for pipe in self.commands:
+            pipe.close()
         self._end_processes(grace=JOIN_S)
         if dist.is_initialized():
             dist.destroy_process_group()
         atexit.unregister(self.close)
 
     def _end_processes(self, grace: float) -> None:
-        for p in self.processes:
-            p.join(timeout=grace)
-        for p in self.processes:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=2.0)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        with self._reap:
+            for p in self.processes:
+                p.join(timeout=grace)
+            for p in self.processes:
+                if p.is_alive():
+                    p.terminate()
+                    p.join(timeout=2.0)
+                if p.is_alive():
+                    p.kill()
+                    p.join()

@@ -1,4 +1,4 @@
-"""What rank 0 sends the other ranks: a fixed-size command header (on the CPU control group), then the step's
+"""What rank 0 sends the other ranks: a fixed-size command header (down each rank's pipe), then the step's
 integers packed in one int64 tensor, or the hidden rows to turn into logits (on the model's device group).
 
 A step is its token ids, positions, the CSR page table (qo / kv indptr and last page lengths, shared by the KV
