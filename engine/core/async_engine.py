@@ -48,7 +48,8 @@ class AsyncEngine:
             started.set_exception(exc)
             return
         # A rank that dies while the loop sleeps wakes it with the failure.
-        self.engine.on_fatal = lambda exc: self._post(("fatal", exc))
+        if self.engine.ranks is not None:
+            self.engine.ranks.on_failure = lambda exc: self._post(("fatal", exc))
         started.set_result(self.engine)
         self._loop()
 

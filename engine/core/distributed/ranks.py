@@ -15,7 +15,6 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import timedelta
 from multiprocessing.connection import wait
 
 import torch
@@ -26,6 +25,7 @@ from engine.attention.base import AttentionMetadata
 from engine.config import EngineConfig
 from engine.core.device import available_cpus
 from engine.core.distributed import wire
+from engine.core.distributed.groups import join_groups
 from engine.errors import RankFailed, StartupError
 from engine.model.layers.parallel import TensorParallel
 from engine.model.loader import model_args
@@ -33,9 +33,6 @@ from engine.model.sharding import check_shardable
 
 log = logging.getLogger(__name__)
 
-# Joining the group: a spawned rank first imports torch and the engine (seconds), which the step timeout may not
-# allow for.
-START_TIMEOUT = timedelta(seconds=180)
 JOIN_S = 10.0  # how long a rank gets to leave on STOP before it is killed
 
 
@@ -58,9 +55,14 @@ def resolve_size(value: int | str, device: torch.device) -> int:
     return size
 
 
-def rank_config(config: EngineConfig, size: int, device: torch.device) -> EngineConfig:
-    """StartupError in one line for what does not run sharded yet, before any rank starts; else the config with
-    each rank's CPU threads (an equal share of this process's CPUs unless OMP_NUM_THREADS says)."""
+def rank_config(config: EngineConfig, device: torch.device) -> EngineConfig:
+    """The config with tensor_parallel_size a number; above 1, StartupError in one line for what does not run
+    sharded yet (before any rank starts), and each rank's CPU threads (an equal share of this process's CPUs
+    unless OMP_NUM_THREADS says)."""
+    size = resolve_size(config.tensor_parallel_size, device)
+    config = replace(config, tensor_parallel_size=size)
+    if size == 1:
+        return config
     for what, present in (("LoRA adapters", config.lora is not None and bool(config.lora.adapters)),
                           ("QUANTIZATION", config.quantization is not None),
                           ("speculative decoding", config.speculative is not None)):
@@ -73,14 +75,6 @@ def rank_config(config: EngineConfig, size: int, device: torch.device) -> Engine
     return config
 
 
-def join_groups(backend: str, port: int, rank: int, size: int, timeout_s: float) -> object:
-    """Every rank calls this: the model's group, whose collectives time out after timeout_s, met at a store on
-    loopback that rank 0 serves, within START_TIMEOUT."""
-    store = dist.TCPStore("127.0.0.1", port, size, rank == 0, START_TIMEOUT, wait_for_workers=False)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=START_TIMEOUT)
-    return dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -90,11 +84,13 @@ def _free_port() -> int:
 class RankSet:
     """Rank 0's side: the other ranks' processes, the groups, and the commands sent to them."""
 
-    def __init__(self, config: EngineConfig, size: int, device: torch.device,
-                 on_failure: Callable[[RankFailed], None] | None = None) -> None:
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
         from engine.core.distributed.follower import follower_main
 
-        self.size, self.device, self.on_failure = size, device, on_failure
+        size = config.tensor_parallel_size
+        self.size, self.device = size, device
+        # Told (on the watchdog's thread) when a rank fails; AsyncEngine sets it to wake its loop.
+        self.on_failure: Callable[[RankFailed], None] | None = None
         self.failure: RankFailed | None = None
         self._closing = False
         self._lock = threading.Lock()
@@ -163,12 +159,14 @@ class RankSet:
             raise self.failure
 
     # ---- commands (rank 0 only, on the engine's thread)
-    def share_cache(self, num_pages: list[int]) -> None:
-        """Tells every rank how many pages each KV group's pool has (rank 0 sized them)."""
+    def share_cache(self, num_pages: list[int]) -> RankSet:
+        """Tells every rank how many pages each KV group's pool has (rank 0 sized them); returns self, the peers
+        of rank 0's model runner."""
         if len(num_pages) > wire.MAX_GROUPS:
             raise StartupError(f"tensor parallelism runs at most {wire.MAX_GROUPS} KV layer groups",
                                param="tensor_parallel_size")
         self._send(wire.header(wire.CACHE, len(num_pages), *num_pages))
+        return self
 
     def send_step(self, copies: list[tuple[int, int, int]], input_ids: torch.Tensor, positions: torch.Tensor,
                   metas: list[AttentionMetadata]) -> None:
