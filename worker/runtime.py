@@ -125,7 +125,8 @@ def start(settings: Settings) -> Runtime:
         cpu_threads=settings.omp_num_threads,
         lora=LoraConfig(baked_adapters(settings), settings.max_loras, settings.max_lora_rank),
         speculative=speculative_config(settings),
-        tensor_parallel_size=settings.tensor_parallel_size,
+        tensor_parallel_size=(settings.tensor_parallel_size if settings.tensor_parallel_size == "auto"
+                              else int(settings.tensor_parallel_size)),
         tensor_parallel_timeout_s=settings.tensor_parallel_timeout_s,
     )
     try:

@@ -103,7 +103,7 @@ class Settings(BaseModel):
     # (kept as the text given; `speculative` is it parsed, checked here once)
     speculative_config: str | None = Field(None, alias="SPECULATIVE_CONFIG")
     # Ranks the model is split across on this machine (vLLM's name): a number, or auto (the visible GPUs; 1 on a CPU)
-    tensor_parallel_size: int | Literal["auto"] = Field(1, alias="TENSOR_PARALLEL_SIZE")
+    tensor_parallel_size: str = Field("1", alias="TENSOR_PARALLEL_SIZE", pattern=r"^(auto|[1-9][0-9]*)$")
     # A rank that does not answer within this long ends the worker (every step must fit in it)
     tensor_parallel_timeout_s: float = Field(300.0, alias="TENSOR_PARALLEL_TIMEOUT_SECONDS", gt=0.0)
 
