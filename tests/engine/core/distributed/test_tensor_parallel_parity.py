@@ -36,6 +36,7 @@ def prompt_logprobs(result) -> list[float]:
 
 def test_prompt_logprobs_match_one_rank_and_transformers(tp_pair):
     kind, hf, one, two = tp_pair
+    assert len(two.pools) == (2 if kind == "qwen2_window" else 1)  # KV layer groups, each rank's pools alike
     prompts = random_prompts(3, 5, 40, seed=1)
     requests = {f"r{i}": (p, greedy(1, prompt_logprobs=0)) for i, p in enumerate(prompts)}
     single, split = run(one, requests), run(two, requests)

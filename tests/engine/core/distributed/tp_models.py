@@ -9,9 +9,9 @@ from pathlib import Path
 from tests.engine.conftest import ENGINE_TINY, _save_tiny_engine_model
 
 # kind -> what it covers at TP=2: biases on every projection (row-parallel ones added once), KV heads fewer than
-# ranks (replicated) with Qwen3's q/k norm, a Qwen3-MoE with experts split inside, and a Qwen2-MoE with a shared
-# expert and qkv bias.
-KINDS = ("llama_biased", "qwen3_one_kv_head", "qwen3_moe", "qwen2_moe")
+# ranks (replicated) with Qwen3's q/k norm, two KV layer groups (a full layer, then a sliding window of 8 tokens),
+# a Qwen3-MoE with experts split inside, and a Qwen2-MoE with a shared expert and qkv bias.
+KINDS = ("llama_biased", "qwen3_one_kv_head", "qwen2_window", "qwen3_moe", "qwen2_moe")
 
 
 def tp_config(kind: str):
@@ -22,6 +22,9 @@ def tp_config(kind: str):
         return tf.LlamaConfig(**{**base, "tie_word_embeddings": False}, attention_bias=True, mlp_bias=True)
     if kind == "qwen3_one_kv_head":
         return tf.Qwen3Config(**{**base, "num_key_value_heads": 1})
+    if kind == "qwen2_window":
+        return tf.Qwen2Config(**{**base, "num_hidden_layers": 3}, use_sliding_window=True, sliding_window=8,
+                              max_window_layers=1)
     if kind == "qwen3_moe":
         return tf.Qwen3MoeConfig(**base, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
                                  norm_topk_prob=True)
