@@ -119,3 +119,8 @@ class EngineConfig:
     cpu_threads: int | None = None  # CPU: torch's threads (None: the CPUs this process may use, capped by its quota)
     lora: LoraConfig | None = None  # None (or no adapters): the base model alone, at no LoRA cost
     speculative: SpeculativeConfig | None = None  # None: one token per sequence and step
+    # Ranks the model is split across (engine/core/distributed/): a number, or "auto" (the visible CUDA devices, 1 on a
+    # CPU). Rank 0 is this process; the others are model-runner processes it starts.
+    tensor_parallel_size: int | str = 1
+    # A rank that has not answered a collective within this many seconds ends the engine (a step must fit in it).
+    tensor_parallel_timeout_s: float = 300.0

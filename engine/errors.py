@@ -31,3 +31,7 @@ class UnsupportedModel(EngineError):
 
 class StartupError(EngineError):
     """The engine cannot start as configured; the message names the setting to change."""
+
+
+class RankFailed(EngineError):
+    """A tensor-parallel rank died or stopped answering: the engine cannot go on (the worker exits)."""

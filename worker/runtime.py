@@ -6,7 +6,9 @@ The engine import happens here, inside `start`, so importing `worker` stays free
 from __future__ import annotations
 
 import logging
+import os
 import re
+import threading
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -125,9 +127,12 @@ def start(settings: Settings) -> Runtime:
         lora=LoraConfig(startup_adapters(settings, baked_adapters(settings)), settings.max_loras,
                         settings.max_lora_rank, runtime=settings.enable_lora and settings.allow_runtime_lora_updating),
         speculative=speculative_config(settings),
+        tensor_parallel_size=(settings.tensor_parallel_size if settings.tensor_parallel_size == "auto"
+                              else int(settings.tensor_parallel_size)),
+        tensor_parallel_timeout_s=settings.tensor_parallel_timeout_s,
     )
     try:
-        engine = AsyncEngine(config)
+        engine = AsyncEngine(config, on_fatal=exit_on_fatal)
     except StartupError as exc:
         raise StartupError(_as_env_names(exc.message), param=exc.param) from None
     store = response_store(settings)
@@ -138,6 +143,17 @@ def start(settings: Settings) -> Runtime:
     _current = runtime
     log.info("serving %s", describe(_current))
     return _current
+
+
+# After a fatal engine error, how long the failed requests' error responses get to leave before the worker exits.
+FATAL_EXIT_DELAY_S = 2.0
+
+
+def exit_on_fatal(error: Any) -> None:
+    """The engine died (a tensor-parallel rank failed): its requests got the error; the worker exits non-zero soon
+    after, so that RunPod replaces it instead of sending it jobs it cannot run."""
+    log.critical("the engine stopped (%s): the worker exits in %.0f s", error, FATAL_EXIT_DELAY_S)
+    threading.Timer(FATAL_EXIT_DELAY_S, os._exit, args=(1,)).start()
 
 
 def speculative_config(settings: Settings) -> Any:
@@ -158,7 +174,7 @@ def speculative_config(settings: Settings) -> Any:
 ENV_OF_ENGINE_SETTING = {"max_model_len": "MAX_MODEL_LEN", "num_kv_pages": "NUM_GPU_BLOCKS_OVERRIDE",
                          "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION", "attention_backend": "ATTENTION_BACKEND",
                          "dtype": "DTYPE", "max_num_seqs": "MAX_NUM_SEQS", "page_size": "BLOCK_SIZE",
-                         "kv_cache_dtype": "KV_CACHE_DTYPE"}
+                         "kv_cache_dtype": "KV_CACHE_DTYPE", "tensor_parallel_size": "TENSOR_PARALLEL_SIZE"}
 
 
 def response_store(settings: Settings) -> ResponseStore | RedisResponseStore:
@@ -202,7 +218,8 @@ def describe(runtime: Runtime) -> str:
         f"model={info['model']} served_as={runtime.served_model_name} "
         f"backend={info['backend']} ({info['backend_reason']}) dtype={info['dtype']} ({info['dtype_reason']})"
         f"{quantization} device={info['device']}{threads} "
-        f"kv_pages={info['kv_pages']}x{info['page_size']} ({info['kv_pages'] * info['page_size']} tokens, "
+        + (f"tensor_parallel={info['tensor_parallel_size']} " if info.get("tensor_parallel_size", 1) > 1 else "")
+        + f"kv_pages={info['kv_pages']}x{info['page_size']} ({info['kv_pages'] * info['page_size']} tokens, "
         f"{info['kv_dtype']}, {info['kv_bytes'] / 2**20:.0f} MiB) "
         f"kv_groups={info['kv_groups']} "
         + (f"state_pool={info['state_seqs']} sequences (+{info['state_seqs']} prefix snapshots, "

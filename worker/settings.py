@@ -103,6 +103,10 @@ class Settings(BaseModel):
     # JSON, as RunPod's vLLM worker takes it: {"method": "ngram", "num_speculative_tokens": 4, ...}
     # (kept as the text given; `speculative` is it parsed, checked here once)
     speculative_config: str | None = Field(None, alias="SPECULATIVE_CONFIG")
+    # Ranks the model is split across on this machine (vLLM's name): a number, or auto (the visible GPUs; 1 on a CPU)
+    tensor_parallel_size: str = Field("1", alias="TENSOR_PARALLEL_SIZE", pattern=r"^(auto|[1-9][0-9]*)$")
+    # A rank that does not answer within this long ends the worker (every step must fit in it)
+    tensor_parallel_timeout_s: float = Field(300.0, alias="TENSOR_PARALLEL_TIMEOUT_SECONDS", gt=0.0)
 
     # LoRA adapters: baked with the model (build arg LORA_MODULES), served by name in `model`
     enable_lora: bool = Field(True, alias="ENABLE_LORA")
@@ -204,7 +208,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         dtype = values["DTYPE"].strip().lower()
         values["DTYPE"] = _DTYPE_ALIASES.get(dtype, dtype)
     for key in ("DEVICE", "ATTENTION_BACKEND", "QUANTIZATION", "KV_CACHE_DTYPE", "TOOL_CALL_PARSER",
-                "REASONING_PARSER"):
+                "REASONING_PARSER", "TENSOR_PARALLEL_SIZE"):
         if key in values:
             values[key] = values[key].strip().lower()
     if "LOG_LEVEL" in values:

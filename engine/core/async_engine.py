@@ -6,13 +6,13 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 
 from engine.config import EngineConfig
 from engine.core.engine import LLMEngine
 from engine.core.pooling import PoolingParams
-from engine.errors import InvalidRequest
+from engine.errors import InvalidRequest, RankFailed
 from engine.outputs import PoolingOutput, RequestOutput
 from engine.sample.params import SamplingParams
 
@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 class AsyncEngine:
     """LLMEngine behind one background thread; asyncio callers stream RequestOutputs from generate()."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, on_fatal: Callable[[RankFailed], None] | None = None) -> None:
+        """on_fatal: called (on the engine's thread) once the engine has died, after its requests got the error."""
+        self._on_fatal = on_fatal
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -45,6 +47,9 @@ class AsyncEngine:
         except BaseException as exc:
             started.set_exception(exc)
             return
+        # A rank that dies while the loop sleeps wakes it with the failure.
+        if self.engine.ranks is not None:
+            self.engine.ranks.on_failure = lambda exc: self._post(("fatal", exc))
         started.set_result(self.engine)
         self._loop()
 
@@ -207,6 +212,7 @@ class AsyncEngine:
         self._wake.set()
         self._thread.join(timeout=30)
         self.engine.grammars.shutdown()
+        self.engine.close()
 
     def _post(self, command: tuple) -> None:
         self._inbox.put(command)
@@ -229,6 +235,8 @@ class AsyncEngine:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 return
+            if command[0] == "fatal":
+                raise command[1]
             if command[0] == "add":
                 _, request_id, request = command
                 if request_id not in self._streams:
@@ -257,6 +265,13 @@ class AsyncEngine:
                     self._wake.clear()
                     continue
                 outputs = self.engine.step()
+            except RankFailed as exc:  # the engine cannot run any more: every request, now and later, gets why
+                log.critical("engine stopped: %s", exc.message)
+                self.fail_all(exc)  # new requests are refused with it from now on
+                self.engine.abort_all()
+                if self._on_fatal is not None:
+                    self._on_fatal(exc)
+                break
             except Exception as exc:  # a bug outside any one request: fail what runs, keep serving
                 log.exception("engine loop failed")
                 for request_id in self.engine.abort_all():

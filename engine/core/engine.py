@@ -12,7 +12,9 @@ from engine.attention.kv_quant import resolve_kv_dtype
 from engine.config import EngineConfig
 from engine.core.cache_plan import plan_cache
 from engine.core.cuda_graphs import prepare_cuda
+from engine.core.describe import describe_engine
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
+from engine.core.distributed.ranks import RankSet, rank_config
 from engine.core.grammar_wait import GrammarWait
 from engine.core.kv_cache import PageAllocator, PagePool
 from engine.core.kv_manager import KVCacheManager
@@ -29,7 +31,7 @@ from engine.cuda import linear_attention
 from engine.cuda import setup as cuda_setup
 from engine.errors import InvalidRequest, StartupError
 from engine.model.capture import capture_blocker
-from engine.model.kv_spec import describe_groups, graphs_blocker
+from engine.model.kv_spec import graphs_blocker
 from engine.model.layers.lora import LoadedAdapter
 from engine.model.loader import load_model
 from engine.outputs import RequestOutput
@@ -48,15 +50,26 @@ class LLMEngine:
     """The synchronous engine: add requests, call step() until has_unfinished() is false."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
         self.start_ms: dict[str, int] = {}  # how long each start-up phase took, for the start-up log
         self.device = resolve_device(config.device)
+        self.config = config = rank_config(config, self.device)  # tensor_parallel_size resolved, checked
+        self.ranks: RankSet | None = None  # the other tensor-parallel ranks (None: this process runs the model)
+        try:
+            self._start(config)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, config: EngineConfig) -> None:
         self.dtype, self.dtype_reason = resolve_dtype(config.dtype, self.device, config.quantization)
         self.threads = size_thread_pool(config.cpu_threads) if self.device.type == "cpu" else None
         torch.manual_seed(config.seed)
+        if config.tensor_parallel_size > 1:
+            with timed(self.start_ms, "ranks"):
+                self.ranks = RankSet(config, self.device)
         with timed(self.start_ms, "weights"):
             self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization,
-                                               config.lora)
+                                               config.lora, tp=self.ranks.tp if self.ranks is not None else None)
         self.lora = self.model.lora  # engine.model.layers.lora.LoraSet, or None
         self.adapters: dict[str, int] = self.lora.slots if self.lora is not None else {}
         with timed(self.start_ms, "tokenizer"):
@@ -71,7 +84,7 @@ class LLMEngine:
         self.backend_name, self.backend_reason = resolve_backend(config.attention_backend, self.device, self.dtype)
         self.backends = [create_backend(self.backend_name, self.device, **g.attention_extras(), kv_dtype=self.kv_dtype,
                                         **cuda_setup.backend_kwargs(self.spec, self.dtype, g)) for g in groups]
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.ranks is None:  # a warm-up forward would need every rank
             with timed(self.start_ms, "warm-up"):
                 for backend in self.backends:  # JIT builds now, not on a request
                     cuda_setup.warm_up(self.model, backend, config.page_size)
@@ -92,12 +105,15 @@ class LLMEngine:
                                    config.scheduling_policy, config.priority_aging_steps)
         self.runner = ModelRunner(self.model, groups, self.pools, self.backends, Sampler(), self.device, recurrent,
                                   self.state_pool)
+        if self.ranks is not None:  # the other ranks' pools, as many pages of their heads
+            self.runner.peers = self.ranks.share_cache(num_pages)
         if self.device.type == "cuda":
             # NOTE: a step's adapter grouping is Python control flow that a replayed graph would freeze.
             graphless = (graphs_blocker(groups) or capture_blocker(self.model, self.device, self.spec.dtype)
                          or ("LoRA adapters" if self.lora is not None else None)
                          or ("an EAGLE-3 head" if config.speculative and config.speculative.method == "eagle3"
-                             else None))
+                             else None)
+                         or ("tensor parallelism" if self.ranks else None))
             with timed(self.start_ms, "graphs"):
                 self.runner.graph_runner = prepare_cuda(
                     self.model, self.backends[0], self.pools[0].kv_caches, page_size=config.page_size,
@@ -216,6 +232,11 @@ class LLMEngine:
             self.scheduler.remove(group)
             self._failures.append((group.request_id, exc))
 
+    def close(self) -> None:
+        """Ends the other tensor-parallel ranks (nothing to do on one rank); the engine runs no more steps."""
+        if self.ranks is not None:
+            self.ranks.close()
+
     # ---- the step
     def step(self) -> list[RequestOutput]:
         self._admit_compiled()
@@ -231,6 +252,8 @@ class LLMEngine:
         try:
             result = self.runner.execute(out)
         except Exception as exc:  # the batch as a whole failed: so do its requests, the engine goes on
+            if self.ranks is not None:  # ... unless the ranks may now be out of step: then it ends
+                raise self.ranks.fail(exc) from exc
             for group, _ in by_group.values():
                 self._fail(group, exc)
             return []
@@ -273,28 +296,5 @@ class LLMEngine:
         return stats
 
     def describe(self) -> dict:
-        return {
-            "model": self.config.model_path,
-            "architecture": self.spec.architecture,
-            "backend": self.backend_name,
-            "backend_reason": self.backend_reason,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "dtype_reason": self.dtype_reason,
-            "quantization": self.config.quantization,
-            "device": str(self.device),
-            "threads": self.threads,
-            "max_model_len": self.max_model_len,
-            "kv_pages": self.allocator.num_pages,
-            "kv_groups": describe_groups(self.spec.kv_groups),
-            "kv_pages_by_group": [a.num_pages for a in self.kv.allocators],
-            "page_size": self.pool.page_size,
-            "kv_bytes": sum(p.nbytes for p in self.pools), "kv_dtype": str(self.kv_dtype).removeprefix("torch."),
-            "max_num_seqs": self.max_num_seqs,
-            # A hybrid model's recurrent-state pool: the sequences it holds (as many snapshot slots again), bytes.
-            "state_seqs": self.kv.state.num_seqs if self.kv.state is not None else None,
-            "state_bytes": self.state_pool.nbytes if self.state_pool is not None else 0,
-            "max_num_batched_tokens": self.config.max_num_batched_tokens,
-            "prefix_caching": self.config.enable_prefix_caching,
-            "adapters": list(self.adapters),
-            "speculative": self.speculator.describe() if self.speculator is not None else None,
-        }
+        """What the engine runs (model, backend, dtype, KV cache, limits), for the start-up line and /health."""
+        return describe_engine(self)

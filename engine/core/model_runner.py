@@ -57,12 +57,17 @@ class ModelRunner:
             self.layer_backends = [layer_backends[n] for n in range(len(caches))]
         self.num_tokens_run = 0  # tokens fed to the model over the runner's life (prefix hits are not)
         self.graph_runner = None  # CUDA: engine.core.cuda_graphs.CudaGraphRunner for decode steps
+        # Tensor parallelism (engine.core.distributed.ranks.RankSet): the other ranks get each step's inputs and
+        # every logits call's rows, and run their shards alongside this one.
+        self.peers = None
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
         for g, pool in enumerate(self.pools):
             pool.copy_pages([s for h, s, _ in out.copies if h == g], [d for h, _, d in out.copies if h == g])
         input_ids, positions, metas, sample_at, prompt_at, pool_at = self._prepare(out.scheduled)
+        if self.peers is not None:
+            self.peers.send_step(out.copies, input_ids, positions, metas)
         if self.state_pool is not None:
             self.state_pool.copy_slots(out.state_copies)
             self.recurrent_plan.plan(self._recurrent_step(out.scheduled, metas[0].is_decode))
@@ -89,14 +94,19 @@ class ModelRunner:
             # Greedy rows get the float32 argmax of a bf16 head (engine.model.layers.logits); sampled rows do
             # not need it, and at batch 64 it would cost a few percent of the step.
             greedy = [j for j, (i, _) in enumerate(picked) if out.scheduled[i].group.params.greedy]
-            logits = self.model.compute_logits(hidden.index_select(0, rows),
-                                               torch.tensor(greedy, dtype=torch.long, device=self.device))
+            logits = self._logits(hidden.index_select(0, rows),
+                                  torch.tensor(greedy, dtype=torch.long, device=self.device))
             if sample_at:
                 self._sample(logits[: len(sample_at)], [(i, out.scheduled[i]) for i, _ in sample_at], result)
             if verify_at:
                 verify(logits[len(sample_at) :], [(i, out.scheduled[i]) for i, _, _ in verify_at], self.sampler,
                        result)
         return result
+
+    def _logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
+        if self.peers is not None:
+            self.peers.send_logits(hidden, exact_rows)
+        return self.model.compute_logits(hidden, exact_rows)
 
     def _prepare(self, scheduled: list[ScheduledSeq]):
         """The step's flattened tokens and page tables (one per group), built in Python lists and turned into
@@ -179,7 +189,7 @@ class ModelRunner:
             entries: list[tuple[float, list[tuple[int, float]]]] = []
             for lo in range(0, count, PROMPT_LOGPROB_SLICE):
                 hi = min(count, lo + PROMPT_LOGPROB_SLICE)
-                logits = self.model.compute_logits(hidden[row + lo : row + hi])
+                logits = self._logits(hidden[row + lo : row + hi])
                 entries += compute_logprobs(logits, targets[lo:hi], k)
             result.prompt_logprobs[i] = entries
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from glob import glob
 
 import torch
@@ -21,6 +21,27 @@ from engine.model.kv_scales import kv_scale_target
 
 # Buffers some checkpoints carry that we recompute.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass(frozen=True)
+class Source:
+    """The part of a checkpoint tensor that one tensor-parallel rank reads: `spans` (start, size) of dimension
+    `dim`, concatenated (two spans where a fused hub tensor stacks gate|up). Read through the file's memory map,
+    so a rank never holds more than its part."""
+
+    dim: int
+    spans: tuple[tuple[int, int], ...]
+
+    def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        out = list(shape)
+        out[self.dim] = sum(n for _, n in self.spans)
+        return tuple(out)
+
+    def read(self, handle) -> torch.Tensor:
+        """This part of the tensor behind a safetensors slice handle (f.get_slice(name))."""
+        lead = (slice(None),) * self.dim
+        pieces = [handle[(*lead, slice(start, start + n))] for start, n in self.spans]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=self.dim)
 
 
 @dataclass(frozen=True)
@@ -39,6 +60,7 @@ class Shard:
     size: int | None = None
     dim: int = 0
     transposed: bool = False
+    source: Source | None = None  # a tensor-parallel rank's part of the checkpoint tensor (None: all of it)
 
     def view(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.transposed:
@@ -89,9 +111,12 @@ def shard_targets(model: nn.Module) -> dict[str, Shard]:
 
 def plan_copies(model: nn.Module, shapes: dict[str, tuple[int, ...]], tied: bool) -> dict[str, Shard]:
     """Checkpoint name -> its target, for every tensor to copy; raises UnsupportedModel on a tensor we do
-    not expect, one of the wrong shape, or a parameter no tensor fills. Reads no data (shapes only)."""
+    not expect, one of the wrong shape, or a parameter no tensor fills. Reads no data (shapes only).
+
+    A tensor-parallel shard's `checkpoint_sources` (our name -> Source) say which part of a tensor it reads."""
     params = dict(model.named_parameters())
     targets = shard_targets(model)
+    sources: dict[str, Source] = getattr(model, "checkpoint_sources", None) or {}
     rename = getattr(model, "checkpoint_name", lambda n: n)
     filled: dict[str, int] = {}  # param -> elements written
     plan: dict[str, Shard] = {}
@@ -104,6 +129,9 @@ def plan_copies(model: nn.Module, shapes: dict[str, tuple[int, ...]], tied: bool
         shard = targets.get(ours) or (Shard(ours) if ours in params else None)
         if shard is None:
             raise UnsupportedModel(f"unexpected tensor {name!r} in checkpoint", param="model")
+        if ours in sources:
+            shard = replace(shard, source=sources[ours])
+            shape = shard.source.shape(shape)
         expected = tuple(shard.view(params[shard.param].data).shape)
         if expected != shape:
             raise UnsupportedModel(f"tensor {name!r} has shape {shape}, expected {expected}", param="model")
@@ -124,7 +152,8 @@ def load_weights(model: nn.Module, files: list[str], shapes: dict[str, tuple[int
             for name in f.keys():
                 if name in plan:
                     shard = plan[name]
-                    shard.view(params[shard.param].data).copy_(f.get_tensor(name))
+                    tensor = f.get_tensor(name) if shard.source is None else shard.source.read(f.get_slice(name))
+                    shard.view(params[shard.param].data).copy_(tensor)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

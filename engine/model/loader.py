@@ -8,23 +8,25 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from engine.config import LoraConfig
-from engine.errors import UnsupportedModel
+from engine.errors import StartupError, UnsupportedModel
 from engine.model.classifier import Classifier, attach_score, check_tokens, head_weight, read_classifier
 from engine.model.checkpoint import load_weights, plan_copies, safetensors_files, tensor_shapes
 from engine.model.kv_scales import check_kv_cache_scheme, load_kv_scales
 from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.linear import pack_linears_for_cpu, quantize_linears_int4
 from engine.model.layers.lora import attach_lora
+from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentSpec
 from engine.model.models import CausalLM, model_class
 from engine.model.pooling import PoolingConfig, read_pooling
 from engine.model.quant.base import QuantFormat
 from engine.model.quant.registry import quant_format
+from engine.model.sharding import check_shardable, finish_shard
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 QUANTIZATIONS = ("int4",)
@@ -55,12 +57,13 @@ class ModelSpec:
 
 def load_model(
     model_path: str, dtype: torch.dtype, device: torch.device, quantization: str | None = None,
-    lora: LoraConfig | None = None,
+    lora: LoraConfig | None = None, tp: TensorParallel | None = None,
 ) -> tuple[CausalLM, ModelSpec]:
     """Reads config.json and the safetensors shards under model_path; returns the model (eval, on device).
 
     quantization "int4": the decoder layers' linears become 4-bit weight-only (CPU); embeddings, norms
-    and lm_head stay in `dtype`. lora: its adapters wrap the projections they target (model.lora).
+    and lm_head stay in `dtype`. lora: its adapters wrap the projections they target (model.lora). tp: load
+    only rank tp.rank's shard (engine/model/sharding.py); its KV groups then hold that rank's KV heads.
     """
     if dtype not in SUPPORTED_DTYPES:
         raise UnsupportedModel(f"dtype {dtype} is not supported (float32, bfloat16, float16)", param="dtype")
@@ -69,7 +72,7 @@ def load_model(
         raise UnsupportedModel(f"quantization {quantization!r} is not supported (int4)", param="quantization")
     if quantization == "int4" and device.type != "cpu":
         raise UnsupportedModel("quantization 'int4' runs on CPU only", param="quantization")
-    config, files, shapes, model, fmt = _build_on_meta(model_path)
+    config, files, shapes, model, fmt = _build_on_meta(model_path, tp)
     if fmt is not None and quantization is not None:
         raise UnsupportedModel(f"QUANTIZATION={quantization} quantizes float weights; this checkpoint is already "
                                f"{fmt.name}: leave QUANTIZATION unset", param="quantization")
@@ -79,6 +82,8 @@ def load_model(
     if tied:
         model.tie_weights()
     load_weights(model, files, shapes, tied)
+    if tp is not None:
+        finish_shard(model, model.shard_plan, tp)
     load_kv_scales(model, files, shapes)
     if fmt is not None:
         # Before LoRA: its adapters wrap the serving modules and run in the serving dtype.
@@ -109,7 +114,7 @@ def load_model(
         max_position_embeddings=args.max_position_embeddings,
         eos_token_ids=_eos_token_ids(config, model_path),
         dtype=dtype,
-        kv_groups=model.kv_groups(config),
+        kv_groups=_rank_groups(model.kv_groups(config), tp),
         pooling=_pooling(model_path, config, model.classifier),
         recurrent=model.recurrent_spec() if hasattr(model, "recurrent_spec") else None,
         classifier=model.classifier,
@@ -137,9 +142,13 @@ def check_checkpoint(model_path: str) -> str:
     return config["architectures"][0]
 
 
-def _build_on_meta(model_path: str) -> tuple[dict, list[str], dict[str, tuple[int, ...]], CausalLM, QuantFormat | None]:
-    """config.json, the weight files, their tensors' shapes, the family's model on the meta device (its quantized
-    linears in their checkpoint layout), and the quantization format (None for float weights)."""
+def model_args(model_path: str) -> tuple[str, object]:
+    """(architecture, the family's args) from config.json and the checkpoint's headers; no model is built."""
+    config, _, args, _, _ = _read_args(model_path)
+    return config["architectures"][0], args
+
+
+def _read_args(model_path: str) -> tuple[dict, type, object, list[str], dict[str, tuple[int, ...]]]:
     if not os.path.isfile(os.path.join(model_path, "config.json")):
         raise UnsupportedModel(
             f"no model at {model_path!r} (no config.json there): bake one with `python -m builder --out "
@@ -147,7 +156,7 @@ def _build_on_meta(model_path: str) -> tuple[dict, list[str], dict[str, tuple[in
         )
     config = read_config(model_path)
     cls = model_class((config.get("architectures") or ["<none>"])[0])
-    fmt = quant_format(config)
+    quant_format(config)  # an unsupported format is named before the weights are looked at
     check_kv_cache_scheme(config)
     files = safetensors_files(model_path)
     shapes = tensor_shapes(files)
@@ -155,14 +164,42 @@ def _build_on_meta(model_path: str) -> tuple[dict, list[str], dict[str, tuple[in
         args = cls.read_args(config, set(shapes))
     except KeyError as exc:
         raise UnsupportedModel(f"config.json lacks {exc.args[0]!r}", param="model") from None
+    return config, cls, args, files, shapes
+
+
+def _build_on_meta(model_path: str, tp: TensorParallel | None = None
+                   ) -> tuple[dict, list[str], dict[str, tuple[int, ...]], CausalLM, QuantFormat | None]:
+    """config.json, the weight files, their tensors' shapes, the family's model on the meta device (its quantized
+    linears in their checkpoint layout; tp: rank tp.rank's shard of it), and the quantization format (None for
+    float weights)."""
+    config, cls, args, files, shapes = _read_args(model_path)
+    fmt = quant_format(config)
     classifier = read_classifier(config, shapes)
     with torch.device("meta"):
         model = cls(args)
         attach_score(model, classifier, args.hidden_size)
     model.classifier = classifier
+    if tp is not None:
+        if classifier is not None:
+            raise StartupError("tensor parallelism does not shard cross-encoders yet: serve it with "
+                               "tensor_parallel_size=1", param="tensor_parallel_size")
+        if fmt is not None:
+            raise StartupError(f"tensor parallelism does not shard {fmt.name} checkpoints yet: serve it with "
+                               "tensor_parallel_size=1", param="tensor_parallel_size")
+        check_shardable(config["architectures"][0], args, tp.size)
+        with torch.device("meta"):
+            model.shard_plan = model.shard(tp)
+        model.checkpoint_sources = model.shard_plan.sources
     if fmt is not None:
         fmt.swap(model, shapes)
     return config, files, shapes, model, fmt
+
+
+def _rank_groups(groups: list[KVGroupSpec], tp: TensorParallel | None) -> list[KVGroupSpec]:
+    """The KV groups as one rank holds them: its KV heads (the page tables are every rank's)."""
+    if tp is None:
+        return groups
+    return [replace(g, num_kv_heads=tp.kv_heads(g.num_kv_heads)[1]) for g in groups]
 
 
 def _tied(config: dict, shapes: dict[str, tuple[int, ...]]) -> bool:

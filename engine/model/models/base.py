@@ -58,6 +58,7 @@ class DecoderLM(nn.Module):
         # The lm_head's rows as loaded (kept by the loader before a CPU packing replaces the Linear): where the
         # head runs in bf16 / fp16, the logits near each row's maximum are recomputed from them in float32.
         self.head_weight: torch.Tensor | None = None
+        self.tp = None  # engine.model.layers.parallel.TensorParallel of a vocab-parallel lm_head (a shard)
 
     def tie_weights(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
@@ -69,9 +70,10 @@ class DecoderLM(nn.Module):
         """The lm_head's logits in float32; on `exact_rows` (None: all) the argmax is the float32 one
         (engine.model.layers.logits)."""
         logits = self.lm_head(hidden)
-        if self.head_weight is None:
-            return logits.float()
-        return refine_near_max(logits, hidden, self.head_weight, exact_rows)
+        # NOTE: a shard refines its own columns: the float32 argmax is the largest of the ranks' refined maxima.
+        logits = logits.float() if self.head_weight is None else refine_near_max(logits, hidden, self.head_weight,
+                                                                                 exact_rows)
+        return logits if self.tp is None else self.tp.gather_vocab(logits)
 
     @staticmethod
     def layer_backends(backend: AttentionBackend | list[AttentionBackend], num_layers: int) -> list[AttentionBackend]:

@@ -19,8 +19,10 @@ from engine.model.kv_spec import KVGroupSpec, kv_groups, layer_windows
 from engine.model.layers.activation import silu_and_mul
 from engine.model.layers.linear import FusedLinear
 from engine.model.layers.norm import RMSNorm
+from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_, rope_parameters
 from engine.model.models.base import DecoderLM, DecoderShape
+from engine.model.sharding import ShardPlan, shard_attention, shard_gated_mlp, shard_vocab
 
 
 @dataclass
@@ -119,6 +121,7 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(a)
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.tp: TensorParallel | None = None  # tensor-parallel: attention and MLP give partial sums to all-reduce
 
     def forward(
         self,
@@ -136,8 +139,11 @@ class LlamaDecoderLayer(nn.Module):
         else:
             h, residual = self.input_layernorm.add_forward(h, residual)
         h = self.self_attn(h, positions, cos, sin, k_cache, v_cache, backend)
+        if self.tp is not None:
+            h = self.tp.all_reduce(h)
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h), residual
+        h = self.mlp(h)
+        return (h if self.tp is None else self.tp.all_reduce(h)), residual
 
 
 class LlamaModel(nn.Module):
@@ -170,6 +176,20 @@ class LlamaForCausalLM(DecoderLM):
         # Set by an EAGLE-3 proposer: the layers whose input each forward keeps, side by side, in aux_hidden.
         self.aux_layers: tuple[int, ...] = ()
         self.aux_hidden: torch.Tensor | None = None
+
+    def shard(self, tp: TensorParallel) -> ShardPlan:
+        """Shrinks this model (on the meta device) to rank tp.rank's heads, columns and vocabulary rows
+        (engine/model/sharding.py); returns what the loader reads for it."""
+        plan = ShardPlan()
+        for i, layer in enumerate(self.model.layers):
+            shard_attention(layer.self_attn, f"model.layers.{i}.self_attn", tp, plan)
+            self.shard_mlp(layer, f"model.layers.{i}.mlp", tp, plan)
+            layer.tp = tp
+        shard_vocab(self, tp, plan)
+        return plan
+
+    def shard_mlp(self, layer: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:
+        shard_gated_mlp(layer.mlp, prefix, tp, plan)
 
     def init_rotary(
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None

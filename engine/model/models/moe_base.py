@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import nn
+
 from engine.errors import UnsupportedModel
 from engine.model.layers.moe import Routing, SparseMoE, check_routing
+from engine.model.layers.parallel import TensorParallel
 from engine.model.models.llama import LlamaArgs, LlamaForCausalLM
+from engine.model.sharding import ShardPlan, shard_experts
 
 
 @dataclass
@@ -59,3 +63,9 @@ class MoeForCausalLM(LlamaForCausalLM):
 
     def make_moe(self, a: MoeArgs) -> SparseMoE:
         return SparseMoE(a.routing, a.hidden_size)
+
+    def shard_mlp(self, layer: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:
+        if isinstance(layer.mlp, SparseMoE):
+            shard_experts(layer.mlp, prefix, tp, plan)
+        else:
+            super().shard_mlp(layer, prefix, tp, plan)

@@ -1,0 +1,75 @@
+"""What rank 0 sends the other ranks: a fixed-size command header (down each rank's pipe), then the step's
+integers packed in one int64 tensor, or the hidden rows to turn into logits (on the model's device group).
+
+A step is its token ids, positions, the CSR page table (qo / kv indptr and last page lengths, shared by the KV
+groups; each group's page indices and slots) and the page copies to make first: everything a rank needs to run its
+heads over its own KV pages, whose page ids are the scheduler's and the same on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.base import AttentionMetadata
+
+STEP, LOGITS, CACHE, STOP = 1, 2, 3, 4
+MAX_GROUPS = 8  # KV layer groups a step header has room for (the sharded families have one or two)
+HEADER_LEN = 6 + 3 * MAX_GROUPS
+
+
+def header(command: int, *fields: int) -> torch.Tensor:
+    out = torch.zeros(HEADER_LEN, dtype=torch.int64)
+    out[0] = command
+    if fields:
+        out[1 : 1 + len(fields)] = torch.tensor(fields, dtype=torch.int64)
+    return out
+
+
+@dataclass
+class Step:
+    """One forward's inputs as every rank builds them."""
+
+    copies: list[list[tuple[int, int]]]  # per KV group: (src, dst) pages to copy before the step
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metas: list[AttentionMetadata]  # per KV group
+
+
+def pack_step(copies: list[tuple[int, int, int]], input_ids: torch.Tensor, positions: torch.Tensor,
+              metas: list[AttentionMetadata]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(header, payload) of one step; the payload is on the tensors' device."""
+    first = metas[0]
+    parts = [input_ids, positions, first.qo_indptr, first.kv_indptr, first.kv_last_page_len]
+    for m in metas:
+        parts += [m.kv_indices, m.slot_mapping]
+    flat = [v for c in copies for v in c]
+    parts.append(torch.tensor(flat, dtype=torch.int64).to(input_ids.device))
+    payload = torch.cat([p.to(torch.int64) for p in parts])
+    sizes = [n for m in metas for n in (m.kv_indices.numel(), m.slot_mapping.numel())]
+    fields = [input_ids.numel(), first.qo_indptr.numel() - 1, int(first.is_decode), len(metas), len(copies),
+              *sizes]
+    return header(STEP, *fields), payload
+
+
+def payload_len(head: torch.Tensor) -> int:
+    tokens, batch, _, groups, copies = head[1:6].tolist()
+    sizes = head[6 : 6 + 2 * groups].tolist()
+    return 2 * tokens + 2 * (batch + 1) + batch + sum(sizes) + 3 * copies
+
+
+def unpack_step(head: torch.Tensor, payload: torch.Tensor, page_size: int) -> Step:
+    tokens, batch, is_decode, groups, num_copies = head[1:6].tolist()
+    sizes = head[6 : 6 + 2 * groups].tolist()
+    i32 = torch.int32
+    cuts = [tokens, tokens, batch + 1, batch + 1, batch, *sizes, 3 * num_copies]
+    pieces = list(torch.split(payload, cuts))
+    input_ids, positions, qo, kv, last = pieces[:5]
+    qo, kv, last = qo.to(i32), kv.to(i32), last.to(i32)
+    metas = [AttentionMetadata(qo_indptr=qo, kv_indptr=kv, kv_indices=pieces[5 + 2 * g].to(i32), kv_last_page_len=last,
+                               slot_mapping=pieces[6 + 2 * g], page_size=page_size, is_decode=bool(is_decode))
+             for g in range(groups)]
+    flat = pieces[-1].view(-1, 3).tolist()
+    copies = [[(s, d) for h, s, d in flat if h == g] for g in range(groups)]
+    return Step(copies, input_ids, positions, metas)

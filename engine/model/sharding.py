@@ -1,0 +1,136 @@
+"""Tensor-parallel shards of a model built on the meta device: which modules shrink to one rank's part, and which
+part of each checkpoint tensor (a Source) that rank reads, so it loads its shard alone from the memory map.
+
+Column-parallel (q|k|v and gate|up: this rank's heads and intermediate columns), row-parallel (o_proj, down_proj:
+the matching input columns, the block's output all-reduced by the decoder layer), vocab-parallel (the embedding's
+and the lm_head's rows, the logits gathered on rank 0). KV heads are split too, or, with fewer KV heads than ranks,
+each rank keeps the one its query heads read. A row-parallel bias is added once: by rank 0, zeroed elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.errors import StartupError
+from engine.model.checkpoint import Source
+from engine.model.layers.linear import FusedLinear
+from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
+
+# The architectures whose families shard (each has a TP=2 parity test); others are refused at start-up.
+SHARDED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                         "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
+
+
+@dataclass
+class ShardPlan:
+    """What the loader needs of a shard: the part of each checkpoint tensor (by our parameter name) it reads, and
+    the row-parallel biases only rank 0 keeps."""
+
+    sources: dict[str, Source] = field(default_factory=dict)
+    rank0_biases: list[str] = field(default_factory=list)
+
+    def column(self, name: str, start: int, size: int, bias: bool) -> None:
+        self.sources[f"{name}.weight"] = Source(0, ((start, size),))
+        if bias:
+            self.sources[f"{name}.bias"] = Source(0, ((start, size),))
+
+    def row(self, name: str, start: int, size: int, bias: bool) -> None:
+        self.sources[f"{name}.weight"] = Source(1, ((start, size),))
+        if bias:
+            self.rank0_biases.append(f"{name}.bias")
+
+
+def check_shardable(architecture: str, args: Any, size: int) -> None:
+    """StartupError in one line when `size` ranks cannot split this model: a family not sharded yet, or a count
+    (heads, KV heads, vocabulary, intermediate size, an expert's width) that `size` does not divide."""
+    if architecture not in SHARDED_ARCHITECTURES:
+        raise StartupError(f"tensor_parallel_size={size}: {architecture} does not run tensor-parallel yet (it runs: "
+                           f"{', '.join(SHARDED_ARCHITECTURES)})", param="tensor_parallel_size")
+    counts = {"attention heads": args.num_q_heads, "vocabulary entries": args.vocab_size,
+              "intermediate size": args.intermediate_size}
+    routing = getattr(args, "routing", None)
+    if routing is not None:
+        counts["expert intermediate size"] = routing.intermediate_size
+        if routing.shared_expert_size:
+            counts["shared expert intermediate size"] = routing.shared_expert_size
+    for what, n in counts.items():
+        if n % size:
+            raise StartupError(f"tensor_parallel_size={size} does not divide the model's {n} {what}",
+                               param="tensor_parallel_size")
+    kv = args.num_kv_heads
+    if kv % size and size % kv:
+        raise StartupError(f"tensor_parallel_size={size} neither divides nor is a multiple of the model's {kv} KV "
+                           "heads", param="tensor_parallel_size")
+
+
+def shard_attention(attn: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:
+    """A Llama-style attention (qkv_proj, o_proj, num_q / num_kv / head_dim) -> this rank's heads."""
+    d, hidden = attn.head_dim, attn.o_proj.out_features
+    q0, nq = tp.span(attn.num_q)
+    k0, nk = tp.kv_heads(attn.num_kv)
+    bias = attn.qkv_proj.bias is not None
+    attn.qkv_proj = FusedLinear(hidden, {"q_proj": nq * d, "k_proj": nk * d, "v_proj": nk * d}, bias)
+    plan.column(f"{prefix}.q_proj", q0 * d, nq * d, bias)
+    for name in ("k_proj", "v_proj"):
+        plan.column(f"{prefix}.{name}", k0 * d, nk * d, bias)
+    o_bias = attn.o_proj.bias is not None
+    attn.o_proj = nn.Linear(nq * d, hidden, bias=o_bias)
+    plan.row(f"{prefix}.o_proj", q0 * d, nq * d, o_bias)
+    attn.num_q, attn.num_kv = nq, nk
+
+
+def shard_gated_mlp(mlp: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:
+    """A gate|up + down MLP (gate_up_proj: FusedLinear of gate_proj and up_proj) -> this rank's columns."""
+    hidden, width = mlp.down_proj.out_features, mlp.down_proj.in_features
+    start, n = tp.span(width)
+    bias, up_bias = mlp.down_proj.bias is not None, mlp.gate_up_proj.bias is not None
+    mlp.gate_up_proj = FusedLinear(hidden, {"gate_proj": n, "up_proj": n}, up_bias)
+    for name in ("gate_proj", "up_proj"):
+        plan.column(f"{prefix}.{name}", start, n, up_bias)
+    mlp.down_proj = nn.Linear(n, hidden, bias=bias)
+    plan.row(f"{prefix}.down_proj", start, n, bias)
+
+
+def shard_vocab(model: nn.Module, tp: TensorParallel, plan: ShardPlan) -> None:
+    """The embedding's and the lm_head's rows -> this rank's part of the vocabulary (tied or not)."""
+    vocab, hidden = model.model.embed_tokens.weight.shape
+    start, n = tp.span(vocab)
+    model.model.embed_tokens = VocabParallelEmbedding(n, hidden, start, tp)
+    plan.sources["model.embed_tokens.weight"] = Source(0, ((start, n),))
+    model.lm_head = nn.Linear(hidden, n, bias=False)
+    plan.sources["lm_head.weight"] = Source(0, ((start, n),))
+    model.tp = tp
+
+
+def finish_shard(model: nn.Module, plan: ShardPlan, tp: TensorParallel) -> None:
+    """After loading: the row-parallel biases count once in the all-reduced sum (rank 0's)."""
+    if tp.rank:
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name in plan.rank0_biases:
+                params[name].zero_()
+
+
+def shard_experts(moe: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:
+    """A SparseMoE -> every expert's gate|up rows and down columns of this rank (tensor-parallel inside each
+    expert: routing, on the replicated hidden state, is the same on every rank), and its shared expert alike."""
+    old = moe.experts
+    start, n = tp.span(old.intermediate_size)
+    if old.gate_up_proj_bias is not None:
+        raise StartupError("tensor parallelism does not shard biased experts yet", param="tensor_parallel_size")
+    moe.experts = type(old)(old.num_experts, old.hidden_size, n, activation=old.activation)
+    width = old.intermediate_size
+    name = f"{prefix}.experts"
+    # The hub's per-expert tensors, and transformers 5's fused ones ([E, 2I, H] gate|up, [E, H, I] down).
+    for e in range(old.num_experts):
+        for proj in ("gate_proj", "up_proj"):
+            plan.sources[f"{name}.{e}.{proj}.weight"] = Source(0, ((start, n),))
+        plan.sources[f"{name}.{e}.down_proj.weight"] = Source(1, ((start, n),))
+    plan.sources[f"{name}.gate_up_proj"] = Source(1, ((start, n), (width + start, n)))
+    plan.sources[f"{name}.down_proj"] = Source(2, ((start, n),))
+    if moe.shared_expert is not None:
+        shard_gated_mlp(moe.shared_expert, f"{prefix}.shared_expert", tp, plan)

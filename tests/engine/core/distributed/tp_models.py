@@ -1,0 +1,56 @@
+"""Tiny random-weight checkpoints for the tensor-parallel tests (SmolLM2's tokenizer, its first 1024 ids), saved in
+the hub layout, and the child processes of this one (no test may leave a rank behind)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.engine.conftest import ENGINE_TINY, _save_tiny_engine_model
+
+# kind -> what it covers at TP=2: biases on every projection (row-parallel ones added once), KV heads fewer than
+# ranks (replicated) with Qwen3's q/k norm, two KV layer groups (a full layer, then a sliding window of 8 tokens),
+# a Qwen3-MoE with experts split inside, and a Qwen2-MoE with a shared expert and qkv bias.
+KINDS = ("llama_biased", "qwen3_one_kv_head", "qwen2_window", "qwen3_moe", "qwen2_moe")
+
+
+def tp_config(kind: str):
+    import transformers as tf
+
+    base = {**ENGINE_TINY, "num_hidden_layers": 2}
+    if kind == "llama_biased":
+        return tf.LlamaConfig(**{**base, "tie_word_embeddings": False}, attention_bias=True, mlp_bias=True)
+    if kind == "qwen3_one_kv_head":
+        return tf.Qwen3Config(**{**base, "num_key_value_heads": 1})
+    if kind == "qwen2_window":
+        return tf.Qwen2Config(**{**base, "num_hidden_layers": 3}, use_sliding_window=True, sliding_window=8,
+                              max_window_layers=1)
+    if kind == "qwen3_moe":
+        return tf.Qwen3MoeConfig(**base, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                                 norm_topk_prob=True)
+    if kind == "qwen2_moe":
+        return tf.Qwen2MoeConfig(**base, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
+                                 num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1)
+    raise ValueError(kind)
+
+
+def save_tp_model(kind: str, path: Path, baked_model_path: Path) -> Path:
+    return _save_tiny_engine_model(tp_config(kind), path, baked_model_path)
+
+
+def child_pids() -> set[int]:
+    """The live (not zombie) processes whose parent is this one, read from /proc; not multiprocessing's resource
+    tracker, which spawn starts once per interpreter and which ends with it."""
+    me, out = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == me and state != "Z" and b"resource_tracker" not in command:
+            out.add(int(entry))
+    return out
