@@ -63,7 +63,8 @@ def rank_config(config: EngineConfig, device: torch.device) -> EngineConfig:
     config = replace(config, tensor_parallel_size=size)
     if size == 1:
         return config
-    for what, present in (("LoRA adapters", config.lora is not None and bool(config.lora.adapters or config.lora.runtime)),
+    lora = config.lora is not None and bool(config.lora.adapters or config.lora.runtime)
+    for what, present in (("LoRA adapters", lora),
                           ("QUANTIZATION", config.quantization is not None),
                           ("speculative decoding", config.speculative is not None)):
         if present:
