@@ -31,3 +31,7 @@ class UnsupportedModel(EngineError):
 
 class StartupError(EngineError):
     """The engine cannot start as configured; the message names the setting to change."""
+
+
+class NoImageInput(InvalidRequest):
+    """A request with images for a model that takes none (HTTP 400)."""

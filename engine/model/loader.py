@@ -24,6 +24,7 @@ from engine.model.models import CausalLM, model_class
 from engine.model.pooling import PoolingConfig, read_pooling
 from engine.model.quant.base import QuantFormat
 from engine.model.quant.registry import quant_format
+from engine.model.vision.spec import VisionSpec
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 QUANTIZATIONS = ("int4",)
@@ -47,6 +48,7 @@ class ModelSpec:
     pooling: PoolingConfig  # how an embedding request pools the final hidden states
     # A hybrid model's recurrent layers and their per-sequence state shapes (None: every layer attends over pages)
     recurrent: RecurrentSpec | None = None
+    vision: VisionSpec | None = None  # a model that takes images (None: text only)
 
 
 def load_model(
@@ -108,6 +110,7 @@ def load_model(
         kv_groups=model.kv_groups(config),
         pooling=read_pooling(model_path, config),
         recurrent=model.recurrent_spec() if hasattr(model, "recurrent_spec") else None,
+        vision=model.vision_spec() if hasattr(model, "vision_spec") else None,
     )
     return model, spec
 
