@@ -90,3 +90,8 @@ def hf_greedy(hf, tokens: list[int], files: list[bytes], max_tokens: int) -> lis
 
 def images(files: list[bytes]) -> list[ImageData]:
     return [ImageData(f, f"image {i}") for i, f in enumerate(files)]
+
+
+def gpu_files() -> list[bytes]:
+    """Three pictures of different sizes (tests/gpu's tower check)."""
+    return [image_file(40, 90, 1), image_file(300, 120, 2, "JPEG"), image_file(112, 112, 3)]
