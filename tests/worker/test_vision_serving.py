@@ -137,3 +137,57 @@ def test_a_text_only_model_takes_no_image(client: openai.OpenAI, model_name: str
         client.chat.completions.create(model=model_name, messages=ask(data_url(RED)), max_tokens=2)
     assert "this model takes no image input" in info.value.message
     assert info.value.body["param"] == "messages.[0].content.[0].image_url"
+
+
+def test_the_responses_api_takes_input_image(vision_worker: LocalWorker, image_server: str) -> None:
+    sdk = vision_worker.client()
+    chat = sdk.chat.completions.create(model=NAME, messages=ask(data_url(RED)), max_tokens=6, temperature=0)
+    content = [{"type": "input_image", "image_url": data_url(RED), "detail": "auto"},
+               {"type": "input_text", "text": "What is in the picture?"}]
+    whole = sdk.responses.create(model=NAME, input=[{"role": "user", "content": content}], max_output_tokens=6,
+                                 temperature=0)
+    assert whole.output_text == chat.choices[0].message.content
+    assert whole.usage.input_tokens == chat.usage.prompt_tokens
+    events = list(sdk.responses.create(model=NAME, input=[{"role": "user", "content": content}], max_output_tokens=6,
+                                       temperature=0, stream=True))
+    assert events[-1].response.output_text == whole.output_text
+    by_url = [{"type": "input_image", "image_url": image_server + "/red.png"}, content[1]]
+    fetched = sdk.responses.create(model=NAME, input=[{"role": "user", "content": by_url}], max_output_tokens=6,
+                                   temperature=0)
+    assert fetched.output_text == whole.output_text
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.responses.create(model=NAME, input=[{"role": "user", "content": [
+            content[1], {"type": "input_image", "image_url": data_url(b"nope")}]}], max_output_tokens=2)
+    assert info.value.body["param"] == "input[0].content[1]"
+
+
+def test_anthropic_messages_take_image_blocks(vision_worker: LocalWorker, image_server: str) -> None:
+    import base64
+
+    import anthropic
+    from local_worker import ENDPOINT
+
+    claude = anthropic.Anthropic(base_url=vision_worker.url(f"{ENDPOINT}/openai"), api_key="unused", max_retries=0)
+    chat = vision_worker.client().chat.completions.create(model=NAME, messages=ask(data_url(RED)), max_tokens=6,
+                                                          temperature=0)
+    sources = [{"type": "base64", "media_type": "image/png", "data": base64.b64encode(RED).decode()},
+               {"type": "url", "url": image_server + "/red.png"}]
+
+    def turn(source: dict) -> list[dict]:
+        return [{"role": "user", "content": [{"type": "image", "source": source},
+                                             {"type": "text", "text": "What is in the picture?"}]}]
+
+    greedy = {"max_tokens": 6, "extra_body": {"temperature": 0}}  # this SDK has no temperature argument
+    for source in sources:
+        message = claude.messages.create(model=NAME, messages=turn(source), **greedy)
+        assert message.content[0].text == chat.choices[0].message.content
+        # Anthropic's input_tokens leave out the prompt tokens read from the cache
+        assert message.usage.input_tokens + message.usage.cache_read_input_tokens == chat.usage.prompt_tokens
+    with claude.messages.stream(model=NAME, messages=turn(sources[0]), **greedy) as streamed:
+        assert "".join(streamed.text_stream) == chat.choices[0].message.content
+    assert claude.messages.count_tokens(model=NAME, messages=turn(sources[0])).input_tokens == chat.usage.prompt_tokens
+    with pytest.raises(anthropic.BadRequestError) as info:
+        bad = {"type": "base64", "media_type": "image/png", "data": "bm9wZQ=="}
+        claude.messages.create(model=NAME, max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image", "source": bad}]}])
+    assert "messages.0.content.0" in str(info.value.body)

@@ -47,6 +47,10 @@ class ChatCall:
     def stream(self) -> bool:
         return bool(self.request.stream)
 
+    async def image_files(self) -> list[Any]:
+        """The prompt's images as engine.inputs.ImageData (data: URLs decoded, http(s) ones fetched)."""
+        return await read_images(self.prompt.images, self.runtime.settings)
+
 
 def prepare_chat(body: Any, runtime: Runtime) -> ChatCall:
     """Everything that can fail before the engine runs: parsing, model name, parameters, template."""
@@ -91,9 +95,8 @@ def chat_call(request: ChatCompletionRequest, runtime: Runtime) -> ChatCall:
 
 async def complete_chat(call: ChatCall) -> dict[str, Any]:
     """The whole `chat.completion` object."""
-    images = await read_images(call.prompt.images, call.runtime.settings)
     started = await start(call.runtime.engine, call.prompt.token_ids, call.params, engine_request_id(call.id),
-                          images)
+                          await call.image_files())
     result = await collect(started)
     return chat_response(call, result)
 
@@ -167,7 +170,7 @@ def stream_chat(call: ChatCall) -> AsyncIterator[dict[str, Any]]:
     `__anext__` instead of streaming; an error after that raises for the SSE framing to report.
     """
     return stream_events(call.runtime.engine, call.prompt.token_ids, call.params, engine_request_id(call.id),
-                         _ChatChunks(call), lambda: read_images(call.prompt.images, call.runtime.settings))
+                         _ChatChunks(call), call.image_files)
 
 
 class _ChatChunks:

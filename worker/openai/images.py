@@ -43,8 +43,10 @@ def take_images(messages: list[Any], takes_images: bool, settings: Settings) -> 
             parts = []
             for j, part in enumerate(content):
                 if isinstance(part, dict) and part.get("type") == "image_url":
-                    param = f"messages.[{i}].content.[{j}].image_url"
-                    refs.append(_image_ref(part.get("image_url"), param, takes_images))
+                    # `where`: the part's place in the request as another API door wrote it (Responses, Anthropic)
+                    where = part.get("where")
+                    param = where or f"messages.[{i}].content.[{j}].image_url"
+                    refs.append(_image_ref(part.get("image_url"), param, takes_images, where or param + ".url"))
                     part = {"type": "image"}
                 parts.append(part)
             item["content"] = parts
@@ -55,7 +57,7 @@ def take_images(messages: list[Any], takes_images: bool, settings: Settings) -> 
     return out, refs
 
 
-def _image_ref(value: Any, param: str, takes_images: bool) -> ImageRef:
+def _image_ref(value: Any, param: str, takes_images: bool, url_param: str) -> ImageRef:
     if not takes_images:
         raise BadRequest("this model takes no image input", param=param)
     if isinstance(value, str):  # some clients send the URL alone
@@ -67,8 +69,8 @@ def _image_ref(value: Any, param: str, takes_images: bool) -> ImageRef:
         raise BadRequest(f"detail {detail!r} is not one of {', '.join(DETAILS)}", param=param + ".detail")
     url = value["url"]
     if not url.startswith("data:") and urlsplit(url).scheme not in ("http", "https"):
-        raise BadRequest("an image url must be a data: URL or an http(s) URL", param=param + ".url")
-    return ImageRef(url, param + ".url")
+        raise BadRequest("an image url must be a data: URL or an http(s) URL", param=url_param)
+    return ImageRef(url, url_param)
 
 
 async def read_images(refs: list[ImageRef], settings: Settings) -> list[ImageData]:

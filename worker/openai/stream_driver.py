@@ -61,9 +61,12 @@ async def stream_events(engine: Any, prompt_token_ids: list[int], params: Any, r
 
 
 async def run_to_end(engine: Any, prompt_token_ids: list[int], params: Any, request_id: str,
-                     add: Callable[[RequestOutput], Any]) -> None:
-    """An answer asked for whole: every output of the request handed to `add` (its events unused)."""
-    started = await start(engine, prompt_token_ids, params, request_id)
+                     add: Callable[[RequestOutput], Any], images: Callable[[], Awaitable[list[Any]]] | None = None,
+                     ) -> None:
+    """An answer asked for whole: every output of the request handed to `add` (its events unused); images as
+    stream_events takes them."""
+    files = await images() if images is not None else None
+    started = await start(engine, prompt_token_ids, params, request_id, files)
     try:
         async for output in started:
             add(output)

@@ -170,3 +170,27 @@ def test_the_bake_keeps_the_vision_weights_and_the_processor(vision, tmp_path):
     engine = tiny_engine(tmp_path / "model")
     assert engine.spec.vision is not None and engine.images.prompt is not None
     assert engine.images.prompt.tokens_per_image == TOKENS
+
+
+def test_a_prefill_chunk_never_ends_inside_an_image(vision):
+    """A 48-token prompt with two spans under a 20-token budget: it prefills in chunks, the first cut short before
+    the first span (at 6, where 20 would split it), none ending inside a span (the step plan is watched as the
+    scheduler hands it over)."""
+    from engine.core.images import image_runs
+
+    prompt = prompt_with(2, seed=2)
+    engine = tiny_engine(vision.path, max_num_batched_tokens=20)
+    ends: list[int] = []
+    schedule = engine.scheduler.schedule
+
+    def watched(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        ends.extend(s.start + s.num_tokens for s in out.scheduled if s.start + s.num_tokens <= len(prompt))
+        return out
+
+    engine.scheduler.schedule = watched
+    out, _ = _greedy(engine, {"two": (prompt, FILES)})
+    assert out["two"] == hf_greedy(vision.hf, prompt, FILES, 6)
+    spans = image_runs(prompt, IMAGE)  # soft tokens 6-21 and 27-42
+    assert ends[0] == spans[0][0] and ends[-1] == len(prompt) and len(ends) >= 4
+    assert not [e for e in ends for a, b in spans if a < e < b], (ends, spans)
