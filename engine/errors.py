@@ -35,3 +35,7 @@ class StartupError(EngineError):
 
 class RankFailed(EngineError):
     """A tensor-parallel rank died or stopped answering: the engine cannot go on (the worker exits)."""
+
+
+class NoImageInput(InvalidRequest):
+    """A request with images for a model that takes none (HTTP 400)."""

@@ -22,6 +22,7 @@ from engine.sample.params import SamplingParams
 from worker.openai.chat_deltas import delta_dicts
 from worker.openai.chat_output import OutputFormat, OutputStream
 from worker.openai.chat_template import render_chat
+from worker.openai.images import ImageRef, read_images, take_images
 from worker.openai.chat_tools import render_with_tools, tool_params
 from worker.openai.errors import BadRequest
 from worker.openai.generation import start
@@ -67,25 +68,31 @@ class NativeJob(BaseModel):
 
 
 def _prompt(job: NativeJob, runtime: Runtime, params: SamplingParams
-            ) -> tuple[list[int], OutputFormat | None, SamplingParams]:
-    """The prompt's token ids, how answers are read (None: as plain text) and the parameters the tools need."""
+            ) -> tuple[list[int], OutputFormat | None, SamplingParams, list[ImageRef]]:
+    """The prompt's token ids, how answers are read (None: as plain text), the parameters the tools need and the
+    messages' images (the chat route's image_url parts)."""
+    image_prompt = getattr(runtime.engine, "image_prompt", None)
+    messages, images = (job.messages, []) if job.messages is None else take_images(
+        job.messages, image_prompt is not None, runtime.settings)
+    shown = {"images": len(images), "image_prompt": image_prompt}
     if job.messages is None or job.tools is None:
-        return _prompt_ids(job, runtime), None, params
+        return _prompt_ids(job, runtime, messages, shown), None, params, images
     if runtime.tool_format == "harmony":
         # NOTE: harmony answers are read token by token (openai-harmony's parser); native jobs read text.
         raise BadRequest("tools in a native job are not supported for this model's harmony format (gpt-oss): "
                          "send the request to /v1/chat/completions or /v1/responses", param="tools")
-    prompt, plan, output, constraint = render_with_tools(runtime, job.messages, tools=job.tools,
+    prompt, plan, output, constraint = render_with_tools(runtime, messages, tools=job.tools,
                                                          tool_choice=job.tool_choice,
-                                                         parallel=job.parallel_tool_calls is not False)
-    return prompt.token_ids, output, tool_params(params, plan, runtime, constraint, output, prompt.text)
+                                                         parallel=job.parallel_tool_calls is not False, **shown)
+    return prompt.token_ids, output, tool_params(params, plan, runtime, constraint, output, prompt.text), images
 
 
-def _prompt_ids(job: NativeJob, runtime: Runtime) -> list[int]:
+def _prompt_ids(job: NativeJob, runtime: Runtime, messages: list[Any] | None, shown: dict[str, Any]) -> list[int]:
     tokenizer = runtime.tokenizer
-    if job.messages is not None or job.apply_chat_template:
-        messages = job.messages if job.messages is not None else [{"role": "user", "content": job.prompt}]
-        return render_chat(tokenizer, messages, chat_template=runtime.settings.custom_chat_template).token_ids
+    if messages is not None or job.apply_chat_template:
+        messages = messages if messages is not None else [{"role": "user", "content": job.prompt}]
+        return render_chat(tokenizer, messages, chat_template=runtime.settings.custom_chat_template,
+                           **shown).token_ids
     if isinstance(job.prompt, list):
         return list(job.prompt)
     return tokenizer.encode(job.prompt, add_special_tokens=True)
@@ -97,9 +104,10 @@ async def run_native(raw: dict[str, Any], runtime: Runtime) -> AsyncIterator[dic
     adapter = resolve_model(runtime, job.model)[1] if job.model is not None else None
     params = native_sampling_params(job.sampling_params, runtime.max_model_len, adapter)
     # Off the event loop, as on the OpenAI routes.
-    prompt_ids, reading, params = await asyncio.to_thread(_prompt, job, runtime, params)
+    prompt_ids, reading, params, images = await asyncio.to_thread(_prompt, job, runtime, params)
+    files = await read_images(images, runtime.settings)
     request_id = f"native-{job.request_id or uuid.uuid4().hex}-{uuid.uuid4().hex[:8]}"
-    started = await start(runtime.engine, prompt_ids, params, request_id)
+    started = await start(runtime.engine, prompt_ids, params, request_id, files)
     settings = runtime.settings
     sizes = BatchSize(job.max_batch_size or settings.default_batch_size,
                       job.min_batch_size or settings.default_min_batch_size,

@@ -131,6 +131,13 @@ class Settings(BaseModel):
     # vLLM's --scheduling-policy: fcfs, or priority (each request's `priority` field, lower first)
     scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", alias="SCHEDULING_POLICY")
 
+    # Image input (vision models): http(s) image URLs are fetched under these limits; data: URLs always work
+    max_images_per_request: int = Field(8, alias="MAX_IMAGES_PER_REQUEST", ge=1)
+    image_fetch_max_mb: float = Field(20.0, alias="IMAGE_FETCH_MAX_MB", gt=0.0)
+    image_fetch_timeout_s: float = Field(10.0, alias="IMAGE_FETCH_TIMEOUT_SECONDS", gt=0.0)
+    # Fetch from loopback and private addresses too (off: an image URL cannot reach the worker's own network)
+    image_fetch_allow_private: bool = Field(False, alias="IMAGE_FETCH_ALLOW_PRIVATE")
+
     # Responses API: the store behind `store` and `previous_response_id`, in memory or in Redis
     response_store_url: str = Field("", alias="RESPONSE_STORE_URL", pattern=r"^$|^(redis|rediss|unix)://")
     response_store_ttl_s: int = Field(30 * 24 * 3600, alias="RESPONSE_STORE_TTL_SECONDS", ge=1)

@@ -26,6 +26,10 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64: page * page_size + offset where each new token's KV goes
     page_size: int
     is_decode: bool  # every request has exactly one query token
+    # Per request, the [start, end) positions whose tokens attend to each other both ways (an image's soft tokens
+    # on Gemma 3; engine/attention/masks.py); None when no request of the step has any. A step's chunk never ends
+    # inside such a span (the scheduler keeps each whole), so every key the span's queries see is in the KV.
+    bidirectional: list[list[tuple[int, int]]] | None = None
 
 
 class AttentionBackend(Protocol):

@@ -8,6 +8,10 @@ Sink logits (gpt-oss) go through FlashInfer's BatchAttentionWithAttentionSinkWra
 paged prefill kernel, any GPU FA2 runs on), which serves prefill and decode steps alike; 0.5.3's `sinks`
 argument on the plain wrappers reaches only the trtllm-gen kernels (Blackwell), so it is not used.
 
+A prefill step with image tokens that attend to each other both ways (AttentionMetadata.bidirectional, Gemma 3)
+plans the prefill wrapper with a custom mask (engine/attention/masks.py, the torch backend's), the sliding window
+folded into it.
+
 An FP8 KV cache is FlashInfer's own: plan() with kv_data_type float8_e4m3fn, run() with the layer's k_scale and
 v_scale, which FlashInfer folds into sm_scale and the output (the sink variant takes no scales: the same folding
 is done here).
@@ -22,6 +26,7 @@ import torch
 from engine.attention.base import AttentionMetadata
 from engine.attention.flashinfer_graph import FlashInferGraphDecode, use_tensor_core_decode
 from engine.attention.kv_quant import fp8_scales, write_kv_slots
+from engine.attention.masks import prefill_mask
 from engine.cuda.kernels import DEFAULT_PREFILL_BACKEND
 
 # The float workspace (split-KV partial results), shared by every wrapper.
@@ -166,6 +171,15 @@ class FlashInferBackend:
                 num_q_heads, num_kv_heads, head_dim, meta.page_size,
                 **common,
             )
+        elif meta.bidirectional:
+            # An image's tokens see each other both ways: a custom mask (the window folded in, so no window_left).
+            common.pop("window_left", None)
+            wrapper = self._prefill
+            wrapper.plan(
+                meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
+                num_q_heads, num_kv_heads, head_dim, meta.page_size,
+                custom_mask=self._custom_mask(meta), **common,
+            )
         else:
             wrapper = self._prefill
             wrapper.plan(
@@ -175,6 +189,18 @@ class FlashInferBackend:
                 **common,
             )
         self._active = wrapper
+
+    def _custom_mask(self, meta: AttentionMetadata) -> torch.Tensor:
+        """Every request's [q_len, kv_len] mask (engine.attention.masks), flattened and concatenated, as
+        FlashInfer's plan(custom_mask=...) takes it."""
+        qo, kv, last = meta.qo_indptr.tolist(), meta.kv_indptr.tolist(), meta.kv_last_page_len.tolist()
+        window = self.plan_extra.get("window_left")
+        masks = []
+        for i in range(len(qo) - 1):
+            q_len, kv_len = qo[i + 1] - qo[i], (kv[i + 1] - kv[i] - 1) * meta.page_size + last[i]
+            masks.append(prefill_mask(q_len, kv_len, 0, None if window is None else window + 1,
+                                      meta.bidirectional[i], self.device).flatten())
+        return torch.cat(masks)
 
     def _decode_wrapper(self, tensor_cores: bool) -> object:
         if tensor_cores not in self._decode:

@@ -11,6 +11,9 @@ Sink logits (gpt-oss), given per layer to run(), join every query's softmax as o
 An FP8 KV cache (engine.attention.kv_quant) is quantised on write and dequantised on read: the gathered rows are
 cast to the query's dtype and multiplied by the layer's k_scale / v_scale, so SDPA runs as with a float cache.
 
+An image's tokens on Gemma 3 attend to each other both ways (AttentionMetadata.bidirectional): their prefill
+rows get the mask of engine.attention.masks. A decode row is a generated token, never an image's.
+
 With a sliding window of W tokens (a query at position i sees keys j with i - W < j <= i), plan() gathers only
 the keys some query of the request can see, so pages that fell out of every query's window (a window group's
 NULL page) are never read.
@@ -25,6 +28,7 @@ import torch.nn.functional as F
 
 from engine.attention.base import AttentionMetadata
 from engine.attention.kv_quant import dequantize, write_slots
+from engine.attention.masks import prefill_mask
 from engine.attention.sinks import sdpa_with_sink
 
 # A decode bucket costs about as much fixed work (a gather and an SDPA call) as this many padded KV rows;
@@ -91,11 +95,9 @@ class TorchRefBackend:
             mask = None
             lo = 0 if self.window is None else max(0, kv_len - q_len - self.window + 1)
             cols = torch.arange(lo, kv_len, device=self.device)
-            if q_len != kv_len or self.window is not None:
-                pos = torch.arange(q_len, device=self.device)[:, None] + (kv_len - q_len)
-                mask = cols[None, :] <= pos
-                if self.window is not None:
-                    mask &= cols[None, :] > pos - self.window
+            spans = meta.bidirectional[i] if meta.bidirectional else None
+            if q_len != kv_len or self.window is not None or spans:
+                mask = prefill_mask(q_len, kv_len, lo, self.window, spans, self.device)
             slots = indices[kv[i] + cols // ps] * ps + cols % ps
             self._prefills.append(_Prefill(slice(qo[i], qo[i + 1]), slots, mask))
         self._decodes = self._plan_decodes(decode_ids, qo, kv, last, indices, ps) if decode_ids else []

@@ -13,6 +13,7 @@ from engine.config import EngineConfig
 from engine.core.engine import LLMEngine
 from engine.core.pooling import PoolingParams
 from engine.errors import InvalidRequest, RankFailed
+from engine.inputs import ImageData, ImagePrompt
 from engine.outputs import PoolingOutput, RequestOutput
 from engine.sample.params import SamplingParams
 
@@ -61,6 +62,11 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    @property
+    def image_prompt(self) -> ImagePrompt | None:
+        """How this model's prompt shows an image (None: it takes no image input)."""
+        return self.engine.images.prompt
+
     def describe(self) -> dict:
         return self.engine.describe()
 
@@ -108,9 +114,11 @@ class AsyncEngine:
         raise RuntimeError(f"score request {request_id} ended without its score")
 
     async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams | PoolingParams, request_id: str
+        self, prompt_token_ids: list[int], params: SamplingParams | PoolingParams, request_id: str,
+        images: list[ImageData] | None = None,
     ) -> AsyncIterator[RequestOutput | PoolingOutput]:
-        """Streams the request's outputs; raises its error instead. Closing or cancelling aborts it."""
+        """Streams the request's outputs; raises its error instead. Closing or cancelling aborts it. images: the
+        files of the prompt's images, in prompt order (decoded off the event loop)."""
         if self._stopped:
             raise RuntimeError("the engine is shut down")
         if self._refusal is not None:
@@ -120,7 +128,10 @@ class AsyncEngine:
         if self.engine.spec.classifier is not None and isinstance(params, SamplingParams):
             raise InvalidRequest(f"the model is a cross-encoder ({self.engine.spec.architecture}): it scores prompts "
                                  "and does not generate text", param="model")
-        request = self.engine.prepare(prompt_token_ids, params)
+        if images:
+            request = await asyncio.to_thread(self.engine.prepare, prompt_token_ids, params, images)
+        else:
+            request = self.engine.prepare(prompt_token_ids, params)
         if request.grammar is not None:
             await self._compiled(request.grammar)  # a bad schema, regex or grammar fails here, before it starts
         loop = asyncio.get_running_loop()

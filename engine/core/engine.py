@@ -16,6 +16,7 @@ from engine.core.describe import describe_engine
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
 from engine.core.distributed.ranks import RankSet, rank_config
 from engine.core.grammar_wait import GrammarWait
+from engine.core.images import ImageIntake
 from engine.core.kv_cache import PageAllocator, PagePool
 from engine.core.kv_manager import KVCacheManager
 from engine.core.model_runner import ModelRunner
@@ -30,6 +31,7 @@ from engine.core.step import ScheduledSeq
 from engine.cuda import linear_attention
 from engine.cuda import setup as cuda_setup
 from engine.errors import InvalidRequest, StartupError
+from engine.inputs import ImageData
 from engine.model.capture import capture_blocker
 from engine.model.kv_spec import graphs_blocker
 from engine.model.layers.lora import LoadedAdapter
@@ -119,6 +121,7 @@ class LLMEngine:
                     self.model, self.backends[0], self.pools[0].kv_caches, page_size=config.page_size,
                     max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
                     enforce_eager=config.enforce_eager or graphless is not None, why=graphless)
+        self.images = ImageIntake(self.spec.vision, config.model_path, self.tokenizer, config.max_num_batched_tokens)
         self._seq_ids = count()
         self._arrivals = count()
         self.processor = OutputProcessor(self.tokenizer, self.max_model_len, lambda: next(self._seq_ids))
@@ -146,16 +149,22 @@ class LLMEngine:
         return Limits(m.vocab_size, self.max_model_len, self.max_num_seqs, c.max_num_batched_tokens, self.adapters,
                       m.hidden_size, self.lora.keys if self.lora is not None else {})
 
-    def prepare(self, prompt_token_ids: list[int], params: SamplingParams) -> PreparedRequest:
-        """Checks a request once (InvalidRequest / ContextTooLong) and submits its grammar's compile once."""
+    def prepare(self, prompt_token_ids: list[int], params: SamplingParams,
+                images: list[ImageData] | None = None) -> PreparedRequest:
+        """Checks a request once (InvalidRequest / ContextTooLong), decodes its images and submits its grammar's
+        compile once."""
         prompt = check_request(prompt_token_ids, params, self.limits)
+        if images and not isinstance(params, SamplingParams):
+            raise InvalidRequest("an embedding request takes no images", param="input")
+        spans = self.images.spans(prompt, list(images or ()))
         grammar = self.grammars.submit(params.structured) if params.structured is not None else None
         if grammar is not None and grammar.done():
             grammar.result()  # a constraint known to be bad fails here, before the request is in
-        return PreparedRequest(prompt, params, grammar)
+        return PreparedRequest(prompt, params, grammar, spans)
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        self.add(request_id, self.prepare(prompt_token_ids, params))
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    images: list[ImageData] | None = None) -> None:
+        self.add(request_id, self.prepare(prompt_token_ids, params, images))
 
     def add(self, request_id: str, request: PreparedRequest) -> None:
         """Starts a prepared request (its grammar first, when it has one still compiling)."""

@@ -16,13 +16,16 @@ import torch
 from engine.model.kv_spec import KVGroupSpec
 
 
-def page_hash(parent: bytes | None, tokens: list[int]) -> bytes:
-    """Chained hash of one full page: it names the page's tokens and every token before them.
+def page_hash(parent: bytes | None, tokens: list[int], extra: bytes = b"") -> bytes:
+    """Chained hash of one full page: it names the page's tokens and every token before them; `extra` names what
+    else the page's KV depends on (the digests of the images whose soft tokens it holds).
 
     NOTE: a cryptographic hash, so that a crafted prompt cannot collide with another user's prefix.
     """
     h = hashlib.blake2b(parent or b"", digest_size=16)
     h.update(array("q", tokens).tobytes())
+    if extra:
+        h.update(extra)
     return h.digest()
 
 

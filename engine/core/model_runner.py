@@ -8,6 +8,10 @@ Each KV layer group has its own page pool and backend (planned once per step wit
 groups' page lists are equally long, so they share qo/kv indptr and last page lengths and differ in pages only. A
 hybrid model's recurrent layers read and write their state slots (engine/core/state_cache.py) under one
 RecurrentStep plan per step.
+
+A vision model's images are encoded in the step that prefills their spans (engine/core/images.py), every image of
+the step in one batched tower call; their embeddings replace the spans' rows of the token embeddings, and the
+spans go to the backends as bidirectional blocks (AttentionMetadata.bidirectional).
 """
 
 from __future__ import annotations
@@ -56,6 +60,9 @@ class ModelRunner:
             self.layer_caches = [caches[n] for n in range(len(caches))]
             self.layer_backends = [layer_backends[n] for n in range(len(caches))]
         self.num_tokens_run = 0  # tokens fed to the model over the runner's life (prefix hits are not)
+        self.num_images_encoded = 0  # images through the vision tower over the runner's life
+        vision = getattr(model, "vision_spec", None)
+        self.bidirectional = vision is not None and vision().bidirectional
         self.graph_runner = None  # CUDA: engine.core.cuda_graphs.CudaGraphRunner for decode steps
         # Tensor parallelism (engine.core.distributed.ranks.RankSet): the other ranks get each step's inputs and
         # every logits call's rows, and run their shards alongside this one.
@@ -65,19 +72,20 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> StepResult:
         for g, pool in enumerate(self.pools):
             pool.copy_pages([s for h, s, _ in out.copies if h == g], [d for h, _, d in out.copies if h == g])
-        input_ids, positions, metas, sample_at, prompt_at, pool_at = self._prepare(out.scheduled)
+        input_ids, positions, metas, sample_at, prompt_at, pool_at, images = self._prepare(out.scheduled)
         if self.peers is not None:
             self.peers.send_step(out.copies, input_ids, positions, metas)
         if self.state_pool is not None:
             self.state_pool.copy_slots(out.state_copies)
             self.recurrent_plan.plan(self._recurrent_step(out.scheduled, metas[0].is_decode))
-        if self.graph_runner is not None:
+        if self.graph_runner is not None and images is None:  # (a step with images is a prefill: eager)
             # NOTE: a replayed hidden is a static buffer the next replay overwrites: logits come first.
             hidden = self.graph_runner(input_ids, positions, metas[0])
         else:
             for backend, meta in zip(self.backends, metas, strict=True):
                 backend.plan(meta)
-            hidden = self.model(input_ids, positions, metas[0], self.layer_caches, self.layer_backends)
+            extra = {} if images is None else {"image_embeds": self._encode_images(*images)}
+            hidden = self.model(input_ids, positions, metas[0], self.layer_caches, self.layer_backends, **extra)
         self.num_tokens_run += input_ids.numel()
         result = StepResult(aux_hidden=getattr(self.model, "aux_hidden", None))
         for i, row, count in pool_at:
@@ -122,6 +130,8 @@ class ModelRunner:
         sample_at: list[tuple[int, int]] = []  # (scheduled index, hidden row)
         prompt_at: list[tuple[int, int, int]] = []  # (scheduled index, first hidden row, number of rows)
         pool_at: list[tuple[int, int, int]] = []  # the same, for embedding requests
+        spans: list[list[tuple[int, int]]] = []  # per request, the image spans its chunk prefills
+        encode: list[tuple[torch.Tensor, int, int, int]] = []  # (pixels, first hidden row, first soft token, count)
         for i, s in enumerate(scheduled):
             seq, start, end = s.seq, s.start, s.start + s.num_tokens
             num_pages = -(-end // ps)
@@ -134,6 +144,11 @@ class ModelRunner:
             positions += range(start, end)
             qo.append(row + s.num_tokens)
             lora_runs.append((s.group.adapter, s.num_tokens))
+            mine = [span for span in s.group.images if span.start < end and span.end > start] if not s.draft else []
+            spans.append([(span.start, span.end) for span in mine])
+            for span in mine:
+                lo, hi = max(span.start, start), min(span.end, end)
+                encode.append((span.pixels, row + lo - start, lo - span.start, hi - lo))
             kv.append(kv[-1] + num_pages)
             last.append(end - (num_pages - 1) * ps)
             if s.group.pools:
@@ -160,12 +175,23 @@ class ModelRunner:
                 slot_mapping=torch.tensor(slots[g], dtype=torch.int64).to(dev, non_blocking=True),
                 page_size=ps,
                 is_decode=len(ids) == len(scheduled),
+                bidirectional=spans if encode and self.bidirectional else None,
             )
             for g in groups
         ]
         input_ids = torch.tensor(ids, dtype=torch.long).to(dev, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
-        return input_ids, pos, metas, sample_at, prompt_at, pool_at
+        return input_ids, pos, metas, sample_at, prompt_at, pool_at, (encode,) if encode else None
+
+    def _encode_images(self, encode: list[tuple[torch.Tensor, int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, embeddings) of the step's image soft tokens: each distinct image through the tower once."""
+        distinct = list({id(pixels): pixels for pixels, *_ in encode}.values())
+        index = {id(pixels): j for j, pixels in enumerate(distinct)}
+        embeds = self.model.encode_images(torch.stack(distinct).to(self.device))  # [images, tokens, hidden]
+        rows = torch.cat([torch.arange(row, row + n) for _, row, _, n in encode]).to(self.device)
+        values = torch.cat([embeds[index[id(pixels)], first : first + n] for pixels, _, first, n in encode])
+        self.num_images_encoded += len(distinct)
+        return rows, values
 
     def _recurrent_step(self, scheduled: list[ScheduledSeq], is_decode: bool) -> RecurrentStep:
         spans, slots, captures, row = [], [], [], 0

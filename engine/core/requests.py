@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from engine.core.images import ImageSpan
 from engine.core.kv_cache import adapter_salt
 from engine.core.output_state import OutputState
 from engine.core.pooling import PoolingParams
@@ -42,6 +43,7 @@ class PreparedRequest:
     prompt: list[int]
     params: SamplingParams | PoolingParams
     grammar: Future | None = None
+    images: list[ImageSpan] = field(default_factory=list)
 
 
 def check_request(prompt_token_ids: list[int], params: SamplingParams | PoolingParams, limits: Limits) -> list[int]:
@@ -115,24 +117,29 @@ def build_group(
     if params.adapter is not None and params.adapter not in limits.adapters:  # unloaded since it was checked
         raise InvalidRequest(f"LoRA adapter {params.adapter!r} was unloaded", param="model")
     salt = adapter_salt(limits.adapter_keys.get(params.adapter, params.adapter))
+    keys = tuple(span.key for span in request.images)
     beam = None
     if params.use_beam_search:
         stops = (set() if params.ignore_eos else eos_token_ids) | set(params.stop_token_ids or ())
         max_tokens = min(params.max_tokens or limits.max_model_len, limits.max_model_len - len(prompt))
         beam = BeamSearch(params.num_sequences, length_penalty=params.length_penalty,
                           early_stopping=params.early_stopping, stop_token_ids=stops, max_tokens=max_tokens)
-        seqs = [Sequence(next_seq_id(), list(prompt), len(prompt), cache_salt=salt,
+        seqs = [Sequence(next_seq_id(), list(prompt), len(prompt), cache_salt=salt, image_keys=keys,
                          output_state=OutputState(penalties=_penalties(params)))]
     else:
         seqs = [
-            Sequence(next_seq_id(), list(prompt), len(prompt), index=i, cache_salt=salt, output_state=OutputState(
-                detokenizer=_detokenizer(tokenizer, params, prompt), generator=_generator(params.seed, i, device),
-                stop_reader=params.stop_reader() if params.stop_reader else None, penalties=_penalties(params)))
+            Sequence(next_seq_id(), list(prompt), len(prompt), index=i, cache_salt=salt, image_keys=keys,
+                     output_state=OutputState(
+                         detokenizer=_detokenizer(tokenizer, params, prompt),
+                         generator=_generator(params.seed, i, device),
+                         stop_reader=params.stop_reader() if params.stop_reader else None,
+                         penalties=_penalties(params)))
             for i in range(params.num_sequences)
         ]
     bad_words = tokenize_bad_words(tokenizer, params.bad_words) if params.bad_words else []
     return SequenceGroup(request_id, prompt, params, seqs, arrival, eos_token_ids=set(eos_token_ids),
-                         bad_words_ids=bad_words, beam=beam, adapter=limits.adapters.get(params.adapter))
+                         bad_words_ids=bad_words, beam=beam, adapter=limits.adapters.get(params.adapter),
+                         images=list(request.images))
 
 
 def _penalties(params: SamplingParams) -> PenaltyCounts | None:

@@ -6,6 +6,10 @@ waiting queue (first come, first served). When pages run out, the most recently 
 preempted by recompute: its pages are freed and it goes back to the front of the queue; the prefix
 cache usually gives most of its pages back when it returns.
 
+A prompt's image span (its soft tokens, which attend to each other both ways) is never cut by a chunk's end: the
+chunk stops before the span, which runs whole in a later step (a request checks that a span fits in one step's
+budget).
+
 Under the "priority" policy the waiting queue is ordered by each request's priority (lower first), then by
 arrival, and the running list is kept in that order too, so the group preempted when pages run out is the lowest
 priority one admitted last. A waiting group gains one level for every `aging_steps` steps it waits: a request
@@ -170,13 +174,16 @@ class Scheduler:
                 # A resumed lead stops at the prompt's full pages, which its choices then take (_share_prompt):
                 # past them its sliding windows would drop pages the choices read.
                 n = min(n, full - s.num_computed_tokens)
+            n = group.whole_images(s.num_computed_tokens, n)
+            if n == 0:  # an image's span does not fit in what is left of this step: it waits for a later one
+                continue
             need = self.kv.needed(s, n)
             if admit:
                 # Admission never preempts and never starts on a shrunken chunk.
                 if not self.kv.has_room(need, self._reserve(admit)):
                     break
             elif not self._make_room(need, group, out, taken, admit):
-                n = self.kv.fit(s, n)
+                n = group.whole_images(s.num_computed_tokens, self.kv.fit(s, n))
                 if n == 0:
                     if used == 0 and len(self.running) == 1:
                         self._give_way(group, out)

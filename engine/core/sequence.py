@@ -15,6 +15,7 @@ from engine.core.output_state import OutputState
 from engine.core.pooling import PoolingParams
 
 if TYPE_CHECKING:
+    from engine.core.images import ImageSpan
     from engine.outputs import PositionLogprobs
     from engine.sample.beam_search import BeamSearch
     from engine.sample.params import SamplingParams
@@ -45,6 +46,9 @@ class Sequence:
     stop_reason: int | str | None = None
     # Seeds the page hash chain: KV computed under a LoRA adapter is only ever shared with the same adapter.
     cache_salt: bytes | None = None
+    # (start, end, digest) of the prompt's images: a page holding any of their soft tokens hashes their digests too
+    # (an image's tokens see each other both ways, so the whole image shapes every one of its pages' KV).
+    image_keys: tuple[tuple[int, int, bytes], ...] = ()
     output_state: OutputState = field(default_factory=OutputState)
 
     @property
@@ -79,7 +83,9 @@ class Sequence:
         """The chained hashes of the first `count` full pages (computed once, kept across preemption)."""
         for i in range(len(self.page_hashes), count):
             parent = self.page_hashes[i - 1] if i else self.cache_salt
-            self.page_hashes.append(page_hash(parent, self.token_ids[i * page_size : (i + 1) * page_size]))
+            lo, hi = i * page_size, (i + 1) * page_size
+            extra = b"".join(d for start, end, d in self.image_keys if start < hi and end > lo)
+            self.page_hashes.append(page_hash(parent, self.token_ids[lo:hi], extra))
         return self.page_hashes[:count]
 
     def fork(self, seq_id: int) -> Sequence:
@@ -93,6 +99,7 @@ class Sequence:
             output_token_ids=list(self.output_token_ids),
             cumulative_logprob=self.cumulative_logprob,
             cache_salt=self.cache_salt,
+            image_keys=self.image_keys,
             output_state=self.output_state.fork(),
         )
 
@@ -121,6 +128,7 @@ class SequenceGroup:
     waited_steps: int = 0  # steps spent in the waiting queue (the priority policy's aging)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     prompt_logprobs_sent: bool = False  # they go out once, with the first output
+    images: list[ImageSpan] = field(default_factory=list)  # the prompt's images, in prompt order
 
     def __post_init__(self) -> None:
         self.forked = self.forked or (len(self.seqs) == 1 and self.beam is None)
@@ -132,6 +140,14 @@ class SequenceGroup:
         pairs for Scheduler.fork, which gives each choice the lead's pages."""
         self.forked = True
         return [(self.seqs[0], child) for child in self.seqs[1:]]
+
+    def whole_images(self, start: int, n: int) -> int:
+        """The longest chunk <= n from `start` that ends outside every image span (a span's tokens see each other
+        both ways, so a chunk never ends inside one; it may start inside one after a prefix hit)."""
+        for span in self.images:
+            if span.start < start + n < span.end:
+                return max(0, span.start - start)
+        return n
 
     @property
     def running(self) -> list[Sequence]:

@@ -27,6 +27,7 @@ from engine.model.pooling import PoolingConfig, read_pooling
 from engine.model.quant.base import QuantFormat
 from engine.model.quant.registry import quant_format
 from engine.model.sharding import check_shardable, finish_shard
+from engine.model.vision.spec import VisionSpec
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 QUANTIZATIONS = ("int4",)
@@ -53,6 +54,7 @@ class ModelSpec:
     # A cross-encoder's classifier and its head ([num_labels, hidden], float32): the model scores, never generates
     classifier: Classifier | None = None
     score_head: torch.Tensor | None = None
+    vision: VisionSpec | None = None  # a model that takes images (None: text only)
 
 
 def load_model(
@@ -119,6 +121,7 @@ def load_model(
         recurrent=model.recurrent_spec() if hasattr(model, "recurrent_spec") else None,
         classifier=model.classifier,
         score_head=None if model.classifier is None else head_weight(model, model.classifier, model_path),
+        vision=model.vision_spec() if hasattr(model, "vision_spec") else None,
     )
     return model, spec
 

@@ -22,14 +22,15 @@ ENGINE = ROOT / "engine"
 PACKAGES = ("engine", "worker", "builder")
 # What the worker and the builder may import from the engine: its public types and the few functions they share.
 ENGINE_DOORS = {
-    "worker": {"engine", "engine.config", "engine.errors", "engine.outputs", "engine.timing", "engine.sample.params",
+    "worker": {"engine", "engine.config", "engine.errors", "engine.inputs", "engine.outputs", "engine.timing",
+               "engine.sample.params",
                "engine.sample.structured.spec", "engine.sample.structured.rewrite", "engine.core.async_engine",
                "engine.text.detokenizer", "engine.text.o200k_file", "engine.model.folder_check"},
     "builder": {"engine.config", "engine.errors", "engine.text.tokenizer", "engine.model.adapters", "engine.model.models", "engine.model.models.eagle3", "engine.model.memory_plan",
                 "engine.model.loader", "engine.text.o200k_file", "engine.model.folder_check"},
 }
 # Package -> the packages it may import (besides itself). A package not named here is a bug of this table.
-# "engine" is the engine's public types (config, errors, outputs, timing), which every engine package may use;
+# "engine" is the engine's public types (config, errors, inputs, outputs, timing), which every engine package may use;
 # "worker" is handler.py and worker/'s own modules, "worker.settings" the one of them the protocol layers read.
 ARROWS: dict[str, set[str]] = {
     "engine": set(),
@@ -39,7 +40,8 @@ ARROWS: dict[str, set[str]] = {
     "engine.cuda": {"engine"},
     "engine.attention": {"engine", "engine.cuda"},
     "engine.model": {"engine", "engine.attention", "engine.cuda"},
-    "engine.core": {"engine", "engine.model", "engine.attention", "engine.sample", "engine.text", "engine.cuda"},
+    "engine.core": {"engine", "engine.model", "engine.attention", "engine.sample", "engine.text", "engine.image",
+                    "engine.cuda"},
     "worker.settings": set(),
     "worker.openai": {"worker.settings", "engine"},
     "worker.anthropic": {"worker.openai", "worker.settings", "engine"},
@@ -208,7 +210,7 @@ def test_each_layer_reaches_the_next_only_through_its_doors() -> None:
 def test_every_engine_package_is_a_folder_that_says_what_lives_there() -> None:
     """engine/'s top level holds only its public types and its packages; no file anywhere passes 300 lines."""
     top = sorted(p.name for p in ENGINE.iterdir() if p.suffix == ".py")
-    assert top == ["__init__.py", "config.py", "errors.py", "outputs.py", "timing.py"], top
+    assert top == ["__init__.py", "config.py", "errors.py", "inputs.py", "outputs.py", "timing.py"], top
     long = [f"{p.relative_to(ROOT)}: {n}" for p in _modules().values()
             if (n := len(p.read_text().splitlines())) > 300]
     assert not long, long

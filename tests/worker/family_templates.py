@@ -41,3 +41,7 @@ GEMMA4 = _read("gemma4.jinja")
 # <tool_response> in a user turn; the generation prompt opens <think> (enable_thinking=false closes it empty).
 # Trimmed to text (no images or videos).
 QWEN35 = _read("qwen3.5.jinja")
+
+# Gemma 3's (google/gemma-3-*-it): content as a string or as parts, an image part as <start_of_image>, which the
+# processor then expands to the image's soft tokens.
+GEMMA3 = _read("gemma3.jinja")

@@ -189,7 +189,10 @@ def test_structured_output_follows_the_schema(claude, model_name) -> None:
 @pytest.mark.parametrize(("body", "words"), [
     ({"max_tokens": None}, "max_tokens"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "x"}}]}]},
-     "image blocks are not supported"),
+     "an image source must be"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64",
+                                                                          "media_type": "image/png", "data": "x"}}]}]},
+     "this model takes no image input"),
     ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
     ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),

@@ -2,8 +2,10 @@
 
 `system` becomes a system message; a user turn's `tool_result` blocks become `tool` messages (before the
 turn's text, where Anthropic puts them); an assistant turn's `tool_use` blocks become its `tool_calls` and its
-`thinking` blocks its `reasoning_content` (which templates that show past reasoning render). Images,
-documents and other block types are refused with a 400 naming the block: the models served are text-only.
+`thinking` blocks its `reasoning_content` (which templates that show past reasoning render). A user turn's
+`image` blocks become chat's image_url parts (base64 sources as data: URLs, url sources as they are), which a
+vision model takes and a text-only one refuses; documents and other block types are refused with a 400 naming the
+block.
 """
 
 from __future__ import annotations
@@ -45,16 +47,35 @@ def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[dict
 
 def _user_turn(blocks: list[Any], where: str) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []  # chat's text and image_url parts, in order
     for j, block in enumerate(blocks):
         kind = _kind(block, f"{where}.{j}")
         if kind == "text":
-            texts.append(_text(block, f"{where}.{j}"))
+            parts.append({"type": "text", "text": _text(block, f"{where}.{j}")})
+        elif kind == "image":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block, f"{where}.{j}")},
+                          "where": f"{where}.{j}"})
         elif kind == "tool_result":
             results.append(_tool_result(block, f"{where}.{j}"))
         else:
-            _refuse(kind, f"{where}.{j}", "a user turn takes text and tool_result blocks")
-    return results + ([{"role": "user", "content": "\n".join(texts)}] if texts else [])
+            _refuse(kind, f"{where}.{j}", "a user turn takes text, image and tool_result blocks")
+    if not parts:
+        return results
+    if all(p["type"] == "text" for p in parts):
+        return [*results, {"role": "user", "content": "\n".join(p["text"] for p in parts)}]
+    return [*results, {"role": "user", "content": parts}]
+
+
+def _image_url(block: dict[str, Any], where: str) -> str:
+    """An image block's source as chat's image URL: base64 data as a data: URL, a url source as it is."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source.get("data"), str) and isinstance(source.get("media_type"), str):
+        return f"data:{source['media_type']};base64,{source['data']}"
+    if kind == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    raise BadRequest(f"{where}.source: an image source must be {{type: base64, media_type, data}} or "
+                     "{type: url, url}", param=f"{where}.source")
 
 
 def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
@@ -128,8 +149,8 @@ def _texts(blocks: Any, where: str, kinds: tuple[str, ...]) -> str:
 
 def _refuse(kind: str, where: str, rule: str) -> None:
     if kind in ("image", "document"):
-        raise BadRequest(f"{where}: {kind} blocks are not supported: the model this worker serves takes text only",
-                         param=where)
+        raise BadRequest(f"{where}: {kind} blocks are not supported here (only in a user turn)"
+                         if kind == "image" else f"{where}: document blocks are not supported", param=where)
     raise BadRequest(f"{where}: block type {kind!r} is not supported here; {rule}", param=where)
 
 

@@ -176,7 +176,8 @@ async def complete_message(call: MessageCall) -> dict[str, Any]:
     """The whole `message` object."""
     chat = call.chat
     answer = _Answer(call)
-    await run_to_end(chat.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id), answer.add)
+    await run_to_end(chat.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id), answer.add,
+                     chat.image_files)
     return answer.finish()[1]
 
 
@@ -186,4 +187,4 @@ def stream_message(call: MessageCall) -> AsyncIterator[dict[str, Any]]:
     event. The engine request starts before the first event, so a bad request raises instead of streaming."""
     chat = call.chat
     return stream_events(chat.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id),
-                         _Answer(call))
+                         _Answer(call), chat.image_files)

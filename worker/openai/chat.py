@@ -16,6 +16,7 @@ from worker.openai.chat_tools import render_with_tools, tool_params
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, collect, engine_request_id, response_id, start
 from worker.openai.harmony.chat import HarmonyFormat, harmony_request
+from worker.openai.images import read_images, take_images
 from worker.openai.logprobs import chat_logprobs, prompt_logprobs
 from worker.openai.models import resolve_model
 from worker.openai.params import openai_sampling_params
@@ -46,6 +47,10 @@ class ChatCall:
     def stream(self) -> bool:
         return bool(self.request.stream)
 
+    async def image_files(self) -> list[Any]:
+        """The prompt's images as engine.inputs.ImageData (data: URLs decoded, http(s) ones fetched)."""
+        return await read_images(self.prompt.images, self.runtime.settings)
+
 
 def prepare_chat(body: Any, runtime: Runtime) -> ChatCall:
     """Everything that can fail before the engine runs: parsing, model name, parameters, template."""
@@ -58,12 +63,14 @@ def chat_call(request: ChatCompletionRequest, runtime: Runtime) -> ChatCall:
     """A parsed request made ready to run: model name, sampling parameters, the rendered template."""
     model, adapter = resolve_model(runtime, request.model)
     params = openai_sampling_params(request, runtime.max_model_len, adapter)
+    image_prompt = getattr(runtime.engine, "image_prompt", None)
+    messages, images = take_images(request.messages, image_prompt is not None, runtime.settings)
     if runtime.tool_format == "harmony":  # gpt-oss: openai-harmony renders and reads, not a chat template
         prompt, plan, output, params = harmony_request(runtime.harmony, request, params)
     else:
         prompt, plan, output, constraint = render_with_tools(
             runtime,
-            request.messages,
+            messages,
             tools=request.tools,
             tool_choice=request.tool_choice,
             parallel=request.parallel_tool_calls is not False,
@@ -74,7 +81,10 @@ def chat_call(request: ChatCompletionRequest, runtime: Runtime) -> ChatCall:
             add_special_tokens=request.add_special_tokens,
             documents=request.documents,
             template_kwargs=request.chat_template_kwargs,
+            images=len(images),
+            image_prompt=image_prompt,
         )
+        prompt.images = images
         params = tool_params(params, plan, runtime, constraint, output, prompt.text)
     last = prompt.messages[-1]
     role = runtime.settings.response_role
@@ -85,7 +95,8 @@ def chat_call(request: ChatCompletionRequest, runtime: Runtime) -> ChatCall:
 
 async def complete_chat(call: ChatCall) -> dict[str, Any]:
     """The whole `chat.completion` object."""
-    started = await start(call.runtime.engine, call.prompt.token_ids, call.params, engine_request_id(call.id))
+    started = await start(call.runtime.engine, call.prompt.token_ids, call.params, engine_request_id(call.id),
+                          await call.image_files())
     result = await collect(started)
     return chat_response(call, result)
 
@@ -159,7 +170,7 @@ def stream_chat(call: ChatCall) -> AsyncIterator[dict[str, Any]]:
     `__anext__` instead of streaming; an error after that raises for the SSE framing to report.
     """
     return stream_events(call.runtime.engine, call.prompt.token_ids, call.params, engine_request_id(call.id),
-                         _ChatChunks(call))
+                         _ChatChunks(call), call.image_files)
 
 
 class _ChatChunks:

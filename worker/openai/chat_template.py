@@ -15,6 +15,7 @@ class ChatPrompt:
     text: str
     token_ids: list[int]
     messages: list[dict[str, Any]] = field(default_factory=list)
+    images: list[Any] = field(default_factory=list)  # worker.openai.images.ImageRef, in prompt order
 
 
 def message_text(content: Any, index: int) -> str:
@@ -33,13 +34,32 @@ def message_text(content: Any, index: int) -> str:
 
 
 def template_messages(messages: list[Any]) -> list[dict[str, Any]]:
-    """Messages as plain dicts with string content, the form every chat template handles."""
+    """Messages as plain dicts with string content, the form every chat template handles; a message with images
+    (worker/openai/images.py made them {"type": "image"} parts) keeps its parts, its text ones as {"type": "text"},
+    the form a vision model's template renders."""
     out = []
     for index, message in enumerate(messages):
         item = message.model_dump(exclude_none=True) if hasattr(message, "model_dump") else dict(message)
-        item["content"] = message_text(item.get("content"), index)
+        content = item.get("content")
+        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image" for p in content):
+            item["content"] = [p if p.get("type") == "image" else {"type": "text", "text": message_text([p], index)}
+                               for p in content]
+        else:
+            item["content"] = message_text(content, index)
         out.append(item)
     return out
+
+
+def expand_images(text: str, images: int, image_prompt: Any) -> str:
+    """The rendered prompt with each image's placeholder expanded as transformers' processor does; BadRequest when
+    the template did not place every image."""
+    if not images:
+        return text
+    placed = text.count(image_prompt.placeholder)
+    if placed != images:
+        raise BadRequest(f"the chat template placed {placed} images of the request's {images} (it renders "
+                         f"{image_prompt.placeholder} per image part)", param="messages")
+    return text.replace(image_prompt.placeholder, image_prompt.expansion)
 
 
 _TAKES_SYSTEM: dict[str, bool] = {}  # template text -> whether it renders a system turn
@@ -71,8 +91,11 @@ def render_chat(
     documents: list[dict[str, Any]] | None = None,
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    images: int = 0,
+    image_prompt: Any = None,
 ) -> ChatPrompt:
-    """Render `messages` with the template (request's, else CUSTOM_CHAT_TEMPLATE, else the model's) and tokenize."""
+    """Render `messages` with the template (request's, else CUSTOM_CHAT_TEMPLATE, else the model's) and tokenize;
+    `images` placeholders expand as `image_prompt` (engine.inputs.ImagePrompt) says."""
     plain = template_messages(messages)
     if continue_final_message and plain[-1]["role"] == "system":
         raise BadRequest("continue_final_message needs a final user or assistant message", param="messages")
@@ -100,5 +123,6 @@ def render_chat(
         raise
     except Exception as exc:  # Jinja syntax errors, raise_exception() inside templates, bad kwargs
         raise BadRequest(f"the chat template failed: {exc}", param="chat_template") from None
+    text = expand_images(text, images, image_prompt)
     token_ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
     return ChatPrompt(text=text, token_ids=token_ids, messages=plain)

@@ -8,7 +8,7 @@ where it has one (or raises, for the caller to frame, where it has none).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from engine.outputs import RequestOutput
@@ -36,9 +36,12 @@ class EventBuilder(Protocol):
 
 
 async def stream_events(engine: Any, prompt_token_ids: list[int], params: Any, request_id: str,
-                        builder: EventBuilder) -> AsyncIterator[dict[str, Any]]:
-    """Start the engine request, then yield `builder`'s events until the request ends or the stream is closed."""
-    started = await start(engine, prompt_token_ids, params, request_id)
+                        builder: EventBuilder, images: Callable[[], Awaitable[list[Any]]] | None = None,
+                        ) -> AsyncIterator[dict[str, Any]]:
+    """Start the engine request, then yield `builder`'s events until the request ends or the stream is closed.
+    images: reads the prompt's image files (fetching their URLs) before the request starts."""
+    files = await images() if images is not None else None
+    started = await start(engine, prompt_token_ids, params, request_id, files)
     try:
         for event in builder.opening(started.first):
             yield event
@@ -58,9 +61,12 @@ async def stream_events(engine: Any, prompt_token_ids: list[int], params: Any, r
 
 
 async def run_to_end(engine: Any, prompt_token_ids: list[int], params: Any, request_id: str,
-                     add: Callable[[RequestOutput], Any]) -> None:
-    """An answer asked for whole: every output of the request handed to `add` (its events unused)."""
-    started = await start(engine, prompt_token_ids, params, request_id)
+                     add: Callable[[RequestOutput], Any], images: Callable[[], Awaitable[list[Any]]] | None = None,
+                     ) -> None:
+    """An answer asked for whole: every output of the request handed to `add` (its events unused); images as
+    stream_events takes them."""
+    files = await images() if images is not None else None
+    started = await start(engine, prompt_token_ids, params, request_id, files)
     try:
         async for output in started:
             add(output)

@@ -1,13 +1,22 @@
 """Gemma 3's text model: Gemma 2's config layout (gemma2.py) with q/k norms, five local layers to one global, and a
 rope per layer type (local rope_local_base_freq, global rope_theta with its scaling). A Gemma3ForConditionalGeneration
-checkpoint serves its language model alone: its vision tower and projector are left unread.
+checkpoint adds its SigLIP vision tower and projector (engine/model/vision/): each image becomes mm_tokens_per_image
+soft-token embeddings that replace its placeholder tokens' (unscaled, as transformers' masked_scatter puts them), and
+an image's tokens attend to each other both ways.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
+import torch
+
 from engine.model.models.gemma2 import Gemma2ForCausalLM
 from engine.model.models.gemma_args import FULL, SLIDING, GemmaArgs, default_layer_types
 from engine.model.models.gemma_base import GemmaTextOfMultimodal
+from engine.model.vision.gemma3_projector import Gemma3Projector
+from engine.model.vision.siglip import SiglipArgs, SiglipVisionTower
+from engine.model.vision.spec import VisionSpec
 
 # transformers' Gemma3TextConfig defaults: a multimodal checkpoint's text_config lists only what differs from them.
 TEXT_DEFAULTS = {
@@ -45,11 +54,52 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         return cls.args_from(config, layer_types, gemma3_ropes(config), qk_norm=True)
 
 
-class Gemma3ForConditionalGeneration(GemmaTextOfMultimodal, Gemma3ForCausalLM):
-    """A Gemma 3 image-text checkpoint served as its text model (text in, text out): transformers 5's
-    model.language_model.* and 4.x's language_model.model.* are ours; the vision tower and the projector are not
-    read."""
+@dataclass
+class Gemma3VisionArgs(GemmaArgs):
+    """The text decoder's args plus the vision tower's and the image tokens' (config.json's top level)."""
 
+    vision: SiglipArgs = SiglipArgs()
+    tokens_per_image: int = 256
+    image_token_id: int = 262_144
+    boi_token_id: int = 255_999
+    eoi_token_id: int = 256_000
+
+
+class Gemma3ForConditionalGeneration(GemmaTextOfMultimodal, Gemma3ForCausalLM):
+    """A Gemma 3 image-text checkpoint: transformers 5's model.language_model.* and 4.x's language_model.model.* are
+    the text model; vision_tower.(vision_model.)* the SigLIP tower and multi_modal_projector.* the projector (the
+    tower's pooling head, which Gemma 3 does not use, is not read)."""
+
+    args: Gemma3VisionArgs
     TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
-                     "language_model.lm_head.weight": "lm_head.weight"}
-    NOT_TEXT = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector.")
+                     "language_model.lm_head.weight": "lm_head.weight",
+                     "model.vision_tower.vision_model.": "vision_tower.", "vision_tower.vision_model.": "vision_tower.",
+                     "model.vision_tower.": "vision_tower.", "model.multi_modal_projector.": "multi_modal_projector."}
+    NOT_TEXT = ("model.vision_tower.vision_model.head.", "vision_tower.vision_model.head.", "model.vision_tower.head.",
+                "vision_tower.head.")
+
+    def __init__(self, args: Gemma3VisionArgs) -> None:
+        super().__init__(args)
+        v = args.vision
+        self.vision_tower = SiglipVisionTower(v)
+        self.multi_modal_projector = Gemma3Projector(v.hidden_size, args.hidden_size, v.patches_per_side,
+                                                     args.tokens_per_image, v.layer_norm_eps)
+
+    @classmethod
+    def read_args(cls, config: dict, names: set[str]) -> Gemma3VisionArgs:
+        text = super().read_args(config, names)
+        top = {k: config[theirs] for k, theirs in (("tokens_per_image", "mm_tokens_per_image"),
+                                                   ("image_token_id", "image_token_index"),
+                                                   ("boi_token_id", "boi_token_index"),
+                                                   ("eoi_token_id", "eoi_token_index")) if config.get(theirs) is not None}
+        return Gemma3VisionArgs(**{f.name: getattr(text, f.name) for f in fields(text)},
+                                vision=SiglipArgs.from_config(config.get("vision_config") or {}), **top)
+
+    def vision_spec(self) -> VisionSpec:
+        a = self.args
+        return VisionSpec(a.image_token_id, a.tokens_per_image, a.vision.image_size, a.boi_token_id, a.eoi_token_id,
+                          bidirectional=True)
+
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        """[images, 3, size, size] -> [images, tokens_per_image, hidden]: the soft tokens' embeddings."""
+        return self.multi_modal_projector(self.vision_tower(pixels))

@@ -71,11 +71,16 @@ class GemmaForCausalLM(DecoderLM):
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         backend: AttentionBackend | list[AttentionBackend],
+        image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """kv_caches / backend as LlamaForCausalLM.forward takes them (a shared-KV layer's are its source's)."""
+        """kv_caches / backend as LlamaForCausalLM.forward takes them (a shared-KV layer's are its source's).
+        image_embeds: (rows, embeddings) that replace those rows' scaled token embeddings (an image's soft tokens)."""
         assert self.rotary, "init_rotary() was not called"
         tables = {t: r.lookup(positions) for t, r in self.rotary.items()}
         h = scaled(self.model.embed_tokens(input_ids), math.sqrt(self.args.hidden_size))
+        if image_embeds is not None:
+            rows, values = image_embeds
+            h = h.index_copy(0, rows, values.to(h.dtype))
         ple = self.per_layer_inputs(input_ids, h) if self.args.ple_dim else None
         backends = self.layer_backends(backend, len(kv_caches))
         for i, (layer, (k_cache, v_cache), b) in enumerate(zip(self.model.layers, kv_caches, backends, strict=True)):

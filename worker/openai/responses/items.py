@@ -83,11 +83,16 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
         raise BadRequest(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role")
     part_type = "output_text" if role == "assistant" else "input_text"
     content = item.get("content")
-    text = content if isinstance(content, str) else _text(content, f"{where}.content")
-    part: dict[str, Any] = {"type": part_type, "text": text}
-    if role == "assistant":
-        part["annotations"] = []
-    out = {"id": item.get("id") or new_id("msg"), "type": "message", "role": role, "content": [part],
+    if role != "assistant" and isinstance(content, list) and any(
+            isinstance(p, dict) and p.get("type") == "input_image" for p in content):
+        parts = _parts_with_images(content, f"{where}.content")
+    else:
+        text = content if isinstance(content, str) else _text(content, f"{where}.content")
+        part: dict[str, Any] = {"type": part_type, "text": text}
+        if role == "assistant":
+            part["annotations"] = []
+        parts = [part]
+    out = {"id": item.get("id") or new_id("msg"), "type": "message", "role": role, "content": parts,
            "status": item.get("status") or "completed"}
     phase = item.get("phase")
     if phase is not None:
@@ -95,6 +100,20 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
             raise BadRequest(f"{where}.phase must be one of {', '.join(PHASES)}, on an assistant message only",
                              param=f"{where}.phase")
         out["phase"] = phase
+    return out
+
+
+def _parts_with_images(parts: list[Any], where: str) -> list[dict[str, Any]]:
+    """A user turn's text and input_image parts, in order (an image by URL or data: URL; file ids are refused)."""
+    out = []
+    for j, part in enumerate(parts):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            if not isinstance(part.get("image_url"), str):
+                raise BadRequest(f"{where}[{j}]: an input_image needs image_url (a URL or a data: URL); file_id is "
+                                 "not supported (this worker has no Files API)", param=f"{where}[{j}].image_url")
+            out.append({"type": "input_image", "image_url": part["image_url"], "detail": part.get("detail") or "auto"})
+        else:
+            out.append({"type": "input_text", "text": _text([part], where)})
     return out
 
 
@@ -130,18 +149,30 @@ def compaction_summary(content: str, where: str) -> str:
 
 
 def item_text(item: dict[str, Any]) -> str:
-    return "\n".join(part.get("text", "") for part in item["content"])
+    return "\n".join(part.get("text", "") for part in item["content"] if part.get("type") != "input_image")
 
 
-def chat_messages(items: list[dict[str, Any]], reasoning: bool = False) -> list[dict[str, Any]]:
+def _chat_content(item: dict[str, Any], where: str) -> str | list[dict[str, Any]]:
+    """A message item's chat content: its text, or with images its parts as chat's text and image_url parts (each
+    naming its place, `where`.content[j], for errors)."""
+    if not any(part.get("type") == "input_image" for part in item["content"]):
+        return item_text(item)
+    return [{"type": "image_url", "image_url": {"url": p["image_url"], "detail": p["detail"]},
+             "where": f"{where}.content[{j}]"}
+            if p["type"] == "input_image" else {"type": "text", "text": p["text"]}
+            for j, p in enumerate(item["content"])]
+
+
+def chat_messages(items: list[dict[str, Any]], reasoning: bool = False, inputs_from: int = 0) -> list[dict[str, Any]]:
     """Items as chat messages: developer speaks as system, calls join the assistant turn they belong to.
 
     reasoning True (the harmony format): a reasoning item opens an assistant message as its
     `reasoning_content`, and the calls or answer that follow it join that message, so the turn replays as the
     model wrote it (analysis, then the call or the final answer); the renderer decides which reasoning the
-    prompt keeps. Other formats leave reasoning items out, as vLLM does."""
+    prompt keeps. Other formats leave reasoning items out, as vLLM does. items[inputs_from:] are the request's
+    `input` (the ones before come from previous_response_id), which errors name."""
     messages: list[dict[str, Any]] = []
-    for item in items:
+    for n, item in enumerate(items):
         kind = item["type"]
         last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
         if kind == "message":
@@ -149,7 +180,8 @@ def chat_messages(items: list[dict[str, Any]], reasoning: bool = False) -> list[
             if role == "assistant" and last is not None and _thought_only(last):
                 last["content"] = item_text(item)
             else:
-                messages.append({"role": role, "content": item_text(item)})
+                where = f"input[{n - inputs_from}]" if n >= inputs_from else "previous_response_id"
+                messages.append({"role": role, "content": _chat_content(item, where)})
         elif kind == "function_call":
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}

@@ -50,15 +50,16 @@ def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:
                                    param="previous_response_id")
         history = previous.context
     items = input_items(request.input, runtime.responses.item)
-    chat = _chat_call(request, history + items, runtime, model)
+    chat = _chat_call(request, history + items, runtime, model, len(history))
     return ResponseCall(runtime, request, chat, new_id("resp"), int(time.time()), model, items, history)
 
 
-def _chat_call(request: ResponsesRequest, conversation: list[dict[str, Any]], runtime: Runtime, model: str) -> ChatCall:
+def _chat_call(request: ResponsesRequest, conversation: list[dict[str, Any]], runtime: Runtime, model: str,
+               inputs_from: int = 0) -> ChatCall:
     """The chat generation behind a response; with truncation "auto", the oldest whole turns go until it fits."""
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []
     harmony = runtime.tool_format == "harmony"
-    messages = system + chat_messages(conversation, reasoning=harmony)
+    messages = system + chat_messages(conversation, reasoning=harmony, inputs_from=inputs_from)
     spec = _text_format_spec(request)
 
     def render(kept: list[dict[str, Any]]) -> ChatCall:
@@ -197,7 +198,8 @@ async def complete_response(call: ResponseCall) -> dict[str, Any]:
     """The whole `response` object."""
     chat = call.chat
     answer = _Answer(call, lambda kind, **fields: {})
-    await run_to_end(call.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id), answer.add)
+    await run_to_end(call.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id), answer.add,
+                     chat.image_files)
     return answer.finish()[1]
 
 
@@ -210,7 +212,7 @@ def stream_response(call: ResponseCall) -> AsyncIterator[dict[str, Any]]:
     """
     chat = call.chat
     return stream_events(call.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id),
-                         _Answer(call, _numbered_events()))
+                         _Answer(call, _numbered_events()), chat.image_files)
 
 
 def _numbered_events() -> EventFactory:

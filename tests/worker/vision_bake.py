@@ -1,0 +1,71 @@
+"""A tiny random Gemma3ForConditionalGeneration baked by the real builder for serving tests: the default model's
+tokenizer with Gemma 3's image tokens added (special), Gemma 3's chat template, a 56-pixel SigLIP tower whose 16
+patches pool to 4 soft tokens, and a preprocessor_config.json; and image files to send it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from family_templates import GEMMA3
+from local_worker import ROOT
+
+IMAGE_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
+SIZE, TOKENS = 56, 4
+
+
+def bake_vision_model(baked: Path, root: Path) -> Path:
+    import torch
+    import transformers as tf
+    from tokenizers import AddedToken
+
+    source = root / "tiny-gemma3-vision"
+    source.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(baked / name, source / name)
+    tokenizer = tf.AutoTokenizer.from_pretrained(str(source))
+    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in IMAGE_TOKENS], special_tokens=True)
+    tokenizer.chat_template = GEMMA3
+    tokenizer.save_pretrained(str(source))
+    boi, image, eoi = tokenizer.convert_tokens_to_ids(list(IMAGE_TOKENS))
+    text = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=16,
+                max_position_embeddings=512, layer_types=["sliding_attention", "full_attention"],
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=SIZE,
+                  patch_size=14, vision_use_head=False)
+    config = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=TOKENS,
+                             image_token_index=image, boi_token_index=boi, eoi_token_index=eoi)
+    torch.manual_seed(0)
+    model = tf.Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():  # an image must move the answer's logprobs visibly
+        for p in model.model.multi_modal_projector.parameters():
+            p.normal_(0, 1.0)
+    model.config.architectures = ["Gemma3ForConditionalGeneration"]
+    model.save_pretrained(str(source))
+    tf.Gemma3ImageProcessor(size={"height": SIZE, "width": SIZE}).save_pretrained(str(source))
+    out = root / "model"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    baked_run = subprocess.run([sys.executable, "-m", "builder", "--model", str(source), "--out", str(out)], cwd=ROOT,
+                               env=env, capture_output=True, text=True, timeout=300)
+    assert baked_run.returncode == 0, baked_run.stderr
+    return out
+
+
+def png(width: int, height: int, colour: tuple[int, int, int], fmt: str = "PNG") -> bytes:
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (width, height), colour)
+    ImageDraw.Draw(image).ellipse((width // 4, height // 4, width // 2, height // 2), fill=(255 - colour[0], 0, 90))
+    out = io.BytesIO()
+    image.save(out, format=fmt)
+    return out.getvalue()
+
+
+def data_url(data: bytes, media: str = "image/png") -> str:
+    return f"data:{media};base64,{base64.b64encode(data).decode()}"
