@@ -12,7 +12,7 @@ from engine.attention.kv_quant import resolve_kv_dtype
 from engine.config import EngineConfig
 from engine.core.cache_plan import plan_cache
 from engine.core.cuda_graphs import prepare_cuda
-from engine.core.describe import describe_engine
+from engine.core.describe import describe_engine, engine_stats
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
 from engine.core.distributed.ranks import RankSet, rank_config
 from engine.core.grammar_wait import GrammarWait
@@ -111,11 +111,10 @@ class LLMEngine:
             self.runner.peers = self.ranks.share_cache(num_pages)
         if self.device.type == "cuda":
             # NOTE: a step's adapter grouping is Python control flow that a replayed graph would freeze.
+            eagle = config.speculative is not None and config.speculative.method == "eagle3"
             graphless = (graphs_blocker(groups) or capture_blocker(self.model, self.device, self.spec.dtype)
                          or ("LoRA adapters" if self.lora is not None else None)
-                         or ("an EAGLE-3 head" if config.speculative and config.speculative.method == "eagle3"
-                             else None)
-                         or ("tensor parallelism" if self.ranks else None))
+                         or ("an EAGLE-3 head" if eagle else None) or ("tensor parallelism" if self.ranks else None))
             with timed(self.start_ms, "graphs"):
                 self.runner.graph_runner = prepare_cuda(
                     self.model, self.backends[0], self.pools[0].kv_caches, page_size=config.page_size,
@@ -210,14 +209,10 @@ class LLMEngine:
 
     def install_adapter(self, name: str, adapter: LoadedAdapter) -> None:
         """Serves an adapter read while serving (LoraSet.read) under `name`, in a slot no running request reads."""
-        if name in self.adapters:
-            raise InvalidRequest(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
         self.lora.install(name, adapter, {g.adapter for g in self._groups.values() if g.adapter is not None})
 
     def remove_adapter(self, name: str) -> None:
         """Stops serving the adapter; requests running with it finish with it, and then its slot is free."""
-        if name not in self.adapters:
-            raise InvalidRequest(f"The lora adapter '{name}' cannot be found.", param="lora_name")
         self.lora.remove(name)
 
     def has_unfinished(self) -> bool:
@@ -295,14 +290,7 @@ class LLMEngine:
 
     def stats(self) -> dict[str, int | list[int]]:
         """The live load: free KV pages (cached prefix ones too), preemptions, tokens run, requests in and waiting."""
-        stats = {"kv_pages_free": self.allocator.num_free, "preemptions": self.scheduler.num_preemptions,
-                 "tokens_run": self.runner.num_tokens_run, "requests_running": len(self.scheduler.running),
-                 "requests_waiting": len(self.scheduler.waiting) + len(self._compiling)}
-        if len(self.pools) > 1:
-            stats["kv_pages_free_by_group"] = self.kv.num_free
-        if self.speculator is not None:
-            stats.update(self.speculator.stats())
-        return stats
+        return engine_stats(self)
 
     def describe(self) -> dict:
         """What the engine runs (model, backend, dtype, KV cache, limits), for the start-up line and /health."""

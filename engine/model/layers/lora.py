@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.errors import UnsupportedModel
+from engine.errors import InvalidRequest, UnsupportedModel
 from engine.model.adapters import check_adapter, read_adapter
 
 # Where each PEFT target lives in a decoder layer: (sub-module, shard of a fused projection or None).
@@ -131,6 +131,8 @@ class LoraSet:
 
     def install(self, name: str, adapter: LoadedAdapter, busy: set[int]) -> int:
         """Writes the adapter into a slot no name holds and no running request (`busy`) still reads; its slot."""
+        if name in self.slots:
+            raise InvalidRequest(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
         free = [s for s in range(self.num_slots) if s not in self.slots.values() and s not in busy]
         if not free:
             raise UnsupportedModel(f"all {self.num_slots} LoRA slots are taken (MAX_LORAS): unload an adapter "
@@ -148,6 +150,8 @@ class LoraSet:
 
     def remove(self, name: str) -> None:
         """Forgets the name; its slot is reused once the requests still running with it are done."""
+        if name not in self.slots:
+            raise InvalidRequest(f"The lora adapter '{name}' cannot be found.", param="lora_name")
         del self.slots[name], self.ranks[name]
 
 
