@@ -224,12 +224,12 @@ class LlamaForCausalLM(DecoderLM):
         h = self.model.embed_tokens(input_ids)
         residual = None
         backends = self.layer_backends(backend, len(kv_caches))
-        captured = []
+        captured: dict[int, torch.Tensor] = {}
         for i, (layer, (k_cache, v_cache), b) in enumerate(zip(self.model.layers, kv_caches, backends, strict=True)):
             if i in self.aux_layers:  # an EAGLE-3 head reads the residual stream entering these layers
-                captured.append(h if residual is None else h + residual)
+                captured[i] = h if residual is None else h + residual
             h, residual = layer(h, residual, positions, cos, sin, k_cache, v_cache, b)
-        if captured:
-            self.aux_hidden = torch.cat([captured[self.aux_layers.index(i)] for i in self.aux_layers], dim=-1)
+        if captured:  # side by side in the head's order, which need not be the layers' order
+            self.aux_hidden = torch.cat([captured[i] for i in self.aux_layers], dim=-1)
         h, _ = self.model.norm.add_forward(h, residual)
         return h

@@ -48,10 +48,16 @@ def _tokens(results) -> dict[str, list[list[int]]]:
     return {r: [c.token_ids for _, c in sorted(res.choices.items())] for r, res in results.items()}
 
 
+@pytest.mark.parametrize("layer_ids", [None, [27, 2, 15]])
 def test_the_heads_guesses_equal_a_reference_fed_transformers_hidden_states(baked_model_path, eagle, head_path,
-                                                                            target_config):
+                                                                            target_config, layer_ids, tmp_path):
+    """With EAGLE-3's default layers, and with a head config naming its own, out of the layers' order."""
     from safetensors.torch import load_file
 
+    if layer_ids is not None:
+        write_head(tmp_path, target_config, eagle_config={"eagle_aux_hidden_state_layer_ids": layer_ids})
+        head_path = tmp_path
+        eagle = make_engine(baked_model_path, num_kv_pages=256, speculative=_eagle(tmp_path))
     prompt = eagle.tokenizer.encode("The quick brown fox jumps over the lazy dog because")
     eagle.add_request("r", prompt, greedy(8, ignore_eos=True))
     eagle.step()  # the prefill: the head catches up on the prompt and guesses once
@@ -61,7 +67,7 @@ def test_the_heads_guesses_equal_a_reference_fed_transformers_hidden_states(bake
     hf = AutoModelForCausalLM.from_pretrained(baked_model_path, dtype=torch.float32)
     with torch.no_grad():
         out = hf(torch.tensor([prompt]), output_hidden_states=True)
-    layers = (2, target_config["num_hidden_layers"] // 2, target_config["num_hidden_layers"] - 3)
+    layers = layer_ids or (2, target_config["num_hidden_layers"] // 2, target_config["num_hidden_layers"] - 3)
     features = torch.cat([out.hidden_states[i][0] for i in layers], -1)
     next_token = int(out.logits[0, -1].argmax())
     assert seq.token_ids[len(prompt)] == next_token
