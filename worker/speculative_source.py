@@ -22,12 +22,13 @@ def locate_speculative(model: str, settings: Settings) -> str:
         return model
     base = Path(settings.base_path)
     baked = base / SPECULATIVE_DIR
-    if _baked_source(baked) == model:
+    held = _baked_source(baked)
+    if held == model:
         return str(baked)
     relative = base / model
     if relative.is_dir() or not HUB_ID.match(model):
         return str(relative)  # the engine names a missing folder itself
-    looked = [str(relative), f"{baked} ({'a bake of ' + str(_baked_source(baked)) if _baked_source(baked) else 'no bake'})"]
+    looked = [str(relative), f"{baked} ({'a bake of ' + held if held else 'no bake'})"]
     for root in hub_cache_roots(settings):
         snapshot = find_snapshot(root, model, None, looked)
         if snapshot is not None:

@@ -86,7 +86,9 @@ class Eagle3Proposer:
             seq = s.seq
             if s.group.pools or unsupported(s.group) is not None or s.group.finished:
                 continue
-            shadow = self._shadows.get(seq.seq_id) or self._shadows.setdefault(seq.seq_id, _Shadow(seq.seq_id))
+            shadow = self._shadows.get(seq.seq_id)
+            if shadow is None:
+                shadow = self._shadows[seq.seq_id] = _Shadow(seq.seq_id)
             head = shadow.seq
             # The head's rows stay valid up to where this step's features start, and where the target kept them.
             keep = min(shadow.valid, s.start)
