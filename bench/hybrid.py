@@ -7,10 +7,14 @@ the prefix cache on a second chat turn, in one run.
 
 Figures:
 - decode tokens/s at each batch size, prefill excluded, 16 random prompt tokens, --tokens answer tokens
-  (ignore_eos), engine and transformers alternating --repeat times, every run printed and the best kept;
+  (ignore_eos), after an untimed warm-up of each side, engine and transformers alternating --repeat times, every
+  run printed and the best kept;
 - bytes one sequence holds at 1k, 8k and 32k tokens of context in bf16: the hybrid's pages (its full-attention
   layers) plus its two state slots (its own and one prefix snapshot), against a dense model of the same shape whose
   every layer attends over pages;
+- the batch-1 roofline: the bytes of weights a decode step reads (every parameter once, the tied embedding as the
+  lm_head) over the read bandwidth measured in the same run (the best of a few sums over a buffer of that size),
+  so that the batch-1 figures read as a share of what the memory allows either side;
 - a second chat turn: turn one is --turn random tokens and a 32-token answer; turn two repeats both and adds 40
   tokens. Its time to first token after turn one was served (the prefix cache holds the pages and a state
   snapshot at a page boundary) against the same prompt with no turn one before it, alternating, and the share of
@@ -81,6 +85,26 @@ def memory_per_sequence(engine, args) -> list[dict]:
     return rows
 
 
+def read_bandwidth(nbytes: int, dtype: torch.dtype) -> float:
+    """Bytes/s of the best of five sums over a buffer of nbytes: what a step bound by reading weights can reach."""
+    buf = torch.ones(nbytes // torch.empty((), dtype=dtype).element_size(), dtype=dtype)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best
+
+
+def roofline(hf) -> dict:
+    """Batch-1 decode tokens/s if a step cost only reading its weights once at the measured bandwidth. The weights
+    are counted on the transformers model (a tied embedding once, read as the lm_head)."""
+    nbytes = sum(p.numel() * p.element_size() for p in hf.parameters())
+    bandwidth = read_bandwidth(nbytes, next(hf.parameters()).dtype)
+    return {"weight_mib": round(nbytes / 2**20, 1), "read_gb_s": round(bandwidth / 1e9, 2),
+            "batch1_roofline_tok_s": round(bandwidth / nbytes, 1)}
+
+
 def first_token_seconds(engine, prompt: list[int], request_id: str) -> tuple[float, int]:
     """(seconds to the first token, prompt tokens served from the prefix cache) of one request run alone."""
     from engine.sample.params import SamplingParams
@@ -135,12 +159,15 @@ def main() -> None:
 
     batches = [int(b) for b in args.batches.split(",")]
     best: dict[tuple[str, int], float] = {}
-    runs, turns = [], []
+    runs, turns, roofs = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         hf = save_model(args, Path(tmp))
         pages = max(batches) * (PROMPT + args.tokens) // 16 + 2 * (args.turn + 128) // 16 + 64
         engine = LLMEngine(EngineConfig(model_path=tmp, dtype=args.dtype, max_num_seqs=max(batches),
                                         num_kv_pages=pages))
+        # Untimed: the first steps of each side pay one-time costs (oneDNN's kernel set-up, allocator growth).
+        engine_decode(engine, 2, 4, -1)
+        hf_decode(hf, 2, 4, -1)
         for rep in range(args.repeat):
             for batch in batches:
                 for side in ("engine", "transformers"):
@@ -150,6 +177,8 @@ def main() -> None:
                     runs.append({"rep": rep, "batch": batch, "side": side, "tok_s": round(rate, 1)})
                     print(f"rep {rep} batch {batch:3d} {side:12s} {rate:9.1f} tok/s", flush=True)
             turns.append(second_turn(engine, args, rep))
+            roofs.append(roofline(hf))
+            print(f"rep {rep} roofline {roofs[-1]}", flush=True)
             print(f"rep {rep} second turn {turns[-1]}", flush=True)
         memory = memory_per_sequence(engine, args)
     rows = []
@@ -159,6 +188,8 @@ def main() -> None:
         rows.append({"batch": batch, "engine_tok_s": round(ours, 1), "transformers_tok_s": round(theirs, 1),
                      "engine_over_transformers": round(ours / theirs, 2)})
         print(f"{batch:5d} {ours:9.1f} {theirs:13.1f} {ours / theirs:6.2f}")
+    top = max(r["batch1_roofline_tok_s"] for r in roofs)
+    print(f"batch-1 roofline (weights once at the best measured read bandwidth): {top:.1f} tok/s")
     print(f"\n{'context':>7} {'hybrid MiB':>11} {'dense MiB':>10} {'dense/hybrid':>13}")
     for m in memory:
         print(f"{m['context']:7d} {m['hybrid_mib']:11.1f} {m['dense_mib']:10.1f} {m['dense_over_hybrid']:13.2f}")
@@ -166,7 +197,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "hybrid.json").write_text(json.dumps({"args": vars(args), "threads": torch.get_num_threads(),
                                                  "runs": runs, "decode": rows, "memory": memory,
-                                                 "second_turn": turns}, indent=2))
+                                                 "second_turn": turns, "roofline": roofs}, indent=2))
 
 
 if __name__ == "__main__":
