@@ -22,11 +22,15 @@ def env() -> dict:
     import flashinfer
     import torch
 
+    from engine.cuda import linear_attention
+
     nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()
     return {
         "import_torch_and_flashinfer_s": time.perf_counter() - t, "flashinfer": flashinfer.__version__,
         "torch": torch.__version__, "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(),
         "capability": list(torch.cuda.get_device_capability()), "nvcc": nvcc[-1] if nvcc else None,
+        # fla (carried as a wheel) and the optional causal_conv1d: which kernels the hybrid models run here
+        "gated_deltanet": linear_attention.describe(torch.device("cuda")),
     }
 
 

@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.core import kv_sizing
 from engine.model.kv_spec import graphs_blocker
 from engine.model.quant.mxfp4_packed import scratch_bytes as mxfp4_scratch_bytes
-from engine.core.state_cache import state_slots_for_budget
+from engine.core.state_cache import EXTRA_SLOTS, state_slots_for_budget
 from engine.cuda import setup as cuda_setup
 from engine.errors import StartupError
 
@@ -56,7 +56,7 @@ def plan_cache(config: EngineConfig, spec, model: torch.nn.Module, device: torch
     if spec.recurrent is not None:
         state_seqs = c.max_num_seqs if c.num_kv_pages else state_slots_for_budget(spec.recurrent, dtype, budget,
                                                                                  c.max_num_seqs)
-        state_bytes = (2 * state_seqs + 1) * spec.recurrent.slot_bytes(dtype)
+        state_bytes = (2 * state_seqs + EXTRA_SLOTS) * spec.recurrent.slot_bytes(dtype)
     fit = kv_sizing.pages_for_budget(max(0, budget - state_bytes), sizes, caps)
     if c.num_kv_pages:
         pages = c.num_kv_pages

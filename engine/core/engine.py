@@ -115,11 +115,13 @@ class LLMEngine:
             graphless = (graphs_blocker(groups) or capture_blocker(self.model, self.device, self.spec.dtype)
                          or ("LoRA adapters" if self.lora is not None else None)
                          or ("an EAGLE-3 head" if eagle else None) or ("tensor parallelism" if self.ranks else None))
+            hybrid = recurrent is not None  # its graphs take every layer's caches and backend (state slots too)
             with timed(self.start_ms, "graphs"):
                 self.runner.graph_runner = prepare_cuda(
-                    self.model, self.backends[0], self.pools[0].kv_caches, page_size=config.page_size,
-                    max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                    enforce_eager=config.enforce_eager or graphless is not None, why=graphless)
+                    self.model, self.backends[0], self.runner.layer_caches if hybrid else self.pools[0].kv_caches,
+                    page_size=config.page_size, max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+                    enforce_eager=config.enforce_eager or graphless is not None, why=graphless,
+                    layer_backends=self.runner.layer_backends if hybrid else None, state_pool=self.state_pool)
         self.images = ImageIntake(self.spec.vision, config.model_path, self.tokenizer, config.max_num_batched_tokens)
         self._seq_ids = count()
         self._arrivals = count()

@@ -80,7 +80,7 @@ class ModelRunner:
             self.recurrent_plan.plan(self._recurrent_step(out.scheduled, metas[0].is_decode))
         if self.graph_runner is not None and images is None:  # (a step with images is a prefill: eager)
             # NOTE: a replayed hidden is a static buffer the next replay overwrites: logits come first.
-            hidden = self.graph_runner(input_ids, positions, metas[0])
+            hidden = self.graph_runner(input_ids, positions, metas[0], self.recurrent_plan and self.recurrent_plan.step)
         else:
             for backend, meta in zip(self.backends, metas, strict=True):
                 backend.plan(meta)

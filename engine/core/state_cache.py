@@ -21,13 +21,20 @@ import torch
 from engine.model.layers.recurrent_step import RecurrentSpec
 
 
+# Slots past the ones handed out: the zero slot (num_slots), which fresh slots are copied from, and the scratch slot
+# (num_slots + 1), which a CUDA graph's padding rows read and write and nothing else ever reads.
+EXTRA_SLOTS = 2
+
+
 class StatePool:
-    """Every recurrent layer's slots, allocated once: conv windows [layers, slots + 1, conv_dim, K - 1] in the
-    model dtype, delta-rule states [layers, slots + 1, Hv, Dk, Dv] in float32; the last slot stays zero."""
+    """Every recurrent layer's slots, allocated once: conv windows [layers, slots + 2, conv_dim, K - 1] in the
+    model dtype, delta-rule states [layers, slots + 2, Hv, Dk, Dv] in float32; slot num_slots stays zero, slot
+    num_slots + 1 is scratch."""
 
     def __init__(self, spec: RecurrentSpec, num_slots: int, dtype: torch.dtype, device: torch.device | str) -> None:
-        n, layers = num_slots + 1, len(spec.layers)
+        n, layers = num_slots + EXTRA_SLOTS, len(spec.layers)
         self.num_slots = num_slots
+        self.scratch = num_slots + 1
         self.conv = torch.zeros((layers, n, *spec.conv_shape), dtype=dtype, device=device)
         self.delta = torch.zeros((layers, n, *spec.state_shape), dtype=torch.float32, device=device)
         self.layer_states = [(self.conv[i], self.delta[i]) for i in range(layers)]

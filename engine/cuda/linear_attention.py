@@ -1,7 +1,7 @@
-"""The gated delta rule's prefill on CUDA through flash-linear-attention's Triton kernel (fla-core's
-chunk_gated_delta_rule), for Gated DeltaNet layers (Qwen3.5, Qwen3-Next). The torch rule in
-engine/model/layers/delta_rule.py is the reference the GPU tests hold it to, and what runs where this does not.
-fla is imported lazily: it needs Triton, which a CPU build of torch does not have.
+"""The gated delta rule on CUDA through flash-linear-attention's Triton kernels (fla-core), for Gated DeltaNet
+layers (Qwen3.5, Qwen3-Next): chunk_gated_delta_rule for prefill, fused_recurrent_gated_delta_rule for decode. The
+torch rule in engine/model/layers/delta_rule.py is the reference the GPU tests hold them to, and what runs where
+fla does not. fla is imported lazily: it needs Triton, which a CPU build of torch does not have.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import functools
 import importlib
 
 import torch
+
+from engine.cuda import causal_conv
 
 
 @functools.cache
@@ -23,16 +25,19 @@ def fla_import_error() -> Exception | None:
 
 
 def fla_runs(device: torch.device) -> bool:
-    """Whether the prefill of a recurrent layer on `device` goes through fla's kernel."""
+    """Whether the delta rule of a recurrent layer on `device` (prefill and decode) goes through fla's kernels."""
     return device.type == "cuda" and fla_import_error() is None
 
 
 def describe(device: torch.device) -> str:
-    """For the start-up log: which gated delta rule a hybrid model's prefill runs on `device`."""
+    """For the start-up log: which gated delta rule and which conv a hybrid model runs on `device`."""
     if fla_runs(device):
-        return "Gated DeltaNet prefill through fla's chunk_gated_delta_rule (Triton)"
-    reason = "not on CUDA" if device.type != "cuda" else f"fla does not import: {fla_import_error()}"
-    return f"Gated DeltaNet prefill through the torch delta rule ({reason})"
+        rule = ("delta rule through fla (chunk_gated_delta_rule for prefill, fused_recurrent_gated_delta_rule for "
+                "decode)")
+    else:
+        reason = "not on CUDA" if device.type != "cuda" else f"fla does not import: {fla_import_error()}"
+        rule = f"delta rule in torch ({reason})"
+    return f"Gated DeltaNet: {rule}; {causal_conv.describe(device)}"
 
 
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -46,3 +51,17 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                       initial_state=state.float()[None].contiguous(), output_final_state=True,
                       use_qk_l2norm_in_kernel=True)
     return o[0].to(v.dtype), final[0].float()
+
+
+def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                                     beta: torch.Tensor, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of each of B sequences (decode), as engine.model.layers.delta_rule.step_ row by row: q, k [B, Hk, Dk],
+    v [B, Hv, Dv], g and beta [B, Hv], states [B, Hv, Dk, Dv] float32 (the rows' states, gathered: fla-core 0.6.0
+    reads and writes a state per batch row, with no slot indices into a pool). Returns (o [B, Hv, Dv] in v's
+    dtype, the float32 states after the token). Capturable in a CUDA graph once compiled (no autotuning, no sync)."""
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as kernel
+
+    o, final = kernel(q[:, None], k[:, None], v[:, None], g.float()[:, None], beta.to(v.dtype)[:, None],
+                      scale=q.shape[-1] ** -0.5, initial_state=states, output_final_state=True,
+                      use_qk_l2norm_in_kernel=True)
+    return o[:, 0].to(v.dtype), final

@@ -62,6 +62,8 @@ def reserve_bytes(
       prompt_logprobs slice);
     - with graphs: a FlashInfer wrapper per captured size, its page-table buffers (int32, up to
       max_pages_per_seq per row) and the graphs' shared pool (activations of the largest size);
+    - a hybrid model's decode (args.deltanet): each row's float32 delta-rule state gathered and stepped into a new
+      one, one layer at a time, eagerly and in the graphs' pool;
     - SLACK_BYTES for cuBLAS workspaces and fragmentation.
     The attention workspace and the weights are not in it: they exist before the budget is measured.
     """
@@ -76,6 +78,10 @@ def reserve_bytes(
         # per row: int32 page indices, indptr and last-page length; int64 slot and source row
         total += len(sizes) * GRAPH_WRAPPER_BYTES + sum(sizes) * (4 * (max_pages_per_seq + 2) + 16)
         total += sizes[-1] * per_token
+    shape = getattr(args, "deltanet", None)
+    if shape is not None:
+        rows = max_num_seqs + (graph_batch_sizes(max_num_seqs)[-1] if graphs else 0)
+        total += rows * 2 * 4 * shape.num_v_heads * shape.head_k_dim * shape.head_v_dim
     return total + SLACK_BYTES
 
 

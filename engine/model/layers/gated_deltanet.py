@@ -8,6 +8,12 @@ Each sequence carries a fixed-size state instead of pages: its conv window (the 
 [conv_dim, K - 1]) and its delta-rule state ([Hv, Dk, Dv], float32). forward() reads them from the slots it is
 given and writes them back, so a prompt prefilled in chunks, or decoded token by token, ends in the state that one
 pass would leave.
+
+Decode has two paths that give the same numbers (tests/engine/model/test_gated_deltanet.py): on the CPU, the rule
+runs in place over the pool's slots, steered by the slots as Python ints; on CUDA, and in any step a CUDA graph
+replays, it reads the slots only as a tensor (RecurrentStep.slot_index) and gathers, steps and scatters the states,
+through fla's fused recurrent kernel and causal_conv1d's conv update where they run (engine/cuda/linear_attention.py,
+engine/cuda/causal_conv.py), so that the step can be captured.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.cuda import linear_attention
+from engine.cuda import causal_conv, linear_attention
 from engine.model.layers import delta_rule
 from engine.model.layers.recurrent_step import RecurrentStep
 
@@ -80,7 +86,10 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         if step.is_decode:
-            out = self._decode(mixed, g, beta, step.slots, step.slot_index, conv_pool, state_pool)
+            # NOTE: only the CPU path reads the slots as Python ints; on CUDA, and in a step a CUDA graph replays,
+            # decode reads slot_index alone (no host sync, no value-dependent shape or branch).
+            cpu_slots = step.slots if x.device.type == "cpu" and not step.indexed else None
+            out = self._decode(mixed, g, beta, step.slot_index, conv_pool, state_pool, cpu_slots)
             for i, _, dst in step.captures:  # a decode row's snapshot is its state after the step
                 conv_pool[dst].copy_(conv_pool[step.slots[i]])
                 state_pool[dst].copy_(state_pool[step.slots[i]])
@@ -91,7 +100,9 @@ class GatedDeltaNet(nn.Module):
                 capture = step.capture_of(i)
                 if length == 1 and capture is None:
                     index = torch.tensor([slot], device=x.device)
-                    out[rows] = self._decode(mixed[rows], g[rows], beta[rows], [slot], index, conv_pool, state_pool)
+                    cpu_slots = [slot] if x.device.type == "cpu" else None
+                    out[rows] = self._decode(mixed[rows], g[rows], beta[rows], index, conv_pool, state_pool,
+                                             cpu_slots)
                 else:
                     out[rows] = self._prefill(mixed[rows], g[rows], beta[rows], slot, capture, conv_pool, state_pool)
         gated = self.norm(out.reshape(-1, s.head_v_dim), z.reshape(-1, s.head_v_dim))
@@ -101,9 +112,6 @@ class GatedDeltaNet(nn.Module):
         """(q|k|v before the conv, z, b, a), each [tokens, ...] flat per head."""
         return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
 
-    def capture_blocker(self, device: torch.device, dtype: torch.dtype) -> str | None:
-        return "recurrent-state layers (Gated DeltaNet) run eagerly"
-
     def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s, t = self.shape, qkv.shape[0]
         key_dim = s.num_k_heads * s.head_k_dim
@@ -111,25 +119,55 @@ class GatedDeltaNet(nn.Module):
                 qkv[:, key_dim : 2 * key_dim].reshape(t, s.num_k_heads, s.head_k_dim),
                 qkv[:, 2 * key_dim :].reshape(t, s.num_v_heads, s.head_v_dim))
 
-    def _decode(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, slots: list[int],
-                index: torch.Tensor, conv_pool: torch.Tensor, state_pool: torch.Tensor) -> torch.Tensor:
-        """One token of each of B sequences (rows of mixed), their states at `slots` (also as `index`): the conv as
-        a dot product with each window, the recurrent rule over the B sequences' heads at once, in place on the
-        pool's slots lo..hi when they span few more than B (idle slots in between get a zero key and no decay,
-        which leaves their state exactly as it was), on gathered copies otherwise."""
-        s, b = self.shape, mixed.shape[0]
-        window = torch.cat([conv_pool.index_select(0, index).to(mixed.dtype), mixed[:, :, None]], dim=2)
-        conv_pool.index_copy_(0, index, window[:, :, 1:].to(conv_pool.dtype))
-        qkv = F.silu((window * self.conv1d.weight[:, 0]).sum(-1))  # [B, conv_dim]
+    def _fused_conv(self, x: torch.Tensor, conv_pool: torch.Tensor) -> bool:
+        s = self.shape
+        return (causal_conv.runs(x.device) and causal_conv.supports(s.conv_dim, s.conv_kernel)
+                and conv_pool.dtype == x.dtype)
+
+    def _decode(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, index: torch.Tensor,
+                conv_pool: torch.Tensor, state_pool: torch.Tensor, cpu_slots: list[int] | None) -> torch.Tensor:
+        """One token of each of B sequences (rows of mixed), their states at `index` (a long tensor on the device).
+        cpu_slots: the same slots as Python ints, for the CPU's in-place rule (_rule_in_place); None: the
+        capture-safe path, which gathers the rows' states, steps them (fla's fused kernel where it runs) and
+        scatters them back, all through `index`."""
+        if self._fused_conv(mixed, conv_pool):
+            qkv = causal_conv.update(mixed, conv_pool, self.conv1d.weight[:, 0], index)
+        else:  # the conv as a dot product of each window (its last K - 1 inputs, then this token) with the kernel
+            window = torch.cat([conv_pool.index_select(0, index).to(mixed.dtype), mixed[:, :, None]], dim=2)
+            conv_pool.index_copy_(0, index, window[:, :, 1:].to(conv_pool.dtype))
+            qkv = F.silu((window * self.conv1d.weight[:, 0]).sum(-1))  # [B, conv_dim]
         q, k, v = self._split(qkv)
+        if cpu_slots is not None:
+            return self._rule_in_place(q, k, v, g, beta, cpu_slots, index, state_pool)
+        states = state_pool.index_select(0, index)
+        if linear_attention.fla_runs(mixed.device):
+            o, states = linear_attention.fused_recurrent_gated_delta_rule(q, k, v, g, beta, states)
+        else:
+            o = self._step(q, k, v, g, beta, states)
+        state_pool.index_copy_(0, index, states)
+        return o
+
+    def _step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              states: torch.Tensor) -> torch.Tensor:
+        """The torch rule's one token for B rows (states [B, Hv, Dk, Dv], updated in place); o [B, Hv, Dv]."""
+        s = self.shape
+        return delta_rule.step_(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), g.flatten(), beta.flatten(),
+                                states.view(-1, s.head_k_dim, s.head_v_dim)).view(-1, s.num_v_heads, s.head_v_dim)
+
+    def _rule_in_place(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                       slots: list[int], index: torch.Tensor, state_pool: torch.Tensor) -> torch.Tensor:
+        """The CPU's decode rule: over the B sequences' heads at once, in place on the pool's slots lo..hi when they
+        span few more than B (idle slots in between get a zero key and no decay, which leaves their state exactly
+        as it was), on gathered copies otherwise. Gathering and scattering float32 states dominated a CPU step
+        (bench/RESULTS.md, "Hybrid Qwen3.5"); the min / max of Python slots is what a CUDA graph cannot replay."""
+        b = q.shape[0]
         lo, hi = min(slots), max(slots) + 1
         in_place, in_order = hi - lo <= 2 * b, slots == list(range(lo, hi))
         if in_place and not in_order:  # rows in slot order, idle slots between them zero
             q, k, v, g, beta = (torch.zeros((hi - lo, *x.shape[1:]), dtype=x.dtype, device=x.device)
                                 .index_copy_(0, index - lo, x) for x in (q, k, v, g, beta))
         states = state_pool[lo:hi] if in_place else state_pool.index_select(0, index)
-        o = delta_rule.step_(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), g.flatten(), beta.flatten(),
-                             states.view(-1, s.head_k_dim, s.head_v_dim)).view(-1, s.num_v_heads, s.head_v_dim)
+        o = self._step(q, k, v, g, beta, states)
         if not in_place:
             state_pool.index_copy_(0, index, states)
         return o.index_select(0, index - lo) if in_place and not in_order else o
@@ -141,7 +179,10 @@ class GatedDeltaNet(nn.Module):
         s, length = self.shape, mixed.shape[0]
         # The conv sees the sequence's last K - 1 inputs before this step, then this step's.
         window = torch.cat([conv_pool[slot].to(mixed.dtype), mixed.t()], dim=1)
-        qkv = F.silu(F.conv1d(window[None], self.conv1d.weight, groups=s.conv_dim)[0]).t()  # [length, conv_dim]
+        if self._fused_conv(mixed, conv_pool):
+            qkv = causal_conv.prefill(mixed, conv_pool[slot], self.conv1d.weight[:, 0])
+        else:
+            qkv = F.silu(F.conv1d(window[None], self.conv1d.weight, groups=s.conv_dim)[0]).t()  # [length, conv_dim]
         q, k, v = self._split(qkv)
         cut = capture[0] if capture is not None else length
         parts = [(0, cut), (cut, length)] if cut < length else [(0, length)]

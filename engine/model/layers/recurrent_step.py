@@ -37,13 +37,21 @@ class RecurrentSpec:
 class RecurrentStep:
     """spans[i] = (first row, rows) of scheduled sequence i in the flattened batch; slots[i] its state slot (also as
     slot_index, a long tensor on the device); captures: (i, rows into its span, slot) where a copy of sequence i's
-    state after that many of its rows goes; is_decode: every sequence has one row (the batched path)."""
+    state after that many of its rows goes; is_decode: every sequence has one row (the batched path); indexed: a
+    CUDA graph's decode step, whose layers may read slot_index alone (a static buffer the graph runner fills before
+    each replay; spans and slots are empty, captures are taken outside the graph)."""
 
     spans: list[tuple[int, int]]
     slots: list[int]
     captures: list[tuple[int, int, int]]
     slot_index: torch.Tensor
     is_decode: bool
+    indexed: bool = False
+
+    @classmethod
+    def graphed(cls, slot_index: torch.Tensor) -> RecurrentStep:
+        """The decode step a CUDA graph captures over `slot_index` (one slot per row, padding rows included)."""
+        return cls([], [], [], slot_index, True, indexed=True)
 
     def capture_of(self, i: int) -> tuple[int, int] | None:
         """(rows, slot) of sequence i's snapshot this step, or None."""

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from engine.core.state_cache import StatePool, StateSlots, state_slots_for_budget
+from engine.core.state_cache import EXTRA_SLOTS, StatePool, StateSlots, state_slots_for_budget
 from engine.model.layers.recurrent_step import RecurrentSpec
 
 SPEC = RecurrentSpec(layers=(0, 2), conv_shape=(6, 3), state_shape=(2, 4, 4))
@@ -74,7 +74,7 @@ def test_the_pool_applies_copies_in_order_in_every_layer():
     pool.copy_slots([(0, 1), (1, 2), (pool.num_slots, 0)])  # 2 reads what 1 just got; 0 is zeroed last
     assert pool.conv[:, 2].eq(1.0).all() and pool.delta[:, 2].eq(2.0).all()
     assert pool.conv[:, 0].eq(0).all() and pool.delta[:, 0].eq(0).all()
-    assert pool.nbytes == (3 + 1) * SPEC.slot_bytes(torch.float32)
+    assert pool.nbytes == (3 + EXTRA_SLOTS) * SPEC.slot_bytes(torch.float32)
 
 
 def test_the_state_takes_at_most_half_the_budget():

@@ -67,7 +67,8 @@ class Pages:
         self.slots: dict[str, int] = {}
         self.recurrent_plan: RecurrentPlan | None = None
         if recurrent is not None:
-            self.state, self.recurrent_plan = StatePool(recurrent, 16, dtype, "cpu"), RecurrentPlan()
+            state_dtype = dtype if dtype.itemsize > 1 else torch.float32  # FP8 pages: the state stays wide
+            self.state, self.recurrent_plan = StatePool(recurrent, 16, state_dtype, "cpu"), RecurrentPlan()
             for layer, slots in zip(recurrent.layers, self.state.layer_states, strict=True):
                 self.caches[layer], self.backends[layer] = slots, self.recurrent_plan
 

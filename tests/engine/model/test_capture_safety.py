@@ -1,6 +1,6 @@
 """Every family's decode step held to CUDA graph capture's rules on the CPU (tests/engine/model/capture_guard.py):
-no host sync, no shape that depends on tensor values. MoE, sliding windows, sinks, shared KV, FP8 pages and LoRA
-included. A model whose step breaks the rules must say why (engine.model.capture.capture_blocker), so that the
+no host sync, no shape that depends on tensor values. MoE, sliding windows, sinks, shared KV, FP8 pages, LoRA and
+hybrid models' Gated DeltaNet (on the step a CUDA graph captures, each row's state slot a tensor only) included. A model whose step breaks the rules must say why (engine.model.capture.capture_blocker), so that the
 engine runs it eagerly; every family here in float32 with stacked experts must need no such reason."""
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from engine.attention.kv_quant import FP8
 from engine.config import LoraConfig
 from engine.model.adapters import projection_shapes
 from engine.model.capture import capture_blocker
+from engine.model.layers.recurrent_step import RecurrentStep
 from engine.model.loader import load_model
 from tests.engine.conftest import TOKENIZER_FILES, build_tiny_checkpoint
 from tests.engine.model.capture_guard import CaptureGuard, CaptureRefused
 from tests.engine.model.family_parity import Pages
 from tests.engine.model.gpt_oss_checkpoints import build_gpt_oss
+from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
 from tests.engine.model.moe_checkpoints import build_moe_checkpoint
 from tests.engine.model.test_gemma4_moe_parity import CONFIG as GEMMA4_MOE, randomize
 from tests.engine.model.test_gemma4_parity import save_tiny_gemma4
@@ -50,6 +52,7 @@ BUILDERS = {
     "gemma4_moe": save_gemma4_moe,
     "gpt_oss": lambda p: build_gpt_oss(p, "float"),
     "gpt_oss_mxfp4": lambda p: build_gpt_oss(p, "mxfp4"),
+    **{kind: (lambda p, k=kind: build_hybrid_checkpoint(k, p)) for kind in ("qwen3_5_text", "qwen3_next")},
 }
 
 
@@ -73,7 +76,7 @@ def checkpoint(tmp_path_factory, baked_model_path):
 def decode_under_guard(model, spec, kv_dtype: torch.dtype = torch.float32, before_forward=None) -> CaptureGuard:
     """Prefills two prompts (one past every window), then runs one decode step's forward under CaptureGuard, the
     page table planned beforehand as the graph runner plans it outside the graph."""
-    pages = Pages(spec.kv_groups, dtype=kv_dtype)
+    pages = Pages(spec.kv_groups, dtype=kv_dtype, recurrent=spec.recurrent)
     gen = torch.Generator().manual_seed(0)
     prompts = {"a": torch.randint(3, 128, (21,), generator=gen).tolist(), "b": [5, 6, 7]}
     if before_forward is not None:
@@ -82,6 +85,8 @@ def decode_under_guard(model, spec, kv_dtype: torch.dtype = torch.float32, befor
     positions, meta = pages.table.step([(r, 1) for r in prompts])
     for backend in pages.unique:
         backend.plan(meta)
+    if pages.recurrent_plan is not None:  # as CudaGraphRunner plans it: the rows' slots as a tensor only
+        pages.recurrent_plan.plan(RecurrentStep.graphed(torch.tensor([pages.slots[r] for r in prompts])))
     if before_forward is not None:
         before_forward(len(prompts))
     layers = sorted(pages.caches)

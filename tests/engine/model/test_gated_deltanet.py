@@ -1,7 +1,9 @@
 """Gated DeltaNet (Qwen3.5 / Qwen3-Next's linear attention) against transformers' torch reference in float32: the
 delta rule alone (chunked and recurrent, from a given state, Hk < Hv), and the whole layer on a tiny random
 Qwen3.5 config: one pass, the same prompt in chunks with its state carried over, token-by-token decode, and
-several sequences in one step, each equal to transformers' pass over the whole sequence."""
+several sequences in one step, each equal to transformers' pass over the whole sequence. Decode on both of its
+paths (the CPU's in place, the capture-safe one CUDA and its graphs run) equal to each other, and the capture-safe
+one replayed from a trace on other slots."""
 
 from __future__ import annotations
 
@@ -147,25 +149,88 @@ def test_batched_decode_equals_each_sequence_alone(layers):
     assert first.shape[0] == 13
 
 
-@pytest.mark.parametrize("slots", [[5, 2, 3], [0, 9], [3, 4, 5]])
-def test_decode_in_any_slot_order_leaves_every_other_slot_untouched(layers, slots):
-    """Slots out of order with an idle one between them (updated in place over the span), far apart (gathered) and
-    in order: each sequence's row equals transformers', and the slots no sequence holds keep their bits."""
-    hf, ours = layers
+def prefilled_pools(ours: GatedDeltaNet, xs: list[torch.Tensor], slots: list[int], n: int = 10):
+    """Pools of n random slots; each x but its last row prefilled alone into its slot (zeroed first)."""
     gen = torch.Generator().manual_seed(5)
-    xs = [torch.randn(n, 64, generator=gen) for n in (4, 6, 3)][: len(slots)]
-    conv, delta = states(ours, 10)
+    conv, delta = states(ours, n)
     conv.normal_(generator=gen)
     delta.normal_(generator=gen)
-    for x, slot in zip(xs, slots):  # each prefilled alone into its slot (its zeroed state first)
+    for x, slot in zip(xs, slots):
         conv[slot], delta[slot] = 0, 0
         with torch.no_grad():
             ours(x[:-1], RecurrentStep([(0, len(x) - 1)], [slot], [], torch.tensor([slot]), False), conv, delta)
+    return conv, delta
+
+
+def decode_inputs(slots: list[int]) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(5)
+    return [torch.randn(n, 64, generator=gen) for n in (4, 6, 3)][: len(slots)]
+
+
+@pytest.mark.parametrize("path", ["cpu", "indexed"])
+@pytest.mark.parametrize("slots", [[5, 2, 3], [0, 9], [3, 4, 5]])
+def test_decode_in_any_slot_order_leaves_every_other_slot_untouched(layers, slots, path):
+    """Slots out of order with an idle one between them (updated in place over the span), far apart (gathered) and
+    in order, on the CPU's path and on the capture-safe one (a CUDA graph's step: slot_index alone, a padding row
+    on a scratch slot): each sequence's row equals transformers', and the slots no sequence holds keep their bits."""
+    hf, ours = layers
+    xs = decode_inputs(slots)
+    conv, delta = prefilled_pools(ours, xs, slots, n=11)
     before = conv.clone(), delta.clone()
-    step = RecurrentStep([(i, 1) for i in range(len(slots))], slots, [], torch.tensor(slots), True)
+    rows = torch.stack([x[-1] for x in xs])
+    if path == "cpu":
+        step = RecurrentStep([(i, 1) for i in range(len(slots))], slots, [], torch.tensor(slots), True)
+    else:
+        step, rows = RecurrentStep.graphed(torch.tensor([*slots, 10])), torch.cat([rows, torch.ones(1, 64)])
     with torch.no_grad():
-        last = ours(torch.stack([x[-1] for x in xs]), step, conv, delta)
+        last = ours(rows, step, conv, delta)
     for j, x in enumerate(xs):
         torch.testing.assert_close(last[j], reference(hf, x)[-1], atol=ATOL, rtol=1e-4)
     idle = [i for i in range(10) if i not in slots]
     assert torch.equal(conv[idle], before[0][idle]) and torch.equal(delta[idle], before[1][idle])
+
+
+@pytest.mark.parametrize("slots", [[5, 2, 3], [0, 9], [3, 4, 5]])
+def test_the_capture_safe_decode_equals_the_cpu_path(layers, slots):
+    """Several steps on each path from the same pools: the same rows, and the same state in every slot."""
+    _, ours = layers
+    xs = decode_inputs(slots)
+    pools = {path: prefilled_pools(ours, xs, slots) for path in ("cpu", "indexed")}
+    gen = torch.Generator().manual_seed(6)
+    for _ in range(3):
+        rows = torch.randn(len(slots), 64, generator=gen)
+        cpu = RecurrentStep([(i, 1) for i in range(len(slots))], slots, [], torch.tensor(slots), True)
+        with torch.no_grad():
+            want = ours(rows, cpu, *pools["cpu"])
+            got = ours(rows, RecurrentStep.graphed(torch.tensor(slots)), *pools["indexed"])
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    for a, b in zip(pools["cpu"], pools["indexed"]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_a_traced_decode_step_replays_on_other_slots(layers):
+    """make_fx records the tensor ops of one decode step and bakes every Python value into the trace, as CUDA graph
+    capture does: the capture-safe step traced on some slots and replayed on others equals the eager step there
+    (and the CPU's path, steered by Python ints, does not: that is why graphs never run it)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    _, ours = layers
+    gen = torch.Generator().manual_seed(7)
+    conv, delta = (t.normal_(generator=gen) for t in states(ours, 10))
+
+    def graphed(x, index, conv_pool, state_pool):
+        return ours(x, RecurrentStep.graphed(index), conv_pool, state_pool)
+
+    def cpu(x, index, conv_pool, state_pool):
+        return ours(x, RecurrentStep([(0, 1), (1, 1), (2, 1)], [1, 2, 3], [], index, True), conv_pool, state_pool)
+
+    x, slots = torch.randn(3, 64, generator=gen), torch.tensor([7, 0, 4])
+    with torch.no_grad():
+        want_pools = conv.clone(), delta.clone()
+        want = graphed(x, slots, *want_pools)
+        for step, replays in ((graphed, True), (cpu, False)):
+            traced = make_fx(step)(torch.randn(3, 64), torch.tensor([1, 2, 3]), conv.clone(), delta.clone())
+            pools = conv.clone(), delta.clone()
+            got = traced(x, slots, *pools)
+            same = torch.allclose(got, want) and all(torch.equal(a, b) for a, b in zip(pools, want_pools))
+            assert same == replays
