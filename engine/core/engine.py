@@ -275,6 +275,7 @@ class LLMEngine:
         # NOTE: after the tokens are appended (a speculating sequence keeps the KV of those it accepted), and the
         # pages settle before any group leaves: a choice may fork and finish within this step.
         self.scheduler.commit(out)
+        self.runner.settle(out)
         if self.speculator is not None:
             self.speculator.record(*accepted_counts(out, result))
             self.speculator.observe(out, result)

@@ -202,7 +202,16 @@ class ModelRunner:
                 boundary, slot = s.seq.state_capture
                 captures.append((i, boundary - s.start, slot))
             row += s.num_tokens
-        return RecurrentStep(spans, slots, captures, torch.tensor(slots, device=self.device), is_decode)
+        verify = frozenset(i for i, s in enumerate(scheduled) if s.draft)
+        return RecurrentStep(spans, slots, captures, torch.tensor(slots, device=self.device), is_decode, verify)
+
+    @torch.inference_mode()
+    def settle(self, out: SchedulerOutput) -> None:
+        """After the scheduler committed a step: each speculating sequence's recurrent state advances by the rows it
+        kept (engine/model/layers/recurrent_step.py), before any later step, fork or snapshot copy reads it."""
+        if self.recurrent_plan is not None:
+            self.recurrent_plan.settle({i: s.seq.num_computed_tokens - s.start for i, s in enumerate(out.scheduled)
+                                        if s.draft})
 
     def _prompt_logprobs(
         self, hidden: torch.Tensor, scheduled: list[ScheduledSeq], prompt_at: list[tuple[int, int, int]],

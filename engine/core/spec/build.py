@@ -36,11 +36,6 @@ def build_speculator(config: SpeculativeConfig | None, target: Target) -> Specul
     if config is None:
         return None
     check_config(config)
-    if target.recurrent:
-        # NOTE: a recurrent state cannot be rolled back past rejected tokens; verifying would corrupt it.
-        log.warning("speculative decoding is off: this model's recurrent (linear-attention) layers cannot roll "
-                    "their state back past rejected tokens")
-        return None
     if config.method == "ngram":
         proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
     elif config.method == "eagle3":

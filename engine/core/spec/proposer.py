@@ -17,7 +17,7 @@ class Target:
 
     tokenizer: Any
     vocab_size: int
-    recurrent: bool  # the model has recurrent-state layers, which cannot roll back
+    recurrent: bool  # the model has recurrent-state layers (the runner replays a verify's accepted rows into them)
     dtype: torch.dtype
     device: torch.device
     kv_dtype: torch.dtype

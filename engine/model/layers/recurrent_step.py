@@ -8,9 +8,13 @@ recurrent layer runs with it over its own slots of the state pool (engine/core/s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
+
+# Re-runs a verified sequence's first n rows from its state (and fills a capture (rows, slot) within them).
+Replay = Callable[[int, "tuple[int, int] | None"], None]
 
 
 @dataclass(frozen=True)
@@ -37,13 +41,16 @@ class RecurrentSpec:
 class RecurrentStep:
     """spans[i] = (first row, rows) of scheduled sequence i in the flattened batch; slots[i] its state slot (also as
     slot_index, a long tensor on the device); captures: (i, rows into its span, slot) where a copy of sequence i's
-    state after that many of its rows goes; is_decode: every sequence has one row (the batched path)."""
+    state after that many of its rows goes; is_decode: every sequence has one row (the batched path); verify: the
+sequences whose rows are a speculative verify (their slots are written by settle(), not by the forward)."""
 
     spans: list[tuple[int, int]]
     slots: list[int]
     captures: list[tuple[int, int, int]]
     slot_index: torch.Tensor
     is_decode: bool
+    verify: frozenset[int] = frozenset()
+    pending: list[tuple[int, Replay]] = field(default_factory=list)  # (sequence, its replay), one per layer
 
     def capture_of(self, i: int) -> tuple[int, int] | None:
         """(rows, slot) of sequence i's snapshot this step, or None."""
@@ -58,3 +65,15 @@ class RecurrentPlan:
 
     def plan(self, step: RecurrentStep) -> None:
         self.step = step
+
+    def settle(self, accepted: dict[int, int]) -> None:
+        """accepted[i]: the rows of verified sequence i that were kept; each layer replays them into its slot."""
+        step = self.step
+        if step is None:
+            return
+        for i, replay in step.pending:
+            n = accepted.get(i, 0)
+            if n > 0:
+                capture = step.capture_of(i)
+                replay(n, capture if capture is not None and capture[0] <= n else None)
+        step.pending.clear()
