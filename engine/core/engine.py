@@ -111,10 +111,10 @@ class LLMEngine:
             self.runner.peers = self.ranks.share_cache(num_pages)
         if self.device.type == "cuda":
             # NOTE: a step's adapter grouping is Python control flow that a replayed graph would freeze.
-            eagle = config.speculative is not None and config.speculative.method == "eagle3"
+            eagle = config.speculative is not None and config.speculative.method in ("eagle3", "mtp")
             graphless = (graphs_blocker(groups) or capture_blocker(self.model, self.device, self.spec.dtype)
                          or ("LoRA adapters" if self.lora is not None else None)
-                         or ("an EAGLE-3 head" if eagle else None) or ("tensor parallelism" if self.ranks else None))
+                         or ("a hidden-state head (EAGLE-3, MTP)" if eagle else None) or ("tensor parallelism" if self.ranks else None))
             with timed(self.start_ms, "graphs"):
                 self.runner.graph_runner = prepare_cuda(
                     self.model, self.backends[0], self.pools[0].kv_caches, page_size=config.page_size,
@@ -132,7 +132,9 @@ class LLMEngine:
         self.speculator = build_speculator(config.speculative, Target(
             self.tokenizer, self.spec.vocab_size, self.spec.recurrent is not None, self.dtype, self.device,
             self.kv_dtype, self.backend_name, config.page_size, self.allocator.num_pages,
-            config.max_num_batched_tokens, self.max_model_len, self.model))
+            config.max_num_batched_tokens, self.max_model_len, self.model, config.model_path))
+        if self.speculator is not None:
+            self.runner.keep_hidden = getattr(self.speculator.proposer, "reads_hidden", False)
 
     @property
     def pool(self) -> PagePool:  # the first KV group's (a full-attention model's only one)

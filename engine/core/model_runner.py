@@ -64,6 +64,7 @@ class ModelRunner:
         vision = getattr(model, "vision_spec", None)
         self.bidirectional = vision is not None and vision().bidirectional
         self.graph_runner = None  # CUDA: engine.core.cuda_graphs.CudaGraphRunner for decode steps
+        self.keep_hidden = False  # hand every row's final hidden state on (an MTP head reads them)
         # Tensor parallelism (engine.core.distributed.ranks.RankSet): the other ranks get each step's inputs and
         # every logits call's rows, and run their shards alongside this one.
         self.peers = None
@@ -87,7 +88,8 @@ class ModelRunner:
             extra = {} if images is None else {"image_embeds": self._encode_images(*images)}
             hidden = self.model(input_ids, positions, metas[0], self.layer_caches, self.layer_backends, **extra)
         self.num_tokens_run += input_ids.numel()
-        result = StepResult(aux_hidden=getattr(self.model, "aux_hidden", None))
+        result = StepResult(aux_hidden=getattr(self.model, "aux_hidden", None),
+                            hidden=hidden if self.keep_hidden else None)
         for i, row, count in pool_at:
             result.pooled[i] = hidden[row : row + count]
         if prompt_at:

@@ -12,7 +12,7 @@ from engine.errors import StartupError
 
 log = logging.getLogger(__name__)
 
-METHODS = ("ngram", "draft_model", "eagle3")
+METHODS = ("ngram", "draft_model", "eagle3", "mtp")
 # The methods whose proposer is a model of its own, in SpeculativeConfig.model.
 MODEL_METHODS = {"draft_model": "the draft's folder", "eagle3": "the EAGLE-3 head's folder"}
 
@@ -42,6 +42,10 @@ def build_speculator(config: SpeculativeConfig | None, target: Target) -> Specul
         from engine.core.spec.eagle3 import Eagle3Proposer
 
         proposer = Eagle3Proposer(config, target)
+    elif config.method == "mtp":
+        from engine.core.spec.mtp import MtpProposer
+
+        proposer = MtpProposer(config, target)
     else:
         from engine.core.spec.draft import DraftModelProposer
 

@@ -27,6 +27,7 @@ class Target:
     max_num_batched_tokens: int
     max_model_len: int
     model: Any = None  # the target model itself (an EAGLE-3 head reads its hidden states)
+    model_path: str = ""  # its folder (an MTP head's weights are in its checkpoint)
 
 
 class Proposer(Protocol):

@@ -122,3 +122,24 @@ def check_snapshots(engine: LLMEngine, reference: LLMEngine) -> int:
         torch.testing.assert_close(pool.conv[:, slot], ref.conv[:, other], atol=1e-4, rtol=1e-4)
         compared += 1
     return compared
+
+
+def add_mtp_weights(path: Path, hf, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Random mtp.* tensors in the hub's layout (transformers drops them), saved into the checkpoint at `path`: fc,
+    the two pre-fc norms, the final norm and layer 0, shaped as the model's full-attention layer (its MLP or
+    experts). Returns them."""
+    from safetensors.torch import load_file, save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    full = hf.config.layer_types.index("full_attention")
+    h = hf.config.hidden_size
+    mtp = {f"mtp.layers.0.{name.split(f'layers.{full}.', 1)[1]}": t for name, t in hf.state_dict().items()
+           if f"layers.{full}." in name}
+    mtp |= {"mtp.fc.weight": torch.empty(h, 2 * h), "mtp.norm.weight": torch.empty(h),
+            "mtp.pre_fc_norm_embedding.weight": torch.empty(h), "mtp.pre_fc_norm_hidden.weight": torch.empty(h)}
+    for name, t in mtp.items():
+        scale = 0.2 if "norm" in name else 0.15
+        mtp[name] = (torch.randn(t.shape, generator=gen) * scale).float().contiguous()
+    file = path / "model.safetensors"
+    save_file({**load_file(str(file)), **mtp}, str(file), metadata={"format": "pt"})
+    return mtp
