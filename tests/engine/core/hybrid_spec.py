@@ -15,10 +15,13 @@ from tests.engine.model.family_parity import load_family, tiny_engine
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
 
 
-def hybrid_target(kind: str, path: Path, baked_model_path: Path, **change) -> Path:
-    """A tiny random `kind` checkpoint at `path` with the baked model's tokenizer."""
-    build_hybrid_checkpoint(kind, path, **change)
+def hybrid_target(kind: str, path: Path, baked_model_path: Path, mtp: bool = False, **change) -> Path:
+    """A tiny random `kind` checkpoint at `path` (config `change`d) with the baked model's tokenizer (and random mtp.*
+    tensors)."""
+    hf = build_hybrid_checkpoint(kind, path, **change)
     load_family(path, baked_model_path)
+    if mtp:
+        add_mtp_weights(path, hf)
     return path
 
 
