@@ -62,7 +62,8 @@ ARG MODEL_REVISION=""
 # (vLLM's form) or name=path pairs, e.g. 'sql=org/smollm2-sql-lora'. Requests pick one with `model: "<name>"`.
 ARG LORA_MODULES=""
 # SPECULATIVE_CONFIG: vLLM's speculative_config JSON; a draft_model or eagle3 `model` given as a hub repo id is
-# baked into BASE_PATH/speculative and checked against the model. Set the same value on the endpoint to use it.
+# baked into BASE_PATH/speculative and checked against the model; mtp checks that the model ships its mtp.* head.
+# Set the same value on the endpoint to use it.
 ARG SPECULATIVE_CONFIG=""
 # HF_OVERRIDES: a JSON object of config.json keys the bake sets on the model (vLLM's --hf-overrides), e.g. to serve
 # Qwen3-Reranker as a reranker: '{"architectures": ["Qwen3ForSequenceClassification"],

@@ -14,7 +14,7 @@ from builder.adapters import parse_lora_modules
 from builder.bake import bake, is_current_bake, source_change, update_adapters
 from builder.errors import BakeError
 from builder.overrides import parse_hf_overrides
-from builder.speculative import bake_speculative, speculative_repo
+from builder.speculative import bake_speculative, check_mtp, speculative_repo
 from builder.sources import resolve
 
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
                         help='LoRA adapters: a JSON list of {"name", "path", "base_model_name"?}, or name=path pairs')
     parser.add_argument("--speculative-config", default=os.environ.get("SPECULATIVE_CONFIG", ""),
                         help='vLLM\'s speculative_config JSON: a draft_model or eagle3 `model` on the hub is baked '
-                             'into BASE_PATH/speculative')
+                             'into BASE_PATH/speculative; mtp: the model must ship its mtp.* head')
     parser.add_argument("--hf-overrides", default=os.environ.get("HF_OVERRIDES", ""),
                         help="a JSON object of config.json keys to set on the baked model (vLLM's --hf-overrides)")
     parser.add_argument("--if-missing", action="store_true",
@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         speculative = speculative_repo(args.speculative_config)
         if status == 0 and speculative is not None:
             print(bake_speculative(*speculative, args.out.parent, args.out, token, if_missing=args.if_missing))
+        found = check_mtp(args.speculative_config, args.out) if status == 0 else None
+        if found is not None:
+            print(found)
     except BakeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

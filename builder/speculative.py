@@ -1,5 +1,6 @@
 """SPECULATIVE_CONFIG at bake time: the draft model or EAGLE-3 head its `model` names on the hub, baked into
-BASE_PATH/speculative beside the model and checked against it, so that a worker without the hub starts with it.
+BASE_PATH/speculative beside the model and checked against it, so that a worker without the hub starts with it;
+for method mtp, a check that the baked model ships the head (nothing to fetch).
 
 A draft model is baked as the model is (builder/bake.py) and must share the model's tokenizer; an EAGLE-3 head
 (config.json and its safetensors) must read hidden states of the model's size, from layers it has, over its
@@ -39,6 +40,29 @@ def speculative_repo(value: str | None) -> tuple[str, str] | None:
     if method not in MODEL_METHODS or not isinstance(model, str) or not _HUB_ID.match(model) or Path(model).exists():
         return None
     return method, model
+
+
+def check_mtp(value: str | None, model: Path) -> str | None:
+    """With SPECULATIVE_CONFIG's method "mtp" there is nothing to fetch: the baked model must ship the head (mtp.*
+    tensors). What it found, None for another method; BakeError in one line when the model has no head."""
+    if not (value or "").strip():
+        return None
+    try:
+        config = json.loads(value)
+    except ValueError as exc:
+        raise BakeError(f"SPECULATIVE_CONFIG is not valid JSON: {exc}") from None
+    if not isinstance(config, dict) or config.get("method") != "mtp":
+        return None
+    from safetensors import safe_open
+
+    names = set()
+    for path in sorted(model.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            names.update(name for name in f.keys() if name.startswith("mtp."))
+    if "mtp.fc.weight" not in names:
+        raise BakeError(f"SPECULATIVE_CONFIG method mtp needs the multi-token-prediction weights (mtp.*) that "
+                        f"Qwen3.5 and Qwen3-Next checkpoints ship; the model baked in {model} has none")
+    return f"mtp: the model baked in {model} ships its head ({len(names)} mtp.* tensors)"
 
 
 def bake_speculative(method: str, repo: str, base: Path, model: Path, token: str | None,

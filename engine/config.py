@@ -82,11 +82,13 @@ class SpeculativeConfig:
     """Speculative decoding (vLLM's names): a proposer guesses up to num_speculative_tokens tokens, one forward
     of the model verifies them (engine/core/spec/)."""
 
-    method: str  # "ngram" (prompt lookup) | "draft_model" (a smaller model with the same tokenizer)
+    # "ngram" (prompt lookup) | "draft_model" (a smaller model with the same tokenizer) | "eagle3" (a head reading the
+    # target's hidden states) | "mtp" (the multi-token-prediction head a Qwen3.5 / Qwen3-Next checkpoint ships)
+    method: str
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4  # ngram: the longest suffix looked up in the prompt and output so far
     prompt_lookup_min: int = 2  # ngram: the shortest
-    model: str | None = None  # draft_model: the draft's folder
+    model: str | None = None  # draft_model / eagle3: the draft's or head's folder (mtp: none, the model's own)
     # No speculation in a step with more decoding sequences than this: verifying k + 1 tokens per sequence costs
     # compute that a large batch no longer has spare (bench/RESULTS.md, "Speculative decoding (CPU)").
     disable_by_batch_size: int = 4

@@ -31,12 +31,13 @@ class SpeculativeSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    method: Literal["ngram", "draft_model", "eagle3"]
+    method: Literal["ngram", "draft_model", "eagle3", "mtp"]
     num_speculative_tokens: int = Field(4, ge=1, le=16)
     # Neither set: 4 and 2; one set: the other takes its value, as in vLLM.
     prompt_lookup_max: int | None = Field(None, ge=1)
     prompt_lookup_min: int | None = Field(None, ge=1)
     model: str | None = None  # draft_model / eagle3: the draft's or head's folder (relative: under BASE_PATH)
+    # (mtp reads the head that the model's own checkpoint ships: it takes no `model`)
     # No speculation in a step with more decoding sequences than this (measured: bench/RESULTS.md).
     disable_by_batch_size: int = Field(4, ge=0)
 
@@ -55,6 +56,8 @@ class SpeculativeSettings(BaseModel):
         if self.method in ("draft_model", "eagle3") and not self.model:
             what = "draft model" if self.method == "draft_model" else "EAGLE-3 head"
             raise ValueError(f'method "{self.method}" needs the {what}\'s folder as "model"')
+        if self.method == "mtp" and self.model:
+            raise ValueError('method "mtp" reads the model\'s own MTP weights (mtp.*): leave "model" unset')
         return self
 
 

@@ -27,6 +27,8 @@ from engine.attention.flashinfer import FlashInferBackend
 from engine.attention.flashinfer_graph import FlashInferGraphDecode
 from engine.core.state_cache import StatePool
 from engine.cuda.setup import graph_batch_sizes, warm_up
+from engine.model.capture import capture_blocker
+from engine.model.kv_spec import KVGroupSpec, graphs_blocker
 from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentStep
 
 log = logging.getLogger(__name__)
@@ -158,6 +160,15 @@ class CudaGraphRunner:
             log.warning("FlashInfer plan for batch %d differs from its capture; running eagerly", bs)
         self.backend.plan(meta)
         return self.model(input_ids, positions, meta, self.kv_caches, self.layer_backends or self.backend)
+
+
+def graphs_off_because(model: torch.nn.Module, groups: list[KVGroupSpec], device: torch.device, dtype: torch.dtype,
+                       *, lora: bool, head: bool, ranks: bool) -> str | None:
+    """Why decode must run without CUDA graphs, or None. lora: a step's adapter grouping is Python control flow
+    that a replayed graph would freeze; head: an EAGLE-3 or MTP head reads hidden states the graph does not keep;
+    ranks: tensor parallelism's collectives run outside any graph."""
+    return (graphs_blocker(groups) or capture_blocker(model, device, dtype) or ("LoRA adapters" if lora else None)
+            or ("a hidden-state head (EAGLE-3, MTP)" if head else None) or ("tensor parallelism" if ranks else None))
 
 
 def prepare_cuda(

@@ -11,7 +11,7 @@ from engine.attention import create_backend, resolve_backend
 from engine.attention.kv_quant import resolve_kv_dtype
 from engine.config import EngineConfig
 from engine.core.cache_plan import plan_cache
-from engine.core.cuda_graphs import prepare_cuda
+from engine.core.cuda_graphs import graphs_off_because, prepare_cuda
 from engine.core.describe import describe_engine, engine_stats
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
 from engine.core.distributed.ranks import RankSet, rank_config
@@ -32,8 +32,6 @@ from engine.cuda import linear_attention
 from engine.cuda import setup as cuda_setup
 from engine.errors import InvalidRequest, StartupError
 from engine.inputs import ImageData
-from engine.model.capture import capture_blocker
-from engine.model.kv_spec import graphs_blocker
 from engine.model.layers.lora import LoadedAdapter
 from engine.model.loader import load_model
 from engine.outputs import RequestOutput
@@ -110,11 +108,9 @@ class LLMEngine:
         if self.ranks is not None:  # the other ranks' pools, as many pages of their heads
             self.runner.peers = self.ranks.share_cache(num_pages)
         if self.device.type == "cuda":
-            # NOTE: a step's adapter grouping is Python control flow that a replayed graph would freeze.
-            eagle = config.speculative is not None and config.speculative.method == "eagle3"
-            graphless = (graphs_blocker(groups) or capture_blocker(self.model, self.device, self.spec.dtype)
-                         or ("LoRA adapters" if self.lora is not None else None)
-                         or ("an EAGLE-3 head" if eagle else None) or ("tensor parallelism" if self.ranks else None))
+            head = config.speculative is not None and config.speculative.method in ("eagle3", "mtp")
+            graphless = graphs_off_because(self.model, groups, self.device, self.spec.dtype,
+                                           lora=self.lora is not None, head=head, ranks=self.ranks is not None)
             hybrid = recurrent is not None  # its graphs take every layer's caches and backend (state slots too)
             with timed(self.start_ms, "graphs"):
                 self.runner.graph_runner = prepare_cuda(
@@ -134,7 +130,9 @@ class LLMEngine:
         self.speculator = build_speculator(config.speculative, Target(
             self.tokenizer, self.spec.vocab_size, self.spec.recurrent is not None, self.dtype, self.device,
             self.kv_dtype, self.backend_name, config.page_size, self.allocator.num_pages,
-            config.max_num_batched_tokens, self.max_model_len, self.model))
+            config.max_num_batched_tokens, self.max_model_len, self.model, config.model_path))
+        if self.speculator is not None:
+            self.runner.keep_hidden = getattr(self.speculator.proposer, "reads_hidden", False)
 
     @property
     def pool(self) -> PagePool:  # the first KV group's (a full-attention model's only one)
@@ -277,6 +275,7 @@ class LLMEngine:
         # NOTE: after the tokens are appended (a speculating sequence keeps the KV of those it accepted), and the
         # pages settle before any group leaves: a choice may fork and finish within this step.
         self.scheduler.commit(out)
+        self.runner.settle(out)
         if self.speculator is not None:
             self.speculator.record(*accepted_counts(out, result))
             self.speculator.observe(out, result)

@@ -221,6 +221,9 @@ class KVCacheManager:
         sequence keeps only its latest: an earlier decode boundary is of no use to a later turn."""
         boundary, slot = seq.state_capture
         seq.state_capture = None
+        if boundary > seq.num_computed_tokens:  # a speculative step's boundary among its rejected tokens
+            self.state.release(slot)
+            return
         h = seq.hashes(boundary // self.page_size, self.page_size)[-1]
         self.state.register(h, slot)
         if boundary > seq.num_prompt_tokens:

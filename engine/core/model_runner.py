@@ -64,6 +64,7 @@ class ModelRunner:
         vision = getattr(model, "vision_spec", None)
         self.bidirectional = vision is not None and vision().bidirectional
         self.graph_runner = None  # CUDA: engine.core.cuda_graphs.CudaGraphRunner for decode steps
+        self.keep_hidden = False  # hand every row's final hidden state on (an MTP head reads them)
         # Tensor parallelism (engine.core.distributed.ranks.RankSet): the other ranks get each step's inputs and
         # every logits call's rows, and run their shards alongside this one.
         self.peers = None
@@ -87,7 +88,8 @@ class ModelRunner:
             extra = {} if images is None else {"image_embeds": self._encode_images(*images)}
             hidden = self.model(input_ids, positions, metas[0], self.layer_caches, self.layer_backends, **extra)
         self.num_tokens_run += input_ids.numel()
-        result = StepResult(aux_hidden=getattr(self.model, "aux_hidden", None))
+        result = StepResult(aux_hidden=getattr(self.model, "aux_hidden", None),
+                            hidden=hidden if self.keep_hidden else None)
         for i, row, count in pool_at:
             result.pooled[i] = hidden[row : row + count]
         if prompt_at:
@@ -202,7 +204,16 @@ class ModelRunner:
                 boundary, slot = s.seq.state_capture
                 captures.append((i, boundary - s.start, slot))
             row += s.num_tokens
-        return RecurrentStep(spans, slots, captures, torch.tensor(slots, device=self.device), is_decode)
+        verify = frozenset(i for i, s in enumerate(scheduled) if s.draft)
+        return RecurrentStep(spans, slots, captures, torch.tensor(slots, device=self.device), is_decode, verify=verify)
+
+    @torch.inference_mode()
+    def settle(self, out: SchedulerOutput) -> None:
+        """After the scheduler committed a step: each speculating sequence's recurrent state advances by the rows it
+        kept (engine/model/layers/recurrent_step.py), before any later step, fork or snapshot copy reads it."""
+        if self.recurrent_plan is not None:
+            self.recurrent_plan.settle({i: s.seq.num_computed_tokens - s.start for i, s in enumerate(out.scheduled)
+                                        if s.draft})
 
     def _prompt_logprobs(
         self, hidden: torch.Tensor, scheduled: list[ScheduledSeq], prompt_at: list[tuple[int, int, int]],

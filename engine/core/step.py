@@ -68,6 +68,8 @@ class StepResult:
     pooled: dict[int, torch.Tensor] = field(default_factory=dict)
     # With an EAGLE-3 head: the target's captured hidden states of every row of the step, side by side.
     aux_hidden: torch.Tensor | None = None
+    # With an MTP head: the target's final hidden states (after its last norm) of every row of the step.
+    hidden: torch.Tensor | None = None
 
 
 def sampling_row(group: SequenceGroup, seq: Sequence) -> SamplingRow:

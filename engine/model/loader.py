@@ -126,6 +126,17 @@ def load_model(
     return model, spec
 
 
+def load_part(module: torch.nn.Module, model_path: str, prefix: str, dtype: torch.dtype,
+              device: torch.device) -> None:
+    """Fills `module`, built on the meta device, from the checkpoint's tensors named `prefix`* (its
+    checkpoint_name() maps them to its parameters; the others are not read): a part of a checkpoint that runs
+    beside the family's model (Qwen3.5's MTP head). UnsupportedModel as load_model's, in one line."""
+    files = safetensors_files(model_path)
+    shapes = {name: shape for name, shape in tensor_shapes(files).items() if name.startswith(prefix)}
+    _materialize(module, dtype, torch.device(device))
+    load_weights(module, files, shapes, tied=False)
+
+
 def _pooling(model_path: str, config: dict, classifier: Classifier | None) -> PoolingConfig:
     # A cross-encoder scores its last token's hidden state as it is (its head reads it unnormalised).
     if classifier is not None:

@@ -1,7 +1,7 @@
 """SPECULATIVE_CONFIG at bake time: an EAGLE-3 head or a draft model named by hub id is baked into
 BASE_PATH/speculative beside the kept model (from a hub cache here, offline), checked against the model (a head for
 another hidden size, a draft with another tokenizer: one line, nothing baked), kept by --if-missing, and found by
-a worker started with the same SPECULATIVE_CONFIG."""
+a worker started with the same SPECULATIVE_CONFIG; method mtp fetches nothing and needs the model's own head."""
 
 from __future__ import annotations
 
@@ -114,3 +114,25 @@ def test_a_worker_with_the_same_config_serves_the_baked_head(tmp_path, baked_mod
         assert f"EAGLE-3 head {base / 'speculative'}" in worker.log.read_text()
     finally:
         stop_worker(worker)
+
+
+def test_mtp_fetches_nothing_and_needs_the_models_own_head(tmp_path, baked_model_path) -> None:
+    """Method mtp: a model that ships mtp.* tensors bakes with them kept; one without fails the bake in one line."""
+    from safetensors import safe_open
+
+    from tests.engine.core.hybrid_spec import hybrid_target
+
+    config = json.dumps({"method": "mtp", "num_speculative_tokens": 2})
+    folder = hybrid_target("qwen3_5_text", tmp_path / "hybrid", baked_model_path, mtp=True)
+    result = run_baker("--model", str(folder), "--out", str(tmp_path / "out"), env={"SPECULATIVE_CONFIG": config})
+    assert result.returncode == 0, result.stderr
+    assert "ships its head" in result.stdout and not (tmp_path / "speculative").exists()
+    names = set()
+    for path in (tmp_path / "out").glob("*.safetensors"):
+        with safe_open(str(path), framework="pt") as f:
+            names.update(f.keys())
+    assert "mtp.fc.weight" in names and "mtp.layers.0.self_attn.q_proj.weight" in names
+    base = base_with_model(tmp_path / "plain", baked_model_path)
+    result = run_baker("--if-missing", "--out", str(base / "model"), env={"SPECULATIVE_CONFIG": config})
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0 and "has none" in result.stderr, result.stderr

@@ -62,6 +62,8 @@ FAMILY_BASES = {
     "engine.model.models.eagle3": {"engine.model.models.llama"},
     # The hybrid decoders' full-attention layer and MLP are the Llama ones, their routing Qwen's MoE rule.
     "engine.model.models.qwen3_5": {"engine.model.models.llama", "engine.model.models.qwen3_moe"},
+    # The MTP head of a Qwen3.5 / Qwen3-Next checkpoint is one more full-attention layer of that family.
+    "engine.model.models.qwen3_5_mtp": {"engine.model.models.qwen3_5"},
     # One Gemma decoder (gemma_args / gemma_layers / gemma_base) that each generation configures.
     "engine.model.models.gemma_layers": {"engine.model.models.gemma_args", "engine.model.models.gemma4_moe"},
     "engine.model.models.gemma_base": {"engine.model.models.gemma_args", "engine.model.models.gemma_layers"},

@@ -82,13 +82,16 @@ def test_speculative_config_is_json_as_vllms_and_a_bad_one_is_one_line() -> None
                          ).speculative.lookup == (3, 3)
     draft = load_settings({"BASE_PATH": "/baked", "SPECULATIVE_CONFIG": '{"method": "draft_model", "model": "draft"}'})
     assert speculative_config(draft).model == "/baked/draft"
+    mtp = speculative_config(load_settings({"SPECULATIVE_CONFIG": '{"method": "mtp", "num_speculative_tokens": 2}'}))
+    assert (mtp.method, mtp.num_speculative_tokens, mtp.model) == ("mtp", 2, None)
     bad = {
-        '{"method": "eagle"}': "method: Input should be 'ngram', 'draft_model' or 'eagle3'",
+        '{"method": "eagle"}': "method: Input should be 'ngram', 'draft_model', 'eagle3' or 'mtp'",
         "ngram": "not JSON",
         '["ngram"]': "must be a JSON object",
         '{"method": "ngram", "num_speculative_tokens": 0}': "num_speculative_tokens: Input should be greater",
         '{"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}': "prompt_lookup_min (5) is above",
         '{"method": "draft_model"}': 'needs the draft model\'s folder as "model"',
+        '{"method": "mtp", "model": "head"}': 'reads the model\'s own MTP weights (mtp.*): leave "model" unset',
         '{"method": "ngram", "num_speculative_token": 4}': "num_speculative_token: Extra inputs are not permitted",
     }
     for value, message in bad.items():

@@ -1,9 +1,11 @@
-"""A worker started with SPECULATIVE_CONFIG (n-gram) answers through the official SDK exactly as one without it
-(greedy, chat and completions, streamed and not), says so in its start-up line, and reports acceptance in /health."""
+"""A worker started with SPECULATIVE_CONFIG (n-gram, EAGLE-3, and MTP on a hybrid model that ships its head) answers
+through the official SDK exactly as one without it (greedy, chat and completions, streamed and not), says so in its
+start-up line, and reports acceptance in /health."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,3 +72,41 @@ def test_an_eagle3_worker_answers_as_the_plain_one(eagle_worker, worker, model_n
     with eagle_worker.http() as http:
         engine = http.get("/v2/test-endpoint/health").json()["engine"]
     assert engine["spec_verify_steps"] > 0 and engine["speculative"]["method"] == "eagle3"
+
+
+@pytest.fixture(scope="module")
+def hybrid_workers(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[tuple[LocalWorker, LocalWorker]]:
+    """A tiny Qwen3.5 hybrid that ships an MTP head (random mtp.* tensors), served without and with method mtp."""
+    from tests.engine.core.hybrid_spec import hybrid_target
+
+    root = tmp_path_factory.mktemp("mtp")
+    # The tokenizer's whole vocabulary, so that any text is a prompt.
+    folder = hybrid_target("qwen3_5_text", root / "model", baked_model_path, mtp=True, vocab_size=49152)
+    shutil.copy(baked_model_path / "chat_template.jinja", folder / "chat_template.jinja")
+    config = {"method": "mtp", "num_speculative_tokens": 2, "disable_by_batch_size": 64}
+    plain = start_worker(folder, root / "plain.log", MAX_MODEL_LEN="256")
+    try:
+        mtp = start_worker(folder, root / "mtp.log", MAX_MODEL_LEN="256", SPECULATIVE_CONFIG=json.dumps(config))
+    except BaseException:
+        stop_worker(plain)
+        raise
+    yield plain, mtp
+    stop_worker(mtp)
+    stop_worker(plain)
+
+
+def test_an_mtp_worker_answers_as_the_plain_one(hybrid_workers) -> None:
+    plain_worker, mtp_worker = hybrid_workers
+    assert "speculative=mtp(k=2" in mtp_worker.log.read_text()
+    spec, plain = mtp_worker.client(), plain_worker.client()
+    name = plain.models.list().data[0].id
+    want = _chat(plain, name, stream=False)
+    assert want and _chat(spec, name, stream=False) == want
+    assert _chat(spec, name, stream=True) == want
+    completion = {"model": name, "prompt": f"Text: {TEXT}", "max_tokens": 24, "temperature": 0}
+    assert spec.completions.create(**completion).choices[0].text == plain.completions.create(**completion
+                                                                                            ).choices[0].text
+    with mtp_worker.http() as http:
+        engine = http.get("/v2/test-endpoint/health").json()["engine"]
+    assert engine["spec_verify_steps"] > 0 and engine["speculative"]["method"] == "mtp"

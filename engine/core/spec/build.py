@@ -12,7 +12,7 @@ from engine.errors import StartupError
 
 log = logging.getLogger(__name__)
 
-METHODS = ("ngram", "draft_model", "eagle3")
+METHODS = ("ngram", "draft_model", "eagle3", "mtp")
 # The methods whose proposer is a model of its own, in SpeculativeConfig.model.
 MODEL_METHODS = {"draft_model": "the draft's folder", "eagle3": "the EAGLE-3 head's folder"}
 
@@ -36,17 +36,16 @@ def build_speculator(config: SpeculativeConfig | None, target: Target) -> Specul
     if config is None:
         return None
     check_config(config)
-    if target.recurrent:
-        # NOTE: a recurrent state cannot be rolled back past rejected tokens; verifying would corrupt it.
-        log.warning("speculative decoding is off: this model's recurrent (linear-attention) layers cannot roll "
-                    "their state back past rejected tokens")
-        return None
     if config.method == "ngram":
         proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
     elif config.method == "eagle3":
         from engine.core.spec.eagle3 import Eagle3Proposer
 
         proposer = Eagle3Proposer(config, target)
+    elif config.method == "mtp":
+        from engine.core.spec.mtp import MtpProposer
+
+        proposer = MtpProposer(config, target)
     else:
         from engine.core.spec.draft import DraftModelProposer
 

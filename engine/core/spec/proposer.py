@@ -17,7 +17,7 @@ class Target:
 
     tokenizer: Any
     vocab_size: int
-    recurrent: bool  # the model has recurrent-state layers, which cannot roll back
+    recurrent: bool  # the model has recurrent-state layers (the runner replays a verify's accepted rows into them)
     dtype: torch.dtype
     device: torch.device
     kv_dtype: torch.dtype
@@ -27,6 +27,7 @@ class Target:
     max_num_batched_tokens: int
     max_model_len: int
     model: Any = None  # the target model itself (an EAGLE-3 head reads its hidden states)
+    model_path: str = ""  # its folder (an MTP head's weights are in its checkpoint)
 
 
 class Proposer(Protocol):

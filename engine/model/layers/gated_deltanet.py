@@ -26,7 +26,7 @@ from torch import nn
 
 from engine.cuda import causal_conv, linear_attention
 from engine.model.layers import delta_rule
-from engine.model.layers.recurrent_step import RecurrentStep
+from engine.model.layers.recurrent_step import RecurrentStep, Replay
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,12 @@ class GatedDeltaNet(nn.Module):
             for i, ((start, length), slot) in enumerate(zip(step.spans, step.slots, strict=True)):
                 rows = slice(start, start + length)
                 capture = step.capture_of(i)
-                if length == 1 and capture is None:
+                if i in step.verify:  # outputs from the state, which settle() advances by the accepted rows
+                    out[rows] = self._prefill(mixed[rows], g[rows], beta[rows], slot, None, conv_pool, state_pool,
+                                              write=False)
+                    step.pending.append((i, self._replay(mixed[rows], g[rows], beta[rows], slot, conv_pool,
+                                                         state_pool)))
+                elif length == 1 and capture is None:
                     index = torch.tensor([slot], device=x.device)
                     cpu_slots = [slot] if x.device.type == "cpu" else None
                     out[rows] = self._decode(mixed[rows], g[rows], beta[rows], index, conv_pool, state_pool,
@@ -172,10 +177,19 @@ class GatedDeltaNet(nn.Module):
             state_pool.index_copy_(0, index, states)
         return o.index_select(0, index - lo) if in_place and not in_order else o
 
+    def _replay(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, slot: int, conv_pool: torch.Tensor,
+                state_pool: torch.Tensor) -> Replay:
+        """Advances `slot` by the first n of these rows (a verify's accepted ones), capture as in _prefill."""
+        def replay(n: int, capture: tuple[int, int] | None) -> None:
+            self._prefill(mixed[:n], g[:n], beta[:n], slot, capture, conv_pool, state_pool)
+        return replay
+
     def _prefill(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, slot: int,
-                 capture: tuple[int, int] | None, conv_pool: torch.Tensor, state_pool: torch.Tensor) -> torch.Tensor:
+                 capture: tuple[int, int] | None, conv_pool: torch.Tensor, state_pool: torch.Tensor,
+                 write: bool = True) -> torch.Tensor:
         """One sequence's rows from its state in `slot`, chunked; capture (rows, dst): dst gets the state after
-        that many rows (the rule then runs in two parts, from the state between them)."""
+        that many rows (the rule then runs in two parts, from the state between them). write False: the slot keeps
+        the state it had."""
         s, length = self.shape, mixed.shape[0]
         # The conv sees the sequence's last K - 1 inputs before this step, then this step's.
         window = torch.cat([conv_pool[slot].to(mixed.dtype), mixed.t()], dim=1)
@@ -195,6 +209,7 @@ class GatedDeltaNet(nn.Module):
             if capture is not None and hi == cut:
                 conv_pool[capture[1]].copy_(window[:, cut : cut + s.conv_kernel - 1])
                 state_pool[capture[1]].copy_(state)
-        conv_pool[slot].copy_(window[:, -(s.conv_kernel - 1):])
-        state_pool[slot].copy_(state)
+        if write:
+            conv_pool[slot].copy_(window[:, -(s.conv_kernel - 1):])
+            state_pool[slot].copy_(state)
         return torch.cat(outs) if len(outs) > 1 else outs[0]

@@ -8,9 +8,13 @@ recurrent layer runs with it over its own slots of the state pool (engine/core/s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
+
+# Re-runs a verified sequence's first n rows from its state (and fills a capture (rows, slot) within them).
+Replay = Callable[[int, "tuple[int, int] | None"], None]
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,8 @@ class RecurrentStep:
     slot_index, a long tensor on the device); captures: (i, rows into its span, slot) where a copy of sequence i's
     state after that many of its rows goes; is_decode: every sequence has one row (the batched path); indexed: a
     CUDA graph's decode step, whose layers may read slot_index alone (a static buffer the graph runner fills before
-    each replay; spans and slots are empty, captures are taken outside the graph)."""
+    each replay; spans and slots are empty, captures are taken outside the graph); verify: the sequences whose rows
+    are a speculative verify (their slots are written by settle(), not by the forward)."""
 
     spans: list[tuple[int, int]]
     slots: list[int]
@@ -47,6 +52,8 @@ class RecurrentStep:
     slot_index: torch.Tensor
     is_decode: bool
     indexed: bool = False
+    verify: frozenset[int] = frozenset()
+    pending: list[tuple[int, Replay]] = field(default_factory=list)  # (sequence, its replay), one per layer
 
     @classmethod
     def graphed(cls, slot_index: torch.Tensor) -> RecurrentStep:
@@ -66,3 +73,15 @@ class RecurrentPlan:
 
     def plan(self, step: RecurrentStep) -> None:
         self.step = step
+
+    def settle(self, accepted: dict[int, int]) -> None:
+        """accepted[i]: the rows of verified sequence i that were kept; each layer replays them into its slot."""
+        step = self.step
+        if step is None:
+            return
+        for i, replay in step.pending:
+            n = accepted.get(i, 0)
+            if n > 0:
+                capture = step.capture_of(i)
+                replay(n, capture if capture is not None and capture[0] <= n else None)
+        step.pending.clear()

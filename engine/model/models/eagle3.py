@@ -79,6 +79,11 @@ class Eagle3Head(LlamaForCausalLM):
         out, self.prenorm = self.model.norm.add_forward(h, residual)
         return out
 
+    @property
+    def carry(self) -> torch.Tensor | None:
+        """What the head's next step is fed from each row: its pre-norm output."""
+        return self.prenorm
+
     def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Logits over the target's vocabulary: -inf on ids outside the draft vocabulary."""
         draft = self.lm_head(hidden).float()

@@ -177,24 +177,6 @@ def test_structured_requests_run_without_speculation_beside_those_that_speculate
     assert "requests with structured output run without it" in caplog.text
 
 
-def test_a_hybrid_model_starts_without_speculation_and_says_so(baked_model_path, tmp_path, caplog):
-    import shutil
-
-    from tests.engine.conftest import TOKENIZER_FILES
-    from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
-
-    build_hybrid_checkpoint("qwen3_next", tmp_path)
-    for name in TOKENIZER_FILES:
-        if (baked_model_path / name).exists():
-            shutil.copy(baked_model_path / name, tmp_path / name)
-    with caplog.at_level("WARNING", logger="engine.core.spec.build"):
-        engine = make_engine(tmp_path, num_kv_pages=64, speculative=NGRAM)
-    assert engine.speculator is None and engine.describe()["speculative"] is None
-    assert "speculative decoding is off" in caplog.text and "recurrent" in caplog.text
-    out = run(engine, {"r": ([5, 6, 7, 5, 6, 7, 5, 6], greedy(6, ignore_eos=True))})
-    assert len(out["r"].choices[0].token_ids) == 6
-
-
 def test_sliding_window_pages_follow_accepted_tokens(tiny_window_model_path):
     """A model with a full-attention group and a window group of 8 tokens (pages of 4): proposals cross pages
     and the window, and the output equals plain decoding."""
