@@ -54,6 +54,11 @@ class QuantFormat:
         """The exact float32 [out, in] weight the checkpoint stores."""
         raise NotImplementedError
 
+    def expected_shapes(self, rows: int, in_features: int) -> dict[str, tuple[int, ...]]:
+        """The shapes this format stores for one [rows, in_features] matrix, by tensor (those it can check); raises
+        UnsupportedModel naming the dimension when the format cannot hold such a matrix at all."""
+        return {}
+
     def serving_module(self, linear: CheckpointLinear, dtype: torch.dtype, device: torch.device) -> nn.Module:
         """The module that serves `linear` (default: its weight dequantised to `dtype`)."""
         return dense_linear(linear, self.dequantize(linear), dtype)
@@ -210,10 +215,20 @@ def swap_quantized_experts(model: nn.Module, fmt: QuantFormat, ours: dict[str, t
 
 def _checkpoint_linear(fmt: QuantFormat, ours: dict[str, tuple[int, ...]], base: str, shards: dict[str, int],
                        in_features: int, bias: bool = False) -> CheckpointLinear:
-    """A CheckpointLinear for the checkpoint matrices `base` + each shard name, shaped after the first one's."""
-    first = base + next(iter(shards))
+    """A CheckpointLinear for the checkpoint matrices `base` + each shard name, shaped after the first one's, whose
+    tensors must be the format's for that matrix (its siblings are then held to it by the checkpoint's plan)."""
+    name, rows = next(iter(shards.items()))
+    first = base + name
     tensors = {layout.suffix: ours[f"{first}.{layout.suffix}"] for layout in fmt.layouts
                if f"{first}.{layout.suffix}" in ours}
+    try:
+        expected = fmt.expected_shapes(rows, in_features)
+    except UnsupportedModel as exc:
+        raise UnsupportedModel(f"{fmt.name}: {first} {exc.message}", param="model") from None
+    for suffix, shape in expected.items():
+        if suffix in tensors and tuple(tensors[suffix]) != shape:
+            raise UnsupportedModel(f"{fmt.name}: {first}.{suffix} has shape {tuple(tensors[suffix])}, expected {shape} "
+                                   f"for a {in_features} -> {rows} linear", param="model")
     return CheckpointLinear(fmt, shards, in_features, bias, tensors)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.errors import UnsupportedModel
 from engine.model.layers.linear import INT4_KERNEL_GROUPS, Int4Linear
 from engine.model.quant.base import CheckpointLinear, QuantFormat, dense_linear
 
@@ -32,6 +33,14 @@ class Int4Weights:
         zeros = self.zeros.repeat_interleave(self.group, dim=1)
         scales = self.scales.repeat_interleave(self.group, dim=1)
         return (self.codes.float() - zeros) * scales
+
+
+def whole_groups(in_features: int, group: int) -> int:
+    """How many groups of `group` inputs a matrix has; UnsupportedModel when its inputs are not whole groups (the
+    formats' writers and torch's int4 kernels take none other)."""
+    if in_features % group:
+        raise UnsupportedModel(f"has {in_features} inputs, not whole groups of {group}", param="model")
+    return in_features // group
 
 
 def unpack_nibbles(packed: torch.Tensor, dim: int) -> torch.Tensor:
