@@ -7,7 +7,7 @@ import torch
 
 from engine.errors import UnsupportedModel
 from engine.model.quant.base import CheckpointLinear, TensorLayout
-from engine.model.quant.int4 import Int4Format, Int4Weights, unpack_nibbles
+from engine.model.quant.int4 import Int4Format, Int4Weights, unpack_nibbles, whole_groups
 
 # Nibble i of a word holds column AWQ_ORDER[i] of its 8; column m sits in nibble AWQ_REVERSE_ORDER[m].
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -30,6 +30,12 @@ class AwqFormat(Int4Format):
 
     def __init__(self, group: int) -> None:
         self.group = group
+
+    def expected_shapes(self, rows: int, in_features: int) -> dict[str, tuple[int, ...]]:
+        if rows % 8:
+            raise UnsupportedModel(f"has {rows} output rows; awq packs them 8 to a word", param="model")
+        groups = whole_groups(in_features, self.group)
+        return {"qweight": (in_features, rows // 8), "qzeros": (groups, rows // 8), "scales": (groups, rows)}
 
     def unpack(self, linear: CheckpointLinear) -> Int4Weights:
         codes = unpack_awq_columns(linear.qweight).t()

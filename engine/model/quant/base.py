@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from engine.errors import UnsupportedModel
-from engine.model.checkpoint import Shard
+from engine.model.checkpoint import Shard, shard_targets
 from engine.model.layers.moe import ScoreLinear, StackedExperts
 
 # A hub MoE checkpoint's projections of each expert ('mlp.experts.3.gate_proj'; Mixtral's w1/w3/w2 renamed to these).
@@ -53,6 +53,11 @@ class QuantFormat:
     def dequantize(self, linear: CheckpointLinear) -> torch.Tensor:
         """The exact float32 [out, in] weight the checkpoint stores."""
         raise NotImplementedError
+
+    def expected_shapes(self, rows: int, in_features: int) -> dict[str, tuple[int, ...]]:
+        """The shapes this format stores for one [rows, in_features] matrix, by tensor (those it can check); raises
+        UnsupportedModel naming the dimension when the format cannot hold such a matrix at all."""
+        return {}
 
     def serving_module(self, linear: CheckpointLinear, dtype: torch.dtype, device: torch.device) -> nn.Module:
         """The module that serves `linear` (default: its weight dequantised to `dtype`)."""
@@ -177,6 +182,7 @@ def swap_quantized_linears(model: nn.Module, fmt: QuantFormat, shapes: dict[str,
     if not swapped:
         raise UnsupportedModel(f"quantization_config says {fmt.name} but no linear has its "
                                f"{fmt.marker!r} tensor", param="model")
+    refuse_unswapped(fmt, model, ours)
     return swapped
 
 
@@ -187,8 +193,9 @@ def swap_quantized_experts(model: nn.Module, fmt: QuantFormat, ours: dict[str, t
     swapped = 0
     for prefix, module in list(model.named_modules()):
         if isinstance(module, ScoreLinear) and f"{prefix}.{fmt.marker}" in ours:
-            raise UnsupportedModel(f"{fmt.name}: the router {prefix} is quantized in this checkpoint; the engine "
-                                   "runs routers in float (modules_to_not_convert / ignore)", param="model")
+            kind = "shared-expert gate" if prefix.endswith("shared_expert_gate") else "router"
+            raise UnsupportedModel(f"{fmt.name}: the {kind} {prefix} is quantized in this checkpoint; the engine "
+                                   f"runs {kind}s in float (modules_to_not_convert / ignore)", param="model")
         if not isinstance(module, StackedExperts):
             continue
         names = [f"{prefix}.{e}.{proj}" for e in range(module.num_experts) for proj in EXPERT_PROJECTIONS]
@@ -210,11 +217,32 @@ def swap_quantized_experts(model: nn.Module, fmt: QuantFormat, ours: dict[str, t
 
 def _checkpoint_linear(fmt: QuantFormat, ours: dict[str, tuple[int, ...]], base: str, shards: dict[str, int],
                        in_features: int, bias: bool = False) -> CheckpointLinear:
-    """A CheckpointLinear for the checkpoint matrices `base` + each shard name, shaped after the first one's."""
-    first = base + next(iter(shards))
+    """A CheckpointLinear for the checkpoint matrices `base` + each shard name, shaped after the first one's, whose
+    tensors must be the format's for that matrix (its siblings are then held to it by the checkpoint's plan)."""
+    name, rows = next(iter(shards.items()))
+    first = base + name
     tensors = {layout.suffix: ours[f"{first}.{layout.suffix}"] for layout in fmt.layouts
                if f"{first}.{layout.suffix}" in ours}
+    try:
+        expected = fmt.expected_shapes(rows, in_features)
+    except UnsupportedModel as exc:
+        raise UnsupportedModel(f"{fmt.name}: {first} {exc.message}", param="model") from None
+    for suffix, shape in expected.items():
+        if suffix in tensors and tuple(tensors[suffix]) != shape:
+            raise UnsupportedModel(f"{fmt.name}: {first}.{suffix} has shape {tuple(tensors[suffix])}, expected {shape} "
+                                   f"for a {in_features} -> {rows} linear", param="model")
     return CheckpointLinear(fmt, shards, in_features, bias, tensors)
+
+
+def refuse_unswapped(fmt: QuantFormat, model: nn.Module, ours: dict[str, tuple[int, ...]]) -> None:
+    """One line for a module the checkpoint quantized that the engine runs in float (a conv1d, a norm), rather than
+    the plan's 'unexpected tensor' on its scale. `ours`: the checkpoint's shapes under our names."""
+    targets, params = shard_targets(model), dict(model.named_parameters())
+    for name in ours:
+        if name is not None and name.endswith(f".{fmt.marker}") and name not in targets and name not in params:
+            raise UnsupportedModel(f"{fmt.name}: {name.removesuffix('.' + fmt.marker)} is quantized in this "
+                                   "checkpoint; the engine runs it unquantized (modules_to_not_convert / ignore)",
+                                   param="model")
 
 
 def to_serving(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:

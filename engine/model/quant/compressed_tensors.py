@@ -5,12 +5,14 @@ packed along the output rows, also + 8); weight_shape [2]. w = (q - zp) * s in s
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from engine.errors import UnsupportedModel
 from engine.model.quant.base import CheckpointLinear, QuantFormat, TensorLayout
 from engine.model.quant.fp8 import compressed_tensors_fp8
-from engine.model.quant.int4 import Int4Format, Int4Weights, unpack_nibbles
+from engine.model.quant.int4 import Int4Format, Int4Weights, unpack_nibbles, whole_groups
 
 SUPPORTED = "pack-quantized 4-bit int (group or channel) and float-quantized 8-bit float weights"
 
@@ -26,6 +28,11 @@ class PackedInt4Format(Int4Format):
             TensorLayout("weight_shape", torch.int64, dim=None),
             TensorLayout("weight_zero_point", torch.int32, rows_per_entry=8, required=not symmetric),
         )
+
+    def expected_shapes(self, rows: int, in_features: int) -> dict[str, tuple[int, ...]]:
+        groups = whole_groups(in_features, self.group or in_features)
+        return {"weight_packed": (rows, math.ceil(in_features / 8)), "weight_scale": (rows, groups),
+                "weight_zero_point": (math.ceil(rows / 8), groups)}
 
     def unpack(self, linear: CheckpointLinear) -> Int4Weights:
         k = linear.in_features

@@ -11,6 +11,7 @@ elsewhere the weight is dequantised to the serving dtype at load. NOTE: the chec
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 from torch import nn
@@ -44,6 +45,12 @@ class Fp8Format(QuantFormat):
     @property
     def marker(self) -> str:
         return self.scale  # a float linear the checkpoint left alone has a weight too
+
+    def expected_shapes(self, rows: int, in_features: int) -> dict[str, tuple[int, ...]]:
+        shapes = {"weight": (rows, in_features)}
+        if self.strategy == "block":
+            shapes[self.scale] = (math.ceil(rows / self.block[0]), math.ceil(in_features / self.block[1]))
+        return shapes
 
     def row_scale(self, linear: CheckpointLinear) -> torch.Tensor:
         """The weight scale of each output row [out, 1] (per-tensor and per-channel strategies)."""

@@ -8,7 +8,7 @@ import torch
 
 from engine.errors import UnsupportedModel
 from engine.model.quant.base import CheckpointLinear, TensorLayout
-from engine.model.quant.int4 import Int4Format, Int4Weights, unpack_nibbles
+from engine.model.quant.int4 import Int4Format, Int4Weights, unpack_nibbles, whole_groups
 
 
 class GptqFormat(Int4Format):
@@ -22,6 +22,12 @@ class GptqFormat(Int4Format):
 
     def __init__(self, group: int | None, zeros_minus_one: bool) -> None:
         self.group, self.zeros_minus_one = group, zeros_minus_one
+
+    def expected_shapes(self, rows: int, in_features: int) -> dict[str, tuple[int, ...]]:
+        groups = whole_groups(in_features, self.group or in_features)
+        if in_features % 8:
+            raise UnsupportedModel(f"has {in_features} inputs; gptq packs them 8 to a word", param="model")
+        return {"qweight": (in_features // 8, rows), "scales": (groups, rows), "g_idx": (in_features,)}
 
     def unpack(self, linear: CheckpointLinear) -> Int4Weights:
         codes = unpack_nibbles(linear.qweight, dim=0).t()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.errors import UnsupportedModel
 from engine.model.layers.linear import INT4_KERNEL_GROUPS, Int4Linear
 from engine.model.quant.base import CheckpointLinear, QuantFormat, dense_linear
 
@@ -32,6 +33,14 @@ class Int4Weights:
         zeros = self.zeros.repeat_interleave(self.group, dim=1)
         scales = self.scales.repeat_interleave(self.group, dim=1)
         return (self.codes.float() - zeros) * scales
+
+
+def whole_groups(in_features: int, group: int) -> int:
+    """How many groups of `group` inputs a matrix has; UnsupportedModel when its inputs are not whole groups (the
+    formats' writers and torch's int4 kernels take none other)."""
+    if in_features % group:
+        raise UnsupportedModel(f"has {in_features} inputs, not whole groups of {group}", param="model")
+    return in_features // group
 
 
 def unpack_nibbles(packed: torch.Tensor, dim: int) -> torch.Tensor:
@@ -82,18 +91,18 @@ class Int4Format(QuantFormat):
 
     def serving_module(self, linear: CheckpointLinear, dtype: torch.dtype, device: torch.device) -> nn.Module:
         weights = self.unpack(linear)
-        out, _ = weights.codes.shape
         if TinygemmInt4Linear.fits(weights, device, dtype):
             module = TinygemmInt4Linear(weights, None if linear.bias is None else linear.bias.detach(), device)
             module.shard_offsets = linear.shard_offsets
             return module
-        if device.type != "cpu" or weights.group not in INT4_KERNEL_GROUPS or out % 16:
-            # NOTE: exact, but the weight takes the serving dtype's bytes; said once per model at load.
-            if not getattr(self, "_said_dense", False):
-                log.warning("%s: %s layers (group %d) are dequantised to %s: torch's int4 kernels take groups "
-                            "of %s, on CPU or on CUDA in bfloat16", self.name, device.type, weights.group, dtype,
-                            INT4_KERNEL_GROUPS)
-                self._said_dense = True
+        why = _kernel_refusal(weights, device)
+        if why is not None:
+            # NOTE: exact, but the weight takes the serving dtype's bytes; each reason said once per model at load
+            # (a hybrid's small in_proj_ba rows go this way while its other layers keep the kernel).
+            said = self.__dict__.setdefault("_said_dense", set())
+            if why not in said:
+                log.warning("%s: %s layers are dequantised to %s: %s", self.name, device.type, dtype, why)
+                said.add(why)
             return dense_linear(linear, weights.dequantize(), dtype)
         # The kernel computes (code - 8) * scale + zero: (code - z) * s is that with zero = (8 - z) * s.
         bias = None if linear.bias is None else linear.bias.detach()
@@ -101,3 +110,15 @@ class Int4Format(QuantFormat):
                             bias, dtype)
         module.shard_offsets = linear.shard_offsets
         return module
+
+
+def _kernel_refusal(weights: Int4Weights, device: torch.device) -> str | None:
+    """Why torch's CPU int4 kernel cannot serve these weights on `device` (None: it can)."""
+    out, _ = weights.codes.shape
+    if device.type != "cpu":
+        return "torch's int4 kernels run on CPU, or on CUDA in bfloat16 (whole 128-input tiles, rows of 8)"
+    if weights.group not in INT4_KERNEL_GROUPS:
+        return f"group {weights.group} (the CPU int4 kernel takes groups of {INT4_KERNEL_GROUPS})"
+    if out % 16:
+        return f"{out}-row layers (the CPU int4 kernel takes multiples of 16 rows)"
+    return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -31,6 +32,16 @@ def load_family(path: Path, baked_model_path: Path, **kw):
         if (baked_model_path / name).exists() and name != "generation_config.json":
             shutil.copy(baked_model_path / name, path / name)
     return load_model(str(path), torch.float32, torch.device("cpu"), **kw)
+
+
+def load_case(case: str, tmp_path_factory, baked_model_path: Path, write) -> SimpleNamespace:
+    """A parametrised fixture's "kind/family" case: write(kind, family, path) saves the checkpoint and returns the
+    transformers model; the case holds it, the engine's float32 model and spec, and the folder."""
+    kind, family = case.split("/")
+    path = tmp_path_factory.mktemp(f"{kind}-{family}")
+    hf = write(kind, family, path)
+    model, spec = load_family(path, baked_model_path)
+    return SimpleNamespace(kind=kind, family=family, hf=hf, model=model, spec=spec, path=path)
 
 
 def reference_logits(hf, tokens: list[int]) -> torch.Tensor:

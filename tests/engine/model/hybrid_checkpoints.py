@@ -34,8 +34,8 @@ def build_hybrid_checkpoint(kind: str, path, **change):
 
     torch.manual_seed(0)
     if kind == "qwen3_5":
-        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
-                      spatial_merge_size=2, temporal_patch_size=2)
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4, spatial_merge_size=2,
+                      temporal_patch_size=2, out_hidden_size=change.get("hidden_size", TINY_HYBRID["hidden_size"]))
         config = tf.AutoConfig.for_model("qwen3_5", text_config={**TINY_HYBRID, **change}, vision_config=vision,
                                          tie_word_embeddings=False)
         model = tf.AutoModelForImageTextToText.from_config(config, attn_implementation="eager")

@@ -8,7 +8,6 @@ checkpoint stands for: logits over prompt lengths and decode steps, greedy throu
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ from tests.engine.model.family_parity import (
     check_engine_greedy,
     check_prefill_and_decode,
     greedy,
-    load_family,
+    load_case,
     mixed_prompts,
     tiny_engine,
 )
@@ -49,11 +48,7 @@ def write(kind: str, family: str, path):
 
 @pytest.fixture(scope="module", params=CASES)
 def qmoe(request, tmp_path_factory, baked_model_path):
-    kind, family = request.param.split("/")
-    path = tmp_path_factory.mktemp(f"{kind}-{family}")
-    hf = write(kind, family, path)
-    model, spec = load_family(path, baked_model_path)
-    return SimpleNamespace(kind=kind, family=family, hf=hf, model=model, spec=spec, path=path)
+    return load_case(request.param, tmp_path_factory, baked_model_path, write)
 
 
 def test_bake_check_passes_and_each_expert_holds_its_own_weights(qmoe):
