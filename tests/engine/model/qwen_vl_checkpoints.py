@@ -23,7 +23,7 @@ VISION = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, patch_
 TOKENS = dict(image_token_id=IMAGE, vision_start_token_id=START, vision_end_token_id=END, video_token_id=97)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False)
-MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24)
 HYBRID = dict(layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
               num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
               linear_value_head_dim=8, linear_conv_kernel_dim=4)
@@ -57,11 +57,23 @@ def build_qwen_vl(model_type: str, path: Path, baked: Path):
             p.copy_((0.2 if "norm" in name else 0.15) * torch.randn_like(p))
     model.config.architectures = [arch]
     model.save_pretrained(path)
+    if model_type == "qwen3_vl_moe":
+        hub_expert_layout(path / "model.safetensors")
     hf_processor().save_pretrained(path)
     for name in TOKENIZER_FILES:
         if (baked / name).exists() and name != "generation_config.json":
             shutil.copy(baked / name, path / name)
     return model
+
+
+def hub_expert_layout(file: Path) -> None:
+    """The fused experts as the hub's Qwen3-VL-MoE checkpoints store them, [E, in, out] (transformers 5 saves its
+    own [E, out, in], and reads either)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(file)
+    save_file({k: v.transpose(1, 2).contiguous() if ".mlp.experts." in k else v for k, v in tensors.items()}, file,
+              metadata={"format": "pt"})
 
 
 def hf_processor():
