@@ -22,9 +22,10 @@ class MultimodalRotary(RotaryEmbedding):
                  max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__(rotary_dim, rope, max_position_embeddings, max_positions, dtype, device)
         half = rotary_dim // 2
-        if len(section) != 3 or sum(section) != half:
-            raise UnsupportedModel(f"mrope_section {list(section)} must be three numbers summing to {half}",
-                                   param="model")
+        # NOTE: sections that do not sum to half the rotary width are transformers' business too: it slices them
+        # over the frequencies there are, as here.
+        if len(section) != 3:
+            raise UnsupportedModel(f"mrope_section {list(section)} must be three numbers (t, h, w)", param="model")
         j = torch.arange(half)
         axis = torch.zeros(half, dtype=torch.long)
         axis[(j % 3 == 1) & (j < 3 * section[1])] = 1

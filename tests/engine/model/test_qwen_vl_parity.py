@@ -27,7 +27,7 @@ ATOL = 1e-4
 FILES = [image_file(40, 90, 1), image_file(120, 60, 2, "JPEG")]  # 12 and 10 soft tokens
 
 
-@pytest.fixture(scope="module", params=["qwen3_vl", "qwen3_vl_moe"])
+@pytest.fixture(scope="module", params=["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"])
 def family(request, tmp_path_factory, baked_model_path):
     path = tmp_path_factory.mktemp(request.param)
     hf = build_qwen_vl(request.param, path, baked_model_path)
@@ -123,8 +123,9 @@ def test_engine_greedy_batched_solo_and_from_the_prefix_cache(family):
     requests = {"one": (prompt_with(1, seed=1), FILES[:1]), "two": (prompt_with(2, seed=2), FILES),
                 "text": (prompt_with(0, seed=3, lead=9), [])}
     want = {r: hf_greedy(family.hf, expanded(p, f), f, 6) for r, (p, f) in requests.items()}
-    # An 8-token budget: chunks end inside the 12- and 10-token images (a causal model's span may be cut).
-    engine = tiny_engine(family.path, max_num_batched_tokens=8)
+    # An 8-token budget: chunks end inside the 12- and 10-token images (a causal model's span may be cut). A hybrid
+    # model keeps as many state snapshots as sequences: room for every page boundary of the run.
+    engine = tiny_engine(family.path, max_num_batched_tokens=8, max_num_seqs=32)
     batched, _, prompts = _greedy(engine, requests)
     assert batched == want
     assert prompts["two"] == expanded(requests["two"][0], FILES)  # usage counts the image's tokens
