@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from local_worker import LocalWorker, start_worker, stop_worker
-from vision_bake import bake_qwen_vl_model, data_url, png
+from vision_bake import bake_qwen_vl_model, check_image_moves_the_answer, data_url, png
 
 RED, BLUE = png(80, 40, (200, 30, 30)), png(30, 70, (20, 40, 220), "JPEG")
 RED_TOKENS = 10  # 80x40 -> 80x32 pixels: 10 x 4 patches of 8, merged 2x2
@@ -47,19 +47,8 @@ def test_an_image_part_whole_and_streamed_counts_its_tokens(qwen_vl_worker: Loca
 
 
 def test_the_image_moves_the_answer_and_a_later_turn_hits_the_cache(qwen_vl_worker: LocalWorker) -> None:
-    sdk = qwen_vl_worker.client()
-
-    def first_logprobs(url: str) -> tuple[list[float], object]:
-        r = sdk.chat.completions.create(model=NAME, messages=ask(url, "Describe it."), max_tokens=1, temperature=0,
-                                        logprobs=True, top_logprobs=5)
-        return [t.logprob for t in r.choices[0].logprobs.content[0].top_logprobs], r.usage
-
-    red, _ = first_logprobs(data_url(RED))
-    blue, _ = first_logprobs(data_url(BLUE, "image/jpeg"))
-    assert max(abs(a - b) for a, b in zip(red, blue, strict=True)) > 1e-3
-    again, usage = first_logprobs(data_url(RED))
-    assert again == pytest.approx(red, abs=1e-5)
-    assert usage.prompt_tokens_details.cached_tokens >= RED_TOKENS  # the image's pages came from the cache
+    check_image_moves_the_answer(qwen_vl_worker.client(), NAME, lambda url: ask(url, "Describe it."), data_url(RED),
+                                 data_url(BLUE, "image/jpeg"), RED_TOKENS)
 
 
 def test_a_responses_input_image(qwen_vl_worker: LocalWorker) -> None:

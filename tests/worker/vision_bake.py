@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from family_templates import GEMMA3, QWEN3_VL
 from local_worker import ROOT
 
@@ -111,3 +113,20 @@ def png(width: int, height: int, colour: tuple[int, int, int], fmt: str = "PNG")
 
 def data_url(data: bytes, media: str = "image/png") -> str:
     return f"data:{media};base64,{base64.b64encode(data).decode()}"
+
+
+def check_image_moves_the_answer(sdk, model: str, messages, red: str, blue: str, image_tokens: int) -> None:
+    """The first token's top logprobs differ between two images, repeat for the same one, and its second request
+    takes the image's pages from the prefix cache. messages(url) -> the chat messages asking about the image."""
+
+    def first_logprobs(url: str) -> tuple[list[float], object]:
+        r = sdk.chat.completions.create(model=model, messages=messages(url), max_tokens=1, temperature=0,
+                                        logprobs=True, top_logprobs=5)
+        return [t.logprob for t in r.choices[0].logprobs.content[0].top_logprobs], r.usage
+
+    first, _ = first_logprobs(red)
+    other, _ = first_logprobs(blue)
+    assert max(abs(a - b) for a, b in zip(first, other, strict=True)) > 1e-3
+    again, usage = first_logprobs(red)
+    assert again == pytest.approx(first, abs=1e-5)
+    assert usage.prompt_tokens_details.cached_tokens >= image_tokens  # the image's pages came from the cache

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from engine.inputs import ImageData
 from tests.engine.conftest import TOKENIZER_FILES
+from tests.engine.model import vision_checkpoints
 
 START, END, IMAGE = 98, 99, 100
 PROCESSOR = dict(patch_size=8, temporal_patch_size=2, merge_size=2, image_mean=[0.5, 0.5, 0.5],
@@ -119,11 +119,4 @@ def hf_logits(hf, tokens: list[int], files: list[bytes]) -> torch.Tensor:
 
 
 def hf_greedy(hf, tokens: list[int], files: list[bytes], max_tokens: int) -> list[int]:
-    out = list(tokens)
-    for _ in range(max_tokens):
-        out.append(int(hf_logits(hf, out, files)[-1].argmax()))
-    return out[len(tokens) :]
-
-
-def images(files: list[bytes]) -> list[ImageData]:
-    return [ImageData(f, f"image {i}") for i, f in enumerate(files)]
+    return vision_checkpoints.hf_greedy(hf, tokens, files, max_tokens, hf_logits)

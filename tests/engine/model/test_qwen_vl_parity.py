@@ -19,9 +19,9 @@ from engine.inputs import ImageData
 from engine.sample.params import SamplingParams
 from tests.engine.model.family_parity import Pages, load_family, tiny_engine
 from tests.engine.model.qwen_vl_checkpoints import (
-    IMAGE, build_qwen_vl, expanded, hf_greedy, hf_images, hf_logits, images, prompt_with,
+    IMAGE, build_qwen_vl, expanded, hf_greedy, hf_images, hf_logits, prompt_with,
 )
-from tests.engine.model.vision_checkpoints import image_file
+from tests.engine.model.vision_checkpoints import image_file, images
 
 ATOL = 1e-4
 FILES = [image_file(40, 90, 1), image_file(120, 60, 2, "JPEG")]  # 12 and 10 soft tokens
