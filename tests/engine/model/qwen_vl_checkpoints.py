@@ -35,7 +35,8 @@ FAMILIES = {  # model_type -> (architecture, text config, rope with its mrope se
     "qwen3_5": ("Qwen3_5ForConditionalGeneration", {**TEXT, **HYBRID},
                 {"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
                  "mrope_interleaved": True, "rope_type": "default"}),
-    "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", {**TEXT, **HYBRID, **MOE, "shared_expert_intermediate_size": 48},
+    "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration",
+                    {**TEXT, **HYBRID, **MOE, "shared_expert_intermediate_size": 48},
                     {"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
                      "rope_type": "default"}),
 }
