@@ -104,9 +104,10 @@ def main() -> None:
         with torch.inference_mode():
             for batch in (1, 8):
                 pixels = torch.randn(batch, 3, 224, 224, dtype=getattr(torch, args.dtype))
-                ours.encode_images(pixels), hf.model.get_image_features(pixels)  # warm-up
+                images, grids = list(pixels), [None] * batch
+                ours.encode_images(images, grids), hf.model.get_image_features(pixels)  # warm-up
                 for rep in range(args.repeat):
-                    t_ours = timed(lambda: ours.encode_images(pixels))
+                    t_ours = timed(lambda: ours.encode_images(images, grids))
                     t_hf = timed(lambda: hf.model.get_image_features(pixels))
                     runs.append({"what": "tower", "batch": batch, "rep": rep, "ours_img_s": batch / t_ours,
                                  "transformers_img_s": batch / t_hf})

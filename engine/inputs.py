@@ -17,8 +17,9 @@ class ImageData:
 @dataclass(frozen=True)
 class ImagePrompt:
     """The chat template writes `placeholder` once per image; the prompt holds `expansion` there instead (as
-    transformers' processor expands it), whose `tokens_per_image` soft tokens take the image's embeddings."""
+    transformers' processor expands it), whose `tokens_per_image` soft tokens take the image's embeddings. None:
+    the count depends on the image's size (Qwen-VL), and the engine widens the expansion's one image token to it."""
 
     placeholder: str
     expansion: str
-    tokens_per_image: int
+    tokens_per_image: int | None

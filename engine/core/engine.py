@@ -152,10 +152,11 @@ class LLMEngine:
                 images: list[ImageData] | None = None) -> PreparedRequest:
         """Checks a request once (InvalidRequest / ContextTooLong), decodes its images and submits its grammar's
         compile once."""
+        prompt_token_ids, decoded = self.images.expand(prompt_token_ids, list(images or ()))  # before its length counts
         prompt = check_request(prompt_token_ids, params, self.limits)
         if images and not isinstance(params, SamplingParams):
             raise InvalidRequest("an embedding request takes no images", param="input")
-        spans = self.images.spans(prompt, list(images or ()))
+        spans = self.images.spans(prompt, decoded)
         grammar = self.grammars.submit(params.structured) if params.structured is not None else None
         if grammar is not None and grammar.done():
             grammar.result()  # a constraint known to be bad fails here, before the request is in

@@ -1,6 +1,11 @@
 """A request's images on their way in: decoded and preprocessed once (engine/image/), hashed by their pixels, and
 matched to the runs of image soft tokens in the prompt (ImageSpan). The model runner encodes a span's image in the
-step that prefills it; the span's digest joins the prefix-cache hashes of the pages it touches."""
+step that prefills it; the span's digest joins the prefix-cache hashes of the pages it touches.
+
+A fixed-square tower (Gemma 3) takes the same number of soft tokens per image, which the worker writes in full. A
+patch-grid tower (Qwen-VL) takes as many as the image's merged patches: the prompt may hold one placeholder token
+per image, which expand() widens to the image's count (transformers' Qwen3VLProcessor does this), so usage and
+max_model_len count the image's tokens."""
 
 from __future__ import annotations
 
@@ -13,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import InvalidRequest, NoImageInput, StartupError
+from engine.image import gemma, qwen_vl
 from engine.image.decode import decode_image
-from engine.image.gemma import GemmaImageConfig, preprocess
 from engine.inputs import ImageData, ImagePrompt
 from engine.model.vision.spec import VisionSpec
 
@@ -24,16 +29,32 @@ PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 @dataclass(eq=False)
 class ImageSpan:
-    """One image of a prompt: its soft tokens are prompt positions [start, end); pixels [3, size, size]."""
+    """One image of a prompt: its soft tokens are prompt positions [start, end); `pixels` what its tower takes
+    ([3, size, size], or Qwen-VL's patches with their `grid` (t, h, w))."""
 
     start: int
     end: int
     pixels: torch.Tensor
     digest: bytes  # of the preprocessed pixels: the same picture hits the prefix cache, another one does not
+    grid: tuple[int, int, int] | None = None
+    rope_grid: tuple[int, int] | None = None  # its tokens' rows and columns (3-D positions); None: 1-D positions
+    whole: bool = True  # a chunk never ends inside it (its tokens see each other both ways)
+    encoded: torch.Tensor | None = None  # the tower's output while a chunk has prefilled only part of the span
 
     @property
     def key(self) -> tuple[int, int, bytes]:
         return self.start, self.end, self.digest
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    """An image preprocessed for the tower, before it is matched to its place in the prompt."""
+
+    pixels: torch.Tensor
+    grid: tuple[int, int, int] | None
+    tokens: int
+    digest: bytes
+    param: str
 
 
 def read_processor_config(model_path: str) -> dict:
@@ -49,7 +70,7 @@ def read_processor_config(model_path: str) -> dict:
 
 
 class ImageIntake:
-    """Turns a request's ImageData into ImageSpans for a model that takes images (Gemma 3's processing)."""
+    """Turns a request's ImageData into ImageSpans for a model that takes images."""
 
     def __init__(self, vision: VisionSpec | None, model_path: str, tokenizer: object, max_chunk: int) -> None:
         self.vision, self.max_chunk = vision, max_chunk
@@ -57,14 +78,6 @@ class ImageIntake:
         self.refusal = "this model takes no image input"
         if vision is None:
             return
-        raw = read_processor_config(model_path)
-        size = raw.get("size") or {}
-        raw = {**raw, "size": {"height": size.get("height") or vision.image_size,
-                               "width": size.get("width") or vision.image_size}}
-        self.config = GemmaImageConfig.from_dict(raw)
-        if (self.config.height, self.config.width) != (vision.image_size, vision.image_size):
-            raise StartupError(f"the image processor resizes to {self.config.width}x{self.config.height}, but the "
-                               f"vision tower takes {vision.image_size}x{vision.image_size}", param="model")
         ids = [vision.boi_token_id, vision.image_token_id, vision.eoi_token_id]
         boi, image, eoi = tokenizer.convert_ids_to_tokens(ids)
         if None in (boi, image, eoi):
@@ -74,39 +87,92 @@ class ImageIntake:
             log.warning("%s", self.refusal)
             self.vision = None
             return
+        raw = read_processor_config(model_path)
+        if vision.grid is not None:
+            self.config = _qwen_config(raw, vision)
+            # transformers' chat templates write this per image; the engine widens its one pad token (expand())
+            self.prompt = ImagePrompt(f"{boi}{image}{eoi}", f"{boi}{image}{eoi}", None)
+            return
+        size = raw.get("size") or {}
+        raw = {**raw, "size": {"height": size.get("height") or vision.image_size,
+                               "width": size.get("width") or vision.image_size}}
+        self.config = gemma.GemmaImageConfig.from_dict(raw)
+        if (self.config.height, self.config.width) != (vision.image_size, vision.image_size):
+            raise StartupError(f"the image processor resizes to {self.config.width}x{self.config.height}, but the "
+                               f"vision tower takes {vision.image_size}x{vision.image_size}", param="model")
         # transformers' Gemma3Processor.full_image_sequence
         self.prompt = ImagePrompt(boi, f"\n\n{boi}{image * vision.tokens_per_image}{eoi}\n\n", vision.tokens_per_image)
 
-    def spans(self, prompt: list[int], images: list[ImageData]) -> list[ImageSpan]:
-        """The prompt's image spans with their images; InvalidRequest naming the image when they do not match."""
+    def expand(self, prompt: list[int], images: list[ImageData]) -> tuple[list[int], list[DecodedImage]]:
+        """Decodes the images; the prompt with each one-token placeholder widened to its image's soft tokens
+        (a patch-grid tower's). NoImageInput for images on a model that takes none."""
         if self.vision is None:
             if images:
                 raise NoImageInput(self.refusal, param=images[0].param)
+            return prompt, []
+        decoded = [self._decode(image) for image in images]
+        runs = image_runs(prompt, self.vision.image_token_id)
+        if self.vision.grid is None or len(runs) != len(decoded):
+            return prompt, decoded  # (a count that does not match is spans()' error)
+        out, last = [], 0
+        for (start, end), image in zip(runs, decoded, strict=True):
+            width = image.tokens if end - start == 1 else end - start
+            out += prompt[last:start] + [self.vision.image_token_id] * width
+            last = end
+        return out + prompt[last:], decoded
+
+    def spans(self, prompt: list[int], decoded: list[DecodedImage]) -> list[ImageSpan]:
+        """The prompt's image spans with their images; InvalidRequest naming the image when they do not match."""
+        if self.vision is None:
             return []
         runs = image_runs(prompt, self.vision.image_token_id)
-        if len(runs) != len(images):
-            raise InvalidRequest(f"the prompt has {len(runs)} image placeholders for {len(images)} images: write "
+        if len(runs) != len(decoded):
+            raise InvalidRequest(f"the prompt has {len(runs)} image placeholders for {len(decoded)} images: write "
                                  f"each image as a content part (the template places {self.prompt.placeholder})",
                                  param="messages")
         spans = []
-        for (start, end), image in zip(runs, images, strict=True):
-            if end - start != self.vision.tokens_per_image:
+        grid = self.vision.grid
+        for (start, end), image in zip(runs, decoded, strict=True):
+            if end - start != image.tokens:
                 raise InvalidRequest(f"{image.param}: its placeholder has {end - start} soft tokens, not the "
-                                     f"{self.vision.tokens_per_image} an image takes (a truncated prompt?)",
-                                     param=image.param)
-            if end - start > self.max_chunk:
+                                     f"{image.tokens} the image takes (a truncated prompt?)", param=image.param)
+            if self.vision.bidirectional and end - start > self.max_chunk:
                 raise InvalidRequest(f"an image takes {end - start} tokens, more than max_num_batched_tokens "
                                      f"({self.max_chunk}) lets one step prefill", param=image.param)
-            pixels = self.pixels(image)
-            digest = hashlib.blake2b(pixels.numpy().tobytes(), digest_size=16).digest()
-            spans.append(ImageSpan(start, end, pixels, digest))
+            rope = None if grid is None else (image.grid[1] // grid.merge_size, image.grid[2] // grid.merge_size)
+            spans.append(ImageSpan(start, end, image.pixels, image.digest, image.grid, rope,
+                                   whole=self.vision.bidirectional))
         return spans
 
-    def pixels(self, image: ImageData) -> torch.Tensor:
-        if self.config.do_pan_and_scan:
-            raise InvalidRequest("this model's processor asks for pan and scan, which the engine does not run yet",
-                                 param=image.param)
-        return torch.from_numpy(preprocess(decode_image(image.data, image.param), self.config)[0])
+    def _decode(self, image: ImageData) -> DecodedImage:
+        picture = decode_image(image.data, image.param)
+        if self.vision.grid is not None:
+            try:
+                out = qwen_vl.preprocess(picture, self.config)
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"{image.param}: {exc.message}", param=image.param) from None
+            pixels, grid = torch.from_numpy(out.pixel_values), out.grid_thw
+            tokens = out.num_tokens(self.config.merge_size)
+        else:
+            if self.config.do_pan_and_scan:
+                raise InvalidRequest("this model's processor asks for pan and scan, which the engine does not run "
+                                     "yet", param=image.param)
+            pixels, grid = torch.from_numpy(gemma.preprocess(picture, self.config)[0]), None
+            tokens = self.vision.tokens_per_image
+        digest = hashlib.blake2b(pixels.numpy().tobytes(), digest_size=16)
+        digest.update(repr(grid).encode())  # two grids of the same pixel count are two pictures
+        return DecodedImage(pixels, grid, tokens, digest.digest(), image.param)
+
+
+def _qwen_config(raw: dict, vision: VisionSpec) -> qwen_vl.QwenVLImageConfig:
+    grid = vision.grid  # the tower's patches where the processor's settings are silent
+    config = qwen_vl.QwenVLImageConfig.from_dict({"patch_size": grid.patch_size, "merge_size": grid.merge_size,
+                                                  "temporal_patch_size": grid.temporal_patch_size, **raw})
+    ours = (config.patch_size, config.temporal_patch_size, config.merge_size)
+    if ours != (grid.patch_size, grid.temporal_patch_size, grid.merge_size):
+        raise StartupError(f"the image processor cuts patches of (size, frames, merge) {ours}, but the vision tower "
+                           f"takes {(grid.patch_size, grid.temporal_patch_size, grid.merge_size)}", param="model")
+    return config
 
 
 def image_runs(prompt: list[int], token_id: int) -> list[tuple[int, int]]:

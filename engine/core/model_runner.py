@@ -11,7 +11,9 @@ RecurrentStep plan per step.
 
 A vision model's images are encoded in the step that prefills their spans (engine/core/images.py), every image of
 the step in one batched tower call; their embeddings replace the spans' rows of the token embeddings, and the
-spans go to the backends as bidirectional blocks (AttentionMetadata.bidirectional).
+spans go to the backends as bidirectional blocks (AttentionMetadata.bidirectional). A causal model's span may be
+split across chunks: its encoding waits on the span until the last of it is prefilled. Images with 3-D positions
+(Qwen-VL) shift their sequence's positions (engine/core/image_positions.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.core.image_positions import StepPositions
+from engine.core.images import ImageSpan
 from engine.core.kv_cache import PagePool
 from engine.model.kv_spec import KVGroupSpec
 from engine.core.sequence import Sequence, SequenceGroup
@@ -124,7 +128,7 @@ class ModelRunner:
         ps = self.page_size
         ids: list[int] = []
         lora_runs: list[tuple[int | None, int]] = []  # (adapter slot, rows) in row order
-        positions: list[int] = []
+        positions = StepPositions()
         groups = range(len(self.pools))
         slots: list[list[int]] = [[] for _ in groups]
         indices: list[list[int]] = [[] for _ in groups]
@@ -133,7 +137,7 @@ class ModelRunner:
         prompt_at: list[tuple[int, int, int]] = []  # (scheduled index, first hidden row, number of rows)
         pool_at: list[tuple[int, int, int]] = []  # the same, for embedding requests
         spans: list[list[tuple[int, int]]] = []  # per request, the image spans its chunk prefills
-        encode: list[tuple[torch.Tensor, int, int, int]] = []  # (pixels, first hidden row, first soft token, count)
+        encode: list[tuple[ImageSpan, int, int, int]] = []  # (span, first hidden row, first soft token, count)
         for i, s in enumerate(scheduled):
             seq, start, end = s.seq, s.start, s.start + s.num_tokens
             num_pages = -(-end // ps)
@@ -143,14 +147,14 @@ class ModelRunner:
                 indices[g] += pages
             row = qo[-1]
             ids += seq.token_ids[start:end] if not s.draft else seq.token_ids[start : end - len(s.draft)] + s.draft
-            positions += range(start, end)
+            positions.add(s.group.images, start, end)
             qo.append(row + s.num_tokens)
             lora_runs.append((s.group.adapter, s.num_tokens))
             mine = [span for span in s.group.images if span.start < end and span.end > start] if not s.draft else []
             spans.append([(span.start, span.end) for span in mine])
             for span in mine:
                 lo, hi = max(span.start, start), min(span.end, end)
-                encode.append((span.pixels, row + lo - start, lo - span.start, hi - lo))
+                encode.append((span, row + lo - start, lo - span.start, hi - lo))
             kv.append(kv[-1] + num_pages)
             last.append(end - (num_pages - 1) * ps)
             if s.group.pools:
@@ -182,17 +186,22 @@ class ModelRunner:
             for g in groups
         ]
         input_ids = torch.tensor(ids, dtype=torch.long).to(dev, non_blocking=True)
-        pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
-        return input_ids, pos, metas, sample_at, prompt_at, pool_at, (encode,) if encode else None
+        return input_ids, positions.tensor(dev), metas, sample_at, prompt_at, pool_at, (encode,) if encode else None
 
-    def _encode_images(self, encode: list[tuple[torch.Tensor, int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows, embeddings) of the step's image soft tokens: each distinct image through the tower once."""
-        distinct = list({id(pixels): pixels for pixels, *_ in encode}.values())
-        index = {id(pixels): j for j, pixels in enumerate(distinct)}
-        embeds = self.model.encode_images(torch.stack(distinct).to(self.device))  # [images, tokens, hidden]
+    def _encode_images(self, encode: list[tuple[ImageSpan, int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, embeddings) of the step's image soft tokens: each image not yet encoded through the tower once."""
+        todo = [span for span in {id(span): span for span, *_ in encode}.values() if span.encoded is None]
+        if todo:
+            embeds = self.model.encode_images([span.pixels.to(self.device) for span in todo],
+                                              [span.grid for span in todo])  # each [tokens, width]
+            for span, embed in zip(todo, embeds, strict=True):
+                span.encoded = embed
+            self.num_images_encoded += len(todo)
         rows = torch.cat([torch.arange(row, row + n) for _, row, _, n in encode]).to(self.device)
-        values = torch.cat([embeds[index[id(pixels)], first : first + n] for pixels, _, first, n in encode])
-        self.num_images_encoded += len(distinct)
+        values = torch.cat([span.encoded[first : first + n] for span, _, first, n in encode])
+        for span, _, first, n in encode:
+            if first + n == span.end - span.start:  # its last tokens: the encoding is not needed again
+                span.encoded = None
         return rows, values
 
     def _recurrent_step(self, scheduled: list[ScheduledSeq], is_decode: bool) -> RecurrentStep:

@@ -142,10 +142,11 @@ class SequenceGroup:
         return [(self.seqs[0], child) for child in self.seqs[1:]]
 
     def whole_images(self, start: int, n: int) -> int:
-        """The longest chunk <= n from `start` that ends outside every image span (a span's tokens see each other
-        both ways, so a chunk never ends inside one; it may start inside one after a prefix hit)."""
+        """The longest chunk <= n from `start` that ends outside every whole image span (a span's tokens see each
+        other both ways, so a chunk never ends inside one; it may start inside one after a prefix hit). A causal
+        model's span may be cut: the runner keeps its image's encoding until the rest is prefilled."""
         for span in self.images:
-            if span.start < start + n < span.end:
+            if span.whole and span.start < start + n < span.end:
                 return max(0, span.start - start)
         return n
 

@@ -51,7 +51,8 @@ class Shard:
 
     `dim` is 0 (rows) for a float weight; a quantized layout that stacks along another dimension says so, such
     as AWQ's qweight [in, out / 8], whose q|k|v stack along dim 1 in packed columns. `transposed`: the checkpoint
-    stores the parameter with its last two dimensions swapped (gpt-oss's experts, [E, in, out]).
+    stores the parameter with its last two dimensions swapped (gpt-oss's experts, [E, in, out]); None: the tensor's
+    shape says which (Qwen3-VL-MoE's experts: the hub's [E, in, out], or transformers 5's own [E, out, in]).
     """
 
     param: str
@@ -59,7 +60,7 @@ class Shard:
     offset: int = 0
     size: int | None = None
     dim: int = 0
-    transposed: bool = False
+    transposed: bool | None = False
     source: Source | None = None  # a tensor-parallel rank's part of the checkpoint tensor (None: all of it)
 
     def view(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -132,6 +133,9 @@ def plan_copies(model: nn.Module, shapes: dict[str, tuple[int, ...]], tied: bool
         if ours in sources:
             shard = replace(shard, source=sources[ours])
             shape = shard.source.shape(shape)
+        if shard.transposed is None:
+            as_is = tuple(replace(shard, transposed=False).view(params[shard.param].data).shape)
+            shard = replace(shard, transposed=as_is != shape)
         expected = tuple(shard.view(params[shard.param].data).shape)
         if expected != shape:
             raise UnsupportedModel(f"tensor {name!r} has shape {shape}, expected {expected}", param="model")

@@ -60,6 +60,9 @@ FAMILY_BASES = {
     "engine.model.models.olmoe": {"engine.model.models.llama"},
     # An EAGLE-3 head is a one-layer Llama decoder with a wider qkv.
     "engine.model.models.eagle3": {"engine.model.models.llama"},
+    # Qwen3-VL's text model is Qwen3's (its MoE Qwen3-MoE's) decoder.
+    "engine.model.models.qwen3_vl": {"engine.model.models.llama", "engine.model.models.moe_base",
+                                     "engine.model.models.qwen3_moe"},
     # The hybrid decoders' full-attention layer and MLP are the Llama ones, their routing Qwen's MoE rule.
     "engine.model.models.qwen3_5": {"engine.model.models.llama", "engine.model.models.qwen3_moe"},
     # The MTP head of a Qwen3.5 / Qwen3-Next checkpoint is one more full-attention layer of that family.

@@ -51,6 +51,6 @@ def test_the_vision_tower_on_cuda_matches_the_cpu(tmp_path, baked_model_path):
     cpu, _ = load_model(str(tmp_path), torch.float32, torch.device("cpu"))
     gpu, _ = load_model(str(tmp_path), torch.bfloat16, torch.device("cuda"))
     pixels = hf_pixels(gpu_files())
-    want = cpu.encode_images(pixels)
-    got = gpu.encode_images(pixels.cuda()).float().cpu()
+    want = torch.stack(cpu.encode_images(list(pixels), [None] * len(pixels)))
+    got = torch.stack(gpu.encode_images(list(pixels.cuda()), [None] * len(pixels))).float().cpu()
     torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)

@@ -45,3 +45,6 @@ QWEN35 = _read("qwen3.5.jinja")
 # Gemma 3's (google/gemma-3-*-it): content as a string or as parts, an image part as <start_of_image>, which the
 # processor then expands to the image's soft tokens.
 GEMMA3 = _read("gemma3.jinja")
+# Qwen3-VL's (Qwen/Qwen3-VL-*-Instruct): an image part as <|vision_start|><|image_pad|><|vision_end|>, whose pad the
+# processor (here the engine) widens to the image's soft tokens. Trimmed to text and image parts.
+QWEN3_VL = _read("qwen3-vl.jinja")

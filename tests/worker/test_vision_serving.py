@@ -14,7 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 from local_worker import LocalWorker, start_worker, stop_worker
-from vision_bake import TOKENS, bake_vision_model, data_url, png
+from vision_bake import TOKENS, bake_vision_model, check_image_moves_the_answer, data_url, png
 
 RED, BLUE = png(80, 40, (200, 30, 30)), png(30, 70, (20, 40, 220), "JPEG")
 NAME = "tiny-gemma3-vision"
@@ -73,19 +73,7 @@ def test_an_image_part_whole_and_streamed(vision_worker: LocalWorker) -> None:
 
 
 def test_the_image_moves_the_answer_and_a_later_turn_hits_the_cache(vision_worker: LocalWorker) -> None:
-    sdk = vision_worker.client()
-
-    def first_logprobs(url: str, **kw) -> tuple[list[float], object]:
-        r = sdk.chat.completions.create(model=NAME, messages=ask(url), max_tokens=1, temperature=0, logprobs=True,
-                                        top_logprobs=5, **kw)
-        return [t.logprob for t in r.choices[0].logprobs.content[0].top_logprobs], r.usage
-
-    red, _ = first_logprobs(data_url(RED))
-    blue, _ = first_logprobs(data_url(BLUE, "image/jpeg"))
-    assert max(abs(a - b) for a, b in zip(red, blue, strict=True)) > 1e-3
-    again, usage = first_logprobs(data_url(RED))
-    assert again == pytest.approx(red, abs=1e-5)
-    assert usage.prompt_tokens_details.cached_tokens >= TOKENS  # the image's pages came from the cache
+    check_image_moves_the_answer(vision_worker.client(), NAME, ask, data_url(RED), data_url(BLUE, "image/jpeg"), TOKENS)
 
 
 def test_an_http_image_url_is_fetched(vision_worker: LocalWorker, image_server: str) -> None:

@@ -1,6 +1,7 @@
-"""A tiny random Gemma3ForConditionalGeneration baked by the real builder for serving tests: the default model's
-tokenizer with Gemma 3's image tokens added (special), Gemma 3's chat template, a 56-pixel SigLIP tower whose 16
-patches pool to 4 soft tokens, and a preprocessor_config.json; and image files to send it."""
+"""Tiny random image-text models baked by the real builder for serving tests: the default model's tokenizer with
+the family's image tokens added (special) and its chat template; a Gemma3ForConditionalGeneration (a 56-pixel
+SigLIP tower whose 16 patches pool to 4 soft tokens) and a Qwen3VLForConditionalGeneration (8-pixel patches merged
+2x2, a pixel budget of 1024 to 4096); each with a preprocessor_config.json; and image files to send them."""
 
 from __future__ import annotations
 
@@ -12,26 +13,46 @@ import subprocess
 import sys
 from pathlib import Path
 
-from family_templates import GEMMA3
+import pytest
+
+from family_templates import GEMMA3, QWEN3_VL
 from local_worker import ROOT
 
 IMAGE_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
 SIZE, TOKENS = 56, 4
+QWEN_IMAGE_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
+
+
+def _tokenizer(baked: Path, source: Path, image_tokens: tuple[str, ...], template: str):
+    """The default model's tokenizer with the image tokens added and the family's template, saved to source."""
+    import transformers as tf
+    from tokenizers import AddedToken
+
+    source.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(baked / name, source / name)
+    tokenizer = tf.AutoTokenizer.from_pretrained(str(source))
+    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in image_tokens], special_tokens=True)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(str(source))
+    return tokenizer
+
+
+def _bake(source: Path, root: Path) -> Path:
+    out = root / "model"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    baked_run = subprocess.run([sys.executable, "-m", "builder", "--model", str(source), "--out", str(out)], cwd=ROOT,
+                               env=env, capture_output=True, text=True, timeout=300)
+    assert baked_run.returncode == 0, baked_run.stderr
+    return out
 
 
 def bake_vision_model(baked: Path, root: Path) -> Path:
     import torch
     import transformers as tf
-    from tokenizers import AddedToken
 
     source = root / "tiny-gemma3-vision"
-    source.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(baked / name, source / name)
-    tokenizer = tf.AutoTokenizer.from_pretrained(str(source))
-    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in IMAGE_TOKENS], special_tokens=True)
-    tokenizer.chat_template = GEMMA3
-    tokenizer.save_pretrained(str(source))
+    tokenizer = _tokenizer(baked, source, IMAGE_TOKENS, GEMMA3)
     boi, image, eoi = tokenizer.convert_tokens_to_ids(list(IMAGE_TOKENS))
     text = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=16,
@@ -49,12 +70,35 @@ def bake_vision_model(baked: Path, root: Path) -> Path:
     model.config.architectures = ["Gemma3ForConditionalGeneration"]
     model.save_pretrained(str(source))
     tf.Gemma3ImageProcessor(size={"height": SIZE, "width": SIZE}).save_pretrained(str(source))
-    out = root / "model"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    baked_run = subprocess.run([sys.executable, "-m", "builder", "--model", str(source), "--out", str(out)], cwd=ROOT,
-                               env=env, capture_output=True, text=True, timeout=300)
-    assert baked_run.returncode == 0, baked_run.stderr
-    return out
+    return _bake(source, root)
+
+
+def bake_qwen_vl_model(baked: Path, root: Path) -> Path:
+    import torch
+    import transformers as tf
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    source = root / "tiny-qwen3-vl"
+    tokenizer = _tokenizer(baked, source, QWEN_IMAGE_TOKENS, QWEN3_VL)
+    start, image, end = tokenizer.convert_tokens_to_ids(list(QWEN_IMAGE_TOKENS))
+    text = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                rope_parameters={"rope_theta": 10000.0, "mrope_section": [2, 1, 1], "rope_type": "default"},
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=8, spatial_merge_size=2,
+                  temporal_patch_size=2, out_hidden_size=32, num_position_embeddings=16, deepstack_visual_indexes=[0])
+    config = tf.AutoConfig.for_model("qwen3_vl", text_config=text, vision_config=vision, image_token_id=image,
+                                     vision_start_token_id=start, vision_end_token_id=end, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = tf.Qwen3VLForConditionalGeneration(config)
+    with torch.no_grad():  # an image must move the answer's logprobs visibly
+        for p in model.model.visual.merger.parameters():
+            p.normal_(0, 1.0)
+    model.config.architectures = ["Qwen3VLForConditionalGeneration"]
+    model.save_pretrained(str(source))
+    Qwen2VLImageProcessorPil(patch_size=8, temporal_patch_size=2, merge_size=2,
+                             size={"shortest_edge": 1024, "longest_edge": 4096}).save_pretrained(str(source))
+    return _bake(source, root)
 
 
 def png(width: int, height: int, colour: tuple[int, int, int], fmt: str = "PNG") -> bytes:
@@ -69,3 +113,20 @@ def png(width: int, height: int, colour: tuple[int, int, int], fmt: str = "PNG")
 
 def data_url(data: bytes, media: str = "image/png") -> str:
     return f"data:{media};base64,{base64.b64encode(data).decode()}"
+
+
+def check_image_moves_the_answer(sdk, model: str, messages, red: str, blue: str, image_tokens: int) -> None:
+    """The first token's top logprobs differ between two images, repeat for the same one, and its second request
+    takes the image's pages from the prefix cache. messages(url) -> the chat messages asking about the image."""
+
+    def first_logprobs(url: str) -> tuple[list[float], object]:
+        r = sdk.chat.completions.create(model=model, messages=messages(url), max_tokens=1, temperature=0,
+                                        logprobs=True, top_logprobs=5)
+        return [t.logprob for t in r.choices[0].logprobs.content[0].top_logprobs], r.usage
+
+    first, _ = first_logprobs(red)
+    other, _ = first_logprobs(blue)
+    assert max(abs(a - b) for a, b in zip(first, other, strict=True)) > 1e-3
+    again, usage = first_logprobs(red)
+    assert again == pytest.approx(first, abs=1e-5)
+    assert usage.prompt_tokens_details.cached_tokens >= image_tokens  # the image's pages came from the cache

@@ -100,6 +100,7 @@ class Gemma3ForConditionalGeneration(GemmaTextOfMultimodal, Gemma3ForCausalLM):
         return VisionSpec(a.image_token_id, a.tokens_per_image, a.vision.image_size, a.boi_token_id, a.eoi_token_id,
                           bidirectional=True)
 
-    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
-        """[images, 3, size, size] -> [images, tokens_per_image, hidden]: the soft tokens' embeddings."""
-        return self.multi_modal_projector(self.vision_tower(pixels))
+    def encode_images(self, pixels: list[torch.Tensor], grids: list[None]) -> list[torch.Tensor]:
+        """Images of [3, size, size] -> each [tokens_per_image, hidden]: the soft tokens' embeddings (grids: None,
+        the tower's square is fixed)."""
+        return list(self.multi_modal_projector(self.vision_tower(torch.stack(pixels))))

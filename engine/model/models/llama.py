@@ -8,6 +8,7 @@ init_rotary()); elsewhere the torch path of engine.layers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,6 +36,7 @@ class LlamaArgs(DecoderShape):
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rope
     tie_word_embeddings: bool = False
+    vision: Any = None  # an image-text checkpoint's QwenVision (engine/model/vision/qwen_vl_model.py)
 
     @classmethod
     def from_config(cls, config: dict, names: set[str], **extra) -> LlamaArgs:
@@ -216,12 +218,23 @@ class LlamaForCausalLM(DecoderLM):
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         backend: AttentionBackend | list[AttentionBackend],
+        image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """kv_caches: each layer's K/V pages; backend: one for every layer, or each layer's (its KV group's,
-        planned for the step with that group's page table and window)."""
+        planned for the step with that group's page table and window). image_embeds: (rows, values) of an image's
+        tokens (Qwen3-VL): the first hidden_size columns replace the rows' embeddings, each further hidden_size
+        (the deepstack features) is added to the rows after one of the first layers."""
         assert self.rotary is not None, "init_rotary() was not called"
-        cos, sin = (None, None) if self.fused_kernels else self.rotary.lookup(positions)
+        # A multimodal rotary keeps torch tables even where the other kernels are fused (FlashInfer's RoPE takes
+        # 1-D positions only).
+        cos, sin = (None, None) if self.rotary.cos is None else self.rotary.lookup(positions)
         h = self.model.embed_tokens(input_ids)
+        rows, deepstack = None, ()
+        if image_embeds is not None:
+            rows, values = image_embeds
+            h = h.index_copy(0, rows, values[:, : h.shape[1]].to(h.dtype))
+            if values.shape[1] > h.shape[1]:
+                deepstack = values[:, h.shape[1] :].to(h.dtype).split(h.shape[1], dim=1)
         residual = None
         backends = self.layer_backends(backend, len(kv_caches))
         captured: dict[int, torch.Tensor] = {}
@@ -229,6 +242,8 @@ class LlamaForCausalLM(DecoderLM):
             if i in self.aux_layers:  # an EAGLE-3 head reads the residual stream entering these layers
                 captured[i] = h if residual is None else h + residual
             h, residual = layer(h, residual, positions, cos, sin, k_cache, v_cache, b)
+            if i < len(deepstack):  # the layer's output is h + residual: adding to h adds to it
+                h = h.index_add(0, rows, deepstack[i])
         if captured:  # side by side in the head's order, which need not be the layers' order
             self.aux_hidden = torch.cat([captured[i] for i in self.aux_layers], dim=-1)
         h, _ = self.model.norm.add_forward(h, residual)

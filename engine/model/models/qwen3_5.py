@@ -1,17 +1,16 @@
-"""Hybrid decoders of linear and full attention: Qwen3.5 / Qwen3.6 (dense and MoE, and the text model of their
-image-text checkpoints) and Qwen3-Next.
+"""Hybrid decoders of linear and full attention: Qwen3.5 / Qwen3.6 (dense and MoE, and their image-text
+checkpoints) and Qwen3-Next.
 
 Most layers are Gated DeltaNet (engine.model.layers.gated_deltanet), whose per-sequence state lives in a slot of
 the engine's state pool; every `full_attention_interval`-th layer is gated attention over the paged KV cache: a
 q_proj that also emits a per-head output gate, zero-centred RMSNorms on q and k, rotary on the first
-partial_rotary_factor of each head (interleaved multimodal sections reduce to plain 1-D positions for text), and
-attn * sigmoid(gate) before o_proj. Every decoder norm is zero-centred (scale 1 + w, computed in float32). The MLP
-is SwiGLU, or a mixture of experts with a sigmoid-gated shared expert.
+partial_rotary_factor of each head (multimodal positions for an image-text checkpoint's images, which reduce to
+plain 1-D ones for text), and attn * sigmoid(gate) before o_proj. Every decoder norm is zero-centred (scale 1 + w,
+computed in float32). The MLP is SwiGLU, or a mixture of experts with a sigmoid-gated shared expert.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +29,7 @@ from engine.model.layers.linear import FusedLinear
 from engine.model.models.llama import LlamaArgs, LlamaAttention, LlamaMLP
 from engine.model.models.moe_base import MoeArgs, read_moe_args
 from engine.model.models.qwen3_moe import qwen_sparse_layers, shared_expert_moe
-
-log = logging.getLogger(__name__)
+from engine.model.vision.qwen_vl_model import QwenVisionLM
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 # Per-layer-type rope keys that only the multimodal positions use; text positions make them moot.
@@ -202,12 +200,17 @@ class Qwen3_5ForCausalLM(DecoderLM):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                backend: list[AttentionBackend | RecurrentPlan]) -> torch.Tensor:
+                backend: list[AttentionBackend | RecurrentPlan],
+                image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """kv_caches / backend per layer: a full-attention layer's K/V pages and its group's backend, a linear one's
-        (conv windows, delta states) slots and the step's RecurrentPlan."""
+        (conv windows, delta states) slots and the step's RecurrentPlan. image_embeds: (rows, embeddings) that
+        replace those rows' token embeddings (an image's tokens); positions [3, T] where the step has some."""
         assert self.rotary is not None, "init_rotary() was not called"
         cos, sin = self.rotary.lookup(positions)
         h = self.model.embed_tokens(input_ids)
+        if image_embeds is not None:
+            rows, values = image_embeds
+            h = h.index_copy(0, rows, values.to(h.dtype))
         for layer, cache, b in zip(self.model.layers, kv_caches, backend, strict=True):
             h = layer(h, cos, sin, cache, b)
         return self.model.norm(h)
@@ -232,26 +235,15 @@ class Qwen3NextForCausalLM(Qwen3_5ForCausalLM):
                                 sparse_layers=qwen_sparse_layers(config) if moe else None)
 
 
-class _ImageTextCheckpoint:
-    """The text model of a Qwen3.5 image-text checkpoint (model.language_model.*); the vision tower is not read."""
+class _ImageText(QwenVisionLM):
+    """A Qwen3.5 image-text checkpoint: Qwen3-VL's tower without deepstack (engine/model/vision/qwen_vl_model.py)."""
 
-    @classmethod
-    def read_args(cls, config: dict, names: set[str]) -> HybridArgs:
-        if config.get("vision_config"):
-            log.info("%s: the vision tower is not loaded (image input is not served yet)", config["architectures"][0])
-        return super().read_args(dict(config.get("text_config") or {}), names)
-
-    def checkpoint_name(self, name: str) -> str | None:
-        if name.startswith("model.visual."):
-            return None
-        if name.startswith("model.language_model."):
-            name = "model." + name.removeprefix("model.language_model.")
-        return super().checkpoint_name(name)
+    MROPE_SECTION = (11, 11, 10)  # transformers' Qwen3_5TextRotaryEmbedding default
 
 
-class Qwen3_5ForConditionalGeneration(_ImageTextCheckpoint, Qwen3_5ForCausalLM):
+class Qwen3_5ForConditionalGeneration(_ImageText, Qwen3_5ForCausalLM):
     pass
 
 
-class Qwen3_5MoeForConditionalGeneration(_ImageTextCheckpoint, Qwen3_5MoeForCausalLM):
+class Qwen3_5MoeForConditionalGeneration(_ImageText, Qwen3_5MoeForCausalLM):
     pass

@@ -1,5 +1,5 @@
 """What the engine knows of a model that takes images: its placeholder tokens, how many soft tokens an image
-becomes, the square its tower sees, and whether an image's tokens attend to each other both ways."""
+becomes, what its tower sees, and how an image's tokens attend and are positioned."""
 
 from __future__ import annotations
 
@@ -7,12 +7,24 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class PatchGrid:
+    """Qwen-VL's towers: an image of any size, cut into patch_size^2 patches (each temporal_patch_size frames
+    deep), merge_size x merge_size patches to a soft token; its tokens take 3-D (t, h, w) rotary positions."""
+
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+
+
+@dataclass(frozen=True)
 class VisionSpec:
-    """An image is a run of `tokens_per_image` image_token_id tokens in the prompt (between boi and eoi)."""
+    """An image is a run of image_token_id tokens in the prompt (between boi and eoi): `tokens_per_image` of them
+    for a tower that sees a fixed `image_size` square (Gemma 3), or as many as the image's merged patches (`grid`)."""
 
     image_token_id: int
-    tokens_per_image: int
-    image_size: int
+    tokens_per_image: int | None
+    image_size: int | None
     boi_token_id: int | None = None
     eoi_token_id: int | None = None
     bidirectional: bool = False  # Gemma 3: an image's tokens see each other (transformers' token_type_ids mask)
+    grid: PatchGrid | None = None

@@ -83,8 +83,12 @@ class Pages:
             for layer, slots in zip(recurrent.layers, self.state.layer_states, strict=True):
                 self.caches[layer], self.backends[layer] = slots, self.recurrent_plan
 
-    def run(self, model, batch: list[tuple[str, list[int]]]) -> torch.Tensor:
-        positions, meta = self.table.step([(r, len(t)) for r, t in batch])
+    def run(self, model, batch: list[tuple[str, list[int]]], positions: torch.Tensor | None = None,
+            **extra) -> torch.Tensor:
+        """One paged step of `batch`; positions: the model's own (3-D rotary ones) instead of the table's; extra:
+        more forward arguments (image_embeds)."""
+        table_positions, meta = self.table.step([(r, len(t)) for r, t in batch])
+        positions = table_positions if positions is None else positions
         for b in self.unique:
             b.plan(meta)
         if self.recurrent_plan is not None:
@@ -95,7 +99,7 @@ class Pages:
         layers = sorted(self.caches)
         with torch.inference_mode():
             hidden = model(torch.tensor([t for _, ts in batch for t in ts]), positions, meta,
-                           [self.caches[n] for n in layers], [self.backends[n] for n in layers])
+                           [self.caches[n] for n in layers], [self.backends[n] for n in layers], **extra)
             return model.compute_logits(hidden)
 
 

@@ -81,10 +81,11 @@ def hf_logits(hf, tokens: list[int], files: list[bytes]) -> torch.Tensor:
                   token_type_ids=(ids == IMAGE).long()).logits[0].float()
 
 
-def hf_greedy(hf, tokens: list[int], files: list[bytes], max_tokens: int) -> list[int]:
+def hf_greedy(hf, tokens: list[int], files: list[bytes], max_tokens: int, logits=None) -> list[int]:
+    """transformers' greedy answer, the whole sequence run again for each token; logits: the family's hf_logits."""
     out = list(tokens)
     for _ in range(max_tokens):
-        out.append(int(hf_logits(hf, out, files)[-1].argmax()))
+        out.append(int((logits or hf_logits)(hf, out, files)[-1].argmax()))
     return out[len(tokens) :]
 
 

@@ -1,0 +1,198 @@
+"""Qwen3-VL's and Qwen3.5's vision transformer (transformers' Qwen3VLVisionModel, Qwen3_5VisionModel): each image
+arrives as its patches ([h * w, channels * temporal_patch_size * patch^2], listed 2x2 merge block by block, as
+engine/image/qwen_vl.py cuts them) and its grid (1, h, w). A patch embedding (a Conv3d whose kernel is the whole
+patch, run as one matrix), learned positions resampled bilinearly (corners aligned) from their square grid to the
+image's, pre-norm blocks with 2-D rotary (row and column halves) and full attention within each image, then the
+merger: each 2x2 block's four patches side by side, LayerNorm, a GELU MLP into the text width. Qwen3-VL's
+deepstack mergers read the blocks of `deepstack_visual_indexes` the same way (their LayerNorm after the 2x2
+shuffle); their features go beside the merger's, one text width each, for the decoder's first layers to add.
+Parameter names are the hub's (model.visual.*)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.errors import UnsupportedModel
+from engine.model.layers.rotary import apply_rotary_
+
+ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}  # hidden_act -> F.gelu's approximate
+
+
+@dataclass(frozen=True)
+class QwenVisionArgs:
+    """vision_config's fields (transformers' Qwen3VLVisionConfig defaults where it is silent)."""
+
+    depth: int = 27
+    hidden_size: int = 1152
+    intermediate_size: int = 4304
+    num_heads: int = 16
+    in_channels: int = 3
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    out_hidden_size: int = 3584
+    num_position_embeddings: int = 2304
+    deepstack_visual_indexes: tuple[int, ...] = ()
+    rope_theta: float = 10000.0
+    gelu: str = "tanh"
+
+    @classmethod
+    def from_config(cls, raw: dict) -> QwenVisionArgs:
+        act = raw.get("hidden_act") or "gelu_pytorch_tanh"
+        if act not in ACTIVATIONS:
+            raise UnsupportedModel(f"vision_config.hidden_act {act!r} is not supported ({', '.join(ACTIVATIONS)})",
+                                   param="model")
+        names = ("depth", "hidden_size", "intermediate_size", "num_heads", "in_channels", "patch_size",
+                 "temporal_patch_size", "spatial_merge_size", "out_hidden_size", "num_position_embeddings")
+        fields = {k: raw[k] for k in names if raw.get(k) is not None}
+        theta = (raw.get("rope_parameters") or {}).get("rope_theta") or raw.get("rope_theta") or 10000.0
+        args = cls(**fields, deepstack_visual_indexes=tuple(raw.get("deepstack_visual_indexes") or ()),
+                   rope_theta=float(theta), gelu=ACTIVATIONS[act])
+        side = round(args.num_position_embeddings**0.5)
+        if args.hidden_size % args.num_heads or (args.hidden_size // args.num_heads) % 4 or side * side != \
+                args.num_position_embeddings:
+            raise UnsupportedModel("vision_config: hidden_size / num_heads must be a multiple of 4 and "
+                                   "num_position_embeddings a square", param="model")
+        return args
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, a: QwenVisionArgs) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = a.num_heads, a.head_dim
+        self.qkv = nn.Linear(a.hidden_size, 3 * a.hidden_size)
+        self.proj = nn.Linear(a.hidden_size, a.hidden_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        n, width = x.shape
+        q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
+        # Rotated in float32 as transformers does, whatever the serving dtype.
+        q, k = (apply_rotary_(t.float(), cos, sin).to(x.dtype) for t in (q, k))
+        out = [F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in parts)).transpose(0, 1)
+               for parts in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True)]
+        return self.proj(torch.cat(out).reshape(n, width))
+
+
+class VisionMLP(nn.Module):
+    def __init__(self, a: QwenVisionArgs) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(a.hidden_size, a.intermediate_size)
+        self.linear_fc2 = nn.Linear(a.intermediate_size, a.hidden_size)
+        self.approximate = a.gelu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate=self.approximate))
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, a: QwenVisionArgs) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(a.hidden_size, eps=1e-6)
+        self.norm2 = nn.LayerNorm(a.hidden_size, eps=1e-6)
+        self.attn = VisionAttention(a)
+        self.mlp = VisionMLP(a)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, lengths)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    """A 2x2 block of patches -> one text-width token. postshuffle (the deepstack mergers): the LayerNorm runs over
+    the four patches side by side rather than over each."""
+
+    def __init__(self, a: QwenVisionArgs, postshuffle: bool) -> None:
+        super().__init__()
+        self.width = a.hidden_size * a.spatial_merge_size**2
+        self.postshuffle = postshuffle
+        self.norm = nn.LayerNorm(self.width if postshuffle else a.hidden_size, eps=1e-6)
+        self.linear_fc1 = nn.Linear(self.width, self.width)
+        self.linear_fc2 = nn.Linear(self.width, a.out_hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x.view(-1, self.width)) if self.postshuffle else self.norm(x).view(-1, self.width)
+        return self.linear_fc2(F.gelu(self.linear_fc1(x)))
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, a: QwenVisionArgs) -> None:
+        super().__init__()
+        kernel = (a.temporal_patch_size, a.patch_size, a.patch_size)
+        self.proj = nn.Conv3d(a.in_channels, a.hidden_size, kernel, stride=kernel)  # the hub's weight layout
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        # The kernel covers the whole patch: the convolution is one matrix over the flattened patch.
+        w = self.proj.weight
+        return F.linear(patches.to(w.dtype), w.reshape(w.shape[0], -1), self.proj.bias)
+
+
+class QwenVisionTower(nn.Module):
+    """Images' patches and grids -> per image [h * w / merge^2, out_hidden_size * (1 + deepstack layers)]."""
+
+    def __init__(self, a: QwenVisionArgs) -> None:
+        super().__init__()
+        self.args = a
+        self.patch_embed = PatchEmbed(a)
+        self.pos_embed = nn.Embedding(a.num_position_embeddings, a.hidden_size,
+                                      _weight=torch.empty(a.num_position_embeddings, a.hidden_size))
+        self.blocks = nn.ModuleList(VisionBlock(a) for _ in range(a.depth))
+        self.merger = PatchMerger(a, postshuffle=False)
+        self.deepstack_merger_list = nn.ModuleList(PatchMerger(a, postshuffle=True)
+                                                   for _ in a.deepstack_visual_indexes)
+
+    def forward(self, patches: list[torch.Tensor], grids: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+        lengths = [t * h * w for t, h, w in grids]
+        if any(t != 1 for t, _, _ in grids):
+            raise ValueError("the vision tower takes images (one frame each), not videos")
+        x = self.patch_embed(torch.cat(patches))
+        x = x + torch.cat([self._positions(h, w) for _, h, w in grids]).to(x.dtype)
+        cos, sin = self._rotary(grids, x.device)
+        deepstack = []
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, lengths)
+            if i in self.args.deepstack_visual_indexes:
+                deepstack.append(self.deepstack_merger_list[self.args.deepstack_visual_indexes.index(i)](x))
+        merged = torch.cat([self.merger(x), *deepstack], dim=-1)
+        return list(merged.split([n // self.args.spatial_merge_size**2 for n in lengths]))
+
+    def _block_order(self, grid: torch.Tensor) -> torch.Tensor:
+        """[h, w, ...] -> [h * w, ...] listed 2x2 merge block by block, as the patches are."""
+        h, w, m = grid.shape[0], grid.shape[1], self.args.spatial_merge_size
+        return grid.reshape(h // m, m, w // m, m, -1).transpose(1, 2).reshape(h * w, -1)
+
+    def _positions(self, h: int, w: int) -> torch.Tensor:
+        """The learned square of positions resampled to h x w (bilinear, corners aligned), in float32."""
+        side = round(self.args.num_position_embeddings**0.5)
+        table = self.pos_embed.weight.float().view(side, side, -1)
+
+        def taps(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            src = torch.arange(n, dtype=torch.float32, device=table.device) * (side - 1) / max(n - 1, 1)
+            lo = src.floor().long()
+            return lo, (lo + 1).clamp(max=side - 1), (src - lo)[:, None, None]
+
+        r0, r1, fr = taps(h)
+        c0, c1, fc = taps(w)
+        rows = table[r0] * (1 - fr) + table[r1] * fr  # [h, side, hidden]
+        grid = rows[:, c0] * (1 - fc).transpose(0, 1) + rows[:, c1] * fc.transpose(0, 1)
+        return self._block_order(grid)
+
+    def _rotary(self, grids: list[tuple[int, int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [patches, 1, head_dim / 2]: a patch's row angles, then its column angles."""
+        quarter = self.args.head_dim // 2
+        inv_freq = 1.0 / (self.args.rope_theta ** (torch.arange(0, quarter, 2, dtype=torch.float32,
+                                                                device=device) / quarter))
+        coords = []
+        for _, h, w in grids:
+            hw = torch.stack(torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device),
+                                            indexing="ij"), dim=-1)
+            coords.append(self._block_order(hw))
+        angles = (torch.cat(coords)[:, :, None].float() * inv_freq).flatten(1)  # [patches, row | column]
+        return angles.cos()[:, None, :], angles.sin()[:, None, :]

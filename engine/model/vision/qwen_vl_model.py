@@ -1,0 +1,92 @@
+"""A Qwen image-text checkpoint (Qwen3-VL, Qwen3.5; dense and MoE) around its text decoder: text_config read by the
+decoder's family, model.language_model.* renamed to model.*, model.visual.* the vision tower
+(engine/model/vision/qwen_vl.py), the image tokens from the top of config.json, and multimodal rotary positions
+(engine/model/layers/mrope.py) with the config's mrope_section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.errors import UnsupportedModel
+from engine.model.layers.mrope import MultimodalRotary
+from engine.model.vision.qwen_vl import QwenVisionArgs, QwenVisionTower
+from engine.model.vision.spec import PatchGrid, VisionSpec
+
+
+@dataclass(frozen=True)
+class QwenVision:
+    """The vision tower's args, the image tokens and the text rotary's mrope sections."""
+
+    tower: QwenVisionArgs
+    image_token_id: int
+    vision_start_token_id: int
+    vision_end_token_id: int
+    mrope_section: tuple[int, ...]
+
+    @classmethod
+    def from_config(cls, config: dict, section: tuple[int, ...]) -> QwenVision:
+        """config.json's top level (Qwen3VLConfig's token defaults where it is silent); `section` where the text
+        config gives no mrope_section (the family's transformers default)."""
+        text = config.get("text_config") or {}
+        rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+        return cls(QwenVisionArgs.from_config(config.get("vision_config") or {}),
+                   config.get("image_token_id", 151655), config.get("vision_start_token_id", 151652),
+                   config.get("vision_end_token_id", 151653), tuple(rope.get("mrope_section") or section))
+
+
+class QwenVisionLM:
+    """Mixed in before a Qwen text family's CausalLM, whose args carry `vision` (a QwenVision) and whose forward
+    takes image_embeds (rows, [tokens, hidden * (1 + deepstack layers)])."""
+
+    MROPE_SECTION: tuple[int, ...] = (24, 20, 20)  # Qwen3-VL's; Qwen3.5 overrides it
+    args: Any
+
+    @classmethod
+    def read_args(cls, config: dict, names: set[str]) -> Any:
+        args = cls.read_text_args(dict(config.get("text_config") or {}), names)
+        args.vision = QwenVision.from_config(config, cls.MROPE_SECTION)
+        if args.vision.tower.out_hidden_size != args.hidden_size:
+            raise UnsupportedModel(f"vision_config.out_hidden_size {args.vision.tower.out_hidden_size} is not the "
+                                   f"text model's hidden_size {args.hidden_size}", param="model")
+        return args
+
+    @classmethod
+    def read_text_args(cls, text: dict, names: set[str]) -> Any:
+        return super().read_args(text, names)
+
+    def __init__(self, args: Any) -> None:
+        super().__init__(args)
+        self.visual = QwenVisionTower(args.vision.tower)
+
+    def checkpoint_name(self, name: str) -> str | None:
+        if name.startswith("model.visual."):
+            return name.removeprefix("model.")
+        if name.startswith("model.language_model."):
+            name = "model." + name.removeprefix("model.language_model.")
+        text = getattr(super(), "checkpoint_name", None)
+        return text(name) if text is not None else name
+
+    def init_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device,
+                    fused: bool | None = None) -> None:
+        """The family's set-up (fused norms and activations where it has them), then a multimodal rotary in torch:
+        FlashInfer's RoPE kernel takes 1-D positions only."""
+        super().init_rotary(max_positions, dtype, device, fused)
+        a = self.args
+        self.rotary = MultimodalRotary(getattr(a, "rotary_dim", 0) or a.head_dim, a.rope, a.vision.mrope_section,
+                                       a.max_position_embeddings, max_positions, dtype, device)
+        for module in self.modules():
+            if getattr(module, "cos_sin_cache", None) is not None:
+                module.cos_sin_cache = None
+
+    def vision_spec(self) -> VisionSpec:
+        v = self.args.vision
+        grid = PatchGrid(v.tower.patch_size, v.tower.temporal_patch_size, v.tower.spatial_merge_size)
+        return VisionSpec(v.image_token_id, None, None, v.vision_start_token_id, v.vision_end_token_id, grid=grid)
+
+    def encode_images(self, pixels: list[torch.Tensor], grids: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+        """Each image's patches -> [tokens, hidden * (1 + deepstack layers)]: its tokens' embeddings, then the
+        features the decoder's first layers add."""
+        return self.visual(pixels, grids)
