@@ -28,8 +28,8 @@ EXTRA_SLOTS = 2
 
 class StatePool:
     """Every recurrent layer's slots, allocated once: conv windows [layers, slots + 2, conv_dim, K - 1] in the
-    model dtype, delta-rule states [layers, slots + 2, Hv, Dk, Dv] in float32; slot num_slots stays zero, slot
-    num_slots + 1 is scratch."""
+    model dtype, delta-rule states [layers, slots + 2, Hv, Dk + 1, Dv] in float32 (delta_rule.materialise); slot
+    num_slots stays zero, slot num_slots + 1 is scratch."""
 
     def __init__(self, spec: RecurrentSpec, num_slots: int, dtype: torch.dtype, device: torch.device | str) -> None:
         n, layers = num_slots + EXTRA_SLOTS, len(spec.layers)

@@ -14,6 +14,8 @@ import torch
 
 CHUNK = 64
 L2_EPS = 1e-6
+# Below this log scale a decode state's scale is folded into it (step_): S / c then stays under e^64 times S.
+LOG_SCALE_FLOOR = -64.0
 
 
 def l2_normalise(x: torch.Tensor) -> torch.Tensor:
@@ -81,19 +83,52 @@ def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     return out.transpose(0, 1).to(v.dtype), s
 
 
+def materialise(held: torch.Tensor) -> torch.Tensor:
+    """The states S [..., Hv, Dk, Dv] (a new float32 tensor) of states as slots hold them, [..., Hv, Dk + 1, Dv]:
+    S / c in the first Dk rows, log c in the last row's first column (step_ says why)."""
+    return held[..., :-1, :] * held[..., -1:, :1].exp()
+
+
+def held_form(state: torch.Tensor) -> torch.Tensor:
+    """States S [..., Hv, Dk, Dv] as slots hold them (a new tensor, c = 1)."""
+    return torch.nn.functional.pad(state.float(), (0, 0, 0, 1))
+
+
+def store_(held: torch.Tensor, state: torch.Tensor) -> None:
+    """Writes states S [..., Hv, Dk, Dv] into held slots [..., Hv, Dk + 1, Dv], with c = 1."""
+    held[..., :-1, :].copy_(state)
+    held[..., -1, :].zero_()
+
+
 def step_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-          state: torch.Tensor) -> torch.Tensor:
-    """One token of each of N heads (decode), updating `state` in place: q, k [Hk, Dk]; v [Hv, Dv]; g, beta [Hv];
-    state [Hv, Dk, Dv] float32. Returns o [Hv, Dv] in v's dtype.
+          held: torch.Tensor, capturable: bool = False) -> torch.Tensor:
+    """One token of each of N heads (decode), updating their states in place: q, k [Hk, Dk]; v [Hv, Dv]; g, beta [Hv];
+    held [Hv, Dk + 1, Dv] float32, each head's state S kept as S_u = S / c and log c (materialise()). Returns
+    o [Hv, Dv] in v's dtype.
 
     Both reads of the state come from the state before the token, in one batched matmul:
-        S' = e^g S + k d^T with d = beta (v - e^g S^T k),   o = S'^T q = e^g S^T q + d (k . q),
-    and the update is two in-place passes (scale, rank-one add): the state is read three times and written twice.
+        S' = e^g S + k d^T with d = beta (v - e^g S^T k),   o = S'^T q = e^g S^T q + d (k . q).
+    The decay goes into the scale (c' = e^g c) and only the rank-one term into S_u (S_u += k (d / c')^T), so a token
+    reads the state twice and writes it once, where scaling it in place would read it three times and write it
+    twice: a CPU decode step of a large batch is bound by that traffic. Heads whose c' falls below
+    e^LOG_SCALE_FLOOR fold it into S_u first, so S_u never overflows. capturable: fold with one masked pass over
+    every head instead of finding the few that need it (no host sync, for a CUDA graph).
     """
     q, k = _prepare(q[None], k[None], v.shape[0])  # [Hv, 1, Dk]
-    read = torch.bmm(torch.cat([k, q], dim=1), state)  # [Hv, 2, Dv]: S^T k and S^T q
-    decay = g.float().exp()[:, None]
-    delta = beta.float()[:, None] * (v.float() - decay * read[:, 0])
-    out = decay * read[:, 1] + (k[:, 0] * q[:, 0]).sum(-1, keepdim=True) * delta
-    state.mul_(decay[:, :, None]).baddbmm_(k.transpose(1, 2), delta[:, None, :])
+    state, log_c = held[:, :-1], held[:, -1, 0]
+    read = torch.bmm(torch.cat([k, q], dim=1), state)  # [Hv, 2, Dv]: S_u^T k and S_u^T q
+    log_next = log_c + g.float()
+    scale = log_next.exp()[:, None]  # c'
+    delta = beta.float()[:, None] * (v.float() - scale * read[:, 0])
+    out = scale * read[:, 1] + (k[:, 0] * q[:, 0]).sum(-1, keepdim=True) * delta
+    low = log_next < LOG_SCALE_FLOOR
+    if capturable:
+        state.mul_(torch.where(low[:, None], scale, 1.0)[:, :, None])
+    elif bool(low.any()):
+        heads = low.nonzero().squeeze(1)
+        state.index_copy_(0, heads, state.index_select(0, heads) * scale[heads, :, None])
+    scale = torch.where(low[:, None], 1.0, scale)
+    log_c.copy_(log_next.masked_fill(low, 0.0))
+    # NOTE: an elementwise rank-one update: baddbmm_ falls back to one matmul per head on the strided S_u view.
+    state.addcmul_(k.transpose(1, 2), (delta / scale)[:, None, :])
     return out.to(v.dtype)

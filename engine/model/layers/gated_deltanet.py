@@ -5,9 +5,9 @@ delta_rule) with beta = sigmoid(b) and g = -exp(A_log) * softplus(a + dt_bias), 
 value head, out_proj. Parameter names follow the hub's `linear_attn.*`.
 
 Each sequence carries a fixed-size state instead of pages: its conv window (the last K - 1 inputs of the conv,
-[conv_dim, K - 1]) and its delta-rule state ([Hv, Dk, Dv], float32). forward() reads them from the slots it is
-given and writes them back, so a prompt prefilled in chunks, or decoded token by token, ends in the state that one
-pass would leave.
+[conv_dim, K - 1]) and its delta-rule state ([Hv, Dk + 1, Dv], float32: S / c and log c, as delta_rule.step_ keeps
+it). forward() reads them from the slots it is given and writes them back, so a prompt prefilled in chunks, or
+decoded token by token, ends in the state that one pass would leave.
 
 Decode has two paths that give the same numbers (tests/engine/model/test_gated_deltanet.py): on the CPU, the rule
 runs in place over the pool's slots, steered by the slots as Python ints; on CUDA, and in any step a CUDA graph
@@ -44,8 +44,8 @@ class DeltaNetShape:
         return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
 
     def state_shapes(self) -> tuple[tuple[int, int], tuple[int, int, int]]:
-        """One sequence's (conv window, delta-rule state) shapes."""
-        return (self.conv_dim, self.conv_kernel - 1), (self.num_v_heads, self.head_k_dim, self.head_v_dim)
+        """One sequence's (conv window, delta-rule state as a slot holds it: delta_rule.materialise) shapes."""
+        return (self.conv_dim, self.conv_kernel - 1), (self.num_v_heads, self.head_k_dim + 1, self.head_v_dim)
 
 
 class GatedRMSNorm(nn.Module):
@@ -80,7 +80,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, step: RecurrentStep, conv_pool: torch.Tensor,
                 state_pool: torch.Tensor) -> torch.Tensor:
         """x [tokens, hidden]: the step's sequences one after another (step.spans); conv_pool [slots, conv_dim, K - 1]
-        and state_pool [slots, Hv, Dk, Dv] are this layer's state slots, read and written at step.slots."""
+        and state_pool [slots, Hv, Dk + 1, Dv] are this layer's state slots, read and written at step.slots."""
         s = self.shape
         mixed, z, b, a = self.project(x)
         beta = torch.sigmoid(b)
@@ -146,18 +146,21 @@ class GatedDeltaNet(nn.Module):
             return self._rule_in_place(q, k, v, g, beta, cpu_slots, index, state_pool)
         states = state_pool.index_select(0, index)
         if linear_attention.fla_runs(mixed.device):
-            o, states = linear_attention.fused_recurrent_gated_delta_rule(q, k, v, g, beta, states)
+            o, stepped = linear_attention.fused_recurrent_gated_delta_rule(q, k, v, g, beta,
+                                                                           delta_rule.materialise(states))
+            states = delta_rule.held_form(stepped)
         else:
-            o = self._step(q, k, v, g, beta, states)
+            o = self._step(q, k, v, g, beta, states, capturable=True)
         state_pool.index_copy_(0, index, states)
         return o
 
     def _step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-              states: torch.Tensor) -> torch.Tensor:
-        """The torch rule's one token for B rows (states [B, Hv, Dk, Dv], updated in place); o [B, Hv, Dv]."""
+              states: torch.Tensor, capturable: bool = False) -> torch.Tensor:
+        """The torch rule's one token for B rows (states [B, Hv, Dk + 1, Dv], updated in place); o [B, Hv, Dv]."""
         s = self.shape
         return delta_rule.step_(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), g.flatten(), beta.flatten(),
-                                states.view(-1, s.head_k_dim, s.head_v_dim)).view(-1, s.num_v_heads, s.head_v_dim)
+                                states.view(-1, s.head_k_dim + 1, s.head_v_dim), capturable
+                                ).view(-1, s.num_v_heads, s.head_v_dim)
 
     def _rule_in_place(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                        slots: list[int], index: torch.Tensor, state_pool: torch.Tensor) -> torch.Tensor:
@@ -200,7 +203,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v = self._split(qkv)
         cut = capture[0] if capture is not None else length
         parts = [(0, cut), (cut, length)] if cut < length else [(0, length)]
-        state, outs = state_pool[slot].float(), []
+        state, outs = delta_rule.materialise(state_pool[slot]), []
         fla = linear_attention.fla_runs(mixed.device)
         rule = linear_attention.chunk_gated_delta_rule if fla else delta_rule.chunked
         for lo, hi in parts:
@@ -208,8 +211,8 @@ class GatedDeltaNet(nn.Module):
             outs.append(o)
             if capture is not None and hi == cut:
                 conv_pool[capture[1]].copy_(window[:, cut : cut + s.conv_kernel - 1])
-                state_pool[capture[1]].copy_(state)
+                delta_rule.store_(state_pool[capture[1]], state)
         if write:
             conv_pool[slot].copy_(window[:, -(s.conv_kernel - 1):])
-            state_pool[slot].copy_(state)
+            delta_rule.store_(state_pool[slot], state)
         return torch.cat(outs) if len(outs) > 1 else outs[0]

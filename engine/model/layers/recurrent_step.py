@@ -20,7 +20,8 @@ Replay = Callable[[int, "tuple[int, int] | None"], None]
 @dataclass(frozen=True)
 class RecurrentSpec:
     """The model's recurrent layers (model layer indices, ascending) and one slot's state shapes per layer:
-    the conv window [conv_dim, K - 1] (in the model dtype) and the delta-rule state [Hv, Dk, Dv] (float32)."""
+    the conv window [conv_dim, K - 1] (in the model dtype) and the delta-rule state [Hv, Dk + 1, Dv] (float32, as
+    engine.model.layers.delta_rule.step_ keeps it)."""
 
     layers: tuple[int, ...]
     conv_shape: tuple[int, int]

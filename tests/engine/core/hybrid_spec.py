@@ -9,6 +9,7 @@ import torch
 
 from engine.core.engine import LLMEngine
 from engine.core.sequence import Sequence
+from engine.model.layers.delta_rule import materialise
 from engine.sample.params import SamplingParams
 from tests.engine.core.engine_run import greedy, run
 from tests.engine.model.family_parity import load_family, tiny_engine
@@ -121,7 +122,8 @@ def check_snapshots(engine: LLMEngine, reference: LLMEngine) -> int:
         other = reference.kv.state._snapshots.get(h)
         if other is None:
             continue
-        torch.testing.assert_close(pool.delta[:, slot], ref.delta[:, other], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(materialise(pool.delta[:, slot]), materialise(ref.delta[:, other]), atol=1e-4,
+                                   rtol=1e-4)
         torch.testing.assert_close(pool.conv[:, slot], ref.conv[:, other], atol=1e-4, rtol=1e-4)
         compared += 1
     return compared

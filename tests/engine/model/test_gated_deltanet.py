@@ -49,10 +49,30 @@ def test_the_delta_rule_matches_transformers_from_a_state(length):
         torch.testing.assert_close(new_state, ref_state[0], atol=ATOL, rtol=1e-4)
     torch.testing.assert_close(chunk_out, ref_out, atol=ATOL, rtol=1e-4)  # transformers' two forms agree too
     if length == 1:  # decode's in-place single step
-        stepped = state.clone()
-        out = delta_rule.step_(q[0], k[0], v[0], g[0], beta[0], stepped)
+        held = delta_rule.held_form(state)
+        out = delta_rule.step_(q[0], k[0], v[0], g[0], beta[0], held)
         torch.testing.assert_close(out, ref_out[0, 0], atol=ATOL, rtol=1e-4)
-        torch.testing.assert_close(stepped, ref_state[0], atol=ATOL, rtol=1e-4)
+        torch.testing.assert_close(delta_rule.materialise(held), ref_state[0], atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("capturable", [False, True])
+def test_decode_steps_keep_the_state_through_its_scale_and_folds(capturable):
+    """Token after token, decode keeps S / c and log c; with decays as steep as e^-30 a token, some heads' scales
+    cross the floor and fold while others keep decaying slowly: outputs and states stay those of the plain rule."""
+    q, k, v, g, beta, state = rule_inputs(120, 7)
+    g = g * torch.tensor([0.1, 2.0, 30.0, 60.0])  # per value head: slow to steep decays
+    held, scales, folds = delta_rule.held_form(state), [], 0
+    for t in range(120):
+        before = held[:, -1, 0].clone()
+        out = delta_rule.step_(q[t], k[t], v[t], g[t], beta[t], held, capturable)
+        scales.append(held[:, -1, 0].clone())
+        folds += int(((held[:, -1, 0] == 0) & (before + g[t] < 0)).sum())
+        ref_out, _ = delta_rule.recurrent(q[: t + 1], k[: t + 1], v[: t + 1], g[: t + 1], beta[: t + 1], state)
+        torch.testing.assert_close(out, ref_out[-1], atol=ATOL, rtol=1e-4)
+    _, ref_state = delta_rule.recurrent(q, k, v, g, beta, state)
+    torch.testing.assert_close(delta_rule.materialise(held), ref_state, atol=ATOL, rtol=1e-4)
+    assert min(float(s.min()) for s in scales) < -30 and folds > 10  # the scale and its folds were exercised
+    assert float(torch.stack(scales).min()) >= delta_rule.LOG_SCALE_FLOOR
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +231,8 @@ def test_the_capture_safe_decode_equals_the_cpu_path(layers, slots):
 def test_a_traced_decode_step_replays_on_other_slots(layers):
     """make_fx records the tensor ops of one decode step and bakes every Python value into the trace, as CUDA graph
     capture does: the capture-safe step traced on some slots and replayed on others equals the eager step there
-    (and the CPU's path, steered by Python ints, does not: that is why graphs never run it)."""
+    (and the CPU's path, steered by Python ints and by the values of its scales, does not trace or does not
+    replay: that is why graphs never run it)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     _, ours = layers
@@ -229,7 +250,11 @@ def test_a_traced_decode_step_replays_on_other_slots(layers):
         want_pools = conv.clone(), delta.clone()
         want = graphed(x, slots, *want_pools)
         for step, replays in ((graphed, True), (cpu, False)):
-            traced = make_fx(step)(torch.randn(3, 64), torch.tensor([1, 2, 3]), conv.clone(), delta.clone())
+            try:
+                traced = make_fx(step)(torch.randn(3, 64), torch.tensor([1, 2, 3]), conv.clone(), delta.clone())
+            except RuntimeError as exc:  # the CPU's path reads a tensor's value (its scale folds): no trace at all
+                assert not replays and "data-dependent" in str(exc)
+                continue
             pools = conv.clone(), delta.clone()
             got = traced(x, slots, *pools)
             same = torch.allclose(got, want) and all(torch.equal(a, b) for a, b in zip(pools, want_pools))
