@@ -74,6 +74,8 @@ class LLMEngine:
         self.adapters: dict[str, int] = self.lora.slots if self.lora is not None else {}
         with timed(self.start_ms, "tokenizer"):
             self.tokenizer = load_tokenizer(config.model_path)
+        if not self.spec.eos_token_ids:  # as vLLM: the tokenizer's eos (a grammar with no stop token cannot end)
+            self.spec.eos_token_ids.update({self.tokenizer.eos_token_id} - {None})
         self.max_model_len = min(config.max_model_len or self.spec.max_position_embeddings,
                                  self.spec.max_position_embeddings)
         if config.max_model_len and config.max_model_len > self.spec.max_position_embeddings:
@@ -94,8 +96,7 @@ class LLMEngine:
             self.pools = [PagePool.for_group(g, n, config.page_size, self.kv_dtype, self.device)
                           for g, n in zip(groups, num_pages, strict=True)]
             recurrent = self.spec.recurrent
-            self.state_pool = None if recurrent is None else StatePool(recurrent, 2 * plan.state_seqs, self.dtype,
-                                                                       self.device)
+            self.state_pool = StatePool(recurrent, 2 * plan.state_seqs, self.dtype, self.device) if recurrent else None
         if recurrent is not None:
             log.info("%s", linear_attention.describe(self.device))
         self.max_num_seqs = min(config.max_num_seqs, plan.state_seqs or config.max_num_seqs)
