@@ -22,7 +22,8 @@ from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
 
 # The architectures whose families shard (each has a TP=2 parity test); others are refused at start-up.
 SHARDED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                         "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
+                         "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
+                         "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
 @dataclass
