@@ -25,7 +25,7 @@ from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
 SHARDED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                          "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
                          "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-                         "Qwen3NextForCausalLM")
+                         "Qwen3NextForCausalLM", "GptOssForCausalLM")
 
 
 @dataclass

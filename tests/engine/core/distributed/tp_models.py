@@ -12,13 +12,15 @@ from tests.engine.conftest import ENGINE_TINY, _save_tiny_engine_model
 # ranks (replicated) with Qwen3's q/k norm, two KV layer groups (a full layer, then a sliding window of 8 tokens),
 # a Qwen3-MoE with experts split inside, a Qwen2-MoE with a shared expert and qkv bias, Mixtral's experts, OLMoE's
 # q / k norms over the whole projection (one KV head, replicated: its norm must not count it twice) with clipping,
-# Gemma 2 (attention and final soft-caps, every other layer sliding), and Gemma 3 text (q / k norms, a rope
-# per layer type).
+# Gemma 2 (attention and final soft-caps, every other layer sliding), Gemma 3 text (q / k norms, a rope per layer
+# type), and gpt-oss (biased attention and experts, interleaved gate|up, sinks, a window, yarn).
 KINDS = ("llama_biased", "qwen3_one_kv_head", "qwen2_window", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gemma2",
-         "gemma3_text")
+         "gemma3_text", "gpt_oss")
 # The KV layer groups each kind has (1 unless listed).
-KV_GROUPS = {"qwen2_window": 2, "gemma2": 2, "gemma3_text": 2}
+KV_GROUPS = {"qwen2_window": 2, "gemma2": 2, "gemma3_text": 2, "gpt_oss": 2}
 GEMMA = dict(sliding_window=8, query_pre_attn_scalar=24)
+YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": False, "original_max_position_embeddings": 32}
 GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0}}
 
@@ -50,6 +52,9 @@ def tp_config(kind: str):
     if kind == "gemma3_text":
         return tf.Gemma3TextConfig(**{**base, "num_hidden_layers": 3}, **GEMMA, rope_parameters=GEMMA3_ROPE,
                                    layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    if kind == "gpt_oss":
+        return tf.GptOssConfig(**{**base, "intermediate_size": 32}, num_local_experts=4, num_experts_per_tok=2,
+                               sliding_window=8, rope_parameters=YARN)
     raise ValueError(kind)
 
 
