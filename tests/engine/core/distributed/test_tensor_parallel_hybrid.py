@@ -7,16 +7,13 @@ that does not divide the DeltaNet heads is refused in one line; no rank is left 
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
 from engine.config import EngineConfig
 from engine.errors import StartupError
 from engine.sample.params import SamplingParams
-from tests.engine.conftest import TOKENIZER_FILES
-from tests.engine.core.distributed.tp_models import child_pids
+from tests.engine.core.distributed.tp_models import child_pids, copy_tokenizer
 from tests.engine.core.engine_run import run
 from tests.engine.model.family_parity import hf_greedy, mixed_prompts, reference_logits, tiny_engine
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
@@ -30,9 +27,7 @@ def tp_hybrid(request, tmp_path_factory, baked_model_path):
     """(transformers model, TP=1 engine, TP=2 engine, path) over one checkpoint."""
     path = tmp_path_factory.mktemp(request.param)
     hf = build_hybrid_checkpoint(request.param, path)
-    for name in TOKENIZER_FILES:
-        if (baked_model_path / name).exists() and name != "generation_config.json":
-            shutil.copy(baked_model_path / name, path / name)
+    copy_tokenizer(path, baked_model_path)
     before = child_pids()
     one = tiny_engine(path)
     two = tiny_engine(path, tensor_parallel_size=2)

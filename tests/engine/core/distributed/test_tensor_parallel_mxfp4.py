@@ -4,8 +4,6 @@ transformers do; a size that would cut a block of 32 is refused in one line."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
@@ -13,8 +11,7 @@ from engine.errors import StartupError
 from engine.model.layers.parallel import TensorParallel
 from engine.model.loader import load_model
 from engine.sample.params import SamplingParams
-from tests.engine.conftest import TOKENIZER_FILES
-from tests.engine.core.distributed.tp_models import child_pids
+from tests.engine.core.distributed.tp_models import child_pids, copy_tokenizer
 from tests.engine.core.engine_run import run
 from tests.engine.model.family_parity import hf_greedy, mixed_prompts, reference_logits, tiny_engine
 from tests.engine.model.gpt_oss_checkpoints import build_gpt_oss
@@ -24,9 +21,7 @@ ATOL = 2e-4
 
 def mxfp4_checkpoint(path, baked_model_path, **overrides):
     hf = build_gpt_oss(path, "mxfp4", **overrides)
-    for name in TOKENIZER_FILES:
-        if (baked_model_path / name).exists() and name != "generation_config.json":
-            shutil.copy(baked_model_path / name, path / name)
+    copy_tokenizer(path, baked_model_path)
     return hf
 
 

@@ -4,9 +4,10 @@ the hub layout, and the child processes of this one (no test may leave a rank be
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
-from tests.engine.conftest import ENGINE_TINY, _save_tiny_engine_model
+from tests.engine.conftest import ENGINE_TINY, TOKENIZER_FILES, _save_tiny_engine_model
 
 # kind -> what it covers at TP=2: biases on every projection (row-parallel ones added once), KV heads fewer than
 # ranks (replicated) with Qwen3's q/k norm, two KV layer groups (a full layer, then a sliding window of 8 tokens),
@@ -60,6 +61,13 @@ def tp_config(kind: str):
 
 def save_tp_model(kind: str, path: Path, baked_model_path: Path) -> Path:
     return _save_tiny_engine_model(tp_config(kind), path, baked_model_path)
+
+
+def copy_tokenizer(path: Path, baked_model_path: Path) -> None:
+    """The baked model's tokenizer into a tiny checkpoint's folder (its ids stay below the tokenizer's vocabulary)."""
+    for name in TOKENIZER_FILES:
+        if (baked_model_path / name).exists() and name != "generation_config.json":
+            shutil.copy(baked_model_path / name, path / name)
 
 
 def child_pids() -> set[int]:
