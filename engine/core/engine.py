@@ -107,7 +107,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, groups, self.pools, self.backends, Sampler(), self.device, recurrent,
                                   self.state_pool)
         if self.ranks is not None:  # the other ranks' pools, as many pages of their heads
-            self.runner.peers = self.ranks.share_cache(num_pages)
+            self.runner.peers = self.ranks.share_cache(num_pages, self.state_pool.num_slots if self.state_pool else 0)
         if self.device.type == "cuda":
             head = config.speculative is not None and config.speculative.method in ("eagle3", "mtp")
             graphless = graphs_off_because(self.model, groups, self.device, self.spec.dtype,

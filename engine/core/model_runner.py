@@ -78,11 +78,12 @@ class ModelRunner:
         for g, pool in enumerate(self.pools):
             pool.copy_pages([s for h, s, _ in out.copies if h == g], [d for h, _, d in out.copies if h == g])
         input_ids, positions, metas, sample_at, prompt_at, pool_at, images = self._prepare(out.scheduled)
+        recurrent = None if self.state_pool is None else self._recurrent_step(out.scheduled, metas[0].is_decode)
         if self.peers is not None:
-            self.peers.send_step(out.copies, input_ids, positions, metas)
-        if self.state_pool is not None:
+            self.peers.send_step(out.copies, input_ids, positions, metas, out.state_copies, recurrent)
+        if recurrent is not None:
             self.state_pool.copy_slots(out.state_copies)
-            self.recurrent_plan.plan(self._recurrent_step(out.scheduled, metas[0].is_decode))
+            self.recurrent_plan.plan(recurrent)
         if self.graph_runner is not None and images is None:  # (a step with images is a prefill: eager)
             # NOTE: a replayed hidden is a static buffer the next replay overwrites: logits come first.
             hidden = self.graph_runner(input_ids, positions, metas[0], self.recurrent_plan and self.recurrent_plan.step)

@@ -198,8 +198,7 @@ def _build_on_meta(model_path: str, tp: TensorParallel | None = None
             raise StartupError("tensor parallelism does not shard cross-encoders yet: serve it with "
                                "tensor_parallel_size=1", param="tensor_parallel_size")
         if fmt is not None:
-            raise StartupError(f"tensor parallelism does not shard {fmt.name} checkpoints yet: serve it with "
-                               "tensor_parallel_size=1", param="tensor_parallel_size")
+            fmt.check_shard(args, tp.size)
         check_shardable(config["architectures"][0], args, tp.size)
         with torch.device("meta"):
             model.shard_plan = model.shard(tp)

@@ -5,11 +5,12 @@ Column-parallel (q|k|v and gate|up: this rank's heads and intermediate columns),
 the matching input columns, the block's output all-reduced by the decoder layer), vocab-parallel (the embedding's
 and the lm_head's rows, the logits gathered on rank 0). KV heads are split too, or, with fewer KV heads than ranks,
 each rank keeps the one its query heads read. A row-parallel bias is added once: by rank 0, zeroed elsewhere.
+Gated DeltaNet layers split by head as attention does: a rank holds whole key heads with their value heads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -22,7 +23,9 @@ from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
 
 # The architectures whose families shard (each has a TP=2 parity test); others are refused at start-up.
 SHARDED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                         "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
+                         "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
+                         "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+                         "Qwen3NextForCausalLM", "GptOssForCausalLM")
 
 
 @dataclass
@@ -57,6 +60,10 @@ def check_shardable(architecture: str, args: Any, size: int) -> None:
         counts["expert intermediate size"] = routing.intermediate_size
         if routing.shared_expert_size:
             counts["shared expert intermediate size"] = routing.shared_expert_size
+    deltanet = getattr(args, "deltanet", None)
+    if deltanet is not None:  # each rank holds whole Gated DeltaNet heads and their states
+        counts["linear-attention key heads"] = deltanet.num_k_heads
+        counts["linear-attention value heads"] = deltanet.num_v_heads
     for what, n in counts.items():
         if n % size:
             raise StartupError(f"tensor_parallel_size={size} does not divide the model's {n} {what}",
@@ -67,14 +74,16 @@ def check_shardable(architecture: str, args: Any, size: int) -> None:
                            "heads", param="tensor_parallel_size")
 
 
-def shard_attention(attn: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:
-    """A Llama-style attention (qkv_proj, o_proj, num_q / num_kv / head_dim) -> this rank's heads."""
+def shard_attention(attn: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan, gated: bool = False) -> None:
+    """A Llama-style attention (qkv_proj, o_proj, num_q / num_kv / head_dim) -> this rank's heads. gated: each
+    q head's rows are [query | output gate] (Qwen3.5's gated attention), both kept with the head."""
     d, hidden = attn.head_dim, attn.o_proj.out_features
     q0, nq = tp.span(attn.num_q)
     k0, nk = tp.kv_heads(attn.num_kv)
     bias = attn.qkv_proj.bias is not None
-    attn.qkv_proj = FusedLinear(hidden, {"q_proj": nq * d, "k_proj": nk * d, "v_proj": nk * d}, bias)
-    plan.column(f"{prefix}.q_proj", q0 * d, nq * d, bias)
+    qd = 2 * d if gated else d
+    attn.qkv_proj = FusedLinear(hidden, {"q_proj": nq * qd, "k_proj": nk * d, "v_proj": nk * d}, bias)
+    plan.column(f"{prefix}.q_proj", q0 * qd, nq * qd, bias)
     for name in ("k_proj", "v_proj"):
         plan.column(f"{prefix}.{name}", k0 * d, nk * d, bias)
     o_bias = attn.o_proj.bias is not None
@@ -134,3 +143,30 @@ def shard_experts(moe: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPl
     plan.sources[f"{name}.down_proj"] = Source(2, ((start, n),))
     if moe.shared_expert is not None:
         shard_gated_mlp(moe.shared_expert, f"{prefix}.shared_expert", tp, plan)
+
+
+def shard_deltanet(layer: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> nn.Module:
+    """A Gated DeltaNet -> a new one over this rank's key heads and their value heads (a contiguous span of each,
+    so value head j still reads key head j // (Hv / Hk)): q|k|v and the conv's channels, z, b, a, dt_bias and A_log
+    by head; out_proj row-parallel; the gated norm (per value head's width) whole. Its state slots hold these heads."""
+    s = layer.shape
+    k0, nk = tp.span(s.num_k_heads)
+    v0, nv = tp.span(s.num_v_heads)
+    dk, dv, key_dim = s.head_k_dim, s.head_v_dim, s.num_k_heads * s.head_k_dim
+    shard = type(layer)(replace(s, num_k_heads=nk, num_v_heads=nv))
+    qkv = ((k0 * dk, nk * dk), (key_dim + k0 * dk, nk * dk), (2 * key_dim + v0 * dv, nv * dv))
+    if hasattr(layer, "in_proj_qkvz"):  # Qwen3-Next: rows laid out per key head, so a rank's are one span
+        group = s.num_v_heads // s.num_k_heads
+        per_qkvz, per_ba = 2 * dk + 2 * group * dv, 2 * group
+        plan.sources[f"{prefix}.in_proj_qkvz.weight"] = Source(0, ((k0 * per_qkvz, nk * per_qkvz),))
+        plan.sources[f"{prefix}.in_proj_ba.weight"] = Source(0, ((k0 * per_ba, nk * per_ba),))
+    else:
+        plan.sources[f"{prefix}.in_proj_qkv.weight"] = Source(0, qkv)
+        plan.sources[f"{prefix}.in_proj_z.weight"] = Source(0, ((v0 * dv, nv * dv),))
+        for name in ("in_proj_b", "in_proj_a"):
+            plan.sources[f"{prefix}.{name}.weight"] = Source(0, ((v0, nv),))
+    plan.sources[f"{prefix}.conv1d.weight"] = Source(0, qkv)
+    for name in ("dt_bias", "A_log"):
+        plan.sources[f"{prefix}.{name}"] = Source(0, ((v0, nv),))
+    plan.sources[f"{prefix}.out_proj.weight"] = Source(1, ((v0 * dv, nv * dv),))
+    return shard

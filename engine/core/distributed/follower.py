@@ -17,6 +17,7 @@ from engine.config import EngineConfig
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
 from engine.core.kv_cache import PagePool
 from engine.core.model_runner import ModelRunner
+from engine.core.state_cache import StatePool
 from engine.core.distributed import wire
 from engine.core.distributed.groups import join_groups
 from engine.model.layers.parallel import TensorParallel
@@ -73,7 +74,7 @@ class Follower:
             if command == wire.STOP:
                 return
             if command == wire.CACHE:
-                self._build_cache(head[2 : 2 + int(head[1])].tolist())
+                self._build_cache(head[3 : 3 + int(head[1])].tolist(), int(head[2]))
             elif command == wire.STEP:
                 self._step(head)
             elif command == wire.LOGITS:
@@ -81,15 +82,17 @@ class Follower:
             else:
                 raise RuntimeError(f"rank {self.tp.rank}: unknown command {command} from rank 0")
 
-    def _build_cache(self, num_pages: list[int]) -> None:
+    def _build_cache(self, num_pages: list[int], state_slots: int) -> None:
         from engine.cuda import setup as cuda_setup
 
-        groups, ps = self.spec.kv_groups, self.config.page_size
+        groups, ps, recurrent = self.spec.kv_groups, self.config.page_size, self.spec.recurrent
         pools = [PagePool.for_group(g, n, ps, self.kv_dtype, self.device)
                  for g, n in zip(groups, num_pages, strict=True)]
         backends = [create_backend(self.backend_name, self.device, **g.attention_extras(), kv_dtype=self.kv_dtype,
                                    **cuda_setup.backend_kwargs(self.spec, self.dtype, g)) for g in groups]
-        self.runner = ModelRunner(self.model, groups, pools, backends, Sampler(), self.device)
+        # This rank's heads' states, in as many slots as rank 0's pool (the slot ids are its scheduler's).
+        states = None if recurrent is None else StatePool(recurrent, state_slots, self.dtype, self.device)
+        self.runner = ModelRunner(self.model, groups, pools, backends, Sampler(), self.device, recurrent, states)
 
     @torch.inference_mode()
     def _step(self, head: torch.Tensor) -> None:
@@ -99,6 +102,9 @@ class Follower:
         runner = self.runner
         for pool, copies in zip(runner.pools, step.copies, strict=True):
             pool.copy_pages([s for s, _ in copies], [d for _, d in copies])
+        if step.recurrent is not None:
+            runner.state_pool.copy_slots(step.state_copies)
+            runner.recurrent_plan.plan(step.recurrent)
         for backend, meta in zip(runner.backends, step.metas, strict=True):
             backend.plan(meta)
         self.model(step.input_ids, step.positions, step.metas[0], runner.layer_caches, runner.layer_backends)

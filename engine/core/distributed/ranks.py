@@ -28,6 +28,7 @@ from engine.core.distributed import wire
 from engine.core.distributed.groups import join_groups
 from engine.errors import RankFailed, StartupError
 from engine.model.layers.parallel import TensorParallel
+from engine.model.layers.recurrent_step import RecurrentStep
 from engine.model.loader import model_args
 from engine.model.sharding import check_shardable
 
@@ -160,18 +161,19 @@ class RankSet:
             raise self.failure
 
     # ---- commands (rank 0 only, on the engine's thread)
-    def share_cache(self, num_pages: list[int]) -> RankSet:
-        """Tells every rank how many pages each KV group's pool has (rank 0 sized them); returns self, the peers
-        of rank 0's model runner."""
+    def share_cache(self, num_pages: list[int], state_slots: int = 0) -> RankSet:
+        """Tells every rank how many pages each KV group's pool has and how many slots the recurrent-state pool has
+        (rank 0 sized them; 0: no recurrent layers); returns self, the peers of rank 0's model runner."""
         if len(num_pages) > wire.MAX_GROUPS:
             raise StartupError(f"tensor parallelism runs at most {wire.MAX_GROUPS} KV layer groups",
                                param="tensor_parallel_size")
-        self._send(wire.header(wire.CACHE, len(num_pages), *num_pages))
+        self._send(wire.header(wire.CACHE, len(num_pages), state_slots, *num_pages))
         return self
 
     def send_step(self, copies: list[tuple[int, int, int]], input_ids: torch.Tensor, positions: torch.Tensor,
-                  metas: list[AttentionMetadata]) -> None:
-        head, payload = wire.pack_step(copies, input_ids, positions, metas)
+                  metas: list[AttentionMetadata], state_copies: list[tuple[int, int]] = (),
+                  recurrent: RecurrentStep | None = None) -> None:
+        head, payload = wire.pack_step(copies, input_ids, positions, metas, state_copies, recurrent)
         self._send(head)
         dist.broadcast(payload, src=0, group=self.tp.group)
 

@@ -3,20 +3,23 @@ integers packed in one int64 tensor, or the hidden rows to turn into logits (on 
 
 A step is its token ids, positions, the CSR page table (qo / kv indptr and last page lengths, shared by the KV
 groups; each group's page indices and slots) and the page copies to make first: everything a rank needs to run its
-heads over its own KV pages, whose page ids are the scheduler's and the same on every rank.
+heads over its own KV pages, whose page ids are the scheduler's and the same on every rank. A hybrid model's step
+adds its recurrent-state slot copies, each sequence's slot and the snapshots to take: the slot ids are rank 0's
+scheduler's too, each rank's state pool holding its own heads' states in them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.attention.base import AttentionMetadata
+from engine.model.layers.recurrent_step import RecurrentStep
 
 STEP, LOGITS, CACHE, STOP = 1, 2, 3, 4
 MAX_GROUPS = 8  # KV layer groups a step header has room for (the sharded families have one or two)
-HEADER_LEN = 6 + 3 * MAX_GROUPS
+HEADER_LEN = 9 + 2 * MAX_GROUPS
 
 
 def header(command: int, *fields: int) -> torch.Tensor:
@@ -35,41 +38,55 @@ class Step:
     input_ids: torch.Tensor
     positions: torch.Tensor
     metas: list[AttentionMetadata]  # per KV group
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) state slots, in order
+    recurrent: RecurrentStep | None = None  # a hybrid model's plan for its recurrent layers
 
 
 def pack_step(copies: list[tuple[int, int, int]], input_ids: torch.Tensor, positions: torch.Tensor,
-              metas: list[AttentionMetadata]) -> tuple[torch.Tensor, torch.Tensor]:
+              metas: list[AttentionMetadata], state_copies: list[tuple[int, int]] = (),
+              recurrent: RecurrentStep | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(header, payload) of one step; the payload is on the tensors' device."""
     first = metas[0]
     parts = [input_ids, positions, first.qo_indptr, first.kv_indptr, first.kv_last_page_len]
     for m in metas:
         parts += [m.kv_indices, m.slot_mapping]
-    flat = [v for c in copies for v in c]
+    flat = [v for c in copies for v in c] + [v for c in state_copies for v in c]
+    if recurrent is not None:  # its spans are the page table's qo_indptr: only the slots and snapshots travel
+        flat += recurrent.slots + [v for c in recurrent.captures for v in c]
     parts.append(torch.tensor(flat, dtype=torch.int64).to(input_ids.device))
     payload = torch.cat([p.to(torch.int64) for p in parts])
     sizes = [n for m in metas for n in (m.kv_indices.numel(), m.slot_mapping.numel())]
     fields = [input_ids.numel(), first.qo_indptr.numel() - 1, int(first.is_decode), len(metas), len(copies),
-              *sizes]
+              len(state_copies), int(recurrent is not None), len(recurrent.captures) if recurrent else 0, *sizes]
     return header(STEP, *fields), payload
 
 
 def payload_len(head: torch.Tensor) -> int:
-    tokens, batch, _, groups, copies = head[1:6].tolist()
-    sizes = head[6 : 6 + 2 * groups].tolist()
-    return 2 * tokens + 2 * (batch + 1) + batch + sum(sizes) + 3 * copies
+    tokens, batch, _, groups, copies, state_copies, recurrent, captures = head[1:9].tolist()
+    sizes = head[9 : 9 + 2 * groups].tolist()
+    return (2 * tokens + 2 * (batch + 1) + batch + sum(sizes) + 3 * copies + 2 * state_copies
+            + recurrent * batch + 3 * captures)
 
 
 def unpack_step(head: torch.Tensor, payload: torch.Tensor, page_size: int) -> Step:
-    tokens, batch, is_decode, groups, num_copies = head[1:6].tolist()
-    sizes = head[6 : 6 + 2 * groups].tolist()
+    tokens, batch, is_decode, groups, num_copies, state_copies, recurrent, captures = head[1:9].tolist()
+    sizes = head[9 : 9 + 2 * groups].tolist()
     i32 = torch.int32
-    cuts = [tokens, tokens, batch + 1, batch + 1, batch, *sizes, 3 * num_copies]
+    cuts = [tokens, tokens, batch + 1, batch + 1, batch, *sizes, 3 * num_copies, 2 * state_copies,
+            recurrent * batch, 3 * captures]
     pieces = list(torch.split(payload, cuts))
     input_ids, positions, qo, kv, last = pieces[:5]
     qo, kv, last = qo.to(i32), kv.to(i32), last.to(i32)
     metas = [AttentionMetadata(qo_indptr=qo, kv_indptr=kv, kv_indices=pieces[5 + 2 * g].to(i32), kv_last_page_len=last,
                                slot_mapping=pieces[6 + 2 * g], page_size=page_size, is_decode=bool(is_decode))
              for g in range(groups)]
-    flat = pieces[-1].view(-1, 3).tolist()
+    flat = pieces[-4].view(-1, 3).tolist()
     copies = [[(s, d) for h, s, d in flat if h == g] for g in range(groups)]
-    return Step(copies, input_ids, positions, metas)
+    step = Step(copies, input_ids, positions, metas, [tuple(c) for c in pieces[-3].view(-1, 2).tolist()])
+    if recurrent:
+        starts = qo.tolist()
+        spans = [(starts[i], starts[i + 1] - starts[i]) for i in range(batch)]
+        slots = pieces[-2]
+        step.recurrent = RecurrentStep(spans, slots.tolist(), [tuple(c) for c in pieces[-1].view(-1, 3).tolist()],
+                                       slots, bool(is_decode))
+    return step

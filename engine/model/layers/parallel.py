@@ -68,3 +68,22 @@ class VocabParallelEmbedding(nn.Embedding):
         h = F.embedding(local.masked_fill(outside, 0), self.weight)
         h.masked_fill_(outside.unsqueeze(-1), 0)
         return self.tp.all_reduce(h)
+
+
+class ParallelRMSNorm(nn.Module):
+    """An RMSNorm over a dimension split across the ranks (OLMoE's q / k norm spans every head): this rank's slice
+    of the weight, and the mean square from the ranks' summed squares, so each rank normalises its columns as one
+    rank would the whole row. A head replicated on r ranks (fewer KV heads than ranks) counts r times in the sum,
+    and the whole row is r times wider than the heads it has: dividing by `local width * size` covers both."""
+
+    def __init__(self, dim: int, eps: float, tp: TensorParallel) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.tp = eps, tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        # NOTE: one [tokens, 1] all-reduce, not a gather of the whole projection as vLLM's OLMoE does.
+        squares = self.tp.all_reduce(x32.pow(2).sum(-1, keepdim=True))
+        normed = x32 * torch.rsqrt(squares / (x.shape[-1] * self.tp.size) + self.eps)
+        return self.weight * normed.to(x.dtype)  # as RMSNorm: normalise in float32, scale in the model dtype

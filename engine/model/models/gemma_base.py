@@ -15,10 +15,12 @@ import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.model.kv_spec import KVGroupSpec, kv_groups
+from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.rotary import RotaryEmbedding
 from engine.model.models.base import DecoderLM
 from engine.model.models.gemma_args import GemmaArgs
 from engine.model.models.gemma_layers import GemmaModel, scaled
+from engine.model.sharding import ShardPlan, shard_attention, shard_gated_mlp, shard_vocab
 
 
 def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -38,6 +40,17 @@ class GemmaForCausalLM(DecoderLM):
         a = self.args
         return kv_groups(a.windows(), a.num_kv_heads, a.head_dim, scale=a.attn_scale, soft_cap=a.attn_soft_cap,
                          shapes=a.layer_shapes, shared=a.kv_sources)
+
+    def shard(self, tp: TensorParallel) -> ShardPlan:
+        """This rank's heads, MLP columns and vocabulary rows (engine/model/sharding.py), as a Llama's: Gemma 2 / 3's
+        extras (soft-caps, windows, the final cap on the gathered logits) act per head or per logit."""
+        plan = ShardPlan()
+        for i, layer in enumerate(self.model.layers):
+            shard_attention(layer.self_attn, f"model.layers.{i}.self_attn", tp, plan)
+            shard_gated_mlp(layer.mlp, f"model.layers.{i}.mlp", tp, plan)
+            layer.tp = tp
+        shard_vocab(self, tp, plan)
+        return plan
 
     def checkpoint_name(self, name: str) -> str | None:
         """A shared-KV layer's k/v projections and norms, which some checkpoints carry, are not read."""

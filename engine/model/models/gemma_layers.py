@@ -11,6 +11,7 @@ from torch import nn
 from engine.attention.base import AttentionBackend
 from engine.model.layers.activation import gelu_tanh_and_mul
 from engine.model.layers.norm import GemmaRMSNorm
+from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.rotary import apply_rotary_
 from engine.model.models.gemma4_moe import MOE_NORMS, moe_modules
 from engine.model.models.gemma_args import FULL, GemmaArgs
@@ -83,12 +84,15 @@ class GemmaDecoderLayer(nn.Module):
             self.per_layer_projection = nn.Linear(a.ple_dim, h, bias=False)
             self.post_per_layer_input_norm = GemmaRMSNorm(h, eps, unit_offset=a.unit_offset)
         self.router, self.experts = moe_modules(h, a.routing, eps)
+        self.tp: TensorParallel | None = None  # tensor-parallel: attention and MLP give partial sums to all-reduce
 
     def forward(self, h: torch.Tensor, ple: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
         attn = self.self_attn(self.input_layernorm(h), cos, sin, k_cache, v_cache, backend)
-        h = h + self.post_attention_layernorm(attn)
+        h = h + self.post_attention_layernorm(attn if self.tp is None else self.tp.all_reduce(attn))
         out = self.mlp(self.pre_feedforward_layernorm(h))
+        if self.tp is not None:  # summed before the post-norm, which is not linear
+            out = self.tp.all_reduce(out)
         if self.experts is not None:  # the router and the experts read h itself, not the dense MLP's input
             moe = self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h))
             out = self.post_feedforward_layernorm_1(out) + self.post_feedforward_layernorm_2(moe)

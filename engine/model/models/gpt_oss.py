@@ -15,10 +15,12 @@ import torch
 from torch import nn
 
 from engine.errors import UnsupportedModel
-from engine.model.checkpoint import Shard
+from engine.model.checkpoint import Shard, Source
 from engine.model.layers.activation import clamped_swiglu
 from engine.model.layers.moe import Routing, SparseMoE, StackedExperts
+from engine.model.layers.parallel import TensorParallel
 from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args
+from engine.model.sharding import ShardPlan
 
 
 @dataclass
@@ -58,6 +60,28 @@ class GptOssForCausalLM(MoeForCausalLM):
         act = partial(clamped_swiglu, alpha=a.swiglu_alpha, limit=a.swiglu_limit)
         experts = GptOssExperts(r.num_experts, a.hidden_size, r.intermediate_size, bias=True, activation=act)
         return SparseMoE(r, a.hidden_size, experts=experts)
+
+    def shard(self, tp: TensorParallel) -> ShardPlan:
+        """The Llama shard (biased q|k|v, o_proj's bias added once), each layer's experts (shard_mlp) and the sink
+        logits of this rank's q heads: a sink joins its own head's softmax only."""
+        plan = super().shard(tp)
+        q0, nq = tp.span(self.args.num_q_heads)
+        for i, layer in enumerate(self.model.layers):
+            layer.self_attn.sinks = nn.Parameter(torch.empty(nq))
+            plan.sources[f"model.layers.{i}.self_attn.sinks"] = Source(0, ((q0, nq),))
+        return plan
+
+    def shard_mlp(self, layer: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:
+        """Each expert's intermediate columns of this rank. The hub's gate|up [E, H, 2I] interleaves gate and up
+        column by column, so a rank's pairs are one span of 2n; down [E, I, H] splits by rows, its bias rank 0's."""
+        old = layer.mlp.experts
+        start, n = tp.span(old.intermediate_size)
+        layer.mlp.experts = GptOssExperts(old.num_experts, old.hidden_size, n, bias=True, activation=old.activation)
+        name = f"{prefix}.experts"
+        plan.sources[f"{name}.gate_up_proj"] = Source(2, ((2 * start, 2 * n),))
+        plan.sources[f"{name}.gate_up_proj_bias"] = Source(1, ((2 * start, 2 * n),))
+        plan.sources[f"{name}.down_proj"] = Source(1, ((start, n),))
+        plan.rank0_biases.append(f"{name}.down_proj_bias")
 
     def checkpoint_name(self, name: str) -> str:
         """The hub's `mlp.router` is our MoE's `gate`."""

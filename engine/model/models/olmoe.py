@@ -9,9 +9,12 @@ import torch
 from engine.attention.base import AttentionBackend
 from engine.cuda import kernels
 from engine.model.layers.norm import RMSNorm
+from engine.model.layers.parallel import ParallelRMSNorm, TensorParallel
 from engine.model.layers.rotary import apply_rotary_
 from engine.model.models.llama import LlamaAttention
 from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args
+from engine.model.checkpoint import Source
+from engine.model.sharding import ShardPlan
 
 
 class OlmoeAttention(LlamaAttention):
@@ -56,3 +59,16 @@ class OlmoeForCausalLM(MoeForCausalLM):
         super().__init__(args)
         for layer in self.model.layers:
             layer.self_attn = OlmoeAttention(args, args.clip_qkv)
+
+    def shard(self, tp: TensorParallel) -> ShardPlan:
+        """The Llama shard, and q / k norms over this rank's heads' columns that take their mean square over every
+        rank's (the norm spans the whole projection, so a rank's own heads alone would give another scale)."""
+        plan = super().shard(tp)
+        a = self.args
+        (q0, nq), (k0, nk), d = tp.span(a.num_q_heads), tp.kv_heads(a.num_kv_heads), a.head_dim
+        for i, layer in enumerate(self.model.layers):
+            attn = layer.self_attn
+            for name, start, n in (("q_norm", q0, nq), ("k_norm", k0, nk)):
+                setattr(attn, name, ParallelRMSNorm(n * d, a.rms_norm_eps, tp))
+                plan.sources[f"model.layers.{i}.self_attn.{name}.weight"] = Source(0, ((start * d, n * d),))
+        return plan

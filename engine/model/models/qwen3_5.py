@@ -22,6 +22,7 @@ from engine.errors import UnsupportedModel
 from engine.model.layers.gated_deltanet import DeltaNetShape, GatedDeltaNet
 from engine.model.layers.moe import SparseMoE
 from engine.model.layers.norm import GemmaRMSNorm
+from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
 from engine.model.models.base import DecoderLM
@@ -29,6 +30,8 @@ from engine.model.layers.linear import FusedLinear
 from engine.model.models.llama import LlamaArgs, LlamaAttention, LlamaMLP
 from engine.model.models.moe_base import MoeArgs, read_moe_args
 from engine.model.models.qwen3_moe import qwen_sparse_layers, shared_expert_moe
+from engine.model.sharding import (ShardPlan, shard_attention, shard_deltanet, shard_experts, shard_gated_mlp,
+                                   shard_vocab)
 from engine.model.vision.qwen_vl_model import QwenVisionLM
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -142,6 +145,7 @@ class HybridDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(a)
         self.input_layernorm = GemmaRMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = GemmaRMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.tp: TensorParallel | None = None  # tensor-parallel: the mixer and the MLP give partial sums
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
                 backend: AttentionBackend | RecurrentPlan) -> torch.Tensor:
@@ -150,8 +154,9 @@ class HybridDecoderLayer(nn.Module):
             x = self.linear_attn(x, backend.step, *cache)
         else:
             x = self.self_attn(x, cos, sin, *cache, backend)
-        h = h + x
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = h + (x if self.tp is None else self.tp.all_reduce(x))
+        x = self.mlp(self.post_attention_layernorm(h))
+        return h + (x if self.tp is None else self.tp.all_reduce(x))
 
 
 class HybridModel(nn.Module):
@@ -183,8 +188,29 @@ class Qwen3_5ForCausalLM(DecoderLM):
         full = tuple(i for i, t in enumerate(a.layer_types) if t == "full_attention")
         return [KVGroupSpec(full, a.num_kv_heads, a.head_dim)] if full else []
 
+    def shard(self, tp: TensorParallel) -> ShardPlan:
+        """This rank's Gated DeltaNet heads, gated-attention heads, MLP or expert columns and vocabulary rows
+        (engine/model/sharding.py)."""
+        plan = ShardPlan()
+        for i, layer in enumerate(self.model.layers):
+            prefix = f"model.layers.{i}"
+            if layer.recurrent:
+                layer.linear_attn = shard_deltanet(layer.linear_attn, f"{prefix}.linear_attn", tp, plan)
+            else:
+                shard_attention(layer.self_attn, f"{prefix}.self_attn", tp, plan, gated=True)
+            if isinstance(layer.mlp, SparseMoE):
+                shard_experts(layer.mlp, f"{prefix}.mlp", tp, plan)
+            else:
+                shard_gated_mlp(layer.mlp, f"{prefix}.mlp", tp, plan)
+            layer.tp = tp
+        shard_vocab(self, tp, plan)
+        return plan
+
     def recurrent_spec(self) -> RecurrentSpec:
-        conv, state = self.args.deltanet.state_shapes()
+        # A shard's layers hold its heads only: the slots are sized from a layer, not from the config.
+        layers = self.args.linear_layers
+        shape = self.model.layers[layers[0]].linear_attn.shape if layers else self.args.deltanet
+        conv, state = shape.state_shapes()
         return RecurrentSpec(self.args.linear_layers, conv, state)
 
     @staticmethod

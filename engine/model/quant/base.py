@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.errors import UnsupportedModel
+from engine.errors import StartupError, UnsupportedModel
 from engine.model.checkpoint import Shard, shard_targets
 from engine.model.layers.moe import ScoreLinear, StackedExperts
 
@@ -62,6 +62,12 @@ class QuantFormat:
     def serving_module(self, linear: CheckpointLinear, dtype: torch.dtype, device: torch.device) -> nn.Module:
         """The module that serves `linear` (default: its weight dequantised to `dtype`)."""
         return dense_linear(linear, self.dequantize(linear), dtype)
+
+    def check_shard(self, args: object, size: int) -> None:
+        """StartupError in one line unless `size` tensor-parallel ranks can split this format's tensors along whole
+        groups (default: the format does not shard yet)."""
+        raise StartupError(f"tensor parallelism does not shard {self.name} checkpoints yet: serve it with "
+                           "tensor_parallel_size=1", param="tensor_parallel_size")
 
     def swap(self, model: nn.Module, shapes: dict[str, tuple[int, ...]]) -> int:
         """Before loading: the modules that hold this format's tensors take their checkpoint layout (default:

@@ -15,7 +15,8 @@ import logging
 import torch
 from torch import nn
 
-from engine.errors import UnsupportedModel
+from engine.errors import StartupError, UnsupportedModel
+from engine.model.checkpoint import Source
 from engine.model.layers.moe import StackedExperts
 from engine.model.quant.base import QuantFormat
 from engine.model.quant.mxfp4 import GROUP, dequantize_mxfp4
@@ -30,6 +31,15 @@ class Mxfp4Experts(QuantFormat):
     """The format's hooks into the loader: experts hold blocks and scales while the checkpoint loads."""
 
     name = "mxfp4"
+
+    def check_shard(self, args: object, size: int) -> None:
+        """A rank holds whole blocks of 32: its columns of each expert's down_proj input must be a multiple of 32
+        (gate|up is split by output rows, which cuts no block)."""
+        width = args.routing.intermediate_size
+        if width // size % GROUP:
+            raise StartupError(f"tensor_parallel_size={size} would cut the experts' MXFP4 blocks of {GROUP}: their "
+                               f"{width} intermediate columns leave {width // size} to a rank",
+                               param="tensor_parallel_size")
 
     def swap(self, model: nn.Module, shapes: dict[str, tuple[int, ...]]) -> int:
         """Each expert stack whose checkpoint has `{proj}_blocks` holds uint8 blocks and scales instead of its
@@ -49,6 +59,7 @@ class Mxfp4Experts(QuantFormat):
                     raise UnsupportedModel(f"mxfp4: {prefix}.{proj} has {cols} inputs, not a multiple of {GROUP}",
                                            param="model")
                 delattr(module, proj)
+                _block_sources(getattr(model, "checkpoint_sources", None), f"{prefix}.{proj}")
                 for suffix, shape in (("blocks", (experts, rows, cols // GROUP, GROUP // 2)),
                                       ("scales", (experts, rows, cols // GROUP))):
                     module.register_parameter(f"{proj}_{suffix}", nn.Parameter(
@@ -92,3 +103,17 @@ class Mxfp4Experts(QuantFormat):
 
 def read_mxfp4(qc: dict) -> Mxfp4Experts:
     return Mxfp4Experts()
+
+
+def _block_sources(sources: dict[str, Source] | None, name: str) -> None:
+    """A tensor-parallel shard's part of a float stack as the hub stores it ([E, in, out], gpt-oss) -> the same part
+    of its blocks and scales ([E, out, in / 32, ...]): the output rows as they are, the inputs in whole blocks."""
+    float_source = None if sources is None else sources.get(name)
+    if float_source is None:
+        return
+    if float_source.dim == 2:
+        part = Source(1, float_source.spans)
+    else:
+        part = Source(2, tuple((start // GROUP, n // GROUP) for start, n in float_source.spans))
+    for suffix in ("blocks", "scales"):
+        sources[f"{name}_{suffix}"] = part

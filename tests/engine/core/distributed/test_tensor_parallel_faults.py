@@ -37,6 +37,8 @@ def no_rank_left_behind():
     (2, {"num_q_heads": 6, "num_kv_heads": 3}, "neither divides nor is a multiple of the model's 3 KV heads"),
     (2, {"routing": SimpleNamespace(intermediate_size=33, shared_expert_size=0)},
      "does not divide the model's 33 expert intermediate size"),
+    (4, {"deltanet": SimpleNamespace(num_k_heads=4, num_v_heads=6)}, "does not divide the model's 6 linear-attention "
+     "value heads"),
 ])
 def test_a_size_that_does_not_divide_is_refused_naming_the_number(size, shape, named):
     with pytest.raises(StartupError, match=f"tensor_parallel_size={size} {named}"):
@@ -44,8 +46,8 @@ def test_a_size_that_does_not_divide_is_refused_naming_the_number(size, shape, n
 
 
 def test_a_family_not_sharded_yet_is_refused_in_one_line():
-    with pytest.raises(StartupError, match="Gemma3ForCausalLM does not run tensor-parallel yet") as info:
-        check_shardable("Gemma3ForCausalLM", SimpleNamespace(**SHAPE), 2)
+    with pytest.raises(StartupError, match="Gemma4ForCausalLM does not run tensor-parallel yet") as info:
+        check_shardable("Gemma4ForCausalLM", SimpleNamespace(**SHAPE), 2)
     assert "\n" not in info.value.message
 
 

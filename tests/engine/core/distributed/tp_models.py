@@ -4,14 +4,26 @@ the hub layout, and the child processes of this one (no test may leave a rank be
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
-from tests.engine.conftest import ENGINE_TINY, _save_tiny_engine_model
+from tests.engine.conftest import ENGINE_TINY, TOKENIZER_FILES, _save_tiny_engine_model
 
 # kind -> what it covers at TP=2: biases on every projection (row-parallel ones added once), KV heads fewer than
 # ranks (replicated) with Qwen3's q/k norm, two KV layer groups (a full layer, then a sliding window of 8 tokens),
-# a Qwen3-MoE with experts split inside, and a Qwen2-MoE with a shared expert and qkv bias.
-KINDS = ("llama_biased", "qwen3_one_kv_head", "qwen2_window", "qwen3_moe", "qwen2_moe")
+# a Qwen3-MoE with experts split inside, a Qwen2-MoE with a shared expert and qkv bias, Mixtral's experts, OLMoE's
+# q / k norms over the whole projection (one KV head, replicated: its norm must not count it twice) with clipping,
+# Gemma 2 (attention and final soft-caps, every other layer sliding), Gemma 3 text (q / k norms, a rope per layer
+# type), and gpt-oss (biased attention and experts, interleaved gate|up, sinks, a window, yarn).
+KINDS = ("llama_biased", "qwen3_one_kv_head", "qwen2_window", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gemma2",
+         "gemma3_text", "gpt_oss")
+# The KV layer groups each kind has (1 unless listed).
+KV_GROUPS = {"qwen2_window": 2, "gemma2": 2, "gemma3_text": 2, "gpt_oss": 2}
+GEMMA = dict(sliding_window=8, query_pre_attn_scalar=24)
+YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": False, "original_max_position_embeddings": 32}
+GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+               "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0}}
 
 
 def tp_config(kind: str):
@@ -31,11 +43,31 @@ def tp_config(kind: str):
     if kind == "qwen2_moe":
         return tf.Qwen2MoeConfig(**base, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
                                  num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1)
+    if kind == "mixtral":
+        return tf.MixtralConfig(**{**base, "intermediate_size": 64}, num_local_experts=4, num_experts_per_tok=2)
+    if kind == "olmoe":
+        return tf.OlmoeConfig(**{**base, "num_key_value_heads": 1, "intermediate_size": 32}, num_experts=4,
+                              num_experts_per_tok=2, clip_qkv=1.5)
+    if kind == "gemma2":
+        return tf.Gemma2Config(**base, **GEMMA, attn_logit_softcapping=3.0, final_logit_softcapping=10.0)
+    if kind == "gemma3_text":
+        return tf.Gemma3TextConfig(**{**base, "num_hidden_layers": 3}, **GEMMA, rope_parameters=GEMMA3_ROPE,
+                                   layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    if kind == "gpt_oss":
+        return tf.GptOssConfig(**{**base, "intermediate_size": 32}, num_local_experts=4, num_experts_per_tok=2,
+                               sliding_window=8, rope_parameters=YARN)
     raise ValueError(kind)
 
 
 def save_tp_model(kind: str, path: Path, baked_model_path: Path) -> Path:
     return _save_tiny_engine_model(tp_config(kind), path, baked_model_path)
+
+
+def copy_tokenizer(path: Path, baked_model_path: Path) -> None:
+    """The baked model's tokenizer into a tiny checkpoint's folder (its ids stay below the tokenizer's vocabulary)."""
+    for name in TOKENIZER_FILES:
+        if (baked_model_path / name).exists() and name != "generation_config.json":
+            shutil.copy(baked_model_path / name, path / name)
 
 
 def child_pids() -> set[int]:
