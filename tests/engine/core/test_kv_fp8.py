@@ -112,10 +112,11 @@ def test_window_groups_on_fp8_pages(tiny_window_model_path):
 
 
 # SmolLM2-135M, the continuation below teacher-forced after the France prompt (23 tokens): |logprob(fp8 pages) -
-# logprob(float pages)| measured largest 0.39 (mean 0.10) in bfloat16 and 0.28 (0.08) in float32; the bounds are
-# 1.5x the larger of each.
-DEFAULT_LOGPROB_MAX = 0.6
-DEFAULT_LOGPROB_MEAN = 0.16
+# logprob(float pages)| measured largest 0.28 (mean 0.08) in float32. In bfloat16 it depends on the CPU's bf16
+# matmuls: 0.39 (0.10) on one, 0.66 (0.14) under torch 2.13 and 0.90 (0.16) under torch 2.11 on a CPU with AMX,
+# all at the same token. The bounds are 1.5x the largest measured in each dtype.
+DEFAULT_LOGPROB_MAX = {"float32": 0.6, "bfloat16": 1.35}
+DEFAULT_LOGPROB_MEAN = {"float32": 0.16, "bfloat16": 0.24}
 FRANCE = "What is the capital of France?"
 CONTINUATION = "The capital of France is Paris. It is known for the Eiffel Tower, art museums and its long history."
 
@@ -126,20 +127,30 @@ def chat(engine, question: str) -> list[int]:
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_default_model_on_fp8_pages_answers_as_on_float_pages(dtype, baked_model_path):
-    """Greedy, 32 tokens: the two closed questions answer as with a float cache in both compute dtypes (the
-    open ones, "Name three colours." or a haiku, part after a few tokens where the model's top two are close;
-    measured in bfloat16 / float32: colours at 4 / same, haiku at 4 / 1, Romeo and Juliet at 24 / 13)."""
+    """Greedy, 32 tokens: the two closed questions answer as with a float cache in both compute dtypes, except where
+    the float cache's top two tokens lie within the stated per-token drift (DEFAULT_LOGPROB_MAX): there FP8 pages
+    may pick the other one. France's first token is such a near-tie ("The" against "L"), measured 0.08 apart in
+    float32 and 0.19 in bfloat16 on a CPU with AMX, where FP8 pages turn it; the open questions, "Name three
+    colours." or a haiku, part after a few tokens the same way (bfloat16 / float32: colours at 4 / same, haiku at
+    4 / 1, Romeo and Juliet at 24 / 13)."""
     questions = [FRANCE, "What is 2+2? Answer briefly."]
-    answers, logprobs = {}, {}
+    answers, tops, logprobs = {}, {}, {}
     for kv in ("auto", "fp8"):
         engine = make_engine(baked_model_path, dtype=dtype, num_kv_pages=128, kv_cache_dtype=kv)
-        got = run(engine, {q: (chat(engine, q), greedy(32)) for q in questions})
-        answers[kv] = {q: got[q].choices[0].text for q in questions}
+        params = SamplingParams(temperature=0.0, max_tokens=32, logprobs=2)
+        got = run(engine, {q: (chat(engine, q), params) for q in questions})
+        answers[kv] = {q: got[q].choices[0].token_ids for q in questions}
+        tops[kv] = {q: got[q].choices[0].logprobs for q in questions}
         prompt = chat(engine, FRANCE)
         ids = prompt + engine.tokenizer.encode(CONTINUATION, add_special_tokens=False)
         forced = run(engine, {"f": (ids, SamplingParams(max_tokens=1, prompt_logprobs=0))})["f"]
         logprobs[kv] = [p.chosen.logprob for p in forced.first.prompt_logprobs[len(prompt):]]
-    assert answers["fp8"] == answers["auto"]
-    assert "Paris" in answers["fp8"][FRANCE]
+    for q in questions:
+        ours, want = answers["fp8"][q], answers["auto"][q]
+        if ours != want:  # the first token that differs is one of the float cache's near-ties
+            i = next(j for j, (a, b) in enumerate(zip(ours, want)) if a != b)
+            top = {t.token_id: t.logprob for t in tops["auto"][q][i].top}
+            assert ours[i] in top and top[want[i]] - top[ours[i]] < DEFAULT_LOGPROB_MAX[dtype], (q, i)
+    assert answers["fp8"][questions[1]] == answers["auto"][questions[1]]  # 2+2 has no near-tie
     diffs = [abs(a - b) for a, b in zip(logprobs["fp8"], logprobs["auto"], strict=True)]
-    assert max(diffs) < DEFAULT_LOGPROB_MAX and sum(diffs) / len(diffs) < DEFAULT_LOGPROB_MEAN
+    assert max(diffs) < DEFAULT_LOGPROB_MAX[dtype] and sum(diffs) / len(diffs) < DEFAULT_LOGPROB_MEAN[dtype]
