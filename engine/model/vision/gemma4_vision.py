@@ -138,7 +138,8 @@ class PatchEmbedder(nn.Module):
         self.position_embedding_table = nn.Parameter(torch.empty(2, a.position_embedding_size, a.hidden_size))
 
     def forward(self, patches: torch.Tensor, cols: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        h = self.input_proj((2 * (patches - 0.5)).to(self.input_proj.weight.dtype))
+        # (the table's dtype is the model's: on a bf16 CPU the linear is a packed one with no .weight)
+        h = self.input_proj((2 * (patches - 0.5)).to(self.position_embedding_table.dtype))
         return h + self.position_embedding_table[0][cols] + self.position_embedding_table[1][rows]
 
 
