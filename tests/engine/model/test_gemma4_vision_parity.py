@@ -174,3 +174,14 @@ def test_the_tower_in_bfloat16_on_the_cpu(vision):
     pixels, grids = _engine_pixels(vision, FILES)
     for a, b in zip(bf16.encode_images(pixels, grids), vision.model.encode_images(pixels, grids), strict=True):
         assert a.dtype == torch.bfloat16 and ((a.float() - b).norm() / b.norm()).item() < 0.08
+
+
+def test_a_causal_checkpoint_may_cut_an_image_between_chunks(tmp_path, baked_model_path):
+    """Without use_bidirectional_attention an image's tokens attend causally, as transformers masks them: a 24-token
+    budget cuts the spans between chunks, the tower's output waits for the rest, and greedy equals transformers."""
+    hf = build_gemma4_vision(tmp_path, baked_model_path, text={"use_bidirectional_attention": None})
+    engine = tiny_engine(tmp_path, max_num_batched_tokens=24, num_kv_pages=160)
+    assert engine.runner.bidirectional == [False, False]
+    out, _ = _greedy(engine, {"two": (prompt_with(FILES, seed=2, widen=False), FILES)}, 4)
+    assert out["two"] == hf_greedy(hf, prompt_with(FILES, seed=2), FILES, 4, logits=hf_logits)
+    assert engine.runner.num_images_encoded == 2
