@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from tests.engine.model.gemma4_vision_checkpoint import BOI, EOI, IMAGE, build_gemma4_vision
 from tests.engine.model.family_parity import tiny_engine
+from tests.engine.model.gemma4_vision_checkpoint import BOI, EOI, IMAGE, build_gemma4_vision
 from tests.engine.model.vision_checkpoints import image_file, images
 
 
