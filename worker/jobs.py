@@ -150,7 +150,7 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
     elif route in ADAPTER_ROUTES:
         yield await ADAPTER_ROUTES[route](body, runtime)
     elif route == COUNT_TOKENS:
-        yield await asyncio.to_thread(count_message_tokens, body, runtime)
+        yield await count_message_tokens(body, runtime)
     elif route == COMPACT:
         call = await asyncio.to_thread(prepare_compaction, body, runtime)
         with _client_names(RESPONSES):

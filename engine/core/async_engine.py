@@ -67,6 +67,10 @@ class AsyncEngine:
         """How this model's prompt shows an image (None: it takes no image input)."""
         return self.engine.images.prompt
 
+    async def prompt_length(self, prompt_token_ids: list[int], images: list[ImageData]) -> int:
+        """The prompt's length once each image placeholder is widened as generate() widens it; nothing runs."""
+        return len((await asyncio.to_thread(self.engine.images.expand, prompt_token_ids, images))[0])
+
     def describe(self) -> dict:
         return self.engine.describe()
 
@@ -101,8 +105,7 @@ class AsyncEngine:
 
     async def score(self, prompt_token_ids: list[int], request_id: str, *, truncate_prompt_tokens: int | None = None,
                     activation: bool = True) -> PoolingOutput:
-        """A cross-encoder's label scores for one prompt (`embedding` holds them), run in the same batches as
-        generation; raises its error instead."""
+        """A cross-encoder's label scores for one prompt (`embedding` holds them); raises its error instead."""
         spec = self.engine.spec
         if spec.classifier is None:
             raise InvalidRequest("the model is not a cross-encoder: it has no score head", param="model")
@@ -128,10 +131,8 @@ class AsyncEngine:
         if self.engine.spec.classifier is not None and isinstance(params, SamplingParams):
             raise InvalidRequest(f"the model is a cross-encoder ({self.engine.spec.architecture}): it scores prompts "
                                  "and does not generate text", param="model")
-        if images:
-            request = await asyncio.to_thread(self.engine.prepare, prompt_token_ids, params, images)
-        else:
-            request = self.engine.prepare(prompt_token_ids, params)
+        args = (prompt_token_ids, params, images)
+        request = await asyncio.to_thread(self.engine.prepare, *args) if images else self.engine.prepare(*args)
         if request.grammar is not None:
             await self._compiled(request.grammar)  # a bad schema, regex or grammar fails here, before it starts
         loop = asyncio.get_running_loop()
@@ -182,8 +183,7 @@ class AsyncEngine:
         return self.engine.config.lora is not None and self.engine.config.lora.runtime
 
     async def load_adapter(self, name: str, folder: str) -> None:
-        """Reads and checks the adapter off the engine's thread (UnsupportedModel in one line), then installs it
-        between two steps, so running requests only wait for a few tensor copies."""
+        """Reads and checks the adapter off the engine's thread, then installs it between two steps."""
         if not self.adapters_at_run_time:
             raise InvalidRequest("adapters are not loaded at run time on this engine", param="lora_name")
         adapter = await asyncio.to_thread(self.engine.lora.read, name, folder)

@@ -3,9 +3,9 @@ matched to the runs of image soft tokens in the prompt (ImageSpan). The model ru
 step that prefills it; the span's digest joins the prefix-cache hashes of the pages it touches.
 
 A fixed-square tower (Gemma 3) takes the same number of soft tokens per image, which the worker writes in full. A
-patch-grid tower (Qwen-VL) takes as many as the image's merged patches: the prompt may hold one placeholder token
-per image, which expand() widens to the image's count (transformers' Qwen3VLProcessor does this), so usage and
-max_model_len count the image's tokens."""
+patch-grid tower (Qwen-VL) takes as many as the image's merged patches, a pooled-patch tower (Gemma 4) as many as
+its pooled patches: the prompt may hold one placeholder token per image, which expand() widens to the image's count
+(transformers' Qwen3VLProcessor and Gemma4Processor do this), so usage and max_model_len count the image's tokens."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import InvalidRequest, NoImageInput, StartupError
-from engine.image import gemma, qwen_vl
+from engine.image import gemma, gemma4, qwen_vl
 from engine.image.decode import decode_image
 from engine.inputs import ImageData, ImagePrompt
 from engine.model.vision.spec import VisionSpec
@@ -30,13 +30,13 @@ PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 @dataclass(eq=False)
 class ImageSpan:
     """One image of a prompt: its soft tokens are prompt positions [start, end); `pixels` what its tower takes
-    ([3, size, size], or Qwen-VL's patches with their `grid` (t, h, w))."""
+    ([3, size, size], or Qwen-VL's patches with their `grid` (t, h, w), or Gemma 4's with theirs (rows, columns))."""
 
     start: int
     end: int
     pixels: torch.Tensor
     digest: bytes  # of the preprocessed pixels: the same picture hits the prefix cache, another one does not
-    grid: tuple[int, int, int] | None = None
+    grid: tuple[int, ...] | None = None
     rope_grid: tuple[int, int] | None = None  # its tokens' rows and columns (3-D positions); None: 1-D positions
     whole: bool = True  # a chunk never ends inside it (its tokens see each other both ways)
     encoded: torch.Tensor | None = None  # the tower's output while a chunk has prefilled only part of the span
@@ -51,7 +51,7 @@ class DecodedImage:
     """An image preprocessed for the tower, before it is matched to its place in the prompt."""
 
     pixels: torch.Tensor
-    grid: tuple[int, int, int] | None
+    grid: tuple[int, ...] | None
     tokens: int
     digest: bytes
     param: str
@@ -93,6 +93,11 @@ class ImageIntake:
             # transformers' chat templates write this per image; the engine widens its one pad token (expand())
             self.prompt = ImagePrompt(f"{boi}{image}{eoi}", f"{boi}{image}{eoi}", None)
             return
+        if vision.pooled is not None:
+            self.config = _gemma4_config(raw, vision)
+            # Gemma 4's template writes the image token alone; Gemma4Processor wraps it in boi / eoi
+            self.prompt = ImagePrompt(image, f"{boi}{image}{eoi}", None)
+            return
         size = raw.get("size") or {}
         raw = {**raw, "size": {"height": size.get("height") or vision.image_size,
                                "width": size.get("width") or vision.image_size}}
@@ -112,7 +117,7 @@ class ImageIntake:
             return prompt, []
         decoded = [self._decode(image) for image in images]
         runs = image_runs(prompt, self.vision.image_token_id)
-        if self.vision.grid is None or len(runs) != len(decoded):
+        if self.vision.tokens_per_image is not None or len(runs) != len(decoded):
             return prompt, decoded  # (a count that does not match is spans()' error)
         out, last = [], 0
         for (start, end), image in zip(runs, decoded, strict=True):
@@ -153,6 +158,13 @@ class ImageIntake:
                 raise InvalidRequest(f"{image.param}: {exc.message}", param=image.param) from None
             pixels, grid = torch.from_numpy(out.pixel_values), out.grid_thw
             tokens = out.num_tokens(self.config.merge_size)
+        elif self.vision.pooled is not None:
+            try:
+                out = gemma4.preprocess(picture, self.config)
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"{image.param}: {exc.message}", param=image.param) from None
+            pixels, grid = torch.from_numpy(out.pixel_values), out.grid
+            tokens = out.num_tokens(self.config.pooling_kernel_size)
         else:
             if self.config.do_pan_and_scan:
                 raise InvalidRequest("this model's processor asks for pan and scan, which the engine does not run "
@@ -172,6 +184,20 @@ def _qwen_config(raw: dict, vision: VisionSpec) -> qwen_vl.QwenVLImageConfig:
     if ours != (grid.patch_size, grid.temporal_patch_size, grid.merge_size):
         raise StartupError(f"the image processor cuts patches of (size, frames, merge) {ours}, but the vision tower "
                            f"takes {(grid.patch_size, grid.temporal_patch_size, grid.merge_size)}", param="model")
+    return config
+
+
+def _gemma4_config(raw: dict, vision: VisionSpec) -> gemma4.Gemma4ImageConfig:
+    pooled = vision.pooled  # the tower's patches where the processor's settings are silent
+    try:
+        config = gemma4.Gemma4ImageConfig.from_dict({"patch_size": pooled.patch_size,
+                                                     "pooling_kernel_size": pooled.kernel, **raw})
+    except ValueError as exc:
+        raise StartupError(f"the image processor's settings: {exc}", param="model") from None
+    ours = (config.patch_size, config.pooling_kernel_size)
+    if ours != (pooled.patch_size, pooled.kernel):
+        raise StartupError(f"the image processor cuts patches of (size, pooling) {ours}, but the vision tower takes "
+                           f"{(pooled.patch_size, pooled.kernel)}", param="model")
     return config
 
 

@@ -65,8 +65,10 @@ class ModelRunner:
             self.layer_backends = [layer_backends[n] for n in range(len(caches))]
         self.num_tokens_run = 0  # tokens fed to the model over the runner's life (prefix hits are not)
         self.num_images_encoded = 0  # images through the vision tower over the runner's life
-        vision = getattr(model, "vision_spec", None)
-        self.bidirectional = vision is not None and vision().bidirectional
+        vision = model.vision_spec() if hasattr(model, "vision_spec") else None
+        # Per KV group: do an image's tokens see each other both ways there (Gemma 4: on the windowed layers only)
+        self.bidirectional = [vision is not None and vision.bidirectional
+                              and (g.window is not None or not vision.bidirectional_windowed_only) for g in groups]
         self.graph_runner = None  # CUDA: engine.core.cuda_graphs.CudaGraphRunner for decode steps
         self.keep_hidden = False  # hand every row's final hidden state on (an MTP head reads them)
         # Tensor parallelism (engine.core.distributed.ranks.RankSet): the other ranks get each step's inputs and
@@ -182,7 +184,7 @@ class ModelRunner:
                 slot_mapping=torch.tensor(slots[g], dtype=torch.int64).to(dev, non_blocking=True),
                 page_size=ps,
                 is_decode=len(ids) == len(scheduled),
-                bidirectional=spans if encode and self.bidirectional else None,
+                bidirectional=spans if encode and self.bidirectional[g] else None,
             )
             for g in groups
         ]

@@ -75,6 +75,9 @@ FAMILY_BASES = {
                                    "engine.model.models.gemma2"},
     "engine.model.models.gemma4": {"engine.model.models.gemma_args", "engine.model.models.gemma_base",
                                    "engine.model.models.gemma2", "engine.model.models.gemma4_moe"},
+    # A Gemma 4 image-text checkpoint is the Gemma 4 text model with its vision tower beside it.
+    "engine.model.models.gemma4_multimodal": {"engine.model.models.gemma_args", "engine.model.models.gemma_base",
+                                              "engine.model.models.gemma4"},
 }
 
 

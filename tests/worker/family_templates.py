@@ -34,7 +34,7 @@ MISTRAL_V3 = _read("mistral-v0.3.jinja")
 DEEPSEEK_R1 = _read("deepseek-r1.jinja")
 assert _GENERATION_PROMPT in QWEN25 and QWEN3 != QWEN25 and QWEN3_THINKING != QWEN25
 # Gemma 4: its own markup for turns, tools (<|tool>declaration), calls (<|tool_call>call:NAME{...}), results
-# (<|tool_response>) and thinking (<|channel>thought ... <channel|>), trimmed to text.
+# (<|tool_response>) and thinking (<|channel>thought ... <channel|>), trimmed to text and image parts (<|image|>).
 GEMMA4 = _read("gemma4.jinja")
 # Qwen3.5 / Qwen3.6 (Qwen3-Coder's call format): tools as JSON in <tools> under "# Tools", calls as XML
 # (<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>), results as

@@ -1,14 +1,17 @@
 """A tiny Qwen3-VL model baked by the builder (vision_bake.py) answers chat requests with image parts through the
 local endpoint and the official openai client: the template's <|vision_start|><|image_pad|><|vision_end|> widened
 to the image's merged patches (usage counts them exactly), whole and streamed alike, the image moving the answer's
-logprobs, the same image in a later turn served from the prefix cache; the Responses API's input_image too."""
+logprobs, the same image in a later turn served from the prefix cache; the Responses API's input_image too, and
+Anthropic's count_tokens counting the widened pad."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from anthropic_client import held_to_the_schema, sdk  # noqa: F401 (a fixture, used by name)
 from local_worker import LocalWorker, start_worker, stop_worker
 from vision_bake import bake_qwen_vl_model, check_image_moves_the_answer, data_url, png
 
@@ -59,3 +62,17 @@ def test_a_responses_input_image(qwen_vl_worker: LocalWorker) -> None:
     chat = sdk.chat.completions.create(model=NAME, messages=ask(data_url(RED)), max_tokens=6, temperature=0)
     assert response.output_text == chat.choices[0].message.content
     assert response.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_count_tokens_counts_the_image_tokens(qwen_vl_worker: LocalWorker) -> None:
+    """/v1/messages/count_tokens through the anthropic client: an image block counts the tokens the engine widens
+    its pad to, as /v1/messages' usage does."""
+    claude = sdk(qwen_vl_worker)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(RED).decode()}}
+    content = [image, {"type": "text", "text": "What is in the picture?"}]
+    plain = claude.messages.count_tokens(model=NAME, messages=[{"role": "user", "content": content[1:]}])
+    counted = claude.messages.count_tokens(model=NAME, messages=[{"role": "user", "content": content}])
+    assert counted.input_tokens == plain.input_tokens + RED_TOKENS + 2
+    ran = claude.messages.create(model=NAME, max_tokens=2, messages=[{"role": "user", "content": content}])
+    assert ran.usage.input_tokens == counted.input_tokens  # (no cache_control: every prompt token is input)

@@ -1,7 +1,8 @@
 """Tiny random image-text models baked by the real builder for serving tests: the default model's tokenizer with
 the family's image tokens added (special) and its chat template; a Gemma3ForConditionalGeneration (a 56-pixel
-SigLIP tower whose 16 patches pool to 4 soft tokens) and a Qwen3VLForConditionalGeneration (8-pixel patches merged
-2x2, a pixel budget of 1024 to 4096); each with a preprocessor_config.json; and image files to send them."""
+SigLIP tower whose 16 patches pool to 4 soft tokens), a Qwen3VLForConditionalGeneration (8-pixel patches merged
+2x2, a pixel budget of 1024 to 4096) and a Gemma4ForConditionalGeneration (8-pixel patches pooled 2x2, a budget of
+70 soft tokens); each with a preprocessor_config.json; and image files to send them."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from family_templates import GEMMA3, QWEN3_VL
+from family_templates import GEMMA3, GEMMA4, QWEN3_VL
 from local_worker import ROOT
 
 IMAGE_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
 SIZE, TOKENS = 56, 4
 QWEN_IMAGE_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
+GEMMA4_IMAGE_TOKENS = ("<|image>", "<|image|>", "<image|>")
 
 
 def _tokenizer(baked: Path, source: Path, image_tokens: tuple[str, ...], template: str):
@@ -98,6 +100,34 @@ def bake_qwen_vl_model(baked: Path, root: Path) -> Path:
     model.save_pretrained(str(source))
     Qwen2VLImageProcessorPil(patch_size=8, temporal_patch_size=2, merge_size=2,
                              size={"shortest_edge": 1024, "longest_edge": 4096}).save_pretrained(str(source))
+    return _bake(source, root)
+
+
+def bake_gemma4_vision_model(baked: Path, root: Path) -> Path:
+    import torch
+    import transformers as tf
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    source = root / "tiny-gemma4-vision"
+    tokenizer = _tokenizer(baked, source, GEMMA4_IMAGE_TOKENS, GEMMA4)
+    boi, image, eoi = tokenizer.convert_tokens_to_ids(list(GEMMA4_IMAGE_TOKENS))
+    text = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=16, sliding_window=16,
+                layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=8,
+                vocab_size_per_layer_input=len(tokenizer), max_position_embeddings=512, num_kv_shared_layers=0,
+                use_bidirectional_attention="vision", pad_token_id=tokenizer.pad_token_id or 0,
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=8, patch_size=8, pooling_kernel_size=2, position_embedding_size=64)
+    config = tf.Gemma4Config(text_config=text, vision_config=vision, audio_config=None, image_token_id=image,
+                             boi_token_id=boi, eoi_token_id=eoi)
+    torch.manual_seed(0)
+    model = tf.Gemma4ForConditionalGeneration(config)
+    with torch.no_grad():  # an image must move the answer's logprobs visibly
+        model.model.embed_vision.embedding_projection.weight.normal_(0, 1.0)
+    model.config.architectures = ["Gemma4ForConditionalGeneration"]
+    model.save_pretrained(str(source))
+    Gemma4ImageProcessorPil(patch_size=8, pooling_kernel_size=2, max_soft_tokens=70).save_pretrained(str(source))
     return _bake(source, root)
 
 

@@ -8,6 +8,7 @@ their grammars); the answer, read for reasoning and tool calls as the chat route
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
@@ -55,11 +56,19 @@ def prepare_message(body: Any, runtime: Runtime) -> MessageCall:
     return MessageCall(request, chat, f"msg_{request.extras.get('request_id') or uuid.uuid4().hex[:24]}", caching)
 
 
-def count_message_tokens(body: Any, runtime: Runtime) -> dict[str, Any]:
-    """`{"input_tokens": n}`: the prompt the request would run, rendered and counted, nothing generated."""
+async def count_message_tokens(body: Any, runtime: Runtime) -> dict[str, Any]:
+    """`{"input_tokens": n}`: the prompt the request would run, rendered and counted, nothing generated. Its images
+    are read, so that each counts the tokens the engine widens its placeholder to (Qwen-VL, Gemma 4)."""
+    call = await asyncio.to_thread(_count_call, body, runtime)
+    if not call.prompt.images:
+        return {"input_tokens": len(call.prompt.token_ids)}
+    return {"input_tokens": await runtime.engine.prompt_length(call.prompt.token_ids, await call.image_files())}
+
+
+def _count_call(body: Any, runtime: Runtime) -> ChatCall:
     request = CountTokensRequest.model_validate(_object(body))
     requested_caching(body)  # a malformed cache_control is refused here as on /v1/messages
-    return {"input_tokens": len(_chat_call(request, runtime).prompt.token_ids)}
+    return _chat_call(request, runtime)
 
 
 def _object(body: Any) -> dict[str, Any]:

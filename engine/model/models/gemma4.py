@@ -1,4 +1,4 @@
-"""Gemma 4's dense text model (gemma4_text; and a Gemma4ForConditionalGeneration checkpoint's language model alone).
+"""Gemma 4's dense text model (gemma4_text; a Gemma4ForConditionalGeneration checkpoint's in gemma4_multimodal.py).
 
 The Gemma decoder (gemma_base.py) configured with: a head size and KV head count of their own on global layers
 (own KV groups); keys reused as values on global layers (attention_k_eq_v); q, k and v norms that scale by w, not
@@ -13,7 +13,7 @@ from __future__ import annotations
 from engine.errors import UnsupportedModel
 from engine.model.models.gemma4_moe import read_routing
 from engine.model.models.gemma_args import FULL, SLIDING, GemmaArgs, check_config, default_layer_types
-from engine.model.models.gemma_base import GemmaForCausalLM, GemmaTextOfMultimodal
+from engine.model.models.gemma_base import GemmaForCausalLM
 
 DEFAULTS = {"max_position_embeddings": 131_072, "sliding_window": 512}
 DEFAULT_ROPES = {SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
@@ -72,8 +72,3 @@ class Gemma4ForCausalLM(GemmaForCausalLM):
     def read_args(cls, config: dict, names: set[str]) -> GemmaArgs:
         return gemma4_args(config)
 
-
-class Gemma4ForConditionalGeneration(GemmaTextOfMultimodal, Gemma4ForCausalLM):
-    """A Gemma 4 multimodal checkpoint served as its text model: vision and audio towers are not read."""
-
-    NOT_TEXT = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")

@@ -17,9 +17,19 @@ class PatchGrid:
 
 
 @dataclass(frozen=True)
+class PooledPatches:
+    """Gemma 4's tower: an image of any size within a patch budget, cut into patch_size^2 patches, each
+    kernel x kernel block of them pooled to a soft token; its tokens take 1-D positions."""
+
+    patch_size: int
+    kernel: int
+
+
+@dataclass(frozen=True)
 class VisionSpec:
     """An image is a run of image_token_id tokens in the prompt (between boi and eoi): `tokens_per_image` of them
-    for a tower that sees a fixed `image_size` square (Gemma 3), or as many as the image's merged patches (`grid`)."""
+    for a tower that sees a fixed `image_size` square (Gemma 3), or as many as the image's merged patches (`grid`)
+    or pooled patches (`pooled`)."""
 
     image_token_id: int
     tokens_per_image: int | None
@@ -28,3 +38,7 @@ class VisionSpec:
     eoi_token_id: int | None = None
     bidirectional: bool = False  # Gemma 3: an image's tokens see each other (transformers' token_type_ids mask)
     grid: PatchGrid | None = None
+    pooled: PooledPatches | None = None
+    # Gemma 4: the image's tokens see each other both ways on the sliding-window layers only (its global layers
+    # stay causal, transformers' create_masks_for_vision_model).
+    bidirectional_windowed_only: bool = False

@@ -126,7 +126,8 @@ def test_multimodal_moe_checkpoint_serves_its_text_model(tmp_path, baked_model_p
     import transformers as tf
 
     text = {**CONFIG, "num_hidden_layers": 2, "layer_types": [S, F]}
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16)
     torch.manual_seed(0)
     hf = tf.AutoModelForImageTextToText.from_config(
         tf.Gemma4Config(text_config=text, vision_config=vision, audio_config=None), attn_implementation="eager")

@@ -79,12 +79,13 @@ def test_engine_greedy_equals_transformers_batched_and_solo(gemma4):
 
 
 def test_multimodal_checkpoint_serves_its_text_model(tmp_path):
-    """A Gemma4ForConditionalGeneration folder (vision tower and all): the bake's check passes, the vision weights
-    are left unread, and the text logits equal transformers' on text alone."""
+    """A Gemma4ForConditionalGeneration folder (vision tower and all): the bake's check passes, and the text logits
+    equal transformers' on text alone (its images: test_gemma4_vision_parity.py)."""
     import transformers as tf
 
     text = {**CONFIG, "num_hidden_layers": 2, "layer_types": TYPES[1:3], "num_kv_shared_layers": 0}
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16)
     torch.manual_seed(0)
     hf = tf.AutoModelForImageTextToText.from_config(
         tf.Gemma4Config(text_config=text, vision_config=vision, audio_config=None), attn_implementation="eager")

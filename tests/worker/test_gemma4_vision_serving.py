@@ -1,0 +1,50 @@
+"""A tiny Gemma 4 image-text model baked by the builder (vision_bake.py) answers chat requests with image parts
+through the local endpoint and the official openai client: the template's <|image|> widened to <|image>, the image's
+pooled patches, <image|> (usage counts them exactly), whole and streamed alike, the image moving the answer's
+logprobs, the same image in a later turn served from the prefix cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from local_worker import LocalWorker, start_worker, stop_worker
+from vision_bake import bake_gemma4_vision_model, check_image_moves_the_answer, data_url, png
+
+RED, BLUE = png(80, 40, (200, 30, 30)), png(30, 70, (20, 40, 220), "JPEG")
+RED_TOKENS = 55  # 80x40 -> 176x80 pixels: 22 x 10 patches of 8, pooled 2x2
+NAME = "tiny-gemma4-vision"
+
+
+@pytest.fixture(scope="module")
+def gemma4_worker(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorker]:
+    root = tmp_path_factory.mktemp("gemma4-vision")
+    out = bake_gemma4_vision_model(baked_model_path, root)
+    w = start_worker(out, root / "worker.log", MAX_MODEL_LEN="512", MAX_IMAGES_PER_REQUEST="2")
+    yield w
+    stop_worker(w)
+
+
+def ask(url: str, text: str = "What is in the picture?") -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": text}]}]
+
+
+def test_an_image_part_whole_and_streamed_counts_its_tokens(gemma4_worker: LocalWorker) -> None:
+    sdk = gemma4_worker.client()
+    plain = sdk.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "What is in the picture?"}],
+                                        max_tokens=8, temperature=0)
+    whole = sdk.chat.completions.create(model=NAME, messages=ask(data_url(RED)), max_tokens=8, temperature=0)
+    assert whole.choices[0].finish_reason == "length" and whole.choices[0].message.content
+    assert whole.usage.prompt_tokens == plain.usage.prompt_tokens + RED_TOKENS + 2  # <|image>, the tokens, <image|>
+    stream = sdk.chat.completions.create(model=NAME, messages=ask(data_url(RED)), max_tokens=8, temperature=0,
+                                         stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_the_image_moves_the_answer_and_a_later_turn_hits_the_cache(gemma4_worker: LocalWorker) -> None:
+    check_image_moves_the_answer(gemma4_worker.client(), NAME, lambda url: ask(url, "Describe it."), data_url(RED),
+                                 data_url(BLUE, "image/jpeg"), RED_TOKENS)
