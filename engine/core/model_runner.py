@@ -67,8 +67,7 @@ class ModelRunner:
         self.num_images_encoded = 0  # images through the vision tower over the runner's life
         vision = model.vision_spec() if hasattr(model, "vision_spec") else None
         # Per KV group: do an image's tokens see each other both ways there (Gemma 4: on the windowed layers only)
-        self.bidirectional = [vision is not None and vision.bidirectional
-                              and (g.window is not None or not vision.bidirectional_windowed_only) for g in groups]
+        self.bidirectional = [vision is not None and vision.bidirectional_in(g.window) for g in groups]
         self.graph_runner = None  # CUDA: engine.core.cuda_graphs.CudaGraphRunner for decode steps
         self.keep_hidden = False  # hand every row's final hidden state on (an MTP head reads them)
         # Tensor parallelism (engine.core.distributed.ranks.RankSet): the other ranks get each step's inputs and

@@ -42,3 +42,7 @@ class VisionSpec:
     # Gemma 4: the image's tokens see each other both ways on the sliding-window layers only (its global layers
     # stay causal, transformers' create_masks_for_vision_model).
     bidirectional_windowed_only: bool = False
+
+    def bidirectional_in(self, window: int | None) -> bool:
+        """Whether an image's tokens see each other both ways in a KV group with this sliding window (None: full)."""
+        return self.bidirectional and (window is not None or not self.bidirectional_windowed_only)
