@@ -26,8 +26,8 @@ MODEL_METHODS = ("draft_model", "eagle3")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def speculative_repo(value: str | None) -> tuple[str, str] | None:
-    """(method, hub repo) when SPECULATIVE_CONFIG names a draft model or EAGLE-3 head on the hub; else None."""
+def _parse(value: str | None) -> dict | None:
+    """SPECULATIVE_CONFIG as a JSON object, None when unset; BakeError in one line when it is not one."""
     if not (value or "").strip():
         return None
     try:
@@ -36,6 +36,14 @@ def speculative_repo(value: str | None) -> tuple[str, str] | None:
         raise BakeError(f"SPECULATIVE_CONFIG is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise BakeError("SPECULATIVE_CONFIG must be a JSON object")
+    return config
+
+
+def speculative_repo(value: str | None) -> tuple[str, str] | None:
+    """(method, hub repo) when SPECULATIVE_CONFIG names a draft model or EAGLE-3 head on the hub; else None."""
+    config = _parse(value)
+    if config is None:
+        return None
     method, model = config.get("method"), config.get("model")
     if method not in MODEL_METHODS or not isinstance(model, str) or not _HUB_ID.match(model) or Path(model).exists():
         return None
@@ -45,13 +53,8 @@ def speculative_repo(value: str | None) -> tuple[str, str] | None:
 def check_mtp(value: str | None, model: Path) -> str | None:
     """With SPECULATIVE_CONFIG's method "mtp" there is nothing to fetch: the baked model must ship the head (mtp.*
     tensors). What it found, None for another method; BakeError in one line when the model has no head."""
-    if not (value or "").strip():
-        return None
-    try:
-        config = json.loads(value)
-    except ValueError as exc:
-        raise BakeError(f"SPECULATIVE_CONFIG is not valid JSON: {exc}") from None
-    if not isinstance(config, dict) or config.get("method") != "mtp":
+    config = _parse(value)
+    if config is None or config.get("method") != "mtp":
         return None
     from safetensors import safe_open
 

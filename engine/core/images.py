@@ -151,20 +151,14 @@ class ImageIntake:
 
     def _decode(self, image: ImageData) -> DecodedImage:
         picture = decode_image(image.data, image.param)
-        if self.vision.grid is not None:
+        if self.vision.grid is not None or self.vision.pooled is not None:  # a token count that follows the image
+            merged = self.vision.grid is not None  # Qwen-VL: patches merged; Gemma 4: patches pooled
             try:
-                out = qwen_vl.preprocess(picture, self.config)
+                out = (qwen_vl if merged else gemma4).preprocess(picture, self.config)
             except InvalidRequest as exc:
                 raise InvalidRequest(f"{image.param}: {exc.message}", param=image.param) from None
-            pixels, grid = torch.from_numpy(out.pixel_values), out.grid_thw
-            tokens = out.num_tokens(self.config.merge_size)
-        elif self.vision.pooled is not None:
-            try:
-                out = gemma4.preprocess(picture, self.config)
-            except InvalidRequest as exc:
-                raise InvalidRequest(f"{image.param}: {exc.message}", param=image.param) from None
-            pixels, grid = torch.from_numpy(out.pixel_values), out.grid
-            tokens = out.num_tokens(self.config.pooling_kernel_size)
+            pixels, grid = torch.from_numpy(out.pixel_values), out.grid_thw if merged else out.grid
+            tokens = out.num_tokens(self.config.merge_size if merged else self.config.pooling_kernel_size)
         else:
             if self.config.do_pan_and_scan:
                 raise InvalidRequest("this model's processor asks for pan and scan, which the engine does not run "

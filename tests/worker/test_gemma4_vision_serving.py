@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from local_worker import LocalWorker, start_worker, stop_worker
-from vision_bake import bake_gemma4_vision_model, check_image_moves_the_answer, data_url, png
+from vision_bake import (ask, bake_gemma4_vision_model, check_image_moves_the_answer, check_whole_and_streamed,
+                         data_url, png)
 
 RED, BLUE = png(80, 40, (200, 30, 30)), png(30, 70, (20, 40, 220), "JPEG")
 RED_TOKENS = 55  # 80x40 -> 176x80 pixels: 22 x 10 patches of 8, pooled 2x2
@@ -26,23 +27,8 @@ def gemma4_worker(baked_model_path: Path, tmp_path_factory: pytest.TempPathFacto
     stop_worker(w)
 
 
-def ask(url: str, text: str = "What is in the picture?") -> list[dict]:
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                         {"type": "text", "text": text}]}]
-
-
 def test_an_image_part_whole_and_streamed_counts_its_tokens(gemma4_worker: LocalWorker) -> None:
-    sdk = gemma4_worker.client()
-    plain = sdk.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "What is in the picture?"}],
-                                        max_tokens=8, temperature=0)
-    whole = sdk.chat.completions.create(model=NAME, messages=ask(data_url(RED)), max_tokens=8, temperature=0)
-    assert whole.choices[0].finish_reason == "length" and whole.choices[0].message.content
-    assert whole.usage.prompt_tokens == plain.usage.prompt_tokens + RED_TOKENS + 2  # <|image>, the tokens, <image|>
-    stream = sdk.chat.completions.create(model=NAME, messages=ask(data_url(RED)), max_tokens=8, temperature=0,
-                                         stream=True, stream_options={"include_usage": True})
-    chunks = list(stream)
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
-    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    check_whole_and_streamed(gemma4_worker.client(), NAME, data_url(RED), RED_TOKENS)
 
 
 def test_the_image_moves_the_answer_and_a_later_turn_hits_the_cache(gemma4_worker: LocalWorker) -> None:

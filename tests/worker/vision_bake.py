@@ -160,3 +160,23 @@ def check_image_moves_the_answer(sdk, model: str, messages, red: str, blue: str,
     again, usage = first_logprobs(red)
     assert again == pytest.approx(first, abs=1e-5)
     assert usage.prompt_tokens_details.cached_tokens >= image_tokens  # the image's pages came from the cache
+
+
+def ask(url: str, text: str = "What is in the picture?") -> list[dict]:
+    """A user turn of one image_url part, then text."""
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": text}]}]
+
+
+def check_whole_and_streamed(sdk, model: str, url: str, image_tokens: int) -> None:
+    """A chat turn with the image at `url` answers, streamed equal to whole, its prompt counting image_tokens more
+    than the same text alone (the image's own tokens and the two that open and close it)."""
+    plain = sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is in the picture?"}],
+                                        max_tokens=8, temperature=0)
+    whole = sdk.chat.completions.create(model=model, messages=ask(url), max_tokens=8, temperature=0)
+    assert whole.choices[0].finish_reason == "length" and whole.choices[0].message.content
+    assert whole.usage.prompt_tokens == plain.usage.prompt_tokens + image_tokens + 2
+    chunks = list(sdk.chat.completions.create(model=model, messages=ask(url), max_tokens=8, temperature=0, stream=True,
+                                              stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
