@@ -81,7 +81,7 @@ def reserve_bytes(
     shape = getattr(args, "deltanet", None)
     if shape is not None:
         rows = max_num_seqs + (graph_batch_sizes(max_num_seqs)[-1] if graphs else 0)
-        total += rows * 2 * 4 * shape.num_v_heads * shape.head_k_dim * shape.head_v_dim
+        total += rows * 2 * 4 * shape.num_v_heads * (shape.head_k_dim + 1) * shape.head_v_dim  # (delta_rule.step_)
     return total + SLACK_BYTES
 
 

@@ -144,12 +144,12 @@ class GatedDeltaNet(nn.Module):
         q, k, v = self._split(qkv)
         if cpu_slots is not None:
             return self._rule_in_place(q, k, v, g, beta, cpu_slots, index, state_pool)
-        states = state_pool.index_select(0, index)
-        if linear_attention.fla_runs(mixed.device):
-            o, stepped = linear_attention.fused_recurrent_gated_delta_rule(q, k, v, g, beta,
-                                                                           delta_rule.materialise(states))
+        if linear_attention.fla_runs(mixed.device):  # NOTE: two copies of the rows' states live at once at most
+            o, stepped = linear_attention.fused_recurrent_gated_delta_rule(
+                q, k, v, g, beta, delta_rule.materialise(state_pool.index_select(0, index)))
             states = delta_rule.held_form(stepped)
         else:
+            states = state_pool.index_select(0, index)
             o = self._step(q, k, v, g, beta, states, capturable=True)
         state_pool.index_copy_(0, index, states)
         return o

@@ -181,13 +181,14 @@ def test_reserve_bytes_covers_activations_sampler_and_graphs():
 
 
 def test_reserve_bytes_covers_a_hybrid_decode_s_gathered_states():
-    """Qwen3.5's 32 value heads of 128 x 128: two float32 copies of every row's state, eager and in the graphs."""
+    """Qwen3.5's 32 value heads of 128 x 128 (held with their log-scale row): two float32 copies of every row's
+    state, eager and in the graphs."""
     from engine.model.layers.gated_deltanet import DeltaNetShape
 
     a = llama8b_args()
     hybrid = SimpleNamespace(**vars(a), deltanet=DeltaNetShape(4096, 16, 32, 128, 128, 4, 1e-6))
     base = dict(max_num_batched_tokens=2048, max_num_seqs=64, max_pages_per_seq=512)
-    state = 2 * 4 * 32 * 128 * 128
+    state = 2 * 4 * 32 * 129 * 128
     for graphs, rows in ((False, 64), (True, 128)):
         extra = (cuda_setup.reserve_bytes(hybrid, torch.bfloat16, graphs=graphs, **base)
                  - cuda_setup.reserve_bytes(a, torch.bfloat16, graphs=graphs, **base))
