@@ -96,6 +96,11 @@ class Pages:
             starts = [sum(len(t) for _, t in batch[:i]) for i in range(len(batch))]
             self.recurrent_plan.plan(RecurrentStep([(s, len(t)) for s, (_, t) in zip(starts, batch)], slots, [],
                                                    torch.tensor(slots), all(len(t) == 1 for _, t in batch)))
+        return self.forward(model, batch, positions, meta, **extra)
+
+    def forward(self, model, batch: list[tuple[str, list[int]]], positions: torch.Tensor, meta,
+                **extra) -> torch.Tensor:
+        """The logits of a step whose positions and metadata are made and whose backends are planned."""
         layers = sorted(self.caches)
         with torch.inference_mode():
             hidden = model(torch.tensor([t for _, ts in batch for t in ts]), positions, meta,

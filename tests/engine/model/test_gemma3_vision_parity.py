@@ -59,12 +59,8 @@ def _run(vision, pages: Pages, batch: list[tuple[str, list[int], list[bytes]]], 
     meta.bidirectional = spans if bidirectional and rows else None
     for b in pages.unique:
         b.plan(meta)
-    layers = sorted(pages.caches)
     extra = {"image_embeds": (torch.tensor(rows), torch.cat(values))} if rows else {}
-    with torch.inference_mode():
-        hidden = vision.model(torch.tensor([t for _, ts, _ in batch for t in ts]), positions, meta,
-                              [pages.caches[n] for n in layers], [pages.backends[n] for n in layers], **extra)
-        return vision.model.compute_logits(hidden)
+    return pages.forward(vision.model, [(r, t) for r, t, _ in batch], positions, meta, **extra)
 
 
 def test_prompt_logits_with_one_and_two_images_then_decode(vision):
