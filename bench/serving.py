@@ -58,17 +58,18 @@ def threads() -> int:
 
 
 @contextmanager
-def server(side: str, log_dir: Path):
-    """Start one side's server, wait until it answers, yield (base_url, model, pid); stop it after."""
+def server(side: str, log_dir: Path, extra_env: dict | None = None, extra_args: tuple[str, ...] = ()):
+    """Start one side's server ("llama" or a key of OURS, with extra environment for ours and extra
+    arguments for llama-server), wait until it answers, yield (base_url, model, pid); stop it after."""
     port = free_port()
     log = (log_dir / f"{side}.log").open("ab")
     if side == "llama":
         cmd = [str(ensure_llama_server()), "-m", str(default_gguf_path()), "--host", "127.0.0.1", "--port", str(port),
-               "-np", "64", "-c", str(64 * 512), "-t", str(threads()), "-a", "smollm2", "--no-webui"]
+               "-np", "64", "-c", str(64 * 512), "-t", str(threads()), "-a", "smollm2", "--no-webui", *extra_args]
         env, base, health, model = dict(os.environ), f"http://127.0.0.1:{port}/v1", "/health", "smollm2"
     else:
         cmd = [sys.executable, "handler.py", "--serve", "--port", str(port)]
-        env = {**os.environ, **OURS[side]}
+        env = {**os.environ, **OURS[side], **(extra_env or {})}
         base, health, model = f"http://127.0.0.1:{port}/openai/v1", "/health", None
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -130,11 +130,22 @@ def load_part(module: torch.nn.Module, model_path: str, prefix: str, dtype: torc
               device: torch.device) -> None:
     """Fills `module`, built on the meta device, from the checkpoint's tensors named `prefix`* (its
     checkpoint_name() maps them to its parameters; the others are not read): a part of a checkpoint that runs
-    beside the family's model (Qwen3.5's MTP head). UnsupportedModel as load_model's, in one line."""
-    files = safetensors_files(model_path)
+    beside the family's model (Qwen3.5's MTP head), its linears quantized as the checkpoint stores them (those
+    it left in float stay float), bf16 ones packed for a CPU as the model's are. UnsupportedModel as load_model's,
+    in one line."""
+    files, device = safetensors_files(model_path), torch.device(device)
     shapes = {name: shape for name, shape in tensor_shapes(files).items() if name.startswith(prefix)}
-    _materialize(module, dtype, torch.device(device))
+    fmt = quant_format(read_config(model_path))
+    if fmt is not None and any(name.endswith(f".{fmt.marker}") for name in shapes):
+        fmt.swap(module, shapes)
+    else:
+        fmt = None
+    _materialize(module, dtype, device)
     load_weights(module, files, shapes, tied=False)
+    if fmt is not None:
+        fmt.serve(module, dtype, device)
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        pack_linears_for_cpu(module)
 
 
 def _pooling(model_path: str, config: dict, classifier: Classifier | None) -> PoolingConfig:

@@ -130,11 +130,18 @@ def check_snapshots(engine: LLMEngine, reference: LLMEngine) -> int:
 
 
 def add_mtp_weights(path: Path, hf, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Random mtp.* tensors in the hub's layout (transformers drops them), saved into the checkpoint at `path`: fc,
-    the two pre-fc norms, the final norm and layer 0, shaped as the model's full-attention layer (its MLP or
-    experts). Returns them."""
+    """random_mtp_weights saved into the checkpoint at `path`; returns them."""
     from safetensors.torch import load_file, save_file
 
+    mtp = random_mtp_weights(hf, seed)
+    file = path / "model.safetensors"
+    save_file({**load_file(str(file)), **mtp}, str(file), metadata={"format": "pt"})
+    return mtp
+
+
+def random_mtp_weights(hf, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Random mtp.* tensors in the hub's layout (transformers drops them): fc, the two pre-fc norms, the final norm
+    and layer 0, shaped as the model's full-attention layer (its MLP or experts)."""
     gen = torch.Generator().manual_seed(seed)
     full = hf.config.layer_types.index("full_attention")
     h = hf.config.hidden_size
@@ -145,6 +152,4 @@ def add_mtp_weights(path: Path, hf, seed: int = 1) -> dict[str, torch.Tensor]:
     for name, t in mtp.items():
         scale = 0.2 if "norm" in name else 0.15
         mtp[name] = (torch.randn(t.shape, generator=gen) * scale).float().contiguous()
-    file = path / "model.safetensors"
-    save_file({**load_file(str(file)), **mtp}, str(file), metadata={"format": "pt"})
     return mtp

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
 from tests.engine.model.quant_writers import (
@@ -42,18 +44,23 @@ HYBRID_QUANT = dict(hidden_size=256, intermediate_size=512, num_attention_heads=
 FLOAT_MODULES = re.compile(r"\.(linear_attn\.(in_proj_a|in_proj_b|in_proj_ba)|mlp\.gate|mlp\.shared_expert_gate)$")
 
 
-def write_hybrid_quantized(kind: str, model_type: str, path: Path, quantize: re.Pattern | None = None, **change):
+def write_hybrid_quantized(kind: str, model_type: str, path: Path, quantize: re.Pattern | None = None,
+                           mtp: Callable[[nn.Module], dict[str, torch.Tensor]] | None = None, **change):
     """A tiny random `model_type` hybrid saved in `kind`'s layout; `quantize` (module names) overrides which linears
     are quantized (default: every linear of the decoder but FLOAT_MODULES). Returns the transformers model with
-    the weights the checkpoint stands for (float32)."""
+    the weights the checkpoint stands for (float32). mtp(hf): the whole multi-token-prediction head to store
+    (default: a stub of two tensors no test runs), quantized as the hub's releases store it; its dict then holds
+    the float32 weights the checkpoint stands for."""
     hf = build_hybrid_checkpoint(model_type, path, **{**HYBRID_QUANT, **change})
     tensors = load_file(path / "model.safetensors")
     state = hf.state_dict()
     write = {"ct_int4_g32": lambda w: compressed_int4_tensors(w, group=32, symmetric=True)}.get(kind) or WRITERS[kind]
     # The multi-token-prediction head the hub checkpoints carry: its projections quantized, its fc left in float.
-    tensors["mtp.fc.weight"] = torch.randn(HYBRID_QUANT["hidden_size"], 2 * HYBRID_QUANT["hidden_size"])
-    tensors["mtp.layers.0.mlp.gate_proj.weight"] = torch.randn(HYBRID_QUANT["intermediate_size"],
-                                                               HYBRID_QUANT["hidden_size"])
+    head = mtp(hf) if mtp is not None else {
+        "mtp.fc.weight": torch.randn(HYBRID_QUANT["hidden_size"], 2 * HYBRID_QUANT["hidden_size"]),
+        "mtp.layers.0.mlp.gate_proj.weight": torch.randn(HYBRID_QUANT["intermediate_size"],
+                                                         HYBRID_QUANT["hidden_size"])}
+    tensors.update(head)
     quantized = []
     for name in list(tensors):
         module, _, leaf = name.rpartition(".")
@@ -61,7 +68,9 @@ def write_hybrid_quantized(kind: str, model_type: str, path: Path, quantize: re.
             continue
         packed, reference = write(tensors.pop(name).float())
         tensors.update({f"{module}.{k}": v.contiguous() for k, v in packed.items()})
-        if not module.startswith("mtp."):
+        if module.startswith("mtp."):
+            head[name] = reference
+        else:
             with torch.no_grad():
                 reference_slot(state, name).copy_(reference)
         quantized.append(module)
