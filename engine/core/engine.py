@@ -131,7 +131,7 @@ class LLMEngine:
         self.speculator = build_speculator(config.speculative, Target(
             self.tokenizer, self.spec.vocab_size, self.spec.recurrent is not None, self.dtype, self.device,
             self.kv_dtype, self.backend_name, config.page_size, self.allocator.num_pages,
-            config.max_num_batched_tokens, self.max_model_len, self.model, config.model_path))
+            config.max_num_batched_tokens, self.max_model_len, self.model, config.model_path, self.max_num_seqs))
         if self.speculator is not None:
             self.runner.keep_hidden = getattr(self.speculator.proposer, "reads_hidden", False)
 

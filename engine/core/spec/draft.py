@@ -6,6 +6,14 @@ shadow Sequence on the draft side whose computed prefix follows the target's tok
 the KV of the tokens the target kept (the longest common prefix), and catches up on the rest in the next
 proposal's first forward, chunked to the engine's token budget. Greedy drafts are a point mass, so verification
 needs no draft distributions (engine/sample/rejection.py).
+
+A hybrid draft (a small Qwen3.5 for a large one) keeps a recurrent-state slot per shadow, which cannot be cut back
+as pages are: once a shadow has caught up on the target's tokens, its state is copied to a second slot (the
+snapshot half of its StateSlots, unused with prefix caching off) before the greedy steps, and copied back after
+them, so the shadow stands again at the target's tokens, which a verify never takes back. Its next proposal
+catches up on the tokens the target kept since. The slots are sized for the sequences that speculate at once
+(disable_by_batch_size); a shadow beyond them gives its slot and pages up, least recently used first, and runs
+its sequence again from the start when it next proposes.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from engine.core.kv_manager import KVCacheManager
 from engine.core.model_runner import ModelRunner
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.spec.proposer import Target
+from engine.core.state_cache import StatePool, StateSlots
 from engine.core.step import ScheduledSeq, SchedulerOutput
 from engine.cuda import setup as cuda_setup
 from engine.errors import StartupError
@@ -39,6 +48,7 @@ class _Shadow:
         self.seq = Sequence(seq_id=seq.seq_id, token_ids=list(seq.token_ids), num_prompt_tokens=seq.num_prompt_tokens)
         self.group = SequenceGroup("draft", [], GREEDY, [self.seq], arrival=0)
         self.synced = seq.num_tokens  # target tokens known to the shadow
+        self.state_at = 0  # a hybrid draft's: the tokens its state slot has run
 
 
 class DraftModelProposer:
@@ -53,9 +63,6 @@ class DraftModelProposer:
         self.path = config.model
         self._check_tokenizer(target)
         self.model, self.spec = load_model(config.model, target.dtype, target.device)
-        if self.spec.recurrent is not None:
-            raise StartupError(f"the draft model at {config.model} has recurrent layers, which a draft cannot roll "
-                               "back", param="speculative.model")
         # Every token id the model reads must be one the draft reads, and every one it proposes one the model has.
         least = min(len(target.tokenizer), target.vocab_size)
         if not least <= self.spec.vocab_size <= target.vocab_size:
@@ -68,9 +75,16 @@ class DraftModelProposer:
         self.pools = [PagePool.for_group(g, num_pages, page_size, target.kv_dtype, target.device) for g in groups]
         backends = [create_backend(target.backend_name, target.device, **g.attention_extras(), kv_dtype=target.kv_dtype,
                                    **cuda_setup.backend_kwargs(self.spec, target.dtype, g)) for g in groups]
-        self.kv = KVCacheManager(groups, [num_pages] * len(groups), page_size, enable_prefix_caching=False)
-        self.runner = ModelRunner(self.model, groups, self.pools, backends, Sampler(), target.device)
-        self._shadows: dict[int, _Shadow] = {}
+        recurrent, state, state_pool = self.spec.recurrent, None, None
+        if recurrent is not None:  # a slot per shadow and one for its state before the greedy steps
+            state = StateSlots(min(target.max_num_seqs, config.disable_by_batch_size), enable_prefix_caching=False)
+            state_pool = StatePool(recurrent, state.num_slots, target.dtype, target.device)
+        self.kv = KVCacheManager(groups, [num_pages] * len(groups), page_size, enable_prefix_caching=False,
+                                 state=state)
+        self.runner = ModelRunner(self.model, groups, self.pools, backends, Sampler(), target.device, recurrent,
+                                  state_pool)
+        self._shadows: dict[int, _Shadow] = {}  # least recently proposing first
+        self._state_copies: list[tuple[int, int]] = []  # a hybrid draft's saves and restores, for the next forward
         log.info("draft model %s: %d KV pages of %d tokens", config.model, num_pages, page_size)
 
     def _check_tokenizer(self, target: Target) -> None:
@@ -84,6 +98,7 @@ class DraftModelProposer:
                                "must share its vocabulary", param="speculative.model")
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
+        self._make_room({seq.seq_id for seq in seqs})
         shadows = [self._sync(seq) for seq in seqs]
         want = [min(limit, self.num_tokens) for limit in limits]
         # First forward: catch each shadow up on the tokens it has not run (its last one predicts proposal 1).
@@ -99,6 +114,9 @@ class DraftModelProposer:
         self._run(first)
         by_seq = {id(s.seq): (s, w) for s, w in zip(shadows, want, strict=True)}
         live = [by_seq[id(s.seq)] for s, ok in zip(first.scheduled, ready, strict=True) if ok]
+        saved = [(shadow, shadow.seq.num_computed_tokens) for shadow, _ in live if self.kv.state is not None]
+        for shadow, _ in saved:
+            self._state_copies.append((shadow.seq.state_slot, self._saved_slot(shadow)))
         # Then greedy decode steps, one proposal each, for the shadows that still want one.
         while live:
             out, stepped = SchedulerOutput(), []
@@ -109,7 +127,28 @@ class DraftModelProposer:
                     stepped.append((shadow, w))
             self._run(out)
             live = stepped
+        for shadow, computed in saved:  # back to the target's tokens (applied before the next forward)
+            self._state_copies.append((self._saved_slot(shadow), shadow.seq.state_slot))
+            shadow.seq.num_computed_tokens = computed
+        for shadow in shadows:
+            shadow.state_at = shadow.seq.num_computed_tokens
         return [shadow.seq.token_ids[shadow.synced : shadow.synced + w] for shadow, w in zip(shadows, want, strict=True)]
+
+    def _saved_slot(self, shadow: _Shadow) -> int:
+        """The slot of the snapshot half paired with the shadow's (the shadows never reach that half: _make_room)."""
+        return shadow.seq.state_slot + self.kv.state.num_seqs
+
+    def _make_room(self, keep: set[int]) -> None:
+        """A hybrid draft: shadows past its slots, least recently proposing first and none of `keep`, give up their
+        state and pages; the ones in `keep` move to the most recent end."""
+        for key in keep:
+            if key in self._shadows:
+                self._shadows[key] = self._shadows.pop(key)
+        if self.kv.state is None:
+            return
+        extra = len(self._shadows) + len(keep - self._shadows.keys()) - self.kv.state.num_seqs
+        for key in [key for key in self._shadows if key not in keep][: max(0, extra)]:
+            self.kv.free(self._shadows.pop(key).seq)
 
     def _sync(self, target: Sequence) -> _Shadow:
         """The shadow of `target`, its KV cut back to the prefix it shares with the target's tokens."""
@@ -123,8 +162,10 @@ class DraftModelProposer:
         seq.token_ids = list(tokens)
         seq.num_computed_tokens = min(seq.num_computed_tokens, same, len(tokens) - 1)
         self.kv.trim(seq)
-        if self._lost_window_pages(seq):
-            self.kv.free(seq)  # its windows slid past pages the shorter prefix reads: run it again from the start
+        behind = self.kv.state is not None and seq.num_computed_tokens != shadow.state_at
+        if behind or self._lost_window_pages(seq):
+            # its windows slid past pages the shorter prefix reads, or its state ran past it: run it from the start
+            self.kv.free(seq)
         shadow.synced = len(tokens)
         return shadow
 
@@ -146,6 +187,11 @@ class DraftModelProposer:
         """One draft forward; each shadow whose chunk reached its end appends its greedy next token."""
         if not out.scheduled:
             return
+        if self.kv.state is not None:
+            # The saves and restores first: a restore into the slot of a shadow given up since, then zeroed for its
+            # new owner, leaves zeros.
+            out.state_copies = self._state_copies + self.kv.state.drain()
+            self._state_copies = []
         result = self.runner.execute(out)
         for i, s in enumerate(out.scheduled):
             old = s.seq.num_computed_tokens

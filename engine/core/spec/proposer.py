@@ -28,6 +28,7 @@ class Target:
     max_model_len: int
     model: Any = None  # the target model itself (an EAGLE-3 head reads its hidden states)
     model_path: str = ""  # its folder (an MTP head's weights are in its checkpoint)
+    max_num_seqs: int = 256  # sequences the engine runs at once (a hybrid draft's state slots are at most these)
 
 
 class Proposer(Protocol):
