@@ -151,8 +151,7 @@ class LLMEngine:
 
     def prepare(self, prompt_token_ids: list[int], params: SamplingParams,
                 images: list[ImageData] | None = None) -> PreparedRequest:
-        """Checks a request once (InvalidRequest / ContextTooLong), decodes its images and submits its grammar's
-        compile once."""
+        """Checks a request once (InvalidRequest / ContextTooLong), decodes its images, submits its grammar."""
         prompt_token_ids, decoded = self.images.expand(prompt_token_ids, list(images or ()))  # before its length counts
         prompt = check_request(prompt_token_ids, params, self.limits)
         if images and not isinstance(params, SamplingParams):
@@ -200,8 +199,7 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Frees the request's pages now; returns its last output (finish_reason "abort"), None if unknown."""
-        group = self._groups.pop(request_id, None)
-        if group is None:
+        if (group := self._groups.pop(request_id, None)) is None:
             return None
         self._compiling.drop(request_id)
         self.scheduler.remove(group)
@@ -211,7 +209,9 @@ class LLMEngine:
 
     def install_adapter(self, name: str, adapter: LoadedAdapter) -> None:
         """Serves an adapter read while serving (LoraSet.read) under `name`, in a slot no running request reads."""
-        self.lora.install(name, adapter, {g.adapter for g in self._groups.values() if g.adapter is not None})
+        slot = self.lora.install(name, adapter, {g.adapter for g in self._groups.values() if g.adapter is not None})
+        if self.ranks is not None:  # every other rank reads its part of it into the same slot
+            self.ranks.install_adapter(slot, name, adapter.folder)
 
     def remove_adapter(self, name: str) -> None:
         """Stops serving the adapter; requests running with it finish with it, and then its slot is free."""

@@ -81,7 +81,7 @@ class ModelRunner:
         input_ids, positions, metas, sample_at, prompt_at, pool_at, images = self._prepare(out.scheduled)
         recurrent = None if self.state_pool is None else self._recurrent_step(out.scheduled, metas[0].is_decode)
         if self.peers is not None:
-            self.peers.send_step(out.copies, input_ids, positions, metas, out.state_copies, recurrent)
+            self.peers.send_step(out.copies, input_ids, positions, metas, out.state_copies, recurrent, self.model.lora)
         if recurrent is not None:
             self.state_pool.copy_slots(out.state_copies)
             self.recurrent_plan.plan(recurrent)

@@ -19,7 +19,7 @@ from engine.model.checkpoint import load_weights, plan_copies, safetensors_files
 from engine.model.kv_scales import check_kv_cache_scheme, load_kv_scales
 from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.linear import pack_linears_for_cpu, quantize_linears_int4
-from engine.model.layers.lora import attach_lora
+from engine.model.layers.lora import attach_lora, target_shapes
 from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentSpec
 from engine.model.models import CausalLM, model_class
@@ -211,8 +211,10 @@ def _build_on_meta(model_path: str, tp: TensorParallel | None = None
         if fmt is not None:
             fmt.check_shard(args, tp.size)
         check_shardable(config["architectures"][0], args, tp.size)
+        whole = target_shapes(model)  # what a LoRA adapter is checked against before a rank takes its part
         with torch.device("meta"):
             model.shard_plan = model.shard(tp)
+        model.shard_plan.lora_shapes = whole
         model.checkpoint_sources = model.shard_plan.sources
     if fmt is not None:
         fmt.swap(model, shapes)

@@ -6,6 +6,7 @@ the matching input columns, the block's output all-reduced by the decoder layer)
 and the lm_head's rows, the logits gathered on rank 0). KV heads are split too, or, with fewer KV heads than ranks,
 each rank keeps the one its query heads read. A row-parallel bias is added once: by rank 0, zeroed elsewhere.
 Gated DeltaNet layers split by head as attention does: a rank holds whole key heads with their value heads.
+A LoRA adapter's matrices split with the weight they adapt (ShardPlan.lora_part).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.errors import StartupError
+from engine.errors import StartupError, UnsupportedModel
 from engine.model.checkpoint import Source
 from engine.model.layers.linear import FusedLinear
 from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
@@ -31,10 +32,11 @@ SHARDED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCaus
 @dataclass
 class ShardPlan:
     """What the loader needs of a shard: the part of each checkpoint tensor (by our parameter name) it reads, and
-    the row-parallel biases only rank 0 keeps."""
+    the row-parallel biases only rank 0 keeps; what LoRA needs: each target's (out, in) on the whole model."""
 
     sources: dict[str, Source] = field(default_factory=dict)
     rank0_biases: list[str] = field(default_factory=list)
+    lora_shapes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def column(self, name: str, start: int, size: int, bias: bool) -> None:
         self.sources[f"{name}.weight"] = Source(0, ((start, size),))
@@ -45,6 +47,17 @@ class ShardPlan:
         self.sources[f"{name}.weight"] = Source(1, ((start, size),))
         if bias:
             self.rank0_biases.append(f"{name}.bias")
+
+
+    def lora_part(self, weight: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's part of a LoRA pair (A [rank, in], B [out, rank]) on the projection whose weight is `weight`,
+        cut as that weight is: a column-parallel one's output rows of B (A whole: every rank computes x A^T), a
+        row-parallel one's input columns of A (B whole: the ranks' partial deltas sum in the block's all-reduce)."""
+        source = self.sources.get(weight)
+        if source is None:
+            raise UnsupportedModel(f"it changes {weight.removesuffix('.weight')}, which tensor parallelism does not "
+                                   "shard", param="model")
+        return (a, source.read(b)) if source.dim == 0 else (source.read(a), b)
 
 
 def check_shardable(architecture: str, args: Any, size: int) -> None:

@@ -1,9 +1,11 @@
-"""A rank other than 0: joins the process group, loads its shard, holds its KV pages (its heads' share of every
-page rank 0's scheduler hands out), and runs what rank 0 sends until STOP; it exits when rank 0's process is gone.
+"""A rank other than 0: joins the process group, loads its shard (and its part of every LoRA adapter), holds its KV
+pages (its heads' share of every page rank 0's scheduler hands out), and runs what rank 0 sends until STOP; it exits
+when rank 0's process is gone.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -59,7 +61,7 @@ class Follower:
         self.config, self.tp, self.commands, self.device = config, tp, commands, device
         torch.manual_seed(config.seed)
         self.dtype, _ = resolve_dtype(config.dtype, device, config.quantization)
-        self.model, self.spec = load_model(config.model_path, self.dtype, device, tp=tp)
+        self.model, self.spec = load_model(config.model_path, self.dtype, device, lora=config.lora, tp=tp)
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
         self.backend_name, _ = resolve_backend(config.attention_backend, device, self.dtype)
         self.runner: ModelRunner | None = None
@@ -79,6 +81,9 @@ class Follower:
                 self._step(head)
             elif command == wire.LOGITS:
                 self._logits(int(head[1]), int(head[2]))
+            elif command == wire.LORA:  # an adapter loaded while serving: this rank's part of it, in rank 0's slot
+                name, folder = json.loads(self.commands.recv_bytes())
+                self.model.lora.write(int(head[1]), self.model.lora.read(name, folder))
             else:
                 raise RuntimeError(f"rank {self.tp.rank}: unknown command {command} from rank 0")
 
@@ -102,6 +107,8 @@ class Follower:
         runner = self.runner
         for pool, copies in zip(runner.pools, step.copies, strict=True):
             pool.copy_pages([s for s, _ in copies], [d for _, d in copies])
+        if self.model.lora is not None:
+            self.model.lora.plan.update(step.lora_runs, self.device)
         if step.recurrent is not None:
             runner.state_pool.copy_slots(step.state_copies)
             runner.recurrent_plan.plan(step.recurrent)

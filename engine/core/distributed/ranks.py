@@ -10,6 +10,7 @@ collective after `timeout_s`. Every rank exits when rank 0's process is gone, so
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import socket
 import threading
@@ -27,6 +28,7 @@ from engine.core.device import available_cpus
 from engine.core.distributed import wire
 from engine.core.distributed.groups import join_groups
 from engine.errors import RankFailed, StartupError
+from engine.model.layers.lora import LoraSet
 from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentStep
 from engine.model.loader import model_args
@@ -64,9 +66,7 @@ def rank_config(config: EngineConfig, device: torch.device) -> EngineConfig:
     config = replace(config, tensor_parallel_size=size)
     if size == 1:
         return config
-    lora = config.lora is not None and bool(config.lora.adapters or config.lora.runtime)
-    for what, present in (("LoRA adapters", lora),
-                          ("QUANTIZATION", config.quantization is not None),
+    for what, present in (("QUANTIZATION", config.quantization is not None),
                           ("speculative decoding", config.speculative is not None)):
         if present:
             raise StartupError(f"tensor_parallel_size={size}: {what} do not run tensor-parallel yet",
@@ -172,8 +172,10 @@ class RankSet:
 
     def send_step(self, copies: list[tuple[int, int, int]], input_ids: torch.Tensor, positions: torch.Tensor,
                   metas: list[AttentionMetadata], state_copies: list[tuple[int, int]] = (),
-                  recurrent: RecurrentStep | None = None) -> None:
-        head, payload = wire.pack_step(copies, input_ids, positions, metas, state_copies, recurrent)
+                  recurrent: RecurrentStep | None = None, lora: LoraSet | None = None) -> None:
+        """The step's inputs (lora: rank 0's adapters, whose plan holds the step's rows per adapter)."""
+        runs = lora.plan.runs if lora is not None else ()
+        head, payload = wire.pack_step(copies, input_ids, positions, metas, state_copies, recurrent, runs)
         self._send(head)
         dist.broadcast(payload, src=0, group=self.tp.group)
 
@@ -185,11 +187,17 @@ class RankSet:
         if exact_rows is not None and exact > 0:
             dist.broadcast(exact_rows.to(torch.int64), src=0, group=self.tp.group)
 
-    def _send(self, head: torch.Tensor) -> None:
+    def install_adapter(self, slot: int, name: str, folder: str) -> None:
+        """Every rank reads its part of the adapter in `folder` into `slot` (rank 0's, just installed), before the
+        next step."""
+        self._send(wire.header(wire.LORA, slot), json.dumps([name, folder]).encode())
+
+    def _send(self, head: torch.Tensor, *more: bytes) -> None:
         self.check()
-        message = head.numpy().tobytes()
+        messages = [head.numpy().tobytes(), *more]
         for pipe in self.commands:
-            pipe.send_bytes(message)
+            for message in messages:
+                pipe.send_bytes(message)
 
     # ---- the end
     def close(self) -> None:

@@ -5,7 +5,9 @@ A step is its token ids, positions, the CSR page table (qo / kv indptr and last 
 groups; each group's page indices and slots) and the page copies to make first: everything a rank needs to run its
 heads over its own KV pages, whose page ids are the scheduler's and the same on every rank. A hybrid model's step
 adds its recurrent-state slot copies, each sequence's slot and the snapshots to take: the slot ids are rank 0's
-scheduler's too, each rank's state pool holding its own heads' states in them.
+scheduler's too, each rank's state pool holding its own heads' states in them. With LoRA adapters, the step's rows
+per adapter slot travel too (LoraPlan.runs; -1: no adapter). An adapter loaded while serving is a LORA command
+whose header names its slot, followed down the pipe by its name and folder (JSON), which each rank reads itself.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import torch
 from engine.attention.base import AttentionMetadata
 from engine.model.layers.recurrent_step import RecurrentStep
 
-STEP, LOGITS, CACHE, STOP = 1, 2, 3, 4
+STEP, LOGITS, CACHE, STOP, LORA = 1, 2, 3, 4, 5
 MAX_GROUPS = 8  # KV layer groups a step header has room for (the sharded families have one or two)
-HEADER_LEN = 9 + 2 * MAX_GROUPS
+FIXED = 10  # the command and a step's counts before the groups' sizes
+HEADER_LEN = FIXED + 2 * MAX_GROUPS
 
 
 def header(command: int, *fields: int) -> torch.Tensor:
@@ -40,11 +43,13 @@ class Step:
     metas: list[AttentionMetadata]  # per KV group
     state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) state slots, in order
     recurrent: RecurrentStep | None = None  # a hybrid model's plan for its recurrent layers
+    lora_runs: list[tuple[int | None, int]] = field(default_factory=list)  # (adapter slot, rows), in row order
 
 
 def pack_step(copies: list[tuple[int, int, int]], input_ids: torch.Tensor, positions: torch.Tensor,
               metas: list[AttentionMetadata], state_copies: list[tuple[int, int]] = (),
-              recurrent: RecurrentStep | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              recurrent: RecurrentStep | None = None, lora_runs: list[tuple[int | None, int]] = ()
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """(header, payload) of one step; the payload is on the tensors' device."""
     first = metas[0]
     parts = [input_ids, positions, first.qo_indptr, first.kv_indptr, first.kv_last_page_len]
@@ -53,28 +58,31 @@ def pack_step(copies: list[tuple[int, int, int]], input_ids: torch.Tensor, posit
     flat = [v for c in copies for v in c] + [v for c in state_copies for v in c]
     if recurrent is not None:  # its spans are the page table's qo_indptr: only the slots and snapshots travel
         flat += recurrent.slots + [v for c in recurrent.captures for v in c]
+    flat += [v for slot, n in lora_runs for v in (-1 if slot is None else slot, n)]
     parts.append(torch.tensor(flat, dtype=torch.int64).to(input_ids.device))
     payload = torch.cat([p.to(torch.int64) for p in parts])
     sizes = [n for m in metas for n in (m.kv_indices.numel(), m.slot_mapping.numel())]
     fields = [input_ids.numel(), first.qo_indptr.numel() - 1, int(first.is_decode), len(metas), len(copies),
-              len(state_copies), int(recurrent is not None), len(recurrent.captures) if recurrent else 0, *sizes]
+              len(state_copies), int(recurrent is not None), len(recurrent.captures) if recurrent else 0,
+              len(lora_runs), *sizes]
     return header(STEP, *fields), payload
 
 
 def payload_len(head: torch.Tensor) -> int:
-    tokens, batch, _, groups, copies, state_copies, recurrent, captures = head[1:9].tolist()
-    sizes = head[9 : 9 + 2 * groups].tolist()
+    tokens, batch, _, groups, copies, state_copies, recurrent, captures, runs = head[1:FIXED].tolist()
+    sizes = head[FIXED : FIXED + 2 * groups].tolist()
     return (2 * tokens + 2 * (batch + 1) + batch + sum(sizes) + 3 * copies + 2 * state_copies
-            + recurrent * batch + 3 * captures)
+            + recurrent * batch + 3 * captures + 2 * runs)
 
 
 def unpack_step(head: torch.Tensor, payload: torch.Tensor, page_size: int) -> Step:
-    tokens, batch, is_decode, groups, num_copies, state_copies, recurrent, captures = head[1:9].tolist()
-    sizes = head[9 : 9 + 2 * groups].tolist()
+    tokens, batch, is_decode, groups, num_copies, state_copies, recurrent, captures, runs = head[1:FIXED].tolist()
+    sizes = head[FIXED : FIXED + 2 * groups].tolist()
     i32 = torch.int32
     cuts = [tokens, tokens, batch + 1, batch + 1, batch, *sizes, 3 * num_copies, 2 * state_copies,
-            recurrent * batch, 3 * captures]
+            recurrent * batch, 3 * captures, 2 * runs]
     pieces = list(torch.split(payload, cuts))
+    lora_runs = [(None if slot < 0 else slot, n) for slot, n in pieces.pop().view(-1, 2).tolist()]
     input_ids, positions, qo, kv, last = pieces[:5]
     qo, kv, last = qo.to(i32), kv.to(i32), last.to(i32)
     metas = [AttentionMetadata(qo_indptr=qo, kv_indptr=kv, kv_indices=pieces[5 + 2 * g].to(i32), kv_last_page_len=last,
@@ -82,7 +90,8 @@ def unpack_step(head: torch.Tensor, payload: torch.Tensor, page_size: int) -> St
              for g in range(groups)]
     flat = pieces[-4].view(-1, 3).tolist()
     copies = [[(s, d) for h, s, d in flat if h == g] for g in range(groups)]
-    step = Step(copies, input_ids, positions, metas, [tuple(c) for c in pieces[-3].view(-1, 2).tolist()])
+    step = Step(copies, input_ids, positions, metas, [tuple(c) for c in pieces[-3].view(-1, 2).tolist()],
+                lora_runs=lora_runs)
     if recurrent:
         starts = qo.tolist()
         spans = [(starts[i], starts[i + 1] - starts[i]) for i in range(batch)]

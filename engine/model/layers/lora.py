@@ -5,6 +5,10 @@ targets within a fused projection (q|k|v, gate|up) sit side by side along `width
 rows at its shard of the fused output, with the scale folded in. A step's rows are grouped per adapter once
 (LoraPlan.update), so the step pays two small matmuls per projection for each distinct adapter in it,
 whatever the batch size. Rows with no adapter cost nothing.
+
+On a tensor-parallel rank each adapter is checked against the whole model and then cut as its base layers are
+(ShardPlan.lora_part): a column-parallel projection's B by its output rows, a row-parallel one's A by its input
+columns, whose partial delta joins the base's partial sum before the block's all-reduce.
 """
 
 from __future__ import annotations
@@ -12,12 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from engine.errors import InvalidRequest, UnsupportedModel
 from engine.model.adapters import check_adapter, read_adapter
+
+if TYPE_CHECKING:
+    from engine.model.sharding import ShardPlan
 
 # Where each PEFT target lives in a decoder layer: (sub-module, shard of a fused projection or None).
 TARGET_MODULES = {
@@ -32,9 +40,11 @@ class LoraPlan:
 
     def __init__(self) -> None:
         self.groups: list[tuple[int, slice | torch.Tensor]] = []
+        self.runs: list[tuple[int | None, int]] = []  # the last update's (the other tensor-parallel ranks get them)
 
     def update(self, runs: list[tuple[int | None, int]], device: torch.device) -> None:
         """runs: (adapter slot or None, number of rows), in row order."""
+        self.runs = runs
         ranges: dict[int, list[range]] = {}
         row = 0
         for slot, n in runs:
@@ -102,14 +112,18 @@ class LoadedAdapter:
     rank: int
     scale: float
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]  # (layer, target) -> (A, B), float32
+    folder: str  # where it was read (every other tensor-parallel rank reads its own part there)
 
 
 class LoraSet:
     """The loaded adapters: their slots by name, the plan every LoraLinear of the model reads, and (when adapters
     load at run time) the free slots and a key per load that tells two loads under one name apart."""
 
-    def __init__(self, num_slots: int, max_rank: int, shapes: dict[str, tuple[int, int]], num_layers: int) -> None:
+    def __init__(self, num_slots: int, max_rank: int, shapes: dict[str, tuple[int, int]], num_layers: int,
+                 shard: ShardPlan | None = None) -> None:
+        # shapes: each target's (out, in) on the whole model; shard: this rank's part of it (None: all of it)
         self.num_slots, self.max_rank, self.shapes, self.num_layers = num_slots, max_rank, shapes, num_layers
+        self.shard = shard
         self.slots: dict[str, int] = {}
         self.ranks: dict[str, int] = {}
         self.keys: dict[str, str] = {}  # name -> what its prefix-cache hashes are seeded with
@@ -122,12 +136,15 @@ class LoraSet:
         Reads files only (no slot is touched), so it may run on any thread."""
         try:
             info = check_adapter(Path(folder), self.shapes, self.num_layers)
+            if info.rank > self.max_rank:
+                raise UnsupportedModel(f"rank {info.rank}, above MAX_LORA_RANK={self.max_rank}", param="model")
+            weights = read_adapter(Path(folder), info)
+            if self.shard is not None:  # checked whole, held in part
+                weights = {(layer, target): self.shard.lora_part(_weight_name(layer, target), a, b)
+                           for (layer, target), (a, b) in weights.items()}
         except UnsupportedModel as exc:
             raise UnsupportedModel(f"adapter {name!r}: {exc.message}", param="model") from None
-        if info.rank > self.max_rank:
-            raise UnsupportedModel(f"adapter {name!r} has rank {info.rank}, above MAX_LORA_RANK={self.max_rank}",
-                                   param="model")
-        return LoadedAdapter(info.rank, info.scale, read_adapter(Path(folder), info))
+        return LoadedAdapter(info.rank, info.scale, weights, str(folder))
 
     def install(self, name: str, adapter: LoadedAdapter, busy: set[int]) -> int:
         """Writes the adapter into a slot no name holds and no running request (`busy`) still reads; its slot."""
@@ -138,15 +155,20 @@ class LoraSet:
             raise UnsupportedModel(f"all {self.num_slots} LoRA slots are taken (MAX_LORAS): unload an adapter "
                                    "first", param="lora_name")
         slot = free[0]
+        self.write(slot, adapter)
+        self.slots[name], self.ranks[name] = slot, adapter.rank
+        # A name loaded again (other weights, maybe) must not meet the KV pages its earlier load left cached.
+        self.keys[name] = f"{name}#{next(self._loads)}" if name in self.keys else name
+        return slot
+
+    def write(self, slot: int, adapter: LoadedAdapter) -> None:
+        """Empties the slot and writes the adapter's weights into it (another tensor-parallel rank's install: rank
+        0 picked the slot)."""
         for linear in self.wrapped.values():
             linear.clear(slot)
         for (layer, target), (a, b) in adapter.weights.items():
             module_name, proj = TARGET_MODULES[target]
             self.wrapped[(layer, module_name, proj)].set(slot, target, a, b, adapter.scale)
-        self.slots[name], self.ranks[name] = slot, adapter.rank
-        # A name loaded again (other weights, maybe) must not meet the KV pages its earlier load left cached.
-        self.keys[name] = f"{name}#{next(self._loads)}" if name in self.keys else name
-        return slot
 
     def remove(self, name: str) -> None:
         """Forgets the name; its slot is reused once the requests still running with it are done."""
@@ -162,15 +184,15 @@ def attach_lora(model: nn.Module, adapters: dict[str, str], max_loras: int, max_
     loaded later need no new buffers.
 
     Runs on the loaded float weights, before any int4 or CPU packing swaps the base linears inside the wrappers.
+    A tensor-parallel shard (model.shard_plan) checks adapters against the whole model's shapes and holds its part.
     """
     if len(adapters) > max_loras:
         raise UnsupportedModel(f"{len(adapters)} adapters are baked but MAX_LORAS is {max_loras}: raise MAX_LORAS",
                                param="model")
     layers = model.model.layers
-    # Only the projections every layer has (an MoE model's MLPs are experts: no LoRA there).
-    shapes = {t: _shape(getattr(getattr(layers[0], m), p), t) for t, (m, p) in TARGET_MODULES.items()
-              if all(hasattr(getattr(layer, m, None), p) for layer in layers)}
-    lora = LoraSet(max_loras if runtime else len(adapters), max_rank, shapes, len(layers))
+    shard = getattr(model, "shard_plan", None)
+    shapes = target_shapes(model) if shard is None else shard.lora_shapes
+    lora = LoraSet(max_loras if runtime else len(adapters), max_rank, shapes, len(layers), shard)
     loaded = {name: lora.read(name, Path(folder)) for name, folder in adapters.items()}
     model.lora = lora
     width = max_rank if runtime else max((a.rank for a in loaded.values()), default=1)
@@ -187,6 +209,20 @@ def attach_lora(model: nn.Module, adapters: dict[str, str], max_loras: int, max_
     for name, adapter in loaded.items():
         lora.install(name, adapter, set())
     return lora
+
+
+def target_shapes(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """(out, in) of each projection an adapter may target: those every layer has (an MoE model's MLPs are experts,
+    with no LoRA there)."""
+    layers = model.model.layers
+    return {t: _shape(getattr(getattr(layers[0], m), p), t) for t, (m, p) in TARGET_MODULES.items()
+            if all(hasattr(getattr(layer, m, None), p) for layer in layers)}
+
+
+def _weight_name(layer: int, target: str) -> str:
+    """Our parameter name of the weight a PEFT target adapts (a fused projection's part keeps its hub name)."""
+    return f"model.layers.{layer}.{TARGET_MODULES[target][0]}.{target}.weight"
+
 
 def _shards(linear: nn.Module, target: str) -> dict[str, tuple[int, int]]:
     offsets = getattr(linear, "shard_offsets", None)  # a FusedLinear, or the serving form of a quantized one
