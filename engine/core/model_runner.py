@@ -104,8 +104,7 @@ class ModelRunner:
         sample_at = [(i, row) for i, row in sample_at if not out.scheduled[i].draft]
         if sample_at or verify_at:
             # A speculating sequence needs every one of its rows: each verifies the proposal before it.
-            picked = [(i, row) for i, row in sample_at] + [(i, r) for i, row, n in verify_at
-                                                            for r in range(row, row + n)]
+            picked = sample_at + [(i, r) for i, row, n in verify_at for r in range(row, row + n)]
             rows = torch.tensor([row for _, row in picked], device=self.device)
             # Greedy rows get the float32 argmax of a bf16 head (engine.model.layers.logits); sampled rows do
             # not need it, and at batch 64 it would cost a few percent of the step.
@@ -115,8 +114,7 @@ class ModelRunner:
             if sample_at:
                 self._sample(logits[: len(sample_at)], [(i, out.scheduled[i]) for i, _ in sample_at], result)
             if verify_at:
-                verify(logits[len(sample_at) :], [(i, out.scheduled[i]) for i, _, _ in verify_at], self.sampler,
-                       result)
+                verify(logits[len(sample_at) :], [(i, out.scheduled[i]) for i, *_ in verify_at], self.sampler, result)
         return result
 
     def _logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -223,8 +221,10 @@ class ModelRunner:
         """After the scheduler committed a step: each speculating sequence's recurrent state advances by the rows it
         kept (engine/model/layers/recurrent_step.py), before any later step, fork or snapshot copy reads it."""
         if self.recurrent_plan is not None:
-            self.recurrent_plan.settle({i: s.seq.num_computed_tokens - s.start for i, s in enumerate(out.scheduled)
-                                        if s.draft})
+            kept = {i: s.seq.num_computed_tokens - s.start for i, s in enumerate(out.scheduled) if s.draft}
+            if self.peers is not None and kept:
+                self.peers.send_settle(kept)
+            self.recurrent_plan.settle(kept)
 
     def _prompt_logprobs(
         self, hidden: torch.Tensor, scheduled: list[ScheduledSeq], prompt_at: list[tuple[int, int, int]],

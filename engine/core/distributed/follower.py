@@ -81,6 +81,8 @@ class Follower:
                 self._step(head)
             elif command == wire.LOGITS:
                 self._logits(int(head[1]), int(head[2]))
+            elif command == wire.SETTLE:  # a verify's kept rows, replayed into this rank's recurrent states
+                self.runner.recurrent_plan.settle(dict(json.loads(self.commands.recv_bytes())))
             elif command == wire.LORA:  # an adapter loaded while serving: this rank's part of it, in rank 0's slot
                 name, folder = json.loads(self.commands.recv_bytes())
                 self.model.lora.write(int(head[1]), self.model.lora.read(name, folder))

@@ -66,11 +66,13 @@ def rank_config(config: EngineConfig, device: torch.device) -> EngineConfig:
     config = replace(config, tensor_parallel_size=size)
     if size == 1:
         return config
-    for what, present in (("QUANTIZATION", config.quantization is not None),
-                          ("speculative decoding", config.speculative is not None)):
-        if present:
-            raise StartupError(f"tensor_parallel_size={size}: {what} do not run tensor-parallel yet",
-                               param="tensor_parallel_size")
+    if config.quantization is not None:
+        raise StartupError(f"tensor_parallel_size={size}: QUANTIZATION does not run tensor-parallel yet",
+                           param="tensor_parallel_size")
+    method = config.speculative.method if config.speculative is not None else None
+    if method in ("eagle3", "mtp"):  # NOTE: the head would call the sharded embedding and lm_head on rank 0 alone
+        raise StartupError(f"tensor_parallel_size={size}: speculative method {method} does not run tensor-parallel "
+                           "yet (ngram and draft_model do)", param="tensor_parallel_size")
     check_shardable(*model_args(config.model_path), size)
     if device.type == "cpu" and config.cpu_threads is None:
         config = replace(config, cpu_threads=max(1, available_cpus() // size))
@@ -186,6 +188,11 @@ class RankSet:
         dist.broadcast(hidden.contiguous(), src=0, group=self.tp.group)
         if exact_rows is not None and exact > 0:
             dist.broadcast(exact_rows.to(torch.int64), src=0, group=self.tp.group)
+
+    def send_settle(self, accepted: dict[int, int]) -> None:
+        """The rows of each verified sequence of the last step that were kept: every rank replays them into its
+        recurrent states (RecurrentPlan.settle) before the next step."""
+        self._send(wire.header(wire.SETTLE), json.dumps(sorted(accepted.items())).encode())
 
     def install_adapter(self, slot: int, name: str, folder: str) -> None:
         """Every rank reads its part of the adapter in `folder` into `slot` (rank 0's, just installed), before the

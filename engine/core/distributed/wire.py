@@ -8,6 +8,9 @@ adds its recurrent-state slot copies, each sequence's slot and the snapshots to 
 scheduler's too, each rank's state pool holding its own heads' states in them. With LoRA adapters, the step's rows
 per adapter slot travel too (LoraPlan.runs; -1: no adapter). An adapter loaded while serving is a LORA command
 whose header names its slot, followed down the pipe by its name and folder (JSON), which each rank reads itself.
+A speculative verify on a hybrid model sends which sequences' rows verify (their states are not written by the
+forward); once rank 0 knows how many rows of each it kept, a SETTLE command (the counts down the pipe) has every
+rank replay them into its states.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ import torch
 from engine.attention.base import AttentionMetadata
 from engine.model.layers.recurrent_step import RecurrentStep
 
-STEP, LOGITS, CACHE, STOP, LORA = 1, 2, 3, 4, 5
+STEP, LOGITS, CACHE, STOP, LORA, SETTLE = 1, 2, 3, 4, 5, 6
 MAX_GROUPS = 8  # KV layer groups a step header has room for (the sharded families have one or two)
-FIXED = 10  # the command and a step's counts before the groups' sizes
+FIXED = 11  # the command and a step's counts before the groups' sizes
 HEADER_LEN = FIXED + 2 * MAX_GROUPS
 
 
@@ -56,31 +59,32 @@ def pack_step(copies: list[tuple[int, int, int]], input_ids: torch.Tensor, posit
     for m in metas:
         parts += [m.kv_indices, m.slot_mapping]
     flat = [v for c in copies for v in c] + [v for c in state_copies for v in c]
-    if recurrent is not None:  # its spans are the page table's qo_indptr: only the slots and snapshots travel
-        flat += recurrent.slots + [v for c in recurrent.captures for v in c]
+    if recurrent is not None:  # its spans are the page table's qo_indptr: only the slots, snapshots and verifies
+        flat += recurrent.slots + [v for c in recurrent.captures for v in c] + sorted(recurrent.verify)
     flat += [v for slot, n in lora_runs for v in (-1 if slot is None else slot, n)]
     parts.append(torch.tensor(flat, dtype=torch.int64).to(input_ids.device))
     payload = torch.cat([p.to(torch.int64) for p in parts])
     sizes = [n for m in metas for n in (m.kv_indices.numel(), m.slot_mapping.numel())]
     fields = [input_ids.numel(), first.qo_indptr.numel() - 1, int(first.is_decode), len(metas), len(copies),
               len(state_copies), int(recurrent is not None), len(recurrent.captures) if recurrent else 0,
-              len(lora_runs), *sizes]
+              len(lora_runs), len(recurrent.verify) if recurrent else 0, *sizes]
     return header(STEP, *fields), payload
 
 
 def payload_len(head: torch.Tensor) -> int:
-    tokens, batch, _, groups, copies, state_copies, recurrent, captures, runs = head[1:FIXED].tolist()
+    tokens, batch, _, groups, copies, state_copies, recurrent, captures, runs, verify = head[1:FIXED].tolist()
     sizes = head[FIXED : FIXED + 2 * groups].tolist()
     return (2 * tokens + 2 * (batch + 1) + batch + sum(sizes) + 3 * copies + 2 * state_copies
-            + recurrent * batch + 3 * captures + 2 * runs)
+            + recurrent * batch + 3 * captures + verify + 2 * runs)
 
 
 def unpack_step(head: torch.Tensor, payload: torch.Tensor, page_size: int) -> Step:
-    tokens, batch, is_decode, groups, num_copies, state_copies, recurrent, captures, runs = head[1:FIXED].tolist()
+    tokens, batch, is_decode, groups, num_copies, state_copies, recurrent, captures, runs, verify = (
+        head[1:FIXED].tolist())
     sizes = head[FIXED : FIXED + 2 * groups].tolist()
     i32 = torch.int32
     cuts = [tokens, tokens, batch + 1, batch + 1, batch, *sizes, 3 * num_copies, 2 * state_copies,
-            recurrent * batch, 3 * captures, 2 * runs]
+            recurrent * batch, 3 * captures, verify, 2 * runs]
     pieces = list(torch.split(payload, cuts))
     lora_runs = [(None if slot < 0 else slot, n) for slot, n in pieces.pop().view(-1, 2).tolist()]
     input_ids, positions, qo, kv, last = pieces[:5]
@@ -88,14 +92,14 @@ def unpack_step(head: torch.Tensor, payload: torch.Tensor, page_size: int) -> St
     metas = [AttentionMetadata(qo_indptr=qo, kv_indptr=kv, kv_indices=pieces[5 + 2 * g].to(i32), kv_last_page_len=last,
                                slot_mapping=pieces[6 + 2 * g], page_size=page_size, is_decode=bool(is_decode))
              for g in range(groups)]
-    flat = pieces[-4].view(-1, 3).tolist()
+    flat = pieces[-5].view(-1, 3).tolist()
     copies = [[(s, d) for h, s, d in flat if h == g] for g in range(groups)]
-    step = Step(copies, input_ids, positions, metas, [tuple(c) for c in pieces[-3].view(-1, 2).tolist()],
+    step = Step(copies, input_ids, positions, metas, [tuple(c) for c in pieces[-4].view(-1, 2).tolist()],
                 lora_runs=lora_runs)
     if recurrent:
         starts = qo.tolist()
         spans = [(starts[i], starts[i + 1] - starts[i]) for i in range(batch)]
-        slots = pieces[-2]
-        step.recurrent = RecurrentStep(spans, slots.tolist(), [tuple(c) for c in pieces[-1].view(-1, 3).tolist()],
-                                       slots, bool(is_decode))
+        slots = pieces[-3]
+        step.recurrent = RecurrentStep(spans, slots.tolist(), [tuple(c) for c in pieces[-2].view(-1, 3).tolist()],
+                                       slots, bool(is_decode), verify=frozenset(pieces[-1].tolist()))
     return step

@@ -65,7 +65,7 @@ def test_the_engine_refuses_before_starting_any_rank(tiny_model_path):
     """A size the tiny model's 4 heads cannot take, and int4 at TP=2: refused with no process started."""
     with pytest.raises(StartupError, match="tensor_parallel_size=3 does not divide the model's 4 attention heads"):
         make_engine(tiny_model_path, tensor_parallel_size=3)
-    with pytest.raises(StartupError, match="QUANTIZATION do not run tensor-parallel yet"):
+    with pytest.raises(StartupError, match="QUANTIZATION does not run tensor-parallel yet"):
         make_engine(tiny_model_path, tensor_parallel_size=2, quantization="int4")
 
 
