@@ -60,15 +60,21 @@ def head_reference(mtp: dict[str, torch.Tensor], hf, tokens: list[int], hidden: 
     return guesses
 
 
+def first_guesses(engine, lengths: tuple[int, ...], k: int = 3):
+    """Random prompts of `lengths` prefilled in one step (the head catches up on them and guesses once for each),
+    then k guesses for each: (prompts, their sequences, the guesses)."""
+    prompts = [torch.randint(3, 128, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in lengths]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, greedy(8, ignore_eos=True))
+    engine.step()
+    seqs = [engine._groups[f"r{i}"].seqs[0] for i in range(len(prompts))]
+    return prompts, seqs, engine.speculator.proposer.propose(seqs, [k] * len(seqs))
+
+
 def test_the_heads_guesses_equal_a_reference_fed_the_targets_final_hidden_states(target):
     path, hf, mtp = target
     engine = tiny_engine(path, speculative=MTP, max_num_batched_tokens=64)
-    prompts = [torch.randint(3, 128, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (6, 19, 33)]
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"r{i}", prompt, greedy(8, ignore_eos=True))
-    engine.step()  # the prefills: the head catches up on the prompts and guesses once for each
-    seqs = [engine._groups[f"r{i}"].seqs[0] for i in range(len(prompts))]
-    guesses = engine.speculator.proposer.propose(seqs, [3] * len(seqs))
+    prompts, seqs, guesses = first_guesses(engine, (6, 19, 33))
     for i, (prompt, seq) in enumerate(zip(prompts, seqs, strict=True)):
         with torch.no_grad():
             out = hf(torch.tensor([prompt]), output_hidden_states=True)

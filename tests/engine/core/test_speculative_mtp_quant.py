@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from engine.model.layers.linear import Int4Linear
-from tests.engine.core.engine_run import greedy
 from tests.engine.core.hybrid_spec import hybrid_requests, random_mtp_weights, run_checked, tokens
-from tests.engine.core.test_speculative_mtp import MTP, head_reference
+from tests.engine.core.test_speculative_mtp import MTP, first_guesses, head_reference
 from tests.engine.model.family_parity import load_family, tiny_engine
 from tests.engine.model.hybrid_quant_checkpoints import write_hybrid_quantized
 
@@ -39,12 +38,7 @@ def test_the_heads_projections_serve_in_the_checkpoints_format_and_guess_as_the_
         assert torch.equal(layer.self_attn.qkv_proj.weight, want)
     else:  # served by the int4 kernel, as the target's projections are
         assert isinstance(layer.self_attn.qkv_proj, Int4Linear) and isinstance(layer.mlp.down_proj, Int4Linear)
-    prompts = [torch.randint(3, 128, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (7, 21)]
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"r{i}", prompt, greedy(8, ignore_eos=True))
-    engine.step()  # the prefills: the head catches up on the prompts and guesses once for each
-    seqs = [engine._groups[f"r{i}"].seqs[0] for i in range(len(prompts))]
-    guesses = engine.speculator.proposer.propose(seqs, [3] * len(seqs))
+    prompts, seqs, guesses = first_guesses(engine, (7, 21))
     for i, (prompt, seq) in enumerate(zip(prompts, seqs, strict=True)):
         with torch.no_grad():
             hidden = hf.model(torch.tensor([prompt])).last_hidden_state[0]
