@@ -8,7 +8,8 @@ from, as bench/serving.py starts it) and are driven by the same client: the offi
 completions, greedy. Workloads as bench/speculative.py's: "repeat" (repeat or lightly edit a paragraph given in the
 prompt; the model ends by itself after it) and "free" (short open questions, `max_tokens` forced with `ignore_eos`).
 1 client runs 4 requests one after another; N clients N requests at once. Sides: `ours` (no speculation),
-`ours-ngram` (`SPECULATIVE_CONFIG={"method": "ngram"}`: the defaults), `llama` (no speculation), `llama-ngram`
+`ours-ngram` (`SPECULATIVE_CONFIG={"method": "ngram"}`: the defaults), `ours-ngram-always` (the same, never turned
+off by the batch size: where speculation stops paying), `llama` (no speculation), `llama-ngram`
 (llama-server's own n-gram speculation, `--spec-type ngram-simple` with its defaults) and `llama-ngram-k4` (the
 same with a lookup and a draft shaped as ours). Acceptance: ours from the engine's counters in
 /health before and after a level, llama-server's from the `timings` of its last stream chunk. One server at a time,
@@ -34,11 +35,13 @@ from bench.serving import server  # noqa: E402
 from bench.speculative import messages  # noqa: E402
 
 NGRAM = {"SPECULATIVE_CONFIG": json.dumps({"method": "ngram"})}
+NGRAM_ALWAYS = {"SPECULATIVE_CONFIG": json.dumps({"method": "ngram", "disable_by_batch_size": 10**6})}
 # llama-server's prompt-and-output n-gram lookup: as its user turns it on (its defaults: a 12-token lookup, up to 48
 # drafted), and shaped as ours (a 3-token lookup, 4 drafted; ours looks up 4 down to 2 tokens and drafts 4).
 LLAMA_NGRAM = ("--spec-type", "ngram-simple")
 LLAMA_NGRAM_K4 = (*LLAMA_NGRAM, "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "4")
-SIDES = {"ours": ("ours", {}, ()), "ours-ngram": ("ours", NGRAM, ()), "llama": ("llama", {}, ()),
+SIDES = {"ours": ("ours", {}, ()), "ours-ngram": ("ours", NGRAM, ()), "ours-ngram-always": ("ours", NGRAM_ALWAYS, ()),
+         "llama": ("llama", {}, ()),
          "llama-ngram": ("llama", {}, LLAMA_NGRAM), "llama-ngram-k4": ("llama", {}, LLAMA_NGRAM_K4)}
 
 
