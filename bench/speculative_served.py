@@ -7,7 +7,7 @@ Both servers serve the default model (ours its bake, `handler.py --serve`; llama
 from, as bench/serving.py starts it) and are driven by the same client: the official `openai` SDK streaming chat
 completions, greedy. Workloads as bench/speculative.py's: "repeat" (repeat or lightly edit a paragraph given in the
 prompt; the model ends by itself after it) and "free" (short open questions, `max_tokens` forced with `ignore_eos`).
-1 client runs 4 requests one after another; N clients N requests at once. Sides: `ours` (no speculation),
+1 client runs 8 requests one after another; N clients max(8, N) requests, N at a time. Sides: `ours` (no speculation),
 `ours-ngram` (`SPECULATIVE_CONFIG={"method": "ngram"}`: the defaults), `ours-ngram-always` (the same, never turned
 off by the batch size: where speculation stops paying), `llama` (no speculation), `llama-ngram`
 (llama-server's own n-gram speculation, `--spec-type ngram-simple` with its defaults) and `llama-ngram-k4` (the
@@ -69,7 +69,7 @@ async def run_level(base: str, model: str, workload: str, clients: int, tokens: 
     # a connection per request, as bench/serving.py (llama-server sometimes drops a kept-alive one)
     http = DefaultAsyncHttpx2Client(limits=httpx2.Limits(max_keepalive_connections=0))
     client = AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=600, http_client=http)
-    queue = list(range(4 if clients == 1 else clients))[::-1]
+    queue = list(range(max(8, clients)))[::-1]
     results = []
 
     async def worker():
