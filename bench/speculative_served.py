@@ -7,8 +7,8 @@ Both servers serve the default model (ours its bake, `handler.py --serve`; llama
 from, as bench/serving.py starts it) and are driven by the same client: the official `openai` SDK streaming chat
 completions, greedy. Workloads as bench/speculative.py's: "repeat" (repeat or lightly edit a paragraph given in the
 prompt; the model ends by itself after it) and "free" (short open questions, `max_tokens` forced with `ignore_eos`).
-1 client runs 8 requests one after another; N clients max(8, N) requests, N at a time. Sides: `ours` (no speculation),
-`ours-ngram` (`SPECULATIVE_CONFIG={"method": "ngram"}`: the defaults), `ours-ngram-always` (the same, never turned
+1 client runs 8 requests one after another; N clients max(8, N) requests, N at a time. Sides: `ours` (no
+speculation), `ours-ngram` (`SPECULATIVE_CONFIG={"method": "ngram"}`: the defaults), `ours-ngram-always` (the same, never turned
 off by the batch size: where speculation stops paying), `llama` (no speculation), `llama-ngram`
 (llama-server's own n-gram speculation, `--spec-type ngram-simple` with its defaults) and `llama-ngram-k4` (the
 same with a lookup and a draft shaped as ours). Acceptance: ours from the engine's counters in
