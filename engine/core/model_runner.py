@@ -13,7 +13,7 @@ A vision model's images are encoded in the step that prefills their spans (engin
 the step in one batched tower call; their embeddings replace the spans' rows of the token embeddings, and the
 spans go to the backends as bidirectional blocks (AttentionMetadata.bidirectional). A causal model's span may be
 split across chunks: its encoding waits on the span until the last of it is prefilled. Images with 3-D positions
-(Qwen-VL) shift their sequence's positions (engine/core/image_positions.py).
+(Qwen-VL) shift their sequence's positions (engine/core/image_positions.py); the other ranks get rows and embeddings.
 """
 
 from __future__ import annotations
@@ -80,8 +80,9 @@ class ModelRunner:
             pool.copy_pages([s for h, s, _ in out.copies if h == g], [d for h, _, d in out.copies if h == g])
         input_ids, positions, metas, sample_at, prompt_at, pool_at, images = self._prepare(out.scheduled)
         recurrent = None if self.state_pool is None else self._recurrent_step(out.scheduled, metas[0].is_decode)
+        extra = {} if images is None else {"image_embeds": self._encode_images(*images)}  # (the other ranks' too)
         if self.peers is not None:
-            self.peers.send_step(out.copies, input_ids, positions, metas, out.state_copies, recurrent, self.model.lora)
+            self.peers.send_step(out, input_ids, positions, metas, recurrent, self.model.lora, **extra)
         if recurrent is not None:
             self.state_pool.copy_slots(out.state_copies)
             self.recurrent_plan.plan(recurrent)
@@ -91,7 +92,6 @@ class ModelRunner:
         else:
             for backend, meta in zip(self.backends, metas, strict=True):
                 backend.plan(meta)
-            extra = {} if images is None else {"image_embeds": self._encode_images(*images)}
             hidden = self.model(input_ids, positions, metas[0], self.layer_caches, self.layer_backends, **extra)
         self.num_tokens_run += input_ids.numel()
         result = StepResult(aux_hidden=getattr(self.model, "aux_hidden", None),

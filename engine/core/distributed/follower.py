@@ -1,6 +1,6 @@
-"""A rank other than 0: joins the process group, loads its shard (and its part of every LoRA adapter), holds its KV
-pages (its heads' share of every page rank 0's scheduler hands out), and runs what rank 0 sends until STOP; it exits
-when rank 0's process is gone.
+"""A rank other than 0: joins the process group, loads its shard (and its part of every LoRA adapter; no vision tower:
+rank 0 sends the image tokens' embeddings), holds its KV pages (its heads' share of every page rank 0's scheduler
+hands out), and runs what rank 0 sends until STOP; it exits when rank 0's process is gone.
 """
 
 from __future__ import annotations
@@ -116,7 +116,11 @@ class Follower:
             runner.recurrent_plan.plan(step.recurrent)
         for backend, meta in zip(runner.backends, step.metas, strict=True):
             backend.plan(meta)
-        self.model(step.input_ids, step.positions, step.metas[0], runner.layer_caches, runner.layer_backends)
+        extra = {}
+        if step.image_embeds is not None:  # rank 0's tower's output for the step's image rows
+            dist.broadcast(step.image_embeds[1], src=0, group=self.tp.group)
+            extra["image_embeds"] = step.image_embeds
+        self.model(step.input_ids, step.positions, step.metas[0], runner.layer_caches, runner.layer_backends, **extra)
 
     @torch.inference_mode()
     def _logits(self, rows: int, exact: int) -> None:

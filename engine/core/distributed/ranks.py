@@ -27,6 +27,7 @@ from engine.config import EngineConfig
 from engine.core.device import available_cpus
 from engine.core.distributed import wire
 from engine.core.distributed.groups import join_groups
+from engine.core.step import SchedulerOutput
 from engine.errors import RankFailed, StartupError
 from engine.model.layers.lora import LoraSet
 from engine.model.layers.parallel import TensorParallel
@@ -172,14 +173,18 @@ class RankSet:
         self._send(wire.header(wire.CACHE, len(num_pages), state_slots, *num_pages))
         return self
 
-    def send_step(self, copies: list[tuple[int, int, int]], input_ids: torch.Tensor, positions: torch.Tensor,
-                  metas: list[AttentionMetadata], state_copies: list[tuple[int, int]] = (),
-                  recurrent: RecurrentStep | None = None, lora: LoraSet | None = None) -> None:
-        """The step's inputs (lora: rank 0's adapters, whose plan holds the step's rows per adapter)."""
+    def send_step(self, out: SchedulerOutput, input_ids: torch.Tensor, positions: torch.Tensor,
+                  metas: list[AttentionMetadata], recurrent: RecurrentStep | None = None, lora: LoraSet | None = None,
+                  image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """The step's inputs (out: its page and state-slot copies; lora: rank 0's adapters, whose plan holds the
+        step's rows per adapter; image_embeds: the (rows, values) of its image tokens, which rank 0 encoded)."""
         runs = lora.plan.runs if lora is not None else ()
-        head, payload = wire.pack_step(copies, input_ids, positions, metas, state_copies, recurrent, runs)
+        head, payload = wire.pack_step(out.copies, input_ids, positions, metas, out.state_copies, recurrent, runs,
+                                       image_embeds)
         self._send(head)
         dist.broadcast(payload, src=0, group=self.tp.group)
+        if image_embeds is not None:
+            dist.broadcast(image_embeds[1].contiguous(), src=0, group=self.tp.group)
 
     def send_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None) -> None:
         """The rows every rank turns into its part of the logits next (gathered on rank 0 by compute_logits)."""
