@@ -114,16 +114,20 @@ def plan_copies(model: nn.Module, shapes: dict[str, tuple[int, ...]], tied: bool
     """Checkpoint name -> its target, for every tensor to copy; raises UnsupportedModel on a tensor we do
     not expect, one of the wrong shape, or a parameter no tensor fills. Reads no data (shapes only).
 
-    A tensor-parallel shard's `checkpoint_sources` (our name -> Source) say which part of a tensor it reads."""
+    A tensor-parallel shard's `checkpoint_sources` (our name -> Source) say which part of a tensor it reads; a
+    vision tower's modules (TOWER_MODULES) set to None on a rank that does not run them read none of theirs."""
     params = dict(model.named_parameters())
     targets = shard_targets(model)
     sources: dict[str, Source] = getattr(model, "checkpoint_sources", None) or {}
     rename = getattr(model, "checkpoint_name", lambda n: n)
+    dropped = {name for name in getattr(model, "TOWER_MODULES", ()) if getattr(model, name) is None}
     filled: dict[str, int] = {}  # param -> elements written
     plan: dict[str, Shard] = {}
     for name, shape in shapes.items():
         ours = rename(name)
         if ours is None or ours.endswith(IGNORED_SUFFIXES) or (tied and ours == "lm_head.weight"):
+            continue
+        if ours.split(".", 1)[0] in dropped:
             continue
         if kv_scale_target(ours) is not None:  # not a weight: engine.model.kv_scales reads these
             continue

@@ -214,6 +214,9 @@ def _build_on_meta(model_path: str, tp: TensorParallel | None = None
         whole = target_shapes(model)  # what a LoRA adapter is checked against before a rank takes its part
         with torch.device("meta"):
             model.shard_plan = model.shard(tp)
+        if tp.rank:  # rank 0 alone runs an image tower: it sends the other ranks each step's image embeddings
+            for name in getattr(model, "TOWER_MODULES", ()):
+                setattr(model, name, None)  # (and its tensors are not read: engine/model/checkpoint.py)
         model.shard_plan.lora_shapes = whole
         model.checkpoint_sources = model.shard_plan.sources
     if fmt is not None:

@@ -22,11 +22,14 @@ from engine.model.checkpoint import Source
 from engine.model.layers.linear import FusedLinear
 from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
 
-# The architectures whose families shard (each has a TP=2 parity test); others are refused at start-up.
+# The architectures whose families shard (each has a TP=2 parity test); others are refused at start-up. An
+# image-text one's decoder shards as its text family's; its vision tower runs on rank 0 alone (TOWER_MODULES).
 SHARDED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                          "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
                          "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-                         "Qwen3NextForCausalLM", "GptOssForCausalLM")
+                         "Qwen3NextForCausalLM", "GptOssForCausalLM", "Gemma3ForConditionalGeneration",
+                         "Qwen3VLForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+                         "Qwen3_5MoeForConditionalGeneration")
 
 
 @dataclass

@@ -71,6 +71,7 @@ class Gemma3ForConditionalGeneration(GemmaTextOfMultimodal, Gemma3ForCausalLM):
     tower's pooling head, which Gemma 3 does not use, is not read)."""
 
     args: Gemma3VisionArgs
+    TOWER_MODULES = ("vision_tower", "multi_modal_projector")  # rank 0's alone when tensor-parallel
     TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
                      "language_model.lm_head.weight": "lm_head.weight",
                      "model.vision_tower.vision_model.": "vision_tower.", "vision_tower.vision_model.": "vision_tower.",

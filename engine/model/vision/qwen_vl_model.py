@@ -42,6 +42,7 @@ class QwenVisionLM:
     takes image_embeds (rows, [tokens, hidden * (1 + deepstack layers)])."""
 
     MROPE_SECTION: tuple[int, ...] = (24, 20, 20)  # Qwen3-VL's; Qwen3.5 overrides it
+    TOWER_MODULES = ("visual",)  # rank 0's alone at tensor_parallel_size > 1 (engine/model/loader.py)
     args: Any
 
     @classmethod
