@@ -31,17 +31,28 @@ class Source:
 
     dim: int
     spans: tuple[tuple[int, int], ...]
+    # The whole size of `dim`, where a tensor may be stored with its last two dimensions swapped (Qwen3-VL-MoE's
+    # experts: the hub's [E, in, out] or transformers 5's [E, out, in]): a tensor without it there is cut along the
+    # other of the two. None: always along `dim`.
+    size: int | None = None
+
+    def axis(self, shape: tuple[int, ...]) -> int:
+        """The dimension this part cuts in a tensor of `shape`."""
+        if self.size is None or shape[self.dim] == self.size:
+            return self.dim
+        return len(shape) - 1 if self.dim == len(shape) - 2 else len(shape) - 2
 
     def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         out = list(shape)
-        out[self.dim] = sum(n for _, n in self.spans)
+        out[self.axis(shape)] = sum(n for _, n in self.spans)
         return tuple(out)
 
     def read(self, handle) -> torch.Tensor:
         """This part of the tensor behind a safetensors slice handle (f.get_slice(name))."""
-        lead = (slice(None),) * self.dim
+        dim = self.dim if self.size is None else self.axis(tuple(handle.get_shape()))
+        lead = (slice(None),) * dim
         pieces = [handle[(*lead, slice(start, start + n))] for start, n in self.spans]
-        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=self.dim)
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=dim)
 
 
 @dataclass(frozen=True)

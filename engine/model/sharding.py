@@ -28,8 +28,8 @@ SHARDED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCaus
                          "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
                          "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                          "Qwen3NextForCausalLM", "GptOssForCausalLM", "Gemma3ForConditionalGeneration",
-                         "Qwen3VLForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
-                         "Qwen3_5MoeForConditionalGeneration")
+                         "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                         "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 
 
 @dataclass
@@ -150,13 +150,14 @@ def shard_experts(moe: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPl
     moe.experts = type(old)(old.num_experts, old.hidden_size, n, activation=old.activation)
     width = old.intermediate_size
     name = f"{prefix}.experts"
-    # The hub's per-expert tensors, and transformers 5's fused ones ([E, 2I, H] gate|up, [E, H, I] down).
+    # The hub's per-expert tensors, and fused ones: transformers 5's ([E, 2I, H] gate|up, [E, H, I] down) or
+    # Qwen3-VL-MoE's hub layout ([E, H, 2I], [E, I, H]: the tensor's shape says which).
     for e in range(old.num_experts):
         for proj in ("gate_proj", "up_proj"):
             plan.sources[f"{name}.{e}.{proj}.weight"] = Source(0, ((start, n),))
         plan.sources[f"{name}.{e}.down_proj.weight"] = Source(1, ((start, n),))
-    plan.sources[f"{name}.gate_up_proj"] = Source(1, ((start, n), (width + start, n)))
-    plan.sources[f"{name}.down_proj"] = Source(2, ((start, n),))
+    plan.sources[f"{name}.gate_up_proj"] = Source(1, ((start, n), (width + start, n)), 2 * width)
+    plan.sources[f"{name}.down_proj"] = Source(2, ((start, n),), width)
     if moe.shared_expert is not None:
         shard_gated_mlp(moe.shared_expert, f"{prefix}.shared_expert", tp, plan)
 
