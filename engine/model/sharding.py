@@ -5,7 +5,9 @@ Column-parallel (q|k|v and gate|up: this rank's heads and intermediate columns),
 the matching input columns, the block's output all-reduced by the decoder layer), vocab-parallel (the embedding's
 and the lm_head's rows, the logits gathered on rank 0). KV heads are split too, or, with fewer KV heads than ranks,
 each rank keeps the one its query heads read. A row-parallel bias is added once: by rank 0, zeroed elsewhere.
-Gated DeltaNet layers split by head as attention does: a rank holds whole key heads with their value heads.
+Gated DeltaNet layers split by head as attention does: a rank holds whole key heads with their value heads. A
+quantized checkpoint's packed tensors follow their float weight's slice in whole words, groups and blocks
+(quant/shards.py).
 """
 
 from __future__ import annotations
@@ -48,11 +50,20 @@ class ShardPlan:
 
 
 def check_shardable(architecture: str, args: Any, size: int) -> None:
-    """StartupError in one line when `size` ranks cannot split this model: a family not sharded yet, or a count
+    """StartupError in one line when `size` ranks cannot split this model (shard_refusal)."""
+    why = shard_refusal(architecture, args, size)
+    if why is not None:
+        raise StartupError(why, param="tensor_parallel_size")
+
+
+def shard_refusal(architecture: str, args: Any, size: int) -> str | None:
+    """Why `size` ranks cannot split this model, in one line (None: they can): a family not sharded yet, or a count
     (heads, KV heads, vocabulary, intermediate size, an expert's width) that `size` does not divide."""
+    if size == 1:
+        return None
     if architecture not in SHARDED_ARCHITECTURES:
-        raise StartupError(f"tensor_parallel_size={size}: {architecture} does not run tensor-parallel yet (it runs: "
-                           f"{', '.join(SHARDED_ARCHITECTURES)})", param="tensor_parallel_size")
+        return (f"tensor_parallel_size={size}: {architecture} does not run tensor-parallel yet (it runs: "
+                f"{', '.join(SHARDED_ARCHITECTURES)})")
     counts = {"attention heads": args.num_q_heads, "vocabulary entries": args.vocab_size,
               "intermediate size": args.intermediate_size}
     routing = getattr(args, "routing", None)
@@ -66,12 +77,11 @@ def check_shardable(architecture: str, args: Any, size: int) -> None:
         counts["linear-attention value heads"] = deltanet.num_v_heads
     for what, n in counts.items():
         if n % size:
-            raise StartupError(f"tensor_parallel_size={size} does not divide the model's {n} {what}",
-                               param="tensor_parallel_size")
+            return f"tensor_parallel_size={size} does not divide the model's {n} {what}"
     kv = args.num_kv_heads
     if kv % size and size % kv:
-        raise StartupError(f"tensor_parallel_size={size} neither divides nor is a multiple of the model's {kv} KV "
-                           "heads", param="tensor_parallel_size")
+        return f"tensor_parallel_size={size} neither divides nor is a multiple of the model's {kv} KV heads"
+    return None
 
 
 def shard_attention(attn: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan, gated: bool = False) -> None:

@@ -29,8 +29,7 @@ from engine.core.distributed.groups import join_groups
 from engine.errors import RankFailed, StartupError
 from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentStep
-from engine.model.loader import model_args
-from engine.model.sharding import check_shardable
+from engine.model.loader import shard_refusal
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,9 @@ def rank_config(config: EngineConfig, device: torch.device) -> EngineConfig:
         if present:
             raise StartupError(f"tensor_parallel_size={size}: {what} do not run tensor-parallel yet",
                                param="tensor_parallel_size")
-    check_shardable(*model_args(config.model_path), size)
+    why = shard_refusal(config.model_path, size)  # the bake lists the sizes this passes
+    if why is not None:
+        raise StartupError(why, param="tensor_parallel_size")
     if device.type == "cpu" and config.cpu_threads is None:
         config = replace(config, cpu_threads=max(1, available_cpus() // size))
     return config
