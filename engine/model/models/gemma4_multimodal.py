@@ -8,15 +8,20 @@ each other both ways on the sliding-window layers; the global layers stay causal
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import logging
+from dataclasses import dataclass, fields, replace
 
 import torch
 
+from engine.model.layers.parallel import TensorParallel
 from engine.model.models.gemma4 import Gemma4ForCausalLM
 from engine.model.models.gemma_args import GemmaArgs
 from engine.model.models.gemma_base import GemmaTextOfMultimodal
 from engine.model.vision.gemma4_vision import Gemma4VisionArgs, Gemma4VisionEmbedder, Gemma4VisionTower
+from engine.model.sharding import ShardPlan
 from engine.model.vision.spec import PooledPatches, VisionSpec
+
+log = logging.getLogger(__name__)
 
 # Gemma4Config's defaults for the tokens config.json may leave out.
 TOKENS = {"image_token_id": 258_880, "boi_token_id": 255_999, "eoi_token_id": 258_882}
@@ -65,6 +70,17 @@ class Gemma4ForConditionalGeneration(GemmaTextOfMultimodal, Gemma4ForCausalLM):
         if self.args.vision is None and name.startswith(("model.vision_tower.", "model.embed_vision.")):
             return None  # a checkpoint whose config has no vision_config: its text model serves alone
         return super().checkpoint_name(name)
+
+    def shard(self, tp: TensorParallel) -> ShardPlan:
+        """The text model's shard; the vision tower is left unread, so images are refused: a rank gets the step's
+        token ids, not rank 0's image embeddings."""
+        if self.args.vision is not None:
+            if tp.rank == 0:
+                log.warning("tensor_parallel_size=%d: %s serves text only (images need tensor_parallel_size=1)",
+                            tp.size, type(self).__name__)
+            del self.vision_tower, self.embed_vision
+            self.args = replace(self.args, vision=None)
+        return super().shard(tp)
 
     def vision_spec(self) -> VisionSpec | None:
         a = self.args

@@ -14,14 +14,21 @@ from tests.engine.conftest import ENGINE_TINY, TOKENIZER_FILES, _save_tiny_engin
 # a Qwen3-MoE with experts split inside, a Qwen2-MoE with a shared expert and qkv bias, Mixtral's experts, OLMoE's
 # q / k norms over the whole projection (one KV head, replicated: its norm must not count it twice) with clipping,
 # Gemma 2 (attention and final soft-caps, every other layer sliding), Gemma 3 text (q / k norms, a rope per layer
-# type), and gpt-oss (biased attention and experts, interleaved gate|up, sinks, a window, yarn).
+# type), gpt-oss (biased attention and experts, interleaved gate|up, sinks, a window, yarn), and Gemma 4 text with
+# every extra at once: global layers with their own head size and one KV head (replicated) whose keys are the values,
+# the last two layers reading earlier layers' pages with a double-wide MLP, per-layer input embeddings (split by
+# vocabulary rows), and the MoE block beside each MLP.
 KINDS = ("llama_biased", "qwen3_one_kv_head", "qwen2_window", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gemma2",
-         "gemma3_text", "gpt_oss")
+         "gemma3_text", "gpt_oss", "gemma4_text")
 # The KV layer groups each kind has (1 unless listed).
-KV_GROUPS = {"qwen2_window": 2, "gemma2": 2, "gemma3_text": 2, "gpt_oss": 2}
+KV_GROUPS = {"qwen2_window": 2, "gemma2": 2, "gemma3_text": 2, "gpt_oss": 2, "gemma4_text": 2}
 GEMMA = dict(sliding_window=8, query_pre_attn_scalar=24)
 YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
         "truncate": False, "original_max_position_embeddings": 32}
+GEMMA4 = dict(global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2,
+              use_double_wide_mlp=True, hidden_size_per_layer_input=8, final_logit_softcapping=10.0,
+              layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=8, enable_moe_block=True,
+              num_experts=4, top_k_experts=2, moe_intermediate_size=32)
 GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0}}
 
@@ -56,6 +63,9 @@ def tp_config(kind: str):
     if kind == "gpt_oss":
         return tf.GptOssConfig(**{**base, "intermediate_size": 32}, num_local_experts=4, num_experts_per_tok=2,
                                sliding_window=8, rope_parameters=YARN)
+    if kind == "gemma4_text":
+        return tf.Gemma4TextConfig(**{**base, "num_hidden_layers": 4}, **GEMMA4,
+                                   vocab_size_per_layer_input=base["vocab_size"])
     raise ValueError(kind)
 
 
