@@ -5,15 +5,11 @@ Gemma 4 text's own parity at TP=2 (shared KV, double-wide MLP, the MoE block) is
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from engine.sample.params import SamplingParams
-from tests.engine.core.distributed.tp_models import child_pids
-from tests.engine.core.engine_run import make_engine, run
-from tests.engine.model.gemma4_vision_checkpoint import build_gemma4_vision, hf_logits
-
-ATOL = 2e-4
+from tests.engine.core.distributed.tp_models import check_split_answers, child_pids
+from tests.engine.core.engine_run import make_engine
+from tests.engine.model.gemma4_vision_checkpoint import BOI, build_gemma4_vision, hf_logits
 
 
 def test_its_text_model_answers_as_one_rank_and_transformers_and_takes_no_images(tmp_path, baked_model_path):
@@ -23,19 +19,8 @@ def test_its_text_model_answers_as_one_rank_and_transformers_and_takes_no_images
     try:
         assert one.spec.vision is not None and two.spec.vision is None
         assert not hasattr(two.model, "vision_tower")
-        prompt = torch.randint(3, 97, (21,), generator=torch.Generator().manual_seed(1)).tolist()
-        requests = {"p": (prompt, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, prompt_logprobs=0))}
-        split, single = run(two, requests)["p"], run(one, requests)["p"]
-        ref = torch.log_softmax(hf_logits(hf, prompt, []), dim=-1)
-        expected = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
-        got = [p.chosen.logprob for p in split.first.prompt_logprobs[1:]]
-        assert got == pytest.approx(expected, abs=ATOL)
-        assert got == pytest.approx([p.chosen.logprob for p in single.first.prompt_logprobs[1:]], abs=ATOL)
-        assert split.choices[0].token_ids == single.choices[0].token_ids
-        tokens = list(prompt)
-        for _ in range(6):
-            tokens.append(int(hf_logits(hf, tokens, [])[-1].argmax()))
-        assert split.choices[0].token_ids == tokens[len(prompt) :]
+        prompt = torch.randint(3, BOI, (21,), generator=torch.Generator().manual_seed(1)).tolist()
+        check_split_answers(lambda tokens: hf_logits(hf, tokens, []), one, two, prompt, 6, vocab=BOI)
     finally:
         two.close()
         one.close()

@@ -7,6 +7,8 @@ cut a group is refused in one line naming the numbers, before any rank starts.""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -16,13 +18,11 @@ from engine.core.engine import LLMEngine
 from engine.errors import StartupError
 from engine.model.layers.parallel import TensorParallel
 from engine.model.loader import load_model
-from engine.sample.params import SamplingParams
-from tests.engine.core.distributed.tp_models import child_pids, copy_tokenizer
-from tests.engine.core.engine_run import make_engine, run
-from tests.engine.model.family_parity import hf_greedy, mixed_prompts, reference_logits
+from tests.engine.core.distributed.tp_models import check_split_answers, child_pids, copy_tokenizer
+from tests.engine.core.engine_run import make_engine
+from tests.engine.model.family_parity import reference_logits
 from tests.engine.model.quant_writers import TINY, write_quantized
 
-ATOL = 2e-4  # float32: the ranks sum the same products in another order
 CASES = ["awq/llama", "gptq/qwen3", "ct_int4/llama", "ct_fp8/qwen3", "fp8_block/llama", "awq/qwen3_moe"]
 # A Qwen3-MoE whose experts' 256 columns leave a rank 128 inputs of down_proj: one whole AWQ group.
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256, norm_topk_prob=True, mlp_only_layers=[1])
@@ -92,18 +92,7 @@ def test_each_rank_holds_exactly_its_columns_of_the_weights(tp_quant):
 def test_prompt_logprobs_and_greedy_match_one_rank_and_transformers(tp_quant):
     _, hf, one, two, _ = tp_quant
     prompt = torch.randint(3, TINY["vocab_size"], (23,), generator=torch.Generator().manual_seed(1)).tolist()
-    requests = {"p": (prompt, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0))}
-    ref = torch.log_softmax(reference_logits(hf, prompt), dim=-1)
-    expected = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
-    got = [p.chosen.logprob for p in run(two, requests)["p"].first.prompt_logprobs[1:]]
-    assert got == pytest.approx(expected, abs=ATOL)
-    assert got == pytest.approx([p.chosen.logprob for p in run(one, requests)["p"].first.prompt_logprobs[1:]],
-                                abs=ATOL)
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    requests = {r: (p, params) for r, p in mixed_prompts().items()}
-    batched, single = run(two, requests), run(one, requests)
-    for r, (p, _) in requests.items():
-        assert batched[r].choices[0].token_ids == single[r].choices[0].token_ids == hf_greedy(hf, p, 6), r
+    check_split_answers(partial(reference_logits, hf), one, two, prompt, 6)
 
 
 def test_a_size_that_cuts_a_group_is_refused_before_any_rank_starts(tp_quant):

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+import torch
+
+from engine.sample.params import SamplingParams
 from tests.engine.conftest import ENGINE_TINY, TOKENIZER_FILES, _save_tiny_engine_model
+from tests.engine.core.engine_run import run
+from tests.engine.model.family_parity import mixed_prompts
 
 # kind -> what it covers at TP=2: biases on every projection (row-parallel ones added once), KV heads fewer than
 # ranks (replicated) with Qwen3's q/k norm, two KV layer groups (a full layer, then a sliding window of 8 tokens),
@@ -78,6 +85,28 @@ def copy_tokenizer(path: Path, baked_model_path: Path) -> None:
     for name in TOKENIZER_FILES:
         if (baked_model_path / name).exists() and name != "generation_config.json":
             shutil.copy(baked_model_path / name, path / name)
+
+
+def check_split_answers(reference: Callable[[list[int]], torch.Tensor], one, two, prompt: list[int], max_tokens: int,
+                        vocab: int = 128, atol: float = 2e-4) -> None:
+    """Engine `two` (several ranks) against `one` (one rank) and transformers' logits (`reference(tokens)`: [tokens,
+    vocab] in float32): the prompt's log-probabilities within `atol`, and the greedy answers of mixed prompts (ids
+    below `vocab`), batched, equal to one rank's and to transformers' argmax token after token."""
+    requests = {"p": (prompt, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0))}
+    ref = torch.log_softmax(reference(prompt), dim=-1)
+    expected = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
+    got = [p.chosen.logprob for p in run(two, requests)["p"].first.prompt_logprobs[1:]]
+    assert got == pytest.approx(expected, abs=atol)
+    assert got == pytest.approx([p.chosen.logprob for p in run(one, requests)["p"].first.prompt_logprobs[1:]],
+                                abs=atol)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    requests = {r: (p, params) for r, p in mixed_prompts(vocab=vocab).items()}
+    batched, single = run(two, requests), run(one, requests)
+    for r, (tokens, _) in requests.items():
+        tokens = list(tokens)
+        for _ in range(max_tokens):
+            tokens.append(int(reference(tokens)[-1].argmax()))
+        assert batched[r].choices[0].token_ids == single[r].choices[0].token_ids == tokens[-max_tokens:], r
 
 
 def child_pids() -> set[int]:
