@@ -167,6 +167,8 @@ def shard_refusal(model_path: str, size: int) -> str | None:
         _build_on_meta(model_path, TensorParallel(size - 1, size))
     except StartupError as exc:
         return exc.message
+    except UnsupportedModel as exc:  # what only a shard's shapes meet (the whole model passed the bake's check)
+        return f"tensor_parallel_size={size}: {exc.message}"
     return None
 
 

@@ -45,7 +45,9 @@ def quantized_sources(fmt, sources: dict[str, Source], ours: dict[str, tuple[int
             dim, per = axis
             spans = []
             for start, n in part.spans:
-                if cuts(start, n, per, rows and layout.ragged):
+                # NOTE: a part inside one block is whole only as a matrix of its own: parts side by side (a DeltaNet's
+                # q|k|v) must each be whole blocks, for the rank's matrix to keep one block grid.
+                if cuts(start, n, per, rows and layout.ragged and len(part.spans) == 1):
                     what = "output rows" if rows else "inputs"
                     raise StartupError(f"tensor_parallel_size={size} would cut {fmt.name}'s {layout.suffix} of "
                                        f"{matrix} ({per} {what} an entry): a rank holds {n} {what} from {start}",
