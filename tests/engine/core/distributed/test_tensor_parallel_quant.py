@@ -1,9 +1,10 @@
 """Quantized checkpoints at TENSOR_PARALLEL_SIZE=2 on the CPU (gloo, two processes): AWQ, GPTQ, compressed-tensors
 int4 and FP8, and block FP8 (128 x 128 scales, K and V of one 64-row head inside a block), each in its packed form
-(quant_writers.py), an AWQ mixture of experts and a W4A16 hybrid. Each rank reads its slices of the packed tensors
-only: column-parallel linears by output rows (whole pack words), row-parallel ones by inputs in whole groups and
-blocks, and holds exactly those columns of the full model's weights; the answers match one rank and transformers. A
-size that would cut a group or block is refused in one line naming the numbers, before any rank starts."""
+(quant_writers.py), and an AWQ mixture of experts (a W4A16 hybrid: test_tensor_parallel_quant_hybrid.py). Each rank
+reads its slices of the packed tensors only: column-parallel linears by output rows (whole pack words), row-parallel
+ones by inputs in whole groups and blocks, and holds exactly those columns of the full model's weights; the answers
+match one rank and transformers. A size that would cut a group or block is refused in one line naming the numbers,
+before any rank starts."""
 
 from __future__ import annotations
 
@@ -17,11 +18,10 @@ from engine.core.distributed.ranks import rank_config
 from engine.core.engine import LLMEngine
 from engine.errors import StartupError
 from engine.model.layers.parallel import TensorParallel
-from engine.model.loader import load_model, shard_refusal
+from engine.model.loader import load_model
 from tests.engine.core.distributed.tp_models import check_split_answers, child_pids, copy_tokenizer
 from tests.engine.core.engine_run import make_engine
-from tests.engine.model.family_parity import reference_logits, tiny_engine
-from tests.engine.model.hybrid_quant_checkpoints import write_hybrid_quantized
+from tests.engine.model.family_parity import reference_logits
 from tests.engine.model.quant_writers import TINY, write_quantized
 
 CASES = ["awq/llama", "gptq/qwen3", "ct_int4/llama", "ct_fp8/qwen3", "fp8_block/llama", "awq/qwen3_moe"]
@@ -108,29 +108,3 @@ def test_a_size_that_cuts_a_group_is_refused_before_any_rank_starts(tp_quant):
     assert info.value.message == f"tensor_parallel_size=4 would cut {AT_FOUR[case]}"
     assert child_pids() <= before
 
-
-def test_a_quantized_hybrid_splits_its_deltanet_heads_in_whole_groups(tmp_path, baked_model_path):
-    """A compressed-tensors W4A16 Qwen3.5-MoE (groups of 32): a rank's DeltaNet q|k|v rows are three spans of the
-    packed tensors, its experts and shared expert their columns; it answers as one rank and transformers do."""
-    hf = write_hybrid_quantized("ct_int4_g32", "qwen3_5_moe_text", tmp_path, moe_intermediate_size=256)
-    copy_tokenizer(tmp_path, baked_model_path)
-    before = child_pids()
-    one, two = tiny_engine(tmp_path), tiny_engine(tmp_path, tensor_parallel_size=2)
-    try:
-        prompt = torch.randint(3, 128, (21,), generator=torch.Generator().manual_seed(1)).tolist()
-        check_split_answers(partial(reference_logits, hf), one, two, prompt, 4)
-    finally:
-        two.close()
-        one.close()
-    assert child_pids() <= before, "a rank outlived its engine"
-
-
-def test_block_fp8_parts_side_by_side_must_be_whole_blocks(tmp_path):
-    """A DeltaNet q|k|v of 64-row key parts: a rank's three parts would share one block grid, so half blocks are
-    refused (a KV head inside one block is whole only as a matrix of its own); 128-row key heads split."""
-    write_hybrid_quantized("fp8_block", "qwen3_5_text", tmp_path / "half")
-    assert shard_refusal(str(tmp_path / "half"), 2) == (
-        "tensor_parallel_size=2 would cut fp8's weight_scale_inv of model.layers.0.linear_attn.in_proj_qkv (128 output "
-        "rows an entry): a rank holds 64 output rows from 64")
-    write_hybrid_quantized("fp8_block", "qwen3_5_text", tmp_path / "whole", linear_key_head_dim=128)
-    assert shard_refusal(str(tmp_path / "whole"), 2) is None
