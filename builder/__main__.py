@@ -73,8 +73,9 @@ def bake_model(args: argparse.Namespace, token: str | None) -> int:
         print(f"re-baking {args.out}: {change}")
     manifest = bake(source, args.out, token=token, served_name=args.served_name, adapters=adapters)
     names = "".join(f" + adapter {a['name']} (rank {a['rank']})" for a in manifest["adapters"])
+    sizes = ", ".join(map(str, manifest["tensor_parallel_sizes"]))
     print(f"baked {manifest['served_model_name']} ({manifest['architecture']}, {manifest['dtype']}){names} "
-          f"into {args.out}")
+          f"into {args.out} (tensor-parallel sizes: {sizes})")
     return 0
 
 

@@ -171,7 +171,11 @@ def check_sums(folder: Path, digests: dict[str, str]) -> dict[str, tuple[int, in
 def _manifest(source: Source, folder: Path, revision: str | None, architecture: str, served_name: str,
               sums: dict[str, tuple[int, int, str]]) -> dict:
     """The bake's record. `files` holds each file's SHA-256 (the worker checks them when VERIFY_MODEL_SHA256 is
-    set) and `sizes` its size in bytes (checked on every start: cheap, and catches a truncated or missing file)."""
+    set) and `sizes` its size in bytes (checked on every start: cheap, and catches a truncated or missing file);
+    `tensor_parallel_sizes` the TENSOR_PARALLEL_SIZE values among 1, 2, 4 and 8 that split the checkpoint (its
+    heads, KV heads, vocabulary, MLP and expert widths and quantization groups), by start-up's own check."""
+    from engine.model.loader import tensor_parallel_sizes
+
     config = json.loads((folder / "config.json").read_text())
     files = [p for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST]
     return {
@@ -180,6 +184,7 @@ def _manifest(source: Source, folder: Path, revision: str | None, architecture: 
         "revision": revision,
         "architecture": architecture,
         "dtype": str(config.get("dtype") or config.get("torch_dtype") or "float32"),
+        "tensor_parallel_sizes": tensor_parallel_sizes(str(folder)),
         "files": {p.name: _known_sum(p, sums) for p in files},
         "sizes": {p.name: p.stat().st_size for p in files},
         "baked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -131,7 +131,7 @@ def plan_copies(model: nn.Module, shapes: dict[str, tuple[int, ...]], tied: bool
     targets = shard_targets(model)
     sources: dict[str, Source] = getattr(model, "checkpoint_sources", None) or {}
     rename = getattr(model, "checkpoint_name", lambda n: n)
-    dropped = {name for name in getattr(model, "TOWER_MODULES", ()) if getattr(model, name) is None}
+    dropped = {name for name in getattr(model, "TOWER_MODULES", ()) if getattr(model, name, None) is None}
     filled: dict[str, int] = {}  # param -> elements written
     plan: dict[str, Shard] = {}
     for name, shape in shapes.items():

@@ -31,6 +31,7 @@ from engine.model.vision.spec import VisionSpec
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 QUANTIZATIONS = ("int4",)
+TP_SIZES = (1, 2, 4, 8)
 
 
 @dataclass
@@ -167,10 +168,24 @@ def check_checkpoint(model_path: str) -> str:
     return config["architectures"][0]
 
 
-def model_args(model_path: str) -> tuple[str, object]:
-    """(architecture, the family's args) from config.json and the checkpoint's headers; no model is built."""
-    config, _, args, _, _ = _read_args(model_path)
-    return config["architectures"][0], args
+def shard_refusal(model_path: str, size: int) -> str | None:
+    """Why `size` tensor-parallel ranks cannot split the checkpoint, in one line (None: they can): its counts
+    (sharding.check_shardable), its format's groups, and each tensor the last rank reads, sliced as that rank's load
+    slices them, on the meta device (no weights are read). Start-up's check and the bake's list both ask it."""
+    if size == 1:
+        return None
+    try:
+        _build_on_meta(model_path, TensorParallel(size - 1, size))
+    except StartupError as exc:
+        return exc.message
+    except UnsupportedModel as exc:  # what only a shard's shapes meet (the whole model passed the bake's check)
+        return f"tensor_parallel_size={size}: {exc.message}"
+    return None
+
+
+def tensor_parallel_sizes(model_path: str) -> list[int]:
+    """The sizes among TP_SIZES that split the checkpoint (the bake records them)."""
+    return [size for size in TP_SIZES if shard_refusal(model_path, size) is None]
 
 
 def _read_args(model_path: str) -> tuple[dict, type, object, list[str], dict[str, tuple[int, ...]]]:

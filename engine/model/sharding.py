@@ -5,8 +5,9 @@ Column-parallel (q|k|v and gate|up: this rank's heads and intermediate columns),
 the matching input columns, the block's output all-reduced by the decoder layer), vocab-parallel (the embedding's
 and the lm_head's rows, the logits gathered on rank 0). KV heads are split too, or, with fewer KV heads than ranks,
 each rank keeps the one its query heads read. A row-parallel bias is added once: by rank 0, zeroed elsewhere.
-Gated DeltaNet layers split by head as attention does: a rank holds whole key heads with their value heads.
-A LoRA adapter's matrices split with the weight they adapt (ShardPlan.lora_part).
+Gated DeltaNet layers split by head as attention does: a rank holds whole key heads with their value heads. A
+quantized checkpoint's packed tensors follow their float weight's slice in whole words, groups and blocks
+(quant/shards.py). A LoRA adapter's matrices split with the weight they adapt (ShardPlan.lora_part).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
 # image-text one's decoder shards as its text family's; its vision tower runs on rank 0 alone (TOWER_MODULES).
 SHARDED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                          "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
-                         "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-                         "Qwen3NextForCausalLM", "GptOssForCausalLM", "Gemma3ForConditionalGeneration",
+                         "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma4ForCausalLM", "Qwen3_5ForCausalLM",
+                         "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM", "GptOssForCausalLM",
+                         "Gemma3ForConditionalGeneration", "Gemma4ForConditionalGeneration",
                          "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                          "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 
@@ -64,13 +66,24 @@ class ShardPlan:
 
 
 def check_shardable(architecture: str, args: Any, size: int) -> None:
-    """StartupError in one line when `size` ranks cannot split this model: a family not sharded yet, or a count
+    """StartupError in one line when `size` ranks cannot split this model (shard_refusal)."""
+    why = shard_refusal(architecture, args, size)
+    if why is not None:
+        raise StartupError(why, param="tensor_parallel_size")
+
+
+def shard_refusal(architecture: str, args: Any, size: int) -> str | None:
+    """Why `size` ranks cannot split this model, in one line (None: they can): a family not sharded yet, or a count
     (heads, KV heads, vocabulary, intermediate size, an expert's width) that `size` does not divide."""
+    if size == 1:
+        return None
     if architecture not in SHARDED_ARCHITECTURES:
-        raise StartupError(f"tensor_parallel_size={size}: {architecture} does not run tensor-parallel yet (it runs: "
-                           f"{', '.join(SHARDED_ARCHITECTURES)})", param="tensor_parallel_size")
+        return (f"tensor_parallel_size={size}: {architecture} does not run tensor-parallel yet (it runs: "
+                f"{', '.join(SHARDED_ARCHITECTURES)})")
     counts = {"attention heads": args.num_q_heads, "vocabulary entries": args.vocab_size,
               "intermediate size": args.intermediate_size}
+    if getattr(args, "ple_dim", 0):  # Gemma 4's per-layer input embeddings, split by vocabulary rows
+        counts["per-layer input vocabulary entries"] = args.ple_vocab
     routing = getattr(args, "routing", None)
     if routing is not None:
         counts["expert intermediate size"] = routing.intermediate_size
@@ -82,25 +95,27 @@ def check_shardable(architecture: str, args: Any, size: int) -> None:
         counts["linear-attention value heads"] = deltanet.num_v_heads
     for what, n in counts.items():
         if n % size:
-            raise StartupError(f"tensor_parallel_size={size} does not divide the model's {n} {what}",
-                               param="tensor_parallel_size")
-    kv = args.num_kv_heads
-    if kv % size and size % kv:
-        raise StartupError(f"tensor_parallel_size={size} neither divides nor is a multiple of the model's {kv} KV "
-                           "heads", param="tensor_parallel_size")
+            return f"tensor_parallel_size={size} does not divide the model's {n} {what}"
+    # Every layer's KV heads (Gemma 4's global layers have their own count).
+    for kv in sorted({args.num_kv_heads, *(kv for kv, _ in getattr(args, "layer_shapes", ()))}, reverse=True):
+        if kv % size and size % kv:
+            return f"tensor_parallel_size={size} neither divides nor is a multiple of the model's {kv} KV heads"
+    return None
 
 
 def shard_attention(attn: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan, gated: bool = False) -> None:
     """A Llama-style attention (qkv_proj, o_proj, num_q / num_kv / head_dim) -> this rank's heads. gated: each
-    q head's rows are [query | output gate] (Qwen3.5's gated attention), both kept with the head."""
+    q head's rows are [query | output gate] (Qwen3.5's gated attention), both kept with the head. The k and v
+    projections are those qkv_proj stacks (Gemma 4: none on a shared-KV layer, no v_proj where keys are values)."""
     d, hidden = attn.head_dim, attn.o_proj.out_features
     q0, nq = tp.span(attn.num_q)
     k0, nk = tp.kv_heads(attn.num_kv)
     bias = attn.qkv_proj.bias is not None
     qd = 2 * d if gated else d
-    attn.qkv_proj = FusedLinear(hidden, {"q_proj": nq * qd, "k_proj": nk * d, "v_proj": nk * d}, bias)
+    kv = [name for name in ("k_proj", "v_proj") if name in attn.qkv_proj.shard_offsets]
+    attn.qkv_proj = FusedLinear(hidden, {"q_proj": nq * qd, **dict.fromkeys(kv, nk * d)}, bias)
     plan.column(f"{prefix}.q_proj", q0 * qd, nq * qd, bias)
-    for name in ("k_proj", "v_proj"):
+    for name in kv:
         plan.column(f"{prefix}.{name}", k0 * d, nk * d, bias)
     o_bias = attn.o_proj.bias is not None
     attn.o_proj = nn.Linear(nq * d, hidden, bias=o_bias)
@@ -143,13 +158,18 @@ def finish_shard(model: nn.Module, plan: ShardPlan, tp: TensorParallel) -> None:
 def shard_experts(moe: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:
     """A SparseMoE -> every expert's gate|up rows and down columns of this rank (tensor-parallel inside each
     expert: routing, on the replicated hidden state, is the same on every rank), and its shared expert alike."""
-    old = moe.experts
+    moe.experts = shard_expert_stack(moe.experts, f"{prefix}.experts", tp, plan)
+    if moe.shared_expert is not None:
+        shard_gated_mlp(moe.shared_expert, f"{prefix}.shared_expert", tp, plan)
+
+
+def shard_expert_stack(old: nn.Module, name: str, tp: TensorParallel, plan: ShardPlan) -> nn.Module:
+    """A StackedExperts (checkpoint name `name`) -> a new one of this rank's columns of every expert; the layer
+    all-reduces its output."""
     start, n = tp.span(old.intermediate_size)
     if old.gate_up_proj_bias is not None:
         raise StartupError("tensor parallelism does not shard biased experts yet", param="tensor_parallel_size")
-    moe.experts = type(old)(old.num_experts, old.hidden_size, n, activation=old.activation)
     width = old.intermediate_size
-    name = f"{prefix}.experts"
     # The hub's per-expert tensors, and fused ones: transformers 5's ([E, 2I, H] gate|up, [E, H, I] down) or
     # Qwen3-VL-MoE's hub layout ([E, H, 2I], [E, I, H]: the tensor's shape says which).
     for e in range(old.num_experts):
@@ -158,8 +178,7 @@ def shard_experts(moe: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPl
         plan.sources[f"{name}.{e}.down_proj.weight"] = Source(1, ((start, n),))
     plan.sources[f"{name}.gate_up_proj"] = Source(1, ((start, n), (width + start, n)), 2 * width)
     plan.sources[f"{name}.down_proj"] = Source(2, ((start, n),), width)
-    if moe.shared_expert is not None:
-        shard_gated_mlp(moe.shared_expert, f"{prefix}.shared_expert", tp, plan)
+    return type(old)(old.num_experts, old.hidden_size, n, activation=old.activation)
 
 
 def shard_deltanet(layer: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> nn.Module:

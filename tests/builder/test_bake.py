@@ -243,13 +243,14 @@ def test_if_missing_rebakes_when_model_name_names_another_model(tmp_path: Path, 
     assert run_baker("--model", str(tiny_llama), "--out", str(out)).returncode == 0
     qwen = tiny_folder(Qwen2Config, Qwen2ForCausalLM, tmp_path / "qwen", tiny_llama, seed=1)
     assert if_missing(out, qwen) == (f"re-baking {out}: it holds {tiny_llama.name} (local), not qwen (local) / "
-                                     f"baked qwen (Qwen2ForCausalLM, float32) into {out}")
+                                     f"baked qwen (Qwen2ForCausalLM, float32) into {out} "
+                                     "(tensor-parallel sizes: 1, 2, 4)")
     assert json.loads((out / MANIFEST).read_text())["architecture"] == "Qwen2ForCausalLM"
     assert if_missing(out, qwen) == f"model already baked in {out}"
     # A local folder is more than its name: another folder called "qwen", or the same one edited, is re-baked.
     twin = shutil.copytree(tiny_llama, tmp_path / "elsewhere" / "qwen")
     changed = (f"re-baking {out}: folder qwen is not the one baked (another of that name, or its files changed) / "
-               f"baked qwen (LlamaForCausalLM, float32) into {out}")
+               f"baked qwen (LlamaForCausalLM, float32) into {out} (tensor-parallel sizes: 1, 2, 4)")
     assert if_missing(out, twin) == changed
     assert json.loads((out / MANIFEST).read_text())["architecture"] == "LlamaForCausalLM"
     config = json.loads((twin / "config.json").read_text())
@@ -266,7 +267,7 @@ def test_if_missing_rebakes_a_local_adapter_of_the_same_name_from_another_folder
                       targets=["q_proj", "v_proj"], seed=seed)
     out = tmp_path / "model"
     first = if_missing(out, tiny_llama, LORA_MODULES=f"sql={tmp_path / 'first' / 'sql'}")
-    assert first.endswith(f"+ adapter sql (rank 4) into {out}")
+    assert f"+ adapter sql (rank 4) into {out} (tensor-parallel sizes: " in first
     second = if_missing(out, tiny_llama, LORA_MODULES=f"sql={tmp_path / 'second' / 'sql'}")
     assert second.endswith(f"model already baked in {out}; adapters now sql")
     weights = "adapters/sql/adapter_model.safetensors"

@@ -139,7 +139,7 @@ def _save_tiny_engine_model(config, path: Path, baked_model_path: Path) -> Path:
     model = tf.AutoModelForCausalLM.from_config(config).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or "scalar" in name:  # Gemma 4's layer_scalar too
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.5 if "embed" in name else 0.15)

@@ -32,8 +32,7 @@ from engine.errors import RankFailed, StartupError
 from engine.model.layers.lora import LoraSet
 from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentStep
-from engine.model.loader import model_args
-from engine.model.sharding import check_shardable
+from engine.model.loader import shard_refusal
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +73,9 @@ def rank_config(config: EngineConfig, device: torch.device) -> EngineConfig:
     if method in ("eagle3", "mtp"):  # NOTE: the head would call the sharded embedding and lm_head on rank 0 alone
         raise StartupError(f"tensor_parallel_size={size}: speculative method {method} does not run tensor-parallel "
                            "yet (ngram and draft_model do)", param="tensor_parallel_size")
-    check_shardable(*model_args(config.model_path), size)
+    why = shard_refusal(config.model_path, size)  # the bake lists the sizes this passes
+    if why is not None:
+        raise StartupError(why, param="tensor_parallel_size")
     if device.type == "cpu" and config.cpu_threads is None:
         config = replace(config, cpu_threads=max(1, available_cpus() // size))
     return config

@@ -41,6 +41,7 @@ class Gemma4ForConditionalGeneration(GemmaTextOfMultimodal, Gemma4ForCausalLM):
     TEXT_PREFIXES = {"model.language_model.": "model.", "model.vision_tower.": "vision_tower.",
                      "model.embed_vision.": "embed_vision."}
     NOT_TEXT = ("model.audio_tower.", "model.embed_audio.")
+    TOWER_MODULES = ("vision_tower", "embed_vision")  # rank 0's alone when tensor-parallel
 
     def __init__(self, args: Gemma4MultimodalArgs) -> None:
         super().__init__(args)

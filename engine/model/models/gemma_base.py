@@ -15,12 +15,13 @@ import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.model.kv_spec import KVGroupSpec, kv_groups
-from engine.model.layers.parallel import TensorParallel
+from engine.model.checkpoint import Source
+from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
 from engine.model.layers.rotary import RotaryEmbedding
 from engine.model.models.base import DecoderLM
 from engine.model.models.gemma_args import GemmaArgs
 from engine.model.models.gemma_layers import GemmaModel, scaled
-from engine.model.sharding import ShardPlan, shard_attention, shard_gated_mlp, shard_vocab
+from engine.model.sharding import ShardPlan, shard_attention, shard_expert_stack, shard_gated_mlp, shard_vocab
 
 
 def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -42,13 +43,22 @@ class GemmaForCausalLM(DecoderLM):
                          shapes=a.layer_shapes, shared=a.kv_sources)
 
     def shard(self, tp: TensorParallel) -> ShardPlan:
-        """This rank's heads, MLP columns and vocabulary rows (engine/model/sharding.py), as a Llama's: Gemma 2 / 3's
-        extras (soft-caps, windows, the final cap on the gathered logits) act per head or per logit."""
+        """This rank's heads, MLP columns and vocabulary rows (engine/model/sharding.py), as a Llama's: the extras
+        (soft-caps, windows, q / k / v norms, the final cap on the gathered logits) act per head or per logit.
+        Gemma 4: each layer type's own heads, its MoE block's expert columns, and the per-layer input embeddings'
+        vocabulary rows; their projections and the router, small, are every rank's."""
         plan = ShardPlan()
         for i, layer in enumerate(self.model.layers):
             shard_attention(layer.self_attn, f"model.layers.{i}.self_attn", tp, plan)
             shard_gated_mlp(layer.mlp, f"model.layers.{i}.mlp", tp, plan)
+            if layer.experts is not None:
+                layer.experts = shard_expert_stack(layer.experts, f"model.layers.{i}.experts", tp, plan)
             layer.tp = tp
+        if self.args.ple_dim:
+            table = self.model.embed_tokens_per_layer
+            start, n = tp.span(table.num_embeddings)
+            self.model.embed_tokens_per_layer = VocabParallelEmbedding(n, table.embedding_dim, start, tp)
+            plan.sources["model.embed_tokens_per_layer.weight"] = Source(0, ((start, n),))
         shard_vocab(self, tp, plan)
         return plan
 

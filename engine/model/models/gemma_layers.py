@@ -95,6 +95,7 @@ class GemmaDecoderLayer(nn.Module):
             out = self.tp.all_reduce(out)
         if self.experts is not None:  # the router and the experts read h itself, not the dense MLP's input
             moe = self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h))
+            moe = moe if self.tp is None else self.tp.all_reduce(moe)
             out = self.post_feedforward_layernorm_1(out) + self.post_feedforward_layernorm_2(moe)
         h = h + self.post_feedforward_layernorm(out)
         if ple is not None:

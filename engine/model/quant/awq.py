@@ -28,8 +28,13 @@ class AwqFormat(Int4Format):
         TensorLayout("scales", torch.float32, dim=1),
     )
 
+    tensor_parallel = True
+
     def __init__(self, group: int) -> None:
         self.group = group
+
+    def input_axis(self, layout: TensorLayout) -> tuple[int, int] | None:
+        return 0, 1 if layout.suffix == "qweight" else self.group
 
     def expected_shapes(self, rows: int, in_features: int) -> dict[str, tuple[int, ...]]:
         if rows % 8:

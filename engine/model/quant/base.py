@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from engine.errors import StartupError, UnsupportedModel
-from engine.model.checkpoint import Shard, shard_targets
+from engine.model.checkpoint import Shard, Source, shard_targets
 from engine.model.layers.moe import ScoreLinear, StackedExperts
+from engine.model.quant.shards import quantized_sources
 
 # A hub MoE checkpoint's projections of each expert ('mlp.experts.3.gate_proj'; Mixtral's w1/w3/w2 renamed to these).
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -44,6 +45,7 @@ class QuantFormat:
 
     name: str = ""
     layouts: tuple[TensorLayout, ...] = ()
+    tensor_parallel = False  # its linears shard along whole words, groups and blocks (quant/shards.py)
 
     @property
     def marker(self) -> str:
@@ -63,9 +65,16 @@ class QuantFormat:
         """The module that serves `linear` (default: its weight dequantised to `dtype`)."""
         return dense_linear(linear, self.dequantize(linear), dtype)
 
+    def input_axis(self, layout: TensorLayout) -> tuple[int, int] | None:
+        """(dimension, inputs per entry) of `layout`'s tensor along the matrix's inputs; None: it has none (a
+        per-tensor or per-channel scale), and a row-parallel rank reads it whole."""
+        return None
+
     def check_shard(self, args: object, size: int) -> None:
-        """StartupError in one line unless `size` tensor-parallel ranks can split this format's tensors along whole
-        groups (default: the format does not shard yet)."""
+        """StartupError in one line unless `size` tensor-parallel ranks can split this format's tensors (default:
+        a tensor_parallel format's linears are checked as they are sliced; any other does not shard yet)."""
+        if self.tensor_parallel:
+            return
         raise StartupError(f"tensor parallelism does not shard {self.name} checkpoints yet: serve it with "
                            "tensor_parallel_size=1", param="tensor_parallel_size")
 
@@ -90,6 +99,8 @@ class CheckpointLinear(nn.Module):
         super().__init__()
         self.fmt, self.in_features, self.out_features = fmt, in_features, sum(shards.values())
         self.shard_offsets: dict[str, tuple[int, int]] = {}
+        # A tensor-parallel rank's part of each matrix's float weight (quant/shards.py); empty: all of them.
+        self.matrix_sources: dict[str, Source] = {}
         offset = 0
         for name, size in shards.items():
             self.shard_offsets[name] = (offset, size)
@@ -182,7 +193,7 @@ def swap_quantized_linears(model: nn.Module, fmt: QuantFormat, shapes: dict[str,
             shards = {n: size for n, (_, size) in offsets.items()} if offsets else {name: child.out_features}
             if f"{base}{next(iter(shards))}.{fmt.marker}" not in ours:
                 continue
-            setattr(parent, name, _checkpoint_linear(fmt, ours, base, shards, child.in_features,
+            setattr(parent, name, _checkpoint_linear(model, fmt, ours, base, shards, child.in_features,
                                                      child.bias is not None))
             swapped += 1
     if not swapped:
@@ -213,18 +224,24 @@ def swap_quantized_experts(model: nn.Module, fmt: QuantFormat, ours: dict[str, t
                                    param="model")
         inner, hidden = module.intermediate_size, module.hidden_size
         module.use_expert_linears([
-            (_checkpoint_linear(fmt, ours, f"{prefix}.{e}.", {"gate_proj": inner, "up_proj": inner}, hidden),
-             _checkpoint_linear(fmt, ours, f"{prefix}.{e}.", {"down_proj": hidden}, inner))
+            (_checkpoint_linear(model, fmt, ours, f"{prefix}.{e}.", {"gate_proj": inner, "up_proj": inner}, hidden),
+             _checkpoint_linear(model, fmt, ours, f"{prefix}.{e}.", {"down_proj": hidden}, inner))
             for e in range(module.num_experts)
         ])
         swapped += 2 * module.num_experts
     return swapped
 
 
-def _checkpoint_linear(fmt: QuantFormat, ours: dict[str, tuple[int, ...]], base: str, shards: dict[str, int],
-                       in_features: int, bias: bool = False) -> CheckpointLinear:
+def _checkpoint_linear(model: nn.Module, fmt: QuantFormat, ours: dict[str, tuple[int, ...]], base: str,
+                       shards: dict[str, int], in_features: int, bias: bool = False) -> CheckpointLinear:
     """A CheckpointLinear for the checkpoint matrices `base` + each shard name, shaped after the first one's, whose
-    tensors must be the format's for that matrix (its siblings are then held to it by the checkpoint's plan)."""
+    tensors must be the format's for that matrix (its siblings are then held to it by the checkpoint's plan). In a
+    tensor-parallel shard (model.checkpoint_sources), each tensor's part that the rank reads."""
+    sources = getattr(model, "checkpoint_sources", None)
+    parts: dict[str, Source] = {}
+    if sources:
+        sources.update(quantized_sources(fmt, sources, ours, [base + n for n in shards], model.tp.size))
+        parts = {n: sources[f"{base}{n}.weight"] for n in shards if f"{base}{n}.weight" in sources}
     name, rows = next(iter(shards.items()))
     first = base + name
     tensors = {layout.suffix: ours[f"{first}.{layout.suffix}"] for layout in fmt.layouts
@@ -237,7 +254,9 @@ def _checkpoint_linear(fmt: QuantFormat, ours: dict[str, tuple[int, ...]], base:
         if suffix in tensors and tuple(tensors[suffix]) != shape:
             raise UnsupportedModel(f"{fmt.name}: {first}.{suffix} has shape {tuple(tensors[suffix])}, expected {shape} "
                                    f"for a {in_features} -> {rows} linear", param="model")
-    return CheckpointLinear(fmt, shards, in_features, bias, tensors)
+    linear = CheckpointLinear(fmt, shards, in_features, bias, tensors)
+    linear.matrix_sources = parts
+    return linear
 
 
 def refuse_unswapped(fmt: QuantFormat, model: nn.Module, ours: dict[str, tuple[int, ...]]) -> None:

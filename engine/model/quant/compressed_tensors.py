@@ -19,6 +19,7 @@ SUPPORTED = "pack-quantized 4-bit int (group or channel) and float-quantized 8-b
 
 class PackedInt4Format(Int4Format):
     name = "compressed-tensors pack-quantized"
+    tensor_parallel = True
 
     def __init__(self, group: int | None, symmetric: bool) -> None:
         self.group, self.symmetric = group, symmetric
@@ -29,6 +30,11 @@ class PackedInt4Format(Int4Format):
             TensorLayout("weight_zero_point", torch.int32, rows_per_entry=8, required=not symmetric),
         )
 
+    def input_axis(self, layout: TensorLayout) -> tuple[int, int] | None:
+        if layout.suffix == "weight_packed":
+            return 1, 8
+        return None if self.group is None or layout.suffix == "weight_shape" else (1, self.group)
+
     def expected_shapes(self, rows: int, in_features: int) -> dict[str, tuple[int, ...]]:
         groups = whole_groups(in_features, self.group or in_features)
         return {"weight_packed": (rows, math.ceil(in_features / 8)), "weight_scale": (rows, groups),
@@ -37,7 +43,8 @@ class PackedInt4Format(Int4Format):
     def unpack(self, linear: CheckpointLinear) -> Int4Weights:
         k = linear.in_features
         for (name, (_, size)), shape in zip(linear.shard_offsets.items(), linear.weight_shape.tolist(), strict=True):
-            if shape != [size, k]:
+            part = linear.matrix_sources.get(name)  # a tensor-parallel rank's: its part of the checkpoint's shape
+            if list(part.shape(tuple(shape)) if part else shape) != [size, k]:
                 raise UnsupportedModel(f"{self.name}: {name} has weight_shape {shape}, expected {[size, k]}",
                                        param="model")
         # Unsigned nibbles are the signed code + 8, and so are packed zero points: (u - 8) - zp = u - (zp + 8).

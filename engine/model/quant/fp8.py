@@ -29,6 +29,8 @@ STRATEGIES = ("tensor", "channel", "block")
 class Fp8Format(QuantFormat):
     """`scale` is the checkpoint's name for the weight scale; `block` its [rows, columns] for block scales."""
 
+    tensor_parallel = True
+
     def __init__(self, name: str, scale: str, strategy: str, block: tuple[int, int] | None = None) -> None:
         self.name, self.scale, self.strategy, self.block = name, scale, strategy, block
         scale_layout = {
@@ -45,6 +47,11 @@ class Fp8Format(QuantFormat):
     @property
     def marker(self) -> str:
         return self.scale  # a float linear the checkpoint left alone has a weight too
+
+    def input_axis(self, layout: TensorLayout) -> tuple[int, int] | None:
+        if layout.suffix == "weight":
+            return 1, 1
+        return (1, self.block[1]) if layout.suffix == self.scale and self.strategy == "block" else None
 
     def expected_shapes(self, rows: int, in_features: int) -> dict[str, tuple[int, ...]]:
         shapes = {"weight": (rows, in_features)}

@@ -9,6 +9,7 @@ import torch
 from engine.errors import UnsupportedModel
 from engine.model.quant.base import CheckpointLinear, TensorLayout
 from engine.model.quant.int4 import Int4Format, Int4Weights, unpack_nibbles, whole_groups
+from engine.model.quant.shards import input_positions
 
 
 class GptqFormat(Int4Format):
@@ -20,8 +21,15 @@ class GptqFormat(Int4Format):
         TensorLayout("g_idx", torch.int32, dim=None, required=False),
     )
 
+    tensor_parallel = True
+
     def __init__(self, group: int | None, zeros_minus_one: bool) -> None:
         self.group, self.zeros_minus_one = group, zeros_minus_one
+
+    def input_axis(self, layout: TensorLayout) -> tuple[int, int] | None:
+        if layout.suffix in ("qweight", "g_idx"):
+            return 0, 8 if layout.suffix == "qweight" else 1
+        return None if self.group is None else (0, self.group)  # group_size -1: one scale per output row
 
     def expected_shapes(self, rows: int, in_features: int) -> dict[str, tuple[int, ...]]:
         groups = whole_groups(in_features, self.group or in_features)
@@ -33,8 +41,9 @@ class GptqFormat(Int4Format):
         codes = unpack_nibbles(linear.qweight, dim=0).t()
         group = self.group or codes.shape[1]  # group_size -1: one group per row
         g_idx = linear.tensor("g_idx")
-        if g_idx is not None:
-            expected = torch.arange(codes.shape[1], device=g_idx.device) // group
+        if g_idx is not None:  # a row-parallel rank's: its inputs' groups, counted from the checkpoint's first
+            inputs = input_positions(next(iter(linear.matrix_sources.values()), None), codes.shape[1])
+            expected = (inputs // self.group if self.group else inputs * 0).to(g_idx.device)
             if not torch.equal(g_idx.long(), expected.expand_as(g_idx)):
                 raise UnsupportedModel("gptq: g_idx is not in group order (desc_act true is not supported)",
                                        param="model")

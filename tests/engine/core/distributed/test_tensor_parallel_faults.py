@@ -39,6 +39,8 @@ def no_rank_left_behind():
      "does not divide the model's 33 expert intermediate size"),
     (4, {"deltanet": SimpleNamespace(num_k_heads=4, num_v_heads=6)}, "does not divide the model's 6 linear-attention "
      "value heads"),
+    (2, {"layer_shapes": [(2, 16), (3, 32)]}, "neither divides nor is a multiple of the model's 3 KV heads"),  # Gemma 4
+    (2, {"ple_dim": 8, "ple_vocab": 1023}, "does not divide the model's 1023 per-layer input vocabulary entries"),
 ])
 def test_a_size_that_does_not_divide_is_refused_naming_the_number(size, shape, named):
     with pytest.raises(StartupError, match=f"tensor_parallel_size={size} {named}"):
@@ -46,8 +48,8 @@ def test_a_size_that_does_not_divide_is_refused_naming_the_number(size, shape, n
 
 
 def test_a_family_not_sharded_yet_is_refused_in_one_line():
-    with pytest.raises(StartupError, match="Gemma4ForCausalLM does not run tensor-parallel yet") as info:
-        check_shardable("Gemma4ForCausalLM", SimpleNamespace(**SHAPE), 2)
+    with pytest.raises(StartupError, match="LlamaForSequenceClassification does not run tensor-parallel yet") as info:
+        check_shardable("LlamaForSequenceClassification", SimpleNamespace(**SHAPE), 2)
     assert "\n" not in info.value.message
 
 
