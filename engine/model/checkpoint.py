@@ -64,6 +64,8 @@ class Shard:
     as AWQ's qweight [in, out / 8], whose q|k|v stack along dim 1 in packed columns. `transposed`: the checkpoint
     stores the parameter with its last two dimensions swapped (gpt-oss's experts, [E, in, out]); None: the tensor's
     shape says which (Qwen3-VL-MoE's experts: the hub's [E, in, out], or transformers 5's own [E, out, in]).
+    `shape`: the checkpoint stores the parameter in this shape, the same elements in the same order (a patch
+    convolution's kernel that the model holds as the matrix it is).
     """
 
     param: str
@@ -73,8 +75,11 @@ class Shard:
     dim: int = 0
     transposed: bool | None = False
     source: Source | None = None  # a tensor-parallel rank's part of the checkpoint tensor (None: all of it)
+    shape: tuple[int, ...] | None = None
 
     def view(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.shape is not None:
+            tensor = tensor.view(self.shape)
         if self.transposed:
             tensor = tensor.transpose(-1, -2)
         if self.index is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import threading
 import time
 
@@ -38,6 +39,21 @@ class FusedLinear(nn.Linear):
         kinds = ("weight", "bias") if self.bias is not None else ("weight",)
         return {f"{name}.{kind}": Shard(f"{prefix}.{kind}", offset=offset, size=size)
                 for name, (offset, size) in self.shard_offsets.items() for kind in kinds}
+
+
+class PatchKernelLinear(nn.Linear):
+    """A convolution whose kernel covers exactly the patch it reads (stride = kernel, a vision tower's patch
+    embedding): one matrix over the flattened patch (channels outermost), held as a Linear so that a bf16 CPU packs
+    it with the others; the checkpoint's kernel [out, in, *kernel] is loaded as its rows."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel: tuple[int, ...]) -> None:
+        super().__init__(in_channels * math.prod(kernel), out_channels)
+        self.kernel_shape = (out_channels, in_channels, *kernel)
+
+    def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
+        name = prefix.rsplit(".", 1)[-1]
+        return {f"{name}.weight": Shard(f"{prefix}.weight", shape=self.kernel_shape),
+                f"{name}.bias": Shard(f"{prefix}.bias")}
 
 
 class PackedLinear(nn.Module):

@@ -158,3 +158,22 @@ def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     x1.mul_(cos).addcmul_(x2, sin, value=-1)
     x2.mul_(cos).addcmul_(x1_orig, sin)
     return x
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pieces: int = 1) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, rotate_half taken within each of `pieces` equal parts of the last dimension
+    (a 2-D rotary turns one part by each axis), out of place, in cos's dtype where it is wider than x's; cos and sin
+    span the whole last dimension, sin with rotate_half's sign in it (full_width_rotary builds them).
+
+    NOTE: the vision towers' rotary, where apply_rotary_'s half-width broadcasts (16 or 32 values per head) run a
+    few times slower than full-width ones on the CPU."""
+    d = x.shape[-1]
+    swapped = x.unflatten(-1, (pieces, 2, d // (2 * pieces))).flip(-2).flatten(-3)
+    return torch.mul(x, cos).addcmul_(swapped, sin)
+
+
+def full_width_rotary(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """angles [..., pieces, d / (2 * pieces)] -> cos, sin [..., d] for rotate_pairs: each part's angles twice, the
+    sines of the first copy negated."""
+    cos, sin = angles.cos(), angles.sin()
+    return torch.stack([cos, cos], -2).flatten(-3), torch.stack([-sin, sin], -2).flatten(-3)

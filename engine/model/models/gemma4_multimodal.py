@@ -83,4 +83,5 @@ class Gemma4ForConditionalGeneration(GemmaTextOfMultimodal, Gemma4ForCausalLM):
 
     def encode_images(self, pixels: list[torch.Tensor], grids: list[tuple[int, int]]) -> list[torch.Tensor]:
         """Each image's patches and (rows, columns) -> [soft tokens, hidden]: their embeddings."""
-        return [self.embed_vision(t) for t in self.vision_tower(pixels, grids)]
+        tokens = self.vision_tower(pixels, grids)
+        return list(self.embed_vision(torch.cat(tokens)).split([len(t) for t in tokens]))

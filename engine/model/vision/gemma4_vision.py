@@ -18,7 +18,9 @@ from torch import nn
 
 from engine.errors import UnsupportedModel
 from engine.model.layers.norm import GemmaRMSNorm
-from engine.model.layers.rotary import apply_rotary_
+from engine.model.layers.linear_post import linear_gelu, linear_mul
+from engine.model.layers.rotary import full_width_rotary, rotate_pairs
+from engine.model.vision.attention import image_attention
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,14 @@ class ClippableLinear(nn.Module):
         return torch.clamp(self.linear(torch.clamp(x, self.input_min, self.input_max)), self.output_min,
                            self.output_max)
 
+    def gelu(self, x: torch.Tensor) -> torch.Tensor:
+        """gelu_tanh(self(x)), fused into the matmul where nothing is clipped between them."""
+        return F.gelu(self(x), approximate="tanh") if self.clipped else linear_gelu(self.linear, x, "tanh")
+
+    def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """self(x) * other, fused into the matmul where nothing is clipped between them."""
+        return self(x) * other if self.clipped else linear_mul(self.linear, x, other)
+
 
 class VisionAttention(nn.Module):
     def __init__(self, a: Gemma4VisionArgs) -> None:
@@ -92,18 +102,12 @@ class VisionAttention(nn.Module):
         q = self._rotate(self.q_norm(self.q_proj(x).view(n, self.heads, self.head_dim)), cos, sin)
         k = self._rotate(self.k_norm(self.k_proj(x).view(n, self.kv_heads, self.head_dim)), cos, sin)
         v = self.v_norm(self.v_proj(x).view(n, self.kv_heads, self.head_dim))
-        out = [F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in parts), scale=1.0,
-                                              enable_gqa=self.heads != self.kv_heads).transpose(0, 1)
-               for parts in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True)]
-        return self.o_proj(torch.cat(out).reshape(n, -1))
+        return self.o_proj(image_attention(q, k, v, lengths, scale=1.0).reshape(n, -1))
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """The head's first half turned by the columns' angles, its second by the rows' (cos, sin [2, T, 1, d/4])."""
-        half = x.shape[-1] // 2
-        c, s = cos.to(x.dtype), sin.to(x.dtype)
-        return torch.cat([apply_rotary_(x[..., :half].clone(), c[0], s[0]),
-                          apply_rotary_(x[..., half:].clone(), c[1], s[1])], dim=-1)
+        """The head's first half turned by the columns' angles, its second by the rows' (cos, sin [T, 1, d])."""
+        return rotate_pairs(x, cos, sin, pieces=2)
 
 
 class VisionMLP(nn.Module):
@@ -114,7 +118,7 @@ class VisionMLP(nn.Module):
         self.down_proj = ClippableLinear(a, a.intermediate_size, a.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+        return self.down_proj(self.up_proj.mul(x, self.gate_proj.gelu(x)))
 
 
 class VisionLayer(nn.Module):
@@ -172,10 +176,7 @@ class Gemma4VisionTower(nn.Module):
         rows = torch.cat([r.flatten() for r, _ in coords])
         cols = torch.cat([c.flatten() for _, c in coords])
         x = self.patch_embedder(torch.cat(patches), cols, rows)
-        inv_freq = 1.0 / (a.rope_theta ** (torch.arange(0, a.head_dim // 2, 2, dtype=torch.float32, device=device)
-                                           / (a.head_dim // 2)))
-        angles = torch.stack([cols, rows]).float()[..., None] * inv_freq  # [2, T, d/4]
-        cos, sin = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
+        cos, sin = self.rotary(cols, rows, x.dtype)
         lengths = [r * c for r, c in grids]
         for layer in self.encoder.layers:
             x = layer(x, cos, sin, lengths)
@@ -187,6 +188,14 @@ class Gemma4VisionTower(nn.Module):
                 pooled = (pooled - self.std_bias.float()) * self.std_scale.float()
             out.append(pooled.to(x.dtype))
         return out
+
+    def rotary(self, cols: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, head_dim] in `dtype` for rotate_pairs: the columns' angles, then the rows'."""
+        d = self.args.head_dim
+        inv_freq = 1.0 / (self.args.rope_theta ** (torch.arange(0, d // 2, 2, dtype=torch.float32,
+                                                                device=cols.device) / (d // 2)))
+        angles = torch.stack([cols, rows], dim=1).float()[..., None] * inv_freq  # [T, 2, d/4]
+        return tuple(t[:, None].to(dtype) for t in full_width_rotary(angles))
 
 
 class Gemma4VisionEmbedder(nn.Module):

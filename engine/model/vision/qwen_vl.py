@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import UnsupportedModel
-from engine.model.layers.rotary import apply_rotary_
+from engine.model.layers.linear import PatchKernelLinear
+from engine.model.layers.linear_post import linear_add, linear_gelu
+from engine.model.layers.rotary import full_width_rotary, rotate_pairs
+from engine.model.vision.attention import image_attention
 
 ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}  # hidden_act -> F.gelu's approximate
 
@@ -71,14 +73,14 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(a.hidden_size, 3 * a.hidden_size)
         self.proj = nn.Linear(a.hidden_size, a.hidden_size)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int],
+                residual: torch.Tensor) -> torch.Tensor:
+        """residual + attention(x)."""
         n, width = x.shape
-        q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
-        # Rotated in float32 as transformers does, whatever the serving dtype.
-        q, k = (apply_rotary_(t.float(), cos, sin).to(x.dtype) for t in (q, k))
-        out = [F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in parts)).transpose(0, 1)
-               for parts in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True)]
-        return self.proj(torch.cat(out).reshape(n, width))
+        qkv = self.qkv(x).view(n, 3, self.num_heads, self.head_dim)
+        # q and k rotated together in float32 (cos and sin's dtype) as transformers does, whatever the serving dtype.
+        q, k = rotate_pairs(qkv[:, :2], cos, sin).to(x.dtype).unbind(1)
+        return linear_add(self.proj, image_attention(q, k, qkv[:, 2], lengths).reshape(n, width), residual)
 
 
 class VisionMLP(nn.Module):
@@ -88,8 +90,8 @@ class VisionMLP(nn.Module):
         self.linear_fc2 = nn.Linear(a.intermediate_size, a.hidden_size)
         self.approximate = a.gelu
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate=self.approximate))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return linear_add(self.linear_fc2, linear_gelu(self.linear_fc1, x, self.approximate), residual)
 
 
 class VisionBlock(nn.Module):
@@ -101,8 +103,8 @@ class VisionBlock(nn.Module):
         self.mlp = VisionMLP(a)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, lengths)
-        return x + self.mlp(self.norm2(x))
+        x = self.attn(self.norm1(x), cos, sin, lengths, residual=x)
+        return self.mlp(self.norm2(x), residual=x)
 
 
 class PatchMerger(nn.Module):
@@ -119,19 +121,15 @@ class PatchMerger(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(x.view(-1, self.width)) if self.postshuffle else self.norm(x).view(-1, self.width)
-        return self.linear_fc2(F.gelu(self.linear_fc1(x)))
+        return self.linear_fc2(linear_gelu(self.linear_fc1, x, "none"))
 
 
 class PatchEmbed(nn.Module):
+    """Holds the patch embedding under the hub's name (patch_embed.proj)."""
+
     def __init__(self, a: QwenVisionArgs) -> None:
         super().__init__()
-        kernel = (a.temporal_patch_size, a.patch_size, a.patch_size)
-        self.proj = nn.Conv3d(a.in_channels, a.hidden_size, kernel, stride=kernel)  # the hub's weight layout
-
-    def forward(self, patches: torch.Tensor) -> torch.Tensor:
-        # The kernel covers the whole patch: the convolution is one matrix over the flattened patch.
-        w = self.proj.weight
-        return F.linear(patches.to(w.dtype), w.reshape(w.shape[0], -1), self.proj.bias)
+        self.proj = PatchKernelLinear(a.in_channels, a.hidden_size, (a.temporal_patch_size, a.patch_size, a.patch_size))
 
 
 class QwenVisionTower(nn.Module):
@@ -152,8 +150,10 @@ class QwenVisionTower(nn.Module):
         lengths = [t * h * w for t, h, w in grids]
         if any(t != 1 for t, _, _ in grids):
             raise ValueError("the vision tower takes images (one frame each), not videos")
-        x = self.patch_embed(torch.cat(patches))
-        x = x + torch.cat([self._positions(h, w) for _, h, w in grids]).to(x.dtype)
+        dtype = self.pos_embed.weight.dtype  # the model's (a packed linear has no weight)
+        x = self.patch_embed.proj(torch.cat(patches).to(dtype))
+        positions = {grid: self._positions(grid[1], grid[2]) for grid in dict.fromkeys(grids)}
+        x = x + torch.cat([positions[grid] for grid in grids]).to(dtype)
         cos, sin = self._rotary(grids, x.device)
         deepstack = []
         for i, block in enumerate(self.blocks):
@@ -171,7 +171,7 @@ class QwenVisionTower(nn.Module):
     def _positions(self, h: int, w: int) -> torch.Tensor:
         """The learned square of positions resampled to h x w (bilinear, corners aligned), in float32."""
         side = round(self.args.num_position_embeddings**0.5)
-        table = self.pos_embed.weight.float().view(side, side, -1)
+        table = self.pos_embed.weight.view(side, side, -1)
 
         def taps(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             src = torch.arange(n, dtype=torch.float32, device=table.device) * (side - 1) / max(n - 1, 1)
@@ -180,12 +180,13 @@ class QwenVisionTower(nn.Module):
 
         r0, r1, fr = taps(h)
         c0, c1, fc = taps(w)
-        rows = table[r0] * (1 - fr) + table[r1] * fr  # [h, side, hidden]
+        rows = table[r0].float() * (1 - fr) + table[r1].float() * fr  # [h, side, hidden]
         grid = rows[:, c0] * (1 - fc).transpose(0, 1) + rows[:, c1] * fc.transpose(0, 1)
         return self._block_order(grid)
 
     def _rotary(self, grids: list[tuple[int, int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [patches, 1, head_dim / 2]: a patch's row angles, then its column angles."""
+        """cos, sin [patches, 1, 1, head_dim] in float32 for rotate_pairs: a patch's row angles, then its column
+        angles."""
         quarter = self.args.head_dim // 2
         inv_freq = 1.0 / (self.args.rope_theta ** (torch.arange(0, quarter, 2, dtype=torch.float32,
                                                                 device=device) / quarter))
@@ -195,4 +196,5 @@ class QwenVisionTower(nn.Module):
                                             indexing="ij"), dim=-1)
             coords.append(self._block_order(hw))
         angles = (torch.cat(coords)[:, :, None].float() * inv_freq).flatten(1)  # [patches, row | column]
-        return angles.cos()[:, None, :], angles.sin()[:, None, :]
+        cos, sin = full_width_rotary(angles[:, None])
+        return cos[:, None, None], sin[:, None, None]

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import UnsupportedModel
-from engine.model.layers.linear import FusedLinear
+from engine.model.layers.linear import FusedLinear, PatchKernelLinear
+from engine.model.layers.linear_post import linear_add, linear_gelu
 
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 
@@ -58,12 +59,13 @@ class SiglipAttention(nn.Module):
         self.qkv_proj = FusedLinear(h, {"q_proj": h, "k_proj": h, "v_proj": h}, True)
         self.out_proj = nn.Linear(h, h)
 
-    def forward(self, x: torch.Tensor, b: int, n: int) -> torch.Tensor:
-        """x: [b * n, hidden] (2-D, as the packed CPU linears take it), n patches per image."""
+    def forward(self, x: torch.Tensor, b: int, n: int, residual: torch.Tensor) -> torch.Tensor:
+        """residual + attention(x); x: [b * n, hidden] (2-D, as the packed CPU linears take it), n patches per
+        image."""
         h = x.shape[-1]
         q, k, v = self.qkv_proj(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         out = F.scaled_dot_product_attention(q, k, v)  # no mask: all patches of an image see each other
-        return self.out_proj(out.transpose(1, 2).reshape(b * n, h))
+        return linear_add(self.out_proj, out.transpose(1, 2).reshape(b * n, h), residual)
 
 
 class SiglipMLP(nn.Module):
@@ -72,8 +74,8 @@ class SiglipMLP(nn.Module):
         self.fc1 = nn.Linear(a.hidden_size, a.intermediate_size)
         self.fc2 = nn.Linear(a.intermediate_size, a.hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return linear_add(self.fc2, linear_gelu(self.fc1, x, "tanh"), residual)
 
 
 class SiglipEncoderLayer(nn.Module):
@@ -85,8 +87,8 @@ class SiglipEncoderLayer(nn.Module):
         self.mlp = SiglipMLP(a)
 
     def forward(self, x: torch.Tensor, b: int, n: int) -> torch.Tensor:
-        x = x + self.self_attn(self.layer_norm1(x), b, n)
-        return x + self.mlp(self.layer_norm2(x))
+        x = self.self_attn(self.layer_norm1(x), b, n, residual=x)
+        return self.mlp(self.layer_norm2(x), residual=x)
 
 
 class SiglipEncoder(nn.Module):
@@ -98,12 +100,17 @@ class SiglipEncoder(nn.Module):
 class SiglipEmbeddings(nn.Module):
     def __init__(self, a: SiglipArgs) -> None:
         super().__init__()
-        self.patch_embedding = nn.Conv2d(a.num_channels, a.hidden_size, a.patch_size, stride=a.patch_size)
+        self.patch_size, self.side = a.patch_size, a.patches_per_side
+        self.patch_embedding = PatchKernelLinear(a.num_channels, a.hidden_size, (a.patch_size, a.patch_size))
         self.position_embedding = nn.Embedding(a.patches_per_side**2, a.hidden_size)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        patches = self.patch_embedding(pixels.to(self.patch_embedding.weight.dtype))  # [B, hidden, side, side]
-        return patches.flatten(2).transpose(1, 2) + self.position_embedding.weight
+        """[B, channels, size, size] -> [B * patches, hidden], the patches row by row."""
+        b, c, p, s = pixels.shape[0], pixels.shape[1], self.patch_size, self.side
+        patches = pixels.reshape(b, c, s, p, s, p).permute(0, 2, 4, 1, 3, 5).reshape(b * s * s, c * p * p)
+        weight = self.position_embedding.weight  # the model's dtype (a packed linear has no weight)
+        h = self.patch_embedding(patches.to(weight.dtype)).view(b, s * s, -1).add_(weight)
+        return h.view(b * s * s, -1)
 
 
 class SiglipVisionTower(nn.Module):
@@ -121,8 +128,7 @@ class SiglipVisionTower(nn.Module):
         if pixels.shape[1:] != (self.args.num_channels, size, size):
             raise ValueError(f"the vision tower takes images of {size}x{size}, got {tuple(pixels.shape[1:])}")
         h = self.embeddings(pixels)
-        b, n, width = h.shape
-        h = h.reshape(b * n, width)
+        b, n, width = pixels.shape[0], self.args.patches_per_side**2, self.args.hidden_size
         for layer in self.encoder.layers:
             h = layer(h, b, n)
         return self.post_layernorm(h).view(b, n, width)

@@ -16,6 +16,7 @@ from engine.errors import InvalidRequest, NoImageInput
 from engine.inputs import ImageData
 from engine.sample.params import SamplingParams
 from tests.engine.model.family_parity import Pages, load_family, tiny_engine
+from tests.engine.model.vision_bf16 import bf16_tower, check_bf16_tower
 from tests.engine.model.vision_checkpoints import (
     IMAGE, TOKENS, build_vision_model, hf_greedy, hf_logits, hf_pixels, image_file, images, prompt_with,
 )
@@ -39,6 +40,14 @@ def test_the_tower_and_projector_equal_transformers(vision):
     got = torch.stack(vision.model.encode_images(list(pixels), [None, None]))
     assert got.shape == (2, TOKENS, 64)
     torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-4)
+
+
+def test_the_tower_in_bfloat16_stays_near_float32_transformers(vision):
+    """The CPU product path: its linears packed, GELU and residual adds fused into them (vision_bf16.py)."""
+    pixels = hf_pixels(FILES + [image_file(64, 64, 3)])
+    ours = bf16_tower(vision.path, "vision_tower").encode_images(list(pixels), [None] * 3)
+    check_bf16_tower(ours, vision.hf, lambda hf, x: list(hf.model.get_image_features(**x).pooler_output),
+                     {"pixel_values": pixels})
 
 
 def _run(vision, pages: Pages, batch: list[tuple[str, list[int], list[bytes]]], bidirectional: bool = True):

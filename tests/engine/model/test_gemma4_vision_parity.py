@@ -19,6 +19,7 @@ from tests.engine.model.family_parity import Pages, load_family, tiny_engine
 from tests.engine.model.gemma4_vision_checkpoint import (
     BOI, EOI, IMAGE, build_gemma4_vision, hf_inputs, hf_logits, prompt_with,
 )
+from tests.engine.model.vision_bf16 import bf16_tower, check_bf16_tower
 from tests.engine.model.vision_checkpoints import hf_greedy, image_file, images
 
 ATOL = 1e-4
@@ -44,11 +45,12 @@ def _engine_pixels(vision, files: list[bytes]):
 
 def test_the_tower_and_embedder_equal_transformers(vision):
     assert check_checkpoint(str(vision.path)) == "Gemma4ForConditionalGeneration"
-    inputs = hf_inputs(FILES)
+    files = FILES + [image_file(40, 90, 3)]  # two images of one size (attended in one call) and one of another
+    inputs = hf_inputs(files)
     with torch.no_grad():
         want = vision.hf.model.get_image_features(inputs["pixel_values"], inputs["image_position_ids"]).pooler_output
-    pixels, grids = _engine_pixels(vision, FILES)
-    assert grids == [(24, 10), (10, 26)] and inputs["tokens"] == [60, 65]
+    pixels, grids = _engine_pixels(vision, files)
+    assert grids == [(24, 10), (10, 26), (24, 10)] and inputs["tokens"] == [60, 65, 60]
     got = vision.model.encode_images(pixels, grids)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=ATOL, rtol=1e-4)
@@ -161,15 +163,14 @@ def test_the_bake_keeps_the_vision_weights_and_the_processor(vision, tmp_path):
     assert out["a"] == hf_greedy(vision.hf, prompt_with(FILES[:1], seed=1), FILES[:1], 3, logits=hf_logits)
 
 
-def test_the_tower_in_bfloat16_on_the_cpu(vision):
-    """The CPU product path in bfloat16 (its linears packed for oneDNN where the CPU can): within bfloat16's reach
-    of the float32 tower (transformers' own bfloat16 run is 5-7% off on this random model)."""
-    from engine.model.loader import load_model
-
-    bf16, _ = load_model(str(vision.path), torch.bfloat16, torch.device("cpu"))
-    pixels, grids = _engine_pixels(vision, FILES)
-    for a, b in zip(bf16.encode_images(pixels, grids), vision.model.encode_images(pixels, grids), strict=True):
-        assert a.dtype == torch.bfloat16 and ((a.float() - b).norm() / b.norm()).item() < 0.08
+def test_the_tower_in_bfloat16_stays_near_float32_transformers(vision):
+    """The CPU product path: its linears packed, the MLP's GELU and gate fused into them (vision_bf16.py); two
+    images of one size (attended in one call) and one of another."""
+    files = FILES + [image_file(40, 90, 3)]
+    pixels, grids = _engine_pixels(vision, files)
+    ours = bf16_tower(vision.path, "vision_tower").encode_images(pixels, grids)
+    inputs = {k: v for k, v in hf_inputs(files).items() if k != "tokens"}
+    check_bf16_tower(ours, vision.hf, lambda hf, x: list(hf.model.get_image_features(**x).pooler_output), inputs)
 
 
 def test_a_causal_checkpoint_may_cut_an_image_between_chunks(tmp_path, baked_model_path):

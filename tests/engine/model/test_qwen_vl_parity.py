@@ -21,10 +21,13 @@ from tests.engine.model.family_parity import Pages, load_family, tiny_engine
 from tests.engine.model.qwen_vl_checkpoints import (
     IMAGE, build_qwen_vl, expanded, hf_greedy, hf_images, hf_logits, prompt_with,
 )
+from tests.engine.model.vision_bf16 import bf16_tower, check_bf16_tower
 from tests.engine.model.vision_checkpoints import image_file, images
 
 ATOL = 1e-4
 FILES = [image_file(40, 90, 1), image_file(120, 60, 2, "JPEG")]  # 12 and 10 soft tokens
+# the tower's batch: two images of one size (attended in one call) and one of another
+TOWER_FILES = FILES + [image_file(40, 90, 3)]
 
 
 @pytest.fixture(scope="module", params=["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"])
@@ -35,21 +38,33 @@ def family(request, tmp_path_factory, baked_model_path):
     return SimpleNamespace(name=request.param, hf=hf, model=model, spec=spec, path=path)
 
 
-def _encoded(family, files: list[bytes]) -> list[torch.Tensor]:
+def _encoded(family, files: list[bytes], model=None) -> list[torch.Tensor]:
     h = hf_images(files)
     grids = [tuple(g) for g in h["image_grid_thw"].tolist()]
-    return family.model.encode_images(list(h["pixel_values"].split([g[1] * g[2] for g in grids])), grids)
+    return (model or family.model).encode_images(list(h["pixel_values"].split([g[1] * g[2] for g in grids])), grids)
+
+
+def _hf_features(hf, h: dict) -> list[torch.Tensor]:
+    """transformers' tower: per image its merged tokens, then the deepstack features, side by side."""
+    out = hf.model.get_image_features(h["pixel_values"], h["image_grid_thw"])
+    deepstack = getattr(out, "deepstack_features", None) or []
+    return [torch.cat([p, *(d[i] for d in deepstack)], dim=-1) for i, p in enumerate(out.pooler_output)]
 
 
 def test_the_vision_tower_equals_transformers(family):
-    h = hf_images(FILES)
     with torch.no_grad():
-        out = family.hf.model.get_image_features(h["pixel_values"], h["image_grid_thw"])
-    deepstack = getattr(out, "deepstack_features", None) or []
-    assert len(deepstack) == (2 if family.name.startswith("qwen3_vl") else 0)
-    for i, got in enumerate(_encoded(family, FILES)):
-        want = torch.cat([out.pooler_output[i], *(d[i] for d in deepstack)], dim=-1)
+        wants = _hf_features(family.hf, hf_images(TOWER_FILES))
+    deepstack = 2 if family.name.startswith("qwen3_vl") else 0
+    assert wants[0].shape[-1] == 64 * (1 + deepstack)
+    for got, want in zip(_encoded(family, TOWER_FILES), wants, strict=True):
         torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-4)
+
+
+def test_the_vision_tower_in_bfloat16_stays_near_float32_transformers(family):
+    """The CPU product path: its linears packed, GELU and residual adds fused into them (vision_bf16.py)."""
+    ours = _encoded(family, TOWER_FILES, bf16_tower(family.path, "visual"))
+    h = {k: v for k, v in hf_images(TOWER_FILES).items() if k in ("pixel_values", "image_grid_thw")}
+    check_bf16_tower(ours, family.hf, _hf_features, h)
 
 
 def _spans(tokens: list[int], files: list[bytes]) -> list[ImageSpan]:
