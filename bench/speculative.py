@@ -128,12 +128,14 @@ def main() -> int:
 
 
 def print_table(runs: list[dict]) -> None:
-    print("| round | side | workload | clients | tokens/s | acceptance | tokens |")
-    print("|---|---|---|---|---|---|---|")
+    """Every run as a markdown row (with the load average where the runs have it)."""
+    load = all("load" in r for r in runs)
+    print("| round | side | workload | clients | tokens/s | acceptance | tokens |" + (" load |" if load else ""))
+    print("|---" * (8 if load else 7) + "|")
     for r in runs:
         acc = "" if r["acceptance"] is None else f"{100 * r['acceptance']:.0f}%"
         print(f"| {r['round']} | {r['side']} | {r['workload']} | {r['clients']} | {r['tokens_per_s']} | {acc} | "
-              f"{r['tokens']} |")
+              f"{r['tokens']} |" + (f" {r['load']:.2f} |" if load else ""))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.serving import server  # noqa: E402
-from bench.speculative import messages  # noqa: E402
+from bench.speculative import messages, print_table  # noqa: E402
 
 NGRAM = {"SPECULATIVE_CONFIG": json.dumps({"method": "ngram"})}
 NGRAM_ALWAYS = {"SPECULATIVE_CONFIG": json.dumps({"method": "ngram", "disable_by_batch_size": 10**6})}
@@ -114,7 +114,7 @@ def main() -> int:
     ap.add_argument("--clients", default="1,8,64")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--sides", default="ours,ours-ngram,llama,llama-ngram,llama-ngram-k4")
+    ap.add_argument("--sides", default=",".join(SIDES))
     args = ap.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
     out_dir = ROOT / "bench" / "out"
@@ -126,12 +126,7 @@ def main() -> int:
                 runs.append({"round": round_, **run, "load": os.getloadavg()[0]})
                 print(json.dumps(runs[-1]), flush=True)
     (out_dir / "speculative_served.json").write_text(json.dumps(runs, indent=2))
-    print("| round | side | workload | clients | tokens/s | acceptance | tokens | load |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in runs:
-        acc = "" if r["acceptance"] is None else f"{100 * r['acceptance']:.0f}%"
-        print(f"| {r['round']} | {r['side']} | {r['workload']} | {r['clients']} | {r['tokens_per_s']} | {acc} | "
-              f"{r['tokens']} | {r['load']:.2f} |")
+    print_table(runs)
     return 0
 
 
