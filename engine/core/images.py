@@ -2,7 +2,9 @@
 matched to the runs of image soft tokens in the prompt (ImageSpan). The model runner encodes a span's image in the
 step that prefills it; the span's digest joins the prefix-cache hashes of the pages it touches.
 
-A fixed-square tower (Gemma 3) takes the same number of soft tokens per image, which the worker writes in full. A
+A fixed-square tower (Gemma 3) takes the same number of soft tokens per image, which the worker writes in full; with
+pan and scan, expand() adds a span per crop of a wide or tall image (pan_and_scan.py), so the engine sees each crop
+as one more image. A
 patch-grid tower (Qwen-VL) takes as many as the image's merged patches, a pooled-patch tower (Gemma 4) as many as
 its pooled patches: the prompt may hold one placeholder token per image, which expand() widens to the image's count
 (transformers' Qwen3VLProcessor and Gemma4Processor do this), so usage and max_model_len count the image's tokens."""
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.core.pan_and_scan import PanAndScanPrompt
 from engine.errors import InvalidRequest, NoImageInput, StartupError
 from engine.image import gemma, gemma4, qwen_vl
 from engine.image.decode import decode_image
@@ -75,6 +78,7 @@ class ImageIntake:
     def __init__(self, vision: VisionSpec | None, model_path: str, tokenizer: object, max_chunk: int) -> None:
         self.vision, self.max_chunk = vision, max_chunk
         self.prompt: ImagePrompt | None = None
+        self.pan_and_scan: PanAndScanPrompt | None = None
         self.refusal = "this model takes no image input"
         if vision is None:
             return
@@ -107,18 +111,26 @@ class ImageIntake:
                                f"vision tower takes {vision.image_size}x{vision.image_size}", param="model")
         # transformers' Gemma3Processor.full_image_sequence
         self.prompt = ImagePrompt(boi, f"\n\n{boi}{image * vision.tokens_per_image}{eoi}\n\n", vision.tokens_per_image)
+        if self.config.do_pan_and_scan:
+            self.pan_and_scan = PanAndScanPrompt(tokenizer, *ids, vision.tokens_per_image)
 
     def expand(self, prompt: list[int], images: list[ImageData]) -> tuple[list[int], list[DecodedImage]]:
         """Decodes the images; the prompt with each one-token placeholder widened to its image's soft tokens
-        (a patch-grid tower's). NoImageInput for images on a model that takes none."""
+        (a patch-grid tower's), or each span followed by its image's pan-and-scan crops' (the decoded images then
+        list each image's crops after it). NoImageInput for images on a model that takes none."""
         if self.vision is None:
             if images:
                 raise NoImageInput(self.refusal, param=images[0].param)
             return prompt, []
-        decoded = [self._decode(image) for image in images]
+        parts = [self._decode(image) for image in images]  # each: the image, then its crops
+        decoded = [part for image in parts for part in image]
         runs = image_runs(prompt, self.vision.image_token_id)
-        if self.vision.tokens_per_image is not None or len(runs) != len(decoded):
-            return prompt, decoded  # (a count that does not match is spans()' error)
+        if len(runs) != len(parts):  # (a count that does not match is spans()' error; a prompt widened already runs)
+            return prompt, decoded
+        if self.vision.tokens_per_image is not None:
+            if self.pan_and_scan is None:
+                return prompt, decoded
+            return self.pan_and_scan.widen(prompt, runs, [len(image) - 1 for image in parts]), decoded
         out, last = [], 0
         for (start, end), image in zip(runs, decoded, strict=True):
             width = image.tokens if end - start == 1 else end - start
@@ -149,7 +161,8 @@ class ImageIntake:
                                    whole=self.vision.bidirectional))
         return spans
 
-    def _decode(self, image: ImageData) -> DecodedImage:
+    def _decode(self, image: ImageData) -> list[DecodedImage]:
+        """The image preprocessed for the tower, then its pan-and-scan crops (Gemma 3's, when the config asks)."""
         picture = decode_image(image.data, image.param)
         if self.vision.grid is not None or self.vision.pooled is not None:  # a token count that follows the image
             merged = self.vision.grid is not None  # Qwen-VL: patches merged; Gemma 4: patches pooled
@@ -160,14 +173,15 @@ class ImageIntake:
             pixels, grid = torch.from_numpy(out.pixel_values), out.grid_thw if merged else out.grid
             tokens = out.num_tokens(self.config.merge_size if merged else self.config.pooling_kernel_size)
         else:
-            if self.config.do_pan_and_scan:
-                raise InvalidRequest("this model's processor asks for pan and scan, which the engine does not run "
-                                     "yet", param=image.param)
-            pixels, grid = torch.from_numpy(gemma.preprocess(picture, self.config)[0]), None
-            tokens = self.vision.tokens_per_image
+            crops = torch.from_numpy(gemma.preprocess(picture, self.config))
+            return [self._hashed(part, None, self.vision.tokens_per_image, image.param) for part in crops]
+        return [self._hashed(pixels, grid, tokens, image.param)]
+
+    @staticmethod
+    def _hashed(pixels: torch.Tensor, grid: tuple[int, ...] | None, tokens: int, param: str) -> DecodedImage:
         digest = hashlib.blake2b(pixels.numpy().tobytes(), digest_size=16)
         digest.update(repr(grid).encode())  # two grids of the same pixel count are two pictures
-        return DecodedImage(pixels, grid, tokens, digest.digest(), image.param)
+        return DecodedImage(pixels, grid, tokens, digest.digest(), param)
 
 
 def _qwen_config(raw: dict, vision: VisionSpec) -> qwen_vl.QwenVLImageConfig:
