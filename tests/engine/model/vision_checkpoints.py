@@ -24,11 +24,12 @@ VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_att
               patch_size=14, vision_use_head=False)
 
 
-def build_vision_model(path: Path, baked: Path):
-    """Saves the model (and the baked tokenizer, a preprocessor_config.json) to path; returns transformers' model."""
+def build_vision_model(path: Path, baked: Path, vocab_size: int = 128, **processor):
+    """Saves the model (and the baked tokenizer, a preprocessor_config.json with `processor`'s settings added) to
+    path; returns transformers' model. vocab_size: the baked tokenizer's whole vocabulary for prompts of real text."""
     import transformers as tf
 
-    config = tf.Gemma3Config(text_config=TEXT, vision_config=VISION, mm_tokens_per_image=TOKENS,
+    config = tf.Gemma3Config(text_config={**TEXT, "vocab_size": vocab_size}, vision_config=VISION, mm_tokens_per_image=TOKENS,
                              image_token_index=IMAGE, boi_token_index=BOI, eoi_token_index=EOI)
     torch.manual_seed(0)
     model = tf.Gemma3ForConditionalGeneration(config).float().eval()
@@ -38,7 +39,7 @@ def build_vision_model(path: Path, baked: Path):
             p.copy_((0.2 if "norm" in name else 0.15) * torch.randn_like(p))
     model.config.architectures = ["Gemma3ForConditionalGeneration"]
     model.save_pretrained(path)
-    tf.Gemma3ImageProcessor(size={"height": SIZE, "width": SIZE}).save_pretrained(path)
+    tf.Gemma3ImageProcessor(size={"height": SIZE, "width": SIZE}, **processor).save_pretrained(path)
     for name in TOKENIZER_FILES:
         if (baked / name).exists() and name != "generation_config.json":
             shutil.copy(baked / name, path / name)
