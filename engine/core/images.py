@@ -3,11 +3,11 @@ matched to the runs of image soft tokens in the prompt (ImageSpan). The model ru
 step that prefills it; the span's digest joins the prefix-cache hashes of the pages it touches.
 
 A fixed-square tower (Gemma 3) takes the same number of soft tokens per image, which the worker writes in full; with
-pan and scan, expand() adds a span per crop of a wide or tall image (pan_and_scan.py), so the engine sees each crop
-as one more image. A
-patch-grid tower (Qwen-VL) takes as many as the image's merged patches, a pooled-patch tower (Gemma 4) as many as
-its pooled patches: the prompt may hold one placeholder token per image, which expand() widens to the image's count
-(transformers' Qwen3VLProcessor and Gemma4Processor do this), so usage and max_model_len count the image's tokens."""
+pan and scan, expand() adds a span per crop of a wide or tall image (pan_and_scan.py), so the rest of the engine sees
+each crop as one more image. A patch-grid tower (Qwen-VL) takes as many as the image's merged patches, a pooled-patch
+tower (Gemma 4) as many as its pooled patches: the prompt may hold one placeholder token per image, which expand()
+widens to the image's count (transformers' Qwen3VLProcessor and Gemma4Processor do this), so usage and max_model_len
+count the image's tokens."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ class PanAndScanPrompt:
             if not n or prompt[boi : end + 1] != self.span:  # (a span not between boi and eoi is spans()' error)
                 continue
             head = max((i for i in range(last, boi) if prompt[i] in self.splits), default=last - 1) + 1
-            text = self.tokenizer.decode(prompt[head:boi], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            text = self.tokenizer.decode(prompt[head:boi], clean_up_tokenization_spaces=False)
             text = text[:-2] + ORIGINAL + "\n\n" if text.endswith("\n\n") else text + ORIGINAL
             out += prompt[last:head] + self.tokenizer.encode(text, add_special_tokens=False) + self.span
             out += self.after_original + self.span

@@ -29,8 +29,9 @@ def build_vision_model(path: Path, baked: Path, vocab_size: int = 128, **process
     path; returns transformers' model. vocab_size: the baked tokenizer's whole vocabulary for prompts of real text."""
     import transformers as tf
 
-    config = tf.Gemma3Config(text_config={**TEXT, "vocab_size": vocab_size}, vision_config=VISION, mm_tokens_per_image=TOKENS,
-                             image_token_index=IMAGE, boi_token_index=BOI, eoi_token_index=EOI)
+    config = tf.Gemma3Config(text_config={**TEXT, "vocab_size": vocab_size}, vision_config=VISION,
+                             mm_tokens_per_image=TOKENS, image_token_index=IMAGE, boi_token_index=BOI,
+                             eoi_token_index=EOI)
     torch.manual_seed(0)
     model = tf.Gemma3ForConditionalGeneration(config).float().eval()
     model.config._attn_implementation = "eager"
