@@ -84,9 +84,11 @@ RUN --mount=type=secret,id=HF_TOKEN \
 
 # FlashInfer JIT-compiles kernels on first use, into FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/<version>/
 # <arch>/, where <arch> is the GPU's compute capability as FlashInfer writes it (86, 90a, ...). Compiling
-# them here needs nvcc but no GPU: the kernels the engine uses for the baked model's head dim in bfloat16
-# (what DTYPE=auto picks on a GPU), once per architecture, so that each lands in the folder a worker on
-# that GPU looks in. A GPU outside the list, or DTYPE=float16, compiles its kernels at start-up instead.
+# them here needs nvcc but no GPU: engine.core.kernel_plan reads the baked model's KV layer groups as the engine
+# does (head sizes under text_config too, windows, soft-caps, sinks) and builds each module the engine asks for in
+# bfloat16 (what DTYPE=auto picks on a GPU), in one parallel ninja, once per architecture, so that each lands in
+# the folder a worker on that GPU looks in. A GPU outside the list, DTYPE=float16 or KV_CACHE_DTYPE=fp8 compiles
+# its kernels at start-up instead (`python -m engine.core.kernel_plan --model DIR --list` names them).
 #
 # PRECOMPILE_CUDA_ARCHS: GPU architectures to precompile FlashInfer's kernels for, written as FlashInfer
 # names them (major.minor, with an "a" from 9.0 on). The default covers the GPU pools in .runpod/hub.json:
@@ -95,12 +97,8 @@ RUN --mount=type=secret,id=HF_TOKEN \
 ARG PRECOMPILE_CUDA_ARCHS="8.0 8.6 8.9 9.0a"
 ENV FLASHINFER_WORKSPACE_BASE=/opt/flashinfer
 RUN for arch in $PRECOMPILE_CUDA_ARCHS; do \
-      FLASHINFER_CUDA_ARCH_LIST="$arch" python -c "import json, sys, time, torch; \
-from engine.cuda.kernels import precompile; \
-c = json.load(open(sys.argv[1])); d = c.get('head_dim') or c['hidden_size'] // c['num_attention_heads']; \
-t = time.time(); built = precompile([d], torch.bfloat16, cuda_arch=sys.argv[2]); \
-print(f'precompiled {len(built)} FlashInfer modules for sm {sys.argv[2]} (head_dim {d}) in {time.time() - t:.0f} s')" \
-        "$BASE_PATH/model/config.json" "$arch" || exit 1; \
+      FLASHINFER_CUDA_ARCH_LIST="$arch" python -m engine.core.kernel_plan --model "$BASE_PATH/model" --arch "$arch" \
+        || exit 1; \
     done
 
 # The worker last: it changes most often and nothing above depends on it.

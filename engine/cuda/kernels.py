@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-# The prefill kernel family the attention backend plans with and precompile() builds.
+# The prefill kernel family the attention backend plans with and engine.cuda.precompile builds.
 # NOTE: FA2 for prefill on every GPU: on Hopper "auto" would pick FA3, a second large JIT build per head
 # dim, while prompts of a few hundred tokens spend little of a step in attention. Pass "auto" to get FA3.
 DEFAULT_PREFILL_BACKEND = "fa2"
@@ -170,37 +170,3 @@ def warmup(
     )
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-# NOTE: no FlashInfer sampling: it draws a batch from one generator, and a seeded request must get the same
-# tokens whatever shares its batch (engine.sample.sampler draws each row from its own).
-KERNEL_MODULES = ("norm", "activation", "rope")
-
-
-def precompile(
-    head_dims: list[int], dtype: torch.dtype, kernels: tuple[str, ...] = KERNEL_MODULES, cuda_arch: str | None = None
-) -> list[str]:
-    """Builds FlashInfer's JIT modules (attention for each head dim, plus `kernels`) without a GPU: nvcc is enough.
-
-    For a Docker build set cuda_arch (e.g. "9.0a"; or FLASHINFER_CUDA_ARCH_LIST, read when flashinfer is
-    first imported) to the target GPU's; the cache lands where the runtime looks for it
-    (FLASHINFER_WORKSPACE_BASE/.cache/flashinfer). The module arguments mirror what the wrappers and the
-    functions above ask for at run time. Returns the names of the modules built.
-    """
-    import os
-
-    if cuda_arch:
-        os.environ["FLASHINFER_CUDA_ARCH_LIST"] = cuda_arch
-    from flashinfer.jit import activation, attention, build_jit_specs, norm, rope
-
-    makers = {"norm": norm.gen_norm_module, "rope": rope.gen_rope_module,
-              "activation": lambda: activation.gen_act_and_mul_module("silu")}
-    specs = [makers[name]() for name in kernels]
-    for d in head_dims:
-        # prefill (and tensor-core decode, which reuses the FA2 prefill module) and CUDA-core decode;
-        # the trailing flags: no RoPE in the kernel, no sliding window, no soft cap (, no fp16 QK)
-        specs.append(attention.gen_batch_prefill_module(
-            DEFAULT_PREFILL_BACKEND, dtype, dtype, dtype, torch.int32, d, d, 0, False, False, False))
-        specs.append(attention.gen_batch_decode_module(dtype, dtype, dtype, torch.int32, d, d, 0, False, False))
-    build_jit_specs(specs, verbose=False)
-    return [s.name for s in specs]

@@ -16,6 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+PRECOMPILE = r"engine\.core\.kernel_plan"  # the kernel precompilation's RUN
 
 
 def index_of(instructions: list, keyword: str, pattern: str) -> int:
@@ -121,13 +122,13 @@ def test_precompiled_kernels_land_where_a_worker_looks(dockerfile: list) -> None
     env = image_env(dockerfile)
     assert "FLASHINFER_CUDA_ARCH_LIST" not in env, "a pinned arch list would make every GPU miss its kernels"
     assert env["FLASHINFER_WORKSPACE_BASE"]
-    assert index_of(dockerfile, "ENV", r"FLASHINFER_WORKSPACE_BASE") < index_of(dockerfile, "RUN", r"precompile")
+    assert index_of(dockerfile, "ENV", r"FLASHINFER_WORKSPACE_BASE") < index_of(dockerfile, "RUN", PRECOMPILE)
     archs = next(default for name, default in build_arg_defaults(dockerfile) if name == "PRECOMPILE_CUDA_ARCHS")
     assert archs.split(), "no architecture is precompiled by default"
     for arch in archs.split():
         major, minor = arch.split(".")
         assert minor == ("0a" if int(major) >= 9 else "0") or (int(major) == 8 and minor in ("6", "9")), arch
-    run = dockerfile[index_of(dockerfile, "RUN", r"precompile")].value
+    run = dockerfile[index_of(dockerfile, "RUN", PRECOMPILE)].value
     assert 'FLASHINFER_CUDA_ARCH_LIST="$arch"' in run, "each arch must be compiled into its own folder"
 
 
@@ -194,11 +195,14 @@ def test_bake_step_bakes_the_bundled_default_when_model_name_is_empty(dockerfile
     assert manifest["served_model_name"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def test_precompile_step_is_valid_and_can_be_skipped(dockerfile: list, tmp_path: Path) -> None:
-    run = shell_of(dockerfile[index_of(dockerfile, "RUN", r"precompile")].value)
-    snippet = re.search(r'python -c "(.*?)"\s', run, re.S)
-    assert snippet, "the precompile step's Python is not where the test expects it"
-    compile(snippet.group(1), "<precompile>", "exec")
+def test_precompile_step_runs_the_engines_kernel_plan_and_can_be_skipped(dockerfile: list, tmp_path: Path) -> None:
+    """The step reads the bake through the engine (engine.core.kernel_plan: text_config, KV groups), not config.json's
+    top-level keys, which image-text checkpoints (Gemma 3 / 4, Qwen3-VL) do not have; its listing on such a bake is
+    tests/engine/cuda/test_kernel_plan.py's (flashinfer is not in this venv)."""
+    run = shell_of(dockerfile[index_of(dockerfile, "RUN", PRECOMPILE)].value)
+    assert re.search(r'python -m engine\.core\.kernel_plan --model "\$BASE_PATH/model" --arch "\$arch"', run), run
+    assert "config.json" not in run and "python -c" not in run, "the step must not parse the config itself"
+    assert (ROOT / "engine" / "core" / "kernel_plan.py").is_file()
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "PRECOMPILE_CUDA_ARCHS": "",
            "BASE_PATH": str(tmp_path)}
     skipped = subprocess.run(["sh", "-c", run], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -216,7 +220,7 @@ def test_precompile_step_builds_kernels_where_flashinfer_and_nvcc_exist(
         pytest.skip("flashinfer is not installed here (it is in the image)")
     if shutil.which("nvcc") is None:
         pytest.skip("no nvcc here (the image is CUDA's devel flavour)")
-    run = shell_of(dockerfile[index_of(dockerfile, "RUN", r"precompile")].value)
+    run = shell_of(dockerfile[index_of(dockerfile, "RUN", PRECOMPILE)].value)
     arch = "9.0a"  # one architecture (Hopper) keeps the compile short
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "PRECOMPILE_CUDA_ARCHS": arch,
            "BASE_PATH": str(baked_model_path.parent), "FLASHINFER_WORKSPACE_BASE": str(tmp_path)}
