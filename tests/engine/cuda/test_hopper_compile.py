@@ -46,6 +46,18 @@ def link_flags(home: Path, scratch: Path) -> str:
     return f"-L{scratch} {os.environ.get('FLASHINFER_EXTRA_LDFLAGS', '')}".strip()
 
 
+def header_flags(home: Path) -> str:
+    """FlashInfer's norm includes cublasLt.h; a toolkit without cuBLAS's headers (CUDA's devel image has them) takes
+    them from torch's CUDA wheels."""
+    extra = os.environ.get("FLASHINFER_EXTRA_CUDAFLAGS", "")
+    if (home / "include" / "cublasLt.h").exists():
+        return extra
+    import nvidia
+
+    found = [p.parent for root in nvidia.__path__ for p in Path(root).glob("*/include/cublasLt.h")]
+    return f"-isystem {found[0]} {extra}".strip() if found else extra
+
+
 def test_every_family_module_builds_for_hopper(tmp_path: Path) -> None:
     if flashinfer_import_error() is not None:
         pytest.skip(f"flashinfer does not import here: {flashinfer_import_error()!r}")
@@ -55,6 +67,7 @@ def test_every_family_module_builds_for_hopper(tmp_path: Path) -> None:
     workspace = Path(os.environ.get("HOPPER_COMPILE_WORKSPACE", tmp_path / "flashinfer"))
     env = {**os.environ, "CUDA_HOME": str(home), "FLASHINFER_WORKSPACE_BASE": str(workspace),
            "FLASHINFER_EXTRA_LDFLAGS": link_flags(home, tmp_path / "libcuda-stub"),
+           "FLASHINFER_EXTRA_CUDAFLAGS": header_flags(home),
            "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))}
     only = ["--only", os.environ["HOPPER_COMPILE_ONLY"]] if os.environ.get("HOPPER_COMPILE_ONLY") else []
     command = [sys.executable, "-m", "engine.core.kernel_plan", "--all-families", "--arch", ARCH, *only]
