@@ -93,13 +93,16 @@ def build(missing_only: bool) -> dict:
 
 
 def pack(archive: Path) -> dict:
-    """The built libraries of needed_names() as <name>/<name>.so in an xz tar (what unpack() puts in the AOT dir)."""
+    """The libraries of needed_names(), built or carried, as <name>/<name>.so in an xz tar (what unpack() puts in
+    the AOT folder)."""
     from flashinfer.jit import env as jit_env
 
-    libraries = [Path(jit_env.FLASHINFER_JIT_DIR) / n / f"{n}.so" for n in needed_names()]
-    absent = [str(p) for p in libraries if not p.exists()]
+    folders = {"built": Path(jit_env.FLASHINFER_JIT_DIR), "carried": aot_dir()}
+    found = found_libraries()
+    absent = [n for n in needed_names() if n not in found]
     if absent:
         raise SystemExit(f"not built (run `check_steps.py build` first): {absent}")
+    libraries = [folders[found[n]] / n / f"{n}.so" for n in needed_names()]
     archive.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "w:xz", preset=9) as tar:
         for path in libraries:
