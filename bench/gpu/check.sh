@@ -92,7 +92,8 @@ export FLASHINFER_WORKSPACE_BASE=/tmp/fi-jit  # the JIT cache for what is not ca
 rm -rf "$FLASHINFER_WORKSPACE_BASE"
 export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}  # H100 / H200; the carried modules' arch
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
-log "CUDA_HOME=${CUDA_HOME:-none} MAX_JOBS=$MAX_JOBS arch $FLASHINFER_CUDA_ARCH_LIST ${NVCC:+$("$NVCC" --version | tail -1)}"
+log "CUDA_HOME=${CUDA_HOME:-none} MAX_JOBS=$MAX_JOBS arch $FLASHINFER_CUDA_ARCH_LIST" \
+    "${NVCC:+$("$NVCC" --version | tail -1)}"
 
 # 2. the carried modules
 ARCHIVE=$(ls bench/gpu/prebuilt/*.tar.xz 2>/dev/null | head -1)
@@ -137,7 +138,8 @@ ids = [line for line in (out / "collect-raw.log").read_text().splitlines() if ":
 files = list(dict.fromkeys(i.split("::")[0] for i in ids))
 print(json.dumps({"tests": len(ids), "files_in_order": files}))
 EOF
-    log "dry run: collected $(grep -c '::' "$OUT/collect-raw.log") tests in the planned order (status ${STATUS[collect]})"
+    log "dry run: collected $(grep -c '::' "$OUT/collect-raw.log") tests in the planned order" \
+        "(status ${STATUS[collect]})"
     exit 0
 fi
 

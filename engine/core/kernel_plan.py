@@ -29,6 +29,7 @@ from engine.cuda.precompile import (
 from engine.cuda.setup import has_sinks
 from engine.errors import UnsupportedModel
 from engine.model.checkpoint import safetensors_files, tensor_shapes
+from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.parallel import TensorParallel
 from engine.model.loader import TP_SIZES, read_config
 from engine.model.models import ARCHITECTURES, model_class
@@ -75,7 +76,7 @@ def decode_ratios(num_q_heads: int, num_kv_heads: int) -> set[int]:
 
 
 def group_modules(
-    group: Any, *, num_q_heads: int, dtype: torch.dtype, kv_dtype: torch.dtype, sinks: bool, bidirectional: bool
+    group: KVGroupSpec, *, num_q_heads: int, dtype: torch.dtype, kv_dtype: torch.dtype, sinks: bool, bidirectional: bool
 ) -> set[AttentionModule]:
     """What one KV group's FlashInfer backend plans at warm-up and at run time (engine.attention.flashinfer)."""
     q, kv = str(dtype).removeprefix("torch."), str(kv_dtype).removeprefix("torch.")
@@ -151,6 +152,7 @@ def all_family_modules(skipped: list[str] | None = None) -> set[AttentionModule]
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command line: list or build a model's modules (or every family's) for one architecture."""
     parser = argparse.ArgumentParser(prog="python -m engine.core.kernel_plan", description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a model folder (config.json and safetensors)")

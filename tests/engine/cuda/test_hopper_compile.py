@@ -1,5 +1,5 @@
-"""Every FlashInfer module a registered family can ask for compiles for Hopper (sm_90a) with this machine's nvcc, through
-the command the Dockerfile runs (engine.core.kernel_plan), in one ninja. No GPU: nothing compiled is run.
+"""Every FlashInfer module a registered family can ask for compiles for Hopper (sm_90a) with this machine's nvcc,
+through the command the Dockerfile runs (engine.core.kernel_plan), in one ninja. No GPU: nothing compiled is run.
 
 Behind the `compile` marker (hours on 2 cores, minutes on 16): `pytest -m compile tests/engine/cuda`. MAX_JOBS caps
 nvcc's processes; HOPPER_COMPILE_WORKSPACE keeps the cache between runs (default: a temporary folder);
