@@ -74,7 +74,8 @@ log "wheels: $(ls bench/gpu/wheels/*.whl | xargs -n1 basename | tr '\n' ' ')"
 # The toolchain FlashInfer's JIT would use for anything not carried: nvcc, and -lcudart -lcuda where it links.
 NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
 if [ -n "$NVCC" ]; then
-    export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$NVCC")")")}
+    real=$(grep -Io '/[^ ]*/bin/nvcc' "$(readlink -f "$NVCC")" 2>/dev/null | head -1 || true)  # a wrapper's toolkit
+    export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "${real:-$NVCC}")")")}
     export PATH="$CUDA_HOME/bin:$PATH"
     SHIM=/tmp/fi-ldshim
     mkdir -p "$SHIM"

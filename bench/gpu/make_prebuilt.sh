@@ -13,7 +13,7 @@ export FLASHINFER_WORKSPACE_BASE=${PREBUILT_WORKSPACE:-/tmp/fi-prebuilt}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 NVCC=$(readlink -f "$(command -v nvcc)")
 if [ -z "${CUDA_HOME:-}" ]; then  # nvcc may be a wrapper script: take the toolkit it runs
-    real=$(grep -o '/[^ ]*/bin/nvcc' "$NVCC" 2>/dev/null | head -1 || true)
+    real=$(grep -Io '/[^ ]*/bin/nvcc' "$NVCC" 2>/dev/null | head -1 || true)
     CUDA_HOME=$(dirname "$(dirname "${real:-$NVCC}")")
 fi
 export CUDA_HOME
