@@ -19,6 +19,44 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 DEFAULT_PREFILL_BACKEND = "fa2"
 
 
+# Head sizes the attention backend sends to FlashInfer 0.5.3's paged kernels: the ones FlashInfer's own AOT build
+# and tests cover. Its FA2 prefill tiles are all invalid at 512 (KernelTraits::IsInvalid in attention/prefill.cuh:
+# 8 * head_dim / 16 MMA columns must stay under 256), so Gemma 4's global layers cannot run there; a KV group of a
+# size outside this set runs on the torch backend, said at start-up (engine.attention.resolve_group_backends).
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
+
+
+def flashinfer_head_dim_error(head_dim: int) -> str | None:
+    """None when FlashInfer's paged attention serves `head_dim`, else why not (one line)."""
+    if head_dim in FLASHINFER_HEAD_DIMS:
+        return None
+    sizes = ", ".join(map(str, FLASHINFER_HEAD_DIMS))
+    return f"FlashInfer 0.5.3's paged attention has no kernel for head size {head_dim} (it serves {sizes})"
+
+
+def sink_module_args(
+    *, backend: str, q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, sliding_window: bool
+) -> tuple[list, dict]:
+    """(jit_args, jit_kwargs) of FlashInfer's attention-sink prefill variant, for its prefill wrapper's jit_args.
+
+    NOTE: BatchAttentionWithAttentionSinkWrapper names its JIT module by q dtype, window and backend only, so two
+    head sizes or KV dtypes in one process load one library; the name here is FlashInfer's own AOT name
+    (gen_batch_prefill_attention_sink_module), which holds every parameter, so precompile() builds the same file.
+    """
+    from flashinfer.jit.attention.modules import get_batch_prefill_attention_sink_uri
+    from flashinfer.jit.attention.variants import attention_sink_decl
+
+    uri = get_batch_prefill_attention_sink_uri(
+        backend=backend, dtype_q=q_dtype, dtype_kv=kv_dtype, dtype_o=q_dtype, dtype_idx=torch.int32,
+        head_dim_qk=head_dim, head_dim_vo=head_dim, pos_encoding_mode=0, use_sliding_window=sliding_window,
+    )
+    jit_args = [uri, q_dtype, kv_dtype, q_dtype, torch.int32, head_dim, head_dim, ["sink"], ["float"], ["sm_scale"],
+                ["double"], "AttentionSink", attention_sink_decl[backend]]
+    jit_kwargs = {"pos_encoding_mode": 0, "use_sliding_window": sliding_window, "use_logits_soft_cap": False,
+                  "use_fp16_qk_reduction": False, "fp8_enabled": False}
+    return jit_args, jit_kwargs
+
+
 @functools.cache
 def flashinfer_import_error() -> Exception | None:
     """None when flashinfer imports, else the error it raised (a broken CUDA install raises more than
@@ -49,7 +87,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if _fused(x) and x.dim() in (2, 3) and x.stride(-1) == 1:
         import flashinfer
 
-        return flashinfer.norm.rmsnorm(x, weight, eps)
+        return flashinfer.norm.rmsnorm(input=x, weight=weight, eps=eps)
     if x.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     # transformers: normalise in float32, cast back, then scale in the model dtype.
@@ -65,7 +103,7 @@ def fused_add_rmsnorm(
     if _fused(x) and x.dim() == 2 and x.stride(-1) == 1 and residual.stride(-1) == 1:
         import flashinfer
 
-        flashinfer.norm.fused_add_rmsnorm(x, residual, weight, eps)
+        flashinfer.norm.fused_add_rmsnorm(input=x, residual=residual, weight=weight, eps=eps)
         return x, residual
     residual.add_(x)
     x.copy_(rmsnorm(residual, weight, eps))
@@ -89,7 +127,9 @@ def apply_rope_with_cos_sin_cache_inplace(
     if _fused(q) and q.stride(-1) == 1 and k.stride(-1) == 1:
         import flashinfer
 
-        flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(positions, q, k, head_dim, cos_sin_cache, is_neox)
+        flashinfer.rope.apply_rope_with_cos_sin_cache_inplace(
+            positions=positions, query=q, key=k, head_size=head_dim, cos_sin_cache=cos_sin_cache, is_neox=is_neox
+        )
         return
     half = cos_sin_cache.shape[-1] // 2
     table = cos_sin_cache[positions]
@@ -109,7 +149,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if _fused(x) and x.is_contiguous() and (x.shape[-1] * x.element_size()) % 16 == 0:
         import flashinfer
 
-        return flashinfer.activation.silu_and_mul(x)
+        return flashinfer.activation.silu_and_mul(input=x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate).mul_(up)
 
