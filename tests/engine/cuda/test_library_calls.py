@@ -1,5 +1,5 @@
-"""Every call the engine makes into a GPU library (FlashInfer, fla, causal-conv1d) bound to the installed release's
-real signature, on the CPU: those packages import without a GPU, so a renamed parameter or an argument in the wrong
+"""Every call the engine makes into a GPU library (FlashInfer, fla, causal-conv1d, and torch's CUDA-only FP8 GEMMs)
+bound to the installed release's real signature, on the CPU: those packages import without a GPU, so a renamed parameter or an argument in the wrong
 place fails here, not on the first GPU that runs it. The calls are found in the engine's source (no call runs).
 
 The rule each call must keep: every argument by keyword, except where the library's parameter is positional-only or
@@ -27,6 +27,8 @@ import engine
 ROOT = Path(__file__).resolve().parents[3]
 ENGINE = ROOT / "engine"
 LIBRARIES = ("flashinfer", "fla", "causal_conv1d")
+# torch's calls that run only on a GPU, as the engine writes them (torch and torch.nn.functional as F everywhere).
+TORCH_CUDA_CALLS = {"torch._scaled_mm": "torch._scaled_mm", "F.scaled_mm": "torch.nn.functional.scaled_mm"}
 PREFILL, DECODE = "flashinfer.BatchPrefillWithPagedKVCacheWrapper", "flashinfer.BatchDecodeWithPagedKVCacheWrapper"
 # Calls on FlashInfer wrapper objects, whose class the source does not say: the receiver as written, per file.
 WRAPPER_RECEIVERS = {
@@ -43,7 +45,7 @@ EXPECTED = {
     "causal_conv1d.causal_conv1d_update", "causal_conv1d.causal_conv1d_fn", "flashinfer.norm.rmsnorm",
     "flashinfer.norm.fused_add_rmsnorm", "flashinfer.rope.apply_rope_with_cos_sin_cache_inplace",
     "flashinfer.activation.silu_and_mul", PREFILL, DECODE, f"{PREFILL}.plan", f"{PREFILL}.run", f"{DECODE}.plan",
-    f"{DECODE}.run",
+    f"{DECODE}.run", *TORCH_CUDA_CALLS.values(),
 }
 
 
@@ -109,7 +111,9 @@ def library_calls() -> list[LibraryCall]:
                 if name is not None:
                     root, _, rest = name.partition(".")
                     receiver, _, method = name.rpartition(".")
-                    if root in scope:
+                    if name in TORCH_CUDA_CALLS:
+                        calls.append(LibraryCall(path, node.lineno, TORCH_CUDA_CALLS[name], node))
+                    elif root in scope:
                         calls.append(LibraryCall(path, node.lineno, ".".join(filter(None, [scope[root], rest])), node))
                     elif receiver in receivers:
                         calls.extend(LibraryCall(path, node.lineno, f"{cls}.{method}", node)
@@ -153,16 +157,32 @@ def test_every_expected_call_is_found() -> None:
     assert EXPECTED <= found, f"not found in engine/: {sorted(EXPECTED - found)}"
 
 
+def signature_of(target: str, function: object) -> inspect.Signature:
+    """inspect's signature, or for one of torch's builtin operators the one its schema declares (`self` positional)."""
+    try:
+        return inspect.signature(function)
+    except ValueError:
+        import torch
+
+        (schema, *_) = torch._C._jit_get_schemas_for_operator(f"aten::{target.rsplit('.', 1)[-1]}")
+        kinds = inspect.Parameter
+        return inspect.Signature([
+            inspect.Parameter(arg.name, kinds.POSITIONAL_ONLY if arg.name == "self" else
+                              kinds.KEYWORD_ONLY if arg.kwarg_only else kinds.POSITIONAL_OR_KEYWORD,
+                              default=arg.default_value if arg.has_default_value() else inspect.Parameter.empty)
+            for arg in schema.arguments])
+
+
 @pytest.mark.parametrize("call", CALLS, ids=lambda call: call.id)
 def test_call_binds_by_keyword_to_the_installed_signature(call: LibraryCall) -> None:
     where = f"{call.path}:{call.line} calls {call.target}"
     node = call.node
     assert not any(isinstance(arg, ast.Starred) for arg in node.args), f"{where} with *args expanded"
     assert all(kw.arg is not None for kw in node.keywords), f"{where} with **kwargs expanded"
-    function = resolve(call.target)
-    signature = inspect.signature(function)
+    signature = signature_of(call.target, resolve(call.target))
     parameters = list(signature.parameters.values())
-    if parameters and parameters[0].name == "self":  # a method looked up on its class: the receiver binds self
+    if parameters and parameters[0].name == "self" and parameters[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+        # a method looked up on its class: the receiver binds self
         signature = signature.replace(parameters=parameters[1:])
     positional = [object()] * len(node.args)
     keywords = {kw.arg: object() for kw in node.keywords}
