@@ -7,7 +7,9 @@ export BASE_PATH ?= $(CURDIR)/.models
 MODEL_DIR := $(BASE_PATH)/model
 # The image runs another torch than requirements.txt pins (the Dockerfile's TORCH_VERSION, a CUDA build that
 # also runs on a CPU). `make test` runs the engine tests under it too, in a second venv, so that code only the
-# newer torch has fails here and not in the image.
+# newer torch has fails here and not in the image. It also holds the image's pure-Python CUDA packages
+# (requirements-cuda.txt: FlashInfer, fla), which import without a GPU, so that every call the engine makes into them
+# is bound to their real signatures here (tests/engine/cuda/test_library_calls.py).
 IMAGE_TORCH := $(shell sed -n 's/^ARG TORCH_VERSION=//p' Dockerfile)
 IMAGE_VENV := .venv-image-torch
 IMAGE_PY := $(IMAGE_VENV)/bin/python
@@ -39,11 +41,12 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-structure
 	$(PY) -m pip install --quiet --no-deps -r requirements-structured.txt
 	touch $@
 
-$(IMAGE_VENV)/.installed: requirements.txt requirements-dev.txt requirements-structured.txt Dockerfile
+$(IMAGE_VENV)/.installed: requirements.txt requirements-dev.txt requirements-structured.txt requirements-cuda.txt Dockerfile
 	test -x $(IMAGE_PY) || $(PYTHON) -m venv $(IMAGE_VENV)
 	grep -v '^torch==' requirements.txt > $(IMAGE_VENV)/requirements.txt
 	grep -v '^-r requirements.txt' requirements-dev.txt >> $(IMAGE_VENV)/requirements.txt
 	$(IMAGE_PY) -m pip install --quiet "torch==$(IMAGE_TORCH)" -r $(IMAGE_VENV)/requirements.txt
 	$(IMAGE_PY) -m pip install --quiet --no-deps -r requirements-structured.txt
+	$(IMAGE_PY) -m pip install --quiet --no-deps -r requirements-cuda.txt
 	$(IMAGE_PY) -c "import torch; assert torch.__version__.split('+')[0] == '$(IMAGE_TORCH)', torch.__version__"
 	touch $@

@@ -2,10 +2,15 @@
 
 `resolve_backend` is the one place the backend is chosen: on CUDA in fp16/bf16, FlashInfer, and a FlashInfer
 that does not import stops start-up with its cause rather than leaving the engine on the much slower torch
-reference; the torch backend runs there only when asked for.
+reference; the torch backend runs there only when asked for. `group_backends` then gives each KV layer group the
+chosen backend, or the torch reference where FlashInfer has no kernel for the group's head size (Gemma 4's global
+layers), with the reason for the start-up log.
 """
 
 from __future__ import annotations
+
+import logging
+from typing import Any
 
 import torch
 
@@ -13,6 +18,8 @@ from engine.attention.base import AttentionBackend
 from engine.attention.torch_ref import TorchRefBackend
 from engine.cuda import kernels
 from engine.errors import StartupError
+
+log = logging.getLogger(__name__)
 
 
 def _flashinfer(device: torch.device, **kw: object) -> AttentionBackend:
@@ -54,8 +61,43 @@ def resolve_backend(requested: str, device: torch.device | str, dtype: torch.dty
     return "flashinfer", "auto: CUDA" if requested == "auto" else "asked for"
 
 
+def group_backends(name: str, head_dims: list[int], *, requested: str = "auto") -> list[tuple[str, str | None]]:
+    """(backend name, why it is not `name` or None) for each KV layer group of these head sizes, where `name` is
+    resolve_backend's choice. A group FlashInfer cannot serve runs on the torch reference, which reads the same
+    pages, unless flashinfer was asked for by name: then start-up stops, saying which group and why."""
+    if name != "flashinfer":
+        return [(name, None) for _ in head_dims]
+    choices = []
+    for index, head_dim in enumerate(head_dims):
+        error = kernels.flashinfer_head_dim_error(head_dim)
+        if error is not None and requested == "flashinfer":
+            raise StartupError(f"KV layer group {index}: {error}; use attention_backend auto, which runs that group "
+                               "on the torch backend", param="attention_backend")
+        choices.append(("flashinfer", None) if error is None else ("torch", error))
+    return choices
+
+
 def create_backend(name: str, device: torch.device | str, **kw: object) -> AttentionBackend:
     """The backend `name` (torch | flashinfer, as resolve_backend gives it) on `device`."""
     if name not in BACKENDS:
         raise StartupError(f"unknown attention backend {name!r} ({', '.join(BACKENDS)})", param="attention_backend")
     return BACKENDS[name](torch.device(device), **kw)
+
+
+def create_group_backends(
+    name: str, groups: list[Any], device: torch.device | str, *, spec: Any, dtype: torch.dtype,
+    kv_dtype: torch.dtype, requested: str = "auto",
+) -> list[AttentionBackend]:
+    """One backend per KV layer group (a KVGroupSpec of the ModelSpec `spec`): `name`, or the torch reference for a
+    group FlashInfer cannot serve (group_backends), said once here."""
+    from engine.cuda.setup import backend_kwargs
+
+    choices = group_backends(name, [group.head_dim for group in groups], requested=requested)
+    backends = []
+    for group, (chosen, why) in zip(groups, choices, strict=True):
+        if why is not None:
+            log.warning("KV layer group %s (head size %d) runs on the torch attention backend: %s", group.label,
+                        group.head_dim, why)
+        backends.append(create_backend(chosen, device, **group.attention_extras(), kv_dtype=kv_dtype,
+                                       **backend_kwargs(spec, dtype, group)))
+    return backends

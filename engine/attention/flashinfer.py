@@ -4,9 +4,13 @@ Pinned to flashinfer-python 0.5.3 (see requirements-cuda.txt); the package is im
 module imports on machines without CUDA or FlashInfer. Kernels are JIT-compiled on first use and cached
 under ~/.cache/flashinfer (FLASHINFER_WORKSPACE_BASE moves it); warmup() triggers that at start-up.
 
-Sink logits (gpt-oss) go through FlashInfer's BatchAttentionWithAttentionSinkWrapper (a JIT variant of the FA2
-paged prefill kernel, any GPU FA2 runs on), which serves prefill and decode steps alike; 0.5.3's `sinks`
+Sink logits (gpt-oss) go through FlashInfer's attention-sink variant of the FA2 paged prefill kernel (any GPU FA2
+runs on), which serves prefill and decode steps alike, built as BatchAttentionWithAttentionSinkWrapper builds it but
+under a module name that holds the head size and KV dtype (engine.cuda.kernels.sink_module_args); 0.5.3's `sinks`
 argument on the plain wrappers reaches only the trtllm-gen kernels (Blackwell), so it is not used.
+
+Every call into FlashInfer passes its arguments by keyword (tests/engine/cuda/test_library_calls.py binds each to
+the installed release's signature); positions are used only before a `*args` the call fills.
 
 A prefill step with image tokens that attend to each other both ways (AttentionMetadata.bidirectional, Gemma 3)
 plans the prefill wrapper with a custom mask (engine/attention/masks.py, the torch backend's), the sliding window
@@ -27,7 +31,7 @@ from engine.attention.base import AttentionMetadata
 from engine.attention.flashinfer_graph import FlashInferGraphDecode, use_tensor_core_decode
 from engine.attention.kv_quant import fp8_scales, write_kv_slots
 from engine.attention.masks import prefill_mask
-from engine.cuda.kernels import DEFAULT_PREFILL_BACKEND
+from engine.cuda.kernels import DEFAULT_PREFILL_BACKEND, sink_module_args
 
 # The float workspace (split-KV partial results), shared by every wrapper.
 # NOTE: not FlashInfer's example 128 MiB: under CUDA graphs the tensor-core decode always splits the KV and
@@ -75,17 +79,16 @@ class FlashInferBackend:
             raise ValueError(f"FlashInfer attention needs float16 or bfloat16, got {dtype} (use the torch backend)")
         self.shape = (num_q_heads, num_kv_heads, head_dim, dtype)
         self.kv_dtype = kv_dtype or dtype  # the pages' dtype: the model's, or float8_e4m3fn
-        # A sliding window of W tokens is FlashInfer's window_left = W - 1 (keys i - W + 1 .. i); it is passed to
-        # plan() only when set, so a full-attention model plans exactly as before.
-        self.plan_extra = {} if window is None else {"window_left": window - 1}
+        # A sliding window of W tokens is FlashInfer's window_left = W - 1 (keys i - W + 1 .. i); -1: no window,
+        # plan()'s default, so a full-attention model plans exactly as before.
+        self.window_left = -1 if window is None else window - 1
         # Attention extras of the group's layers (Gemma): FlashInfer's sm_scale and logits_soft_cap on plan().
         self.scale = scale
-        if soft_cap is not None:
-            self.plan_extra["logits_soft_cap"] = soft_cap
+        self.soft_cap = soft_cap
         # Zeroed: FlashInfer asks for a zero-initialised float workspace before its first use.
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace, "NHD", backend=prefill_backend
+            float_workspace_buffer=self.workspace, kv_layout="NHD", backend=prefill_backend
         )
         self._decode: dict[bool, object] = {}  # by use_tensor_cores; one is ever used per model
         self._prefill_backend = prefill_backend
@@ -118,7 +121,10 @@ class FlashInferBackend:
             return self._run_with_sinks(q, k_cache, v_cache, sinks, k_scale, v_scale)
         if self._active is None:
             self._plan(q.shape[1], k_cache.shape[2], q.shape[2], q.dtype, kv_dtype=k_cache.dtype)
-        return self._active.run(q, (k_cache, v_cache), **fp8_scales(k_cache, k_scale, v_scale))
+        scales = fp8_scales(k_cache, k_scale, v_scale)
+        return self._active.run(
+            q=q, paged_kv_cache=(k_cache, v_cache), k_scale=scales.get("k_scale"), v_scale=scales.get("v_scale")
+        )
 
     def _run_with_sinks(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor,
@@ -129,26 +135,31 @@ class FlashInferBackend:
         num_q_heads, head_dim = q.shape[1], q.shape[2]
         if q.dtype not in HALF_DTYPES:
             raise ValueError(f"FlashInfer attention needs float16 or bfloat16, got {q.dtype} (use the torch backend)")
-        if "logits_soft_cap" in self.plan_extra:
+        if self.soft_cap is not None:
             raise ValueError("attention sinks with a logit soft-cap are not implemented")
         scale = 1.0 / math.sqrt(head_dim) if self.scale is None else self.scale
         if self._sink_wrapper is None:
             import flashinfer
 
-            self._sink_wrapper = flashinfer.BatchAttentionWithAttentionSinkWrapper(
-                self.workspace, "NHD", backend=self._prefill_backend, q_data_type=q.dtype,
-                kv_data_type=k_cache.dtype, head_dim_qk=head_dim, head_dim_vo=head_dim,
-                window_left=self.plan_extra.get("window_left", -1),
+            jit_args, jit_kwargs = sink_module_args(
+                backend=self._prefill_backend, q_dtype=q.dtype, kv_dtype=k_cache.dtype, head_dim=head_dim,
+                sliding_window=self.window_left >= 0,
+            )
+            self._sink_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                float_workspace_buffer=self.workspace, kv_layout="NHD", backend=self._prefill_backend,
+                jit_args=jit_args, jit_kwargs=jit_kwargs,
             )
         if not self._sink_planned:
             # Decode steps too: a decode row is a prefill of one query token (causal from the KV's end).
             self._sink_wrapper.plan(
-                meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
-                num_q_heads, k_cache.shape[2], head_dim, meta.page_size, causal=True,
-                q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=scale, **self.plan_extra,
+                qo_indptr=meta.qo_indptr, paged_kv_indptr=meta.kv_indptr, paged_kv_indices=meta.kv_indices,
+                paged_kv_last_page_len=meta.kv_last_page_len, num_qo_heads=num_q_heads,
+                num_kv_heads=k_cache.shape[2], head_dim_qk=head_dim, page_size=meta.page_size, causal=True,
+                q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=scale, window_left=self.window_left,
             )
             self._sink_planned = True
         # NOTE: the variant reads its own sm_scale argument, not the planned one; sinks are float32 per q head.
+        # Both travel through run()'s *args, in the variant's declared order (sink, then sm_scale).
         # FP8 pages: K's scale folds into sm_scale and V's into the output (the sink key has no value).
         fp8 = bool(fp8_scales(k_cache, k_scale, v_scale))
         out = self._sink_wrapper.run(q, (k_cache, v_cache), sinks.float(), scale * (k_scale if fp8 else 1.0))
@@ -163,43 +174,39 @@ class FlashInferBackend:
         meta = self._meta
         assert meta is not None, "plan() was not called for this step"
         scale = 1.0 / math.sqrt(head_dim) if self.scale is None else self.scale
-        common = dict(q_data_type=dtype, kv_data_type=kv_dtype or dtype, sm_scale=scale, **self.plan_extra)
+        kv_dtype = kv_dtype or dtype
         if meta.is_decode:
-            wrapper = self._decode_wrapper(use_tensor_core_decode(num_q_heads, num_kv_heads))
-            wrapper.plan(
-                meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
-                num_q_heads, num_kv_heads, head_dim, meta.page_size,
-                **common,
+            decode = self._decode_wrapper(use_tensor_core_decode(num_q_heads, num_kv_heads))
+            decode.plan(
+                indptr=meta.kv_indptr, indices=meta.kv_indices, last_page_len=meta.kv_last_page_len,
+                num_qo_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=meta.page_size,
+                q_data_type=dtype, kv_data_type=kv_dtype, sm_scale=scale, window_left=self.window_left,
+                logits_soft_cap=self.soft_cap,
             )
-        elif meta.bidirectional:
-            # An image's tokens see each other both ways: a custom mask (the window folded in, so no window_left).
-            common.pop("window_left", None)
-            wrapper = self._prefill
-            wrapper.plan(
-                meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
-                num_q_heads, num_kv_heads, head_dim, meta.page_size,
-                custom_mask=self._custom_mask(meta), **common,
-            )
-        else:
-            wrapper = self._prefill
-            wrapper.plan(
-                meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
-                num_q_heads, num_kv_heads, head_dim, meta.page_size,
-                causal=True,  # FlashInfer aligns the causal mask to the end of the KV: the query offset
-                **common,
-            )
-        self._active = wrapper
+            self._active = decode
+            return
+        # An image's tokens see each other both ways (bidirectional): a custom mask with the window folded in, so
+        # no window_left; else causal, which FlashInfer aligns to the end of the KV (the query offset).
+        bidirectional = bool(meta.bidirectional)
+        self._prefill.plan(
+            qo_indptr=meta.qo_indptr, paged_kv_indptr=meta.kv_indptr, paged_kv_indices=meta.kv_indices,
+            paged_kv_last_page_len=meta.kv_last_page_len, num_qo_heads=num_q_heads, num_kv_heads=num_kv_heads,
+            head_dim_qk=head_dim, page_size=meta.page_size,
+            custom_mask=self._custom_mask(meta) if bidirectional else None, causal=not bidirectional,
+            q_data_type=dtype, kv_data_type=kv_dtype, sm_scale=scale,
+            window_left=-1 if bidirectional else self.window_left, logits_soft_cap=self.soft_cap,
+        )
+        self._active = self._prefill
 
     def _custom_mask(self, meta: AttentionMetadata) -> torch.Tensor:
         """Every request's [q_len, kv_len] mask (engine.attention.masks), flattened and concatenated, as
         FlashInfer's plan(custom_mask=...) takes it."""
         qo, kv, last = meta.qo_indptr.tolist(), meta.kv_indptr.tolist(), meta.kv_last_page_len.tolist()
-        window = self.plan_extra.get("window_left")
+        window = None if self.window_left < 0 else self.window_left + 1
         masks = []
         for i in range(len(qo) - 1):
             q_len, kv_len = qo[i + 1] - qo[i], (kv[i + 1] - kv[i] - 1) * meta.page_size + last[i]
-            masks.append(prefill_mask(q_len, kv_len, 0, None if window is None else window + 1,
-                                      meta.bidirectional[i], self.device).flatten())
+            masks.append(prefill_mask(q_len, kv_len, 0, window, meta.bidirectional[i], self.device).flatten())
         return torch.cat(masks)
 
     def _decode_wrapper(self, tensor_cores: bool) -> object:
@@ -207,7 +214,7 @@ class FlashInferBackend:
             import flashinfer
 
             self._decode[tensor_cores] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, "NHD", use_tensor_cores=tensor_cores
+                float_workspace_buffer=self.workspace, kv_layout="NHD", use_tensor_cores=tensor_cores
             )
         return self._decode[tensor_cores]
 

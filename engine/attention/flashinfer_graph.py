@@ -39,7 +39,8 @@ class FlashInferGraphDecode:
         self.slot_mapping = torch.zeros(batch_size, dtype=torch.int64, device=dev)
         self.source_rows = torch.arange(batch_size, device=dev)  # which row's k/v each slot receives
         self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD",
+            float_workspace_buffer=workspace,
+            kv_layout="NHD",
             use_cuda_graph=True,
             use_tensor_cores=use_tensor_core_decode(num_q_heads, num_kv_heads),
             paged_kv_indptr_buffer=self.kv_indptr,
@@ -52,8 +53,8 @@ class FlashInferGraphDecode:
         arguments depend on it, so a replay is only valid when it equals the one at capture)."""
         num_q_heads, num_kv_heads, head_dim, dtype = self.shape
         self.wrapper.plan(
-            meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len,
-            num_q_heads, num_kv_heads, head_dim, meta.page_size,
+            indptr=meta.kv_indptr, indices=meta.kv_indices, last_page_len=meta.kv_last_page_len,
+            num_qo_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=meta.page_size,
             q_data_type=dtype, kv_data_type=self.kv_dtype, sm_scale=1.0 / math.sqrt(head_dim),
         )
         self.slot_mapping.copy_(meta.slot_mapping, non_blocking=True)
@@ -81,4 +82,7 @@ class FlashInferGraphDecode:
                              "enforce_eager")
         if q.stride(-1) != 1:
             q = q.contiguous()
-        return self.wrapper.run(q, (k_cache, v_cache), **fp8_scales(k_cache, k_scale, v_scale))
+        scales = fp8_scales(k_cache, k_scale, v_scale)
+        return self.wrapper.run(
+            q=q, paged_kv_cache=(k_cache, v_cache), k_scale=scales.get("k_scale"), v_scale=scales.get("v_scale")
+        )

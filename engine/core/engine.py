@@ -7,7 +7,7 @@ from itertools import count
 
 import torch
 
-from engine.attention import create_backend, resolve_backend
+from engine.attention import create_group_backends, resolve_backend
 from engine.attention.kv_quant import resolve_kv_dtype
 from engine.config import EngineConfig
 from engine.core.cache_plan import plan_cache
@@ -84,8 +84,8 @@ class LLMEngine:
         groups = self.spec.kv_groups
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)  # the pages': the model's, or FP8
         self.backend_name, self.backend_reason = resolve_backend(config.attention_backend, self.device, self.dtype)
-        self.backends = [create_backend(self.backend_name, self.device, **g.attention_extras(), kv_dtype=self.kv_dtype,
-                                        **cuda_setup.backend_kwargs(self.spec, self.dtype, g)) for g in groups]
+        self.backends = create_group_backends(self.backend_name, groups, self.device, spec=self.spec, dtype=self.dtype,
+                                              kv_dtype=self.kv_dtype, requested=config.attention_backend)
         if self.device.type == "cuda" and self.ranks is None:  # a warm-up forward would need every rank
             with timed(self.start_ms, "warm-up"):
                 for backend in self.backends:  # JIT builds now, not on a request

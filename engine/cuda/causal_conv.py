@@ -69,7 +69,9 @@ def update(x: torch.Tensor, conv_pool: torch.Tensor, weight: torch.Tensor, index
     `index` [B] are read and shifted by x in place; weight [dim, K]. Returns SiLU(conv) [B, dim]."""
     from causal_conv1d import causal_conv1d_update
 
-    return causal_conv1d_update(x, conv_pool, weight, activation="silu", conv_state_indices=index.to(torch.int32))
+    return causal_conv1d_update(
+        x=x, conv_state=conv_pool, weight=weight, activation="silu", conv_state_indices=index.to(torch.int32)
+    )
 
 
 def prefill(x: torch.Tensor, before: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -78,4 +80,4 @@ def prefill(x: torch.Tensor, before: torch.Tensor, weight: torch.Tensor) -> torc
     from causal_conv1d import causal_conv1d_fn
 
     initial = before.to(x.dtype).t().contiguous().t()[None]  # [1, dim, K - 1], channels innermost
-    return causal_conv1d_fn(x.t()[None], weight, initial_states=initial, activation="silu")[0].t()
+    return causal_conv1d_fn(x=x.t()[None], weight=weight, initial_states=initial, activation="silu")[0].t()

@@ -47,9 +47,10 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     (o [T, Hv, Dv] in v's dtype, the float32 state after the last token)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as kernel
 
-    o, final = kernel(q[None], k[None], v[None], g.float()[None], beta.to(v.dtype)[None], scale=q.shape[-1] ** -0.5,
-                      initial_state=state.float()[None].contiguous(), output_final_state=True,
-                      use_qk_l2norm_in_kernel=True)
+    o, final = kernel(
+        q=q[None], k=k[None], v=v[None], g=g.float()[None], beta=beta.to(v.dtype)[None], scale=q.shape[-1] ** -0.5,
+        initial_state=state.float()[None].contiguous(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+    )
     return o[0].to(v.dtype), final[0].float()
 
 
@@ -61,7 +62,9 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
     dtype, the float32 states after the token). Capturable in a CUDA graph once compiled (no autotuning, no sync)."""
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as kernel
 
-    o, final = kernel(q[:, None], k[:, None], v[:, None], g.float()[:, None], beta.to(v.dtype)[:, None],
-                      scale=q.shape[-1] ** -0.5, initial_state=states, output_final_state=True,
-                      use_qk_l2norm_in_kernel=True)
+    # NOTE: by keyword: the recurrent rule's fifth parameter is gk (a per-key decay), not beta as in the chunk rule.
+    o, final = kernel(
+        q=q[:, None], k=k[:, None], v=v[:, None], g=g.float()[:, None], beta=beta.to(v.dtype)[:, None],
+        scale=q.shape[-1] ** -0.5, initial_state=states, output_final_state=True, use_qk_l2norm_in_kernel=True,
+    )
     return o[:, 0].to(v.dtype), final

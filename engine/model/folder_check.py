@@ -11,8 +11,8 @@ from engine.errors import UnsupportedModel
 
 def check_model_folder(folder: Path) -> str:
     """Raise UnsupportedModel (one line) unless the folder holds config.json, safetensors weights, a tokenizer and
-    tokenizer_config.json, and a checkpoint the engine runs (architecture, tensor shapes, quantization). Returns the
-    architecture."""
+    tokenizer_config.json, and a checkpoint the engine runs (architecture, tensor shapes, quantization, and the model
+    built from its config as start-up builds it: rotary, KV groups, KV scales). Returns the architecture."""
     from engine.model.classifier import refuse_encoder
     from engine.model.loader import check_checkpoint
     from engine.model.models import ARCHITECTURES

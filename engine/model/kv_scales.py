@@ -41,21 +41,28 @@ def check_kv_cache_scheme(config: dict) -> None:
                                "(8-bit float per tensor)", param="model")
 
 
-def load_kv_scales(model: nn.Module, files: list[str], shapes: dict[str, tuple[int, ...]]) -> int:
-    """Sets each attention module's k_scale / v_scale from the checkpoint; returns how many it set."""
+def kv_scale_places(model: nn.Module, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[str, str]]:
+    """Checkpoint name -> (attention module, attribute) of each KV scale the checkpoint holds, from its headers alone
+    (the bake asks it too); UnsupportedModel for a scale that is not per tensor or whose layer the model lacks."""
     wanted = {name: target for name in shapes if (target := kv_scale_target(name)) is not None}
-    for name in wanted:
+    for name, (module, _) in wanted.items():
         if len(shapes[name]) > 1 or (shapes[name] and shapes[name][0] != 1):
             raise UnsupportedModel(f"KV cache scale {name!r} has shape {shapes[name]}: only per-tensor KV scales "
                                    "are supported", param="model")
+        try:
+            model.get_submodule(module)
+        except AttributeError:
+            raise UnsupportedModel(f"unexpected tensor {name!r} in checkpoint", param="model") from None
+    return wanted
+
+
+def load_kv_scales(model: nn.Module, files: list[str], shapes: dict[str, tuple[int, ...]]) -> int:
+    """Sets each attention module's k_scale / v_scale from the checkpoint; returns how many it set."""
+    wanted = kv_scale_places(model, shapes)
     for path in files:
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
                 if name in wanted:
                     module, attr = wanted[name]
-                    try:
-                        attention = model.get_submodule(module)
-                    except AttributeError:
-                        raise UnsupportedModel(f"unexpected tensor {name!r} in checkpoint", param="model") from None
-                    setattr(attention, attr, float(f.get_tensor(name).float().item()))
+                    setattr(model.get_submodule(module), attr, float(f.get_tensor(name).float().item()))
     return len(wanted)

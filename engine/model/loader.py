@@ -8,54 +8,26 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
 
 import torch
 
 from engine.config import LoraConfig
 from engine.errors import StartupError, UnsupportedModel
-from engine.model.classifier import Classifier, attach_score, check_tokens, head_weight, read_classifier
 from engine.model.checkpoint import load_weights, plan_copies, safetensors_files, tensor_shapes
-from engine.model.kv_scales import check_kv_cache_scheme, load_kv_scales
-from engine.model.kv_spec import KVGroupSpec
+from engine.model.classifier import attach_score, check_tokens, head_weight, read_classifier
+from engine.model.kv_scales import check_kv_cache_scheme, kv_scale_places, load_kv_scales
 from engine.model.layers.linear import pack_linears_for_cpu, quantize_linears_int4
 from engine.model.layers.lora import attach_lora, target_shapes
 from engine.model.layers.parallel import TensorParallel
-from engine.model.layers.recurrent_step import RecurrentSpec
+from engine.model.model_spec import ModelSpec, start_spec
 from engine.model.models import CausalLM, model_class
-from engine.model.pooling import PoolingConfig, read_pooling
 from engine.model.quant.base import QuantFormat
 from engine.model.quant.registry import quant_format
 from engine.model.sharding import check_shardable, finish_shard
-from engine.model.vision.spec import VisionSpec
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 QUANTIZATIONS = ("int4",)
 TP_SIZES = (1, 2, 4, 8)
-
-
-@dataclass
-class ModelSpec:
-    """What the engine needs to know about a loaded model (KV shapes, limits, stop tokens)."""
-
-    architecture: str
-    num_layers: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    vocab_size: int
-    max_position_embeddings: int
-    eos_token_ids: set[int]
-    dtype: torch.dtype
-    kv_groups: list[KVGroupSpec]  # the KV cache's layer groups (one for a full-attention model)
-    pooling: PoolingConfig  # how an embedding request pools the final hidden states
-    # A hybrid model's recurrent layers and their per-sequence state shapes (None: every layer attends over pages)
-    recurrent: RecurrentSpec | None = None
-    # A cross-encoder's classifier and its head ([num_labels, hidden], float32): the model scores, never generates
-    classifier: Classifier | None = None
-    score_head: torch.Tensor | None = None
-    vision: VisionSpec | None = None  # a model that takes images (None: text only)
 
 
 def load_model(
@@ -79,7 +51,6 @@ def load_model(
     if fmt is not None and quantization is not None:
         raise UnsupportedModel(f"QUANTIZATION={quantization} quantizes float weights; this checkpoint is already "
                                f"{fmt.name}: leave QUANTIZATION unset", param="quantization")
-    architecture = config["architectures"][0]
     tied = _tied(config, shapes)
     _materialize(model, dtype, device)
     if tied:
@@ -102,28 +73,11 @@ def load_model(
     if device.type == "cpu" and dtype == torch.bfloat16:
         # Set once every bf16 linear is packed for oneDNN (a large model's are packed after this returns).
         model.cpu_packing = pack_linears_for_cpu(model)
-    args = model.args
-    model.init_rotary(args.max_position_embeddings, dtype, device)
+    spec = start_spec(model, config, model_path, dtype=dtype, device=device, tp=tp,
+                      max_positions=model.args.max_position_embeddings)
+    if model.classifier is not None:
+        spec.score_head = head_weight(model, model.classifier, model_path)
     model.eval().requires_grad_(False)
-
-    spec = ModelSpec(
-        architecture=architecture,
-        num_layers=args.num_layers,
-        num_q_heads=args.num_q_heads,
-        num_kv_heads=args.num_kv_heads,
-        head_dim=args.head_dim,
-        hidden_size=args.hidden_size,
-        vocab_size=args.vocab_size,
-        max_position_embeddings=args.max_position_embeddings,
-        eos_token_ids=_eos_token_ids(config, model_path),
-        dtype=dtype,
-        kv_groups=_rank_groups(model.kv_groups(config), tp),
-        pooling=_pooling(model_path, config, model.classifier),
-        recurrent=model.recurrent_spec() if hasattr(model, "recurrent_spec") else None,
-        classifier=model.classifier,
-        score_head=None if model.classifier is None else head_weight(model, model.classifier, model_path),
-        vision=model.vision_spec() if hasattr(model, "vision_spec") else None,
-    )
     return model, spec
 
 
@@ -149,21 +103,17 @@ def load_part(module: torch.nn.Module, model_path: str, prefix: str, dtype: torc
         pack_linears_for_cpu(module)
 
 
-def _pooling(model_path: str, config: dict, classifier: Classifier | None) -> PoolingConfig:
-    # A cross-encoder scores its last token's hidden state as it is (its head reads it unnormalised).
-    if classifier is not None:
-        return PoolingConfig(method="last", normalize=False, source="classifier")
-    return read_pooling(model_path, config)
-
-
 def check_checkpoint(model_path: str) -> str:
-    """What the bake asks before it keeps a folder: the engine runs this architecture and config, and every
-    checkpoint tensor has a place of the right shape (read from the headers; no weights are loaded). Returns
-    the architecture; raises UnsupportedModel with one line naming what is missing."""
+    """What the bake asks before it keeps a folder: the engine runs this architecture and config, every checkpoint
+    tensor has a place of the right shape (read from the headers; no weights are loaded), and the model built from
+    the config passes what start-up asks of it (load_model's start_spec). Returns the architecture; raises
+    UnsupportedModel with one line naming what is missing."""
     config, _, shapes, model, _ = _build_on_meta(model_path)
     plan_copies(model, shapes, _tied(config, shapes))
-    model.kv_groups(config)
-    _pooling(model_path, config, model.classifier)
+    kv_scale_places(model, shapes)
+    # NOTE: a table of one position on the CPU: rotary tables on the meta device run torch's Python reference
+    # kernels (sympy's import, over a second), and what the rotary refuses reads the config, not the table's length.
+    start_spec(model, config, model_path, dtype=torch.float32, device=torch.device("cpu"), tp=None, max_positions=1)
     check_tokens(model.classifier, model_path)
     return config["architectures"][0]
 
@@ -239,13 +189,6 @@ def _build_on_meta(model_path: str, tp: TensorParallel | None = None
     return config, files, shapes, model, fmt
 
 
-def _rank_groups(groups: list[KVGroupSpec], tp: TensorParallel | None) -> list[KVGroupSpec]:
-    """The KV groups as one rank holds them: its KV heads (the page tables are every rank's)."""
-    if tp is None:
-        return groups
-    return [replace(g, num_kv_heads=tp.kv_heads(g.num_kv_heads)[1]) for g in groups]
-
-
 def _tied(config: dict, shapes: dict[str, tuple[int, ...]]) -> bool:
     return bool(config.get("tie_word_embeddings")) or "lm_head.weight" not in shapes
 
@@ -275,18 +218,3 @@ def _materialize(model: torch.nn.Module, dtype: torch.dtype, device: torch.devic
         for name, buffer in module.named_buffers(recurse=False):
             kind = dtype if buffer.is_floating_point() else buffer.dtype
             module.register_buffer(name, torch.empty(buffer.shape, dtype=kind, device=device))
-
-
-def _eos_token_ids(config: dict, model_path: str) -> set[int]:
-    ids: set[int] = set()
-    sources = [config.get("eos_token_id")]
-    gen_path = os.path.join(model_path, "generation_config.json")
-    if os.path.exists(gen_path):
-        with open(gen_path) as f:
-            sources.append(json.load(f).get("eos_token_id"))
-    for value in sources:
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(int(v) for v in value)
-    return ids

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import random
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +16,28 @@ import torch
 from engine.attention.base import AttentionMetadata
 from tests.engine.core.engine_run import TINY_VOCAB
 from tests.paging import PageTable
+
+# transformers' hybrid families bind fla's Triton kernels when they are imported whenever fla imports, a CPU tensor
+# included, and those need a GPU driver. make test's image-torch venv has fla (its signatures are bound there,
+# tests/engine/cuda/test_library_calls.py), so on a machine without CUDA their modules are imported first with fla
+# hidden: the reference they hold the engine to is transformers' torch path, as in the main venv.
+FLA_MODELS = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+
+
+def _transformers_reference_without_fla() -> None:
+    if torch.cuda.is_available() or importlib.util.find_spec("fla") is None:
+        return
+    loaded = {name: sys.modules.pop(name) for name in list(sys.modules) if name.split(".")[0] == "fla"}
+    sys.modules["fla"] = None  # an import of fla raises ImportError while this is here
+    try:
+        for name in FLA_MODELS:
+            importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    finally:
+        del sys.modules["fla"]
+        sys.modules.update(loaded)
+
+
+_transformers_reference_without_fla()
 
 TINY = dict(
     hidden_size=64,

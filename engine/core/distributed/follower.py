@@ -13,7 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from engine.attention import create_backend, resolve_backend
+from engine.attention import create_group_backends, resolve_backend
 from engine.attention.kv_quant import resolve_kv_dtype
 from engine.config import EngineConfig
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
@@ -90,13 +90,11 @@ class Follower:
                 raise RuntimeError(f"rank {self.tp.rank}: unknown command {command} from rank 0")
 
     def _build_cache(self, num_pages: list[int], state_slots: int) -> None:
-        from engine.cuda import setup as cuda_setup
-
         groups, ps, recurrent = self.spec.kv_groups, self.config.page_size, self.spec.recurrent
         pools = [PagePool.for_group(g, n, ps, self.kv_dtype, self.device)
                  for g, n in zip(groups, num_pages, strict=True)]
-        backends = [create_backend(self.backend_name, self.device, **g.attention_extras(), kv_dtype=self.kv_dtype,
-                                   **cuda_setup.backend_kwargs(self.spec, self.dtype, g)) for g in groups]
+        backends = create_group_backends(self.backend_name, groups, self.device, spec=self.spec, dtype=self.dtype,
+                                         kv_dtype=self.kv_dtype, requested=self.config.attention_backend)
         # This rank's heads' states, in as many slots as rank 0's pool (the slot ids are its scheduler's).
         states = None if recurrent is None else StatePool(recurrent, state_slots, self.dtype, self.device)
         self.runner = ModelRunner(self.model, groups, pools, backends, Sampler(), self.device, recurrent, states)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 
-from engine.attention import create_backend
+from engine.attention import create_group_backends
 from engine.config import SpeculativeConfig
 from engine.core.kv_cache import PagePool
 from engine.core.kv_manager import KVCacheManager
@@ -29,7 +29,6 @@ from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.spec.proposer import Target
 from engine.core.state_cache import StatePool, StateSlots
 from engine.core.step import ScheduledSeq, SchedulerOutput
-from engine.cuda import setup as cuda_setup
 from engine.errors import StartupError
 from engine.model.loader import load_model
 from engine.sample.params import SamplingParams
@@ -73,8 +72,8 @@ class DraftModelProposer:
         page_size = target.page_size
         num_pages = config.draft_kv_pages or target.num_pages
         self.pools = [PagePool.for_group(g, num_pages, page_size, target.kv_dtype, target.device) for g in groups]
-        backends = [create_backend(target.backend_name, target.device, **g.attention_extras(), kv_dtype=target.kv_dtype,
-                                   **cuda_setup.backend_kwargs(self.spec, target.dtype, g)) for g in groups]
+        backends = create_group_backends(target.backend_name, groups, target.device, spec=self.spec,
+                                         dtype=target.dtype, kv_dtype=target.kv_dtype)
         recurrent, state, state_pool = self.spec.recurrent, None, None
         if recurrent is not None:  # a slot per shadow and one for its state before the greedy steps
             state = StateSlots(min(target.max_num_seqs, config.disable_by_batch_size), enable_prefix_caching=False)

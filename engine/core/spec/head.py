@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import create_backend
+from engine.attention import create_group_backends
 from engine.core.kv_cache import PagePool
 from engine.core.kv_manager import KVCacheManager
 from engine.core.model_runner import ModelRunner
@@ -26,7 +26,6 @@ from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.spec.proposer import Target
 from engine.core.spec.speculator import unsupported
 from engine.core.step import ScheduledSeq, SchedulerOutput, StepResult
-from engine.cuda import setup as cuda_setup
 from engine.sample.params import SamplingParams
 from engine.sample.sampler import Sampler
 
@@ -56,8 +55,8 @@ class HeadProposer:
         groups = head.kv_groups({})
         self.pools = [PagePool.for_group(g, num_pages, target.page_size, target.kv_dtype, target.device)
                       for g in groups]
-        backends = [create_backend(target.backend_name, target.device, **g.attention_extras(), kv_dtype=target.kv_dtype,
-                                   **cuda_setup.backend_kwargs(args, target.dtype, g)) for g in groups]
+        backends = create_group_backends(target.backend_name, groups, target.device, spec=args, dtype=target.dtype,
+                                         kv_dtype=target.kv_dtype)
         self.kv = KVCacheManager(groups, [num_pages] * len(groups), target.page_size, enable_prefix_caching=False)
         self.runner = ModelRunner(head, groups, self.pools, backends, Sampler(), target.device)
         self._shadows: dict[int, _Shadow] = {}

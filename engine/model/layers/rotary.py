@@ -15,16 +15,21 @@ from engine.errors import UnsupportedModel
 
 
 def rope_parameters(config: dict) -> dict:
-    """transformers 5 `rope_parameters`, or the older `rope_scaling` + `rope_theta` pair, as one dict."""
+    """transformers 5 `rope_parameters`, or the older `rope_scaling` + `rope_theta` pair, as one dict. A top-level
+    partial_rotary_factor joins it, as transformers moves it there (rope_inv_freq refuses it rather than rotate the
+    whole head)."""
     rope = config.get("rope_parameters")
     if isinstance(rope, dict) and "rope_theta" in rope:
-        return dict(rope)
-    if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
+        rope = dict(rope)
+    elif isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
         raise UnsupportedModel("per-layer-type rope parameters are not supported", param="model")
-    scaling = dict(config.get("rope_scaling") or {})
-    scaling["rope_type"] = scaling.get("rope_type", scaling.pop("type", "default"))
-    scaling["rope_theta"] = config.get("rope_theta") or 10000.0
-    return scaling
+    else:
+        rope = dict(config.get("rope_scaling") or {})
+        rope["rope_type"] = rope.get("rope_type", rope.pop("type", "default"))
+        rope["rope_theta"] = config.get("rope_theta") or 10000.0
+    if config.get("partial_rotary_factor") is not None:
+        rope.setdefault("partial_rotary_factor", config["partial_rotary_factor"])
+    return rope
 
 
 def rope_inv_freq(head_dim: int, rope: dict, max_position_embeddings: int) -> tuple[torch.Tensor, float]:

@@ -60,8 +60,10 @@ class Fp8BlockLinear(nn.Module):
         groups = x.float().view(x.shape[0], -1, BLOCK)
         sx = (groups.abs().amax(-1) / FP8_MAX).clamp_(min=MIN_SCALE)  # [tokens, K / 128]
         xq = (groups / sx[..., None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8).view(x.shape)
-        y = F.scaled_mm(xq, self.weight.t(), sx.t().contiguous().t(), F.ScalingType.BlockWise1x128, self.scale_t,
-                        F.ScalingType.BlockWise128x128, output_dtype=self.dtype)[:tokens]
+        y = F.scaled_mm(
+            mat_a=xq, mat_b=self.weight.t(), scale_a=sx.t().contiguous().t(), scale_recipe_a=F.ScalingType.BlockWise1x128,
+            scale_b=self.scale_t, scale_recipe_b=F.ScalingType.BlockWise128x128, output_dtype=self.dtype,
+        )[:tokens]
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)

@@ -60,9 +60,9 @@ class Fp8Linear(nn.Module):
         sx = (amax.float() / FP8_MAX).clamp_(min=MIN_SCALE)
         xq = (x.float() / sx).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
         if self.row_wise:
-            y = torch._scaled_mm(xq, self.weight.t(), scale_a=sx, scale_b=self.row_scale_f32, out_dtype=self.dtype)
+            y = torch._scaled_mm(xq, mat2=self.weight.t(), scale_a=sx, scale_b=self.row_scale_f32, out_dtype=self.dtype)
         else:
-            y = torch._scaled_mm(xq, self.weight.t(), scale_a=sx, scale_b=self.unit_scale, out_dtype=self.dtype)
+            y = torch._scaled_mm(xq, mat2=self.weight.t(), scale_a=sx, scale_b=self.unit_scale, out_dtype=self.dtype)
             y = y * self.row_scale
         if self.bias is not None:
             y = y + self.bias
