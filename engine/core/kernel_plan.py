@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from engine.attention import group_backends
 from engine.attention.kv_quant import resolve_kv_dtype
-from engine.cuda.kernels import flashinfer_head_dim_error
 from engine.cuda.precompile import (
     KERNEL_MODULES, LIST_ARCH, AttentionModule, build, jit_specs, kernel_spec, module_names, set_cuda_arch,
 )
@@ -95,9 +95,9 @@ def model_modules(
     config: dict, names: set[str], *, dtype: torch.dtype = torch.bfloat16, kv_cache_dtypes: Iterable[str] = ("auto",),
     skipped: list[str] | None = None,
 ) -> set[AttentionModule]:
-    """The attention modules of a model (its config.json and its checkpoint's tensor names), built on the meta
-    device as the loader builds it; a group whose head size FlashInfer does not serve runs on the torch backend
-    and adds none (why goes to `skipped`)."""
+    """The attention modules of a model (its config.json and its checkpoint's tensor names): its KV groups and image
+    spec as the model built on the meta device gives them (ModelSpec's sources); a group the engine runs on the torch
+    backend (a head size FlashInfer does not serve: engine.attention.group_backends) adds none (why: `skipped`)."""
     architecture = (config.get("architectures") or ["<none>"])[0]
     cls = model_class(architecture)
     try:
@@ -106,14 +106,14 @@ def model_modules(
         raise UnsupportedModel(f"config.json lacks {exc.args[0]!r}", param="model") from None
     with torch.device("meta"):
         model = cls(args)
+    groups = model.kv_groups(config)
     vision = model.vision_spec() if hasattr(model, "vision_spec") else None
-    sinks = has_sinks(model)
+    sinks = has_sinks(model)  # warm-up plans the sink variant beside the plain kernels on every group
     found: set[AttentionModule] = set()
-    for group in model.kv_groups(config):
-        why = flashinfer_head_dim_error(group.head_dim)
-        if why is not None:
+    for group, (backend, why) in zip(groups, group_backends("flashinfer", [g.head_dim for g in groups]), strict=True):
+        if backend != "flashinfer":
             if skipped is not None:
-                skipped.append(f"{architecture} {group.label}: {why}: its layers run on the torch backend")
+                skipped.append(f"{architecture} {group.label}: {why}: its layers run on the {backend} backend")
             continue
         bidirectional = vision is not None and vision.bidirectional_in(group.window)
         for name in kv_cache_dtypes:
