@@ -12,8 +12,9 @@
 #   CHECK_DRY_RUN=1 PYTHON=... bench/gpu/check.sh OUTDIR   # without CUDA: every step up to the GPU ones
 #
 # Steps, each under a time limit so that the whole run ends before a deadline:
-#   1. install the carried wheels (flashinfer-python, apache-tvm-ffi, fla-core) into a private --target folder
-#   2. unpack the carried modules into FlashInfer's AOT folder (loaded as they are: no ninja, no nvcc)
+#   1. install the carried wheels (flashinfer-python, apache-tvm-ffi, fla-core) into a private --target folder;
+#      versions and device (env.json)
+#   2. unpack the carried modules into FlashInfer's AOT folder (loaded as they are: no ninja, no nvcc), on sm_90
 #   3. the plan: what tests/gpu needs against what is carried; the rest built in one ninja (dry run: listed only)
 #   4. pytest, the highest-risk files first, each group under its own `timeout -s INT` (pytest then still writes
 #      its junit file): risk (linear attention, MoE, MXFP4, block FP8), graphs (CUDA graphs, hybrid graphs,
@@ -58,7 +59,8 @@ if ! ls bench/gpu/wheels/*.whl >/dev/null 2>&1; then
 fi
 target_python=()
 [ "$DRY" = 1 ] && target_python=(--python-version "${WHEEL_PYTHON_VERSION:-3.12}" --only-binary=:all:)
-$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "${target_python[@]}" \
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
+    ${target_python[@]+"${target_python[@]}"} \
     bench/gpu/wheels/*.whl >>"$OUT/check.log" 2>&1
 STATUS[wheels]=$?
 [ "${STATUS[wheels]}" -ne 0 ] && { log "wheel install failed"; exit 2; }
@@ -91,14 +93,24 @@ if [ -n "$NVCC" ]; then
 fi
 export FLASHINFER_WORKSPACE_BASE=/tmp/fi-jit  # the JIT cache for what is not carried: empty at the start
 rm -rf "$FLASHINFER_WORKSPACE_BASE"
-export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}  # H100 / H200; the carried modules' arch
+# On a GPU FlashInfer names the arch after it (90a on an H100 / H200); without one it must be told (the carried one).
+[ "$DRY" = 1 ] && export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
-log "CUDA_HOME=${CUDA_HOME:-none} MAX_JOBS=$MAX_JOBS arch $FLASHINFER_CUDA_ARCH_LIST" \
+log "CUDA_HOME=${CUDA_HOME:-none} MAX_JOBS=$MAX_JOBS arch ${FLASHINFER_CUDA_ARCH_LIST:-from the GPU}" \
     "${NVCC:+$("$NVCC" --version | tail -1)}"
 
-# 2. the carried modules
+if [ "$DRY" != 1 ]; then
+    timeout "$(limit 120)" $PY bench/gpu/check_steps.py env >"$OUT/env.json" 2>>"$OUT/check.log"
+    STATUS[env]=$?
+    log "env: $(tr -d '\n' <"$OUT/env.json")"
+fi
+
+# 2. the carried modules: built for sm_90a, so only on a Hopper GPU (another compiles what it needs in step 3)
 ARCHIVE=$(ls bench/gpu/prebuilt/*.tar.xz 2>/dev/null | head -1)
-if [ -n "$ARCHIVE" ]; then
+capability=$(grep -o '"capability": \[[0-9], [0-9]\]' "$OUT/env.json" 2>/dev/null || true)
+if [ "$DRY" != 1 ] && [ "$capability" != '"capability": [9, 0]' ]; then
+    log "the GPU is not sm_90 (${capability:-no capability in env.json}): the carried sm_90a modules are not used"
+elif [ -n "$ARCHIVE" ]; then
     timeout "$(limit 60)" $PY bench/gpu/check_steps.py unpack "$ARCHIVE" >"$OUT/unpack.log" 2>&1
     STATUS[unpack]=$?
     log "unpack $(basename "$ARCHIVE") ($(du -k "$ARCHIVE" | cut -f1) KiB): status ${STATUS[unpack]}"
@@ -143,10 +155,6 @@ EOF
         "(status ${STATUS[collect]})"
     exit 0
 fi
-
-timeout "$(limit 120)" $PY bench/gpu/check_steps.py env >"$OUT/env.json" 2>>"$OUT/check.log"
-STATUS[env]=$?
-log "env: $(tr -d '\n' <"$OUT/env.json")"
 
 run_group() {  # run_group NAME SECONDS FILES...: one pytest under SIGINT at its limit, its own junit file
     local name=$1 seconds=$2
