@@ -33,7 +33,8 @@ BF16, FP8 = "bfloat16", "float8_e4m3fn"
 def gpu_test_modules() -> list:
     """What tests/gpu plans, outside -m slow, read off its shapes (q heads / KV heads >= 4: tensor-core decode, which
     is the prefill module): attention (64 and 128, GQA 1 to 7, windows, sinks, Gemma's soft-cap at 256, FP8 pages),
-    graphs and end-to-end on tiny Llamas of head size 64 (8/2 and 6/2 heads), the hybrid Qwen3.5 (64)."""
+    graphs and end-to-end on tiny Llamas of head size 64 (8/2 and 6/2 heads), the hybrid Qwen3.5 (64), a sliding
+    group of 256 beside the 512 one the torch backend takes."""
     from engine.cuda.precompile import AttentionModule as M
 
     return [
@@ -43,6 +44,8 @@ def gpu_test_modules() -> list:
         M("sink", 128, BF16, BF16, False), M("sink", 128, BF16, BF16, True),
         M("prefill", 256, BF16, BF16, False, True), M("decode", 256, BF16, BF16, False, True),
         M("prefill", 256, BF16, BF16, True, True),
+        # test_gpu_group_backends: a Gemma-4-like sliding group of 256 (4 q heads on 2) warmed up beside a 512 one
+        M("prefill", 256, BF16, BF16, True), M("decode", 256, BF16, BF16, True),
     ]
 
 
