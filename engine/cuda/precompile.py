@@ -45,35 +45,44 @@ class AttentionModule:
     sliding_window: bool
     soft_cap: bool = False
 
-    def shape_arguments(self) -> dict[str, Any]:
-        """The keyword arguments FlashInfer's module generators and uri functions share (no RoPE in the kernel)."""
-        q, kv = getattr(torch, self.q_dtype), getattr(torch, self.kv_dtype)
-        return dict(dtype_q=q, dtype_kv=kv, dtype_o=q, dtype_idx=torch.int32, head_dim_qk=self.head_dim,
-                    head_dim_vo=self.head_dim, pos_encoding_mode=0, use_sliding_window=self.sliding_window)
-
     def jit_spec(self) -> Any:
-        """FlashInfer's JitSpec for this module; writes its generated sources (no compile)."""
+        """FlashInfer's JitSpec for this module; writes its generated sources (no compile). No RoPE in the kernel
+        (pos_encoding_mode 0) and int32 page tables, as the attention backend plans."""
         from flashinfer.jit.attention import modules
 
-        shape = self.shape_arguments()
+        q, kv = getattr(torch, self.q_dtype), getattr(torch, self.kv_dtype)
+        d, window = self.head_dim, self.sliding_window
         if self.kind == "sink":
-            return modules.gen_batch_prefill_attention_sink_module(backend=DEFAULT_PREFILL_BACKEND, **shape)
+            return modules.gen_batch_prefill_attention_sink_module(
+                backend=DEFAULT_PREFILL_BACKEND, dtype_q=q, dtype_kv=kv, dtype_o=q, dtype_idx=torch.int32,
+                head_dim_qk=d, head_dim_vo=d, pos_encoding_mode=0, use_sliding_window=window)
         if self.kind == "decode":
-            return modules.gen_batch_decode_module(**shape, use_logits_soft_cap=self.soft_cap)
-        return modules.gen_batch_prefill_module(backend=DEFAULT_PREFILL_BACKEND, **shape,
-                                                use_logits_soft_cap=self.soft_cap, use_fp16_qk_reduction=False)
+            return modules.gen_batch_decode_module(
+                dtype_q=q, dtype_kv=kv, dtype_o=q, dtype_idx=torch.int32, head_dim_qk=d, head_dim_vo=d,
+                pos_encoding_mode=0, use_sliding_window=window, use_logits_soft_cap=self.soft_cap)
+        return modules.gen_batch_prefill_module(
+            backend=DEFAULT_PREFILL_BACKEND, dtype_q=q, dtype_kv=kv, dtype_o=q, dtype_idx=torch.int32, head_dim_qk=d,
+            head_dim_vo=d, pos_encoding_mode=0, use_sliding_window=window, use_logits_soft_cap=self.soft_cap,
+            use_fp16_qk_reduction=False)
 
     def name(self) -> str:
         """The module's name (its cache folder), from FlashInfer's own uri functions: no sources written."""
         from flashinfer.jit.attention import modules
 
-        shape = self.shape_arguments()
+        q, kv = getattr(torch, self.q_dtype), getattr(torch, self.kv_dtype)
+        d, window = self.head_dim, self.sliding_window
         if self.kind == "sink":
-            return modules.get_batch_prefill_attention_sink_uri(backend=DEFAULT_PREFILL_BACKEND, **shape)
+            return modules.get_batch_prefill_attention_sink_uri(
+                backend=DEFAULT_PREFILL_BACKEND, dtype_q=q, dtype_kv=kv, dtype_o=q, dtype_idx=torch.int32,
+                head_dim_qk=d, head_dim_vo=d, pos_encoding_mode=0, use_sliding_window=window)
         if self.kind == "decode":
-            return modules.get_batch_decode_uri(**shape, use_logits_soft_cap=self.soft_cap)
-        return modules.get_batch_prefill_uri(backend=DEFAULT_PREFILL_BACKEND, **shape,
-                                             use_logits_soft_cap=self.soft_cap, use_fp16_qk_reduction=False)
+            return modules.get_batch_decode_uri(
+                dtype_q=q, dtype_kv=kv, dtype_o=q, dtype_idx=torch.int32, head_dim_qk=d, head_dim_vo=d,
+                pos_encoding_mode=0, use_sliding_window=window, use_logits_soft_cap=self.soft_cap)
+        return modules.get_batch_prefill_uri(
+            backend=DEFAULT_PREFILL_BACKEND, dtype_q=q, dtype_kv=kv, dtype_o=q, dtype_idx=torch.int32, head_dim_qk=d,
+            head_dim_vo=d, pos_encoding_mode=0, use_sliding_window=window, use_logits_soft_cap=self.soft_cap,
+            use_fp16_qk_reduction=False)
 
 
 def kernel_spec(name: str) -> Any:
@@ -106,7 +115,7 @@ def build(specs: list[Any]) -> None:
     from flashinfer.jit.core import get_tmpdir
 
     try:
-        build_jit_specs(specs, verbose=False)
+        build_jit_specs(specs=specs, verbose=False)
     except RuntimeError:
         ninja = get_tmpdir() / "flashinfer_jit.ninja"
         jobs = ["-j", os.environ["MAX_JOBS"]] if os.environ.get("MAX_JOBS", "").isdigit() else []
