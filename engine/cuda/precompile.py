@@ -114,6 +114,8 @@ def build(specs: list[Any]) -> None:
     from flashinfer.jit import build_jit_specs
     from flashinfer.jit.core import get_tmpdir
 
+    for spec in specs:  # NOTE: build_jit_specs keeps an existing build.ninja: a changed flag would not reach it
+        spec.write_ninja()
     try:
         build_jit_specs(specs=specs, verbose=False)
     except RuntimeError:
