@@ -6,12 +6,18 @@ bench/gpu/check.sh compiles that module in the background and runs them last.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from engine.cuda import kernels
 
 DT = torch.bfloat16
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fallback(fn, *args):
@@ -86,4 +92,12 @@ def test_silu_and_mul_on_rows_with_a_stride():
 
 @pytest.mark.slow
 def test_warmup_builds_every_kernel():
-    kernels.warmup(896, 4864, 64, DT, torch.device("cuda"))
+    """Warm-up makes FlashInfer build (or find in its JIT cache) and load every module the fused kernels call, so the
+    first request compiles nothing: the three modules precompile() bakes (KERNEL_MODULES), each loaded once and
+    compiled. Run in a fresh process (tests/gpu/warmup_probe.py), where nothing had loaded them before."""
+    probe = subprocess.run([sys.executable, "-m", "tests.gpu.warmup_probe", "cuda"], cwd=ROOT, capture_output=True,
+                           text=True, check=True)
+    found = json.loads(probe.stdout.splitlines()[-1])
+    assert found["loaded_before"] == {"norm": 0, "silu_and_mul": 0, "rope": 0}
+    assert found["loaded_after"] == {"norm": 1, "silu_and_mul": 1, "rope": 1}, found["loaded_after"]
+    assert {name for name, compiled in found["built"].items() if compiled} >= {"norm", "silu_and_mul", "rope"}, found
