@@ -81,7 +81,24 @@ def test_the_bake_check_passes_and_tensor_parallel_sizes_split_it(glm):
     from engine.model.loader import tensor_parallel_sizes
 
     assert check_model_folder(glm.path) == "Glm4MoeForCausalLM"
-    assert tensor_parallel_sizes(str(glm.path)) == [1, 2]  # 2 KV heads; 4 would cut them
+    assert tensor_parallel_sizes(str(glm.path)) == [1, 2, 4]  # 8 would cut the 4 attention heads
+
+
+def test_the_bake_keeps_it_with_its_next_n_layer(glm, tmp_path):
+    """The bake (python -m builder on a local folder) stages the checkpoint whole, next-n layer included, for a
+    later MTP head to read."""
+    from builder.bake import bake
+    from builder.sources import resolve
+
+    if glm.layout != "hub":
+        pytest.skip("the hub layout carries the next-n layer")
+    from engine.model.checkpoint import safetensors_files, tensor_shapes
+
+    manifest = bake(resolve(str(glm.path), None), tmp_path / "out")
+    assert manifest["architecture"] == "Glm4MoeForCausalLM"
+    assert manifest["tensor_parallel_sizes"] == [1, 2, 4]
+    staged = tensor_shapes(safetensors_files(str(tmp_path / "out")))
+    assert f"model.layers.{glm.spec.num_layers}.eh_proj.weight" in staged
 
 
 def test_the_next_n_layer_is_in_the_checkpoint_but_not_read(glm):
