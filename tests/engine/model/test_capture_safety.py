@@ -1,7 +1,9 @@
 """Every family's decode step held to CUDA graph capture's rules on the CPU (tests/engine/model/capture_guard.py):
-no host sync, no shape that depends on tensor values. MoE (DeepSeek-style grouped routing included), sliding windows, sinks, shared KV, FP8 pages, LoRA and
-hybrid models' Gated DeltaNet (on the step a CUDA graph captures, each row's state slot a tensor only) included. A model whose step breaks the rules must say why (engine.model.capture.capture_blocker), so that the
-engine runs it eagerly; every family here in float32 with stacked experts must need no such reason."""
+no host sync, no shape that depends on tensor values. MoE (GLM-4.5's grouped sigmoid routing too), sliding windows,
+sinks, shared KV, FP8 pages, LoRA and hybrid models' Gated DeltaNet (on the step a CUDA graph captures, each row's
+state slot a tensor only) included. A model whose step breaks the rules must say why
+(engine.model.capture.capture_blocker), so that the engine runs it eagerly; every family here in float32 with stacked
+experts must need no such reason."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What the bake and the loader refuse or accept on a mixture-of-experts model: routing schemes the MoE layer does
-not implement (one line naming the config key; GLM-4.5's: one that its reference does not run), LoRA on the attention projections (applied exactly) and LoRA on
-experts (refused in one line)."""
+not implement (one line naming the config key; for GLM-4.5, one its reference does not run), LoRA on the attention
+projections (applied exactly) and LoRA on experts (refused in one line)."""
 
 from __future__ import annotations
 
