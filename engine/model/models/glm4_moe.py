@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 
 from engine.errors import UnsupportedModel
-from engine.model.layers.moe import SparseMoE, read_grouped_routing
+from engine.model.layers.moe import SparseMoE
+from engine.model.layers.routing import read_grouped_routing
 from engine.model.layers.rotary import rope_parameters
 from engine.model.models.llama import LlamaArgs, LlamaMLP
 from engine.model.models.moe_base import MoeArgs, MoeForCausalLM

@@ -14,6 +14,7 @@ import torch
 from engine.model.folder_check import check_model_folder
 from engine.model.layers import moe as moe_layer
 from engine.model.layers.moe import SparseMoE
+from engine.model.layers.routing import grouped_top_k
 from engine.model.models.llama import LlamaMLP
 from tests.engine.model.family_parity import (
     Pages,
@@ -69,11 +70,11 @@ def test_the_correction_bias_and_the_groups_decide_some_choices(glm):
     x = torch.randn(64, glm.spec.hidden_size, generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         ids = layer.route(x)[0].sort(dim=-1).values
-        unbiased = moe_layer.grouped_top_k(layer.gate(x), layer.routing)[0].sort(dim=-1).values
+        unbiased = grouped_top_k(layer.gate(x), layer.routing)[0].sort(dim=-1).values
         assert not torch.equal(ids, unbiased)
         if layer.routing.num_groups > 1:
             ungrouped = replace(layer.routing, group_score=None)
-            flat = moe_layer.grouped_top_k(layer.gate(x), ungrouped, layer.gate.e_score_correction_bias)[0]
+            flat = grouped_top_k(layer.gate(x), ungrouped, layer.gate.e_score_correction_bias)[0]
             assert not torch.equal(ids, flat.sort(dim=-1).values)
 
 

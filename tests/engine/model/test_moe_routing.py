@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from engine.errors import UnsupportedModel
-from engine.model.layers.moe import SparseMoE, read_grouped_routing
+from engine.model.layers.moe import SparseMoE
+from engine.model.layers.routing import read_grouped_routing
 
 SIGMOID, SOFTMAX = ("sigmoid", "noaux_tc"), ("softmax", "group_limited_greedy")
 
