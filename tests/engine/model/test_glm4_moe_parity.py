@@ -1,7 +1,8 @@
 """GLM-4.5 (Glm4MoeForCausalLM) against transformers on tiny random configs in float32: a dense first layer
 (first_k_dense_replace), sigmoid routing with a correction bias, a routed scaling factor and shared experts,
 partial rotary 0.5, qkv bias and q/k norm; one case with grouped top-k (4 groups, 2 kept). From the hub's per-expert
-layout (with the next-n prediction layer the hub's checkpoints carry, not read) and transformers 5's fused one.
+layout (with the next-n prediction layer the hub's checkpoints carry, not read) and transformers 5's fused one;
+chunked prefill, a prefix-cache hit and preemption through the engine.
 Also the bake's check of the folder (what it refuses: tests/engine/model/test_moe_bake.py)."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from engine.model.models.llama import LlamaMLP
 from tests.engine.model.family_parity import (
     Pages,
     check_engine_greedy,
+    check_preemption,
     check_prefill_and_decode,
     load_family,
 )
@@ -59,6 +61,10 @@ def test_engine_greedy_equals_transformers_batched_and_solo(glm):
     """Through the engine: a batch of mixed prompts (chunked prefill, a shared prefix served from the cache the
     second time) gives each prompt the tokens it gets alone and from transformers."""
     check_engine_greedy(glm.path, glm.hf)
+
+
+def test_preempted_requests_recompute_the_same_answers(glm):
+    check_preemption(glm.path)
 
 
 def test_the_correction_bias_and_the_groups_decide_some_choices(glm):
