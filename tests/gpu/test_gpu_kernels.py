@@ -62,9 +62,10 @@ def test_fused_add_rmsnorm_updates_both_in_place():
 
 
 @pytest.mark.slow
-def test_rope_on_qkv_views_matches_fallback():
+@pytest.mark.parametrize("rotary_dim", [128, 64])  # 64: GLM-4.5's partial rotary, the table's width says so
+def test_rope_on_qkv_views_matches_fallback(rotary_dim):
     hq, hk, d = 8, 2, 128
-    inv_freq = 1.0 / 500000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    inv_freq = 1.0 / 500000.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
     freqs = torch.arange(4096, dtype=torch.float32)[:, None] * inv_freq[None, :]
     cache = kernels.cos_sin_cache(freqs.cos(), freqs.sin()).cuda()
     positions = torch.tensor([0, 1, 2, 700, 4095, 33], device="cuda")
