@@ -267,3 +267,18 @@ def test_x_api_key_and_raw_output_off(custom_worker) -> None:
     assert kinds[:2] == ["message_start", "ping"] and kinds[-1] == "message_stop"
     text = "".join(e["delta"].get("text", "") for group in out for e in group if e["type"] == "content_block_delta")
     assert text == made.content[0].text
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+def test_forced_tool_use_cut_by_max_tokens_shows_no_markup(claude, model_name, choice) -> None:
+    # Six tokens end the answer just after the call's opener ("<tool_call>\n"), before its name.
+    ask = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}], "tools": [WEATHER],
+           "tool_choice": choice, "max_tokens": 6}
+    made = create(claude, model_name, **ask)
+    assert made.stop_reason == "max_tokens"
+    assert not any(block.type == "text" and block.text for block in made.content), made.content
+    with stream(claude, model_name, **ask) as s:
+        texts = [e.delta.text for e in s if e.type == "content_block_delta" and e.delta.type == "text_delta"]
+        final = s.get_final_message()
+    assert final.stop_reason == "max_tokens" and not "".join(texts)
+    assert not any(block.type == "text" and block.text for block in final.content), final.content
