@@ -192,7 +192,7 @@ def test_structured_output_follows_the_schema(claude, model_name) -> None:
      "an image source must be"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64",
                                                                           "media_type": "image/png", "data": "x"}}]}]},
-     "this model takes no image input"),
+     "messages.0.content.0: this model takes no image input"),
     ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
     ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
@@ -221,6 +221,15 @@ def test_the_sdk_raises_anthropics_errors(claude, http) -> None:
     broken = http.post("/openai/v1/messages", content=b"{not json", headers={"content-type": "application/json"})
     assert broken.status_code == 400 and broken.json()["error"]["type"] == "invalid_request_error"
     check_error(broken.json())
+
+
+def test_an_error_names_the_block_it_is_about(claude, model_name) -> None:
+    # The chat route names the part in `param`; Anthropic's errors have none, so the message names it.
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        create(claude, model_name, messages=[{"role": "user", "content": [{"type": "text", "text": "What is it?"},
+                                                                          image]}])
+    assert refused.value.body["error"]["message"] == "messages.0.content.1: this model takes no image input"
 
 
 def test_jobs_run_messages_whole_streamed_and_counted(http, model_name, first) -> None:
