@@ -232,6 +232,20 @@ def test_an_error_names_the_block_it_is_about(claude, model_name) -> None:
     assert refused.value.body["error"]["message"] == "messages.0.content.1: this model takes no image input"
 
 
+def test_a_tool_result_must_answer_a_tool_use_of_the_previous_message(claude, model_name) -> None:
+    question = {"role": "user", "content": "What is the weather in Paris?"}
+    called = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01", "name": "get_weather",
+                                                "input": {"city": "Paris"}}]}
+    answered = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "21 C"}]}
+    stray = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_99", "content": "21 C"}]}
+    assert create(claude, model_name, tools=[WEATHER], max_tokens=2, messages=[question, called, answered]).content
+    for messages, where in (([question, called, stray], "messages.2.content.0"), ([stray], "messages.0.content.0")):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            create(claude, model_name, tools=[WEATHER], max_tokens=2, messages=messages)
+        message = refused.value.body["error"]["message"]
+        assert message.startswith(f"{where}: unexpected `tool_use_id`") and "toolu_99" in message, message
+
+
 def test_jobs_run_messages_whole_streamed_and_counted(http, model_name, first) -> None:
     body = {"model": model_name, "system": SYSTEM, "max_tokens": 24, "temperature": 0,
             "messages": [{"role": "user", "content": Q}]}
