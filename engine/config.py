@@ -7,8 +7,11 @@ import re
 from dataclasses import dataclass, field
 
 from engine.errors import StartupError
-from engine.sample.structured.spec import JSON_MAX_WHITESPACE
 
+# Whitespace characters in a row that JSON held to a grammar may write between its tokens: enough to indent deep
+# pretty-printed JSON, not enough for a small model to loop on newlines until max_tokens and end invalid (a known
+# failure of free whitespace under a grammar; llama.cpp's JSON grammars bound it the same way).
+JSON_MAX_WHITESPACE = 16
 # An adapter's name goes in `model` (also as "<base>:<name>") and in a folder name: no colon, no spaces.
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 

@@ -11,14 +11,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from engine.config import JSON_MAX_WHITESPACE  # noqa: F401 (the compiler's and the worker's default)
 from engine.errors import InvalidRequest
 from engine.sample.structured.rewrite import MANY, MAP, ONE
 
 Kind = Literal["json", "json_object", "regex", "choice", "grammar", "structural_tag"]
-# Whitespace characters in a row that JSON held to a grammar may write between its tokens: enough to indent deep
-# pretty-printed JSON, not enough for a small model to loop on newlines until max_tokens and end invalid (a known
-# failure of free whitespace under a grammar; llama.cpp's JSON grammars bound it the same way).
-JSON_MAX_WHITESPACE = 16
 KINDS: tuple[str, ...] = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 # Keywords xgrammar 0.2 compiles without enforcing them: an output could break them while the request
