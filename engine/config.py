@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 
 from engine.errors import StartupError
 
+# Whitespace characters in a row that JSON held to a grammar may write between its tokens: enough to indent deep
+# pretty-printed JSON, not enough for a small model to loop on newlines until max_tokens and end invalid (a known
+# failure of free whitespace under a grammar; llama.cpp's JSON grammars bound it the same way).
+JSON_MAX_WHITESPACE = 16
 # An adapter's name goes in `model` (also as "<base>:<name>") and in a folder name: no colon, no spaces.
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 
@@ -118,6 +122,9 @@ class EngineConfig:
     priority_aging_steps: int = 1000
     enforce_eager: bool = False  # CUDA: no graphs
     seed: int = 0
+    # Whitespace characters in a row that JSON held to a response format may write (None: any amount; xgrammar's
+    # default, where a small model can pad with newlines until max_tokens and end invalid)
+    structured_max_whitespace: int | None = JSON_MAX_WHITESPACE
     cpu_threads: int | None = None  # CPU: torch's threads (None: the CPUs this process may use, capped by its quota)
     lora: LoraConfig | None = None  # None (or no adapters): the base model alone, at no LoRA cost
     speculative: SpeculativeConfig | None = None  # None: one token per sequence and step

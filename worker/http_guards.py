@@ -12,14 +12,26 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from worker.anthropic.errors import anthropic_shape, is_messages_route
-from worker.openai.errors import AuthenticationFailed, RequestTooLarge, error_body, status_of
+from worker.openai.errors import (
+    AuthenticationFailed,
+    MissingApiKey,
+    RequestTooLarge,
+    WorkerError,
+    error_body,
+    status_of,
+)
+
+# OpenAI's and Anthropic's words for a request that carries no key at all (a wrong one is "Incorrect API key").
+NO_KEY = ("You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer "
+          "auth (i.e. Authorization: Bearer YOUR_KEY).")
+NO_KEY_ANTHROPIC = "x-api-key header is required"
 
 
 def error_response(exc: Exception, headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
     """The error answer for `exc`: OpenAI's error object, or Anthropic's on the Messages API's `path`s."""
     body = error_body(exc)
-    status = status_of(body) or 500
-    return JSONResponse(anthropic_shape(body) if is_messages_route(path) else body, status_code=status,
+    status = exc.status if isinstance(exc, WorkerError) else status_of(body) or 500
+    return JSONResponse(anthropic_shape(body, status) if is_messages_route(path) else body, status_code=status,
                         headers=headers)
 
 
@@ -82,12 +94,23 @@ class ApiKeyGuard:
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and not scope["path"].rstrip("/").endswith("/health"):
-            headers = dict(scope["headers"])
-            given = headers.get(b"authorization", b"").decode("latin-1").removeprefix("Bearer ").strip()
-            given = given or headers.get(b"x-api-key", b"").decode("latin-1").strip()
-            if not secrets.compare_digest(given.encode("latin-1"), self.key):
-                refused = error_response(AuthenticationFailed("Incorrect API key provided."), path=scope["path"])
-                await refused(scope, receive, send)
+        path = scope["path"] if scope["type"] == "http" else ""
+        if scope["type"] == "http" and not path.rstrip("/").endswith("/health"):
+            given = _given_key(dict(scope["headers"]))
+            if not given:
+                refused = MissingApiKey(NO_KEY_ANTHROPIC if is_messages_route(path) else NO_KEY)
+            elif not secrets.compare_digest(given.encode("latin-1"), self.key):
+                refused = AuthenticationFailed("Incorrect API key provided.")
+            else:
+                await self.app(scope, receive, send)
                 return
+            await error_response(refused, path=path)(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+
+def _given_key(headers: dict[bytes, bytes]) -> str:
+    """The key a request carries: `Authorization: Bearer <key>` (a bare `Bearer` is none), else `x-api-key`."""
+    scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").strip().partition(" ")
+    given = token.strip() if scheme.lower() == "bearer" else scheme
+    return given or headers.get(b"x-api-key", b"").decode("latin-1").strip()

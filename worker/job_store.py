@@ -1,4 +1,5 @@
-"""Asynchronous jobs of the local endpoint (/run, /stream, /status, /cancel), run through the handler."""
+"""Asynchronous jobs of the local endpoint (/run, /stream, /status, /cancel), run through the handler, and the
+counts /health reports: every request the endpoint serves (jobs and OpenAI routes alike), by what it runs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,23 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.anthropic.errors import COUNT_TOKENS
+from worker.jobs import (
+    ADAPTER_ROUTES,
+    COMPACT,
+    EMBEDDINGS,
+    GENERATIONS,
+    MODELS,
+    RESPONSES,
+    SCORING,
+    normalize_route,
+)
+from worker.openai.errors import BadRequest
+
 Handler = Callable[[dict[str, Any]], AsyncIterator[Any]]
+# Routes counted under their own name; a route that carries an id is counted under its template, anything else as
+# "unknown", so the counts stay a short list whatever clients send.
+NAMED_ROUTES = frozenset({*GENERATIONS, *SCORING, *ADAPTER_ROUTES, COMPACT, EMBEDDINGS, MODELS, COUNT_TOKENS})
 FINAL = {"COMPLETED", "FAILED", "CANCELLED"}
 KEEP_FINISHED = 1000  # finished jobs remembered for /status; older ones are forgotten
 # How often a job waiting for its turn looks at the engine again when no job has ended meanwhile (its free
@@ -21,6 +38,38 @@ RECHECK_S = 0.05
 def is_error(output: Any) -> bool:
     """Whether the RunPod SDK would take this yield as the job's failure."""
     return isinstance(output, dict) and bool(output.get("error"))
+
+
+def route_name(job_input: Any) -> str:
+    """What a job (or an OpenAI-route request, as the job it becomes) is counted under: its OpenAI route with any id
+    as a template (/v1/models/{model}), "native" for a native job."""
+    if not isinstance(job_input, dict) or "openai_route" not in job_input:
+        return "native"
+    try:
+        route = normalize_route(job_input["openai_route"])
+    except BadRequest:
+        return "unknown"
+    if route in NAMED_ROUTES:
+        return route
+    if route.startswith(MODELS + "/"):
+        return MODELS + "/{model}"
+    if route.startswith(RESPONSES + "/"):
+        return RESPONSES + "/{response_id}" + ("/input_items" if route.endswith("/input_items") else "")
+    return "unknown"
+
+
+@dataclass
+class RouteCounts:
+    """One route's requests: ended (completed, failed, cancelled) and running now."""
+
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    in_progress: int = 0
+
+    def report(self) -> dict[str, int]:
+        return {"completed": self.completed, "failed": self.failed, "cancelled": self.cancelled,
+                "inProgress": self.in_progress}
 
 
 @dataclass
@@ -58,7 +107,7 @@ class JobStore:
         self.handler = handler
         self.limit = limit
         self.jobs: OrderedDict[str, Job] = OrderedDict()
-        self.counts = {"completed": 0, "failed": 0, "cancelled": 0}
+        self.routes: dict[str, RouteCounts] = {}
         self.running = 0
         self.turn = asyncio.Condition()  # notified when a running job ends
 
@@ -117,16 +166,41 @@ class JobStore:
                 await job.task
         return {"id": job.id, "status": job.status}
 
+    def begin(self, route: str) -> Callable[[str], None]:
+        """Count a request under `route` as in progress; the `end(status)` returned counts it as ended once, status
+        "completed", "failed" or "cancelled"."""
+        counts = self.routes.setdefault(route, RouteCounts())
+        counts.in_progress += 1
+        ended = False
+
+        def end(status: str) -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                counts.in_progress -= 1
+                setattr(counts, status, getattr(counts, status) + 1)
+
+        return end
+
     def health(self) -> dict[str, Any]:
-        running = sum(1 for j in self.jobs.values() if j.status == "IN_PROGRESS")
+        """RunPod's job counts over every request served (/run jobs and OpenAI routes alike), and the same by route."""
+        routes = self.routes.values()
         queued = sum(1 for j in self.jobs.values() if j.status == "IN_QUEUE")
-        return {"completed": self.counts["completed"], "failed": self.counts["failed"], "inProgress": running,
-                "inQueue": queued, "retried": 0}  # RunPod's field; this endpoint never retries a job
+        return {"completed": sum(c.completed for c in routes), "failed": sum(c.failed for c in routes),
+                "inProgress": sum(c.in_progress for c in routes), "inQueue": queued,
+                "retried": 0}  # RunPod's field; this endpoint never retries a job
+
+    def by_route(self) -> dict[str, dict[str, int]]:
+        return {route: counts.report() for route, counts in sorted(self.routes.items())}
 
     async def _run(self, job: Job) -> None:
+        route = route_name(job.input)
+        end: Callable[[str], None] | None = None
         try:
             def start() -> None:
+                nonlocal end
                 job.status = "IN_PROGRESS"
+                end = self.begin(route)
 
             async with contextlib.aclosing(self.limited({"id": job.id, "input": job.input}, start)) as outputs:
                 async for output in outputs:
@@ -142,7 +216,7 @@ class JobStore:
         except Exception as exc:  # the handler itself crashed; the SDK reports such jobs as failed too
             job.status, job.error = "FAILED", f"{type(exc).__name__}: {exc}"
         finally:
-            self.counts[job.status.lower()] = self.counts.get(job.status.lower(), 0) + 1
+            (end or self.begin(route))(job.status.lower())  # a job cancelled in the queue never started
             await job.notify()
 
     def _forget_old(self) -> None:

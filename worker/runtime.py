@@ -104,6 +104,7 @@ def start(settings: Settings) -> Runtime:
     from engine.config import EngineConfig, LoraConfig
     from engine.core.async_engine import AsyncEngine
     from engine.errors import StartupError
+    from engine.sample.structured.spec import JSON_MAX_WHITESPACE
 
     settings = locate_model(settings)
     config = EngineConfig(
@@ -123,6 +124,7 @@ def start(settings: Settings) -> Runtime:
         scheduling_policy=settings.scheduling_policy,
         enforce_eager=settings.enforce_eager,
         seed=settings.seed,
+        structured_max_whitespace=None if settings.structured_output_free_whitespace else JSON_MAX_WHITESPACE,
         cpu_threads=settings.omp_num_threads,
         lora=LoraConfig(startup_adapters(settings, baked_adapters(settings)), settings.max_loras,
                         settings.max_lora_rank, runtime=settings.enable_lora and settings.allow_runtime_lora_updating),

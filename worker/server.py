@@ -14,9 +14,10 @@ When RUNPOD_API_KEY is set, every route except /health needs `Authorization: Bea
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -25,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from worker.anthropic.errors import COUNT_TOKENS, MESSAGES
 from worker.http_guards import ApiKeyGuard, BodyLimit, error_response
-from worker.job_store import Handler, JobStore, is_error
+from worker.job_store import Handler, JobStore, is_error, route_name
 from worker.jobs import ADAPTER_ROUTES, EVENT_STREAMS
 from worker.lora_routes import LOAD, UNLOAD
 from worker.openai.errors import (
@@ -61,6 +62,7 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
     gauge = current().concurrency
     store = JobStore(handler, gauge.limit)
     generate = store.limited  # generation routes take a slot, as RunPod's jobs do; reads do not
+    openai_call = functools.partial(_openai_call, store=store)
     app.state.jobs = store
 
     if settings.api_key:
@@ -84,68 +86,68 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
 
     @openai.get("/models")
     async def models() -> Response:
-        return await _openai_call(handler, "/v1/models", {}, None)
+        return await openai_call(handler, "/v1/models", {}, None)
 
     @openai.get("/models/{model_id:path}")
     async def model(model_id: str) -> Response:
-        return await _openai_call(handler, f"/v1/models/{model_id}", {}, None)
+        return await openai_call(handler, f"/v1/models/{model_id}", {}, None)
 
     @openai.post("/chat/completions")
     async def chat(request: Request) -> Response:
-        return await _openai_call(generate, "/v1/chat/completions", await _json_body(request), request)
+        return await openai_call(generate, "/v1/chat/completions", await _json_body(request), request)
 
     @openai.post("/completions")
     async def completions(request: Request) -> Response:
-        return await _openai_call(generate, "/v1/completions", await _json_body(request), request)
+        return await openai_call(generate, "/v1/completions", await _json_body(request), request)
 
     @openai.post("/embeddings")
     async def embeddings(request: Request) -> Response:
-        return await _openai_call(generate, "/v1/embeddings", await _json_body(request), request)
+        return await openai_call(generate, "/v1/embeddings", await _json_body(request), request)
 
     @openai.post("/score")
     async def score(request: Request) -> Response:
-        return await _openai_call(generate, "/v1/score", await _json_body(request), request)
+        return await openai_call(generate, "/v1/score", await _json_body(request), request)
 
     @openai.post("/rerank")
     async def rerank(request: Request) -> Response:
-        return await _openai_call(generate, "/v1/rerank", await _json_body(request), request)
+        return await openai_call(generate, "/v1/rerank", await _json_body(request), request)
 
     @openai.post("/responses")
     async def responses(request: Request) -> Response:
-        return await _openai_call(generate, "/v1/responses", await _json_body(request), request)
+        return await openai_call(generate, "/v1/responses", await _json_body(request), request)
 
     @openai.post("/responses/compact")
     async def compact(request: Request) -> Response:
-        return await _openai_call(generate, "/v1/responses/compact", await _json_body(request), request)
+        return await openai_call(generate, "/v1/responses/compact", await _json_body(request), request)
 
     @openai.get("/responses/{response_id}")
     async def response(response_id: str, request: Request) -> Response:
-        return await _openai_call(handler, f"/v1/responses/{response_id}", dict(request.query_params), None)
+        return await openai_call(handler, f"/v1/responses/{response_id}", dict(request.query_params), None)
 
     @openai.delete("/responses/{response_id}")
     async def delete_response(response_id: str) -> Response:
-        return await _openai_call(handler, f"/v1/responses/{response_id}", {}, None, method="DELETE")
+        return await openai_call(handler, f"/v1/responses/{response_id}", {}, None, method="DELETE")
 
     @openai.get("/responses/{response_id}/input_items")
     async def input_items(response_id: str, request: Request) -> Response:
-        return await _openai_call(handler, f"/v1/responses/{response_id}/input_items", dict(request.query_params),
+        return await openai_call(handler, f"/v1/responses/{response_id}/input_items", dict(request.query_params),
                                   None)
 
     @openai.post("/messages")
     async def messages(request: Request) -> Response:
-        return await _openai_call(generate, MESSAGES, await _json_body(request), request)
+        return await openai_call(generate, MESSAGES, await _json_body(request), request)
 
     @openai.post("/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
-        return await _openai_call(handler, COUNT_TOKENS, await _json_body(request), None)
+        return await openai_call(handler, COUNT_TOKENS, await _json_body(request), None)
 
     @openai.post("/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> Response:
-        return await _openai_call(handler, LOAD, await _json_body(request), None)
+        return await openai_call(handler, LOAD, await _json_body(request), None)
 
     @openai.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> Response:
-        return await _openai_call(handler, UNLOAD, await _json_body(request), None)
+        return await openai_call(handler, UNLOAD, await _json_body(request), None)
 
     @openai.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def unknown(rest: str, request: Request) -> Response:
@@ -155,7 +157,7 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
 
     @openai_v2.post("/rerank")
     async def rerank_v2(request: Request) -> Response:
-        return await _openai_call(generate, "/v2/rerank", await _json_body(request), request)
+        return await openai_call(generate, "/v2/rerank", await _json_body(request), request)
 
     jobs = APIRouter()
 
@@ -191,7 +193,7 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
         jobs = store.health()
         running = int(jobs["inProgress"] > 0)
         return JSONResponse({"jobs": jobs, "workers": {"idle": 1 - running, "running": running},
-                             "engine": engine_stats(current())})
+                             "jobsByRoute": store.by_route(), "engine": engine_stats(current())})
 
     for prefix in OPENAI_PREFIXES:
         app.include_router(openai, prefix=prefix)
@@ -213,8 +215,9 @@ def _job_not_found(job_id: str) -> JSONResponse:
 
 
 async def _openai_call(handler: Handler, route: str, body: Any, request: Request | None,
-                       method: str | None = None) -> Response:
-    """Run an OpenAI request as the job RunPod would send, answering JSON or an SSE stream.
+                       method: str | None = None, *, store: JobStore) -> Response:
+    """Run an OpenAI request as the job RunPod would send, answering JSON or an SSE stream, counted in `store`'s
+    counts as a job of its route is (/health).
 
     `method` goes into the job as `openai_method` where the route alone does not say what to do (DELETE)."""
     header_id = request.headers.get("x-request-id") if request is not None else None
@@ -226,25 +229,31 @@ async def _openai_call(handler: Handler, route: str, body: Any, request: Request
     if method is not None:
         job_input["openai_method"] = method
     job = {"id": f"openai-{uuid.uuid4().hex}", "input": job_input}
+    end = store.begin(route_name(job_input))
     outputs = handler(job)
     try:
         first = await _first_output(outputs, request)
     except StopAsyncIteration:
+        end("failed")
         return error_response(RuntimeError("the handler produced no output"))
     except ClientGone:
+        end("cancelled")
         await outputs.aclose()
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     except BaseException:
+        end("cancelled")
         await outputs.aclose()
         raise
     if isinstance(first, str) and route in ADAPTER_ROUTES:  # vLLM answers these with a line of text
+        end("completed")
         await outputs.aclose()
         return PlainTextResponse(first, headers=headers)
     if is_error(first) or not (isinstance(body, dict) and body.get("stream") is True):
+        end("failed" if is_error(first) else "completed")
         await outputs.aclose()
         return JSONResponse(first, status_code=status_of(first) or 200, headers=headers)
     events = route in EVENT_STREAMS  # the Responses and Messages APIs stream named events
-    return StreamingResponse(_sse(first, outputs, events), media_type="text/event-stream", headers=headers)
+    return StreamingResponse(_sse(first, outputs, events, end), media_type="text/event-stream", headers=headers)
 
 
 class ClientGone(Exception):
@@ -271,18 +280,23 @@ async def _first_output(outputs: AsyncIterator[Any], request: Request | None) ->
             await asyncio.gather(pending, return_exceptions=True)
 
 
-async def _sse(first: Any, outputs: AsyncIterator[Any], events: bool) -> AsyncIterator[str]:
+async def _sse(first: Any, outputs: AsyncIterator[Any], events: bool, end: Callable[[str], None]
+               ) -> AsyncIterator[str]:
     """The handler's yields as SSE text: raw text as is; lists of chunk objects (RAW_OPENAI_OUTPUT=0) encoded,
-    as named events for the Responses and Messages APIs (`events`), which end without [DONE]."""
+    as named events for the Responses and Messages APIs (`events`), which end without [DONE]. `end` counts the
+    request as completed once all went out, as cancelled when its client left first."""
     raw = isinstance(first, str)
     encode = sse_event if events else sse
+    status = "cancelled"
     try:
         yield first if raw else "".join(encode(chunk) for chunk in first)
         async for output in outputs:
             yield output if isinstance(output, str) else "".join(encode(chunk) for chunk in output)
         if not raw and not events:
             yield SSE_DONE
+        status = "completed"
     finally:
+        end(status)
         await outputs.aclose()
 
 

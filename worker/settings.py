@@ -87,6 +87,9 @@ class Settings(BaseModel):
         "auto", alias="REASONING_PARSER")
     # An answer ends at its call past this many (a small model can call on until the context is full).
     max_tool_calls_per_answer: int = Field(16, alias="MAX_TOOL_CALLS_PER_ANSWER", ge=1)
+    # JSON response formats may write any amount of whitespace between tokens (xgrammar's default) instead of at most
+    # 16 characters in a row, with which a small model cannot pad its JSON with newlines until max_tokens
+    structured_output_free_whitespace: bool = Field(False, alias="STRUCTURED_OUTPUT_FREE_WHITESPACE")
 
     # Engine
     max_model_len: int | None = Field(None, alias="MAX_MODEL_LEN", ge=1)

@@ -126,7 +126,8 @@ class LLMEngine:
         self._groups: dict[str, SequenceGroup] = {}
         self._failures: list[tuple[str, Exception]] = []
         self.grammars = GrammarCache(self.tokenizer, self.spec.vocab_size, sorted(self.spec.eos_token_ids),
-                                     threads=2 if self.device.type == "cpu" else 8)
+                                     threads=2 if self.device.type == "cpu" else 8,
+                                     max_whitespace=config.structured_max_whitespace)
         self._compiling = GrammarWait()
         self.speculator = build_speculator(config.speculative, Target(
             self.tokenizer, self.spec.vocab_size, self.spec.recurrent is not None, self.dtype, self.device,

@@ -27,6 +27,7 @@ from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
 # image-text one's decoder shards as its text family's; its vision tower runs on rank 0 alone (TOWER_MODULES).
 SHARDED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                          "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
+                         "Glm4MoeForCausalLM",
                          "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma4ForCausalLM", "Qwen3_5ForCausalLM",
                          "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM", "GptOssForCausalLM",
                          "Gemma3ForConditionalGeneration", "Gemma4ForConditionalGeneration",
@@ -157,10 +158,11 @@ def finish_shard(model: nn.Module, plan: ShardPlan, tp: TensorParallel) -> None:
 
 def shard_experts(moe: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:
     """A SparseMoE -> every expert's gate|up rows and down columns of this rank (tensor-parallel inside each
-    expert: routing, on the replicated hidden state, is the same on every rank), and its shared expert alike."""
+    expert: routing, on the replicated hidden state, is the same on every rank), and its shared expert(s) alike."""
     moe.experts = shard_expert_stack(moe.experts, f"{prefix}.experts", tp, plan)
-    if moe.shared_expert is not None:
-        shard_gated_mlp(moe.shared_expert, f"{prefix}.shared_expert", tp, plan)
+    for name in ("shared_expert", "shared_experts"):
+        if getattr(moe, name) is not None:
+            shard_gated_mlp(getattr(moe, name), f"{prefix}.{name}", tp, plan)
 
 
 def shard_expert_stack(old: nn.Module, name: str, tp: TensorParallel, plan: ShardPlan) -> nn.Module:

@@ -58,6 +58,7 @@ FAMILY_BASES = {
     "engine.model.models.moe_base": {"engine.model.models.llama"},
     "engine.model.models.qwen3_moe": {"engine.model.models.llama"},
     "engine.model.models.olmoe": {"engine.model.models.llama"},
+    "engine.model.models.glm4_moe": {"engine.model.models.llama"},
     # An EAGLE-3 head is a one-layer Llama decoder with a wider qkv.
     "engine.model.models.eagle3": {"engine.model.models.llama"},
     # Qwen3-VL's text model is Qwen3's (its MoE Qwen3-MoE's) decoder.
@@ -215,12 +216,19 @@ def test_each_layer_reaches_the_next_only_through_its_doors() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+# The hubs, where a request's path meets every collaborator, may run longer than a file of one role; they are not
+# squeezed to a cap (issue 56), and the cap still stops them from growing without a split.
+HUB_LINES = {"engine/core/engine.py": 400, "engine/core/async_engine.py": 400, "engine/core/model_runner.py": 400,
+             "worker/server.py": 400}
+
+
 def test_every_engine_package_is_a_folder_that_says_what_lives_there() -> None:
-    """engine/'s top level holds only its public types and its packages; no file anywhere passes 300 lines."""
+    """engine/'s top level holds only its public types and its packages; no file anywhere passes 300 lines (the
+    hubs 400)."""
     top = sorted(p.name for p in ENGINE.iterdir() if p.suffix == ".py")
     assert top == ["__init__.py", "config.py", "errors.py", "inputs.py", "outputs.py", "timing.py"], top
-    long = [f"{p.relative_to(ROOT)}: {n}" for p in _modules().values()
-            if (n := len(p.read_text().splitlines())) > 300]
+    long = [f"{path}: {n}" for p in _modules().values()
+            if (n := len(p.read_text().splitlines())) > HUB_LINES.get(path := p.relative_to(ROOT).as_posix(), 300)]
     assert not long, long
 
 

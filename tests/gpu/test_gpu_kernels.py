@@ -6,12 +6,18 @@ bench/gpu/check.sh compiles that module in the background and runs them last.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from engine.cuda import kernels
 
 DT = torch.bfloat16
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fallback(fn, *args):
@@ -56,9 +62,10 @@ def test_fused_add_rmsnorm_updates_both_in_place():
 
 
 @pytest.mark.slow
-def test_rope_on_qkv_views_matches_fallback():
+@pytest.mark.parametrize("rotary_dim", [128, 64])  # 64: GLM-4.5's partial rotary, the table's width says so
+def test_rope_on_qkv_views_matches_fallback(rotary_dim):
     hq, hk, d = 8, 2, 128
-    inv_freq = 1.0 / 500000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    inv_freq = 1.0 / 500000.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
     freqs = torch.arange(4096, dtype=torch.float32)[:, None] * inv_freq[None, :]
     cache = kernels.cos_sin_cache(freqs.cos(), freqs.sin()).cuda()
     positions = torch.tensor([0, 1, 2, 700, 4095, 33], device="cuda")
@@ -86,4 +93,12 @@ def test_silu_and_mul_on_rows_with_a_stride():
 
 @pytest.mark.slow
 def test_warmup_builds_every_kernel():
-    kernels.warmup(896, 4864, 64, DT, torch.device("cuda"))
+    """Warm-up makes FlashInfer build (or find in its JIT cache) and load every module the fused kernels call, so the
+    first request compiles nothing: the three modules precompile() bakes (KERNEL_MODULES), each loaded once and
+    compiled. Run in a fresh process (tests/gpu/warmup_probe.py), where nothing had loaded them before."""
+    probe = subprocess.run([sys.executable, "-m", "tests.gpu.warmup_probe", "cuda"], cwd=ROOT, capture_output=True,
+                           text=True, check=True)
+    found = json.loads(probe.stdout.splitlines()[-1])
+    assert found["loaded_before"] == {"norm": 0, "silu_and_mul": 0, "rope": 0}
+    assert found["loaded_after"] == {"norm": 1, "silu_and_mul": 1, "rope": 1}, found["loaded_after"]
+    assert {name for name, compiled in found["built"].items() if compiled} >= {"norm", "silu_and_mul", "rope"}, found

@@ -192,7 +192,7 @@ def test_structured_output_follows_the_schema(claude, model_name) -> None:
      "an image source must be"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64",
                                                                           "media_type": "image/png", "data": "x"}}]}]},
-     "this model takes no image input"),
+     "messages.0.content.0: this model takes no image input"),
     ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
     ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
@@ -221,6 +221,29 @@ def test_the_sdk_raises_anthropics_errors(claude, http) -> None:
     broken = http.post("/openai/v1/messages", content=b"{not json", headers={"content-type": "application/json"})
     assert broken.status_code == 400 and broken.json()["error"]["type"] == "invalid_request_error"
     check_error(broken.json())
+
+
+def test_an_error_names_the_block_it_is_about(claude, model_name) -> None:
+    # The chat route names the part in `param`; Anthropic's errors have none, so the message names it.
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        create(claude, model_name, messages=[{"role": "user", "content": [{"type": "text", "text": "What is it?"},
+                                                                          image]}])
+    assert refused.value.body["error"]["message"] == "messages.0.content.1: this model takes no image input"
+
+
+def test_a_tool_result_must_answer_a_tool_use_of_the_previous_message(claude, model_name) -> None:
+    question = {"role": "user", "content": "What is the weather in Paris?"}
+    called = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01", "name": "get_weather",
+                                                "input": {"city": "Paris"}}]}
+    answered = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "21 C"}]}
+    stray = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_99", "content": "21 C"}]}
+    assert create(claude, model_name, tools=[WEATHER], max_tokens=2, messages=[question, called, answered]).content
+    for messages, where in (([question, called, stray], "messages.2.content.0"), ([stray], "messages.0.content.0")):
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            create(claude, model_name, tools=[WEATHER], max_tokens=2, messages=messages)
+        message = refused.value.body["error"]["message"]
+        assert message.startswith(f"{where}: unexpected `tool_use_id`") and "toolu_99" in message, message
 
 
 def test_jobs_run_messages_whole_streamed_and_counted(http, model_name, first) -> None:
@@ -267,3 +290,18 @@ def test_x_api_key_and_raw_output_off(custom_worker) -> None:
     assert kinds[:2] == ["message_start", "ping"] and kinds[-1] == "message_stop"
     text = "".join(e["delta"].get("text", "") for group in out for e in group if e["type"] == "content_block_delta")
     assert text == made.content[0].text
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+def test_forced_tool_use_cut_by_max_tokens_shows_no_markup(claude, model_name, choice) -> None:
+    # Six tokens end the answer just after the call's opener ("<tool_call>\n"), before its name.
+    ask = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}], "tools": [WEATHER],
+           "tool_choice": choice, "max_tokens": 6}
+    made = create(claude, model_name, **ask)
+    assert made.stop_reason == "max_tokens"
+    assert not any(block.type == "text" and block.text for block in made.content), made.content
+    with stream(claude, model_name, **ask) as s:
+        texts = [e.delta.text for e in s if e.type == "content_block_delta" and e.delta.type == "text_delta"]
+        final = s.get_final_message()
+    assert final.stop_reason == "max_tokens" and not "".join(texts)
+    assert not any(block.type == "text" and block.text for block in final.content), final.content

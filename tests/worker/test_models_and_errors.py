@@ -111,3 +111,22 @@ def test_api_key_guards_everything_but_health(custom_worker) -> None:
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=custom_worker.openai_url, api_key="wrong", max_retries=0).models.list()
     assert custom_worker.client().models.list().data[0].id == "custom-name"
+
+
+def test_a_request_with_no_key_is_told_so_in_openais_words(custom_worker) -> None:
+    import httpx
+
+    with pytest.raises(openai.AuthenticationError) as info:  # the SDK needs a key: its header is left out
+        custom_worker.client().models.list(extra_headers={"Authorization": openai.Omit()})
+    assert info.value.status_code == 401
+    error = validate(info.value.response.json())["error"]
+    assert error["message"].startswith("You didn't provide an API key.") and error["type"] == "invalid_request_error"
+    assert error["code"] is None and error["param"] is None
+    bare = _error(httpx.get(custom_worker.url("/openai/v1/models"), headers={"Authorization": "Bearer"}), 401)
+    assert bare["message"].startswith("You didn't provide an API key.")
+    # A wrong key keeps its own message; Anthropic's clients hear Anthropic's words for a missing one.
+    wrong = _error(httpx.get(custom_worker.url("/openai/v1/models"), headers={"Authorization": "Bearer no"}), 401)
+    assert wrong["message"] == "Incorrect API key provided." and wrong["code"] == "invalid_api_key"
+    anthropic = httpx.post(custom_worker.url("/openai/v1/messages"), json={})
+    assert anthropic.status_code == 401 and anthropic.json()["error"] == {
+        "type": "authentication_error", "message": "x-api-key header is required"}

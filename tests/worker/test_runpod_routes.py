@@ -128,3 +128,33 @@ def test_custom_worker_raw_output_off_override_and_role(custom_worker) -> None:
         text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
         assert text == response.choices[0].message.content
         assert json.dumps(chunks).count("[DONE]") == 0
+
+
+def test_health_counts_every_request_by_route(http, client, model_name) -> None:
+    import openai
+    import pytest
+
+    def counts() -> tuple[dict, dict]:
+        health = http.get("/v2/e/health").json()
+        return health["jobs"], health["jobsByRoute"]
+
+    def added(before: dict, after: dict, route: str, status: str) -> int:
+        return after.get(route, {}).get(status, 0) - before.get(route, {}).get(status, 0)
+
+    jobs, routes = counts()
+    client.chat.completions.create(model=model_name, messages=Q, max_tokens=2, temperature=0)
+    list(client.chat.completions.create(model=model_name, messages=Q, max_tokens=2, temperature=0, stream=True))
+    client.models.retrieve(model_name)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model_name, messages=Q, max_tokens=-1)
+    assert http.post("/runsync", json=_chat_job(model_name, False)).json()["status"] == "COMPLETED"
+    assert http.post("/runsync", json={"input": {"prompt": "Hi", "sampling_params": {"max_tokens": 2}}}).json()[
+        "status"] == "COMPLETED"
+    now, now_routes = counts()
+    assert now["completed"] - jobs["completed"] == 5 and now["failed"] - jobs["failed"] == 1
+    assert now["inProgress"] == 0 and set(now) == {"completed", "failed", "inProgress", "inQueue", "retried"}
+    assert added(routes, now_routes, "/v1/chat/completions", "completed") == 3  # two through /openai/v1, one job
+    assert added(routes, now_routes, "/v1/chat/completions", "failed") == 1
+    assert added(routes, now_routes, "/v1/models/{model}", "completed") == 1
+    assert added(routes, now_routes, "native", "completed") == 1
+    assert all(c["inProgress"] == 0 for c in now_routes.values())

@@ -161,3 +161,17 @@ def test_native_jobs_take_vllms_names(http) -> None:
                           ({"structured_outputs": {"json": {}}, "guided_decoding": {"regex": "a"}}, "guided_decoding")):
         bad = http.post("/runsync", json={"input": {"prompt": "Hi", "sampling_params": params}}).json()
         assert bad["status"] == "FAILED" and bad["error"]["param"] == param, bad
+
+
+class City(BaseModel):
+    name: str
+    country: str
+    population: int
+
+
+def test_a_parsed_response_is_valid_json_within_a_small_budget(client, model_name) -> None:
+    # Free whitespace let the default model pad this answer with newlines until max_output_tokens ran out, and the
+    # SDK's parse failed (json_invalid); at most 16 whitespace characters in a row, the JSON closes in time.
+    parsed = client.responses.parse(model=model_name, input="Tell me about Paris.", text_format=City,
+                                    max_output_tokens=96, temperature=0)
+    assert isinstance(parsed.output_parsed, City), parsed.output_text

@@ -189,3 +189,22 @@ def test_a_native_job_forced_to_call(http) -> None:
     deltas = [d for out in streamed["output"] for d in out["choices"][0].get("tool_calls", [])]
     assert deltas[0]["function"]["name"] == "get_weather"
     assert "".join(d["function"].get("arguments", "") for d in deltas) == call["function"]["arguments"]
+
+
+@pytest.mark.parametrize("choice, max_tokens", [
+    ("required", 6),  # cut just after the opener "<tool_call>\n"
+    ({"type": "function", "function": {"name": "get_weather"}}, 3),  # cut inside it: "<tool_"
+])
+def test_a_forced_call_cut_by_max_tokens_shows_no_markup(client, model_name, choice, max_tokens) -> None:
+    kw = dict(model=model_name, messages=ASK, tools=[WEATHER], tool_choice=choice, temperature=0,
+              max_tokens=max_tokens)
+    response = client.chat.completions.create(**kw)
+    validate(response)
+    whole = response.choices[0]
+    assert whole.finish_reason == "length"
+    assert not whole.message.content and not whole.message.tool_calls, whole.message
+    # (the SDK's stream helper refuses an answer cut by the length limit: the chunks are read as they come)
+    chunks = [chunk for chunk in client.chat.completions.create(stream=True, **kw) if chunk.choices]
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert not [call for c in chunks for call in c.choices[0].delta.tool_calls or []]

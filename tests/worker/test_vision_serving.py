@@ -127,6 +127,16 @@ def test_a_text_only_model_takes_no_image(client: openai.OpenAI, model_name: str
     assert info.value.body["param"] == "messages.[0].content.[0].image_url"
 
 
+def test_an_image_url_given_as_a_bare_string_is_refused_naming_it(client: openai.OpenAI, model_name: str) -> None:
+    # OpenAI requires {"url": ...}; the part's shape is checked before what the model takes, as OpenAI checks it.
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is it?"},
+                                             {"type": "image_url", "image_url": data_url(RED)}]}]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=model_name, messages=messages, max_tokens=2)
+    assert info.value.body["param"] == "messages.[0].content.[1].image_url"
+    assert "expected an object" in info.value.message and "got a string" in info.value.message
+
+
 def test_the_responses_api_takes_input_image(vision_worker: LocalWorker, image_server: str) -> None:
     sdk = vision_worker.client()
     chat = sdk.chat.completions.create(model=NAME, messages=ask(data_url(RED)), max_tokens=6, temperature=0)

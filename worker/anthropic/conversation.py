@@ -27,6 +27,7 @@ def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[dict
     if system:
         text = system if isinstance(system, str) else _texts(system, "system", ("text",))
         out.append({"role": "system", "content": text})
+    called: set[str] = set()  # the previous message's tool_use ids: the only ones a tool_result may answer
     for i, message in enumerate(messages):
         where = f"messages.{i}"
         role = message.get("role")
@@ -39,13 +40,14 @@ def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[dict
             raise BadRequest(f"{where}.content: must be a string or a list of content blocks",
                              param=f"{where}.content")
         elif role == "user":
-            out += _user_turn(content, f"{where}.content")
+            out += _user_turn(content, f"{where}.content", called)
         else:
             out.append(_assistant_turn(content, f"{where}.content"))
+        called = {c["id"] for c in out[-1].get("tool_calls", [])} if role == "assistant" and out else set()
     return out
 
 
-def _user_turn(blocks: list[Any], where: str) -> list[dict[str, Any]]:
+def _user_turn(blocks: list[Any], where: str, called: set[str]) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []  # chat's text and image_url parts, in order
     for j, block in enumerate(blocks):
@@ -56,7 +58,7 @@ def _user_turn(blocks: list[Any], where: str) -> list[dict[str, Any]]:
             parts.append({"type": "image_url", "image_url": {"url": _image_url(block, f"{where}.{j}")},
                           "where": f"{where}.{j}"})
         elif kind == "tool_result":
-            results.append(_tool_result(block, f"{where}.{j}"))
+            results.append(_tool_result(block, f"{where}.{j}", called))
         else:
             _refuse(kind, f"{where}.{j}", "a user turn takes text, image and tool_result blocks")
     if not parts:
@@ -78,10 +80,16 @@ def _image_url(block: dict[str, Any], where: str) -> str:
                      "{type: url, url}", param=f"{where}.source")
 
 
-def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
+def _tool_result(block: dict[str, Any], where: str, called: set[str]) -> dict[str, Any]:
+    """A tool_result as chat's tool message; it must answer a tool_use of the previous message, as Anthropic
+    requires (a result the model never asked for would be rendered against no call)."""
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise BadRequest(f"{where}.tool_use_id: Field required", param=f"{where}.tool_use_id")
+    if call_id not in called:
+        raise BadRequest(f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: {call_id}. Each "
+                         "`tool_result` block must have a corresponding `tool_use` block in the previous message.",
+                         param=where)
     content = block.get("content", "")
     text = content if isinstance(content, str) else _texts(content, f"{where}.content", ("text",))
     if block.get("is_error"):

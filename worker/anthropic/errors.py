@@ -7,6 +7,7 @@ OpenAI's do (worker/openai/errors.status_of reads both), so the local endpoint a
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -32,10 +33,21 @@ def anthropic_error(exc: BaseException) -> dict[str, Any]:
     return anthropic_shape(error_body(exc))
 
 
-def anthropic_shape(body: dict[str, Any]) -> dict[str, Any]:
+def anthropic_shape(body: dict[str, Any], status: int | None = None) -> dict[str, Any]:
     """An OpenAI error object said in Anthropic's shape, with the `request_id` Anthropic's schema requires (one of
-    its own: an error may come before any message id exists)."""
-    status = status_of(body) or 500
+    its own: an error may come before any message id exists). Anthropic's error has no `param`: the message names
+    the field instead, as Anthropic's do (`messages.0.content.1: ...`). `status`: where the body's type and code do
+    not say it (worker/openai/errors.py)."""
+    status = status or status_of(body) or 500
     kind = TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": body["error"]["message"]},
+    return {"type": "error", "error": {"type": kind, "message": _naming_the_field(body["error"])},
             "request_id": f"req_{uuid.uuid4().hex[:24]}"}
+
+
+def _naming_the_field(error: dict[str, Any]) -> str:
+    """The message, led by the field it is about in Anthropic's dotted form unless it already names it."""
+    message, param = error["message"], error.get("param")
+    if not param:
+        return message
+    field = re.sub(r"\.?\[(\d+)\]", r".\1", param)  # OpenAI's messages.[0].content is messages.0.content here
+    return message if message.startswith(field) else f"{field}: {message}"

@@ -43,6 +43,7 @@ class OutputFormat:
     separate_reasoning: bool = True  # False (SGLang's option): the reasoning stays in the content as written
     max_calls: int | None = None  # the most tool calls one answer may make (MAX_TOOL_CALLS_PER_ANSWER)
     schemas: Mapping[str, Any] = field(default_factory=dict)  # each tool's parameters schema, by name
+    forced: bool = False  # tool_choice "required" or a named tool: the answer is calls only, never markup as text
 
     @property
     def plain(self) -> bool:
@@ -80,7 +81,8 @@ class OutputStream:
     def __init__(self, fmt: OutputFormat) -> None:
         self.format = fmt
         self.reasoning = ReasoningParser(fmt.in_reasoning, fmt.reasoning) if fmt.reasoning else None
-        self.tools = fmt.tool_parser(fmt.parallel, fmt.max_calls, fmt.schemas) if fmt.tool_parser else None
+        self.tools = (fmt.tool_parser(fmt.parallel, fmt.max_calls, fmt.schemas, forced=fmt.forced)
+                      if fmt.tool_parser else None)
         self.called = False  # some call started
 
     def push(self, text: str, token_ids: object = ()) -> list[Event]:

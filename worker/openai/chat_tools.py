@@ -37,8 +37,10 @@ def render_with_tools(runtime: Runtime, messages: list[Any], *, tools: list[Any]
     prompt = render_chat(runtime.tokenizer, shown, chat_template=chat_template or runtime.settings.custom_chat_template,
                          tools=template_tools, **render)
     in_reasoning = reasoning is not None and starts_in_reasoning(reasoning, prompt.text)
-    output = OutputFormat(plan.parser, plan.parallel, reasoning, in_reasoning, separate_reasoning,
-                          runtime.settings.max_tool_calls_per_answer, plan.schemas)
+    output = OutputFormat(tool_parser=plan.parser, parallel=plan.parallel, reasoning=reasoning,
+                          in_reasoning=in_reasoning, separate_reasoning=separate_reasoning,
+                          max_calls=runtime.settings.max_tool_calls_per_answer, schemas=plan.schemas,
+                          forced=plan.active and plan.choice.mode in ("required", "named"))
     constraint = tool_constraint(plan, template, reasoning_first(reasoning, prompt.text), in_reasoning)
     return prompt, plan, output, constraint
 

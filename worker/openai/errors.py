@@ -25,6 +25,7 @@ class WorkerError(Exception):
     status = 400
     type = "invalid_request_error"
     code: str | None = None
+    status_in_body = True  # status_of(error_body(exc)) gives `status` back (the handler's outputs carry no status)
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -87,11 +88,22 @@ class StoreUnavailable(WorkerError):
 
 
 class AuthenticationFailed(WorkerError):
-    """A missing or wrong API key on the local endpoint (401)."""
+    """A wrong API key on the local endpoint (401)."""
 
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class MissingApiKey(WorkerError):
+    """No API key at all on the local endpoint (401), in OpenAI's shape for it: invalid_request_error, code null.
+
+    NOTE: such a body says no more than a 400's, so its status cannot be read back from it (`status_in_body`); only
+    the local endpoint's key check raises it, answering with the status itself, never through the handler.
+    """
+
+    status = 401
+    status_in_body = False
 
 
 def _param_of(loc: tuple[Any, ...]) -> str | None:
@@ -116,7 +128,7 @@ def _describe_validation(exc: ValidationError) -> tuple[str, str | None]:
 def error_body(exc: BaseException) -> dict[str, Any]:
     """The OpenAI error object for any exception; unexpected ones are logged with their stack, not shown."""
     if isinstance(exc, WorkerError):
-        return _body(exc.message, exc.type, exc.param, exc.code, exc.status)
+        return _body(exc.message, exc.type, exc.param, exc.code, exc.status if exc.status_in_body else None)
     if isinstance(exc, ValidationError):
         message, param = _describe_validation(exc)
         return _body(message, "invalid_request_error", param, None, 400)
@@ -133,9 +145,9 @@ def error_body(exc: BaseException) -> dict[str, Any]:
     return _body(f"Internal server error ({type(exc).__name__}).", "server_error", None, None, 500)
 
 
-def _body(message: str, type_: str, param: str | None, code: str | None, status: int) -> dict[str, Any]:
+def _body(message: str, type_: str, param: str | None, code: str | None, status: int | None) -> dict[str, Any]:
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    if status_of(body) != status:  # the status travels in type and code only: they must say it
+    if status is not None and status_of(body) != status:  # the status travels in type and code only: they must say it
         raise RuntimeError(f"error type {type_!r} / code {code!r} does not map to HTTP status {status}")
     return body
 

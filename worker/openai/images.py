@@ -58,12 +58,14 @@ def take_images(messages: list[Any], takes_images: bool, settings: Settings) -> 
 
 
 def _image_ref(value: Any, param: str, takes_images: bool, url_param: str) -> ImageRef:
-    if not takes_images:
-        raise BadRequest("this model takes no image input", param=param)
-    if isinstance(value, str):  # some clients send the URL alone
-        value = {"url": value}
+    # The part's shape first, as OpenAI checks it (a bare URL string is refused there too), then what the model takes.
+    if isinstance(value, str):
+        raise BadRequest(f"Invalid type for '{param}': expected an object with a `url` string, but got a string "
+                         "instead.", param=param)
     if not isinstance(value, dict) or not isinstance(value.get("url"), str):
         raise BadRequest("image_url must be an object with a `url` string", param=param)
+    if not takes_images:
+        raise BadRequest("this model takes no image input", param=param)
     detail = value.get("detail")
     if detail is not None and detail not in DETAILS:
         raise BadRequest(f"detail {detail!r} is not one of {', '.join(DETAILS)}", param=param + ".detail")

@@ -1,5 +1,6 @@
-"""A mixture-of-experts MLP: a router picks top-k experts per token, only those experts run, and their outputs
-are summed with the routing weights (plus a gated shared expert where the family has one: Qwen2-MoE).
+"""A mixture-of-experts MLP: a router picks top-k experts per token (routing.py: softmax top-k, or DeepSeek's grouped
+sigmoid routing), only those experts run, and their outputs are summed with the routing weights (plus a gated shared
+expert where the family has one: Qwen2-MoE; ungated shared experts beside the routed ones: DeepSeek-V3, GLM-4.5).
 
 Experts are stacked weights, gate|up fused [E, 2I, H] and down [E, H, I] (transformers 5's in-memory layout),
 with optional biases and the family's activation (gpt-oss: clamped SwiGLU over interleaved gate/up, biased
@@ -16,71 +17,14 @@ capture_blocker() says so, and the engine then runs decode eagerly.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.errors import UnsupportedModel
 from engine.model.checkpoint import Shard
 from engine.model.layers.activation import silu_and_mul
-
-# Config keys of routing schemes this layer does not implement -> the values it does run (None: key absent).
-UNSUPPORTED_ROUTING: dict[str, tuple] = {
-    "scoring_func": (None, "softmax"),  # DeepSeek-V3 / GLM-4.5: sigmoid scores
-    "topk_method": (None, "greedy"),  # DeepSeek: group_limited_greedy, noaux_tc
-    "n_group": (None, 1),  # grouped top-k
-    "topk_group": (None, 1),
-    "routed_scaling_factor": (None, 1, 1.0),
-    "moe_layer_freq": (None, 1),
-    "first_k_dense_replace": (None, 0),
-    "n_shared_experts": (None, 0),
-}
-
-
-@dataclass(frozen=True)
-class Routing:
-    """How a family routes: `num_experts` experts of width `intermediate_size`, `top_k` per token, the chosen
-    probabilities renormalised to sum to 1 when `norm_topk_prob` (Mixtral always: a softmax over the chosen k)."""
-
-    num_experts: int
-    top_k: int
-    intermediate_size: int
-    norm_topk_prob: bool
-    shared_expert_size: int = 0  # Qwen2-MoE: a dense expert every token runs, scaled by sigmoid(gate(x))
-    router_bias: bool = False  # gpt-oss: the router is a linear with a bias
-
-
-def check_routing(config: dict) -> None:
-    """UnsupportedModel naming the config key of a routing scheme the layer does not implement."""
-    for key, allowed in UNSUPPORTED_ROUTING.items():
-        if config.get(key) not in allowed:
-            raise UnsupportedModel(f"MoE routing {key}={config[key]!r} is not supported (softmax top-k only)",
-                                   param="model")
-
-
-def softmax_top_k(scores: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(expert ids [T, k], float32 weights [T, k]): a float32 softmax over all experts' scores, its top k,
-    renormalised to sum to 1 when `renormalize`."""
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        weights /= weights.sum(dim=-1, keepdim=True)
-    return ids, weights
-
-
-class ScoreLinear(nn.Module):
-    """A projection to a few scores (the router, the shared expert's gate). Not an nn.Linear on purpose: int4 and
-    LoRA leave it alone, because routing decisions are sensitive to its precision."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+from engine.model.layers.routing import BiasedChoiceRouter, Routing, ScoreLinear, grouped_top_k, softmax_top_k
 
 
 class StackedExperts(nn.Module):
@@ -223,22 +167,31 @@ class StackedExperts(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """The MoE MLP of a decoder layer: router `gate`, `experts`, and optionally `shared_expert` (any MLP
-    module) with its sigmoid `shared_expert_gate`. Parameter names follow the hub's `mlp.*`."""
+    """The MoE MLP of a decoder layer: router `gate`, `experts`, and optionally `shared_expert` (any MLP module) with
+    its sigmoid `shared_expert_gate` (Qwen), or ungated `shared_experts` (DeepSeek, GLM). Parameter names follow the
+    hub's `mlp.*`."""
 
     def __init__(self, routing: Routing, hidden_size: int, shared_expert: nn.Module | None = None,
-                 experts: StackedExperts | None = None) -> None:
+                 experts: StackedExperts | None = None, shared_experts: nn.Module | None = None) -> None:
         super().__init__()
         self.routing = routing
-        self.gate = ScoreLinear(hidden_size, routing.num_experts, bias=routing.router_bias)
+        if routing.choice_bias:
+            self.gate: ScoreLinear = BiasedChoiceRouter(hidden_size, routing.num_experts)
+        else:
+            self.gate = ScoreLinear(hidden_size, routing.num_experts, bias=routing.router_bias)
         self.experts = experts or StackedExperts(routing.num_experts, hidden_size, routing.intermediate_size)
         self.shared_expert = shared_expert
         self.shared_expert_gate = ScoreLinear(hidden_size, 1) if shared_expert is not None else None
+        self.shared_experts = shared_experts
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(expert ids [T, k], routing weights [T, k] in x's dtype), as transformers computes them: a float32
-        softmax over all experts, top-k, renormalised when norm_topk_prob."""
-        ids, weights = softmax_top_k(self.gate(x), self.routing.top_k, self.routing.norm_topk_prob)
+        softmax over all experts, top-k, renormalised when norm_topk_prob; or DeepSeek's grouped_top_k."""
+        r = self.routing
+        if r.grouped:
+            ids, weights = grouped_top_k(self.gate(x), r, getattr(self.gate, "e_score_correction_bias", None))
+        else:
+            ids, weights = softmax_top_k(self.gate(x), r.top_k, r.norm_topk_prob)
         return ids, weights.to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -246,6 +199,8 @@ class SparseMoE(nn.Module):
         out = self.experts(x, ids, weights)
         if self.shared_expert is not None:
             out += torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        if self.shared_experts is not None:
+            out += self.shared_experts(x)
         return out
 
 

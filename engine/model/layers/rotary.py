@@ -16,8 +16,8 @@ from engine.errors import UnsupportedModel
 
 def rope_parameters(config: dict) -> dict:
     """transformers 5 `rope_parameters`, or the older `rope_scaling` + `rope_theta` pair, as one dict. A top-level
-    partial_rotary_factor joins it, as transformers moves it there (rope_inv_freq refuses it rather than rotate the
-    whole head)."""
+    partial_rotary_factor joins it, as transformers moves it there (only a RotaryEmbedding built `partial` runs it;
+    rope_inv_freq refuses it rather than rotate the whole head)."""
     rope = config.get("rope_parameters")
     if isinstance(rope, dict) and "rope_theta" in rope:
         rope = dict(rope)
@@ -106,8 +106,24 @@ def _yarn_inv_freq(head_dim: int, base: float, rope: dict, max_pos: int) -> tupl
     return inv_freq, float(attention_factor)
 
 
+def partial_rotary(head_dim: int, rope: dict) -> tuple[int, dict]:
+    """(rotary_dim, the rope without its factor) for transformers' partial rotary as GLM-4.5 applies it: the first
+    head_dim * partial_rotary_factor dims of each head rotate (rotate_half within them), at frequencies computed
+    over those dims as if they were the whole head; the rest pass through."""
+    factor = float(rope.get("partial_rotary_factor", 1.0))
+    rotary_dim = int(head_dim * factor)
+    if not 0 < factor <= 1 or rotary_dim % 2:
+        raise UnsupportedModel(f"partial_rotary_factor={factor} does not give an even rotary width of the "
+                               f"{head_dim}-wide heads", param="model")
+    return rotary_dim, {k: v for k, v in rope.items() if k != "partial_rotary_factor"}
+
+
 class RotaryEmbedding:
-    """Precomputed cos/sin tables (half head_dim wide) indexed by absolute positions.
+    """Precomputed cos/sin tables (rotary_dim / 2 wide) indexed by absolute positions.
+
+    partial: the family's reference rotates only the first partial_rotary_factor of each head (partial_rotary());
+    rotary_dim is that width, and apply_rotary_ and FlashInfer's kernel rotate those dims alone (the tables' width
+    says how many). Otherwise a factor other than 1 is refused: those references rotate the whole head.
 
     fused (CUDA): instead of the model-dtype cos/sin, one float32 cos|sin table (`cos_sin_cache`) for
     FlashInfer's in-place RoPE kernel, built from the float32 angles so no bf16 rounding enters it.
@@ -126,7 +142,12 @@ class RotaryEmbedding:
         dtype: torch.dtype,
         device: torch.device,
         fused: bool = False,
+        partial: bool = False,
     ) -> None:
+        self.rotary_dim = head_dim
+        if partial:
+            self.rotary_dim, rope = partial_rotary(head_dim, rope)
+            head_dim = self.rotary_dim
         inv_freq, scale = rope_inv_freq(head_dim, rope, max_position_embeddings)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]
@@ -142,7 +163,7 @@ class RotaryEmbedding:
             self.sin = (freqs.sin() * scale).to(dtype=dtype, device=device)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [T, 1, head_dim / 2] for the step's positions (once per forward)."""
+        """cos, sin of shape [T, 1, rotary_dim / 2] for the step's positions (once per forward)."""
         return self.cos.index_select(0, positions).unsqueeze(1), self.sin.index_select(0, positions).unsqueeze(1)
 
 
@@ -156,9 +177,10 @@ def _dynamic_freqs(head_dim: int, rope: dict, max_pos: int, max_positions: int) 
 
 
 def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates x [T, heads, head_dim] in place (neox / rotate_half layout) and returns it."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
+    """Rotates x [T, heads, head_dim] in place (neox / rotate_half layout) and returns it: its first 2 * cos's width
+    dims (the whole head, or a partial rotary's leading part; the rest untouched)."""
+    half = cos.shape[-1]
+    x1, x2 = x[..., :half], x[..., half : 2 * half]
     x1_orig = x1.clone()
     x1.mul_(cos).addcmul_(x2, sin, value=-1)
     x2.mul_(cos).addcmul_(x1_orig, sin)

@@ -15,7 +15,8 @@ from torch import nn
 
 from engine.errors import UnsupportedModel
 from engine.model.layers.activation import gelu_tanh_and_mul
-from engine.model.layers.moe import Routing, ScoreLinear, StackedExperts, softmax_top_k
+from engine.model.layers.moe import StackedExperts
+from engine.model.layers.routing import Routing, ScoreLinear, softmax_top_k
 from engine.model.layers.norm import GemmaRMSNorm
 
 MOE_KEYS = ("num_experts", "top_k_experts", "moe_intermediate_size")

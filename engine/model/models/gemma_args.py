@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.errors import UnsupportedModel
-from engine.model.layers.moe import Routing
+from engine.model.layers.routing import Routing
 from engine.model.models.base import DecoderShape
 
 SLIDING, FULL = "sliding_attention", "full_attention"

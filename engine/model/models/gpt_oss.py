@@ -17,7 +17,8 @@ from torch import nn
 from engine.errors import UnsupportedModel
 from engine.model.checkpoint import Shard, Source
 from engine.model.layers.activation import clamped_swiglu
-from engine.model.layers.moe import Routing, SparseMoE, StackedExperts
+from engine.model.layers.moe import SparseMoE, StackedExperts
+from engine.model.layers.routing import Routing
 from engine.model.layers.parallel import TensorParallel
 from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args
 from engine.model.sharding import ShardPlan

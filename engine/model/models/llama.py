@@ -31,6 +31,7 @@ class LlamaArgs(DecoderShape):
     """The shape of a Llama-style decoder and its options, read from a transformers config by the loader."""
 
     rope: dict = field(default_factory=dict)  # transformers' rope_parameters (rope_theta, rope_type, ...)
+    partial_rotary: bool = False  # GLM-4.5: rotary on the first partial_rotary_factor of each head (rotary.py)
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
@@ -202,7 +203,8 @@ class LlamaForCausalLM(DecoderLM):
         if fused is None:
             fused = kernels.use_fused_kernels(torch.device(device), dtype)
         self.rotary = RotaryEmbedding(
-            a.head_dim, a.rope, a.max_position_embeddings, max_positions, dtype, device, fused=fused
+            a.head_dim, a.rope, a.max_position_embeddings, max_positions, dtype, device, fused=fused,
+            partial=a.partial_rotary,
         )
         self.fused_kernels = fused
         for module in self.modules():

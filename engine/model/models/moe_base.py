@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from engine.errors import UnsupportedModel
-from engine.model.layers.moe import Routing, SparseMoE, check_routing
+from engine.model.layers.moe import SparseMoE
+from engine.model.layers.routing import Routing, check_routing
 from engine.model.layers.parallel import TensorParallel
 from engine.model.models.llama import LlamaArgs, LlamaForCausalLM
 from engine.model.sharding import ShardPlan, shard_experts

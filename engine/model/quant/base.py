@@ -16,7 +16,8 @@ from torch import nn
 
 from engine.errors import StartupError, UnsupportedModel
 from engine.model.checkpoint import Shard, Source, shard_targets
-from engine.model.layers.moe import ScoreLinear, StackedExperts
+from engine.model.layers.moe import StackedExperts
+from engine.model.layers.routing import ScoreLinear
 from engine.model.quant.shards import quantized_sources
 
 # A hub MoE checkpoint's projections of each expert ('mlp.experts.3.gate_proj'; Mixtral's w1/w3/w2 renamed to these).

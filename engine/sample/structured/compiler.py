@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.errors import InvalidRequest
 from engine.sample.structured.rewrite import lengths_as_patterns
-from engine.sample.structured.spec import StructuredSpec
+from engine.sample.structured.spec import JSON_MAX_WHITESPACE, StructuredSpec
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +32,15 @@ _JSON_CHARS = r'[^\0-\x1f\"\\]'
 
 
 class GrammarCache:
-    """submit(spec) -> Future of an xgrammar CompiledGrammar; a bad spec's future raises InvalidRequest."""
+    """submit(spec) -> Future of an xgrammar CompiledGrammar; a bad spec's future raises InvalidRequest.
+
+    `max_whitespace`: the whitespace a JSON spec that allows whitespace may write in a row (None: any amount).
+    """
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], capacity: int = CACHE_SIZE,
-                 threads: int = 2) -> None:
+                 threads: int = 2, max_whitespace: int | None = JSON_MAX_WHITESPACE) -> None:
         self.tokenizer = tokenizer
+        self.max_whitespace = max_whitespace
         self.vocab_size = vocab_size  # the model's: logits rows can be wider than the tokenizer's table
         self.stop_token_ids = sorted(stop_token_ids)
         self.capacity = capacity
@@ -70,7 +74,7 @@ class GrammarCache:
     def _compile(self, spec: StructuredSpec) -> Any:
         compiler = self._ensure_compiler()
         try:
-            grammar = self._build(compiler, spec)
+            grammar = self._build(compiler, spec, self.max_whitespace)
         except InvalidRequest:
             raise
         except Exception as exc:  # xgrammar reports every bad schema / regex / grammar as a plain error
@@ -90,8 +94,8 @@ class GrammarCache:
         return self._compiler
 
     @staticmethod
-    def _build(compiler: Any, spec: StructuredSpec) -> Any:
-        grammar = _grammar(spec)
+    def _build(compiler: Any, spec: StructuredSpec, max_whitespace: int | None) -> Any:
+        grammar = _grammar(spec, max_whitespace)
         if spec.prefix:
             import xgrammar as xgr
 
@@ -100,17 +104,20 @@ class GrammarCache:
         return compiler.compile_grammar(grammar)
 
 
-def _grammar(spec: StructuredSpec) -> Any:
+def _grammar(spec: StructuredSpec, max_whitespace: int | None = JSON_MAX_WHITESPACE) -> Any:
     """The spec's constraint as an xgrammar Grammar (not yet compiled for the vocabulary)."""
     import xgrammar as xgr
 
     kind, value = spec.kind, spec.value
+    # Whitespace between JSON tokens: bounded (or none at all when the spec allows none: xgrammar's compact form).
+    spacing = {"any_whitespace": spec.any_whitespace, "max_whitespace_cnt": max_whitespace if spec.any_whitespace
+               else None}
     if kind == "json":
         schema = json.dumps(lengths_as_patterns(json.loads(value)), ensure_ascii=False)
-        grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=spec.any_whitespace, strict_mode=True)
+        grammar = xgr.Grammar.from_json_schema(schema, strict_mode=True, **spacing)
         return xgr.Grammar.from_ebnf(str(grammar).replace(_LENGTH_CHARS, _JSON_CHARS))
     if kind == "json_object":
-        return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=spec.any_whitespace)
+        return xgr.Grammar.from_json_schema('{"type": "object"}', **spacing)
     if kind == "regex":
         return xgr.Grammar.from_regex(value)
     if kind == "choice":

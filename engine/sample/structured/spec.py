@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from engine.config import JSON_MAX_WHITESPACE  # noqa: F401 (the compiler's and the worker's default)
 from engine.errors import InvalidRequest
 from engine.sample.structured.rewrite import MANY, MAP, ONE
 

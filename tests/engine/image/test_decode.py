@@ -56,3 +56,32 @@ def test_what_is_no_image_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(decode, "MAX_PIXELS", 100)
     with pytest.raises(InvalidRequest, match="11x10 pixels is more than the 100"):
         decode_image(encoded(PIL.new("RGB", (11, 10)), "PNG"))
+
+
+def declared(width: int, height: int) -> bytes:
+    """A 1x1 PNG whose header declares `width` x `height` (decoding it would fail; opening it reads the header)."""
+    import struct
+    import zlib
+
+    data = bytearray(encoded(PIL.new("RGB", (1, 1)), "PNG"))
+    ihdr = 8 + 8  # the signature, then the IHDR chunk's length and type
+    data[ihdr:ihdr + 8] = struct.pack(">II", width, height)
+    data[ihdr + 13:ihdr + 17] = struct.pack(">I", zlib.crc32(bytes(data[ihdr - 4:ihdr + 13])))
+    return bytes(data)
+
+
+@pytest.mark.parametrize("side", [9000, 13000, 20000])
+def test_an_oversized_image_gets_one_message_whatever_its_size(side):
+    # Pillow's own guard warns past 89 M pixels (13000^2) and fails past twice that (20000^2), in its own words.
+    with pytest.raises(InvalidRequest) as caught:
+        decode_image(declared(side, side), param="messages.0.content.1")
+    message = caught.value.message
+    assert f"{side}x{side} pixels is more than the {decode.MAX_PIXELS} one image may have" in message, message
+    assert "ecompression" not in message and "Pillow" not in message and caught.value.param == "messages.0.content.1"
+
+
+@pytest.mark.parametrize("data", [b"this is not an image", b"GIF89a but not really", b""])
+def test_an_error_says_what_is_wrong_with_the_input_never_a_repr_of_ours(data):
+    with pytest.raises(InvalidRequest, match="not an image") as caught:
+        decode_image(data, param="image 0")
+    assert " at 0x" not in caught.value.message and "<" not in caught.value.message, caught.value.message

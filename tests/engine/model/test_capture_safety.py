@@ -1,7 +1,9 @@
 """Every family's decode step held to CUDA graph capture's rules on the CPU (tests/engine/model/capture_guard.py):
-no host sync, no shape that depends on tensor values. MoE, sliding windows, sinks, shared KV, FP8 pages, LoRA and
-hybrid models' Gated DeltaNet (on the step a CUDA graph captures, each row's state slot a tensor only) included. A model whose step breaks the rules must say why (engine.model.capture.capture_blocker), so that the
-engine runs it eagerly; every family here in float32 with stacked experts must need no such reason."""
+no host sync, no shape that depends on tensor values. MoE (GLM-4.5's grouped sigmoid routing too), sliding windows,
+sinks, shared KV, FP8 pages, LoRA and hybrid models' Gated DeltaNet (on the step a CUDA graph captures, each row's
+state slot a tensor only) included. A model whose step breaks the rules must say why
+(engine.model.capture.capture_blocker), so that the engine runs it eagerly; every family here in float32 with stacked
+experts must need no such reason."""
 
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ BUILDERS = {
     "qwen3": lambda p: build_tiny_checkpoint("qwen3", p),
     "qwen2_window": lambda p: build_tiny_checkpoint("qwen2_window", p),
     **{kind: (lambda p, k=kind: build_moe_checkpoint(k, "hub", p))
-       for kind in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")},
+       for kind in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe", "glm4_moe_grouped")},
     "gemma2": lambda p: build_gemma("gemma2", p),
     "gemma3": lambda p: build_gemma("gemma3", p),
     "gemma4": save_tiny_gemma4,

@@ -1,6 +1,6 @@
 """What the bake and the loader refuse or accept on a mixture-of-experts model: routing schemes the MoE layer does
-not implement (one line naming the config key), LoRA on the attention projections (applied exactly) and LoRA on
-experts (refused in one line)."""
+not implement (one line naming the config key; for GLM-4.5, one its reference does not run), LoRA on the attention
+projections (applied exactly) and LoRA on experts (refused in one line)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,35 @@ def test_unsupported_routing_fails_the_check_naming_the_key(qwen3_moe, tmp_path,
 def test_the_supported_routing_passes_the_check(qwen3_moe, tmp_path):
     folder = _with_config(qwen3_moe[0], tmp_path, scoring_func="softmax", topk_method="greedy", n_group=1)
     assert check_checkpoint(str(folder)) == "Qwen3MoeForCausalLM"
+
+
+@pytest.fixture(scope="module")
+def glm4_moe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("glm4-moe")
+    build_moe_checkpoint("glm4_moe", "hub", path)
+    return path
+
+
+@pytest.mark.parametrize("change,named", [
+    ({"scoring_func": "softmax"}, "MoE routing scoring_func='softmax' is not supported"),
+    ({"topk_method": "group_limited_greedy"}, "MoE routing topk_method='group_limited_greedy' is not supported"),
+    ({"n_group": 3}, "n_group=3"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+     "rope type 'longrope' is not supported"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.1875}},
+     "partial_rotary_factor=0.1875 does not give an even rotary width"),
+])
+def test_a_glm4_moe_knob_the_engine_does_not_run_fails_the_check_in_one_line(glm4_moe, tmp_path, change, named):
+    folder = _with_config(glm4_moe, tmp_path, **change)
+    with pytest.raises(UnsupportedModel, match=named) as err:
+        check_checkpoint(str(folder))
+    assert "\n" not in str(err.value)
+
+
+def test_the_glm4_moe_routing_passes_the_check(glm4_moe, tmp_path):
+    folder = _with_config(glm4_moe, tmp_path, scoring_func="sigmoid", topk_method="noaux_tc", n_group=4, topk_group=2)
+    assert check_checkpoint(str(folder)) == "Glm4MoeForCausalLM"
 
 
 def test_top_k_above_the_expert_count_is_refused(qwen3_moe, tmp_path):

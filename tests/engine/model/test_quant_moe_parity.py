@@ -16,7 +16,8 @@ from torch import nn
 
 from engine.errors import UnsupportedModel
 from engine.model.layers.linear import Int4Linear
-from engine.model.layers.moe import ScoreLinear, SparseMoE
+from engine.model.layers.moe import SparseMoE
+from engine.model.layers.routing import ScoreLinear
 from engine.model.loader import check_checkpoint, load_model
 from tests.engine.model.family_parity import (
     check_engine_greedy,

@@ -14,8 +14,8 @@ from engine.errors import UnsupportedModel
 from engine.model.models import ARCHITECTURES, model_class
 
 ROOT = Path(__file__).resolve().parents[3]
-OTHER_FAMILIES = ("gemma_args", "gemma_base", "gemma_layers", "gemma2", "gemma3", "gemma4", "gemma4_moe", "gpt_oss",
-                  "mixtral", "olmoe", "qwen3_moe")
+OTHER_FAMILIES = ("gemma_args", "gemma_base", "gemma_layers", "gemma2", "gemma3", "gemma4", "gemma4_moe", "glm4_moe",
+                  "gpt_oss", "mixtral", "olmoe", "qwen3_moe")
 
 
 def test_loading_the_default_llama_imports_no_other_family(baked_model_path: Path) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from engine.errors import InvalidRequest
 from engine.sample.structured.rewrite import lengths_as_patterns
-from engine.sample.structured.spec import StructuredSpec, check_schema
+from engine.sample.structured.spec import JSON_MAX_WHITESPACE, StructuredSpec, check_schema
 from worker.openai.errors import BadRequest
 from worker.openai.reasoning import spacing, thought
 from worker.openai.tools.definitions import Tool
@@ -36,9 +36,8 @@ from worker.openai.tools.gemma4_grammar import arguments_content
 from worker.openai.tools.plan import ToolPlan
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
-# Consecutive whitespace allowed inside arguments: enough to indent deep pretty-printed JSON, not enough for a small
-# model to loop on newlines until max_tokens (a known failure of free whitespace under a grammar).
-MAX_WHITESPACE = 16
+# Consecutive whitespace allowed inside arguments: the engine's bound for JSON (response formats share it).
+MAX_WHITESPACE = JSON_MAX_WHITESPACE
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ class Gemma4Parser(ToolParser):
     openers: ClassVar[tuple[str, ...]] = (OPEN,)
 
     def __init__(self, parallel: bool = True, max_calls: int | None = None,
-                 schemas: Mapping[str, Any] | None = None) -> None:
-        super().__init__(parallel, max_calls, schemas)
+                 schemas: Mapping[str, Any] | None = None, *, forced: bool = False) -> None:
+        super().__init__(parallel, max_calls, schemas, forced=forced)
         self._arguments = ArgumentsReader()
 
     def enter(self, opener: str) -> None:

@@ -28,8 +28,8 @@ class MistralParser(ToolParser):
     openers: ClassVar[tuple[str, ...]] = (TOOL_CALLS,)
 
     def __init__(self, parallel: bool = True, max_calls: int | None = None,
-                 schemas: Mapping[str, Any] | None = None) -> None:
-        super().__init__(parallel, max_calls, schemas)
+                 schemas: Mapping[str, Any] | None = None, *, forced: bool = False) -> None:
+        super().__init__(parallel, max_calls, schemas, forced=forced)
         self._value = JsonScanner()  # the arguments object of a `name[ARGS]{...}` call
 
     def enter(self, opener: str) -> None:

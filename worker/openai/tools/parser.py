@@ -9,6 +9,8 @@ An answer takes no further call (`done`) after its one call with parallel_tool_c
 that repeats an earlier one (same name and arguments; that call is dropped), and at a call past
 `max_calls` (dropped too): a later call's events wait while its arguments so far could still make it a
 repeat, so a dropped call never reaches a stream.
+A `forced` answer (tool_choice "required" or a named tool) is calls only: markup that never became a call (an
+answer cut by max_tokens inside the opener or before the call's name) is dropped, never given back as content.
 `parse` runs the streaming form over the whole text, so both forms give the same answer by construction.
 """
 
@@ -49,8 +51,9 @@ class ToolParser:
     openers: ClassVar[tuple[str, ...]]  # markup that opens the calls wherever it appears
 
     def __init__(self, parallel: bool = True, max_calls: int | None = None,
-                 schemas: Mapping[str, Any] | None = None) -> None:
+                 schemas: Mapping[str, Any] | None = None, *, forced: bool = False) -> None:
         self.parallel = parallel  # False: the first call is the only one
+        self.forced = forced  # the answer is calls only (its grammar allows nothing else): markup is never content
         self.max_calls = max_calls  # the most calls one answer may make (None: no bound)
         self.schemas = schemas or {}  # each tool's parameters schema by name, for formats whose values are not JSON
         self.buffer = ""
@@ -71,9 +74,9 @@ class ToolParser:
 
     @classmethod
     def parse(cls, text: str, parallel: bool = True, max_calls: int | None = None,
-              schemas: Mapping[str, Any] | None = None) -> tuple[str | None, list[ToolCall]]:
+              schemas: Mapping[str, Any] | None = None, *, forced: bool = False) -> tuple[str | None, list[ToolCall]]:
         """(content, calls) of a whole text: content is None when there are calls and no text before them."""
-        parser = cls(parallel, max_calls, schemas)
+        parser = cls(parallel, max_calls, schemas, forced=forced)
         events = parser.push(text) + parser.finish()
         calls = fold_calls(events)
         content = fold_text(events, ContentDelta)
@@ -118,9 +121,10 @@ class ToolParser:
             self._raw = ""
             self.enter(opener)
             return True
-        keep = 0 if final else self.held(self.buffer)
+        keep = self.held(self.buffer) if not final or self.forced else 0
         self.content(self.buffer[:len(self.buffer) - keep], events)
-        self.buffer = self.buffer[len(self.buffer) - keep:]
+        # At the end, what could only have begun an opener is dropped from a forced answer (cut inside it).
+        self.buffer = "" if final else self.buffer[len(self.buffer) - keep:]
         return False
 
     def find_opener(self) -> tuple[int, str]:
@@ -266,7 +270,8 @@ class ToolParser:
         if self.calls:
             return
         self.in_calls = False
-        self.content(raw, events)
+        if not self.forced:
+            self.content(raw, events)
         self.after_not_a_call()
 
     def after_not_a_call(self) -> None:

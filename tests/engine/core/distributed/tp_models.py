@@ -24,9 +24,10 @@ from tests.engine.model.family_parity import mixed_prompts
 # type), gpt-oss (biased attention and experts, interleaved gate|up, sinks, a window, yarn), and Gemma 4 text with
 # every extra at once: global layers with their own head size and one KV head (replicated) whose keys are the values,
 # the last two layers reading earlier layers' pages with a double-wide MLP, per-layer input embeddings (split by
-# vocabulary rows), and the MoE block beside each MLP.
+# vocabulary rows), and the MoE block beside each MLP; GLM-4.5 (a dense first layer, grouped sigmoid routing with a
+# replicated router, shared experts split like the routed ones, partial rotary on the split heads, qkv bias, q/k norm).
 KINDS = ("llama_biased", "qwen3_one_kv_head", "qwen2_window", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gemma2",
-         "gemma3_text", "gpt_oss", "gemma4_text")
+         "gemma3_text", "gpt_oss", "gemma4_text", "glm4_moe")
 # The KV layer groups each kind has (1 unless listed).
 KV_GROUPS = {"qwen2_window": 2, "gemma2": 2, "gemma3_text": 2, "gpt_oss": 2, "gemma4_text": 2}
 GEMMA = dict(sliding_window=8, query_pre_attn_scalar=24)
@@ -70,6 +71,11 @@ def tp_config(kind: str):
     if kind == "gpt_oss":
         return tf.GptOssConfig(**{**base, "intermediate_size": 32}, num_local_experts=4, num_experts_per_tok=2,
                                sliding_window=8, rope_parameters=YARN)
+    if kind == "glm4_moe":
+        return tf.Glm4MoeConfig(**{**base, "num_hidden_layers": 3}, n_routed_experts=8, num_experts_per_tok=2,
+                                moe_intermediate_size=32, n_shared_experts=1, n_group=2, topk_group=1,
+                                routed_scaling_factor=2.0, first_k_dense_replace=1, use_qk_norm=True,
+                                attention_bias=True)
     if kind == "gemma4_text":
         return tf.Gemma4TextConfig(**{**base, "num_hidden_layers": 4}, **GEMMA4,
                                    vocab_size_per_layer_input=base["vocab_size"])
