@@ -41,7 +41,8 @@ def sink_module_args(
 
     NOTE: BatchAttentionWithAttentionSinkWrapper names its JIT module by q dtype, window and backend only, so two
     head sizes or KV dtypes in one process load one library; the name here is FlashInfer's own AOT name
-    (gen_batch_prefill_attention_sink_module), which holds every parameter, so precompile() builds the same file.
+    (gen_batch_prefill_attention_sink_module), which holds every parameter, so engine.cuda.precompile builds the same
+    file.
     """
     from flashinfer.jit.attention.modules import get_batch_prefill_attention_sink_uri
     from flashinfer.jit.attention.variants import attention_sink_decl

@@ -144,11 +144,11 @@ def test_sinks_match_reference(gpu_pager, window, num_q_heads, num_kv_heads, hea
     run_steps(pager, steps, num_q_heads=num_q_heads, window=window, sinks=sinks)
 
 
-@pytest.mark.parametrize(("num_q_heads", "window", "head_dim"), [(4, None, 256), (8, 24, 256), (16, None, 256),
-                                                                 (8, None, 512)])
+@pytest.mark.parametrize(("num_q_heads", "window", "head_dim"), [(4, None, 256), (8, 24, 256), (16, None, 256)])
 def test_gemma_scale_and_soft_cap_match_reference(gpu_pager, num_q_heads, window, head_dim):
     # Gemma's extras on plan(): sm_scale (query_pre_attn_scalar) and logits_soft_cap, on both decode kernels
-    # (GQA 2 and 8), with and without a window; 512 is Gemma 4's global head size.
+    # (GQA 2 and 8), with and without a window. Gemma 4's global head size, 512, has no FlashInfer 0.5.3 kernel: its
+    # group runs on the torch backend (test_gpu_group_backends.py).
     pager = gpu_pager(num_layers=1, num_kv_heads=2, head_dim=head_dim, page_size=16)
     steps = [[("a", 50), ("b", 3)], [("b", 30), ("a", 1), ("c", 7)]] + [[("a", 1), ("b", 1), ("c", 1)]] * 3
     run_steps(pager, steps, num_q_heads=num_q_heads, window=window, scale=0.5, soft_cap=3.0)

@@ -1,7 +1,7 @@
 """The attention-sink variant's JIT module is named by everything it is built for. FlashInfer 0.5.3's
 BatchAttentionWithAttentionSinkWrapper names it by q dtype, window and backend only, so a process with two head sizes
 (or a bf16 and an FP8 KV cache) loaded the first one's library for the second; the engine builds the same variant
-under FlashInfer's own AOT name, which precompile() builds too."""
+under FlashInfer's own AOT name, which engine.cuda.precompile builds too."""
 
 from __future__ import annotations
 
