@@ -3,7 +3,6 @@ and a KV pool too small for the offered load; each must free its pages and leave
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -58,16 +57,12 @@ def test_a_pool_too_small_for_the_load_preempts_and_every_request_finishes(baked
             return answer.choices[0].text
 
         topics = ["cats", "rain", "bread", "trains", "bees", "glass", "winter", "music"]
-        solo, slowest_solo_s = {}, 0.0
-        for topic in topics[:2]:
-            started = time.monotonic()
-            solo[topic] = ask(worker.client(timeout=HANG_S), topic)
-            slowest_solo_s = max(slowest_solo_s, time.monotonic() - started)
-        # One after another the eight would take eight solo answers; recomputing the preempted ones and a
-        # busier machine than during the solo answers get three times that.
-        busy = worker.client(timeout=3 * len(topics) * slowest_solo_s)
+        # No deadline but HANG_S's: what the test asserts is that every request ends with its solo answer and that
+        # the pool really ran short (preemptions), not how long recomputing took on this machine.
+        client = worker.client(timeout=HANG_S)
+        solo = {topic: ask(client, topic) for topic in topics[:2]}
         with ThreadPoolExecutor(len(topics)) as pool:
-            together = dict(zip(topics, pool.map(lambda t: ask(busy, t), topics), strict=True))
+            together = dict(zip(topics, pool.map(lambda t: ask(client, t), topics), strict=True))
         with worker.http() as http:
             engine = _wait_all_free(http)
         assert engine["preemptions"] > 0, engine  # the pool really was too small
