@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from engine.attention import group_backends
+from engine.attention.flashinfer_graph import use_tensor_core_decode
 from engine.attention.kv_quant import resolve_kv_dtype
 from engine.cuda.precompile import (
     KERNEL_MODULES, LIST_ARCH, AttentionModule, build, jit_specs, kernel_spec, module_names, set_cuda_arch,
@@ -36,7 +37,6 @@ from engine.model.models import ARCHITECTURES, model_class
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_CACHE_DTYPES = ("auto", "fp8")  # KV_CACHE_DTYPE values with pages of their own dtype (fp8_e4m3 is fp8)
-TENSOR_CORE_DECODE_RATIO = 4  # engine.attention.flashinfer_graph.use_tensor_core_decode: q heads per KV head
 
 # One config of each registered architecture: transformers' defaults for its model_type (the family's real head
 # sizes, windows, soft-caps and sinks), fixed where the defaults do not make a model the engine accepts.
@@ -85,7 +85,7 @@ def group_modules(
     found = {AttentionModule("prefill", group.head_dim, q, kv, window, cap)}
     if bidirectional and window:  # a custom mask folds the window in: planned without window_left
         found.add(AttentionModule("prefill", group.head_dim, q, kv, False, cap))
-    if min(decode_ratios(num_q_heads, group.num_kv_heads)) < TENSOR_CORE_DECODE_RATIO:
+    if not all(use_tensor_core_decode(ratio, 1) for ratio in decode_ratios(num_q_heads, group.num_kv_heads)):
         found.add(AttentionModule("decode", group.head_dim, q, kv, window, cap))
     if sinks:
         found.add(AttentionModule("sink", group.head_dim, q, kv, window))
