@@ -31,8 +31,9 @@ SEATS = 3
 QUEUE_MODEL_LEN = 8192
 # The blocker holds the seats until the test lets it go: long enough that it cannot end while two requests queue.
 BLOCKER_TOKENS = QUEUE_MODEL_LEN - 64
-# Queued requests stream until the test lets them go, so the one started first cannot end before the other starts.
-QUEUED_TOKENS = 1000
+# Short: which queued request starts first is settled when its first output arrives; the other starts only after it
+# (the two cannot run together), so its ending early cannot change the order.
+QUEUED_TOKENS = 16
 # Far below the default 0 so that aging (one level per 1,000 steps waited) cannot close the gap.
 FAVOURED = -1000
 HI = [{"role": "user", "content": "Hi"}]
