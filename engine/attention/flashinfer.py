@@ -29,7 +29,7 @@ import torch
 
 from engine.attention.base import AttentionMetadata
 from engine.attention.flashinfer_graph import FlashInferGraphDecode, use_tensor_core_decode
-from engine.attention.kv_quant import fp8_scales, write_kv_slots
+from engine.attention.kv_quant import fp8_scales, is_fp8, write_kv_slots
 from engine.attention.masks import prefill_mask
 from engine.cuda.kernels import DEFAULT_PREFILL_BACKEND, sink_module_args
 
@@ -121,10 +121,8 @@ class FlashInferBackend:
             return self._run_with_sinks(q, k_cache, v_cache, sinks, k_scale, v_scale)
         if self._active is None:
             self._plan(q.shape[1], k_cache.shape[2], q.shape[2], q.dtype, kv_dtype=k_cache.dtype)
-        scales = fp8_scales(k_cache, k_scale, v_scale)
-        return self._active.run(
-            q=q, paged_kv_cache=(k_cache, v_cache), k_scale=scales.get("k_scale"), v_scale=scales.get("v_scale")
-        )
+        k_scale, v_scale = fp8_scales(k_cache, k_scale, v_scale)
+        return self._active.run(q=q, paged_kv_cache=(k_cache, v_cache), k_scale=k_scale, v_scale=v_scale)
 
     def _run_with_sinks(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor,
@@ -161,7 +159,7 @@ class FlashInferBackend:
         # NOTE: the variant reads its own sm_scale argument, not the planned one; sinks are float32 per q head.
         # Both travel through run()'s *args, in the variant's declared order (sink, then sm_scale).
         # FP8 pages: K's scale folds into sm_scale and V's into the output (the sink key has no value).
-        fp8 = bool(fp8_scales(k_cache, k_scale, v_scale))
+        fp8 = is_fp8(k_cache)
         out = self._sink_wrapper.run(q, (k_cache, v_cache), sinks.float(), scale * (k_scale if fp8 else 1.0))
         return out * v_scale if fp8 and v_scale != 1.0 else out
 

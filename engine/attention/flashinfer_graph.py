@@ -82,7 +82,5 @@ class FlashInferGraphDecode:
                              "enforce_eager")
         if q.stride(-1) != 1:
             q = q.contiguous()
-        scales = fp8_scales(k_cache, k_scale, v_scale)
-        return self.wrapper.run(
-            q=q, paged_kv_cache=(k_cache, v_cache), k_scale=scales.get("k_scale"), v_scale=scales.get("v_scale")
-        )
+        k_scale, v_scale = fp8_scales(k_cache, k_scale, v_scale)
+        return self.wrapper.run(q=q, paged_kv_cache=(k_cache, v_cache), k_scale=k_scale, v_scale=v_scale)

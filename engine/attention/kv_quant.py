@@ -59,6 +59,7 @@ def write_kv_slots(
     write_slots(v, v_cache, slots, v_scale)
 
 
-def fp8_scales(k_cache: torch.Tensor, k_scale: float, v_scale: float) -> dict[str, float]:
-    """FlashInfer run()'s k_scale / v_scale for FP8 pages; none for pages in the query's dtype."""
-    return dict(k_scale=k_scale, v_scale=v_scale) if is_fp8(k_cache) else {}
+def fp8_scales(k_cache: torch.Tensor, k_scale: float, v_scale: float) -> tuple[float | None, float | None]:
+    """FlashInfer run()'s k_scale and v_scale: the layer's for FP8 pages, None (its default) for pages in the
+    query's dtype."""
+    return (k_scale, v_scale) if is_fp8(k_cache) else (None, None)
