@@ -36,8 +36,6 @@ from worker.openai.tools.gemma4_grammar import arguments_content
 from worker.openai.tools.plan import ToolPlan
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
-# Consecutive whitespace allowed inside arguments: the engine's bound for JSON (response formats share it).
-MAX_WHITESPACE = JSON_MAX_WHITESPACE
 
 
 @dataclass(frozen=True)
@@ -110,8 +108,8 @@ def _content(style: CallMarkup, tool: Tool, index: int) -> dict[str, Any]:
         return arguments_content(tool, index)
     if style is QWEN3_CODER:
         return {"type": "json_schema", "json_schema": _schema(tool, index), "style": "qwen_xml",
-                "max_whitespace_cnt": MAX_WHITESPACE, "excludes": QWEN3_CODER_EXCLUDES}
-    return {"type": "json_schema", "json_schema": _schema(tool, index), "max_whitespace_cnt": MAX_WHITESPACE}
+                "max_whitespace_cnt": JSON_MAX_WHITESPACE, "excludes": QWEN3_CODER_EXCLUDES}
+    return {"type": "json_schema", "json_schema": _schema(tool, index), "max_whitespace_cnt": JSON_MAX_WHITESPACE}
 
 
 def _tag(begin: str, arguments: dict[str, Any], end: str) -> dict[str, Any]:
