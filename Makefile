@@ -14,16 +14,21 @@ IMAGE_TORCH := $(shell sed -n 's/^ARG TORCH_VERSION=//p' Dockerfile)
 IMAGE_VENV := .venv-image-torch
 IMAGE_PY := $(IMAGE_VENV)/bin/python
 
-.PHONY: serve test setup model redis-server
+.PHONY: serve test lint setup model redis-server
 
 serve: model
 	$(PY) handler.py --serve
 
-test: model $(IMAGE_VENV)/.installed redis-server
+test: lint model $(IMAGE_VENV)/.installed redis-server
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(IMAGE_PY) -m pytest -q tests/engine
 
 setup: $(VENV)/.installed
+
+# The formatting, the lint rules and the types, as pyproject.toml sets them; `ruff format .` writes the formatting.
+lint: setup
+	$(PY) -m ruff format --check --quiet .
+	$(PY) -m ruff check --quiet .
 
 # A real Redis for the tests of the shared response store (RESPONSE_STORE_URL); they skip, saying so, without it.
 redis-server:

@@ -125,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         except SettingsError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    logging.basicConfig(level=settings.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
     def start() -> bool:
         """Build the engine; a model that cannot be served is one line on stderr, not a traceback."""
@@ -141,8 +142,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return False
         phases.update(started.engine.start_ms)
-        log.info("start-up in ms: %s; ready %.2f s after the process started",
-                 ", ".join(f"{name} {ms}" for name, ms in phases.items()), time.perf_counter() - STARTED_AT)
+        log.info(
+            "start-up in ms: %s; ready %.2f s after the process started",
+            ", ".join(f"{name} {ms}" for name, ms in phases.items()),
+            time.perf_counter() - STARTED_AT,
+        )
         return True
 
     on_runpod = settings.on_runpod or "--rp_serve_api" in rest
@@ -177,11 +181,13 @@ def main(argv: list[str] | None = None) -> int:
 
     register_fitness_checks(current())
     sys.argv = [sys.argv[0], *rest]
-    runpod.serverless.start({
-        "handler": handler,
-        "return_aggregate_stream": True,
-        "concurrency_modifier": sdk_concurrency_modifier(current().concurrency),
-    })
+    runpod.serverless.start(
+        {
+            "handler": handler,
+            "return_aggregate_stream": True,
+            "concurrency_modifier": sdk_concurrency_modifier(current().concurrency),
+        }
+    )
     return 0
 
 

@@ -43,16 +43,22 @@ def main() -> int:
     if args.mode != "eager":
         model = llm.runner.model
         model.forward = torch.compile(model.forward, dynamic=args.mode == "dynamic")
-    llm.add_request("probe", llm.tokenizer.encode("The ocean is"),
-                    SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True))
+    llm.add_request(
+        "probe",
+        llm.tokenizer.encode("The ocean is"),
+        SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True),
+    )
     steps = []
     while llm.has_unfinished():
         started = time.perf_counter()
         llm.step()
         steps.append(time.perf_counter() - started)
     tail = 1000 * statistics.median(steps[-10:])
-    print(f"{args.mode}: {len(steps)} steps in {sum(steps):.1f} s; first steps (ms) "
-          f"{[round(1000 * s) for s in steps[:6]]}; median of the last ten {tail:.1f} ms", flush=True)
+    print(
+        f"{args.mode}: {len(steps)} steps in {sum(steps):.1f} s; first steps (ms) "
+        f"{[round(1000 * s) for s in steps[:6]]}; median of the last ten {tail:.1f} ms",
+        flush=True,
+    )
     return 0
 
 

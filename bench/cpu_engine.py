@@ -42,10 +42,12 @@ def model_path() -> str:
 
 def prompts(tokenizer, count: int, seed: int = 0) -> list[list[int]]:
     """Mixed-length prompts (16..128 tokens) of ordinary text."""
-    words = ("the of and a to in is you that it he was for on are as with his they I at be this have from or one "
-             "had by word but not what all were we when your can said there use an each which she do how their if "
-             "will up other about out many then them these so some her would make like him into time has look two "
-             "more write go see number no way could people my than first water been call who oil its now find").split()
+    words = (
+        "the of and a to in is you that it he was for on are as with his they I at be this have from or one "
+        "had by word but not what all were we when your can said there use an each which she do how their if "
+        "will up other about out many then them these so some her would make like him into time has look two "
+        "more write go see number no way could people my than first water been call who oil its now find"
+    ).split()
     rng = random.Random(seed)
     out = []
     for _ in range(count):
@@ -89,8 +91,14 @@ def run_engine(dtype: str, quantization: str | None = None) -> dict:
     throughput = n / end
     long_prompt = (prompts(tok, 8, seed=3)[0] * 64)[:TTFT_PROMPT]
     ttft_512, _, _ = generate({"ttft": long_prompt}, 1)
-    return {"decode_tok_s": decode, "throughput_tok_s": throughput, "throughput_batch": "continuous",
-            "ttft_512_s": ttft_512, "peak_rss_mib": peak_rss_mib(), "kv_bytes": engine.pool.nbytes}
+    return {
+        "decode_tok_s": decode,
+        "throughput_tok_s": throughput,
+        "throughput_batch": "continuous",
+        "ttft_512_s": ttft_512,
+        "peak_rss_mib": peak_rss_mib(),
+        "kv_bytes": engine.pool.nbytes,
+    }
 
 
 def run_transformers(dtype: str, batches: list[int]) -> dict:
@@ -123,8 +131,13 @@ def run_transformers(dtype: str, batches: list[int]) -> dict:
             best, best_batch = rate, bs
     long_prompt = (prompts(tok, 8, seed=3)[0] * 64)[:TTFT_PROMPT]
     ttft_512 = generate([long_prompt], 1)
-    return {"decode_tok_s": decode, "throughput_tok_s": best, "throughput_batch": best_batch,
-            "ttft_512_s": ttft_512, "peak_rss_mib": peak_rss_mib()}
+    return {
+        "decode_tok_s": decode,
+        "throughput_tok_s": best,
+        "throughput_batch": best_batch,
+        "ttft_512_s": ttft_512,
+        "peak_rss_mib": peak_rss_mib(),
+    }
 
 
 def child(side: str, dtype: str, threads: int, batches: list[int]) -> None:
@@ -168,9 +181,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--hf-batches", default="16,32,64")
     ap.add_argument("--sides", default="engine,transformers")
-    ap.add_argument("--wait-quiet", type=float, default=0.0,
-                    help="before each side, wait up to this many seconds for the 1-minute load average to drop "
-                         "below 0.5 (a shared machine skews every figure)")
+    ap.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        help="before each side, wait up to this many seconds for the 1-minute load average to drop "
+        "below 0.5 (a shared machine skews every figure)",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="alternate the sides this many times; keep each one's best")
     ap.add_argument("--child", nargs=2, metavar=("SIDE", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -184,11 +201,23 @@ def main() -> None:
         for _ in range(args.repeat):
             for side in args.sides.split(","):
                 wait_quiet(args.wait_quiet)
-                cmd = [sys.executable, __file__, "--child", side, dtype, "--threads", str(args.threads),
-                       "--hf-batches", args.hf_batches]
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    side,
+                    dtype,
+                    "--threads",
+                    str(args.threads),
+                    "--hf-batches",
+                    args.hf_batches,
+                ]
                 env = dict(os.environ, PYTHONPATH=str(ROOT))
-                line = subprocess.run(cmd, check=True, capture_output=False, stdout=subprocess.PIPE, text=True,
-                                      env=env).stdout.strip().splitlines()[-1]
+                line = (
+                    subprocess.run(cmd, check=True, capture_output=False, stdout=subprocess.PIPE, text=True, env=env)
+                    .stdout.strip()
+                    .splitlines()[-1]
+                )
                 runs.setdefault(dtype, {}).setdefault(side, []).append(json.loads(line))
                 print(f"{dtype} {side}: {line}", flush=True)
         results[dtype] = {side: best_of(side_runs) for side, side_runs in runs[dtype].items()}
@@ -197,12 +226,18 @@ def main() -> None:
         t = sides.get("transformers")
         for side in (s for s in sides if s != "transformers"):
             e = sides[side]
-            for key, label in (("decode_tok_s", "batch-1 decode tok/s"), ("throughput_tok_s", "64x128 tok/s"),
-                               ("ttft_512_s", "TTFT 512 (s)"), ("peak_rss_mib", "peak RSS (MiB)")):
+            for key, label in (
+                ("decode_tok_s", "batch-1 decode tok/s"),
+                ("throughput_tok_s", "64x128 tok/s"),
+                ("ttft_512_s", "TTFT 512 (s)"),
+                ("peak_rss_mib", "peak RSS (MiB)"),
+            ):
                 ev, tv = e.get(key), (t or {}).get(key)
                 ratio = f"{ev / tv:.2f}" if ev and tv else "-"
-                print(f"{dtype:9} {side:12} {label:22} {round(ev, 3)!s:>10} "
-                      f"{tv if tv is None else round(tv, 3)!s:>13} {ratio:>7}")
+                print(
+                    f"{dtype:9} {side:12} {label:22} {round(ev, 3)!s:>10} "
+                    f"{tv if tv is None else round(tv, 3)!s:>13} {ratio:>7}"
+                )
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "cpu_engine.json").write_text(json.dumps({"best": results, "runs": runs}, indent=2))

@@ -19,8 +19,10 @@ sys.path.insert(0, str(ROOT))
 from engine.text.detokenizer import Detokenizer  # noqa: E402
 from engine.text.tokenizer import load_tokenizer  # noqa: E402
 
-TEXT = ("def mean(xs: list[float]) -> float:\n    return sum(xs) / len(xs)  # naïve, café, Zürich\n"
-        "東京は日本の首都です。 Emoji: 🤗🚀👩‍👩‍👧 and the end of a line.\n\n") * 40
+TEXT = (
+    "def mean(xs: list[float]) -> float:\n    return sum(xs) / len(xs)  # naïve, café, Zürich\n"
+    "東京は日本の首都です。 Emoji: 🤗🚀👩‍👩‍👧 and the end of a line.\n\n"
+) * 40
 
 
 def ours(tokenizer, ids: list[int]) -> str:

@@ -32,10 +32,22 @@ def save_gemma3(args, folder: Path):
     import transformers as tf
 
     types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(args.layers)]
-    config = tf.Gemma3TextConfig(vocab_size=49152, hidden_size=640, intermediate_size=2048,
-                                 num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=1,
-                                 head_dim=256, query_pre_attn_scalar=256, sliding_window=512, layer_types=types,
-                                 max_position_embeddings=4096, eos_token_id=2, bos_token_id=1, pad_token_id=0)
+    config = tf.Gemma3TextConfig(
+        vocab_size=49152,
+        hidden_size=640,
+        intermediate_size=2048,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        sliding_window=512,
+        layer_types=types,
+        max_position_embeddings=4096,
+        eos_token_id=2,
+        bos_token_id=1,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = tf.Gemma3ForCausalLM(config).to(getattr(torch, args.dtype)).eval()
     model.config.architectures = [type(model).__name__]
@@ -62,26 +74,42 @@ def main() -> None:
     best: dict[tuple[str, int], float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         hf = save_gemma3(args, Path(tmp))
-        engine = LLMEngine(EngineConfig(model_path=tmp, dtype=args.dtype, max_num_seqs=max(batches),
-                                        num_kv_pages=max(batches) * (PROMPT + args.tokens) // 16 + 64))
+        engine = LLMEngine(
+            EngineConfig(
+                model_path=tmp,
+                dtype=args.dtype,
+                max_num_seqs=max(batches),
+                num_kv_pages=max(batches) * (PROMPT + args.tokens) // 16 + 64,
+            )
+        )
         for rep in range(args.repeat):
             for batch in batches:
                 for side in ("engine", "transformers"):
-                    rate = (hf_decode(hf, batch, args.tokens, rep) if side == "transformers"
-                            else engine_decode(engine, batch, args.tokens, rep))
+                    rate = (
+                        hf_decode(hf, batch, args.tokens, rep)
+                        if side == "transformers"
+                        else engine_decode(engine, batch, args.tokens, rep)
+                    )
                     best[side, batch] = max(best.get((side, batch), 0.0), rate)
                     print(f"rep {rep} batch {batch:3d} {side:12s} {rate:9.1f} tok/s", flush=True)
     rows = []
     print(f"\n{'batch':>5} {'engine':>9} {'transformers':>13} {'ratio':>6}")
     for batch in batches:
         ours, theirs = best["engine", batch], best["transformers", batch]
-        rows.append({"batch": batch, "engine_tok_s": round(ours, 1), "transformers_tok_s": round(theirs, 1),
-                     "ratio": round(ours / theirs, 2)})
+        rows.append(
+            {
+                "batch": batch,
+                "engine_tok_s": round(ours, 1),
+                "transformers_tok_s": round(theirs, 1),
+                "ratio": round(ours / theirs, 2),
+            }
+        )
         print(f"{batch:5d} {ours:9.1f} {theirs:13.1f} {ours / theirs:6.2f}")
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gemma.json").write_text(json.dumps({"args": vars(args), "threads": torch.get_num_threads(),
-                                                "rows": rows}, indent=2))
+    (out / "gemma.json").write_text(
+        json.dumps({"args": vars(args), "threads": torch.get_num_threads(), "rows": rows}, indent=2)
+    )
 
 
 if __name__ == "__main__":

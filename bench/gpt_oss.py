@@ -27,11 +27,28 @@ sys.path.insert(0, str(ROOT))
 
 from bench.moe import PROMPT, TOKENIZER_FILES, engine_decode, hf_decode  # noqa: E402
 
-WIDTH = dict(hidden_size=2880, intermediate_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
-             num_local_experts=32, num_experts_per_tok=4, sliding_window=128, vocab_size=49152,
-             max_position_embeddings=4096, tie_word_embeddings=False,
-             rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
-                              "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096})
+WIDTH = dict(
+    hidden_size=2880,
+    intermediate_size=2880,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=64,
+    num_local_experts=32,
+    num_experts_per_tok=4,
+    sliding_window=128,
+    vocab_size=49152,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+)
 
 
 def main() -> None:
@@ -57,17 +74,29 @@ def main() -> None:
             if (base / f).exists():
                 shutil.copy(base / f, path / f)
         disk = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-        engine = LLMEngine(EngineConfig(model_path=str(path), dtype=args.dtype, max_num_seqs=max(batches),
-                                        num_kv_pages=max(batches) * (PROMPT + args.tokens) // 16 + 64))
+        engine = LLMEngine(
+            EngineConfig(
+                model_path=str(path),
+                dtype=args.dtype,
+                max_num_seqs=max(batches),
+                num_kv_pages=max(batches) * (PROMPT + args.tokens) // 16 + 64,
+            )
+        )
         loaded = sum(t.numel() * t.element_size() for t in engine.model.state_dict().values())
-        print(f"checkpoint on disk {disk / 2**30:.2f} GiB (MXFP4 experts); engine weights {loaded / 2**30:.2f} GiB "
-              f"({args.dtype}, experts dequantised)", flush=True)
+        print(
+            f"checkpoint on disk {disk / 2**30:.2f} GiB (MXFP4 experts); engine weights {loaded / 2**30:.2f} GiB "
+            f"({args.dtype}, experts dequantised)",
+            flush=True,
+        )
         for rep in range(args.repeat):
             for batch in batches:
                 sides = ("engine", "transformers") if rep % 2 == 0 else ("transformers", "engine")
                 for side in sides:
-                    rate = (engine_decode(engine, batch, args.tokens, rep) if side == "engine"
-                            else hf_decode(hf, batch, args.tokens, rep))
+                    rate = (
+                        engine_decode(engine, batch, args.tokens, rep)
+                        if side == "engine"
+                        else hf_decode(hf, batch, args.tokens, rep)
+                    )
                     best[side, batch] = max(best.get((side, batch), 0.0), rate)
                     runs.append({"rep": rep, "batch": batch, "side": side, "tok_s": round(rate, 2)})
                     print(f"rep {rep} batch {batch:3d} {side:13s} {rate:8.2f} tok/s", flush=True)
@@ -77,8 +106,9 @@ def main() -> None:
         print(f"{batch:5d} {ours:8.2f} {theirs:13.2f} {ours / theirs:6.2f}")
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpt_oss.json").write_text(json.dumps({"args": vars(args), "disk_bytes": disk, "loaded_bytes": loaded,
-                                                  "runs": runs}, indent=2))
+    (out / "gpt_oss.json").write_text(
+        json.dumps({"args": vars(args), "disk_bytes": disk, "loaded_bytes": loaded, "runs": runs}, indent=2)
+    )
 
 
 if __name__ == "__main__":

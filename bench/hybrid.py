@@ -47,11 +47,23 @@ from bench.moe import engine_decode, hf_decode  # noqa: E402
 def shape(args) -> dict:
     """Qwen3.5-0.8B's layer shapes (head_dim 256, 16 + 16 DeltaNet heads of 128, every fourth layer attention), fewer
     layers and the default model's vocabulary."""
-    return dict(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.hidden // 128,
-                num_key_value_heads=2, head_dim=256, intermediate_size=int(3.5 * args.hidden), vocab_size=VOCAB,
-                linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
-                linear_value_head_dim=128, linear_conv_kernel_dim=4, max_position_embeddings=40960,
-                tie_word_embeddings=True, eos_token_id=2)
+    return dict(
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 128,
+        num_key_value_heads=2,
+        head_dim=256,
+        intermediate_size=int(3.5 * args.hidden),
+        vocab_size=VOCAB,
+        linear_num_key_heads=16,
+        linear_num_value_heads=16,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=40960,
+        tie_word_embeddings=True,
+        eos_token_id=2,
+    )
 
 
 def save_model(args, folder: Path):
@@ -80,8 +92,15 @@ def memory_per_sequence(engine, args) -> list[dict]:
     for context in (1024, 8192, 32768):
         hybrid = attention_layers * kv_per_token * context + state
         dense = s["num_hidden_layers"] * kv_per_token * context
-        rows.append({"context": context, "hybrid_mib": round(hybrid / 2**20, 1), "dense_mib": round(dense / 2**20, 1),
-                     "state_mib": round(state / 2**20, 1), "dense_over_hybrid": round(dense / hybrid, 2)})
+        rows.append(
+            {
+                "context": context,
+                "hybrid_mib": round(hybrid / 2**20, 1),
+                "dense_mib": round(dense / 2**20, 1),
+                "state_mib": round(state / 2**20, 1),
+                "dense_over_hybrid": round(dense / hybrid, 2),
+            }
+        )
     return rows
 
 
@@ -102,8 +121,11 @@ def roofline(hf) -> dict:
     are counted on the transformers model (a tied embedding once, read as the lm_head)."""
     nbytes = sum(p.numel() * p.element_size() for p in hf.parameters())
     bandwidth = read_bandwidth(nbytes)
-    return {"weight_mib": round(nbytes / 2**20, 1), "read_gb_s": round(bandwidth / 1e9, 2),
-            "batch1_roofline_tok_s": round(bandwidth / nbytes, 1)}
+    return {
+        "weight_mib": round(nbytes / 2**20, 1),
+        "read_gb_s": round(bandwidth / 1e9, 2),
+        "batch1_roofline_tok_s": round(bandwidth / nbytes, 1),
+    }
 
 
 def first_token_seconds(engine, prompt: list[int], request_id: str) -> tuple[float, int]:
@@ -137,9 +159,15 @@ def second_turn(engine, args, rep: int) -> dict:
     got = {side: first_token_seconds(engine, prompts[side], f"{side}-{rep}") for side in order}
     (warm, cached), (cold, cold_cached) = got["warm"], got["cold"]
     prompt = len(turn1) + len(answer) + len(extra)
-    return {"rep": rep, "prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": round(cached / prompt, 3),
-            "ttft_warm_ms": round(warm * 1e3, 1), "ttft_cold_ms": round(cold * 1e3, 1),
-            "cold_cached_tokens": cold_cached}
+    return {
+        "rep": rep,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "hit_rate": round(cached / prompt, 3),
+        "ttft_warm_ms": round(warm * 1e3, 1),
+        "ttft_cold_ms": round(cold * 1e3, 1),
+        "cold_cached_tokens": cold_cached,
+    }
 
 
 def main() -> None:
@@ -164,16 +192,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         hf = save_model(args, Path(tmp))
         pages = max(batches) * (PROMPT + args.tokens) // 16 + 2 * (args.turn + 128) // 16 + 64
-        engine = LLMEngine(EngineConfig(model_path=tmp, dtype=args.dtype, max_num_seqs=max(batches),
-                                        num_kv_pages=pages))
+        engine = LLMEngine(
+            EngineConfig(model_path=tmp, dtype=args.dtype, max_num_seqs=max(batches), num_kv_pages=pages)
+        )
         # Untimed: the first steps of each side pay one-time costs (oneDNN's kernel set-up, allocator growth).
         engine_decode(engine, 2, 4, -1)
         hf_decode(hf, 2, 4, -1)
         for rep in range(args.repeat):
             for batch in batches:
                 for side in ("engine", "transformers"):
-                    rate = (engine_decode(engine, batch, args.tokens, rep) if side == "engine"
-                            else hf_decode(hf, batch, args.tokens, rep))
+                    rate = (
+                        engine_decode(engine, batch, args.tokens, rep)
+                        if side == "engine"
+                        else hf_decode(hf, batch, args.tokens, rep)
+                    )
                     best[side, batch] = max(best.get((side, batch), 0.0), rate)
                     runs.append({"rep": rep, "batch": batch, "side": side, "tok_s": round(rate, 1)})
                     print(f"rep {rep} batch {batch:3d} {side:12s} {rate:9.1f} tok/s", flush=True)
@@ -186,8 +218,14 @@ def main() -> None:
     print(f"\n{'batch':>5} {'engine':>9} {'transformers':>13} {'ratio':>6}")
     for batch in batches:
         ours, theirs = best["engine", batch], best["transformers", batch]
-        rows.append({"batch": batch, "engine_tok_s": round(ours, 1), "transformers_tok_s": round(theirs, 1),
-                     "engine_over_transformers": round(ours / theirs, 2)})
+        rows.append(
+            {
+                "batch": batch,
+                "engine_tok_s": round(ours, 1),
+                "transformers_tok_s": round(theirs, 1),
+                "engine_over_transformers": round(ours / theirs, 2),
+            }
+        )
         print(f"{batch:5d} {ours:9.1f} {theirs:13.1f} {ours / theirs:6.2f}")
     top = max(r["batch1_roofline_tok_s"] for r in roofs)
     print(f"batch-1 roofline (weights once at the best measured read bandwidth): {top:.1f} tok/s")
@@ -196,9 +234,20 @@ def main() -> None:
         print(f"{m['context']:7d} {m['hybrid_mib']:11.1f} {m['dense_mib']:10.1f} {m['dense_over_hybrid']:13.2f}")
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "hybrid.json").write_text(json.dumps({"args": vars(args), "threads": torch.get_num_threads(),
-                                                 "runs": runs, "decode": rows, "memory": memory,
-                                                 "second_turn": turns, "roofline": roofs}, indent=2))
+    (out / "hybrid.json").write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "threads": torch.get_num_threads(),
+                "runs": runs,
+                "decode": rows,
+                "memory": memory,
+                "second_turn": turns,
+                "roofline": roofs,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

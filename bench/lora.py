@@ -27,9 +27,16 @@ from bench.cpu_engine import model_path, prompts  # noqa: E402
 ADAPTERS = [f"a{i}" for i in range(8)]
 PROMPT_TOKENS = 16
 # (label, batch size, distinct adapters; 0: base rows on the LoRA engine, None: the engine without adapters)
-CONFIGS = [("no-lora", 1, None), ("base", 1, 0), ("1 adapter", 1, 1),
-           ("no-lora", 64, None), ("base", 64, 0), ("1 adapter", 64, 1), ("4 adapters", 64, 4),
-           ("8 adapters", 64, 8)]
+CONFIGS = [
+    ("no-lora", 1, None),
+    ("base", 1, 0),
+    ("1 adapter", 1, 1),
+    ("no-lora", 64, None),
+    ("base", 64, 0),
+    ("1 adapter", 64, 1),
+    ("4 adapters", 64, 4),
+    ("8 adapters", 64, 8),
+]
 
 
 def write_adapters(folder: Path, rank: int) -> dict[str, str]:
@@ -40,8 +47,16 @@ def write_adapters(folder: Path, rank: int) -> dict[str, str]:
 
     config = AutoConfig.from_pretrained(model_path())
     for i, name in enumerate(ADAPTERS):
-        write_adapter(folder / name, projection_shapes(config), config.num_hidden_layers, targets=ALL_TARGETS,
-                      rank=rank, alpha=2.0 * rank, seed=i, std=0.02)
+        write_adapter(
+            folder / name,
+            projection_shapes(config),
+            config.num_hidden_layers,
+            targets=ALL_TARGETS,
+            rank=rank,
+            alpha=2.0 * rank,
+            seed=i,
+            std=0.02,
+        )
     return {name: str(folder / name) for name in ADAPTERS}
 
 
@@ -52,8 +67,9 @@ def decode_rate(engine, batch: int, distinct: int | None, tokens: int, seed: int
     # Short prompts: the prefill is not what is measured, and on a 2-core VM it would dominate the run.
     for i, ids in enumerate(p[:PROMPT_TOKENS] for p in prompts(engine.tokenizer, batch, seed)):
         adapter = ADAPTERS[i % distinct] if distinct else None
-        engine.add_request(f"r{seed}-{i}", ids, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True,
-                                                               adapter=adapter))
+        engine.add_request(
+            f"r{seed}-{i}", ids, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, adapter=adapter)
+        )
     start, produced = None, 0
     while engine.has_unfinished():
         outputs = engine.step()
@@ -102,8 +118,9 @@ def main() -> None:
             print(f"| {dtype} | {key} | {rate:.1f} | {rate / base:.2f} |")
     out = ROOT / "bench" / "out"
     out.mkdir(exist_ok=True)
-    (out / "lora.json").write_text(json.dumps({"rank": args.rank, "tokens": args.tokens, "threads": os.cpu_count(),
-                                               "results": results}, indent=2))
+    (out / "lora.json").write_text(
+        json.dumps({"rank": args.rank, "tokens": args.tokens, "threads": os.cpu_count(), "results": results}, indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -35,13 +35,26 @@ def save_models(args, folder: Path) -> tuple[Path, Path, object]:
     import transformers as tf
 
     base = Path(os.environ.get("BASE_PATH", ROOT / ".models")) / "model"
-    common = dict(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
-                  num_key_value_heads=max(1, args.hidden // 256), head_dim=64, vocab_size=49152,
-                  max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=2)
+    common = dict(
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 64,
+        num_key_value_heads=max(1, args.hidden // 256),
+        head_dim=64,
+        vocab_size=49152,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=2,
+    )
     configs = {
-        "moe": tf.Qwen3MoeConfig(**common, num_experts=args.experts, num_experts_per_tok=args.top_k,
-                                 moe_intermediate_size=args.expert_size, intermediate_size=args.expert_size,
-                                 norm_topk_prob=True),
+        "moe": tf.Qwen3MoeConfig(
+            **common,
+            num_experts=args.experts,
+            num_experts_per_tok=args.top_k,
+            moe_intermediate_size=args.expert_size,
+            intermediate_size=args.expert_size,
+            norm_topk_prob=True,
+        ),
         "dense": tf.Qwen3Config(**common, intermediate_size=args.top_k * args.expert_size),
     }
     paths, hf = {}, None
@@ -87,8 +100,14 @@ def hf_decode(hf, batch: int, tokens: int, seed: int) -> float:
     with torch.inference_mode():
         for n in (1, tokens):
             t0 = time.perf_counter()
-            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                        do_sample=False, pad_token_id=0)
+            hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
             timings.append(time.perf_counter() - t0)
     return batch * (tokens - 1) / (timings[1] - timings[0])
 
@@ -115,9 +134,17 @@ def main() -> None:
     best: dict[tuple[str, int], float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         moe_path, dense_path, hf = save_models(args, Path(tmp))
-        engines = {name: LLMEngine(EngineConfig(model_path=str(path), dtype=args.dtype, max_num_seqs=max(batches),
-                                                num_kv_pages=max(batches) * (PROMPT + args.tokens) // 16 + 64))
-                   for name, path in (("engine-moe", moe_path), ("engine-dense", dense_path))}
+        engines = {
+            name: LLMEngine(
+                EngineConfig(
+                    model_path=str(path),
+                    dtype=args.dtype,
+                    max_num_seqs=max(batches),
+                    num_kv_pages=max(batches) * (PROMPT + args.tokens) // 16 + 64,
+                )
+            )
+            for name, path in (("engine-moe", moe_path), ("engine-dense", dense_path))
+        }
         for rep in range(args.repeat):
             for batch in batches:
                 for side in ("engine-moe", "transformers-moe", "engine-dense"):
@@ -131,14 +158,22 @@ def main() -> None:
     print(f"\n{'batch':>5} {'engine MoE':>11} {'hf MoE':>9} {'engine dense':>13} {'MoE/hf':>7} {'step MoE/dense':>15}")
     for batch in batches:
         moe, hf_rate, dense = (best[s, batch] for s in ("engine-moe", "transformers-moe", "engine-dense"))
-        rows.append({"batch": batch, "engine_moe_tok_s": round(moe, 1), "transformers_moe_tok_s": round(hf_rate, 1),
-                     "engine_dense_tok_s": round(dense, 1), "moe_over_transformers": round(moe / hf_rate, 2),
-                     "moe_step_over_dense_step": round(dense / moe, 2)})
+        rows.append(
+            {
+                "batch": batch,
+                "engine_moe_tok_s": round(moe, 1),
+                "transformers_moe_tok_s": round(hf_rate, 1),
+                "engine_dense_tok_s": round(dense, 1),
+                "moe_over_transformers": round(moe / hf_rate, 2),
+                "moe_step_over_dense_step": round(dense / moe, 2),
+            }
+        )
         print(f"{batch:5d} {moe:11.1f} {hf_rate:9.1f} {dense:13.1f} {moe / hf_rate:7.2f} {dense / moe:15.2f}")
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "moe.json").write_text(json.dumps({"args": vars(args), "threads": torch.get_num_threads(),
-                                              "rows": rows}, indent=2))
+    (out / "moe.json").write_text(
+        json.dumps({"args": vars(args), "threads": torch.get_num_threads(), "rows": rows}, indent=2)
+    )
 
 
 if __name__ == "__main__":

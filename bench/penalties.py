@@ -2,11 +2,11 @@
 
     python bench/penalties.py [--batch 8] [--prompt 512] [--output 4096] [--vocab 49152] [--steps 50]
 
-Grows `batch` rows to `output` generated tokens one token a step (as decode does; not timed), then times
-process_logits on the last `steps` steps and prints the median (and best) milliseconds a step, with every penalty on, with
-frequency/presence only, and with none (the masks-free floor: a float32 copy of the logits). Rows carry the
-sequence's running counts when SamplingRow has them (engine/sample/penalties.py), so the same script measures
-the code before and after that change.
+Grows `batch` rows to `output` generated tokens one token a step (as decode does; not timed), then times process_logits
+on the last `steps` steps and prints the median (and best) milliseconds a step, with every penalty on, with
+frequency/presence only, and with none (the masks-free floor: a float32 copy of the logits). Rows carry the sequence's
+running counts when SamplingRow has them (engine/sample/penalties.py), so the same script measures the code before and
+after that change.
 """
 
 from __future__ import annotations
@@ -42,8 +42,15 @@ def measure(batch: int, prompt: int, output: int, vocab: int, steps: int, **pena
     logits = torch.randn(batch, vocab)
     times: list[float] = []
     for step in range(output):
-        rows = [SamplingRow(params=params, prompt_token_ids=prompts[i], output_token_ids=outputs[i],
-                            **({"penalties": states[i]} if stateful else {})) for i in range(batch)]
+        rows = [
+            SamplingRow(
+                params=params,
+                prompt_token_ids=prompts[i],
+                output_token_ids=outputs[i],
+                **({"penalties": states[i]} if stateful else {}),
+            )
+            for i in range(batch)
+        ]
         timed = step >= output - steps
         start = time.perf_counter()
         if timed or stateful:  # the counts must see every step; the old code has nothing to keep up
@@ -73,8 +80,10 @@ def main() -> None:
     }
     for name, kw in cases.items():
         median, best = measure(*shape, **kw)
-        print(f"{name:>20}: {median:8.3f} ms/step median, {best:8.3f} best  (batch {args.batch}, prompt {args.prompt}, "
-              f"output {args.output}, vocab {args.vocab})")
+        print(
+            f"{name:>20}: {median:8.3f} ms/step median, {best:8.3f} best  (batch {args.batch}, prompt {args.prompt}, "
+            f"output {args.output}, vocab {args.vocab})"
+        )
 
 
 if __name__ == "__main__":

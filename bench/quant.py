@@ -63,15 +63,35 @@ def quantized_bake(kind: str, out: Path) -> Path:
     config["dtype"] = "float16"
     config["quantization_config"] = (
         {"quant_method": "awq", "bits": 4, "group_size": GROUP, "version": "gemm", "zero_point": True}
-        if kind == "awq" else
-        {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False, "sym": True,
-         "checkpoint_format": "gptq"})
+        if kind == "awq"
+        else {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": GROUP,
+            "desc_act": False,
+            "sym": True,
+            "checkpoint_format": "gptq",
+        }
+    )
     (source / "config.json").write_text(json.dumps(config, indent=2))
     for name in FOLDER_FILES:
         if (base / name).exists():
             shutil.copy(base / name, source / name)
-    subprocess.run([sys.executable, "-m", "builder", "--model", str(source), "--out", str(baked),
-                    "--served-name", f"smollm2-{kind}"], cwd=ROOT, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "builder",
+            "--model",
+            str(source),
+            "--out",
+            str(baked),
+            "--served-name",
+            f"smollm2-{kind}",
+        ],
+        cwd=ROOT,
+        check=True,
+    )
     return baked
 
 
@@ -115,8 +135,12 @@ def main() -> int:
     print("\n| side | weights, MiB | " + " | ".join(f"{c} clients, tok/s (x llama-server)" for c in levels) + " |")
     print("|---" * (len(levels) + 2) + "|")
     for side in sides:
-        cells = [f"{best[(side, c)]:.1f} ({best[(side, c)] / best[('llama', c)]:.2f}x)"
-                 if ("llama", c) in best else f"{best[(side, c)]:.1f}" for c in levels]
+        cells = [
+            f"{best[(side, c)]:.1f} ({best[(side, c)] / best[('llama', c)]:.2f}x)"
+            if ("llama", c) in best
+            else f"{best[(side, c)]:.1f}"
+            for c in levels
+        ]
         print(f"| {side} | {sizes[side] / 2**20:.1f} | " + " | ".join(cells) + " |")
     return 0
 

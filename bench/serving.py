@@ -36,12 +36,22 @@ sys.path.insert(0, str(ROOT))
 from bench.llama_server import ensure_llama_server  # noqa: E402
 from builder.sources import default_gguf_path  # noqa: E402
 
-QUESTIONS = ["Tell me about the ocean.", "Write a short story about a cat.", "Explain how trains work.",
-             "Describe a walk in the forest.", "What makes a good breakfast?", "Tell me about the moon."]
+QUESTIONS = [
+    "Tell me about the ocean.",
+    "Write a short story about a cat.",
+    "Explain how trains work.",
+    "Describe a walk in the forest.",
+    "What makes a good breakfast?",
+    "Tell me about the moon.",
+]
 # Ours: the local endpoint with one environment change per side (nothing: what a user gets by default).
-OURS = {"ours": {}, "ours-fp32": {"DTYPE": "float32"}, "ours-int4": {"QUANTIZATION": "int4"},
-        "ours-c64": {"MAX_CONCURRENCY": "64"},  # as many jobs at once as llama-server's 64 slots
-        "ours-c30": {"MAX_CONCURRENCY": "30"}}  # the fixed default before concurrency followed the KV cache
+OURS = {
+    "ours": {},
+    "ours-fp32": {"DTYPE": "float32"},
+    "ours-int4": {"QUANTIZATION": "int4"},
+    "ours-c64": {"MAX_CONCURRENCY": "64"},  # as many jobs at once as llama-server's 64 slots
+    "ours-c30": {"MAX_CONCURRENCY": "30"},
+}  # the fixed default before concurrency followed the KV cache
 
 
 def free_port() -> int:
@@ -64,8 +74,25 @@ def server(side: str, log_dir: Path, extra_env: dict | None = None, extra_args: 
     port = free_port()
     log = (log_dir / f"{side}.log").open("ab")
     if side == "llama":
-        cmd = [str(ensure_llama_server()), "-m", str(default_gguf_path()), "--host", "127.0.0.1", "--port", str(port),
-               "-np", "64", "-c", str(64 * 512), "-t", str(threads()), "-a", "smollm2", "--no-webui", *extra_args]
+        cmd = [
+            str(ensure_llama_server()),
+            "-m",
+            str(default_gguf_path()),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-np",
+            "64",
+            "-c",
+            str(64 * 512),
+            "-t",
+            str(threads()),
+            "-a",
+            "smollm2",
+            "--no-webui",
+            *extra_args,
+        ]
         env, base, health, model = dict(os.environ), f"http://127.0.0.1:{port}/v1", "/health", "smollm2"
     else:
         cmd = [sys.executable, "handler.py", "--serve", "--port", str(port)]
@@ -102,17 +129,26 @@ async def one_request(client, model: str, index: int, tokens: int) -> dict:
     stamps = []
     usage = None
     stream = await client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": QUESTIONS[index % len(QUESTIONS)]}],
-        max_tokens=tokens, temperature=0, stream=True, stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True})
+        model=model,
+        messages=[{"role": "user", "content": QUESTIONS[index % len(QUESTIONS)]}],
+        max_tokens=tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     async for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage.completion_tokens
         if chunk.choices and chunk.choices[0].delta.content:
             stamps.append(time.perf_counter())
     count = usage if usage is not None else len(stamps)
-    return {"tokens": count, "ttft": stamps[0] - started,
-            "tpot": (stamps[-1] - stamps[0]) / max(1, count - 1), "end": stamps[-1]}
+    return {
+        "tokens": count,
+        "ttft": stamps[0] - started,
+        "tpot": (stamps[-1] - stamps[0]) / max(1, count - 1),
+        "end": stamps[-1],
+    }
 
 
 async def run_level(base: str, model: str, clients: int, tokens: int, requests: int) -> dict:
@@ -124,8 +160,9 @@ async def run_level(base: str, model: str, clients: int, tokens: int, requests: 
     # goes out on it ("Server disconnected without sending a response", seen here), and a retry would add the
     # SDK's back-off to that side's time.
     http = DefaultAsyncHttpx2Client(limits=httpx2.Limits(max_keepalive_connections=0))
-    client = AsyncOpenAI(base_url=base, api_key=os.environ.get("RUNPOD_API_KEY", "none"), max_retries=0,
-                         timeout=600, http_client=http)
+    client = AsyncOpenAI(
+        base_url=base, api_key=os.environ.get("RUNPOD_API_KEY", "none"), max_retries=0, timeout=600, http_client=http
+    )
     queue = list(range(requests))
     results = []
 
@@ -138,11 +175,16 @@ async def run_level(base: str, model: str, clients: int, tokens: int, requests: 
     wall = max(r["end"] for r in results) - started
     ttft = sorted(r["ttft"] for r in results)
     await client.close()
-    return {"clients": clients, "requests": len(results), "tokens": sum(r["tokens"] for r in results),
-            "tok_s": sum(r["tokens"] for r in results) / wall,
-            "ttft_mean": statistics.fmean(ttft), "ttft_p50": ttft[len(ttft) // 2],
-            "ttft_p99": ttft[min(len(ttft) - 1, round(0.99 * (len(ttft) - 1)))],
-            "tpot_ms": 1000 * statistics.fmean(r["tpot"] for r in results)}
+    return {
+        "clients": clients,
+        "requests": len(results),
+        "tokens": sum(r["tokens"] for r in results),
+        "tok_s": sum(r["tokens"] for r in results) / wall,
+        "ttft_mean": statistics.fmean(ttft),
+        "ttft_p50": ttft[len(ttft) // 2],
+        "ttft_p99": ttft[min(len(ttft) - 1, round(0.99 * (len(ttft) - 1)))],
+        "tpot_ms": 1000 * statistics.fmean(r["tpot"] for r in results),
+    }
 
 
 def offline(dtype_env: dict, tokens: int) -> float:
@@ -166,8 +208,14 @@ for _ in range(2):
     best = max(best, len(out[0].outputs[0].token_ids) / (time.perf_counter() - t))
 print(json.dumps(best))
 """
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **dtype_env},
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, **dtype_env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -175,8 +223,9 @@ def requests_for(clients: int) -> int:
     return max(4, clients) if clients > 1 else 4
 
 
-def run_sides(sides: list[str], levels: list[int], repeat: int, tokens: int, out_dir: Path,
-              with_offline: bool = False) -> list[dict]:
+def run_sides(
+    sides: list[str], levels: list[int], repeat: int, tokens: int, out_dir: Path, with_offline: bool = False
+) -> list[dict]:
     """Each side's server alone, the sides alternating `repeat` times; every run printed as it ends."""
     runs = []
     for round_ in range(repeat):
@@ -225,15 +274,21 @@ def print_table(runs: list[dict], sides: list[str], levels: list[int]) -> None:
         cells = []
         for c in levels:
             r = best.get((side, c))
-            cells.append("-" if r is None else
-                         f"{r['tok_s']:.1f} ({r['ttft_mean']:.2f} / {r['ttft_p99']:.2f}, {r['tpot_ms']:.1f})")
+            cells.append(
+                "-"
+                if r is None
+                else f"{r['tok_s']:.1f} ({r['ttft_mean']:.2f} / {r['ttft_p99']:.2f}, {r['tpot_ms']:.1f})"
+            )
         print(f"| {side} | " + " | ".join(cells) + " |")
         if (f"{side} offline engine", 1) in best:
             print(f"| {side} offline engine | {best[(f'{side} offline engine', 1)]['tok_s']:.1f} |")
     if "llama" in sides:
         for side in (s for s in sides if s != "llama"):
-            ratios = [(c, best[(side, c)]["tok_s"] / best[("llama", c)]["tok_s"]) for c in levels
-                      if (side, c) in best and ("llama", c) in best]
+            ratios = [
+                (c, best[(side, c)]["tok_s"] / best[("llama", c)]["tok_s"])
+                for c in levels
+                if (side, c) in best and ("llama", c) in best
+            ]
             print(f"{side} / llama-server, tokens/s: " + ", ".join(f"{c} clients {r:.2f}x" for c, r in ratios))
 
 

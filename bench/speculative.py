@@ -36,11 +36,25 @@ PARAGRAPHS = [
     "The museum is open from nine in the morning until five in the afternoon. Tickets cost twelve euros for "
     "adults and six euros for students. Guided tours start every hour at the main entrance near the shop.",
 ]
-ASKS = ["Repeat this text exactly:\n{}", "Rewrite this text, changing nothing but replacing 'ten' with 'twelve':\n{}",
-        "Copy this text word for word:\n{}", "Repeat the following paragraph:\n{}"]
-QUESTIONS = ["Tell me about the ocean.", "Write a short story about a cat.", "Explain how trains work.",
-             "Describe a walk in the forest.", "What makes a good breakfast?", "Tell me about the moon."]
-SIDES = {"plain": None, "ngram": {"method": "ngram", "disable_by_batch_size": 8}, "ngram-always": {"method": "ngram", "disable_by_batch_size": 10**6}}
+ASKS = [
+    "Repeat this text exactly:\n{}",
+    "Rewrite this text, changing nothing but replacing 'ten' with 'twelve':\n{}",
+    "Copy this text word for word:\n{}",
+    "Repeat the following paragraph:\n{}",
+]
+QUESTIONS = [
+    "Tell me about the ocean.",
+    "Write a short story about a cat.",
+    "Explain how trains work.",
+    "Describe a walk in the forest.",
+    "What makes a good breakfast?",
+    "Tell me about the moon.",
+]
+SIDES = {
+    "plain": None,
+    "ngram": {"method": "ngram", "disable_by_batch_size": 8},
+    "ngram-always": {"method": "ngram", "disable_by_batch_size": 10**6},
+}
 
 
 def model_path() -> str:
@@ -61,8 +75,9 @@ def side_main(side: str, levels: list[int], tokens: int) -> None:
     from engine.sample.params import SamplingParams
 
     spec = SIDES[side]
-    engine = LLMEngine(EngineConfig(model_path=model_path(), max_num_seqs=64,
-                                    speculative=SpeculativeConfig(**spec) if spec else None))
+    engine = LLMEngine(
+        EngineConfig(model_path=model_path(), max_num_seqs=64, speculative=SpeculativeConfig(**spec) if spec else None)
+    )
     tok = engine.tokenizer
     params = SamplingParams(temperature=0.0, max_tokens=tokens)
 
@@ -94,10 +109,23 @@ def side_main(side: str, levels: list[int], tokens: int) -> None:
             proposed = after.get("spec_proposed_tokens", 0) - before.get("spec_proposed_tokens", 0)
             accepted = after.get("spec_accepted_tokens", 0) - before.get("spec_accepted_tokens", 0)
             verifies = after.get("spec_verify_steps", 0) - before.get("spec_verify_steps", 0)
-            print(json.dumps({"side": side, "workload": workload, "clients": clients, "tokens": generated,
-                              "wall_s": round(wall, 2), "tokens_per_s": round(generated / wall, 1),
-                              "acceptance": round(accepted / proposed, 3) if proposed else None,
-                              "proposed": proposed, "accepted": accepted, "verify_steps": verifies}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "side": side,
+                        "workload": workload,
+                        "clients": clients,
+                        "tokens": generated,
+                        "wall_s": round(wall, 2),
+                        "tokens_per_s": round(generated / wall, 1),
+                        "acceptance": round(accepted / proposed, 3) if proposed else None,
+                        "proposed": proposed,
+                        "accepted": accepted,
+                        "verify_steps": verifies,
+                    }
+                ),
+                flush=True,
+            )
 
 
 def main() -> int:
@@ -134,8 +162,10 @@ def print_table(runs: list[dict]) -> None:
     print("|---" * (8 if load else 7) + "|")
     for r in runs:
         acc = "" if r["acceptance"] is None else f"{100 * r['acceptance']:.0f}%"
-        print(f"| {r['round']} | {r['side']} | {r['workload']} | {r['clients']} | {r['tokens_per_s']} | {acc} | "
-              f"{r['tokens']} |" + (f" {r['load']:.2f} |" if load else ""))
+        print(
+            f"| {r['round']} | {r['side']} | {r['workload']} | {r['clients']} | {r['tokens_per_s']} | {acc} | "
+            f"{r['tokens']} |" + (f" {r['load']:.2f} |" if load else "")
+        )
 
 
 if __name__ == "__main__":

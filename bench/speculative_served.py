@@ -3,17 +3,17 @@
     python bench/speculative_served.py [--clients 1,8,64] [--repeat 2] [--tokens 64]
                                        [--sides ours,ours-ngram,llama,llama-ngram,...]
 
-Both servers serve the default model (ours its bake, `handler.py --serve`; llama-server the Q4_1 GGUF it was baked
-from, as bench/serving.py starts it) and are driven by the same client: the official `openai` SDK streaming chat
-completions, greedy. Workloads as bench/speculative.py's: "repeat" (repeat or lightly edit a paragraph given in the
-prompt; the model ends by itself after it) and "free" (short open questions, `max_tokens` forced with `ignore_eos`).
-1 client runs 8 requests one after another; N clients max(8, N) requests, N at a time. Sides: `ours` (no
-speculation), `ours-ngram` (`SPECULATIVE_CONFIG={"method": "ngram"}`: the defaults), `ours-ngram-always` (the same, never turned
-off by the batch size: where speculation stops paying), `llama` (no speculation), `llama-ngram`
-(llama-server's own n-gram speculation, `--spec-type ngram-simple` with its defaults) and `llama-ngram-k4` (the
-same with a lookup and a draft shaped as ours). Acceptance: ours from the engine's counters in
-/health before and after a level, llama-server's from the `timings` of its last stream chunk. One server at a time,
-the sides alternating `--repeat` times; every run is printed and kept in bench/out/speculative_served.json.
+Both servers serve the default model (ours its bake, `handler.py --serve`; llama-server the Q4_1 GGUF it was baked from,
+as bench/serving.py starts it) and are driven by the same client: the official `openai` SDK streaming chat completions,
+greedy. Workloads as bench/speculative.py's: "repeat" (repeat or lightly edit a paragraph given in the prompt; the model
+ends by itself after it) and "free" (short open questions, `max_tokens` forced with `ignore_eos`). 1 client runs 8
+requests one after another; N clients max(8, N) requests, N at a time. Sides: `ours` (no speculation), `ours-ngram`
+(`SPECULATIVE_CONFIG={"method": "ngram"}`: the defaults), `ours-ngram-always` (the same, never turned off by the batch
+size: where speculation stops paying), `llama` (no speculation), `llama-ngram` (llama-server's own n-gram speculation,
+`--spec-type ngram-simple` with its defaults) and `llama-ngram-k4` (the same with a lookup and a draft shaped as ours).
+Acceptance: ours from the engine's counters in /health before and after a level, llama-server's from the `timings` of
+its last stream chunk. One server at a time, the sides alternating `--repeat` times; every run is printed and kept in
+bench/out/speculative_served.json.
 """
 
 from __future__ import annotations
@@ -40,17 +40,27 @@ NGRAM_ALWAYS = {"SPECULATIVE_CONFIG": json.dumps({"method": "ngram", "disable_by
 # drafted), and shaped as ours (a 3-token lookup, 4 drafted; ours looks up 4 down to 2 tokens and drafts 4).
 LLAMA_NGRAM = ("--spec-type", "ngram-simple")
 LLAMA_NGRAM_K4 = (*LLAMA_NGRAM, "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "4")
-SIDES = {"ours": ("ours", {}, ()), "ours-ngram": ("ours", NGRAM, ()), "ours-ngram-always": ("ours", NGRAM_ALWAYS, ()),
-         "llama": ("llama", {}, ()),
-         "llama-ngram": ("llama", {}, LLAMA_NGRAM), "llama-ngram-k4": ("llama", {}, LLAMA_NGRAM_K4)}
+SIDES = {
+    "ours": ("ours", {}, ()),
+    "ours-ngram": ("ours", NGRAM, ()),
+    "ours-ngram-always": ("ours", NGRAM_ALWAYS, ()),
+    "llama": ("llama", {}, ()),
+    "llama-ngram": ("llama", {}, LLAMA_NGRAM),
+    "llama-ngram-k4": ("llama", {}, LLAMA_NGRAM_K4),
+}
 
 
 async def one_request(client, model: str, workload: str, index: int, tokens: int) -> dict:
     usage, timings, text_chunks = None, None, 0
     stream = await client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": messages(workload, index)}], max_tokens=tokens,
-        temperature=0, stream=True, stream_options={"include_usage": True},
-        extra_body={"ignore_eos": workload == "free"})
+        model=model,
+        messages=[{"role": "user", "content": messages(workload, index)}],
+        max_tokens=tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": workload == "free"},
+    )
     async for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage.completion_tokens
@@ -58,8 +68,12 @@ async def one_request(client, model: str, workload: str, index: int, tokens: int
         if chunk.choices and chunk.choices[0].delta.content:
             text_chunks += 1
     drafted = (timings or {}).get("draft_n", 0)
-    return {"tokens": usage if usage is not None else text_chunks, "drafted": drafted,
-            "accepted": (timings or {}).get("draft_n_accepted", 0), "end": time.perf_counter()}
+    return {
+        "tokens": usage if usage is not None else text_chunks,
+        "drafted": drafted,
+        "accepted": (timings or {}).get("draft_n_accepted", 0),
+        "end": time.perf_counter(),
+    }
 
 
 async def run_level(base: str, model: str, workload: str, clients: int, tokens: int) -> dict:
@@ -80,9 +94,14 @@ async def run_level(base: str, model: str, workload: str, clients: int, tokens: 
     await asyncio.gather(*(worker() for _ in range(clients)))
     await client.close()
     generated = sum(r["tokens"] for r in results)
-    return {"workload": workload, "clients": clients, "tokens": generated,
-            "tokens_per_s": round(generated / (max(r["end"] for r in results) - started), 1),
-            "proposed": sum(r["drafted"] for r in results), "accepted": sum(r["accepted"] for r in results)}
+    return {
+        "workload": workload,
+        "clients": clients,
+        "tokens": generated,
+        "tokens_per_s": round(generated / (max(r["end"] for r in results) - started), 1),
+        "proposed": sum(r["drafted"] for r in results),
+        "accepted": sum(r["accepted"] for r in results),
+    }
 
 
 def engine_counts(port_base: str) -> tuple[int, int]:

@@ -70,23 +70,38 @@ def env_for(model: Path, extra: dict[str, str]) -> dict[str, str]:
 
 def run_test_input(tree: Path, model: Path, job: str, env: dict[str, str]) -> dict[str, object]:
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, str(tree / "handler.py"), "--test_input", job], cwd=tree,
-                            env=env_for(model, env), capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(tree / "handler.py"), "--test_input", job],
+        cwd=tree,
+        env=env_for(model, env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     exit_s = time.perf_counter() - started
     if result.returncode != 0 or '"COMPLETED"' not in result.stdout:
         raise RuntimeError(f"{tree}: --test_input failed ({result.returncode}): {result.stderr[-2000:]}")
     return {**phases_of(result.stderr), "exit_s": round(exit_s, 2)}
 
 
-CHECK_CODE = ("import sys, time; from worker.fitness import model_files_mismatch; t = time.perf_counter(); "
-              "bad = model_files_mismatch(sys.argv[1]); print(round(1000 * (time.perf_counter() - t)), len(bad))")
+CHECK_CODE = (
+    "import sys, time; from worker.fitness import model_files_mismatch; t = time.perf_counter(); "
+    "bad = model_files_mismatch(sys.argv[1]); print(round(1000 * (time.perf_counter() - t)), len(bad))"
+)
 
 
 def run_checks(tree: Path, model: Path) -> dict[str, object]:
     """The fitness check of the model's files as the tree runs it by default (RunPod runs it before the first
     job; --test_input and --serve do not)."""
-    result = subprocess.run([sys.executable, "-c", CHECK_CODE, str(model)], cwd=tree, env=env_for(model, {}),
-                            capture_output=True, text=True, timeout=600, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", CHECK_CODE, str(model)],
+        cwd=tree,
+        env=env_for(model, {}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     ms, bad = result.stdout.split()
     return {"file check ms": int(ms), "files failing": int(bad)}
 
@@ -102,8 +117,13 @@ def run_serve(tree: Path, model: Path, env: dict[str, str], log_path: Path) -> d
     port = free_port()
     started = time.perf_counter()
     with log_path.open("w") as log:
-        process = subprocess.Popen([sys.executable, str(tree / "handler.py"), "--serve", "--port", str(port)],
-                                   cwd=tree, env=env_for(model, env), stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, str(tree / "handler.py"), "--serve", "--port", str(port)],
+            cwd=tree,
+            env=env_for(model, env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         while True:
             if process.poll() is not None:
@@ -168,17 +188,21 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--job", default=DEFAULT_INPUT, help="the --test_input JSON")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the worker (e.g. DTYPE=float32)")
-    parser.add_argument("--wait-quiet", type=float, default=0.0,
-                        help="before each run, wait up to this many seconds for the load average to drop below "
-                             "--quiet-below")
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        help="before each run, wait up to this many seconds for the load average to drop below --quiet-below",
+    )
     parser.add_argument("--quiet-below", type=float, default=0.5)
     parser.add_argument("--cold-ok", action="store_true", help="do not read the bake first")
     parser.add_argument("--cold", action="store_true", help="drop the page cache before every run (root)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "startup.json")
     args = parser.parse_args()
 
-    trees = [(label, Path(path).resolve()) for label, _, path in (t.partition("=") for t in args.tree)] or \
-        [("this", ROOT)]
+    trees = [(label, Path(path).resolve()) for label, _, path in (t.partition("=") for t in args.tree)] or [
+        ("this", ROOT)
+    ]
     env = dict(e.split("=", 1) for e in args.env)
     model = args.model.resolve()
     if not (args.cold_ok or args.cold):

@@ -55,16 +55,22 @@ def schema(i: int) -> dict:
     }
     return {
         "type": "object",
-        "properties": {"source": {"type": "string", "maxLength": 20}, f"{word}s": {
-            "type": "array", "items": item, "minItems": 40 + i, "maxItems": 200}},
+        "properties": {
+            "source": {"type": "string", "maxLength": 20},
+            f"{word}s": {"type": "array", "items": item, "minItems": 40 + i, "maxItems": 200},
+        },
         "required": ["source", f"{word}s"],
         "additionalProperties": False,
     }
 
 
 def prompt_ids(tokenizer, i: int) -> list[int]:
-    messages = [{"role": "user", "content": f"List {WORDS[i % len(WORDS)]} records as JSON with this schema: "
-                                            f"{json.dumps(schema(i))}"}]
+    messages = [
+        {
+            "role": "user",
+            "content": f"List {WORDS[i % len(WORDS)]} records as JSON with this schema: {json.dumps(schema(i))}",
+        }
+    ]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -76,6 +82,7 @@ def timed(fn):
             return fn(*args, **kwargs)
         finally:
             GRAMMAR_TIME[0] += time.perf_counter() - t
+
     return wrapper
 
 
@@ -142,8 +149,11 @@ def compile_times(engine: LLMEngine, count: int) -> dict:
         cache.get(StructuredSpec.json_schema(schema(i), "bench"))
         hit.append(time.perf_counter() - t)
     cache.shutdown()
-    return {"token_table_and_first_compile_s": first_ever, "miss_ms": [m * 1e3 for m in miss],
-            "hit_ms": [h * 1e3 for h in hit]}
+    return {
+        "token_table_and_first_compile_s": first_ever,
+        "miss_ms": [m * 1e3 for m in miss],
+        "hit_ms": [h * 1e3 for h in hit],
+    }
 
 
 def apply_times(vocab: int, rows: int = 64, reps: int = 20) -> dict:
@@ -164,9 +174,13 @@ def apply_times(vocab: int, rows: int = 64, reps: int = 20) -> dict:
     times: dict = {}
     for _ in range(reps):
         for kind, bitmask in (("sparse", sparse), ("dense", dense)):
-            for name, apply in (("torch_ops", lambda x, b=bitmask: apply_bitmask(x, b, every)),
-                                ("xgrammar_cpu_kernel", lambda x, b=bitmask: xgr.apply_token_bitmask_inplace(
-                                    x, b, vocab_size=vocab, backend="cpu"))):
+            for name, apply in (
+                ("torch_ops", lambda x, b=bitmask: apply_bitmask(x, b, every)),
+                (
+                    "xgrammar_cpu_kernel",
+                    lambda x, b=bitmask: xgr.apply_token_bitmask_inplace(x, b, vocab_size=vocab, backend="cpu"),
+                ),
+            ):
                 x = logits.clone()
                 t = time.perf_counter()
                 apply(x)
@@ -187,8 +201,13 @@ def main() -> None:
     instrument()
     base = os.environ.get("BASE_PATH", str(ROOT / ".models"))
     batches = [int(b) for b in args.batches.split(",")]
-    config = EngineConfig(model_path=os.environ.get("MODEL_PATH", os.path.join(base, "model")), dtype=args.dtype,
-                          max_num_seqs=max(batches), max_num_batched_tokens=4096, num_kv_pages=2048)
+    config = EngineConfig(
+        model_path=os.environ.get("MODEL_PATH", os.path.join(base, "model")),
+        dtype=args.dtype,
+        max_num_seqs=max(batches),
+        max_num_batched_tokens=4096,
+        num_kv_pages=2048,
+    )
     plain, grammar = LLMEngine(config), LLMEngine(config)
     result: dict = {"dtype": args.dtype, "threads": args.threads, "steps": args.steps, "batches": []}
     for batch in batches:
@@ -197,17 +216,24 @@ def main() -> None:
         ratios = [b / a for a, b in zip(runs["plain_ms"], runs["grammar_ms"], strict=True)]
         p, g = statistics.median(runs["plain_ms"]), statistics.median(runs["grammar_ms"])
         work = statistics.median(runs["grammar_work_ms"])
-        print(f"batch {batch:3d}: unconstrained median {p:7.2f} ms/step (min {min(runs['plain_ms']):.2f}), "
-              f"constrained median {g:7.2f} ms/step (min {min(runs['grammar_ms']):.2f}); median of per-pair "
-              f"ratios {statistics.median(ratios):.3f}, min/min {min(runs['grammar_ms']) / min(runs['plain_ms']):.3f}; "
-              f"grammar work median {work:.2f} ms/step = {work / p:.1%} of the unconstrained median step", flush=True)
+        print(
+            f"batch {batch:3d}: unconstrained median {p:7.2f} ms/step (min {min(runs['plain_ms']):.2f}), "
+            f"constrained median {g:7.2f} ms/step (min {min(runs['grammar_ms']):.2f}); median of per-pair "
+            f"ratios {statistics.median(ratios):.3f}, min/min {min(runs['grammar_ms']) / min(runs['plain_ms']):.3f}; "
+            f"grammar work median {work:.2f} ms/step = {work / p:.1%} of the unconstrained median step",
+            flush=True,
+        )
     result["apply"] = a = apply_times(plain.spec.vocab_size)
-    print(f"mask apply, 64 x {plain.spec.vocab_size} float32, min (median) ms: " + ", ".join(
-        f"{name.removesuffix('_ms')} {min(v):.2f} ({statistics.median(v):.2f})" for name, v in a.items()))
+    print(
+        f"mask apply, 64 x {plain.spec.vocab_size} float32, min (median) ms: "
+        + ", ".join(f"{name.removesuffix('_ms')} {min(v):.2f} ({statistics.median(v):.2f})" for name, v in a.items())
+    )
     result["compile"] = c = compile_times(plain, 8 if QUICK else 64)
-    print(f"token table + first compile: {c['token_table_and_first_compile_s']:.2f} s; per schema: miss median "
-          f"{statistics.median(c['miss_ms']):.1f} ms (min {min(c['miss_ms']):.1f}, max {max(c['miss_ms']):.1f}); "
-          f"hit median {statistics.median(c['hit_ms']) * 1e3:.0f} us (max {max(c['hit_ms']) * 1e3:.0f})")
+    print(
+        f"token table + first compile: {c['token_table_and_first_compile_s']:.2f} s; per schema: miss median "
+        f"{statistics.median(c['miss_ms']):.1f} ms (min {min(c['miss_ms']):.1f}, max {max(c['miss_ms']):.1f}); "
+        f"hit median {statistics.median(c['hit_ms']) * 1e3:.0f} us (max {max(c['hit_ms']) * 1e3:.0f})"
+    )
     out = ROOT / "bench" / "out"
     out.mkdir(exist_ok=True)
     (out / "structured.json").write_text(json.dumps(result, indent=1))

@@ -25,10 +25,19 @@ def build(path: Path, layers: int, hidden: int) -> None:
     import torch
     import transformers as tf
 
-    config = tf.LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
-                            num_hidden_layers=layers, num_attention_heads=hidden // 128, num_key_value_heads=4,
-                            head_dim=128, max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=1,
-                            eos_token_id=2)
+    config = tf.LlamaConfig(
+        vocab_size=32000,
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 128,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(config).float().eval()
     model.config.architectures = [type(model).__name__]
@@ -58,8 +67,9 @@ def side(path: str, tp: int, batch: int, steps: int) -> dict:
                 spent[0] += time.perf_counter() - t
 
         setattr(dist, name, timed)
-    engine = LLMEngine(EngineConfig(model_path=path, dtype="float32", num_kv_pages=256, tensor_parallel_size=tp,
-                                    cpu_threads=2 // tp))
+    engine = LLMEngine(
+        EngineConfig(model_path=path, dtype="float32", num_kv_pages=256, tensor_parallel_size=tp, cpu_threads=2 // tp)
+    )
     params = SamplingParams(temperature=0.0, max_tokens=steps + 2, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"r{i}", [5 + i, 6, 7, 8, 9, 10, 11, 12], params)
@@ -91,9 +101,13 @@ def main() -> None:
         for r in range(args.repeat):
             for batch in [int(b) for b in args.batch.split(",")]:
                 for tp in (1, 2):
-                    out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--side", folder,
-                                          str(tp), str(batch)], cwd=ROOT, capture_output=True, text=True,
-                                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--steps", str(args.steps), "--side", folder, str(tp), str(batch)],
+                        cwd=ROOT,
+                        capture_output=True,
+                        text=True,
+                        env={**os.environ, "PYTHONPATH": str(ROOT)},
+                    )
                     if out.returncode:
                         raise SystemExit(out.stderr[-2000:])
                     print(f"run {r} " + out.stdout.strip().splitlines()[-1], flush=True)

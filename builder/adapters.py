@@ -47,8 +47,10 @@ def bake_adapters(specs: list[AdapterSpec], model: Path, served_name: str, token
         if spec.name == served_name:
             raise BakeError(f"adapter name {spec.name!r} is the model's own name")
         if spec.base_model_name and spec.base_model_name != served_name:
-            raise BakeError(f"adapter {spec.name!r} is for base model {spec.base_model_name!r}, but the baked model "
-                            f"is {served_name!r}")
+            raise BakeError(
+                f"adapter {spec.name!r} is for base model {spec.base_model_name!r}, but the baked model "
+                f"is {served_name!r}"
+            )
         folder = model / ADAPTERS_DIR / spec.name.replace("/", "--")
         folder.mkdir(parents=True)
         source = _fetch(spec, folder, token, ADAPTER_FILES)
@@ -58,15 +60,17 @@ def bake_adapters(specs: list[AdapterSpec], model: Path, served_name: str, token
             raise BakeError(f"adapter {spec.name!r}: {exc.message}") from None
         if info.base_model and info.base_model not in (served_name, spec.base_model_name):
             print(f"note: adapter {spec.name!r} names base model {info.base_model!r}; its shapes fit {served_name}")
-        entries.append({
-            "name": spec.name,
-            "path": folder.relative_to(model).as_posix(),
-            "source": source,
-            "rank": info.rank,
-            "lora_alpha": info.lora_alpha,
-            "target_modules": info.target_modules,
-            "files": {name: sha256(folder / name) for name in ADAPTER_FILES},
-        })
+        entries.append(
+            {
+                "name": spec.name,
+                "path": folder.relative_to(model).as_posix(),
+                "source": source,
+                "rank": info.rank,
+                "lora_alpha": info.lora_alpha,
+                "target_modules": info.target_modules,
+                "files": {name: sha256(folder / name) for name in ADAPTER_FILES},
+            }
+        )
     return entries
 
 

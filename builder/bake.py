@@ -21,8 +21,13 @@ from engine.text.tokenizer import BAKE_MARK, saved_by_bake
 MANIFEST = "manifest.json"
 
 
-def bake(source: Source, out: Path, token: str | None = None, served_name: str | None = None,
-         adapters: list[AdapterSpec] | None = None) -> dict:
+def bake(
+    source: Source,
+    out: Path,
+    token: str | None = None,
+    served_name: str | None = None,
+    adapters: list[AdapterSpec] | None = None,
+) -> dict:
     """Bake `source` and its LoRA `adapters` into `out` (replacing what is there); nothing is left behind on
     failure."""
     out = out.resolve()
@@ -37,8 +42,7 @@ def bake(source: Source, out: Path, token: str | None = None, served_name: str |
         saved_by = _save_tokenizer(staging)
         if json.loads((staging / "config.json").read_text()).get("model_type") == "gpt_oss":
             write_harmony_vocab(staging)  # openai-harmony's tokenizer, which it would otherwise download
-        manifest = _manifest(source, staging, fetched.revision, architecture, served_name or source.served_name,
-                             sums)
+        manifest = _manifest(source, staging, fetched.revision, architecture, served_name or source.served_name, sums)
         manifest[BAKE_MARK] = saved_by
         manifest["adapters"] = bake_adapters(adapters or [], staging, manifest["served_model_name"], token)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -62,8 +66,10 @@ def source_change(out: Path, source: Source) -> str | None:
         return None
     held = f"{baked.get('ref', '?')} ({baked.get('kind', '?')})"
     if baked.get("hf_overrides", {}) != wanted.get("hf_overrides", {}):
-        return (f"it was baked with HF_OVERRIDES {json.dumps(baked.get('hf_overrides', {}))}, not "
-                f"{json.dumps(wanted.get('hf_overrides', {}))}")
+        return (
+            f"it was baked with HF_OVERRIDES {json.dumps(baked.get('hf_overrides', {}))}, not "
+            f"{json.dumps(wanted.get('hf_overrides', {}))}"
+        )
     if (baked.get("kind"), baked.get("ref")) != (wanted["kind"], wanted["ref"]):
         return f"it holds {held}, not {wanted['ref']} ({wanted['kind']})"
     if "fingerprint" in wanted:
@@ -76,8 +82,9 @@ def update_adapters(out: Path, adapters: list[AdapterSpec], token: str | None = 
     """Re-bakes only the adapters of the bake in `out` when they differ from `adapters`; returns the new manifest,
     or None when they were already those. The model's files are left as they are."""
     manifest = json.loads((out / MANIFEST).read_text())
-    if [(a["name"], a["source"]) for a in manifest.get("adapters", [])] == [(s.name, adapter_identity(s))
-                                                                          for s in adapters]:
+    if [(a["name"], a["source"]) for a in manifest.get("adapters", [])] == [
+        (s.name, adapter_identity(s)) for s in adapters
+    ]:
         return None
     staging = Path(tempfile.mkdtemp(prefix=".adapters.", dir=out))
     try:
@@ -162,14 +169,22 @@ def check_sums(folder: Path, digests: dict[str, str]) -> dict[str, tuple[int, in
         stat = path.stat()
         got = sha256(path)
         if got != want:
-            raise BakeError(f"{name} is not the file the hub gives (its SHA-256 is {got}, not {want}): a corrupted "
-                            f"download or hub cache; delete it from the cache and bake again")
+            raise BakeError(
+                f"{name} is not the file the hub gives (its SHA-256 is {got}, not {want}): a corrupted "
+                f"download or hub cache; delete it from the cache and bake again"
+            )
         sums[name] = (stat.st_size, stat.st_mtime_ns, got)
     return sums
 
 
-def _manifest(source: Source, folder: Path, revision: str | None, architecture: str, served_name: str,
-              sums: dict[str, tuple[int, int, str]]) -> dict:
+def _manifest(
+    source: Source,
+    folder: Path,
+    revision: str | None,
+    architecture: str,
+    served_name: str,
+    sums: dict[str, tuple[int, int, str]],
+) -> dict:
     """The bake's record. `files` holds each file's SHA-256 (the worker checks them when VERIFY_MODEL_SHA256 is
     set) and `sizes` its size in bytes (checked on every start: cheap, and catches a truncated or missing file);
     `tensor_parallel_sizes` the TENSOR_PARALLEL_SIZE values among 1, 2, 4 and 8 that split the checkpoint (its

@@ -40,8 +40,7 @@ def tiktoken_vocab(tokenizer_json: Path, num_ranks: int) -> bytes:
         raise BakeError(f"the tokenizer is {model.get('type')!r}, not the byte-level BPE harmony's o200k is")
     by_id = {i: token for token, i in model["vocab"].items() if i < num_ranks}
     if len(by_id) != num_ranks:
-        raise BakeError(f"the tokenizer has {len(by_id)} tokens below id {num_ranks}; harmony's o200k has "
-                        f"{num_ranks}")
+        raise BakeError(f"the tokenizer has {len(by_id)} tokens below id {num_ranks}; harmony's o200k has {num_ranks}")
     byte_of = _byte_of_char()
     try:
         lines = [base64.b64encode(bytes(byte_of[c] for c in by_id[i])) + b" %d\n" % i for i in range(num_ranks)]
@@ -55,8 +54,10 @@ def write_harmony_vocab(folder: Path) -> Path:
     data = tiktoken_vocab(folder / "tokenizer.json", O200K_RANKS)
     digest = hashlib.sha256(data).hexdigest()
     if digest != O200K_SHA256:
-        raise BakeError(f"the tokenizer's first {O200K_RANKS} tokens are not o200k's (sha256 {digest[:12]}..., "
-                        f"openai-harmony expects {O200K_SHA256[:12]}...), so the harmony format cannot be served")
+        raise BakeError(
+            f"the tokenizer's first {O200K_RANKS} tokens are not o200k's (sha256 {digest[:12]}..., "
+            f"openai-harmony expects {O200K_SHA256[:12]}...), so the harmony format cannot be served"
+        )
     path = folder / O200K_FILE
     path.write_bytes(data)
     return path

@@ -24,8 +24,10 @@ def parse_hf_overrides(text: str | None) -> dict[str, Any]:
     except ValueError as exc:
         raise BakeError(f"HF_OVERRIDES is not JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise BakeError("HF_OVERRIDES must be a JSON object of config.json keys, e.g. "
-                        '{"architectures": ["Qwen3ForSequenceClassification"]}')
+        raise BakeError(
+            "HF_OVERRIDES must be a JSON object of config.json keys, e.g. "
+            '{"architectures": ["Qwen3ForSequenceClassification"]}'
+        )
     return value
 
 

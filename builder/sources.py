@@ -31,8 +31,12 @@ TOKENIZER_FILES = [
     "merges.txt",
 ]
 # sentence-transformers' description of how the model pools an embedding (engine/model/pooling.py reads it)
-POOLING_FILES = ["modules.json", "config_sentence_transformers.json", "sentence_bert_config.json",
-                 "*Pooling/config.json"]
+POOLING_FILES = [
+    "modules.json",
+    "config_sentence_transformers.json",
+    "sentence_bert_config.json",
+    "*Pooling/config.json",
+]
 SAFETENSORS_FILES = ["*.safetensors", "model.safetensors.index.json"]
 BIN_FILES = ["*.bin", "pytorch_model.bin.index.json"]
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")
@@ -100,8 +104,10 @@ def fingerprint(location: Path, files: list[Path]) -> str:
     digest = hashlib.sha256(str(location.resolve()).encode())
     for path in files:
         stat = path.stat()
-        digest.update(f"\0{path.relative_to(location) if location.is_dir() else path.name}\0{stat.st_size}"
-                      f"\0{stat.st_mtime_ns}".encode())
+        digest.update(
+            f"\0{path.relative_to(location) if location.is_dir() else path.name}\0{stat.st_size}"
+            f"\0{stat.st_mtime_ns}".encode()
+        )
     return digest.hexdigest()
 
 
@@ -154,8 +160,9 @@ def hub_blob_digests(snapshot: Path) -> dict[str, str]:
     return {name: blob for name, blob in blobs.items() if SHA256_NAME.fullmatch(blob)}
 
 
-def hub_snapshot(repo: str, revision: str | None, token: str | None, patterns: Callable[[], list[str]],
-                 kind: str = "a model") -> Path:
+def hub_snapshot(
+    repo: str, revision: str | None, token: str | None, patterns: Callable[[], list[str]], kind: str = "a model"
+) -> Path:
     """The local snapshot of the files `patterns()` names in a hub repo; hub errors become one BakeError line."""
     from huggingface_hub import errors, snapshot_download
 

@@ -63,13 +63,16 @@ def check_mtp(value: str | None, model: Path) -> str | None:
         with safe_open(str(path), framework="pt") as f:
             names.update(name for name in f.keys() if name.startswith("mtp."))
     if "mtp.fc.weight" not in names:
-        raise BakeError(f"SPECULATIVE_CONFIG method mtp needs the multi-token-prediction weights (mtp.*) that "
-                        f"Qwen3.5 and Qwen3-Next checkpoints ship; the model baked in {model} has none")
+        raise BakeError(
+            f"SPECULATIVE_CONFIG method mtp needs the multi-token-prediction weights (mtp.*) that "
+            f"Qwen3.5 and Qwen3-Next checkpoints ship; the model baked in {model} has none"
+        )
     return f"mtp: the model baked in {model} ships its head ({len(names)} mtp.* tensors)"
 
 
-def bake_speculative(method: str, repo: str, base: Path, model: Path, token: str | None,
-                     if_missing: bool = False) -> str:
+def bake_speculative(
+    method: str, repo: str, base: Path, model: Path, token: str | None, if_missing: bool = False
+) -> str:
     """Bakes `repo` into base/speculative for `method`, checked against the model baked in `model`; what it did."""
     out = base / SPECULATIVE_DIR
     if if_missing and _baked(out) == (method, repo):
@@ -105,8 +108,9 @@ def _check_draft(draft: Path, model: Path, repo: str) -> None:
     from engine.text.tokenizer import load_tokenizer
 
     if load_tokenizer(str(draft)).get_vocab() != load_tokenizer(str(model)).get_vocab():
-        raise BakeError(f"the draft model {repo} has another tokenizer than the model's: a draft must share its "
-                        "vocabulary")
+        raise BakeError(
+            f"the draft model {repo} has another tokenizer than the model's: a draft must share its vocabulary"
+        )
 
 
 def _bake_head(repo: str, out: Path, model: Path, token: str | None) -> None:
@@ -126,8 +130,11 @@ def _bake_head(repo: str, out: Path, model: Path, token: str | None) -> None:
         files = [p for p in sorted(snapshot.iterdir()) if p.name == "config.json" or p.suffix == ".safetensors"]
         for path in files:
             shutil.copyfile(path, staging / path.name)
-        manifest = {"speculative_method": "eagle3", "source": {"kind": "hub", "ref": repo},
-                    "files": {p.name: sha256(staging / p.name) for p in files}}
+        manifest = {
+            "speculative_method": "eagle3",
+            "source": {"kind": "hub", "ref": repo},
+            "files": {p.name: sha256(staging / p.name) for p in files},
+        }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)

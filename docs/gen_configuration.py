@@ -38,8 +38,15 @@ IMAGE_ENV_MEANING = {
     "RAYON_NUM_THREADS": "caps the tokenizer's thread pool, which would otherwise start one thread per host core",
 }
 # The image's own ENV lines that are plumbing rather than configuration.
-PLUMBING_ENV = {"DEBIAN_FRONTEND", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PIP_DISABLE_PIP_VERSION_CHECK",
-                "PIP_ROOT_USER_ACTION", "VIRTUAL_ENV", "PATH"}
+PLUMBING_ENV = {
+    "DEBIAN_FRONTEND",
+    "PYTHONUNBUFFERED",
+    "PYTHONDONTWRITEBYTECODE",
+    "PIP_DISABLE_PIP_VERSION_CHECK",
+    "PIP_ROOT_USER_ACTION",
+    "VIRTUAL_ENV",
+    "PATH",
+}
 
 
 @dataclass
@@ -85,7 +92,7 @@ def described(instruction: Instruction, name: str) -> str:
     """The text after `NAME:` in the comment block above the instruction (to the block's end)."""
     for index in range(len(instruction.comments) - 1, -1, -1):
         if instruction.comments[index].startswith(f"{name}:"):
-            text = [instruction.comments[index][len(name) + 1:].strip(), *instruction.comments[index + 1:]]
+            text = [instruction.comments[index][len(name) + 1 :].strip(), *instruction.comments[index + 1 :]]
             joined = " ".join(t for t in text if t)
             return joined[:1].upper() + joined[1:]
     raise SystemExit(f"Dockerfile line {instruction.line}: document {name} in a `# {name}: ...` comment above it")

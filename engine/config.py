@@ -66,18 +66,19 @@ def parse_lora_modules(value: str | None) -> list[AdapterSpec]:
 
 def check_adapter_name(name: str, param: str) -> None:
     if not ADAPTER_NAME.match(name):
-        raise StartupError(f"adapter name {name!r} must be letters, digits and . _ / - (no ':' or spaces)",
-                           param=param)
+        raise StartupError(f"adapter name {name!r} must be letters, digits and . _ / - (no ':' or spaces)", param=param)
 
 
 def _spec_from_json(item: object) -> AdapterSpec:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not isinstance(item.get("path"), str):
-        raise StartupError(f'each LORA_MODULES entry needs "name" and "path" strings, got {json.dumps(item)}',
-                           param="LORA_MODULES")
+        raise StartupError(
+            f'each LORA_MODULES entry needs "name" and "path" strings, got {json.dumps(item)}', param="LORA_MODULES"
+        )
     extra = set(item) - {"name", "path", "base_model_name"}
     if extra:
-        raise StartupError(f"LORA_MODULES entry {item['name']!r} has unknown keys: {', '.join(sorted(extra))}",
-                           param="LORA_MODULES")
+        raise StartupError(
+            f"LORA_MODULES entry {item['name']!r} has unknown keys: {', '.join(sorted(extra))}", param="LORA_MODULES"
+        )
     return AdapterSpec(item["name"], item["path"], item.get("base_model_name") or None)
 
 

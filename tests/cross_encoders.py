@@ -14,11 +14,23 @@ from pathlib import Path
 import torch
 
 KINDS = ("qwen3", "llama", "llama3", "reranker")
-RERANKER_KEYS = {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"],
-                 "is_original_qwen3_reranker": True}
+RERANKER_KEYS = {
+    "architectures": ["Qwen3ForSequenceClassification"],
+    "classifier_from_token": ["no", "yes"],
+    "is_original_qwen3_reranker": True,
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-SHAPE = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-6)
+SHAPE = dict(
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+)
 
 
 def build_cross_encoder(kind: str, folder: Path, tokenizer_from: Path, seed: int = 0):

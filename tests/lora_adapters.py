@@ -22,9 +22,19 @@ def peft_key(layer: int, target: str, kind: str) -> str:
     return f"base_model.model.model.layers.{layer}.{module}.{target}.lora_{kind}.weight"
 
 
-def write_adapter(folder: Path, shapes: dict[str, tuple[int, int]], num_layers: int, *, targets: list[str],
-                  rank: int = 4, alpha: float = 8.0, seed: int = 0, std: float = 0.1,
-                  layers: list[int] | None = None, **config: Any) -> dict[str, torch.Tensor]:
+def write_adapter(
+    folder: Path,
+    shapes: dict[str, tuple[int, int]],
+    num_layers: int,
+    *,
+    targets: list[str],
+    rank: int = 4,
+    alpha: float = 8.0,
+    seed: int = 0,
+    std: float = 0.1,
+    layers: list[int] | None = None,
+    **config: Any,
+) -> dict[str, torch.Tensor]:
     """Writes adapter_config.json + adapter_model.safetensors; returns the tensors by PEFT key.
 
     shapes: (out, in) per target, e.g. engine.model.adapters.projection_shapes(transformers_config)."""
@@ -37,8 +47,16 @@ def write_adapter(folder: Path, shapes: dict[str, tuple[int, int]], num_layers: 
             tensors[peft_key(layer, target, "B")] = torch.randn(out_features, rank, generator=gen) * std
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "adapter_model.safetensors"))
-    settings = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": targets, "bias": "none",
-                "base_model_name_or_path": "test-base", "task_type": "CAUSAL_LM", **config}
+    settings = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": alpha,
+        "target_modules": targets,
+        "bias": "none",
+        "base_model_name_or_path": "test-base",
+        "task_type": "CAUSAL_LM",
+        **config,
+    }
     (folder / "adapter_config.json").write_text(json.dumps(settings))
     return tensors
 

@@ -45,8 +45,12 @@ class PageTable:
             return torch.tensor(values, dtype=torch.int32, device=device)
 
         meta = AttentionMetadata(
-            qo_indptr=i32(qo), kv_indptr=i32(kv), kv_indices=i32(indices), kv_last_page_len=i32(last),
+            qo_indptr=i32(qo),
+            kv_indptr=i32(kv),
+            kv_indices=i32(indices),
+            kv_last_page_len=i32(last),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            page_size=self.page_size, is_decode=all(n == 1 for _, n in batch),
+            page_size=self.page_size,
+            is_decode=all(n == 1 for _, n in batch),
         )
         return torch.tensor(positions, device=device), meta

@@ -22,8 +22,9 @@ SMOOTHING = 0.2
 class ConcurrencyGauge:
     """Reads the engine's live stats (`AsyncEngine.stats()` / `describe()`) and says how many jobs it takes."""
 
-    def __init__(self, stats: Callable[[], dict[str, Any]], kv_pages: int, max_num_seqs: int,
-                 max_concurrency: int) -> None:
+    def __init__(
+        self, stats: Callable[[], dict[str, Any]], kv_pages: int, max_num_seqs: int, max_concurrency: int
+    ) -> None:
         self.stats = stats
         self.kv_pages = kv_pages
         self.bound = max(1, min(max_concurrency, max_num_seqs))

@@ -37,8 +37,11 @@ def model_files_mismatch(model_path: str, sha256: bool = False) -> list[str]:
         digests, sizes = manifest.get("files") or {}, manifest.get("sizes") or {}
     except (OSError, ValueError):
         digests, sizes = _cache_blob_digests(folder), {}
-    return [name for name, digest in sorted(digests.items())
-            if not _has_size(folder / name, sizes.get(name)) or (sha256 and _sha256(folder / name) != digest)]
+    return [
+        name
+        for name, digest in sorted(digests.items())
+        if not _has_size(folder / name, sizes.get(name)) or (sha256 and _sha256(folder / name) != digest)
+    ]
 
 
 def _has_size(path: Path, size: int | None) -> bool:
@@ -69,8 +72,10 @@ def fitness_checks(runtime: Runtime) -> list[Callable]:
         bad = model_files_mismatch(runtime.settings.model_path, sha256=sha256)
         if bad:
             what = "sizes or checksums" if sha256 else "sizes (SHA-256 sums not read: VERIFY_MODEL_SHA256=false)"
-            raise RuntimeError(f"model files are missing or differ from their recorded {what} (the bake's "
-                               f"manifest, or the hub cache's blob names): {', '.join(bad)}")
+            raise RuntimeError(
+                f"model files are missing or differ from their recorded {what} (the bake's "
+                f"manifest, or the hub cache's blob names): {', '.join(bad)}"
+            )
 
     async def one_token_forward_pass() -> None:
         prompt = runtime.tokenizer.encode("Hi") or [0]
@@ -87,8 +92,10 @@ def fitness_checks(runtime: Runtime) -> list[Callable]:
     def kv_cache_holds_one_max_len_sequence() -> None:
         info = runtime.engine.describe()
         if info["kv_pages"] * info["page_size"] < runtime.max_model_len:
-            raise RuntimeError(f"the KV cache ({info['kv_pages']} pages of {info['page_size']} tokens) cannot "
-                               f"hold one sequence of MAX_MODEL_LEN={runtime.max_model_len}")
+            raise RuntimeError(
+                f"the KV cache ({info['kv_pages']} pages of {info['page_size']} tokens) cannot "
+                f"hold one sequence of MAX_MODEL_LEN={runtime.max_model_len}"
+            )
 
     return [model_files_match_manifest, one_token_forward_pass, kv_cache_holds_one_max_len_sequence]
 

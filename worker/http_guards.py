@@ -22,8 +22,10 @@ from worker.openai.errors import (
 )
 
 # OpenAI's and Anthropic's words for a request that carries no key at all (a wrong one is "Incorrect API key").
-NO_KEY = ("You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer "
-          "auth (i.e. Authorization: Bearer YOUR_KEY).")
+NO_KEY = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer "
+    "auth (i.e. Authorization: Bearer YOUR_KEY)."
+)
 NO_KEY_ANTHROPIC = "x-api-key header is required"
 
 
@@ -31,8 +33,9 @@ def error_response(exc: Exception, headers: dict[str, str] | None = None, path: 
     """The error answer for `exc`: OpenAI's error object, or Anthropic's on the Messages API's `path`s."""
     body = error_body(exc)
     status = exc.status if isinstance(exc, WorkerError) else status_of(body) or 500
-    return JSONResponse(anthropic_shape(body, status) if is_messages_route(path) else body, status_code=status,
-                        headers=headers)
+    return JSONResponse(
+        anthropic_shape(body, status) if is_messages_route(path) else body, status_code=status, headers=headers
+    )
 
 
 class BodyTooLarge(Exception):
@@ -77,8 +80,9 @@ class BodyLimit:
                 await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
-        too_large = RequestTooLarge(f"The request body is larger than this worker accepts ({self.max_bytes} bytes, "
-                                    "MAX_REQUEST_MB).")
+        too_large = RequestTooLarge(
+            f"The request body is larger than this worker accepts ({self.max_bytes} bytes, MAX_REQUEST_MB)."
+        )
         await error_response(too_large, {"Connection": "close"}, scope["path"])(scope, receive, send)
 
 

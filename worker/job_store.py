@@ -68,8 +68,12 @@ class RouteCounts:
     in_progress: int = 0
 
     def report(self) -> dict[str, int]:
-        return {"completed": self.completed, "failed": self.failed, "cancelled": self.cancelled,
-                "inProgress": self.in_progress}
+        return {
+            "completed": self.completed,
+            "failed": self.failed,
+            "cancelled": self.cancelled,
+            "inProgress": self.in_progress,
+        }
 
 
 @dataclass
@@ -152,7 +156,7 @@ class JobStore:
                 await asyncio.wait_for(
                     job.changed.wait_for(lambda: job.streamed < len(job.outputs) or job.status in FINAL), timeout
                 )
-        new = job.outputs[job.streamed:]
+        new = job.outputs[job.streamed :]
         job.streamed += len(new)
         out: dict[str, Any] = {"id": job.id, "status": job.status, "stream": [{"output": o} for o in new]}
         if job.error is not None:
@@ -186,9 +190,13 @@ class JobStore:
         """RunPod's job counts over every request served (/run jobs and OpenAI routes alike), and the same by route."""
         routes = self.routes.values()
         queued = sum(1 for j in self.jobs.values() if j.status == "IN_QUEUE")
-        return {"completed": sum(c.completed for c in routes), "failed": sum(c.failed for c in routes),
-                "inProgress": sum(c.in_progress for c in routes), "inQueue": queued,
-                "retried": 0}  # RunPod's field; this endpoint never retries a job
+        return {
+            "completed": sum(c.completed for c in routes),
+            "failed": sum(c.failed for c in routes),
+            "inProgress": sum(c.in_progress for c in routes),
+            "inQueue": queued,
+            "retried": 0,
+        }  # RunPod's field; this endpoint never retries a job
 
     def by_route(self) -> dict[str, dict[str, int]]:
         return {route: counts.report() for route, counts in sorted(self.routes.items())}
@@ -197,6 +205,7 @@ class JobStore:
         route = route_name(job.input)
         end: Callable[[str], None] | None = None
         try:
+
             def start() -> None:
                 nonlocal end
                 job.status = "IN_PROGRESS"

@@ -24,8 +24,16 @@ from worker.openai.models import list_models, retrieve_model
 from worker.openai.responses.compact import complete_compaction, prepare_compaction
 from worker.openai.responses.resources import stored_response
 from worker.openai.responses.route import complete_response, prepare_response, stream_response
-from worker.openai.scoring import (RERANK, RERANK_V2, SCORE, create_rerank, create_score, prepare_rerank,
-                                   prepare_score, refuse_generation)
+from worker.openai.scoring import (
+    RERANK,
+    RERANK_V2,
+    SCORE,
+    create_rerank,
+    create_score,
+    prepare_rerank,
+    prepare_score,
+    refuse_generation,
+)
 from worker.openai.streaming import BatchSize, openai_stream
 from worker.runtime import Runtime
 from worker.unicode_check import check_unicode
@@ -59,8 +67,9 @@ EVENT_STREAMS = (RESPONSES, MESSAGES)
 # vLLM's routes that load and unload LoRA adapters while serving (each answers one line of text).
 ADAPTER_ROUTES = {LOAD: load_lora_adapter, UNLOAD: unload_lora_adapter}
 # Routes that generate: how each prepares a request (on a thread), answers it whole, and streams it.
-GENERATIONS: dict[str, tuple[Callable[[Any, Runtime], Any], Callable[[Any], Awaitable[Any]],
-                             Callable[[Any], AsyncIterator[Any]]]] = {
+GENERATIONS: dict[
+    str, tuple[Callable[[Any, Runtime], Any], Callable[[Any], Awaitable[Any]], Callable[[Any], AsyncIterator[Any]]]
+] = {
     CHAT: (prepare_chat, complete_chat, stream_chat),
     COMPLETIONS: (prepare_completion, complete, stream_completion),
     RESPONSES: (prepare_response, complete_response, stream_response),
@@ -146,7 +155,7 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
     if route == MODELS:
         yield list_models(runtime)
     elif route.startswith(MODELS + "/"):
-        yield retrieve_model(runtime, route[len(MODELS) + 1:])
+        yield retrieve_model(runtime, route[len(MODELS) + 1 :])
     elif route in ADAPTER_ROUTES:
         yield await ADAPTER_ROUTES[route](body, runtime)
     elif route == COUNT_TOKENS:
@@ -166,7 +175,7 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
             yield await create_embeddings(call)
     elif route.startswith(RESPONSES + "/"):
         method = str(job_input.get("openai_method") or "GET").upper()
-        yield stored_response(runtime.responses, route[len(RESPONSES) + 1:], method, body)
+        yield stored_response(runtime.responses, route[len(RESPONSES) + 1 :], method, body)
     elif route in GENERATIONS:
         prepare, complete, stream = GENERATIONS[route]
         # NOTE: off the event loop: rendering and tokenizing a long prompt would stall every other stream.
@@ -180,19 +189,23 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
         with _client_names(route):
             first = await chunks.__anext__()  # the engine request has started: the request was accepted
         settings = runtime.settings
-        sizes = BatchSize(settings.default_batch_size, settings.default_min_batch_size,
-                          settings.default_batch_size_growth_factor)
+        sizes = BatchSize(
+            settings.default_batch_size, settings.default_min_batch_size, settings.default_batch_size_growth_factor
+        )
         events = route in EVENT_STREAMS
         error = anthropic_error if route == MESSAGES else error_body
-        async with aclosing(openai_stream(_prepend(first, chunks), settings.raw_openai_output, sizes,
-                                          events=events, error=error)) as groups:
+        async with aclosing(
+            openai_stream(_prepend(first, chunks), settings.raw_openai_output, sizes, events=events, error=error)
+        ) as groups:
             async for group in groups:
                 yield group
     else:
-        raise RouteNotFound(f"Unknown openai_route {route!r}: this worker serves {CHAT}, {COMPLETIONS}, "
-                            f"{RESPONSES}, {COMPACT}, {MESSAGES}, {COUNT_TOKENS}, {EMBEDDINGS}, {SCORE}, {RERANK}, "
-                            f"{RERANK_V2} and {MODELS}",
-                            param="openai_route")
+        raise RouteNotFound(
+            f"Unknown openai_route {route!r}: this worker serves {CHAT}, {COMPLETIONS}, "
+            f"{RESPONSES}, {COMPACT}, {MESSAGES}, {COUNT_TOKENS}, {EMBEDDINGS}, {SCORE}, {RERANK}, "
+            f"{RERANK_V2} and {MODELS}",
+            param="openai_route",
+        )
 
 
 @contextmanager

@@ -52,8 +52,9 @@ async def unload_lora_adapter(body: Any, runtime: Runtime) -> str:
 def _check_enabled(runtime: Runtime, route: str) -> None:
     if not runtime.engine.adapters_at_run_time:
         why = "ENABLE_LORA is off" if not runtime.settings.enable_lora else "set VLLM_ALLOW_RUNTIME_LORA_UPDATING=true"
-        raise RouteNotFound(f"{route} is off on this worker ({why} to load and unload adapters while serving)",
-                            param="openai_route")
+        raise RouteNotFound(
+            f"{route} is off on this worker ({why} to load and unload adapters while serving)", param="openai_route"
+        )
 
 
 def _field(body: Any, name: str) -> str:

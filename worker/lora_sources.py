@@ -47,8 +47,9 @@ def locate_adapter(spec: AdapterSpec, settings: Settings) -> str:
         if not hub_is_offline():
             return _download(spec.path, looked)
         looked.append("the hub (HF_HUB_OFFLINE is set)")
-    raise AdapterNotFound(f"No adapter found for {spec.name!r} at {spec.path!r}; looked at: {'; '.join(looked)}",
-                          param="lora_path")
+    raise AdapterNotFound(
+        f"No adapter found for {spec.name!r} at {spec.path!r}; looked at: {'; '.join(looked)}", param="lora_path"
+    )
 
 
 def _download(repo: str, looked: list[str]) -> str:
@@ -59,5 +60,6 @@ def _download(repo: str, looked: list[str]) -> str:
         return snapshot_download(repo, allow_patterns=list(ADAPTER_FILES))  # HF_TOKEN from the environment
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
         looked.append(f"the hub ({type(exc).__name__})")
-        raise AdapterNotFound(f"No adapter found for {repo!r}; looked at: {'; '.join(looked)}",
-                              param="lora_path") from None
+        raise AdapterNotFound(
+            f"No adapter found for {repo!r}; looked at: {'; '.join(looked)}", param="lora_path"
+        ) from None

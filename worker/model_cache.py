@@ -45,8 +45,9 @@ def locate_model(settings: Settings) -> Settings:
             keep_hub_offline()
             log.info("serving MODEL_NAME=%s from the hub cache snapshot %s, in place", name, snapshot)
             return settings.model_copy(update={"model_path_env": str(snapshot)})
-    raise StartupError(f"MODEL_NAME={name} is neither baked nor in a hub cache; looked at: {'; '.join(looked)}",
-                       param="MODEL_NAME")
+    raise StartupError(
+        f"MODEL_NAME={name} is neither baked nor in a hub cache; looked at: {'; '.join(looked)}", param="MODEL_NAME"
+    )
 
 
 def hub_cache_roots(settings: Settings) -> list[Path]:
@@ -79,11 +80,17 @@ def check_snapshot(snapshot: Path, name: str) -> None:
 
     where = f"MODEL_NAME={name} ({snapshot})"
     if not list(snapshot.glob("*.safetensors")) and list(snapshot.glob("*.bin")):
-        raise StartupError(f"{where} has only PyTorch .bin weights, and the worker reads safetensors in place: "
-                           "bake it (python -m builder converts them)", param="MODEL_NAME")
+        raise StartupError(
+            f"{where} has only PyTorch .bin weights, and the worker reads safetensors in place: "
+            "bake it (python -m builder converts them)",
+            param="MODEL_NAME",
+        )
     if (snapshot / "config.json").is_file() and not (snapshot / "tokenizer.json").is_file():
-        raise StartupError(f"{where} has no tokenizer.json (a sentencepiece tokenizer.model is converted only by "
-                           "the bake): bake it with python -m builder", param="MODEL_NAME")
+        raise StartupError(
+            f"{where} has no tokenizer.json (a sentencepiece tokenizer.model is converted only by "
+            "the bake): bake it with python -m builder",
+            param="MODEL_NAME",
+        )
     try:
         check_model_folder(snapshot)
     except UnsupportedModel as exc:

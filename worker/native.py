@@ -22,10 +22,10 @@ from engine.sample.params import SamplingParams
 from worker.openai.chat_deltas import delta_dicts
 from worker.openai.chat_output import OutputFormat, OutputStream
 from worker.openai.chat_template import render_chat
-from worker.openai.images import ImageRef, read_images, take_images
 from worker.openai.chat_tools import render_with_tools, tool_params
 from worker.openai.errors import BadRequest
 from worker.openai.generation import start
+from worker.openai.images import ImageRef, read_images, take_images
 from worker.openai.models import resolve_model
 from worker.openai.params import native_sampling_params
 from worker.openai.protocol import ChatMessage
@@ -57,8 +57,9 @@ class NativeJob(BaseModel):
     @model_validator(mode="after")
     def _needs_input(self) -> NativeJob:
         if self.prompt is None and not self.messages:
-            raise BadRequest("a native job needs `prompt` or `messages` (or `openai_route` for the OpenAI API)",
-                             param="prompt")
+            raise BadRequest(
+                "a native job needs `prompt` or `messages` (or `openai_route` for the OpenAI API)", param="prompt"
+            )
         if self.tools is not None and self.messages is None:
             raise BadRequest("tools need `messages` (the chat template shows them to the model)", param="tools")
         check_tool_choice(self.tool_choice, check_tools(self.tools))
@@ -67,23 +68,35 @@ class NativeJob(BaseModel):
         return self
 
 
-def _prompt(job: NativeJob, runtime: Runtime, params: SamplingParams
-            ) -> tuple[list[int], OutputFormat | None, SamplingParams, list[ImageRef]]:
+def _prompt(
+    job: NativeJob, runtime: Runtime, params: SamplingParams
+) -> tuple[list[int], OutputFormat | None, SamplingParams, list[ImageRef]]:
     """The prompt's token ids, how answers are read (None: as plain text), the parameters the tools need and the
     messages' images (the chat route's image_url parts)."""
     image_prompt = getattr(runtime.engine, "image_prompt", None)
-    messages, images = (job.messages, []) if job.messages is None else take_images(
-        job.messages, image_prompt is not None, runtime.settings)
+    messages, images = (
+        (job.messages, [])
+        if job.messages is None
+        else take_images(job.messages, image_prompt is not None, runtime.settings)
+    )
     shown = {"images": len(images), "image_prompt": image_prompt}
     if job.messages is None or job.tools is None:
         return _prompt_ids(job, runtime, messages, shown), None, params, images
     if runtime.tool_format == "harmony":
         # NOTE: harmony answers are read token by token (openai-harmony's parser); native jobs read text.
-        raise BadRequest("tools in a native job are not supported for this model's harmony format (gpt-oss): "
-                         "send the request to /v1/chat/completions or /v1/responses", param="tools")
-    prompt, plan, output, constraint = render_with_tools(runtime, messages, tools=job.tools,
-                                                         tool_choice=job.tool_choice,
-                                                         parallel=job.parallel_tool_calls is not False, **shown)
+        raise BadRequest(
+            "tools in a native job are not supported for this model's harmony format (gpt-oss): "
+            "send the request to /v1/chat/completions or /v1/responses",
+            param="tools",
+        )
+    prompt, plan, output, constraint = render_with_tools(
+        runtime,
+        messages,
+        tools=job.tools,
+        tool_choice=job.tool_choice,
+        parallel=job.parallel_tool_calls is not False,
+        **shown,
+    )
     return prompt.token_ids, output, tool_params(params, plan, runtime, constraint, output, prompt.text), images
 
 
@@ -91,8 +104,7 @@ def _prompt_ids(job: NativeJob, runtime: Runtime, messages: list[Any] | None, sh
     tokenizer = runtime.tokenizer
     if messages is not None or job.apply_chat_template:
         messages = messages if messages is not None else [{"role": "user", "content": job.prompt}]
-        return render_chat(tokenizer, messages, chat_template=runtime.settings.custom_chat_template,
-                           **shown).token_ids
+        return render_chat(tokenizer, messages, chat_template=runtime.settings.custom_chat_template, **shown).token_ids
     if isinstance(job.prompt, list):
         return list(job.prompt)
     return tokenizer.encode(job.prompt, add_special_tokens=True)
@@ -109,9 +121,11 @@ async def run_native(raw: dict[str, Any], runtime: Runtime) -> AsyncIterator[dic
     request_id = f"native-{job.request_id or uuid.uuid4().hex}-{uuid.uuid4().hex[:8]}"
     started = await start(runtime.engine, prompt_ids, params, request_id, files)
     settings = runtime.settings
-    sizes = BatchSize(job.max_batch_size or settings.default_batch_size,
-                      job.min_batch_size or settings.default_min_batch_size,
-                      job.batch_size_growth_factor or settings.default_batch_size_growth_factor)
+    sizes = BatchSize(
+        job.max_batch_size or settings.default_batch_size,
+        job.min_batch_size or settings.default_min_batch_size,
+        job.batch_size_growth_factor or settings.default_batch_size_growth_factor,
+    )
     readers = [reading.stream() if reading is not None and job.stream else None for _ in range(params.n)]
     batches = [_Choice() for _ in range(params.n)]
     pending = 0
@@ -179,5 +193,7 @@ class _Choice:
 
 def _batch(choices: list[_Choice], output: Any) -> dict[str, Any]:
     prompt_tokens = output.num_prompt_tokens or len(output.prompt_token_ids)
-    return {"choices": [c.as_dict() for c in choices],
-            "usage": {"input": prompt_tokens, "output": output.num_generated_tokens}}
+    return {
+        "choices": [c.as_dict() for c in choices],
+        "usage": {"input": prompt_tokens, "output": output.num_generated_tokens},
+    }

@@ -17,9 +17,9 @@ from typing import Any
 from worker.concurrency import ConcurrencyGauge
 from worker.lora_sources import startup_adapters
 from worker.model_cache import locate_model
+from worker.openai.errors import StoreUnavailable
 from worker.openai.harmony.encoding import harmony_encoding
 from worker.openai.reasoning import pick_reasoning
-from worker.openai.errors import StoreUnavailable
 from worker.openai.responses.redis_store import RedisResponseStore
 from worker.openai.responses.store import ResponseStore
 from worker.openai.tools.registry import model_type, pick_format, template_text
@@ -54,8 +54,9 @@ class Runtime:
     def concurrency(self) -> ConcurrencyGauge:
         """How many jobs the worker takes at once, from the engine's free KV pages, within MAX_CONCURRENCY."""
         info = self.engine.describe()
-        return ConcurrencyGauge(self.engine.stats, info["kv_pages"], info["max_num_seqs"],
-                                self.settings.max_concurrency)
+        return ConcurrencyGauge(
+            self.engine.stats, info["kv_pages"], info["max_num_seqs"], self.settings.max_concurrency
+        )
 
     @property
     def tokenizer(self) -> Any:
@@ -82,8 +83,11 @@ class Runtime:
 
     def template_for(self, chat_template: str | None) -> str:
         """The chat template text a request renders with: its own, else CUSTOM_CHAT_TEMPLATE, else the model's."""
-        return chat_template or self.settings.custom_chat_template or template_text(
-            getattr(self.tokenizer, "chat_template", None))
+        return (
+            chat_template
+            or self.settings.custom_chat_template
+            or template_text(getattr(self.tokenizer, "chat_template", None))
+        )
 
     def formats_for(self, chat_template: str | None) -> tuple[str, str | None]:
         """(tool-call format, reasoning parser) for a request's own chat template (None: the served one)."""
@@ -126,11 +130,18 @@ def start(settings: Settings) -> Runtime:
         seed=settings.seed,
         structured_max_whitespace=None if settings.structured_output_free_whitespace else JSON_MAX_WHITESPACE,
         cpu_threads=settings.omp_num_threads,
-        lora=LoraConfig(startup_adapters(settings, baked_adapters(settings)), settings.max_loras,
-                        settings.max_lora_rank, runtime=settings.enable_lora and settings.allow_runtime_lora_updating),
+        lora=LoraConfig(
+            startup_adapters(settings, baked_adapters(settings)),
+            settings.max_loras,
+            settings.max_lora_rank,
+            runtime=settings.enable_lora and settings.allow_runtime_lora_updating,
+        ),
         speculative=speculative_config(settings),
-        tensor_parallel_size=(settings.tensor_parallel_size if settings.tensor_parallel_size == "auto"
-                              else int(settings.tensor_parallel_size)),
+        tensor_parallel_size=(
+            settings.tensor_parallel_size
+            if settings.tensor_parallel_size == "auto"
+            else int(settings.tensor_parallel_size)
+        ),
         tensor_parallel_timeout_s=settings.tensor_parallel_timeout_s,
     )
     try:
@@ -138,8 +149,14 @@ def start(settings: Settings) -> Runtime:
     except StartupError as exc:
         raise StartupError(_as_env_names(exc.message), param=exc.param) from None
     store = response_store(settings)
-    runtime = Runtime(settings=settings, engine=engine, model_names=accepted_model_names(settings),
-                      created=int(time.time()), responses=store, drain=Drain(engine, settings.shutdown_grace_s))
+    runtime = Runtime(
+        settings=settings,
+        engine=engine,
+        model_names=accepted_model_names(settings),
+        created=int(time.time()),
+        responses=store,
+        drain=Drain(engine, settings.shutdown_grace_s),
+    )
     if runtime.tool_format == "harmony":
         runtime.harmony  # noqa: B018 -- loaded now, so a missing vocabulary fails the start, not a request
     _current = runtime
@@ -167,16 +184,28 @@ def speculative_config(settings: Settings) -> Any:
     if spec is None:
         return None
     model = None if spec.model is None else locate_speculative(spec.model, settings)
-    return SpeculativeConfig(method=spec.method, num_speculative_tokens=spec.num_speculative_tokens,
-                       prompt_lookup_min=spec.lookup[0], prompt_lookup_max=spec.lookup[1], model=model,
-                       disable_by_batch_size=spec.disable_by_batch_size)
+    return SpeculativeConfig(
+        method=spec.method,
+        num_speculative_tokens=spec.num_speculative_tokens,
+        prompt_lookup_min=spec.lookup[0],
+        prompt_lookup_max=spec.lookup[1],
+        model=model,
+        disable_by_batch_size=spec.disable_by_batch_size,
+    )
 
 
 # The engine names its settings as EngineConfig does; a worker's user sets them as these variables.
-ENV_OF_ENGINE_SETTING = {"max_model_len": "MAX_MODEL_LEN", "num_kv_pages": "NUM_GPU_BLOCKS_OVERRIDE",
-                         "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION", "attention_backend": "ATTENTION_BACKEND",
-                         "dtype": "DTYPE", "max_num_seqs": "MAX_NUM_SEQS", "page_size": "BLOCK_SIZE",
-                         "kv_cache_dtype": "KV_CACHE_DTYPE", "tensor_parallel_size": "TENSOR_PARALLEL_SIZE"}
+ENV_OF_ENGINE_SETTING = {
+    "max_model_len": "MAX_MODEL_LEN",
+    "num_kv_pages": "NUM_GPU_BLOCKS_OVERRIDE",
+    "gpu_memory_utilization": "GPU_MEMORY_UTILIZATION",
+    "attention_backend": "ATTENTION_BACKEND",
+    "dtype": "DTYPE",
+    "max_num_seqs": "MAX_NUM_SEQS",
+    "page_size": "BLOCK_SIZE",
+    "kv_cache_dtype": "KV_CACHE_DTYPE",
+    "tensor_parallel_size": "TENSOR_PARALLEL_SIZE",
+}
 
 
 def response_store(settings: Settings) -> ResponseStore | RedisResponseStore:
@@ -185,8 +214,9 @@ def response_store(settings: Settings) -> ResponseStore | RedisResponseStore:
     max_bytes = int(settings.response_store_max_mb * 2**20)
     if not settings.response_store_url:
         return ResponseStore(settings.response_store_max_entries, max_bytes)
-    store = RedisResponseStore(settings.response_store_url, settings.response_store_max_entries, max_bytes,
-                               settings.response_store_ttl_s)
+    store = RedisResponseStore(
+        settings.response_store_url, settings.response_store_max_entries, max_bytes, settings.response_store_ttl_s
+    )
     try:
         store.check()
         log.info("responses stored in Redis at %s (TTL %d s)", store.where, settings.response_store_ttl_s)
@@ -224,8 +254,12 @@ def describe(runtime: Runtime) -> str:
         + f"kv_pages={info['kv_pages']}x{info['page_size']} ({info['kv_pages'] * info['page_size']} tokens, "
         f"{info['kv_dtype']}, {info['kv_bytes'] / 2**20:.0f} MiB) "
         f"kv_groups={info['kv_groups']} "
-        + (f"state_pool={info['state_seqs']} sequences (+{info['state_seqs']} prefix snapshots, "
-           f"{info['state_bytes'] / 2**20:.0f} MiB) " if info.get("state_seqs") else "")
+        + (
+            f"state_pool={info['state_seqs']} sequences (+{info['state_seqs']} prefix snapshots, "
+            f"{info['state_bytes'] / 2**20:.0f} MiB) "
+            if info.get("state_seqs")
+            else ""
+        )
         + f"max_model_len={runtime.max_model_len} tool_calls={runtime.tool_format} "
         f"reasoning={runtime.reasoning_format or 'none'}"
         + (f" adapters={','.join(runtime.adapters)}" if runtime.adapters else "")

@@ -78,8 +78,9 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
         # Paths outside the routes above, and wrong methods: OpenAI's error object, not FastAPI's {"detail"}.
         path = request.url.path
         if exc.status_code == 405:
-            return error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {path}"),
-                                  exc.headers, path)
+            return error_response(
+                MethodNotAllowed(f"Method {request.method} is not allowed on {path}"), exc.headers, path
+            )
         return error_response(RouteNotFound(f"Unknown route {request.method} {path}", param=None), path=path)
 
     openai = APIRouter()
@@ -130,8 +131,7 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
 
     @openai.get("/responses/{response_id}/input_items")
     async def input_items(response_id: str, request: Request) -> Response:
-        return await openai_call(handler, f"/v1/responses/{response_id}/input_items", dict(request.query_params),
-                                  None)
+        return await openai_call(handler, f"/v1/responses/{response_id}/input_items", dict(request.query_params), None)
 
     @openai.post("/messages")
     async def messages(request: Request) -> Response:
@@ -192,8 +192,14 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
 
         jobs = store.health()
         running = int(jobs["inProgress"] > 0)
-        return JSONResponse({"jobs": jobs, "workers": {"idle": 1 - running, "running": running},
-                             "jobsByRoute": store.by_route(), "engine": engine_stats(current())})
+        return JSONResponse(
+            {
+                "jobs": jobs,
+                "workers": {"idle": 1 - running, "running": running},
+                "jobsByRoute": store.by_route(),
+                "engine": engine_stats(current()),
+            }
+        )
 
     for prefix in OPENAI_PREFIXES:
         app.include_router(openai, prefix=prefix)
@@ -214,8 +220,9 @@ def _job_not_found(job_id: str) -> JSONResponse:
     return error_response(RouteNotFound(f"no job {job_id!r} on this worker", param="job_id"))
 
 
-async def _openai_call(handler: Handler, route: str, body: Any, request: Request | None,
-                       method: str | None = None, *, store: JobStore) -> Response:
+async def _openai_call(
+    handler: Handler, route: str, body: Any, request: Request | None, method: str | None = None, *, store: JobStore
+) -> Response:
     """Run an OpenAI request as the job RunPod would send, answering JSON or an SSE stream, counted in `store`'s
     counts as a job of its route is (/health).
 
@@ -280,8 +287,7 @@ async def _first_output(outputs: AsyncIterator[Any], request: Request | None) ->
             await asyncio.gather(pending, return_exceptions=True)
 
 
-async def _sse(first: Any, outputs: AsyncIterator[Any], events: bool, end: Callable[[str], None]
-               ) -> AsyncIterator[str]:
+async def _sse(first: Any, outputs: AsyncIterator[Any], events: bool, end: Callable[[str], None]) -> AsyncIterator[str]:
     """The handler's yields as SSE text: raw text as is; lists of chunk objects (RAW_OPENAI_OUTPUT=0) encoded,
     as named events for the Responses and Messages APIs (`events`), which end without [DONE]. `end` counts the
     request as completed once all went out, as cancelled when its client left first."""
@@ -306,5 +312,10 @@ def serve(handler: Handler, settings: Settings, host: str = "127.0.0.1", port: i
 
     # NOTE: uvicorn cancels what still runs after its own timeout; the worker's grace period (worker/shutdown.py)
     # ends such requests with an error first, so its timeout only has to come later.
-    uvicorn.run(create_app(handler, settings), host=host, port=port, log_level="info",
-                timeout_graceful_shutdown=settings.shutdown_grace_s + 3)
+    uvicorn.run(
+        create_app(handler, settings),
+        host=host,
+        port=port,
+        log_level="info",
+        timeout_graceful_shutdown=settings.shutdown_grace_s + 3,
+    )

@@ -51,8 +51,9 @@ class SpeculativeSettings(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> SpeculativeSettings:
         if self.lookup[0] > self.lookup[1]:
-            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) is above prompt_lookup_max "
-                             f"({self.prompt_lookup_max})")
+            raise ValueError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) is above prompt_lookup_max ({self.prompt_lookup_max})"
+            )
         if self.method in ("draft_model", "eagle3") and not self.model:
             what = "draft model" if self.method == "draft_model" else "EAGLE-3 head"
             raise ValueError(f'method "{self.method}" needs the {what}\'s folder as "model"')
@@ -81,10 +82,12 @@ class Settings(BaseModel):
     custom_chat_template: str | None = Field(None, alias="CUSTOM_CHAT_TEMPLATE")
 
     # Tool calls and reasoning: the formats are read from the chat template unless these name one
-    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral", "gemma4", "qwen3_coder", "generic"] = (
-        Field("auto", alias="TOOL_CALL_PARSER"))
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral", "gemma4", "qwen3_coder", "generic"] = Field(
+        "auto", alias="TOOL_CALL_PARSER"
+    )
     reasoning_parser: Literal["auto", "qwen3", "deepseek_r1", "gemma4", "none"] = Field(
-        "auto", alias="REASONING_PARSER")
+        "auto", alias="REASONING_PARSER"
+    )
     # An answer ends at its call past this many (a small model can call on until the context is full).
     max_tool_calls_per_answer: int = Field(16, alias="MAX_TOOL_CALLS_PER_ANSWER", ge=1)
     # JSON response formats may write any amount of whitespace between tokens (xgrammar's default) instead of at most
@@ -220,8 +223,15 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     if "DTYPE" in values:
         dtype = values["DTYPE"].strip().lower()
         values["DTYPE"] = _DTYPE_ALIASES.get(dtype, dtype)
-    for key in ("DEVICE", "ATTENTION_BACKEND", "QUANTIZATION", "KV_CACHE_DTYPE", "TOOL_CALL_PARSER",
-                "REASONING_PARSER", "TENSOR_PARALLEL_SIZE"):
+    for key in (
+        "DEVICE",
+        "ATTENTION_BACKEND",
+        "QUANTIZATION",
+        "KV_CACHE_DTYPE",
+        "TOOL_CALL_PARSER",
+        "REASONING_PARSER",
+        "TENSOR_PARALLEL_SIZE",
+    ):
         if key in values:
             values[key] = values[key].strip().lower()
     if "LOG_LEVEL" in values:
@@ -290,8 +300,10 @@ def _manifest(model_path: str) -> dict:
 
 def accepted_model_names(settings: Settings) -> list[str]:
     """Every name a request's `model` may carry, the served (primary) one first."""
-    names = [served_model_name(settings), _manifest_name(settings.model_path) or settings.model_name
-             or baked_model_name(settings.model_path)]
+    names = [
+        served_model_name(settings),
+        _manifest_name(settings.model_path) or settings.model_name or baked_model_name(settings.model_path),
+    ]
     if settings.model_name:
         names.append(settings.model_name)
     return list(dict.fromkeys(names))

@@ -56,7 +56,10 @@ class Drain:
         deadline = loop.time() + self.grace_s
         while self.engine.num_running and loop.time() < deadline:
             await asyncio.sleep(POLL_S)
-        failed = self.engine.fail_all(ShuttingDown(
-            f"The worker is shutting down and this request did not finish within its {self.grace_s:g} s grace "
-            "period; retry it."))
+        failed = self.engine.fail_all(
+            ShuttingDown(
+                f"The worker is shutting down and this request did not finish within its {self.grace_s:g} s grace "
+                "period; retry it."
+            )
+        )
         log.info("grace period over: %d requests ended with an error", failed)

@@ -33,8 +33,10 @@ def locate_speculative(model: str, settings: Settings) -> str:
         snapshot = find_snapshot(root, model, None, looked)
         if snapshot is not None:
             return str(snapshot)
-    raise StartupError(f"SPECULATIVE_CONFIG's model {model} is neither baked nor in a hub cache; looked at: "
-                       f"{'; '.join(looked)}", param="SPECULATIVE_CONFIG")
+    raise StartupError(
+        f"SPECULATIVE_CONFIG's model {model} is neither baked nor in a hub cache; looked at: {'; '.join(looked)}",
+        param="SPECULATIVE_CONFIG",
+    )
 
 
 def _baked_source(folder: Path) -> str | None:

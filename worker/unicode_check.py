@@ -32,5 +32,8 @@ def _check(text: str, path: str | None) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError:
         name = None if path is None else path.encode("utf-8", "backslashreplace").decode()  # a key may hold it
-        raise BadRequest(f"{name if name is not None else 'the input'} is not valid Unicode: it holds an unpaired "
-                         "surrogate (a \\ud800-style escape without its pair)", param=name) from None
+        raise BadRequest(
+            f"{name if name is not None else 'the input'} is not valid Unicode: it holds an unpaired "
+            "surrogate (a \\ud800-style escape without its pair)",
+            param=name,
+        ) from None

@@ -49,8 +49,16 @@ def copy_bandwidth(out: Path) -> None:
     end.record()
     torch.cuda.synchronize()
     seconds = start.elapsed_time(end) / 1e3 / 20
-    save(out, "bandwidth", {"copy_bytes": n, "copy_TBps": 2 * n / seconds / 1e12,
-                            "device": torch.cuda.get_device_name(), "torch": torch.__version__})
+    save(
+        out,
+        "bandwidth",
+        {
+            "copy_bytes": n,
+            "copy_TBps": 2 * n / seconds / 1e12,
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+        },
+    )
 
 
 def make_checkpoint(shape: str, path: Path) -> None:
@@ -77,16 +85,23 @@ def run_engine(shape: str, ckpt: Path, out: Path) -> None:
     from engine.sample.params import SamplingParams
 
     t_import = time.perf_counter()
-    engine = LLMEngine(EngineConfig(model_path=str(ckpt), device="cuda", dtype="bfloat16",
-                                    attention_backend="flashinfer", max_num_seqs=max(CONCURRENCY),
-                                    max_num_batched_tokens=8192, enable_prefix_caching=False))
+    engine = LLMEngine(
+        EngineConfig(
+            model_path=str(ckpt),
+            device="cuda",
+            dtype="bfloat16",
+            attention_backend="flashinfer",
+            max_num_seqs=max(CONCURRENCY),
+            max_num_batched_tokens=8192,
+            enable_prefix_caching=False,
+        )
+    )
     t_init = time.perf_counter()
     vocab = engine.spec.vocab_size
     greedy = SamplingParams(temperature=0.0, max_tokens=OUTPUT_LEN, ignore_eos=True)
 
     # Start-up: the first request's first token, then its second (a decode kernel compiled late shows here).
-    engine.add_request("first", prompts(1, vocab, 0)[0], SamplingParams(temperature=0.0, max_tokens=2,
-                                                                          ignore_eos=True))
+    engine.add_request("first", prompts(1, vocab, 0)[0], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
     stamps = []
     while engine.has_unfinished():
         if engine.step():
@@ -110,8 +125,12 @@ def run_engine(shape: str, ckpt: Path, out: Path) -> None:
     s = engine.spec
     kv_token = 2 * s.num_layers * s.num_kv_heads * s.head_dim * 2  # bf16 K and V of one token
     bytes_per_step = weights + kv_token * (PROMPT_LEN + OUTPUT_LEN // 2)  # weights + the average KV read
-    result["batch1"] = {"decode_tok_s": tok_s, "weight_bytes": weights, "bytes_per_step": bytes_per_step,
-                        "achieved_TBps": tok_s * bytes_per_step / 1e12}
+    result["batch1"] = {
+        "decode_tok_s": tok_s,
+        "weight_bytes": weights,
+        "bytes_per_step": bytes_per_step,
+        "achieved_TBps": tok_s * bytes_per_step / 1e12,
+    }
 
     for n in CONCURRENCY:
         batch = prompts(n, vocab, 100 + n)
@@ -126,12 +145,18 @@ def run_engine(shape: str, ckpt: Path, out: Path) -> None:
                 first = first or time.perf_counter()
         elapsed = time.perf_counter() - t0
         assert generated == n * OUTPUT_LEN, (generated, n * OUTPUT_LEN)
-        result[f"concurrent_{n}"] = {"output_tok_s": generated / elapsed, "elapsed_s": elapsed,
-                                     "first_output_s": first - t0}
+        result[f"concurrent_{n}"] = {
+            "output_tok_s": generated / elapsed,
+            "elapsed_s": elapsed,
+            "first_output_s": first - t0,
+        }
     graphs = getattr(getattr(engine, "runner", None), "graph_runner", None)
     if graphs is not None:
-        result["cuda_graphs"] = {"batch_sizes": graphs.batch_sizes, "replays": graphs.replays,
-                                 "eager_fallbacks": graphs.eager_fallbacks}
+        result["cuda_graphs"] = {
+            "batch_sizes": graphs.batch_sizes,
+            "replays": graphs.replays,
+            "eager_fallbacks": graphs.eager_fallbacks,
+        }
     result["peak_allocated_GiB"] = torch.cuda.max_memory_allocated() / 2**30
     save(out, f"engine-{shape}", result)
 
@@ -152,15 +177,24 @@ def run_transformers(shape: str, ckpt: Path, out: Path) -> None:
     t0 = time.perf_counter()
     model = tf.AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.bfloat16).cuda().eval()
     vocab = model.config.vocab_size
-    result = {"load_s": time.perf_counter() - t0, "transformers": tf.__version__,
-              "attn_implementation": model.config._attn_implementation}
+    result = {
+        "load_s": time.perf_counter() - t0,
+        "transformers": tf.__version__,
+        "attn_implementation": model.config._attn_implementation,
+    }
 
     def generate(ids: list[list[int]], new_tokens: int) -> float:
         x = torch.tensor(ids, device="cuda")
         torch.cuda.synchronize()
         t = time.perf_counter()
-        model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                       do_sample=False, pad_token_id=0)
+        model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
         torch.cuda.synchronize()
         return time.perf_counter() - t
 
@@ -181,8 +215,10 @@ def run_all(shapes: list[str], out: Path, ckpt_dir: Path, peer: bool) -> None:
     steps: list[tuple[str, list[str]]] = [("bandwidth", ["bandwidth"])]
     for shape in shapes:
         ckpt = ckpt_dir / shape
-        steps += [(f"checkpoint-{shape}", ["checkpoint", shape, str(ckpt)]),
-                  (f"engine-{shape}", ["engine", shape, str(ckpt)])]
+        steps += [
+            (f"checkpoint-{shape}", ["checkpoint", shape, str(ckpt)]),
+            (f"engine-{shape}", ["engine", shape, str(ckpt)]),
+        ]
         if peer:
             steps.append((f"transformers-{shape}", ["transformers", shape, str(ckpt)]))
     errors = {}
@@ -238,8 +274,12 @@ def main() -> None:
     parser.add_argument("args", nargs="*")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shapes", nargs="+", default=["qwen2.5-0.5b", "llama3-8b"])
-    parser.add_argument("--checkpoints", type=Path, default=default_checkpoint_dir(),
-                        help="where the random checkpoints are written (RAM-backed when it has room)")
+    parser.add_argument(
+        "--checkpoints",
+        type=Path,
+        default=default_checkpoint_dir(),
+        help="where the random checkpoints are written (RAM-backed when it has room)",
+    )
     parser.add_argument("--no-peer", action="store_true", help="skip transformers")
     a = parser.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)

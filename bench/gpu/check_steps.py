@@ -38,14 +38,21 @@ def gpu_test_modules() -> list:
     from engine.cuda.precompile import AttentionModule as M
 
     return [
-        M("prefill", 64, BF16, BF16, False), M("decode", 64, BF16, BF16, False), M("prefill", 64, BF16, BF16, True),
-        M("prefill", 128, BF16, BF16, False), M("prefill", 64, BF16, FP8, False),
-        M("sink", 64, BF16, BF16, False), M("sink", 64, BF16, BF16, True),
-        M("sink", 128, BF16, BF16, False), M("sink", 128, BF16, BF16, True),
-        M("prefill", 256, BF16, BF16, False, True), M("decode", 256, BF16, BF16, False, True),
+        M("prefill", 64, BF16, BF16, False),
+        M("decode", 64, BF16, BF16, False),
+        M("prefill", 64, BF16, BF16, True),
+        M("prefill", 128, BF16, BF16, False),
+        M("prefill", 64, BF16, FP8, False),
+        M("sink", 64, BF16, BF16, False),
+        M("sink", 64, BF16, BF16, True),
+        M("sink", 128, BF16, BF16, False),
+        M("sink", 128, BF16, BF16, True),
+        M("prefill", 256, BF16, BF16, False, True),
+        M("decode", 256, BF16, BF16, False, True),
         M("prefill", 256, BF16, BF16, True, True),
         # test_gpu_group_backends: a Gemma-4-like sliding group of 256 (4 q heads on 2) warmed up beside a 512 one
-        M("prefill", 256, BF16, BF16, True), M("decode", 256, BF16, BF16, True),
+        M("prefill", 256, BF16, BF16, True),
+        M("decode", 256, BF16, BF16, True),
     ]
 
 
@@ -77,16 +84,21 @@ def plan() -> dict:
     from flashinfer.jit import env as jit_env
 
     needed, found = needed_names(), found_libraries()
-    return {"needed": len(needed), "carried": sorted(n for n in needed if found.get(n) == "carried"),
-            "built": sorted(n for n in needed if found.get(n) == "built"),
-            "missing": sorted(n for n in needed if n not in found), "aot_dir": str(aot_dir()),
-            # False in a dry run whose Python cannot import the carried wheels (it lists, it does not load)
-            "flashinfer_loads_from_it": Path(jit_env.FLASHINFER_AOT_DIR) == aot_dir()}
+    return {
+        "needed": len(needed),
+        "carried": sorted(n for n in needed if found.get(n) == "carried"),
+        "built": sorted(n for n in needed if found.get(n) == "built"),
+        "missing": sorted(n for n in needed if n not in found),
+        "aot_dir": str(aot_dir()),
+        # False in a dry run whose Python cannot import the carried wheels (it lists, it does not load)
+        "flashinfer_loads_from_it": Path(jit_env.FLASHINFER_AOT_DIR) == aot_dir(),
+    }
 
 
 def build(missing_only: bool) -> dict:
     """One ninja over what tests/gpu needs (MAX_JOBS at a time), so that no test compiles."""
-    from engine.cuda.precompile import KERNEL_MODULES, build as build_specs, jit_specs
+    from engine.cuda.precompile import KERNEL_MODULES, jit_specs
+    from engine.cuda.precompile import build as build_specs
 
     start = time.perf_counter()
     wanted = set(plan()["missing"]) if missing_only else set(needed_names())
@@ -110,8 +122,12 @@ def pack(archive: Path) -> dict:
     with tarfile.open(archive, "w:xz", preset=9) as tar:
         for path in libraries:
             tar.add(path, arcname=f"{path.parent.name}/{path.name}")
-    return {"archive": str(archive), "bytes": archive.stat().st_size, "modules": len(libraries),
-            "library_bytes": sum(p.stat().st_size for p in libraries)}
+    return {
+        "archive": str(archive),
+        "bytes": archive.stat().st_size,
+        "modules": len(libraries),
+        "library_bytes": sum(p.stat().st_size for p in libraries),
+    }
 
 
 def unpack(archive: Path) -> dict:
@@ -133,9 +149,13 @@ def env() -> dict:
 
     nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()
     return {
-        "import_torch_and_flashinfer_s": time.perf_counter() - t, "flashinfer": flashinfer.__version__,
-        "torch": torch.__version__, "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(),
-        "capability": list(torch.cuda.get_device_capability()), "nvcc": nvcc[-1] if nvcc else None,
+        "import_torch_and_flashinfer_s": time.perf_counter() - t,
+        "flashinfer": flashinfer.__version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(),
+        "capability": list(torch.cuda.get_device_capability()),
+        "nvcc": nvcc[-1] if nvcc else None,
         # fla (carried as a wheel) and the optional causal_conv1d: which kernels the hybrid models run here
         "gated_deltanet": linear_attention.describe(torch.device("cuda")),
     }
@@ -148,8 +168,11 @@ def junit(path: Path) -> dict:
         return {"missing": f"{type(exc).__name__}: {exc}"}
     suite = root if root.tag == "testsuite" else root[0]
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    counts["failed"] = [f"{c.get('classname')}::{c.get('name')}" for c in suite.iter("testcase")
-                        if c.find("failure") is not None or c.find("error") is not None]
+    counts["failed"] = [
+        f"{c.get('classname')}::{c.get('name')}"
+        for c in suite.iter("testcase")
+        if c.find("failure") is not None or c.find("error") is not None
+    ]
     return counts
 
 
@@ -161,18 +184,26 @@ def last_json_line(path: Path) -> dict:
 
 
 def results(out: Path, status: dict, wall_s: int) -> dict:
-    bench = {f.stem: json.loads(f.read_text()) for f in sorted((out / "bench").glob("*.json"))} \
-        if (out / "bench").exists() else {}
+    bench = (
+        {f.stem: json.loads(f.read_text()) for f in sorted((out / "bench").glob("*.json"))}
+        if (out / "bench").exists()
+        else {}
+    )
     return {
         "wall_s": wall_s,
         "exit_status": status,
         "timed_out": sorted(k for k, v in status.items() if v in (124, 137)),
         "env": last_json_line(out / "env.json") if (out / "env.json").exists() else {},
-        "modules": {name: last_json_line(out / f"{name}.log") for name in ("unpack", "plan", "jit")
-                    if (out / f"{name}.log").exists()},
+        "modules": {
+            name: last_json_line(out / f"{name}.log")
+            for name in ("unpack", "plan", "jit")
+            if (out / f"{name}.log").exists()
+        },
         # one junit file per test group, in the order they ran (pytest-<group>.xml)
-        "tests": {f.stem.removeprefix("pytest-"): junit(f) for f in sorted(out.glob("pytest-*.xml"),
-                                                                          key=lambda f: f.stat().st_mtime)},
+        "tests": {
+            f.stem.removeprefix("pytest-"): junit(f)
+            for f in sorted(out.glob("pytest-*.xml"), key=lambda f: f.stat().st_mtime)
+        },
         "collected": last_json_line(out / "collect.log") if (out / "collect.log").exists() else {},
         # the merged summary when bench.py got to write it, else whatever measurements finished
         "bench": bench.get("bench", {}).get("summary") or bench,

@@ -15,15 +15,31 @@ import torch
 SHAPES: dict[str, dict] = {
     # Qwen/Qwen2.5-0.5B's config.json: GQA 14/2 (tensor-core decode), qkv bias, tied embeddings
     "qwen2.5-0.5b": dict(
-        kind="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
-        rms_norm_eps=1e-6, tie_word_embeddings=True,
+        kind="qwen2",
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
     ),
     # meta-llama/Meta-Llama-3-8B's config.json: GQA 32/8, head_dim 128
     "llama3-8b": dict(
-        kind="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
-        rms_norm_eps=1e-5, tie_word_embeddings=False,
+        kind="llama",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
     ),
 }
 
@@ -85,6 +101,5 @@ def save_word_tokenizer(path: Path, vocab_size: int) -> None:
     tok = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", bos_token="w1", eos_token="w2",
-                                   pad_token="w0")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", bos_token="w1", eos_token="w2", pad_token="w0")
     fast.save_pretrained(path)

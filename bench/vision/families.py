@@ -54,16 +54,42 @@ def build_gemma3(args, folder: Path):
     text width."""
     import transformers as tf
 
-    text = dict(vocab_size=49152, hidden_size=640, intermediate_size=2048, num_hidden_layers=args.text_layers,
-                num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
-                sliding_window=512, max_position_embeddings=4096, eos_token_id=2, bos_token_id=1, pad_token_id=0)
-    vision = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=args.tower_layers, num_attention_heads=12,
-                  image_size=224, patch_size=14, vision_use_head=False)
-    config = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=GEMMA3_TOKENS,
-                             image_token_index=IMAGE, boi_token_index=START, eoi_token_index=END)
+    text = dict(
+        vocab_size=49152,
+        hidden_size=640,
+        intermediate_size=2048,
+        num_hidden_layers=args.text_layers,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        sliding_window=512,
+        max_position_embeddings=4096,
+        eos_token_id=2,
+        bos_token_id=1,
+        pad_token_id=0,
+    )
+    vision = dict(
+        hidden_size=768,
+        intermediate_size=3072,
+        num_hidden_layers=args.tower_layers,
+        num_attention_heads=12,
+        image_size=224,
+        patch_size=14,
+        vision_use_head=False,
+    )
+    config = tf.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=GEMMA3_TOKENS,
+        image_token_index=IMAGE,
+        boi_token_index=START,
+        eoi_token_index=END,
+    )
     model = _random(tf.Gemma3ForConditionalGeneration, config, args.torch_dtype)
-    _finish(model, folder, "Gemma3ForConditionalGeneration", tf.Gemma3ImageProcessor(size={"height": 224,
-                                                                                         "width": 224}))
+    _finish(
+        model, folder, "Gemma3ForConditionalGeneration", tf.Gemma3ImageProcessor(size={"height": 224, "width": 224})
+    )
     return model
 
 
@@ -80,19 +106,45 @@ def build_qwen3_vl(args, folder: Path):
 
     depth = args.tower_layers
     deepstack = sorted({depth // 4, depth // 2, 3 * depth // 4} - {0}) or [0]
-    vision = dict(depth=depth, hidden_size=1024, intermediate_size=4096, num_heads=16, patch_size=16,
-                  temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=1024, num_position_embeddings=2304,
-                  deepstack_visual_indexes=deepstack)
+    vision = dict(
+        depth=depth,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_heads=16,
+        patch_size=16,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+        out_hidden_size=1024,
+        num_position_embeddings=2304,
+        deepstack_visual_indexes=deepstack,
+    )
     rope = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20], "mrope_interleaved": True}
-    text = dict(vocab_size=49152, hidden_size=1024, intermediate_size=3072, num_hidden_layers=args.text_layers,
-                num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
-                rope_parameters=rope, tie_word_embeddings=True)
-    config = tf.AutoConfig.for_model("qwen3_vl", text_config=text, vision_config=vision, image_token_id=IMAGE,
-                                     vision_start_token_id=START, vision_end_token_id=END, video_token_id=START - 1)
+    text = dict(
+        vocab_size=49152,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=args.text_layers,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=4096,
+        rope_parameters=rope,
+        tie_word_embeddings=True,
+    )
+    config = tf.AutoConfig.for_model(
+        "qwen3_vl",
+        text_config=text,
+        vision_config=vision,
+        image_token_id=IMAGE,
+        vision_start_token_id=START,
+        vision_end_token_id=END,
+        video_token_id=START - 1,
+    )
     model = _random(tf.Qwen3VLForConditionalGeneration, config, args.torch_dtype)
     # 256 x 256 pixels at most: a 300 x 400 picture becomes 12 x 18 patches (54 soft tokens)
-    processor = Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2,
-                                         size={"shortest_edge": 64 * 64, "longest_edge": 256 * 256})
+    processor = Qwen2VLImageProcessorPil(
+        patch_size=16, temporal_patch_size=2, merge_size=2, size={"shortest_edge": 64 * 64, "longest_edge": 256 * 256}
+    )
     _finish(model, folder, "Qwen3VLForConditionalGeneration", processor)
     return model
 
@@ -111,19 +163,52 @@ def build_gemma4(args, folder: Path):
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
     layers = args.text_layers
-    text = dict(vocab_size=49152, hidden_size=640, intermediate_size=2048, num_hidden_layers=layers,
-                num_attention_heads=4, num_key_value_heads=1, head_dim=256, global_head_dim=512, sliding_window=512,
-                layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"], hidden_size_per_layer_input=64,
-                vocab_size_per_layer_input=49152, max_position_embeddings=4096, final_logit_softcapping=30.0,
-                use_bidirectional_attention="vision", pad_token_id=0, eos_token_id=2, bos_token_id=1)
-    vision = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=args.tower_layers,
-                  num_attention_heads=12, num_key_value_heads=12, head_dim=64, patch_size=16, pooling_kernel_size=3)
-    config = tf.Gemma4Config(text_config=text, vision_config=vision, audio_config=None, image_token_id=IMAGE,
-                             boi_token_id=START, eoi_token_id=END)
+    text = dict(
+        vocab_size=49152,
+        hidden_size=640,
+        intermediate_size=2048,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        global_head_dim=512,
+        sliding_window=512,
+        layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"],
+        hidden_size_per_layer_input=64,
+        vocab_size_per_layer_input=49152,
+        max_position_embeddings=4096,
+        final_logit_softcapping=30.0,
+        use_bidirectional_attention="vision",
+        pad_token_id=0,
+        eos_token_id=2,
+        bos_token_id=1,
+    )
+    vision = dict(
+        hidden_size=768,
+        intermediate_size=3072,
+        num_hidden_layers=args.tower_layers,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        head_dim=64,
+        patch_size=16,
+        pooling_kernel_size=3,
+    )
+    config = tf.Gemma4Config(
+        text_config=text,
+        vision_config=vision,
+        audio_config=None,
+        image_token_id=IMAGE,
+        boi_token_id=START,
+        eoi_token_id=END,
+    )
     model = _random(tf.Gemma4ForConditionalGeneration, config, args.torch_dtype)
     # 70 soft tokens at most: a 300 x 400 picture becomes 21 x 27 patches (63 soft tokens)
-    _finish(model, folder, "Gemma4ForConditionalGeneration",
-            Gemma4ImageProcessorPil(patch_size=16, pooling_kernel_size=3, max_soft_tokens=70))
+    _finish(
+        model,
+        folder,
+        "Gemma4ForConditionalGeneration",
+        Gemma4ImageProcessorPil(patch_size=16, pooling_kernel_size=3, max_soft_tokens=70),
+    )
     return model
 
 

@@ -38,26 +38,33 @@ def resolve_backend(requested: str, device: torch.device | str, dtype: torch.dty
     """
     device = torch.device(device)
     if requested not in ("auto", *BACKENDS):
-        raise StartupError(f"unknown attention backend {requested!r} (auto, {', '.join(BACKENDS)})",
-                           param="attention_backend")
+        raise StartupError(
+            f"unknown attention backend {requested!r} (auto, {', '.join(BACKENDS)})", param="attention_backend"
+        )
     if requested == "torch":
         return "torch", "asked for"
     if device.type != "cuda":
         if requested == "flashinfer":
-            raise StartupError(f"the flashinfer attention backend needs CUDA, and the device is {device}",
-                               param="attention_backend")
+            raise StartupError(
+                f"the flashinfer attention backend needs CUDA, and the device is {device}", param="attention_backend"
+            )
         return "torch", f"auto: {device.type}"
     if dtype not in kernels.HALF_DTYPES:
         if requested == "flashinfer":
-            raise StartupError(f"FlashInfer has no {str(dtype).removeprefix('torch.')} kernels: use dtype "
-                               "bfloat16 or float16, or the torch attention backend", param="attention_backend")
+            raise StartupError(
+                f"FlashInfer has no {str(dtype).removeprefix('torch.')} kernels: use dtype "
+                "bfloat16 or float16, or the torch attention backend",
+                param="attention_backend",
+            )
         return "torch", f"auto: FlashInfer has no {str(dtype).removeprefix('torch.')} kernels"
     error = kernels.flashinfer_import_error()
     if error is not None:
-        raise StartupError(f"FlashInfer does not import on this CUDA machine ({type(error).__name__}: {error}); "
-                           "install the pinned flashinfer-python (requirements-cuda.txt), or set "
-                           "attention_backend=torch (the torch reference, several times slower)",
-                           param="attention_backend")
+        raise StartupError(
+            f"FlashInfer does not import on this CUDA machine ({type(error).__name__}: {error}); "
+            "install the pinned flashinfer-python (requirements-cuda.txt), or set "
+            "attention_backend=torch (the torch reference, several times slower)",
+            param="attention_backend",
+        )
     return "flashinfer", "auto: CUDA" if requested == "auto" else "asked for"
 
 
@@ -71,8 +78,11 @@ def group_backends(name: str, head_dims: list[int], *, requested: str = "auto") 
     for index, head_dim in enumerate(head_dims):
         error = kernels.flashinfer_head_dim_error(head_dim)
         if error is not None and requested == "flashinfer":
-            raise StartupError(f"KV layer group {index}: {error}; use attention_backend auto, which runs that group "
-                               "on the torch backend", param="attention_backend")
+            raise StartupError(
+                f"KV layer group {index}: {error}; use attention_backend auto, which runs that group "
+                "on the torch backend",
+                param="attention_backend",
+            )
         choices.append(("flashinfer", None) if error is None else ("torch", error))
     return choices
 
@@ -85,8 +95,14 @@ def create_backend(name: str, device: torch.device | str, **kw: object) -> Atten
 
 
 def create_group_backends(
-    name: str, groups: list[Any], device: torch.device | str, *, spec: Any, dtype: torch.dtype,
-    kv_dtype: torch.dtype, requested: str = "auto",
+    name: str,
+    groups: list[Any],
+    device: torch.device | str,
+    *,
+    spec: Any,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    requested: str = "auto",
 ) -> list[AttentionBackend]:
     """One backend per KV layer group (a KVGroupSpec of the ModelSpec `spec`): `name`, or the torch reference for a
     group FlashInfer cannot serve (group_backends), said once here."""
@@ -96,8 +112,15 @@ def create_group_backends(
     backends = []
     for group, (chosen, why) in zip(groups, choices, strict=True):
         if why is not None:
-            log.warning("KV layer group %s (head size %d) runs on the torch attention backend: %s", group.label,
-                        group.head_dim, why)
-        backends.append(create_backend(chosen, device, **group.attention_extras(), kv_dtype=kv_dtype,
-                                       **backend_kwargs(spec, dtype, group)))
+            log.warning(
+                "KV layer group %s (head size %d) runs on the torch attention backend: %s",
+                group.label,
+                group.head_dim,
+                why,
+            )
+        backends.append(
+            create_backend(
+                chosen, device, **group.attention_extras(), kv_dtype=kv_dtype, **backend_kwargs(spec, dtype, group)
+            )
+        )
     return backends

@@ -38,16 +38,26 @@ class AttentionBackend(Protocol):
     def plan(self, meta: AttentionMetadata) -> None: ...
 
     def write_kv(
-        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        k_scale: float = 1.0, v_scale: float = 1.0,
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
         """Store the step's new k, v ([num_tokens, kv_heads, head_dim]) at the planned slots; into FP8 pages as
         k / k_scale and v / v_scale (the layer's KV scales; ignored by pages in the model's dtype)."""
         ...
 
     def run(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None,
-        k_scale: float = 1.0, v_scale: float = 1.0,
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        sinks: torch.Tensor | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """q: [num_tokens, q_heads, head_dim]; caches: [pages, page_size, kv_heads, head_dim] (NHD).
 

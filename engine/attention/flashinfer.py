@@ -105,15 +105,25 @@ class FlashInferBackend:
             self._plan(*self.shape, kv_dtype=self.kv_dtype)
 
     def write_kv(
-        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        k_scale: float = 1.0, v_scale: float = 1.0,
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
         assert self._meta is not None, "plan() was not called for this step"
         write_kv_slots(k, v, k_cache, v_cache, self._meta.slot_mapping, k_scale, v_scale)
 
     def run(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None,
-        k_scale: float = 1.0, v_scale: float = 1.0,
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        sinks: torch.Tensor | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         if q.stride(-1) != 1:
             q = q.contiguous()
@@ -125,8 +135,13 @@ class FlashInferBackend:
         return self._active.run(q=q, paged_kv_cache=(k_cache, v_cache), k_scale=k_scale, v_scale=v_scale)
 
     def _run_with_sinks(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor,
-        k_scale: float, v_scale: float,
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        sinks: torch.Tensor,
+        k_scale: float,
+        v_scale: float,
     ) -> torch.Tensor:
         meta = self._meta
         assert meta is not None, "plan() was not called for this step"
@@ -140,20 +155,35 @@ class FlashInferBackend:
             import flashinfer
 
             jit_args, jit_kwargs = sink_module_args(
-                backend=self._prefill_backend, q_dtype=q.dtype, kv_dtype=k_cache.dtype, head_dim=head_dim,
+                backend=self._prefill_backend,
+                q_dtype=q.dtype,
+                kv_dtype=k_cache.dtype,
+                head_dim=head_dim,
                 sliding_window=self.window_left >= 0,
             )
             self._sink_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                float_workspace_buffer=self.workspace, kv_layout="NHD", backend=self._prefill_backend,
-                jit_args=jit_args, jit_kwargs=jit_kwargs,
+                float_workspace_buffer=self.workspace,
+                kv_layout="NHD",
+                backend=self._prefill_backend,
+                jit_args=jit_args,
+                jit_kwargs=jit_kwargs,
             )
         if not self._sink_planned:
             # Decode steps too: a decode row is a prefill of one query token (causal from the KV's end).
             self._sink_wrapper.plan(
-                qo_indptr=meta.qo_indptr, paged_kv_indptr=meta.kv_indptr, paged_kv_indices=meta.kv_indices,
-                paged_kv_last_page_len=meta.kv_last_page_len, num_qo_heads=num_q_heads,
-                num_kv_heads=k_cache.shape[2], head_dim_qk=head_dim, page_size=meta.page_size, causal=True,
-                q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=scale, window_left=self.window_left,
+                qo_indptr=meta.qo_indptr,
+                paged_kv_indptr=meta.kv_indptr,
+                paged_kv_indices=meta.kv_indices,
+                paged_kv_last_page_len=meta.kv_last_page_len,
+                num_qo_heads=num_q_heads,
+                num_kv_heads=k_cache.shape[2],
+                head_dim_qk=head_dim,
+                page_size=meta.page_size,
+                causal=True,
+                q_data_type=q.dtype,
+                kv_data_type=k_cache.dtype,
+                sm_scale=scale,
+                window_left=self.window_left,
             )
             self._sink_planned = True
         # NOTE: the variant reads its own sm_scale argument, not the planned one; sinks are float32 per q head.
@@ -164,7 +194,11 @@ class FlashInferBackend:
         return out * v_scale if fp8 and v_scale != 1.0 else out
 
     def _plan(
-        self, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+        self,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
         kv_dtype: torch.dtype | None = None,
     ) -> None:
         if dtype not in HALF_DTYPES:
@@ -176,9 +210,17 @@ class FlashInferBackend:
         if meta.is_decode:
             decode = self._decode_wrapper(use_tensor_core_decode(num_q_heads, num_kv_heads))
             decode.plan(
-                indptr=meta.kv_indptr, indices=meta.kv_indices, last_page_len=meta.kv_last_page_len,
-                num_qo_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=meta.page_size,
-                q_data_type=dtype, kv_data_type=kv_dtype, sm_scale=scale, window_left=self.window_left,
+                indptr=meta.kv_indptr,
+                indices=meta.kv_indices,
+                last_page_len=meta.kv_last_page_len,
+                num_qo_heads=num_q_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                page_size=meta.page_size,
+                q_data_type=dtype,
+                kv_data_type=kv_dtype,
+                sm_scale=scale,
+                window_left=self.window_left,
                 logits_soft_cap=self.soft_cap,
             )
             self._active = decode
@@ -187,12 +229,21 @@ class FlashInferBackend:
         # no window_left; else causal, which FlashInfer aligns to the end of the KV (the query offset).
         bidirectional = bool(meta.bidirectional)
         self._prefill.plan(
-            qo_indptr=meta.qo_indptr, paged_kv_indptr=meta.kv_indptr, paged_kv_indices=meta.kv_indices,
-            paged_kv_last_page_len=meta.kv_last_page_len, num_qo_heads=num_q_heads, num_kv_heads=num_kv_heads,
-            head_dim_qk=head_dim, page_size=meta.page_size,
-            custom_mask=self._custom_mask(meta) if bidirectional else None, causal=not bidirectional,
-            q_data_type=dtype, kv_data_type=kv_dtype, sm_scale=scale,
-            window_left=-1 if bidirectional else self.window_left, logits_soft_cap=self.soft_cap,
+            qo_indptr=meta.qo_indptr,
+            paged_kv_indptr=meta.kv_indptr,
+            paged_kv_indices=meta.kv_indices,
+            paged_kv_last_page_len=meta.kv_last_page_len,
+            num_qo_heads=num_q_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim_qk=head_dim,
+            page_size=meta.page_size,
+            custom_mask=self._custom_mask(meta) if bidirectional else None,
+            causal=not bidirectional,
+            q_data_type=dtype,
+            kv_data_type=kv_dtype,
+            sm_scale=scale,
+            window_left=-1 if bidirectional else self.window_left,
+            logits_soft_cap=self.soft_cap,
         )
         self._active = self._prefill
 

@@ -24,8 +24,15 @@ class FlashInferGraphDecode:
     """
 
     def __init__(
-        self, workspace: torch.Tensor, batch_size: int, max_num_indices: int,
-        num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype | None = None,
+        self,
+        workspace: torch.Tensor,
+        batch_size: int,
+        max_num_indices: int,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         import flashinfer
 
@@ -53,9 +60,16 @@ class FlashInferGraphDecode:
         arguments depend on it, so a replay is only valid when it equals the one at capture)."""
         num_q_heads, num_kv_heads, head_dim, dtype = self.shape
         self.wrapper.plan(
-            indptr=meta.kv_indptr, indices=meta.kv_indices, last_page_len=meta.kv_last_page_len,
-            num_qo_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=meta.page_size,
-            q_data_type=dtype, kv_data_type=self.kv_dtype, sm_scale=1.0 / math.sqrt(head_dim),
+            indptr=meta.kv_indptr,
+            indices=meta.kv_indices,
+            last_page_len=meta.kv_last_page_len,
+            num_qo_heads=num_q_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            page_size=meta.page_size,
+            q_data_type=dtype,
+            kv_data_type=self.kv_dtype,
+            sm_scale=1.0 / math.sqrt(head_dim),
         )
         self.slot_mapping.copy_(meta.slot_mapping, non_blocking=True)
         if source_rows is not None:
@@ -63,23 +77,33 @@ class FlashInferGraphDecode:
         return tuple(int(x) for x in self.wrapper._plan_info)
 
     def write_kv(
-        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        k_scale: float = 1.0, v_scale: float = 1.0,
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
         # NOTE: padding rows write the real row 0's k/v to row 0's slot (duplicate index, identical value),
         # so whatever a padding row computes never reaches the pool.
         rows = self.source_rows
-        write_kv_slots(k.index_select(0, rows), v.index_select(0, rows), k_cache, v_cache, self.slot_mapping,
-                       k_scale, v_scale)
+        write_kv_slots(
+            k.index_select(0, rows), v.index_select(0, rows), k_cache, v_cache, self.slot_mapping, k_scale, v_scale
+        )
 
     def run(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None,
-        k_scale: float = 1.0, v_scale: float = 1.0,
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        sinks: torch.Tensor | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         if sinks is not None:
             # NOTE: refused rather than dropped: a graph of the plain decode kernel would attend without the sinks.
-            raise ValueError("CUDA-graph decode has no sink attention: run a model with sink logits with "
-                             "enforce_eager")
+            raise ValueError("CUDA-graph decode has no sink attention: run a model with sink logits with enforce_eager")
         if q.stride(-1) != 1:
             q = q.contiguous()
         k_scale, v_scale = fp8_scales(k_cache, k_scale, v_scale)

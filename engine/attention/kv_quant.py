@@ -51,8 +51,13 @@ def dequantize(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> torch
 
 
 def write_kv_slots(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-    k_scale: float = 1.0, v_scale: float = 1.0,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Scatters k, v [tokens, kv_heads, head_dim] into the flat slots (page * page_size + offset) of the pool."""
     write_slots(k, k_cache, slots, k_scale)

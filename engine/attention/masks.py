@@ -8,8 +8,14 @@ from __future__ import annotations
 import torch
 
 
-def prefill_mask(q_len: int, kv_len: int, first_key: int, window: int | None,
-                 spans: list[tuple[int, int]] | None, device: torch.device) -> torch.Tensor:
+def prefill_mask(
+    q_len: int,
+    kv_len: int,
+    first_key: int,
+    window: int | None,
+    spans: list[tuple[int, int]] | None,
+    device: torch.device,
+) -> torch.Tensor:
     """Keys first_key..kv_len-1 for the request's last q_len positions; spans: [start, end) positions."""
     cols = torch.arange(first_key, kv_len, device=device)[None, :]
     pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]

@@ -15,8 +15,13 @@ import torch.nn.functional as F
 
 
 def sdpa_with_sink(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, sinks: torch.Tensor,
-    enable_gqa: bool = False, scale: float | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    sinks: torch.Tensor,
+    enable_gqa: bool = False,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """SDPA of q [..., Hq', Lq, D] over k, v [..., Hk, L, D] plus one sink key; a (non-contiguous) [..., Lq, D].
 

@@ -67,8 +67,13 @@ class TorchRefBackend:
     """AttentionBackend over the NHD paged pool using torch.nn.functional.scaled_dot_product_attention."""
 
     def __init__(
-        self, device: torch.device | str = "cpu", *, window: int | None = None, scale: float | None = None,
-        soft_cap: float | None = None, **_: object,
+        self,
+        device: torch.device | str = "cpu",
+        *,
+        window: int | None = None,
+        scale: float | None = None,
+        soft_cap: float | None = None,
+        **_: object,
     ) -> None:
         self.device = torch.device(device)
         self.window = window
@@ -120,8 +125,14 @@ class TorchRefBackend:
         ]
 
     def _plan_decode(
-        self, ids: list[int], all_lens: dict[int, int], skip: dict[int, int] | None, rows: torch.Tensor | None,
-        kv: list[int], indices: torch.Tensor, ps: int,
+        self,
+        ids: list[int],
+        all_lens: dict[int, int],
+        skip: dict[int, int] | None,
+        rows: torch.Tensor | None,
+        kv: list[int],
+        indices: torch.Tensor,
+        ps: int,
     ) -> _Decode:
         dev = self.device
         kv_lens = [all_lens[i] for i in ids]
@@ -140,15 +151,25 @@ class TorchRefBackend:
         return _Decode(rows, slots, mask)
 
     def write_kv(
-        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        k_scale: float = 1.0, v_scale: float = 1.0,
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
         write_slots(k, k_cache, self._slots, k_scale)
         write_slots(v, v_cache, self._slots, v_scale)
 
     def run(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor | None = None,
-        k_scale: float = 1.0, v_scale: float = 1.0,
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        sinks: torch.Tensor | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """As AttentionBackend.run; sinks: the layer's sink logits [q_heads] (gpt-oss), or None."""
         if sinks is not None and self.soft_cap is not None:
@@ -158,14 +179,21 @@ class TorchRefBackend:
             return self._run_decode(q, k_cache, v_cache, self._decodes[0], sinks, scales)
         out = torch.empty_like(q)
         for d in self._decodes:
-            out.index_copy_(0, d.rows, self._run_decode(q.index_select(0, d.rows), k_cache, v_cache, d, sinks,
-                                                        scales))
+            out.index_copy_(0, d.rows, self._run_decode(q.index_select(0, d.rows), k_cache, v_cache, d, sinks, scales))
         for p in self._prefills:
             out[p.rows] = self._run_prefill(q[p.rows], k_cache, v_cache, p, sinks, scales)
         return out
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                causal: bool = False, enable_gqa: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal: bool = False,
+        enable_gqa: bool = False,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """SDPA; with sinks one more key (engine.attention.sinks); with a soft-cap (which SDPA lacks) the same
         math spelled out as transformers' eager path."""
         if sinks is not None:
@@ -174,12 +202,18 @@ class TorchRefBackend:
                 mask = torch.ones(t, k.shape[-2], dtype=torch.bool, device=q.device).tril(k.shape[-2] - t)
             return sdpa_with_sink(q, k, v, mask, sinks, enable_gqa=enable_gqa, scale=self.scale)
         if self.soft_cap is None:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
-                                                  enable_gqa=enable_gqa)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=enable_gqa
+            )
         return soft_capped_attention(q, k, v, mask, causal, self.scale, self.soft_cap)
 
     def _run_decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Decode, sinks: torch.Tensor | None,
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: _Decode,
+        sinks: torch.Tensor | None,
         scales: tuple[float, float],
     ) -> torch.Tensor:
         b, hq, d = q.shape
@@ -189,12 +223,18 @@ class TorchRefBackend:
         k = dequantize(k_cache.view(-1, d).index_select(0, plan.gather), q.dtype, scales[0]).view(b, hk, -1, d)
         v = dequantize(v_cache.view(-1, d).index_select(0, plan.gather), q.dtype, scales[1]).view(b, hk, -1, d)
         # The GQA group becomes the query rows: q [B, Hk, group, D] against K/V [B, Hk, L, D].
-        out = self._attend(q.view(b, hk, hq // hk, d), k, v, plan.mask,
-                           sinks=None if sinks is None else sinks.view(hk, hq // hk))
+        out = self._attend(
+            q.view(b, hk, hq // hk, d), k, v, plan.mask, sinks=None if sinks is None else sinks.view(hk, hq // hk)
+        )
         return out.reshape(b, hq, d)
 
     def _run_prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: _Prefill, sinks: torch.Tensor | None,
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: _Prefill,
+        sinks: torch.Tensor | None,
         scales: tuple[float, float],
     ) -> torch.Tensor:
         hk, d = k_cache.shape[2], k_cache.shape[3]
@@ -203,14 +243,26 @@ class TorchRefBackend:
         k = dequantize(k_cache.view(-1, d).index_select(0, plan.gather), q.dtype, scales[0]).view(hk, -1, d)
         v = dequantize(v_cache.view(-1, d).index_select(0, plan.gather), q.dtype, scales[1]).view(hk, -1, d)
         # NOTE: 4-D inputs: with 3-D ones CPU SDPA takes the math path (materialised scores, ~4x slower).
-        out = self._attend(q.transpose(0, 1)[None], k[None], v[None], plan.mask, causal=plan.mask is None,
-                           enable_gqa=True, sinks=None if sinks is None else sinks.view(-1, 1))
+        out = self._attend(
+            q.transpose(0, 1)[None],
+            k[None],
+            v[None],
+            plan.mask,
+            causal=plan.mask is None,
+            enable_gqa=True,
+            sinks=None if sinks is None else sinks.view(-1, 1),
+        )
         return out[0].transpose(0, 1)
 
 
 def soft_capped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
-    scale: float | None, soft_cap: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float | None,
+    soft_cap: float,
 ) -> torch.Tensor:
     """SDPA's contract (q [..., Hq, T, D], k/v [..., Hk, L, D], GQA by head groups, bool mask or causal) with
     the scores capped at soft_cap * tanh(scores / soft_cap); softmax in float32 as transformers does."""

@@ -87,8 +87,14 @@ class AsyncEngine:
         """How this model pools an embedding (method, normalisation, whether it shortens)."""
         return self.engine.spec.pooling
 
-    async def embed(self, prompt_token_ids: list[int], request_id: str, *, dimensions: int | None = None,
-                    truncate_prompt_tokens: int | None = None) -> PoolingOutput:
+    async def embed(
+        self,
+        prompt_token_ids: list[int],
+        request_id: str,
+        *,
+        dimensions: int | None = None,
+        truncate_prompt_tokens: int | None = None,
+    ) -> PoolingOutput:
         """One embedding request, run in the same batches as generation; raises its error instead."""
         if self.engine.spec.classifier is not None:
             raise InvalidRequest("the model is a cross-encoder: it gives scores, not embeddings", param="model")
@@ -103,21 +109,29 @@ class AsyncEngine:
         """A cross-encoder's classifier (it scores, never generates), or None."""
         return self.engine.spec.classifier
 
-    async def score(self, prompt_token_ids: list[int], request_id: str, *, truncate_prompt_tokens: int | None = None,
-                    activation: bool = True) -> PoolingOutput:
+    async def score(
+        self,
+        prompt_token_ids: list[int],
+        request_id: str,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        activation: bool = True,
+    ) -> PoolingOutput:
         """A cross-encoder's label scores for one prompt (`embedding` holds them); raises its error instead."""
         spec = self.engine.spec
         if spec.classifier is None:
             raise InvalidRequest("the model is not a cross-encoder: it has no score head", param="model")
-        params = PoolingParams(spec.pooling, None, truncate_prompt_tokens, head=spec.score_head,
-                               activation=activation)
+        params = PoolingParams(spec.pooling, None, truncate_prompt_tokens, head=spec.score_head, activation=activation)
         async for output in self.generate(prompt_token_ids, params, request_id):
             if isinstance(output, PoolingOutput):
                 return output
         raise RuntimeError(f"score request {request_id} ended without its score")
 
     async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams | PoolingParams, request_id: str,
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | PoolingParams,
+        request_id: str,
         images: list[ImageData] | None = None,
     ) -> AsyncIterator[RequestOutput | PoolingOutput]:
         """Streams the request's outputs; raises its error instead. Closing or cancelling aborts it. images: the
@@ -129,8 +143,11 @@ class AsyncEngine:
         if request_id in self._streams:
             raise InvalidRequest(f"request id {request_id!r} is already running", param="request_id")
         if self.engine.spec.classifier is not None and isinstance(params, SamplingParams):
-            raise InvalidRequest(f"the model is a cross-encoder ({self.engine.spec.architecture}): it scores prompts "
-                                 "and does not generate text", param="model")
+            raise InvalidRequest(
+                f"the model is a cross-encoder ({self.engine.spec.architecture}): it scores prompts "
+                "and does not generate text",
+                param="model",
+            )
         args = (prompt_token_ids, params, images)
         request = await asyncio.to_thread(self.engine.prepare, *args) if images else self.engine.prepare(*args)
         if request.grammar is not None:

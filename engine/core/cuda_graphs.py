@@ -71,7 +71,11 @@ class CudaGraphRunner:
         self.state_pool = state_pool
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_pages_per_seq = max_pages_per_seq
-        pages = kv_caches if layer_backends is None else [c for c, b in zip(kv_caches, layer_backends) if b is backend]
+        pages = (
+            kv_caches
+            if layer_backends is None
+            else [c for c, b in zip(kv_caches, layer_backends, strict=True) if b is backend]
+        )
         self.page_size = pages[0][0].shape[1]
         dev = backend.device
         max_bs = self.batch_sizes[-1] if self.batch_sizes else 0
@@ -111,8 +115,9 @@ class CudaGraphRunner:
             return attention
         plan = RecurrentPlan()
         plan.plan(RecurrentStep.graphed(self.state_slots[:bs]))
-        return [attention if b is self.backend else plan if isinstance(b, RecurrentPlan) else b
-                for b in self.layer_backends]
+        return [
+            attention if b is self.backend else plan if isinstance(b, RecurrentPlan) else b for b in self.layer_backends
+        ]
 
     def _dummy_meta(self, bs: int) -> AttentionMetadata:
         dev, i32 = self.backend.device, torch.int32
@@ -134,8 +139,13 @@ class CudaGraphRunner:
         return self.batch_sizes[i] if i < len(self.batch_sizes) else None
 
     @torch.inference_mode()
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                 recurrent: RecurrentStep | None = None) -> torch.Tensor:
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        recurrent: RecurrentStep | None = None,
+    ) -> torch.Tensor:
         """hidden [tokens, hidden_size] for the step. A replayed result is a view of a static buffer that
         the next replay overwrites: use it (compute logits) before the next call. recurrent: a hybrid model's step
         plan, the one its layer_backends' RecurrentPlan holds."""
@@ -162,19 +172,40 @@ class CudaGraphRunner:
         return self.model(input_ids, positions, meta, self.kv_caches, self.layer_backends or self.backend)
 
 
-def graphs_off_because(model: torch.nn.Module, groups: list[KVGroupSpec], device: torch.device, dtype: torch.dtype,
-                       *, lora: bool, head: bool, ranks: bool) -> str | None:
+def graphs_off_because(
+    model: torch.nn.Module,
+    groups: list[KVGroupSpec],
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    lora: bool,
+    head: bool,
+    ranks: bool,
+) -> str | None:
     """Why decode must run without CUDA graphs, or None. lora: a step's adapter grouping is Python control flow
     that a replayed graph would freeze; head: an EAGLE-3 or MTP head reads hidden states the graph does not keep;
     ranks: tensor parallelism's collectives run outside any graph."""
-    return (graphs_blocker(groups) or capture_blocker(model, device, dtype) or ("LoRA adapters" if lora else None)
-            or ("a hidden-state head (EAGLE-3, MTP)" if head else None) or ("tensor parallelism" if ranks else None))
+    return (
+        graphs_blocker(groups)
+        or capture_blocker(model, device, dtype)
+        or ("LoRA adapters" if lora else None)
+        or ("a hidden-state head (EAGLE-3, MTP)" if head else None)
+        or ("tensor parallelism" if ranks else None)
+    )
 
 
 def prepare_cuda(
-    model: torch.nn.Module, backend: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], *,
-    page_size: int, max_num_seqs: int, max_model_len: int, enforce_eager: bool, why: str | None = None,
-    layer_backends: list[Any] | None = None, state_pool: StatePool | None = None,
+    model: torch.nn.Module,
+    backend: Any,
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    page_size: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    enforce_eager: bool,
+    why: str | None = None,
+    layer_backends: list[Any] | None = None,
+    state_pool: StatePool | None = None,
 ) -> CudaGraphRunner | None:
     """Warms the kernels up and, unless enforce_eager (or the backend cannot run under graphs), captures decode
     CUDA graphs at graph_batch_sizes(max_num_seqs). Call before any request holds KV pages. why: the reason
@@ -186,13 +217,18 @@ def prepare_cuda(
         return None
     start = time.perf_counter()
     runner = CudaGraphRunner(
-        model, backend, kv_caches,
-        batch_sizes=graph_batch_sizes(max_num_seqs), max_pages_per_seq=-(-max_model_len // page_size),
-        layer_backends=layer_backends, state_pool=state_pool,
+        model,
+        backend,
+        kv_caches,
+        batch_sizes=graph_batch_sizes(max_num_seqs),
+        max_pages_per_seq=-(-max_model_len // page_size),
+        layer_backends=layer_backends,
+        state_pool=state_pool,
     )
     runner.capture()
-    log.info("captured decode CUDA graphs for batch sizes %s in %.1f s", runner.batch_sizes,
-             time.perf_counter() - start)
+    log.info(
+        "captured decode CUDA graphs for batch sizes %s in %.1f s", runner.batch_sizes, time.perf_counter() - start
+    )
     return runner
 
 

@@ -26,7 +26,8 @@ def describe_engine(e: Any) -> dict:
         "kv_groups": describe_groups(e.spec.kv_groups),
         "kv_pages_by_group": [a.num_pages for a in e.kv.allocators],
         "page_size": e.pool.page_size,
-        "kv_bytes": sum(p.nbytes for p in e.pools), "kv_dtype": str(e.kv_dtype).removeprefix("torch."),
+        "kv_bytes": sum(p.nbytes for p in e.pools),
+        "kv_dtype": str(e.kv_dtype).removeprefix("torch."),
         "max_num_seqs": e.max_num_seqs,
         # A hybrid model's recurrent-state pool: the sequences it holds (as many snapshot slots again), bytes.
         "state_seqs": e.kv.state.num_seqs if e.kv.state is not None else None,
@@ -41,9 +42,13 @@ def describe_engine(e: Any) -> dict:
 def engine_stats(e: Any) -> dict[str, int | list[int]]:
     """LLMEngine.stats() of the engine `e`: free KV pages, preemptions, tokens run, requests in and waiting, and the
     speculator's acceptance counts."""
-    stats = {"kv_pages_free": e.allocator.num_free, "preemptions": e.scheduler.num_preemptions,
-             "tokens_run": e.runner.num_tokens_run, "requests_running": len(e.scheduler.running),
-             "requests_waiting": len(e.scheduler.waiting) + len(e._compiling)}
+    stats = {
+        "kv_pages_free": e.allocator.num_free,
+        "preemptions": e.scheduler.num_preemptions,
+        "tokens_run": e.runner.num_tokens_run,
+        "requests_running": len(e.scheduler.running),
+        "requests_waiting": len(e.scheduler.waiting) + len(e._compiling),
+    }
     if len(e.pools) > 1:
         stats["kv_pages_free_by_group"] = e.kv.num_free
     if e.speculator is not None:

@@ -46,6 +46,7 @@ __all__ = ["LLMEngine"]
 
 log = logging.getLogger(__name__)
 
+
 class LLMEngine:
     """The synchronous engine: add requests, call step() until has_unfinished() is false."""
 
@@ -68,24 +69,41 @@ class LLMEngine:
             with timed(self.start_ms, "ranks"):
                 self.ranks = RankSet(config, self.device)
         with timed(self.start_ms, "weights"):
-            self.model, self.spec = load_model(config.model_path, self.dtype, self.device, config.quantization,
-                                               config.lora, tp=self.ranks.tp if self.ranks is not None else None)
+            self.model, self.spec = load_model(
+                config.model_path,
+                self.dtype,
+                self.device,
+                config.quantization,
+                config.lora,
+                tp=self.ranks.tp if self.ranks is not None else None,
+            )
         self.lora = self.model.lora  # engine.model.layers.lora.LoraSet, or None
         self.adapters: dict[str, int] = self.lora.slots if self.lora is not None else {}
         with timed(self.start_ms, "tokenizer"):
             self.tokenizer = load_tokenizer(config.model_path)
         if not self.spec.eos_token_ids:  # as vLLM: the tokenizer's eos (a grammar with no stop token cannot end)
             self.spec.eos_token_ids.update({self.tokenizer.eos_token_id} - {None})
-        self.max_model_len = min(config.max_model_len or self.spec.max_position_embeddings,
-                                 self.spec.max_position_embeddings)
+        self.max_model_len = min(
+            config.max_model_len or self.spec.max_position_embeddings, self.spec.max_position_embeddings
+        )
         if config.max_model_len and config.max_model_len > self.spec.max_position_embeddings:
-            raise StartupError(f"max_model_len {config.max_model_len} is above the model's limit of "
-                               f"{self.spec.max_position_embeddings}", param="max_model_len")
+            raise StartupError(
+                f"max_model_len {config.max_model_len} is above the model's limit of "
+                f"{self.spec.max_position_embeddings}",
+                param="max_model_len",
+            )
         groups = self.spec.kv_groups
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)  # the pages': the model's, or FP8
         self.backend_name, self.backend_reason = resolve_backend(config.attention_backend, self.device, self.dtype)
-        self.backends = create_group_backends(self.backend_name, groups, self.device, spec=self.spec, dtype=self.dtype,
-                                              kv_dtype=self.kv_dtype, requested=config.attention_backend)
+        self.backends = create_group_backends(
+            self.backend_name,
+            groups,
+            self.device,
+            spec=self.spec,
+            dtype=self.dtype,
+            kv_dtype=self.kv_dtype,
+            requested=config.attention_backend,
+        )
         if self.device.type == "cuda" and self.ranks is None:  # a warm-up forward would need every rank
             with timed(self.start_ms, "warm-up"):
                 for backend in self.backends:  # JIT builds now, not on a request
@@ -93,8 +111,10 @@ class LLMEngine:
         plan = plan_cache(config, self.spec, self.model, self.device, self.dtype, self.kv_dtype, self.max_model_len)
         self.max_model_len, num_pages = plan.max_model_len, plan.num_pages
         with timed(self.start_ms, "kv cache"):
-            self.pools = [PagePool.for_group(g, n, config.page_size, self.kv_dtype, self.device)
-                          for g, n in zip(groups, num_pages, strict=True)]
+            self.pools = [
+                PagePool.for_group(g, n, config.page_size, self.kv_dtype, self.device)
+                for g, n in zip(groups, num_pages, strict=True)
+            ]
             recurrent = self.spec.recurrent
             self.state_pool = StatePool(recurrent, 2 * plan.state_seqs, self.dtype, self.device) if recurrent else None
         if recurrent is not None:
@@ -102,37 +122,76 @@ class LLMEngine:
         self.max_num_seqs = min(config.max_num_seqs, plan.state_seqs or config.max_num_seqs)
         state = None if recurrent is None else StateSlots(plan.state_seqs, config.enable_prefix_caching)
         self.kv = KVCacheManager(groups, num_pages, config.page_size, config.enable_prefix_caching, state)
-        self.scheduler = Scheduler(self.kv, self.max_num_seqs, config.max_num_batched_tokens,
-                                   config.scheduling_policy, config.priority_aging_steps)
-        self.runner = ModelRunner(self.model, groups, self.pools, self.backends, Sampler(), self.device, recurrent,
-                                  self.state_pool)
+        self.scheduler = Scheduler(
+            self.kv,
+            self.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.scheduling_policy,
+            config.priority_aging_steps,
+        )
+        self.runner = ModelRunner(
+            self.model, groups, self.pools, self.backends, Sampler(), self.device, recurrent, self.state_pool
+        )
         if self.ranks is not None:  # the other ranks' pools, as many pages of their heads
             self.runner.peers = self.ranks.share_cache(num_pages, self.state_pool.num_slots if self.state_pool else 0)
         if self.device.type == "cuda":
             head = config.speculative is not None and config.speculative.method in ("eagle3", "mtp")
-            graphless = graphs_off_because(self.model, groups, self.device, self.spec.dtype,
-                                           lora=self.lora is not None, head=head, ranks=self.ranks is not None)
+            graphless = graphs_off_because(
+                self.model,
+                groups,
+                self.device,
+                self.spec.dtype,
+                lora=self.lora is not None,
+                head=head,
+                ranks=self.ranks is not None,
+            )
             hybrid = recurrent is not None  # its graphs take every layer's caches and backend (state slots too)
             with timed(self.start_ms, "graphs"):
                 self.runner.graph_runner = prepare_cuda(
-                    self.model, self.backends[0], self.runner.layer_caches if hybrid else self.pools[0].kv_caches,
-                    page_size=config.page_size, max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                    enforce_eager=config.enforce_eager or graphless is not None, why=graphless,
-                    layer_backends=self.runner.layer_backends if hybrid else None, state_pool=self.state_pool)
+                    self.model,
+                    self.backends[0],
+                    self.runner.layer_caches if hybrid else self.pools[0].kv_caches,
+                    page_size=config.page_size,
+                    max_num_seqs=config.max_num_seqs,
+                    max_model_len=self.max_model_len,
+                    enforce_eager=config.enforce_eager or graphless is not None,
+                    why=graphless,
+                    layer_backends=self.runner.layer_backends if hybrid else None,
+                    state_pool=self.state_pool,
+                )
         self.images = ImageIntake(self.spec.vision, config.model_path, self.tokenizer, config.max_num_batched_tokens)
         self._seq_ids = count()
         self._arrivals = count()
         self.processor = OutputProcessor(self.tokenizer, self.max_model_len, lambda: next(self._seq_ids))
         self._groups: dict[str, SequenceGroup] = {}
         self._failures: list[tuple[str, Exception]] = []
-        self.grammars = GrammarCache(self.tokenizer, self.spec.vocab_size, sorted(self.spec.eos_token_ids),
-                                     threads=2 if self.device.type == "cpu" else 8,
-                                     max_whitespace=config.structured_max_whitespace)
+        self.grammars = GrammarCache(
+            self.tokenizer,
+            self.spec.vocab_size,
+            sorted(self.spec.eos_token_ids),
+            threads=2 if self.device.type == "cpu" else 8,
+            max_whitespace=config.structured_max_whitespace,
+        )
         self._compiling = GrammarWait()
-        self.speculator = build_speculator(config.speculative, Target(
-            self.tokenizer, self.spec.vocab_size, self.spec.recurrent is not None, self.dtype, self.device,
-            self.kv_dtype, self.backend_name, config.page_size, self.allocator.num_pages,
-            config.max_num_batched_tokens, self.max_model_len, self.model, config.model_path, self.max_num_seqs))
+        self.speculator = build_speculator(
+            config.speculative,
+            Target(
+                self.tokenizer,
+                self.spec.vocab_size,
+                self.spec.recurrent is not None,
+                self.dtype,
+                self.device,
+                self.kv_dtype,
+                self.backend_name,
+                config.page_size,
+                self.allocator.num_pages,
+                config.max_num_batched_tokens,
+                self.max_model_len,
+                self.model,
+                config.model_path,
+                self.max_num_seqs,
+            ),
+        )
         if self.speculator is not None:
             self.runner.keep_hidden = getattr(self.speculator.proposer, "reads_hidden", False)
 
@@ -147,11 +206,19 @@ class LLMEngine:
     @property
     def limits(self) -> Limits:
         c, m = self.config, self.spec
-        return Limits(m.vocab_size, self.max_model_len, self.max_num_seqs, c.max_num_batched_tokens, self.adapters,
-                      m.hidden_size, self.lora.keys if self.lora is not None else {})
+        return Limits(
+            m.vocab_size,
+            self.max_model_len,
+            self.max_num_seqs,
+            c.max_num_batched_tokens,
+            self.adapters,
+            m.hidden_size,
+            self.lora.keys if self.lora is not None else {},
+        )
 
-    def prepare(self, prompt_token_ids: list[int], params: SamplingParams,
-                images: list[ImageData] | None = None) -> PreparedRequest:
+    def prepare(
+        self, prompt_token_ids: list[int], params: SamplingParams, images: list[ImageData] | None = None
+    ) -> PreparedRequest:
         """Checks a request once (InvalidRequest / ContextTooLong), decodes its images, submits its grammar."""
         prompt_token_ids, decoded = self.images.expand(prompt_token_ids, list(images or ()))  # before its length counts
         prompt = check_request(prompt_token_ids, params, self.limits)
@@ -163,17 +230,29 @@ class LLMEngine:
             grammar.result()  # a constraint known to be bad fails here, before the request is in
         return PreparedRequest(prompt, params, grammar, spans)
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    images: list[ImageData] | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        images: list[ImageData] | None = None,
+    ) -> None:
         self.add(request_id, self.prepare(prompt_token_ids, params, images))
 
     def add(self, request_id: str, request: PreparedRequest) -> None:
         """Starts a prepared request (its grammar first, when it has one still compiling)."""
         if request_id in self._groups:
             raise InvalidRequest(f"request id {request_id!r} is already running", param="request_id")
-        group = build_group(request_id, request, arrival=next(self._arrivals), next_seq_id=lambda: next(self._seq_ids),
-                            tokenizer=self.tokenizer, device=self.device, eos_token_ids=set(self.spec.eos_token_ids),
-                            limits=self.limits)
+        group = build_group(
+            request_id,
+            request,
+            arrival=next(self._arrivals),
+            next_seq_id=lambda: next(self._seq_ids),
+            tokenizer=self.tokenizer,
+            device=self.device,
+            eos_token_ids=set(self.spec.eos_token_ids),
+            limits=self.limits,
+        )
         self._groups[request_id] = group
         if request.grammar is None:
             self.scheduler.add(group)

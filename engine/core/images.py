@@ -103,12 +103,20 @@ class ImageIntake:
             self.prompt = ImagePrompt(image, f"{boi}{image}{eoi}", None)
             return
         size = raw.get("size") or {}
-        raw = {**raw, "size": {"height": size.get("height") or vision.image_size,
-                               "width": size.get("width") or vision.image_size}}
+        raw = {
+            **raw,
+            "size": {
+                "height": size.get("height") or vision.image_size,
+                "width": size.get("width") or vision.image_size,
+            },
+        }
         self.config = gemma.GemmaImageConfig.from_dict(raw)
         if (self.config.height, self.config.width) != (vision.image_size, vision.image_size):
-            raise StartupError(f"the image processor resizes to {self.config.width}x{self.config.height}, but the "
-                               f"vision tower takes {vision.image_size}x{vision.image_size}", param="model")
+            raise StartupError(
+                f"the image processor resizes to {self.config.width}x{self.config.height}, but the "
+                f"vision tower takes {vision.image_size}x{vision.image_size}",
+                param="model",
+            )
         # transformers' Gemma3Processor.full_image_sequence
         self.prompt = ImagePrompt(boi, f"\n\n{boi}{image * vision.tokens_per_image}{eoi}\n\n", vision.tokens_per_image)
         if self.config.do_pan_and_scan:
@@ -144,21 +152,30 @@ class ImageIntake:
             return []
         runs = image_runs(prompt, self.vision.image_token_id)
         if len(runs) != len(decoded):
-            raise InvalidRequest(f"the prompt has {len(runs)} image placeholders for {len(decoded)} images: write "
-                                 f"each image as a content part (the template places {self.prompt.placeholder})",
-                                 param="messages")
+            raise InvalidRequest(
+                f"the prompt has {len(runs)} image placeholders for {len(decoded)} images: write "
+                f"each image as a content part (the template places {self.prompt.placeholder})",
+                param="messages",
+            )
         spans = []
         grid = self.vision.grid
         for (start, end), image in zip(runs, decoded, strict=True):
             if end - start != image.tokens:
-                raise InvalidRequest(f"{image.param}: its placeholder has {end - start} soft tokens, not the "
-                                     f"{image.tokens} the image takes (a truncated prompt?)", param=image.param)
+                raise InvalidRequest(
+                    f"{image.param}: its placeholder has {end - start} soft tokens, not the "
+                    f"{image.tokens} the image takes (a truncated prompt?)",
+                    param=image.param,
+                )
             if self.vision.bidirectional and end - start > self.max_chunk:
-                raise InvalidRequest(f"an image takes {end - start} tokens, more than max_num_batched_tokens "
-                                     f"({self.max_chunk}) lets one step prefill", param=image.param)
+                raise InvalidRequest(
+                    f"an image takes {end - start} tokens, more than max_num_batched_tokens "
+                    f"({self.max_chunk}) lets one step prefill",
+                    param=image.param,
+                )
             rope = None if grid is None else (image.grid[1] // grid.merge_size, image.grid[2] // grid.merge_size)
-            spans.append(ImageSpan(start, end, image.pixels, image.digest, image.grid, rope,
-                                   whole=self.vision.bidirectional))
+            spans.append(
+                ImageSpan(start, end, image.pixels, image.digest, image.grid, rope, whole=self.vision.bidirectional)
+            )
         return spans
 
     def _decode(self, image: ImageData) -> list[DecodedImage]:
@@ -186,26 +203,39 @@ class ImageIntake:
 
 def _qwen_config(raw: dict, vision: VisionSpec) -> qwen_vl.QwenVLImageConfig:
     grid = vision.grid  # the tower's patches where the processor's settings are silent
-    config = qwen_vl.QwenVLImageConfig.from_dict({"patch_size": grid.patch_size, "merge_size": grid.merge_size,
-                                                  "temporal_patch_size": grid.temporal_patch_size, **raw})
+    config = qwen_vl.QwenVLImageConfig.from_dict(
+        {
+            "patch_size": grid.patch_size,
+            "merge_size": grid.merge_size,
+            "temporal_patch_size": grid.temporal_patch_size,
+            **raw,
+        }
+    )
     ours = (config.patch_size, config.temporal_patch_size, config.merge_size)
     if ours != (grid.patch_size, grid.temporal_patch_size, grid.merge_size):
-        raise StartupError(f"the image processor cuts patches of (size, frames, merge) {ours}, but the vision tower "
-                           f"takes {(grid.patch_size, grid.temporal_patch_size, grid.merge_size)}", param="model")
+        raise StartupError(
+            f"the image processor cuts patches of (size, frames, merge) {ours}, but the vision tower "
+            f"takes {(grid.patch_size, grid.temporal_patch_size, grid.merge_size)}",
+            param="model",
+        )
     return config
 
 
 def _gemma4_config(raw: dict, vision: VisionSpec) -> gemma4.Gemma4ImageConfig:
     pooled = vision.pooled  # the tower's patches where the processor's settings are silent
     try:
-        config = gemma4.Gemma4ImageConfig.from_dict({"patch_size": pooled.patch_size,
-                                                     "pooling_kernel_size": pooled.kernel, **raw})
+        config = gemma4.Gemma4ImageConfig.from_dict(
+            {"patch_size": pooled.patch_size, "pooling_kernel_size": pooled.kernel, **raw}
+        )
     except ValueError as exc:
         raise StartupError(f"the image processor's settings: {exc}", param="model") from None
     ours = (config.patch_size, config.pooling_kernel_size)
     if ours != (pooled.patch_size, pooled.kernel):
-        raise StartupError(f"the image processor cuts patches of (size, pooling) {ours}, but the vision tower takes "
-                           f"{(pooled.patch_size, pooled.kernel)}", param="model")
+        raise StartupError(
+            f"the image processor cuts patches of (size, pooling) {ours}, but the vision tower takes "
+            f"{(pooled.patch_size, pooled.kernel)}",
+            param="model",
+        )
     return config
 
 

@@ -25,7 +25,14 @@ from engine.attention import group_backends
 from engine.attention.flashinfer_graph import use_tensor_core_decode
 from engine.attention.kv_quant import resolve_kv_dtype
 from engine.cuda.precompile import (
-    KERNEL_MODULES, LIST_ARCH, AttentionModule, build, jit_specs, kernel_spec, module_names, set_cuda_arch,
+    KERNEL_MODULES,
+    LIST_ARCH,
+    AttentionModule,
+    build,
+    jit_specs,
+    kernel_spec,
+    module_names,
+    set_cuda_arch,
 )
 from engine.cuda.setup import has_sinks
 from engine.errors import UnsupportedModel
@@ -65,15 +72,20 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "Qwen3_5ForConditionalGeneration": ("qwen3_5", {"vision_config": {"out_hidden_size": 4096}}),
     "Qwen3_5MoeForCausalLM": ("qwen3_5_moe_text", {"intermediate_size": 512}),
     "Qwen3_5MoeForConditionalGeneration": (
-        "qwen3_5_moe", {"text_config": {"intermediate_size": 512}, "vision_config": {"out_hidden_size": 2048}}),
+        "qwen3_5_moe",
+        {"text_config": {"intermediate_size": 512}, "vision_config": {"out_hidden_size": 2048}},
+    ),
 }
 
 
 def decode_ratios(num_q_heads: int, num_kv_heads: int) -> set[int]:
     """q heads per KV head on one rank, for each tensor-parallel size that splits the q heads (a rank with fewer
     KV heads than ranks holds one, so the ratio can fall under the tensor-core threshold)."""
-    return {(num_q_heads // size) // TensorParallel(0, size).kv_heads(num_kv_heads)[1]
-            for size in TP_SIZES if num_q_heads % size == 0}
+    return {
+        (num_q_heads // size) // TensorParallel(0, size).kv_heads(num_kv_heads)[1]
+        for size in TP_SIZES
+        if num_q_heads % size == 0
+    }
 
 
 def group_modules(
@@ -93,7 +105,11 @@ def group_modules(
 
 
 def model_modules(
-    config: dict, names: set[str], *, dtype: torch.dtype = torch.bfloat16, kv_cache_dtypes: Iterable[str] = ("auto",),
+    config: dict,
+    names: set[str],
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    kv_cache_dtypes: Iterable[str] = ("auto",),
     skipped: list[str] | None = None,
 ) -> set[AttentionModule]:
     """The attention modules of a model (its config.json and its checkpoint's tensor names): its KV groups and image
@@ -118,8 +134,14 @@ def model_modules(
             continue
         bidirectional = vision is not None and vision.bidirectional_in(group.window)
         for name in kv_cache_dtypes:
-            found |= group_modules(group, num_q_heads=args.num_q_heads, dtype=dtype,
-                                   kv_dtype=resolve_kv_dtype(name, dtype), sinks=sinks, bidirectional=bidirectional)
+            found |= group_modules(
+                group,
+                num_q_heads=args.num_q_heads,
+                dtype=dtype,
+                kv_dtype=resolve_kv_dtype(name, dtype),
+                sinks=sinks,
+                bidirectional=bidirectional,
+            )
     return found
 
 
@@ -160,8 +182,12 @@ def main(argv: list[str] | None = None) -> None:
     source.add_argument("--all-families", action="store_true", help="one config of each registered architecture")
     parser.add_argument("--arch", help="FlashInfer's name of the GPU architecture (8.0, 8.6, 8.9, 9.0a, ...)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="the model's serving dtype")
-    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, action="append",
-                        help="KV page dtypes to build for (repeatable; default auto; --all-families: both)")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        action="append",
+        help="KV page dtypes to build for (repeatable; default auto; --all-families: both)",
+    )
     parser.add_argument("--list", action="store_true", help="print the module names, build nothing")
     parser.add_argument("--only", metavar="REGEX", help="only the modules whose name matches (a subset to rebuild)")
     args = parser.parse_args(argv)
@@ -171,8 +197,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.all_families:
         attention = all_family_modules(skipped)
     else:
-        attention = folder_modules(args.model, dtype=DTYPES[args.dtype], kv_cache_dtypes=args.kv_cache_dtype or
-                                   ("auto",), skipped=skipped)
+        attention = folder_modules(
+            args.model, dtype=DTYPES[args.dtype], kv_cache_dtypes=args.kv_cache_dtype or ("auto",), skipped=skipped
+        )
     for line in skipped:
         print(f"skipped: {line}", file=sys.stderr)
     kernels = list(KERNEL_MODULES)

@@ -39,8 +39,15 @@ class PagePool:
     """The KV pages of every layer, allocated once: K and V per layer as [pages, page_size, kv_heads, head_dim]."""
 
     def __init__(
-        self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
-        dtype: torch.dtype, device: torch.device | str, zero_last: bool = False,
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        zero_last: bool = False,
     ) -> None:
         self.num_pages, self.page_size = num_pages, page_size
         # One allocation: a page of every layer is copied in one indexing op (copy-on-write of forks).
@@ -60,8 +67,16 @@ class PagePool:
     ) -> PagePool:
         """The pool of one KV layer group; a window group's has one page more than its allocator: its NULL page."""
         window = group.window is not None
-        return cls(len(group.layers), num_pages + window, page_size, group.num_kv_heads, group.head_dim, dtype, device,
-                   zero_last=window)
+        return cls(
+            len(group.layers),
+            num_pages + window,
+            page_size,
+            group.num_kv_heads,
+            group.head_dim,
+            dtype,
+            device,
+            zero_last=window,
+        )
 
     @staticmethod
     def bytes_per_page(num_layers: int, page_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

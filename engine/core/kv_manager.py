@@ -24,7 +24,11 @@ class KVCacheManager:
     """One PageAllocator per layer group; group g's NULL page (window groups) is page id num_pages[g]."""
 
     def __init__(
-        self, specs: list[KVGroupSpec], num_pages: list[int], page_size: int, enable_prefix_caching: bool = True,
+        self,
+        specs: list[KVGroupSpec],
+        num_pages: list[int],
+        page_size: int,
+        enable_prefix_caching: bool = True,
         state: StateSlots | None = None,
     ) -> None:
         self.specs = specs
@@ -61,8 +65,7 @@ class KVCacheManager:
 
     def _copies_last(self, g: int, seq: Sequence) -> bool:
         """The sequence's partly filled last page in group g is shared: its next token writes into a copy."""
-        return bool(seq.num_computed_tokens % self.page_size) and self.allocators[g].ref_counts[
-            seq.kv_pages[g][-1]] > 1
+        return bool(seq.num_computed_tokens % self.page_size) and self.allocators[g].ref_counts[seq.kv_pages[g][-1]] > 1
 
     def needed(self, seq: Sequence, n: int) -> list[int]:
         """Pages each group must hand out for the sequence's next n tokens."""
@@ -173,8 +176,11 @@ class KVCacheManager:
                 count = next((i for i, page in enumerate(found[g][:count]) if page is None), count)
         snapshot = None  # a hybrid model's recurrent state at the hit's end
         while count:
-            if all(None not in found[g][spec.first_needed_page(count * ps, ps) : count]
-                   for g, spec in enumerate(self.specs) if spec.window is not None):
+            if all(
+                None not in found[g][spec.first_needed_page(count * ps, ps) : count]
+                for g, spec in enumerate(self.specs)
+                if spec.window is not None
+            ):
                 snapshot = None if self.state is None else self.state.find(hashes[count - 1])
                 if self.state is None or snapshot is not None:
                     break
@@ -251,5 +257,6 @@ class KVCacheManager:
         for a in self.allocators:
             a.check()
         if self.state is not None and seqs is not None:
-            self.state.check([slot for s in seqs for slot in (s.state_slot, (s.state_capture or (0, None))[1])
-                              if slot is not None])
+            self.state.check(
+                [slot for s in seqs for slot in (s.state_slot, (s.state_capture or (0, None))[1]) if slot is not None]
+            )

@@ -48,8 +48,9 @@ def group_pages(caps: list[int | None], pages: int) -> list[int]:
     return [pages if cap is None else min(cap, pages) for cap in caps]
 
 
-def pages_for_one_sequence(caps: list[int | None], groups: list[KVGroupSpec], page_size: int, max_model_len: int,
-                           max_num_batched_tokens: int) -> int:
+def pages_for_one_sequence(
+    caps: list[int | None], groups: list[KVGroupSpec], page_size: int, max_model_len: int, max_num_batched_tokens: int
+) -> int:
     """The page count a group must have for one sequence of max_model_len to run alone."""
     full = -(-max_model_len // page_size)
     if any(cap is None for cap in caps):

@@ -38,7 +38,8 @@ class LLM:
         self._ids = 0
 
     def generate(
-        self, prompts: list[str] | list[list[int]] | str,
+        self,
+        prompts: list[str] | list[list[int]] | str,
         params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[FinalOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):

@@ -24,11 +24,11 @@ from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.core.image_positions import StepPositions
 from engine.core.images import ImageSpan
 from engine.core.kv_cache import PagePool
-from engine.model.kv_spec import KVGroupSpec
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.spec.verify import verify
 from engine.core.state_cache import StatePool
 from engine.core.step import Sample, ScheduledSeq, SchedulerOutput, StepResult, sampling_row
+from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec, RecurrentStep
 from engine.sample.logits_processor import SamplingRow, process_logits
 from engine.sample.sampler import Sampler, compute_logprobs
@@ -41,9 +41,15 @@ class ModelRunner:
     """Owns the model, the page pools and the attention backends (one per KV layer group); execute() runs one step."""
 
     def __init__(
-        self, model: torch.nn.Module, groups: list[KVGroupSpec], pools: list[PagePool],
-        backends: list[AttentionBackend], sampler: Sampler, device: torch.device,
-        recurrent: RecurrentSpec | None = None, state_pool: StatePool | None = None,
+        self,
+        model: torch.nn.Module,
+        groups: list[KVGroupSpec],
+        pools: list[PagePool],
+        backends: list[AttentionBackend],
+        sampler: Sampler,
+        device: torch.device,
+        recurrent: RecurrentSpec | None = None,
+        state_pool: StatePool | None = None,
     ) -> None:
         self.model, self.pools, self.backends, self.sampler, self.device = model, pools, backends, sampler, device
         self.page_size = pools[0].page_size
@@ -94,8 +100,9 @@ class ModelRunner:
                 backend.plan(meta)
             hidden = self.model(input_ids, positions, metas[0], self.layer_caches, self.layer_backends, **extra)
         self.num_tokens_run += input_ids.numel()
-        result = StepResult(aux_hidden=getattr(self.model, "aux_hidden", None),
-                            hidden=hidden if self.keep_hidden else None)
+        result = StepResult(
+            aux_hidden=getattr(self.model, "aux_hidden", None), hidden=hidden if self.keep_hidden else None
+        )
         for i, row, count in pool_at:
             result.pooled[i] = hidden[row : row + count]
         if prompt_at:
@@ -109,8 +116,9 @@ class ModelRunner:
             # Greedy rows get the float32 argmax of a bf16 head (engine.model.layers.logits); sampled rows do
             # not need it, and at batch 64 it would cost a few percent of the step.
             greedy = [j for j, (i, _) in enumerate(picked) if out.scheduled[i].group.params.greedy]
-            logits = self._logits(hidden.index_select(0, rows),
-                                  torch.tensor(greedy, dtype=torch.long, device=self.device))
+            logits = self._logits(
+                hidden.index_select(0, rows), torch.tensor(greedy, dtype=torch.long, device=self.device)
+            )
             if sample_at:
                 self._sample(logits[: len(sample_at)], [(i, out.scheduled[i]) for i, _ in sample_at], result)
             if verify_at:
@@ -175,7 +183,8 @@ class ModelRunner:
         last_len = torch.tensor(last, dtype=i32).to(dev, non_blocking=True)
         metas = [
             AttentionMetadata(
-                qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                qo_indptr=qo_indptr,
+                kv_indptr=kv_indptr,
                 kv_indices=torch.tensor(indices[g], dtype=i32).to(dev, non_blocking=True),
                 kv_last_page_len=last_len,
                 slot_mapping=torch.tensor(slots[g], dtype=torch.int64).to(dev, non_blocking=True),
@@ -192,8 +201,9 @@ class ModelRunner:
         """(rows, embeddings) of the step's image soft tokens: each image not yet encoded through the tower once."""
         todo = [span for span in {id(span): span for span, *_ in encode}.values() if span.encoded is None]
         if todo:
-            embeds = self.model.encode_images([span.pixels.to(self.device) for span in todo],
-                                              [span.grid for span in todo])  # each [tokens, width]
+            embeds = self.model.encode_images(
+                [span.pixels.to(self.device) for span in todo], [span.grid for span in todo]
+            )  # each [tokens, width]
             for span, embed in zip(todo, embeds, strict=True):
                 span.encoded = embed
             self.num_images_encoded += len(todo)
@@ -227,7 +237,10 @@ class ModelRunner:
             self.recurrent_plan.settle(kept)
 
     def _prompt_logprobs(
-        self, hidden: torch.Tensor, scheduled: list[ScheduledSeq], prompt_at: list[tuple[int, int, int]],
+        self,
+        hidden: torch.Tensor,
+        scheduled: list[ScheduledSeq],
+        prompt_at: list[tuple[int, int, int]],
         result: StepResult,
     ) -> None:
         for i, row, count in prompt_at:
@@ -275,7 +288,11 @@ class ModelRunner:
                     result.errors[i] = exc
 
     def _draw(
-        self, logits: torch.Tensor, rows: list[SamplingRow], owners: list[int], items: list[tuple[int, ScheduledSeq]],
+        self,
+        logits: torch.Tensor,
+        rows: list[SamplingRow],
+        owners: list[int],
+        items: list[tuple[int, ScheduledSeq]],
         result: StepResult,
     ) -> None:
         out = self.sampler(logits, rows)
@@ -297,4 +314,3 @@ class ModelRunner:
     @staticmethod
     def _row(group: SequenceGroup, seq: Sequence) -> SamplingRow:
         return sampling_row(group, seq)
-

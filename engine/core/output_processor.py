@@ -29,8 +29,9 @@ class OutputProcessor:
         self.forks, self.finished = [], []
         return changes
 
-    def process(self, group: SequenceGroup, items: list[tuple[int, ScheduledSeq]], result: StepResult
-                ) -> RequestOutput | PoolingOutput | None:
+    def process(
+        self, group: SequenceGroup, items: list[tuple[int, ScheduledSeq]], result: StepResult
+    ) -> RequestOutput | PoolingOutput | None:
         """items: this group's (index in the step, scheduled sequence). Raises what failed for this group."""
         if group.pools:
             return self._pool(group, items, result)
@@ -47,7 +48,7 @@ class OutputProcessor:
             return self._final(group) if group.finished else None
         if not group.forked:
             self._fork(group)
-            (_, samples), = sampled
+            ((_, samples),) = sampled
             deltas = [self._append(group, seq, sample) for seq, sample in zip(group.seqs, samples, strict=True)]
         else:
             deltas = [self._extend(group, seq, samples) for seq, samples in sampled]
@@ -55,10 +56,11 @@ class OutputProcessor:
             return self._final(group) if group.finished else None  # best_of: only the n best, at the end
         return self._output(group, deltas)
 
-    def _pool(self, group: SequenceGroup, items: list[tuple[int, ScheduledSeq]], result: StepResult
-              ) -> PoolingOutput | None:
+    def _pool(
+        self, group: SequenceGroup, items: list[tuple[int, ScheduledSeq]], result: StepResult
+    ) -> PoolingOutput | None:
         """Folds the chunk's hidden states in; once the whole prompt has run, the embedding, and the sequence ends."""
-        (i, s), = items
+        ((i, s),) = items
         seq, out, total = s.seq, s.seq.output_state, len(group.prompt_token_ids)
         end = s.start + s.num_tokens
         out.pooled = fold(out.pooled, result.pooled[i], s.start, end, total, group.params.config.method)
@@ -66,8 +68,12 @@ class OutputProcessor:
             return None
         seq.finish_reason = "stop"
         self.finished.append(seq)
-        return PoolingOutput(group.request_id, finish(out.pooled, group.params, total), group.prompt_token_ids,
-                             num_cached_tokens=group.num_cached_tokens)
+        return PoolingOutput(
+            group.request_id,
+            finish(out.pooled, group.params, total),
+            group.prompt_token_ids,
+            num_cached_tokens=group.num_cached_tokens,
+        )
 
     def abort(self, group: SequenceGroup) -> RequestOutput:
         """The last output of an aborted request: every open choice ends with finish_reason "abort"."""
@@ -172,9 +178,14 @@ class OutputProcessor:
             return self._request_output(group, choices, finished=True, generated=generated)
         best = sorted(group.seqs, key=lambda s: s.cumulative_logprob, reverse=True)[: p.n]
         choices = [
-            CompletionDelta(i, s.output_state.text, list(s.output_token_ids),
-                            list(s.output_state.logprobs) if p.logprobs is not None else None,
-                            s.finish_reason, s.stop_reason)
+            CompletionDelta(
+                i,
+                s.output_state.text,
+                list(s.output_token_ids),
+                list(s.output_state.logprobs) if p.logprobs is not None else None,
+                s.finish_reason,
+                s.stop_reason,
+            )
             for i, s in enumerate(best)
         ]
         return self._request_output(group, choices, finished=True, generated=best)
@@ -186,8 +197,11 @@ class OutputProcessor:
         by_stop_id = stopped and tokens[-1] in (p.stop_token_ids or ())
         shown = tokens[:-1] if stopped and not (by_stop_id and p.include_stop_str_in_output) else tokens
         detok = Detokenizer(
-            self.tokenizer, skip_special_tokens=p.skip_special_tokens, stop=p.stop,
-            include_stop_str_in_output=p.include_stop_str_in_output, prompt_token_ids=group.prompt_token_ids,
+            self.tokenizer,
+            skip_special_tokens=p.skip_special_tokens,
+            stop=p.stop,
+            include_stop_str_in_output=p.include_stop_str_in_output,
+            prompt_token_ids=group.prompt_token_ids,
         )
         delta = detok.push(shown)
         text = delta.text + detok.flush()

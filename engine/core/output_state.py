@@ -1,7 +1,7 @@
 """The output side of one sequence: what turns its sampled tokens into a choice's text, logprobs and stops.
 
-The output processor owns it (the sampler reads the grammar, and advances the RNG stream and the penalty counts); the scheduler, which owns the
-sequence's KV side (tokens, pages, computed length), never touches it.
+The output processor owns it (the sampler reads the grammar, and advances the RNG stream and the penalty counts); the
+scheduler, which owns the sequence's KV side (tokens, pages, computed length), never touches it.
 """
 
 from __future__ import annotations
@@ -41,5 +41,7 @@ class OutputState:
     def fork(self) -> OutputState:
         """A beam's child: the grammar state and penalty counts forked; the text side of a beam is rebuilt when it
         finishes."""
-        return OutputState(grammar=self.grammar.fork() if self.grammar is not None else None,
-                           penalties=self.penalties.fork() if self.penalties is not None else None)
+        return OutputState(
+            grammar=self.grammar.fork() if self.grammar is not None else None,
+            penalties=self.penalties.fork() if self.penalties is not None else None,
+        )

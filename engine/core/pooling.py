@@ -39,8 +39,9 @@ class PoolingParams:
         return self.config.method != "last"
 
 
-def fold(acc: torch.Tensor | None, rows: torch.Tensor, start: int, end: int, total: int,
-         method: str) -> torch.Tensor | None:
+def fold(
+    acc: torch.Tensor | None, rows: torch.Tensor, start: int, end: int, total: int, method: str
+) -> torch.Tensor | None:
     """The running pooled state after the hidden `rows` of prompt positions [start, end) of `total`."""
     if method == "mean":
         part = rows.float().sum(0)

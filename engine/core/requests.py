@@ -58,17 +58,24 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams | PoolingP
     params.check_vocab(limits.vocab_size)
     limit = limits.max_model_len
     if len(prompt) >= limit:
-        raise ContextTooLong(f"This model's maximum context length is {limit} tokens. However, your prompt "
-                             f"has {len(prompt)} tokens, leaving no room for the completion.", param="prompt")
+        raise ContextTooLong(
+            f"This model's maximum context length is {limit} tokens. However, your prompt "
+            f"has {len(prompt)} tokens, leaving no room for the completion.",
+            param="prompt",
+        )
     if params.max_tokens is not None and len(prompt) + params.max_tokens > limit:
         raise ContextTooLong(
             f"This model's maximum context length is {limit} tokens. However, you requested "
             f"{len(prompt) + params.max_tokens} tokens ({len(prompt)} in the prompt, {params.max_tokens} in "
-            "the completion). Please reduce the length of the prompt or the completion.", param="max_tokens")
+            "the completion). Please reduce the length of the prompt or the completion.",
+            param="max_tokens",
+        )
     width = params.num_sequences
     if width > min(limits.max_num_seqs, limits.max_num_batched_tokens):
-        raise InvalidRequest(f"{width} sequences per request exceed this engine's max_num_seqs "
-                             f"({limits.max_num_seqs})", param="best_of" if params.best_of else "n")
+        raise InvalidRequest(
+            f"{width} sequences per request exceed this engine's max_num_seqs ({limits.max_num_seqs})",
+            param="best_of" if params.best_of else "n",
+        )
     return prompt
 
 
@@ -77,19 +84,27 @@ def check_pooling(prompt_token_ids: list[int], params: PoolingParams, limits: Li
     config, dims = params.config, params.dimensions
     if dims is not None:
         if not config.matryoshka:
-            raise InvalidRequest("this model does not support shortening its embeddings: leave dimensions unset "
-                                 "(its config.json names no matryoshka_dimensions)", param="dimensions")
+            raise InvalidRequest(
+                "this model does not support shortening its embeddings: leave dimensions unset "
+                "(its config.json names no matryoshka_dimensions)",
+                param="dimensions",
+            )
         if dims > limits.hidden_size or (config.matryoshka_dimensions and dims not in config.matryoshka_dimensions):
             sizes = config.matryoshka_dimensions or f"1 to {limits.hidden_size}"
             raise InvalidRequest(f"dimensions {dims} is not one this model supports ({sizes})", param="dimensions")
     if params.truncate_prompt_tokens and params.truncate_prompt_tokens > limits.max_model_len:
-        raise InvalidRequest(f"truncate_prompt_tokens {params.truncate_prompt_tokens} is above the model's maximum "
-                             f"context length of {limits.max_model_len} tokens", param="truncate_prompt_tokens")
+        raise InvalidRequest(
+            f"truncate_prompt_tokens {params.truncate_prompt_tokens} is above the model's maximum "
+            f"context length of {limits.max_model_len} tokens",
+            param="truncate_prompt_tokens",
+        )
     prompt = _checked_tokens(prompt_token_ids, params.truncate_prompt_tokens, limits)
     if len(prompt) > limits.max_model_len:
-        raise ContextTooLong(f"This model's maximum context length is {limits.max_model_len} tokens. However, the "
-                             f"input has {len(prompt)} tokens. Shorten it, or set truncate_prompt_tokens.",
-                             param="prompt")
+        raise ContextTooLong(
+            f"This model's maximum context length is {limits.max_model_len} tokens. However, the "
+            f"input has {len(prompt)} tokens. Shorten it, or set truncate_prompt_tokens.",
+            param="prompt",
+        )
     return prompt
 
 
@@ -106,8 +121,15 @@ def _checked_tokens(prompt_token_ids: list[int], truncate: int | None, limits: L
 
 
 def build_group(
-    request_id: str, request: PreparedRequest, *, arrival: int, next_seq_id: Callable[[], int], tokenizer: Any,
-    device: torch.device, eos_token_ids: set[int], limits: Limits,
+    request_id: str,
+    request: PreparedRequest,
+    *,
+    arrival: int,
+    next_seq_id: Callable[[], int],
+    tokenizer: Any,
+    device: torch.device,
+    eos_token_ids: set[int],
+    limits: Limits,
 ) -> SequenceGroup:
     """The request's SequenceGroup: n (or best_of) choices, each with its own RNG stream and detokenizer, or
     the first beam of a beam search."""
@@ -122,24 +144,54 @@ def build_group(
     if params.use_beam_search:
         stops = (set() if params.ignore_eos else eos_token_ids) | set(params.stop_token_ids or ())
         max_tokens = min(params.max_tokens or limits.max_model_len, limits.max_model_len - len(prompt))
-        beam = BeamSearch(params.num_sequences, length_penalty=params.length_penalty,
-                          early_stopping=params.early_stopping, stop_token_ids=stops, max_tokens=max_tokens)
-        seqs = [Sequence(next_seq_id(), list(prompt), len(prompt), cache_salt=salt, image_keys=keys,
-                         output_state=OutputState(penalties=_penalties(params)))]
+        beam = BeamSearch(
+            params.num_sequences,
+            length_penalty=params.length_penalty,
+            early_stopping=params.early_stopping,
+            stop_token_ids=stops,
+            max_tokens=max_tokens,
+        )
+        seqs = [
+            Sequence(
+                next_seq_id(),
+                list(prompt),
+                len(prompt),
+                cache_salt=salt,
+                image_keys=keys,
+                output_state=OutputState(penalties=_penalties(params)),
+            )
+        ]
     else:
         seqs = [
-            Sequence(next_seq_id(), list(prompt), len(prompt), index=i, cache_salt=salt, image_keys=keys,
-                     output_state=OutputState(
-                         detokenizer=_detokenizer(tokenizer, params, prompt),
-                         generator=_generator(params.seed, i, device),
-                         stop_reader=params.stop_reader() if params.stop_reader else None,
-                         penalties=_penalties(params)))
+            Sequence(
+                next_seq_id(),
+                list(prompt),
+                len(prompt),
+                index=i,
+                cache_salt=salt,
+                image_keys=keys,
+                output_state=OutputState(
+                    detokenizer=_detokenizer(tokenizer, params, prompt),
+                    generator=_generator(params.seed, i, device),
+                    stop_reader=params.stop_reader() if params.stop_reader else None,
+                    penalties=_penalties(params),
+                ),
+            )
             for i in range(params.num_sequences)
         ]
     bad_words = tokenize_bad_words(tokenizer, params.bad_words) if params.bad_words else []
-    return SequenceGroup(request_id, prompt, params, seqs, arrival, eos_token_ids=set(eos_token_ids),
-                         bad_words_ids=bad_words, beam=beam, adapter=limits.adapters.get(params.adapter),
-                         images=list(request.images))
+    return SequenceGroup(
+        request_id,
+        prompt,
+        params,
+        seqs,
+        arrival,
+        eos_token_ids=set(eos_token_ids),
+        bad_words_ids=bad_words,
+        beam=beam,
+        adapter=limits.adapters.get(params.adapter),
+        images=list(request.images),
+    )
 
 
 def _penalties(params: SamplingParams) -> PenaltyCounts | None:
@@ -156,6 +208,9 @@ def _generator(seed: int | None, index: int, device: torch.device) -> torch.Gene
 
 def _detokenizer(tokenizer: Any, params: SamplingParams, prompt: list[int]) -> Detokenizer:
     return Detokenizer(
-        tokenizer, skip_special_tokens=params.skip_special_tokens, stop=params.stop,
-        include_stop_str_in_output=params.include_stop_str_in_output, prompt_token_ids=prompt,
+        tokenizer,
+        skip_special_tokens=params.skip_special_tokens,
+        stop=params.stop,
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        prompt_token_ids=prompt,
     )

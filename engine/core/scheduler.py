@@ -27,7 +27,6 @@ from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.step import ScheduledSeq, SchedulerOutput
 from engine.errors import EngineError, InvalidRequest
 
-
 POLICIES = ("fcfs", "priority")
 
 
@@ -35,11 +34,18 @@ class Scheduler:
     """Owns the waiting queue and the running list; allocates pages (in every KV layer group, through `kv`) for
     what it schedules. Page needs are per-group counts: a step fits when every group has room."""
 
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, policy: str = "fcfs",
-                 aging_steps: int = 1000) -> None:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        policy: str = "fcfs",
+        aging_steps: int = 1000,
+    ) -> None:
         if policy not in POLICIES:
-            raise InvalidRequest(f"scheduling policy {policy!r} is not one of {', '.join(POLICIES)}",
-                                 param="scheduling_policy")
+            raise InvalidRequest(
+                f"scheduling policy {policy!r} is not one of {', '.join(POLICIES)}", param="scheduling_policy"
+            )
         self.kv = kv
         self.by_priority, self.aging_steps = policy == "priority", max(1, aging_steps)
         self.page_size = kv.page_size
@@ -150,8 +156,10 @@ class Scheduler:
             if len(seqs) > budget:
                 return 0
             drafts = self._drafts(seqs, budget, admit)
-            need = [sum(n) for n in zip(*(self.kv.needed(s, 1 + len(d)) for s, d in zip(seqs, drafts, strict=True)),
-                                        strict=True)]
+            need = [
+                sum(n)
+                for n in zip(*(self.kv.needed(s, 1 + len(d)) for s, d in zip(seqs, drafts, strict=True)), strict=True)
+            ]
             if not self._make_room(need, group, out, taken, admit, self._reserve(admit)):
                 if not admit:
                     self._give_way(group, out)
@@ -199,8 +207,10 @@ class Scheduler:
         drafts = [self._proposals.get(s.seq_id, []) for s in seqs]
         if not any(drafts):
             return drafts
-        need = [sum(n) for n in zip(*(self.kv.needed(s, 1 + len(d)) for s, d in zip(seqs, drafts, strict=True)),
-                                    strict=True)]
+        need = [
+            sum(n)
+            for n in zip(*(self.kv.needed(s, 1 + len(d)) for s, d in zip(seqs, drafts, strict=True)), strict=True)
+        ]
         if len(seqs) + sum(len(d) for d in drafts) > budget or not self.kv.has_room(need, self._reserve(admit)):
             return [[] for _ in seqs]
         return drafts
@@ -230,7 +240,12 @@ class Scheduler:
         return self.kv.watermark if admit and self.running else None
 
     def _make_room(
-        self, need: list[int], group: SequenceGroup, out: SchedulerOutput, taken: set[int], admit: bool,
+        self,
+        need: list[int],
+        group: SequenceGroup,
+        out: SchedulerOutput,
+        taken: set[int],
+        admit: bool,
         reserve: list[int] | None = None,
     ) -> bool:
         """Preempts groups admitted after `group` (latest first, not yet in this step) until every group has
@@ -258,8 +273,11 @@ class Scheduler:
         so only a request's several sequences (n, best_of, beams) can outgrow it; one sequence is a bug."""
         pool = f"the KV cache ({self.kv.allocators[0].num_pages} pages of {self.page_size} tokens)"
         if group.params.num_sequences > 1:
-            return InvalidRequest(f"{pool} cannot hold this request's {group.params.num_sequences} sequences at "
-                                  "once: lower n, best_of or max_tokens", param="n")
+            return InvalidRequest(
+                f"{pool} cannot hold this request's {group.params.num_sequences} sequences at "
+                "once: lower n, best_of or max_tokens",
+                param="n",
+            )
         return EngineError(f"{pool} could not hold one sequence of {group.seqs[0].num_tokens} tokens")
 
     def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:

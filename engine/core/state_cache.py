@@ -20,7 +20,6 @@ import torch
 
 from engine.model.layers.recurrent_step import RecurrentSpec
 
-
 # Slots past the ones handed out: the zero slot (num_slots), which fresh slots are copied from, and the scratch slot
 # (num_slots + 1), which a CUDA graph's padding rows read and write and nothing else ever reads.
 EXTRA_SLOTS = 2

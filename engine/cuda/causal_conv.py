@@ -48,17 +48,21 @@ def probe_error(index: int) -> str | None:
     try:
         gen = torch.Generator(device=f"cuda:{index}").manual_seed(0)
         dim, width, length = 16, 4, 5
-        x, pool, weight = (torch.randn(*shape, generator=gen, device=f"cuda:{index}")
-                           for shape in ((length, dim), (3, dim, width - 1), (dim, width)))
+        x, pool, weight = (
+            torch.randn(*shape, generator=gen, device=f"cuda:{index}")
+            for shape in ((length, dim), (3, dim, width - 1), (dim, width))
+        )
         window = torch.cat([pool[2], x.t()], dim=1)
         want = F.silu(F.conv1d(window[None], weight[:, None], groups=dim)[0]).t()
         got_prefill = prefill(x, pool[2], weight)
         index_t = torch.tensor([2], device=f"cuda:{index}")
         got_update = update(x[:1].clone(), pool, weight, index_t)
         want_update = F.silu((window[:, :width] * weight).sum(-1))
-        fine = (torch.allclose(got_prefill, want, atol=1e-4, rtol=1e-4)
-                and torch.allclose(got_update[0], want_update, atol=1e-4, rtol=1e-4)
-                and torch.equal(pool[2], window[:, 1:width]))
+        fine = (
+            torch.allclose(got_prefill, want, atol=1e-4, rtol=1e-4)
+            and torch.allclose(got_update[0], want_update, atol=1e-4, rtol=1e-4)
+            and torch.equal(pool[2], window[:, 1:width])
+        )
     except Exception as exc:  # an older release without conv_state_indices, no kernel for this GPU, ...
         return f"causal_conv1d fails on this GPU: {type(exc).__name__}: {exc}"
     return None if fine else "causal_conv1d gives other numbers than torch on this GPU"

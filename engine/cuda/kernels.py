@@ -1,7 +1,8 @@
 """Fused kernels from FlashInfer (RMSNorm, RoPE, SiLU-and-mul) with torch fallbacks.
 
-Each function takes FlashInfer's kernel when its tensors are float16/bfloat16 on CUDA and flashinfer imports; otherwise the torch code here runs, which follows transformers'
-math and is what the GPU tests compare the kernels against. flashinfer is imported lazily.
+Each function takes FlashInfer's kernel when its tensors are float16/bfloat16 on CUDA and flashinfer imports; otherwise
+the torch code here runs, which follows transformers' math and is what the GPU tests compare the kernels against.
+flashinfer is imported lazily.
 """
 
 from __future__ import annotations
@@ -48,13 +49,38 @@ def sink_module_args(
     from flashinfer.jit.attention.variants import attention_sink_decl
 
     uri = get_batch_prefill_attention_sink_uri(
-        backend=backend, dtype_q=q_dtype, dtype_kv=kv_dtype, dtype_o=q_dtype, dtype_idx=torch.int32,
-        head_dim_qk=head_dim, head_dim_vo=head_dim, pos_encoding_mode=0, use_sliding_window=sliding_window,
+        backend=backend,
+        dtype_q=q_dtype,
+        dtype_kv=kv_dtype,
+        dtype_o=q_dtype,
+        dtype_idx=torch.int32,
+        head_dim_qk=head_dim,
+        head_dim_vo=head_dim,
+        pos_encoding_mode=0,
+        use_sliding_window=sliding_window,
     )
-    jit_args = [uri, q_dtype, kv_dtype, q_dtype, torch.int32, head_dim, head_dim, ["sink"], ["float"], ["sm_scale"],
-                ["double"], "AttentionSink", attention_sink_decl[backend]]
-    jit_kwargs = {"pos_encoding_mode": 0, "use_sliding_window": sliding_window, "use_logits_soft_cap": False,
-                  "use_fp16_qk_reduction": False, "fp8_enabled": False}
+    jit_args = [
+        uri,
+        q_dtype,
+        kv_dtype,
+        q_dtype,
+        torch.int32,
+        head_dim,
+        head_dim,
+        ["sink"],
+        ["float"],
+        ["sm_scale"],
+        ["double"],
+        "AttentionSink",
+        attention_sink_decl[backend],
+    ]
+    jit_kwargs = {
+        "pos_encoding_mode": 0,
+        "use_sliding_window": sliding_window,
+        "use_logits_soft_cap": False,
+        "use_fp16_qk_reduction": False,
+        "fp8_enabled": False,
+    }
     return jit_args, jit_kwargs
 
 
@@ -118,8 +144,12 @@ def cos_sin_cache(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope_with_cos_sin_cache_inplace(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
-    cos_sin_cache: torch.Tensor, is_neox: bool = True,
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    head_dim: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
 ) -> None:
     """Rotates q [tokens, q_heads, head_dim] and k [tokens, kv_heads, head_dim] in place (views welcome).
 
@@ -156,7 +186,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def warmup(
-    hidden_size: int, intermediate_size: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+    hidden_size: int,
+    intermediate_size: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> None:
     """Calls each kernel once on a few rows, so FlashInfer's JIT builds happen at start-up."""
     x = torch.randn(4, hidden_size, dtype=dtype, device=device)

@@ -32,30 +32,40 @@ def fla_runs(device: torch.device) -> bool:
 def describe(device: torch.device) -> str:
     """For the start-up log: which gated delta rule and which conv a hybrid model runs on `device`."""
     if fla_runs(device):
-        rule = ("delta rule through fla (chunk_gated_delta_rule for prefill, fused_recurrent_gated_delta_rule for "
-                "decode)")
+        rule = (
+            "delta rule through fla (chunk_gated_delta_rule for prefill, fused_recurrent_gated_delta_rule for decode)"
+        )
     else:
         reason = "not on CUDA" if device.type != "cuda" else f"fla does not import: {fla_import_error()}"
         rule = f"delta rule in torch ({reason})"
     return f"Gated DeltaNet: {rule}; {causal_conv.describe(device)}"
 
 
-def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                           state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def chunk_gated_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence from `state`, as engine.model.layers.delta_rule.chunked: q, k [T, Hk, Dk] (normalised and q
     scaled inside), v [T, Hv, Dv], g (log decay) and beta [T, Hv], state [Hv, Dk, Dv] float32. Returns
     (o [T, Hv, Dv] in v's dtype, the float32 state after the last token)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as kernel
 
     o, final = kernel(
-        q=q[None], k=k[None], v=v[None], g=g.float()[None], beta=beta.to(v.dtype)[None], scale=q.shape[-1] ** -0.5,
-        initial_state=state.float()[None].contiguous(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+        q=q[None],
+        k=k[None],
+        v=v[None],
+        g=g.float()[None],
+        beta=beta.to(v.dtype)[None],
+        scale=q.shape[-1] ** -0.5,
+        initial_state=state.float()[None].contiguous(),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
     )
     return o[0].to(v.dtype), final[0].float()
 
 
-def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                                     beta: torch.Tensor, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_recurrent_gated_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of each of B sequences (decode), as engine.model.layers.delta_rule.step_ row by row: q, k [B, Hk, Dk],
     v [B, Hv, Dv], g and beta [B, Hv], states [B, Hv, Dk, Dv] float32 (the rows' states, gathered: fla-core 0.6.0
     reads and writes a state per batch row, with no slot indices into a pool). Returns (o [B, Hv, Dv] in v's
@@ -64,7 +74,14 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
 
     # NOTE: by keyword: the recurrent rule's fifth parameter is gk (a per-key decay), not beta as in the chunk rule.
     o, final = kernel(
-        q=q[:, None], k=k[:, None], v=v[:, None], g=g.float()[:, None], beta=beta.to(v.dtype)[:, None],
-        scale=q.shape[-1] ** -0.5, initial_state=states, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        q=q[:, None],
+        k=k[:, None],
+        v=v[:, None],
+        g=g.float()[:, None],
+        beta=beta.to(v.dtype)[:, None],
+        scale=q.shape[-1] ** -0.5,
+        initial_state=states,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
     )
     return o[:, 0].to(v.dtype), final

@@ -54,16 +54,41 @@ class AttentionModule:
         d, window = self.head_dim, self.sliding_window
         if self.kind == "sink":
             return modules.gen_batch_prefill_attention_sink_module(
-                backend=DEFAULT_PREFILL_BACKEND, dtype_q=q, dtype_kv=kv, dtype_o=q, dtype_idx=torch.int32,
-                head_dim_qk=d, head_dim_vo=d, pos_encoding_mode=0, use_sliding_window=window)
+                backend=DEFAULT_PREFILL_BACKEND,
+                dtype_q=q,
+                dtype_kv=kv,
+                dtype_o=q,
+                dtype_idx=torch.int32,
+                head_dim_qk=d,
+                head_dim_vo=d,
+                pos_encoding_mode=0,
+                use_sliding_window=window,
+            )
         if self.kind == "decode":
             return modules.gen_batch_decode_module(
-                dtype_q=q, dtype_kv=kv, dtype_o=q, dtype_idx=torch.int32, head_dim_qk=d, head_dim_vo=d,
-                pos_encoding_mode=0, use_sliding_window=window, use_logits_soft_cap=self.soft_cap)
+                dtype_q=q,
+                dtype_kv=kv,
+                dtype_o=q,
+                dtype_idx=torch.int32,
+                head_dim_qk=d,
+                head_dim_vo=d,
+                pos_encoding_mode=0,
+                use_sliding_window=window,
+                use_logits_soft_cap=self.soft_cap,
+            )
         return modules.gen_batch_prefill_module(
-            backend=DEFAULT_PREFILL_BACKEND, dtype_q=q, dtype_kv=kv, dtype_o=q, dtype_idx=torch.int32, head_dim_qk=d,
-            head_dim_vo=d, pos_encoding_mode=0, use_sliding_window=window, use_logits_soft_cap=self.soft_cap,
-            use_fp16_qk_reduction=False)
+            backend=DEFAULT_PREFILL_BACKEND,
+            dtype_q=q,
+            dtype_kv=kv,
+            dtype_o=q,
+            dtype_idx=torch.int32,
+            head_dim_qk=d,
+            head_dim_vo=d,
+            pos_encoding_mode=0,
+            use_sliding_window=window,
+            use_logits_soft_cap=self.soft_cap,
+            use_fp16_qk_reduction=False,
+        )
 
     def name(self) -> str:
         """The module's name (its cache folder), from FlashInfer's own uri functions: no sources written."""
@@ -73,24 +98,52 @@ class AttentionModule:
         d, window = self.head_dim, self.sliding_window
         if self.kind == "sink":
             return modules.get_batch_prefill_attention_sink_uri(
-                backend=DEFAULT_PREFILL_BACKEND, dtype_q=q, dtype_kv=kv, dtype_o=q, dtype_idx=torch.int32,
-                head_dim_qk=d, head_dim_vo=d, pos_encoding_mode=0, use_sliding_window=window)
+                backend=DEFAULT_PREFILL_BACKEND,
+                dtype_q=q,
+                dtype_kv=kv,
+                dtype_o=q,
+                dtype_idx=torch.int32,
+                head_dim_qk=d,
+                head_dim_vo=d,
+                pos_encoding_mode=0,
+                use_sliding_window=window,
+            )
         if self.kind == "decode":
             return modules.get_batch_decode_uri(
-                dtype_q=q, dtype_kv=kv, dtype_o=q, dtype_idx=torch.int32, head_dim_qk=d, head_dim_vo=d,
-                pos_encoding_mode=0, use_sliding_window=window, use_logits_soft_cap=self.soft_cap)
+                dtype_q=q,
+                dtype_kv=kv,
+                dtype_o=q,
+                dtype_idx=torch.int32,
+                head_dim_qk=d,
+                head_dim_vo=d,
+                pos_encoding_mode=0,
+                use_sliding_window=window,
+                use_logits_soft_cap=self.soft_cap,
+            )
         return modules.get_batch_prefill_uri(
-            backend=DEFAULT_PREFILL_BACKEND, dtype_q=q, dtype_kv=kv, dtype_o=q, dtype_idx=torch.int32, head_dim_qk=d,
-            head_dim_vo=d, pos_encoding_mode=0, use_sliding_window=window, use_logits_soft_cap=self.soft_cap,
-            use_fp16_qk_reduction=False)
+            backend=DEFAULT_PREFILL_BACKEND,
+            dtype_q=q,
+            dtype_kv=kv,
+            dtype_o=q,
+            dtype_idx=torch.int32,
+            head_dim_qk=d,
+            head_dim_vo=d,
+            pos_encoding_mode=0,
+            use_sliding_window=window,
+            use_logits_soft_cap=self.soft_cap,
+            use_fp16_qk_reduction=False,
+        )
 
 
 def kernel_spec(name: str) -> Any:
     """The JitSpec of one of KERNEL_MODULES, as engine.cuda.kernels' wrappers JIT it."""
     from flashinfer.jit import activation, norm, rope
 
-    makers = {"norm": norm.gen_norm_module, "rope": rope.gen_rope_module,
-              "activation": lambda: activation.gen_act_and_mul_module(act_func_name="silu")}
+    makers = {
+        "norm": norm.gen_norm_module,
+        "rope": rope.gen_rope_module,
+        "activation": lambda: activation.gen_act_and_mul_module(act_func_name="silu"),
+    }
     return makers[name]()
 
 
@@ -103,8 +156,10 @@ def set_cuda_arch(cuda_arch: str) -> None:
     """FLASHINFER_CUDA_ARCH_LIST for the build. flashinfer reads it (and FLASHINFER_WORKSPACE_BASE) once, at
     import, into the cache folder's name, so it must be set first."""
     if "flashinfer" in sys.modules and os.environ.get("FLASHINFER_CUDA_ARCH_LIST") != cuda_arch:
-        raise RuntimeError(f"flashinfer was imported before the arch list was set to {cuda_arch!r}: its cache "
-                           "folder is named already; set FLASHINFER_CUDA_ARCH_LIST before importing it")
+        raise RuntimeError(
+            f"flashinfer was imported before the arch list was set to {cuda_arch!r}: its cache "
+            "folder is named already; set FLASHINFER_CUDA_ARCH_LIST before importing it"
+        )
     os.environ["FLASHINFER_CUDA_ARCH_LIST"] = cuda_arch
 
 
@@ -121,17 +176,17 @@ def build(specs: list[Any]) -> None:
     except RuntimeError:
         ninja = get_tmpdir() / "flashinfer_jit.ninja"
         jobs = ["-j", os.environ["MAX_JOBS"]] if os.environ.get("MAX_JOBS", "").isdigit() else []
-        again = subprocess.run(["ninja", "-k", "0", *jobs, "-f", str(ninja)], cwd=ninja.parent.parent,
-                               capture_output=True, text=True)
+        again = subprocess.run(
+            ["ninja", "-k", "0", *jobs, "-f", str(ninja)], cwd=ninja.parent.parent, capture_output=True, text=True
+        )
         failed = [s.name for s in specs if not s.jit_library_path.exists()]
         said = [line for line in again.stdout.splitlines() if line.startswith("FAILED") or "error" in line]
-        raise PrecompileError(f"{len(failed)} FlashInfer modules did not build: " + ", ".join(failed)
-                              + "\n" + "\n".join(said[:40])) from None
+        raise PrecompileError(
+            f"{len(failed)} FlashInfer modules did not build: " + ", ".join(failed) + "\n" + "\n".join(said[:40])
+        ) from None
 
 
 def jit_specs(attention: Iterable[AttentionModule], kernels: Iterable[str] = KERNEL_MODULES) -> list[Any]:
     """The JitSpecs (sources generated) of the kernels and attention modules, each name once."""
     specs = {spec.name: spec for spec in [*(kernel_spec(k) for k in kernels), *(m.jit_spec() for m in attention)]}
     return [specs[name] for name in sorted(specs)]
-
-

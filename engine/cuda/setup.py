@@ -51,7 +51,12 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 def reserve_bytes(
-    args: Any, dtype: torch.dtype, *, max_num_batched_tokens: int, max_num_seqs: int, max_pages_per_seq: int,
+    args: Any,
+    dtype: torch.dtype,
+    *,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_pages_per_seq: int,
     graphs: bool,
 ) -> int:
     """Memory to keep out of the KV pool, for a LlamaArgs-shaped model (model.args):
@@ -101,9 +106,14 @@ def kv_budget_bytes(device: torch.device, gpu_memory_utilization: float, reserve
     torch.cuda.empty_cache()  # the warm-up's freed blocks are free memory, not in use
     free, total = torch.cuda.mem_get_info(device)
     budget = kv_budget_from(free, total, gpu_memory_utilization, reserve_bytes)
-    log.info("KV budget %.2f GiB (%.0f%% of %.1f GiB, %.2f GiB in use, %.2f GiB reserved for activations/graphs)",
-             budget / 2**30, 100 * gpu_memory_utilization, total / 2**30, (total - free) / 2**30,
-             reserve_bytes / 2**30)
+    log.info(
+        "KV budget %.2f GiB (%.0f%% of %.1f GiB, %.2f GiB in use, %.2f GiB reserved for activations/graphs)",
+        budget / 2**30,
+        100 * gpu_memory_utilization,
+        total / 2**30,
+        (total - free) / 2**30,
+        reserve_bytes / 2**30,
+    )
     return budget
 
 

@@ -16,7 +16,7 @@ MAX_PIXELS = 64 * 2**20
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
 
 
-def decode_image(data: bytes, param: str = "image") -> "PIL.Image.Image":  # noqa: F821
+def decode_image(data: bytes, param: str = "image") -> PIL.Image.Image:  # noqa: F821
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     # NOTE: our size check below is the one check. Pillow's own (a warning past 89 M pixels, an error past twice
@@ -25,13 +25,16 @@ def decode_image(data: bytes, param: str = "image") -> "PIL.Image.Image":  # noq
     try:
         image = Image.open(io.BytesIO(data))  # lazy: the header only
     except UnidentifiedImageError:
-        raise InvalidRequest(f"{param} is not an image in a format this worker reads (PNG, JPEG, GIF, WebP, BMP, "
-                             "TIFF, ...)", param=param) from None
+        raise InvalidRequest(
+            f"{param} is not an image in a format this worker reads (PNG, JPEG, GIF, WebP, BMP, TIFF, ...)", param=param
+        ) from None
     except (OSError, ValueError, SyntaxError) as exc:
         raise _unreadable(exc, param) from None
     if image.width * image.height > MAX_PIXELS:
-        raise InvalidRequest(f"{param}: {image.width}x{image.height} pixels is more than the {MAX_PIXELS} one image "
-                             "may have", param=param)
+        raise InvalidRequest(
+            f"{param}: {image.width}x{image.height} pixels is more than the {MAX_PIXELS} one image may have",
+            param=param,
+        )
     try:
         image.seek(0)  # an animation's first frame
         image = ImageOps.exif_transpose(image)
@@ -47,7 +50,7 @@ def _unreadable(exc: BaseException, param: str) -> InvalidRequest:
     return InvalidRequest(f"{param} is not an image Pillow can read ({reason})", param=param)
 
 
-def to_rgb(image: "PIL.Image.Image") -> "PIL.Image.Image":  # noqa: F821
+def to_rgb(image: PIL.Image.Image) -> PIL.Image.Image:  # noqa: F821
     """RGB, with any transparency composited onto a white background."""
     from PIL import Image
 

@@ -35,9 +35,18 @@ class GemmaImageConfig:
     @classmethod
     def from_dict(cls, raw: dict) -> GemmaImageConfig:
         size = raw.get("size") or {}
-        fields = {k: raw[k] for k in ("rescale_factor", "resample", "do_pan_and_scan", "pan_and_scan_min_crop_size",
-                                      "pan_and_scan_max_num_crops", "pan_and_scan_min_ratio_to_activate")
-                  if raw.get(k) is not None}
+        fields = {
+            k: raw[k]
+            for k in (
+                "rescale_factor",
+                "resample",
+                "do_pan_and_scan",
+                "pan_and_scan_min_crop_size",
+                "pan_and_scan_max_num_crops",
+                "pan_and_scan_min_ratio_to_activate",
+            )
+            if raw.get(k) is not None
+        }
         fields.update({k: tuple(raw[k]) for k in ("image_mean", "image_std") if raw.get(k) is not None})
         fields.update({k: int(size[k]) for k in ("height", "width") if size.get(k)})
         return cls(**fields)
@@ -59,7 +68,7 @@ def pan_and_scan_crops(height: int, width: int, config: GemmaImageConfig) -> lis
     return [(size_h * i, size_w * j, size_h, size_w) for i in range(crops_h) for j in range(crops_w)]
 
 
-def preprocess(image: "PIL.Image.Image", config: GemmaImageConfig) -> np.ndarray:  # noqa: F821
+def preprocess(image: PIL.Image.Image, config: GemmaImageConfig) -> np.ndarray:  # noqa: F821
     """An RGB Pillow image (engine.image.decode) -> [1 + crops, 3, height, width] float32: the whole image, then
     its pan-and-scan crops when the config enables them."""
     from PIL import Image
@@ -67,7 +76,21 @@ def preprocess(image: "PIL.Image.Image", config: GemmaImageConfig) -> np.ndarray
     whole = np.asarray(image)
     parts = [image]
     if config.do_pan_and_scan:
-        parts += [Image.fromarray(whole[top : top + h, left : left + w])
-                  for top, left, h, w in pan_and_scan_crops(image.height, image.width, config)]
-    return np.stack([resize_and_normalise(part, config.width, config.height, config.resample, config.rescale_factor,
-                                          config.image_mean, config.image_std) for part in parts])
+        parts += [
+            Image.fromarray(whole[top : top + h, left : left + w])
+            for top, left, h, w in pan_and_scan_crops(image.height, image.width, config)
+        ]
+    return np.stack(
+        [
+            resize_and_normalise(
+                part,
+                config.width,
+                config.height,
+                config.resample,
+                config.rescale_factor,
+                config.image_mean,
+                config.image_std,
+            )
+            for part in parts
+        ]
+    )

@@ -70,12 +70,13 @@ def target_size(height: int, width: int, config: Gemma4ImageConfig) -> tuple[int
     elif w == 0:
         h, w = min(int(math.floor(height / width)) * side, longest), side
     if h * w > target_px:
-        raise InvalidRequest(f"an image of {width}x{height} pixels would take more than {config.max_patches} "
-                             "patches", param="image")
+        raise InvalidRequest(
+            f"an image of {width}x{height} pixels would take more than {config.max_patches} patches", param="image"
+        )
     return h, w
 
 
-def preprocess(image: "PIL.Image.Image", config: Gemma4ImageConfig) -> Gemma4Image:  # noqa: F821
+def preprocess(image: PIL.Image.Image, config: Gemma4ImageConfig) -> Gemma4Image:  # noqa: F821
     """An RGB Pillow image (engine.image.decode) -> its patches and grid."""
     height, width = target_size(image.height, image.width, config)
     mean, std = (config.image_mean, config.image_std) if config.do_normalize else ((0.0,) * 3, (1.0,) * 3)

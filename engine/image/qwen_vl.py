@@ -40,11 +40,16 @@ class QwenVLImageConfig:
         """From preprocessor_config.json; its pixel bounds as `size` {shortest_edge, longest_edge} or the older
         top-level min_pixels / max_pixels."""
         size = raw.get("size") or {}
-        fields = {k: raw[k] for k in ("patch_size", "temporal_patch_size", "merge_size", "rescale_factor", "resample")
-                  if raw.get(k) is not None}
+        fields = {
+            k: raw[k]
+            for k in ("patch_size", "temporal_patch_size", "merge_size", "rescale_factor", "resample")
+            if raw.get(k) is not None
+        }
         fields.update({k: tuple(raw[k]) for k in ("image_mean", "image_std") if raw.get(k) is not None})
-        for field_name, keys in (("min_pixels", ("shortest_edge", "min_pixels")),
-                                 ("max_pixels", ("longest_edge", "max_pixels"))):
+        for field_name, keys in (
+            ("min_pixels", ("shortest_edge", "min_pixels")),
+            ("max_pixels", ("longest_edge", "max_pixels")),
+        ):
             value = raw.get(field_name) or next((size[k] for k in keys if size.get(k)), None)
             if value:
                 fields[field_name] = int(value)
@@ -69,8 +74,9 @@ def smart_resize(height: int, width: int, config: QwenVLImageConfig) -> tuple[in
     """(height, width) for an image of the given size: multiples of config.factor, the aspect ratio nearly kept,
     the pixel count within [min_pixels, max_pixels] (transformers' smart_resize)."""
     if max(height, width) / min(height, width) > MAX_ASPECT:
-        raise InvalidRequest(f"an image of {width}x{height} pixels is more than {MAX_ASPECT} times as long as it is "
-                             "wide", param="image")
+        raise InvalidRequest(
+            f"an image of {width}x{height} pixels is more than {MAX_ASPECT} times as long as it is wide", param="image"
+        )
     factor = config.factor
     h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
     if h_bar * w_bar > config.max_pixels:
@@ -84,11 +90,12 @@ def smart_resize(height: int, width: int, config: QwenVLImageConfig) -> tuple[in
     return h_bar, w_bar
 
 
-def preprocess(image: "PIL.Image.Image", config: QwenVLImageConfig) -> QwenVLImage:  # noqa: F821
+def preprocess(image: PIL.Image.Image, config: QwenVLImageConfig) -> QwenVLImage:  # noqa: F821
     """An RGB Pillow image (engine.image.decode) -> its patches and grid."""
     height, width = smart_resize(image.height, image.width, config)
-    pixels = resize_and_normalise(image, width, height, config.resample, config.rescale_factor, config.image_mean,
-                                  config.image_std)  # [3, H, W]
+    pixels = resize_and_normalise(
+        image, width, height, config.resample, config.rescale_factor, config.image_mean, config.image_std
+    )  # [3, H, W]
     p, m, t = config.patch_size, config.merge_size, config.temporal_patch_size
     grid_h, grid_w = height // p, width // p
     patches = pixels.reshape(3, grid_h // m, m, p, grid_w // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)

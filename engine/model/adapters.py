@@ -62,8 +62,15 @@ def projection_shapes(config: Any) -> dict[str, tuple[int, int]]:
     attention = {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, q)}
     if getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None):
         return attention  # a mixture of experts: its MLPs are experts, which no adapter may change
-    return {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, q),
-            "gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
+    return {
+        "q_proj": (q, hidden),
+        "k_proj": (kv, hidden),
+        "v_proj": (kv, hidden),
+        "o_proj": (hidden, q),
+        "gate_proj": (inter, hidden),
+        "up_proj": (inter, hidden),
+        "down_proj": (hidden, inter),
+    }
 
 
 def check_adapter(folder: Path, shapes: dict[str, tuple[int, int]], num_layers: int) -> AdapterInfo:
@@ -76,8 +83,9 @@ def check_adapter(folder: Path, shapes: dict[str, tuple[int, int]], num_layers: 
     if str(config.get("peft_type", "LORA")).upper() != "LORA":
         raise UnsupportedModel(f"the adapter is {config['peft_type']}, not LoRA", param="model")
     if config.get("bias", "none") != "none":
-        raise UnsupportedModel(f"the adapter trains biases (bias={config['bias']!r}); only 'none' is supported",
-                               param="model")
+        raise UnsupportedModel(
+            f"the adapter trains biases (bias={config['bias']!r}); only 'none' is supported", param="model"
+        )
     rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1 or not isinstance(alpha, (int, float)):
         raise UnsupportedModel(f"{ADAPTER_CONFIG} needs a positive integer r and a number lora_alpha", param="model")
@@ -101,8 +109,11 @@ def _read_config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UnsupportedModel(f"{folder.name} is not a PEFT adapter (no {ADAPTER_CONFIG})", param="model")
     if not (folder / ADAPTER_WEIGHTS).is_file():
-        found = " (adapter_model.bin: save it with safe_serialization=True)" if (
-            folder / "adapter_model.bin").is_file() else ""
+        found = (
+            " (adapter_model.bin: save it with safe_serialization=True)"
+            if (folder / "adapter_model.bin").is_file()
+            else ""
+        )
         raise UnsupportedModel(f"the adapter has no {ADAPTER_WEIGHTS}{found}", param="model")
     try:
         config = json.loads(path.read_text())
@@ -113,36 +124,49 @@ def _read_config(folder: Path) -> dict[str, Any]:
     return config
 
 
-def _layer_keys(path: Path, shapes: dict[str, tuple[int, int]], num_layers: int, rank: int
-                ) -> dict[tuple[int, str], tuple[str, str]]:
+def _layer_keys(
+    path: Path, shapes: dict[str, tuple[int, int]], num_layers: int, rank: int
+) -> dict[tuple[int, str], tuple[str, str]]:
     """Every tensor must be the A or B of a supported projection, shaped for this model and this rank."""
     found: dict[tuple[int, str], dict[str, str]] = {}
     with safe_open(str(path), framework="pt") as f:
         for key in f.keys():
             match = _KEY.match(key)
-            if any(part in key for part in _MOE_PARTS) or (match and match.group(2) in MLP_TARGETS and
-                                                           match.group(2) not in shapes):
-                raise UnsupportedModel(f"the adapter changes {key!r}, an MoE expert or router; on a "
-                                       f"mixture-of-experts model only {', '.join(shapes)} take LoRA",
-                                       param="model")
+            if any(part in key for part in _MOE_PARTS) or (
+                match and match.group(2) in MLP_TARGETS and match.group(2) not in shapes
+            ):
+                raise UnsupportedModel(
+                    f"the adapter changes {key!r}, an MoE expert or router; on a "
+                    f"mixture-of-experts model only {', '.join(shapes)} take LoRA",
+                    param="model",
+                )
             if match is None or match.group(2) not in shapes:
-                raise UnsupportedModel(f"the adapter has tensor {key!r}; only LoRA A/B matrices of "
-                                       f"{', '.join(shapes)} are supported", param="model")
+                raise UnsupportedModel(
+                    f"the adapter has tensor {key!r}; only LoRA A/B matrices of {', '.join(shapes)} are supported",
+                    param="model",
+                )
             layer, target, kind = int(match.group(1)), match.group(2), match.group(3)
             if layer >= num_layers:
-                raise UnsupportedModel(f"the adapter changes layer {layer}, but the model has {num_layers} layers "
-                                       "(it was trained for another base model)", param="model")
+                raise UnsupportedModel(
+                    f"the adapter changes layer {layer}, but the model has {num_layers} layers "
+                    "(it was trained for another base model)",
+                    param="model",
+                )
             out_features, in_features = shapes[target]
             want = (rank, in_features) if kind == "A" else (out_features, rank)
             got = tuple(f.get_slice(key).get_shape())
             if got != want:
-                raise UnsupportedModel(f"the adapter's {key} has shape {got}, this model needs {want} (it was "
-                                       "trained for another base model, or its r is wrong)", param="model")
+                raise UnsupportedModel(
+                    f"the adapter's {key} has shape {got}, this model needs {want} (it was "
+                    "trained for another base model, or its r is wrong)",
+                    param="model",
+                )
             found.setdefault((layer, target), {})[kind] = key
     if not found:
         raise UnsupportedModel("the adapter has no LoRA weights", param="model")
     for (layer, target), pair in found.items():
         if len(pair) != 2:
-            raise UnsupportedModel(f"the adapter has lora_A without lora_B (or the reverse) for layer {layer} "
-                                   f"{target}", param="model")
+            raise UnsupportedModel(
+                f"the adapter has lora_A without lora_B (or the reverse) for layer {layer} {target}", param="model"
+            )
     return {where: (pair["A"], pair["B"]) for where, pair in sorted(found.items())}

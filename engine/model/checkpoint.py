@@ -108,8 +108,9 @@ def tensor_shapes(files: list[str]) -> dict[str, tuple[int, ...]]:
                 for name in f.keys():
                     shapes[name] = tuple(f.get_slice(name).get_shape())
         except (SafetensorError, OSError) as exc:  # a truncated or missing shard: one line, not a traceback
-            raise UnsupportedModel(f"{os.path.basename(path)} cannot be read as safetensors: {exc}",
-                                   param="model") from None
+            raise UnsupportedModel(
+                f"{os.path.basename(path)} cannot be read as safetensors: {exc}", param="model"
+            ) from None
     return shapes
 
 

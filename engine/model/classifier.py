@@ -27,8 +27,21 @@ SUFFIX = "ForSequenceClassification"
 # The classifier architectures served (engine/model/models registers each on its decoder's class).
 CLASSIFIERS = ("LlamaForSequenceClassification", "Qwen3ForSequenceClassification")
 # Bidirectional encoders: the engine's attention is causal over a paged KV cache, so these are refused by name.
-ENCODERS = ("Bert", "Roberta", "XLMRoberta", "ModernBert", "NomicBert", "DistilBert", "Electra", "DebertaV2",
-            "GteModel", "GteNew", "NewModel", "JinaBert", "MPNet")
+ENCODERS = (
+    "Bert",
+    "Roberta",
+    "XLMRoberta",
+    "ModernBert",
+    "NomicBert",
+    "DistilBert",
+    "Electra",
+    "DebertaV2",
+    "GteModel",
+    "GteNew",
+    "NewModel",
+    "JinaBert",
+    "MPNet",
+)
 
 
 @dataclass(frozen=True)
@@ -44,9 +57,11 @@ class Classifier:
 def refuse_encoder(architecture: str) -> None:
     """One line for a bidirectional encoder, which the engine cannot run (nothing for any other architecture)."""
     if any(architecture.startswith(name) for name in ENCODERS):
-        raise UnsupportedModel(f"architecture {architecture!r} is a bidirectional encoder (BERT-like): the engine runs "
-                               "causal decoders only (embeddings, score and rerank from decoder checkpoints)",
-                               param="model")
+        raise UnsupportedModel(
+            f"architecture {architecture!r} is a bidirectional encoder (BERT-like): the engine runs "
+            "causal decoders only (embeddings, score and rerank from decoder checkpoints)",
+            param="model",
+        )
 
 
 def read_classifier(config: dict, shapes: dict[str, tuple[int, ...]]) -> Classifier | None:
@@ -56,17 +71,26 @@ def read_classifier(config: dict, shapes: dict[str, tuple[int, ...]]) -> Classif
     if not architecture.endswith(SUFFIX):
         return None
     if architecture not in CLASSIFIERS:
-        raise UnsupportedModel(f"architecture {architecture!r} is not supported (classifiers: "
-                               f"{', '.join(CLASSIFIERS)})", param="model")
+        raise UnsupportedModel(
+            f"architecture {architecture!r} is not supported (classifiers: {', '.join(CLASSIFIERS)})", param="model"
+        )
     tokens = config.get("classifier_from_token")
     if config.get("is_original_qwen3_reranker") or tokens is not None:
-        if not (config.get("is_original_qwen3_reranker") and isinstance(tokens, list) and len(tokens) == 2
-                and all(isinstance(t, str) for t in tokens)):
-            raise UnsupportedModel("classifier_from_token is supported as Qwen3-Reranker's: two tokens "
-                                   "(\"no\", \"yes\") with is_original_qwen3_reranker true", param="model")
+        if not (
+            config.get("is_original_qwen3_reranker")
+            and isinstance(tokens, list)
+            and len(tokens) == 2
+            and all(isinstance(t, str) for t in tokens)
+        ):
+            raise UnsupportedModel(
+                "classifier_from_token is supported as Qwen3-Reranker's: two tokens "
+                '("no", "yes") with is_original_qwen3_reranker true',
+                param="model",
+            )
         if "score.weight" in shapes:
-            raise UnsupportedModel("a Qwen3-Reranker checkpoint (classifier_from_token) holds an lm_head, "
-                                   "not score.weight", param="model")
+            raise UnsupportedModel(
+                "a Qwen3-Reranker checkpoint (classifier_from_token) holds an lm_head, not score.weight", param="model"
+            )
         return Classifier("tokens", 1, tuple(tokens))
     if "score.weight" not in shapes:
         raise UnsupportedModel(f"{architecture} checkpoint lacks score.weight", param="model")
@@ -107,8 +131,9 @@ def _token_id(model_path: str, token: str) -> int:
         raise UnsupportedModel("classifier_from_token needs tokenizer.json to find its tokens", param="model")
     found = Tokenizer.from_file(path).token_to_id(token)
     if found is None:
-        raise UnsupportedModel(f"classifier_from_token: {json.dumps(token)} is not one token of the vocabulary",
-                               param="model")
+        raise UnsupportedModel(
+            f"classifier_from_token: {json.dumps(token)} is not one token of the vocabulary", param="model"
+        )
     return found
 
 

@@ -27,7 +27,9 @@ def check_model_folder(folder: Path) -> str:
     if not supported:
         raise UnsupportedModel(
             f"architecture {', '.join(archs) or '(none given)'} is not supported by the engine; "
-            f"supported: {', '.join(sorted(ARCHITECTURES))}", param="model")
+            f"supported: {', '.join(sorted(ARCHITECTURES))}",
+            param="model",
+        )
     if not list(folder.glob("*.safetensors")):
         raise UnsupportedModel("the model has no weights (*.safetensors or *.bin)", param="model")
     if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer.model").is_file():

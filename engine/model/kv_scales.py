@@ -15,9 +15,12 @@ from engine.errors import UnsupportedModel
 
 # checkpoint name suffix -> the attention module's attribute it sets
 KV_SCALE_SUFFIXES = {
-    "self_attn.k_scale": "k_scale", "self_attn.v_scale": "v_scale",
-    "self_attn.k_proj.output_scale": "k_scale", "self_attn.v_proj.output_scale": "v_scale",
-    "self_attn.k_proj.k_scale": "k_scale", "self_attn.v_proj.v_scale": "v_scale",
+    "self_attn.k_scale": "k_scale",
+    "self_attn.v_scale": "v_scale",
+    "self_attn.k_proj.output_scale": "k_scale",
+    "self_attn.v_proj.output_scale": "v_scale",
+    "self_attn.k_proj.k_scale": "k_scale",
+    "self_attn.v_proj.v_scale": "v_scale",
 }
 KV_SCHEME = {"type": "float", "num_bits": 8}
 
@@ -37,8 +40,10 @@ def check_kv_cache_scheme(config: dict) -> None:
         return
     kind = (scheme.get("type"), scheme.get("num_bits"), scheme.get("strategy", "tensor"))
     if kind != ("float", 8, "tensor") or not scheme.get("symmetric", True):
-        raise UnsupportedModel(f"kv_cache_scheme {kind[1]}-bit {kind[0]} per {kind[2]} is not supported "
-                               "(8-bit float per tensor)", param="model")
+        raise UnsupportedModel(
+            f"kv_cache_scheme {kind[1]}-bit {kind[0]} per {kind[2]} is not supported (8-bit float per tensor)",
+            param="model",
+        )
 
 
 def kv_scale_places(model: nn.Module, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[str, str]]:
@@ -47,8 +52,10 @@ def kv_scale_places(model: nn.Module, shapes: dict[str, tuple[int, ...]]) -> dic
     wanted = {name: target for name in shapes if (target := kv_scale_target(name)) is not None}
     for name, (module, _) in wanted.items():
         if len(shapes[name]) > 1 or (shapes[name] and shapes[name][0] != 1):
-            raise UnsupportedModel(f"KV cache scale {name!r} has shape {shapes[name]}: only per-tensor KV scales "
-                                   "are supported", param="model")
+            raise UnsupportedModel(
+                f"KV cache scale {name!r} has shape {shapes[name]}: only per-tensor KV scales are supported",
+                param="model",
+            )
         try:
             model.get_submodule(module)
         except AttributeError:

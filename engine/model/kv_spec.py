@@ -73,8 +73,14 @@ def layer_windows(config: dict, num_layers: int) -> list[int | None]:
 
 
 def kv_groups(
-    windows: list[int | None], num_kv_heads: int, head_dim: int, *, scale: float | None = None,
-    soft_cap: float | None = None, shapes: list[tuple[int, int]] | None = None, shared: dict[int, int] | None = None,
+    windows: list[int | None],
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    scale: float | None = None,
+    soft_cap: float | None = None,
+    shapes: list[tuple[int, int]] | None = None,
+    shared: dict[int, int] | None = None,
 ) -> list[KVGroupSpec]:
     """One group per distinct window and KV shape, in order of each group's first layer (a full-attention model:
     one group). shapes: each layer's (num_kv_heads, head_dim) where they differ by layer (Gemma 4); shared:

@@ -31,8 +31,12 @@ TP_SIZES = (1, 2, 4, 8)
 
 
 def load_model(
-    model_path: str, dtype: torch.dtype, device: torch.device, quantization: str | None = None,
-    lora: LoraConfig | None = None, tp: TensorParallel | None = None,
+    model_path: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str | None = None,
+    lora: LoraConfig | None = None,
+    tp: TensorParallel | None = None,
 ) -> tuple[CausalLM, ModelSpec]:
     """Reads config.json and the safetensors shards under model_path; returns the model (eval, on device).
 
@@ -49,8 +53,11 @@ def load_model(
         raise UnsupportedModel("quantization 'int4' runs on CPU only", param="quantization")
     config, files, shapes, model, fmt = _build_on_meta(model_path, tp)
     if fmt is not None and quantization is not None:
-        raise UnsupportedModel(f"QUANTIZATION={quantization} quantizes float weights; this checkpoint is already "
-                               f"{fmt.name}: leave QUANTIZATION unset", param="quantization")
+        raise UnsupportedModel(
+            f"QUANTIZATION={quantization} quantizes float weights; this checkpoint is already "
+            f"{fmt.name}: leave QUANTIZATION unset",
+            param="quantization",
+        )
     tied = _tied(config, shapes)
     _materialize(model, dtype, device)
     if tied:
@@ -73,16 +80,16 @@ def load_model(
     if device.type == "cpu" and dtype == torch.bfloat16:
         # Set once every bf16 linear is packed for oneDNN (a large model's are packed after this returns).
         model.cpu_packing = pack_linears_for_cpu(model)
-    spec = start_spec(model, config, model_path, dtype=dtype, device=device, tp=tp,
-                      max_positions=model.args.max_position_embeddings)
+    spec = start_spec(
+        model, config, model_path, dtype=dtype, device=device, tp=tp, max_positions=model.args.max_position_embeddings
+    )
     if model.classifier is not None:
         spec.score_head = head_weight(model, model.classifier, model_path)
     model.eval().requires_grad_(False)
     return model, spec
 
 
-def load_part(module: torch.nn.Module, model_path: str, prefix: str, dtype: torch.dtype,
-              device: torch.device) -> None:
+def load_part(module: torch.nn.Module, model_path: str, prefix: str, dtype: torch.dtype, device: torch.device) -> None:
     """Fills `module`, built on the meta device, from the checkpoint's tensors named `prefix`* (its
     checkpoint_name() maps them to its parameters; the others are not read): a part of a checkpoint that runs
     beside the family's model (Qwen3.5's MTP head), its linears quantized as the checkpoint stores them (those
@@ -142,7 +149,8 @@ def _read_args(model_path: str) -> tuple[dict, type, object, list[str], dict[str
     if not os.path.isfile(os.path.join(model_path, "config.json")):
         raise UnsupportedModel(
             f"no model at {model_path!r} (no config.json there): bake one with `python -m builder --out "
-            f"{model_path}`, or point MODEL_PATH (or BASE_PATH) at a baked folder", param="model",
+            f"{model_path}`, or point MODEL_PATH (or BASE_PATH) at a baked folder",
+            param="model",
         )
     config = read_config(model_path)
     cls = model_class((config.get("architectures") or ["<none>"])[0])
@@ -157,8 +165,9 @@ def _read_args(model_path: str) -> tuple[dict, type, object, list[str], dict[str
     return config, cls, args, files, shapes
 
 
-def _build_on_meta(model_path: str, tp: TensorParallel | None = None
-                   ) -> tuple[dict, list[str], dict[str, tuple[int, ...]], CausalLM, QuantFormat | None]:
+def _build_on_meta(
+    model_path: str, tp: TensorParallel | None = None
+) -> tuple[dict, list[str], dict[str, tuple[int, ...]], CausalLM, QuantFormat | None]:
     """config.json, the weight files, their tensors' shapes, the family's model on the meta device (its quantized
     linears in their checkpoint layout; tp: rank tp.rank's shard of it), and the quantization format (None for
     float weights)."""
@@ -171,8 +180,10 @@ def _build_on_meta(model_path: str, tp: TensorParallel | None = None
     model.classifier = classifier
     if tp is not None:
         if classifier is not None:
-            raise StartupError("tensor parallelism does not shard cross-encoders yet: serve it with "
-                               "tensor_parallel_size=1", param="tensor_parallel_size")
+            raise StartupError(
+                "tensor parallelism does not shard cross-encoders yet: serve it with tensor_parallel_size=1",
+                param="tensor_parallel_size",
+            )
         if fmt is not None:
             fmt.check_shard(args, tp.size)
         check_shardable(config["architectures"][0], args, tp.size)

@@ -69,8 +69,15 @@ class MemoryPlan:
         return budget // self.full_bytes_per_token if self.full_bytes_per_token else -1
 
 
-def plan_from_config(config: dict, names: set[str], dtype: torch.dtype, kv_dtype: torch.dtype | None = None, *,
-                     max_num_seqs: int = 256, max_num_batched_tokens: int = 2048) -> MemoryPlan:
+def plan_from_config(
+    config: dict,
+    names: set[str],
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
+    *,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 2048,
+) -> MemoryPlan:
     """The plan of the model `config` and its checkpoint's tensor `names` describe (names tell a family its
     biases and sinks), served in `dtype` with KV pages in `kv_dtype` (default: dtype)."""
     cls = model_class((config.get("architectures") or ["<none>"])[0])
@@ -89,26 +96,34 @@ def plan_from_config(config: dict, names: set[str], dtype: torch.dtype, kv_dtype
             weights -= stacked * elt - stacked // GROUP * (GROUP // 2 + 1)  # 16 bytes of codes and a scale a group
             per_expert = stacked // experts.num_experts * elt
             scratch = max(scratch, per_expert * experts_at_a_time(experts.num_experts, per_expert))
-    groups = tuple(GroupKV(len(g.layers), 2 * len(g.layers) * g.num_kv_heads * g.head_dim * kv_elt, g.window)
-                   for g in model.kv_groups(config))
+    groups = tuple(
+        GroupKV(len(g.layers), 2 * len(g.layers) * g.num_kv_heads * g.head_dim * kv_elt, g.window)
+        for g in model.kv_groups(config)
+    )
     pages_per_seq = -(-int(args.max_position_embeddings) // PAGE_SIZE)
-    reserve = reserve_bytes(args, dtype, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                            max_pages_per_seq=pages_per_seq, graphs=True)
+    reserve = reserve_bytes(
+        args,
+        dtype,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        max_pages_per_seq=pages_per_seq,
+        graphs=True,
+    )
     return MemoryPlan(weights, groups, reserve, max_num_seqs, scratch)
 
 
-def plan_for_folder(model_path: str, dtype: torch.dtype, kv_dtype: torch.dtype | None = None, **kw: int
-                    ) -> MemoryPlan:
+def plan_for_folder(model_path: str, dtype: torch.dtype, kv_dtype: torch.dtype | None = None, **kw: int) -> MemoryPlan:
     names = set(tensor_shapes(safetensors_files(model_path)))
     return plan_from_config(read_config(model_path), names, dtype, kv_dtype, **kw)
 
 
 def describe(plan: MemoryPlan, utilization: float) -> list[str]:
     """The plan as lines a user reads: weights, KV per token per group, tokens that fit on each GPU size."""
-    lines = [f"weights {plan.weight_bytes / GB:.2f} GB; reserved for activations {plan.reserve_bytes / GB:.2f} GB "
-             f"+ CUDA context about {CONTEXT_BYTES / GB:.2f} GB"
-             + (f" + MXFP4 experts dequantised at a time {plan.scratch_bytes / GB:.2f} GB"
-                if plan.scratch_bytes else "")]
+    lines = [
+        f"weights {plan.weight_bytes / GB:.2f} GB; reserved for activations {plan.reserve_bytes / GB:.2f} GB "
+        f"+ CUDA context about {CONTEXT_BYTES / GB:.2f} GB"
+        + (f" + MXFP4 experts dequantised at a time {plan.scratch_bytes / GB:.2f} GB" if plan.scratch_bytes else "")
+    ]
     for g in plan.groups:
         kind = "full attention" if g.window is None else f"window of {g.window} tokens"
         lines.append(f"KV {g.bytes_per_token / 1024:.1f} KiB per token over {g.layers} layers ({kind})")

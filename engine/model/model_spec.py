@@ -42,8 +42,16 @@ class ModelSpec:
     vision: VisionSpec | None = None  # a model that takes images (None: text only)
 
 
-def start_spec(model: CausalLM, config: dict, model_path: str, *, dtype: torch.dtype, device: torch.device,
-               tp: TensorParallel | None, max_positions: int) -> ModelSpec:
+def start_spec(
+    model: CausalLM,
+    config: dict,
+    model_path: str,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    tp: TensorParallel | None,
+    max_positions: int,
+) -> ModelSpec:
     """The model's rotary tables and its ModelSpec (KV groups, pooling, recurrent state, images), built from the
     config: load_model's last step, and the bake's check on the meta model, so that the bake refuses what these
     refuse at start (a rope type or partial rotary factor the rotary does not run, an mrope_section, a KV group).

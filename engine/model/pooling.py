@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from engine.errors import UnsupportedModel
 
 # sentence-transformers' pooling_mode_* flags -> the engine's method
-POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
-                 "pooling_mode_lasttoken": "last"}
-MODULE_KINDS = {"sentence_transformers.models.Transformer": "transformer",
-                "sentence_transformers.models.Pooling": "pooling",
-                "sentence_transformers.models.Normalize": "normalize"}
+POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_lasttoken": "last"}
+MODULE_KINDS = {
+    "sentence_transformers.models.Transformer": "transformer",
+    "sentence_transformers.models.Pooling": "pooling",
+    "sentence_transformers.models.Normalize": "normalize",
+}
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,10 @@ def read_pooling(model_path: str, config: dict) -> PoolingConfig:
     for module in modules:
         kind = MODULE_KINDS.get(module.get("type", ""))
         if kind is None:
-            raise UnsupportedModel(f"sentence-transformers module {module.get('type')!r} ({module.get('path')}) in "
-                                   "modules.json is not supported (only Transformer, Pooling and Normalize)")
+            raise UnsupportedModel(
+                f"sentence-transformers module {module.get('type')!r} ({module.get('path')}) in "
+                "modules.json is not supported (only Transformer, Pooling and Normalize)"
+            )
         if kind == "pooling":
             method = _pooling_method(os.path.join(model_path, module.get("path", ""), "config.json"))
         normalize = normalize or kind == "normalize"
@@ -59,12 +62,14 @@ def read_pooling(model_path: str, config: dict) -> PoolingConfig:
 
 def _pooling_method(path: str) -> str:
     if not os.path.isfile(path):
-        raise UnsupportedModel(f"the Pooling module's {os.path.relpath(path, os.path.dirname(os.path.dirname(path)))} "
-                               "is missing")
+        raise UnsupportedModel(
+            f"the Pooling module's {os.path.relpath(path, os.path.dirname(os.path.dirname(path)))} is missing"
+        )
     with open(path) as f:
         pooling = json.load(f)
     on = [key for key, value in pooling.items() if key.startswith("pooling_mode_") and value]
     if len(on) != 1 or on[0] not in POOLING_MODES:
-        raise UnsupportedModel(f"pooling mode {', '.join(on) or '(none)'} is not supported (one of "
-                               f"{', '.join(sorted(POOLING_MODES))})")
+        raise UnsupportedModel(
+            f"pooling mode {', '.join(on) or '(none)'} is not supported (one of {', '.join(sorted(POOLING_MODES))})"
+        )
     return POOLING_MODES[on[0]]

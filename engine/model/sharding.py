@@ -25,14 +25,30 @@ from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
 
 # The architectures whose families shard (each has a TP=2 parity test); others are refused at start-up. An
 # image-text one's decoder shards as its text family's; its vision tower runs on rank 0 alone (TOWER_MODULES).
-SHARDED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                         "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM",
-                         "Glm4MoeForCausalLM",
-                         "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma4ForCausalLM", "Qwen3_5ForCausalLM",
-                         "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM", "GptOssForCausalLM",
-                         "Gemma3ForConditionalGeneration", "Gemma4ForConditionalGeneration",
-                         "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-                         "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+SHARDED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "MixtralForCausalLM",
+    "OlmoeForCausalLM",
+    "Glm4MoeForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Gemma4ForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3NextForCausalLM",
+    "GptOssForCausalLM",
+    "Gemma3ForConditionalGeneration",
+    "Gemma4ForConditionalGeneration",
+    "Qwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+)
 
 
 @dataclass
@@ -54,15 +70,15 @@ class ShardPlan:
         if bias:
             self.rank0_biases.append(f"{name}.bias")
 
-
     def lora_part(self, weight: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's part of a LoRA pair (A [rank, in], B [out, rank]) on the projection whose weight is `weight`,
         cut as that weight is: a column-parallel one's output rows of B (A whole: every rank computes x A^T), a
         row-parallel one's input columns of A (B whole: the ranks' partial deltas sum in the block's all-reduce)."""
         source = self.sources.get(weight)
         if source is None:
-            raise UnsupportedModel(f"it changes {weight.removesuffix('.weight')}, which tensor parallelism does not "
-                                   "shard", param="model")
+            raise UnsupportedModel(
+                f"it changes {weight.removesuffix('.weight')}, which tensor parallelism does not shard", param="model"
+            )
         return (a, source.read(b)) if source.dim == 0 else (source.read(a), b)
 
 
@@ -79,10 +95,15 @@ def shard_refusal(architecture: str, args: Any, size: int) -> str | None:
     if size == 1:
         return None
     if architecture not in SHARDED_ARCHITECTURES:
-        return (f"tensor_parallel_size={size}: {architecture} does not run tensor-parallel yet (it runs: "
-                f"{', '.join(SHARDED_ARCHITECTURES)})")
-    counts = {"attention heads": args.num_q_heads, "vocabulary entries": args.vocab_size,
-              "intermediate size": args.intermediate_size}
+        return (
+            f"tensor_parallel_size={size}: {architecture} does not run tensor-parallel yet (it runs: "
+            f"{', '.join(SHARDED_ARCHITECTURES)})"
+        )
+    counts = {
+        "attention heads": args.num_q_heads,
+        "vocabulary entries": args.vocab_size,
+        "intermediate size": args.intermediate_size,
+    }
     if getattr(args, "ple_dim", 0):  # Gemma 4's per-layer input embeddings, split by vocabulary rows
         counts["per-layer input vocabulary entries"] = args.ple_vocab
     routing = getattr(args, "routing", None)

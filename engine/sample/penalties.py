@@ -51,8 +51,9 @@ class PenaltyCounts:
     def fork(self) -> PenaltyCounts:
         """A copy for a forked sequence (a beam's child), which goes on counting on its own."""
         child = PenaltyCounts()
-        child.counts, child.delta, child.seen = (None if t is None else t.clone()
-                                                 for t in (self.counts, self.delta, self.seen))
+        child.counts, child.delta, child.seen = (
+            None if t is None else t.clone() for t in (self.counts, self.delta, self.seen)
+        )
         child.num_counted, child.last_token = self.num_counted, self.last_token
         return child
 
@@ -61,8 +62,14 @@ class PenaltyCounts:
         output, n, p = row.output_token_ids, self.num_counted, row.params
         repetition = p.repetition_penalty != 1.0
         counts = self.counts
-        if (counts is None or counts.shape[0] != vocab or counts.device != device or n > len(output)
-                or (n and output[n - 1] != self.last_token) or (repetition and self.seen is None)):
+        if (
+            counts is None
+            or counts.shape[0] != vocab
+            or counts.device != device
+            or n > len(output)
+            or (n and output[n - 1] != self.last_token)
+            or (repetition and self.seen is None)
+        ):
             self._rebuild(row, vocab, device, repetition)
         elif len(output) - n == 1:
             # Decode: one token, indexed by a Python int (no host list turned into a tensor).

@@ -21,8 +21,9 @@ def accept_greedy(target: list[int], proposal: list[int]) -> list[int]:
     return proposal[:n] + [target[n]]
 
 
-def accept_sampled(probs: torch.Tensor, proposal: list[int], u: torch.Tensor,
-                   draft_probs: torch.Tensor | None = None) -> list[int]:
+def accept_sampled(
+    probs: torch.Tensor, proposal: list[int], u: torch.Tensor, draft_probs: torch.Tensor | None = None
+) -> list[int]:
     """probs: [k + 1, vocab] target distributions (rows need not sum to one); u: k + 1 uniforms in [0, 1);
     draft_probs: [k, vocab] the proposer's q, None for a point mass on each proposed token.
     Returns the accepted tokens (1 to k + 1 of them)."""

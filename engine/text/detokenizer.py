@@ -120,8 +120,9 @@ class Detokenizer:
         # spaces_between_special_tokens) would add text the model never produced.
         if not ids:
             return ""
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
-                                     clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False
+        )
 
 
 def token_bytes(tokenizer, token_id: int) -> bytes:

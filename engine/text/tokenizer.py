@@ -61,8 +61,9 @@ class Tokenizer:
         }
         extra = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
         extra = extra.values() if isinstance(extra, dict) else extra
-        self.all_special_tokens = list(dict.fromkeys([*self.special_tokens_map.values(),
-                                                      *(_token_text(t) for t in extra)]))
+        self.all_special_tokens = list(
+            dict.fromkeys([*self.special_tokens_map.values(), *(_token_text(t) for t in extra)])
+        )
         self.all_special_ids = [i for i in map(backend.token_to_id, self.all_special_tokens) if i is not None]
         self.added_tokens_decoder = backend.get_added_tokens_decoder()
         self.added_tokens_encoder = {t.content: i for i, t in sorted(self.added_tokens_decoder.items())}
@@ -89,8 +90,12 @@ class Tokenizer:
         """Two texts as one sequence, joined by the tokenizer's pair template (transformers' `text_pair`)."""
         return self.backend_tokenizer.encode(text, pair, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, token_ids: int | list[int], skip_special_tokens: bool = False,
-               clean_up_tokenization_spaces: bool | None = None) -> str:
+    def decode(
+        self,
+        token_ids: int | list[int],
+        skip_special_tokens: bool = False,
+        clean_up_tokenization_spaces: bool | None = None,
+    ) -> str:
         ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
         text = self.backend_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
         clean = clean_up_tokenization_spaces
@@ -98,8 +103,18 @@ class Tokenizer:
             clean = self.clean_up_tokenization_spaces
         # transformers skips this WordPiece-era clean-up for BPE models: it would eat real spaces.
         if clean and type(self.backend_tokenizer.model).__name__ != "BPE":
-            for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                                  (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+            for before, after in (
+                (" .", "."),
+                (" ?", "?"),
+                (" !", "!"),
+                (" ,", ","),
+                (" ' ", "'"),
+                (" n't", "n't"),
+                (" 'm", "'m"),
+                (" 's", "'s"),
+                (" 've", "'ve"),
+                (" 're", "'re"),
+            ):
                 text = text.replace(before, after)
         return text
 
@@ -133,24 +148,43 @@ class Tokenizer:
             raise ValueError("this model has no chat template")
         return templates
 
-    def apply_chat_template(self, conversation: list[dict[str, Any]], tools: list | None = None,
-                            documents: list | None = None, chat_template: str | None = None,
-                            add_generation_prompt: bool = False, continue_final_message: bool = False,
-                            tokenize: bool = True, **kwargs: Any) -> str | list[int]:
+    def apply_chat_template(
+        self,
+        conversation: list[dict[str, Any]],
+        tools: list | None = None,
+        documents: list | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+        tokenize: bool = True,
+        **kwargs: Any,
+    ) -> str | list[int]:
         """The conversation rendered with the template (as text, or its token ids when `tokenize`)."""
         template = self.get_chat_template(chat_template, tools)
         if continue_final_message and add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt are not compatible")
-        text = render_chat_template(template, conversation, tools=tools, documents=documents,
-                                    add_generation_prompt=add_generation_prompt,
-                                    continue_final_message=continue_final_message,
-                                    **{**self.special_tokens_map, **kwargs})
+        text = render_chat_template(
+            template,
+            conversation,
+            tools=tools,
+            documents=documents,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **{**self.special_tokens_map, **kwargs},
+        )
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
-def render_chat_template(template: str, conversation: list[dict[str, Any]], *, tools: list | None = None,
-                         documents: list | None = None, add_generation_prompt: bool = False,
-                         continue_final_message: bool = False, **kwargs: Any) -> str:
+def render_chat_template(
+    template: str,
+    conversation: list[dict[str, Any]],
+    *,
+    tools: list | None = None,
+    documents: list | None = None,
+    add_generation_prompt: bool = False,
+    continue_final_message: bool = False,
+    **kwargs: Any,
+) -> str:
     """transformers' render_jinja_template for one conversation (no assistant masks)."""
     messages = [{k: v for k, v in _plain(m).items() if v is not None} for m in conversation]
     messages = [_alias_reasoning(m) for m in messages]
@@ -162,15 +196,20 @@ def render_chat_template(template: str, conversation: list[dict[str, Any]], *, t
             raise ValueError("continue_final_message is set but the chat template never reads `content`")
         final = messages[-1]["content"]
         messages[-1]["content"] = final + CONTINUE_TAG
-    text = _compile(template).render(messages=messages, tools=_plain(tools), documents=_plain(documents),
-                                     add_generation_prompt=add_generation_prompt, **_plain(kwargs))
+    text = _compile(template).render(
+        messages=messages,
+        tools=_plain(tools),
+        documents=_plain(documents),
+        add_generation_prompt=add_generation_prompt,
+        **_plain(kwargs),
+    )
     if final is not None:
         tag = CONTINUE_TAG.strip()
         if final.strip() not in text or tag not in text:
             raise ValueError("continue_final_message is set but the template dropped the final message")
         at = text.rindex(tag)
         # A template that keeps the message as given keeps the tag's space too; one that trims it does not.
-        text = text[:at] if text[at:at + len(CONTINUE_TAG)] == CONTINUE_TAG else text[:at].rstrip()
+        text = text[:at] if text[at : at + len(CONTINUE_TAG)] == CONTINUE_TAG else text[:at].rstrip()
     return text
 
 
@@ -270,10 +309,14 @@ def _compile(template: str) -> Any:
         # Jinja's own tojson escapes HTML characters, which would change the prompt.
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
-    env.globals.update(raise_exception=raise_exception, strftime_now=lambda f: datetime.now().strftime(f),
-                       dict=Dict(), namespace=Namespace)
+    env.globals.update(
+        raise_exception=raise_exception,
+        strftime_now=lambda f: datetime.now().strftime(f),
+        dict=Dict(),
+        namespace=Namespace,
+    )
     return env.from_string(template)
-

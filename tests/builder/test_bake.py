@@ -27,8 +27,9 @@ TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 def run_baker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "builder", *args], cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "builder", *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +40,15 @@ def tiny_llama(tmp_path_factory, baked_model_path: Path) -> Path:
 
 def tiny_folder(config_class: type, model_class: type, folder: Path, tokenizer_from: Path, seed: int) -> Path:
     """A random-weight two-layer model of `model_class` with the tokenizer files of `tokenizer_from`."""
-    config = config_class(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    config = config_class(
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(seed)
     model_class(config).save_pretrained(folder)
     for name in TOKENIZER_FILES:
@@ -55,8 +63,15 @@ def leftovers(parent: Path) -> list[str]:
 def test_default_gguf_bake_generates_like_the_gguf_model(tmp_path: Path) -> None:
     out = tmp_path / "model"
     manifest = bake(resolve("", None), out)
-    for name in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "chat_template.jinja", "generation_config.json", MANIFEST]:
+    for name in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+        MANIFEST,
+    ]:
         assert (out / name).is_file(), name
     assert manifest["served_model_name"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert manifest["architecture"] == "LlamaForCausalLM"
@@ -65,14 +80,18 @@ def test_default_gguf_bake_generates_like_the_gguf_model(tmp_path: Path) -> None
 
     gguf = default_gguf_path()
     tok = AutoTokenizer.from_pretrained(out)
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
     baked = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)
     reference = LlamaForCausalLM.from_pretrained(gguf.parent, gguf_file=DEFAULT_GGUF_FILE, dtype=torch.float32)
     got = baked.generate(ids, max_new_tokens=12, do_sample=False)
     want = reference.generate(ids, max_new_tokens=12, do_sample=False)
     assert got.tolist() == want.tolist()
-    assert "Paris" in tok.decode(got[0, ids.shape[1]:])
+    assert "Paris" in tok.decode(got[0, ids.shape[1] :])
 
 
 def test_local_folder_source(tmp_path: Path, tiny_llama: Path) -> None:
@@ -129,8 +148,10 @@ def test_hub_source_from_offline_cache(tmp_path: Path, tiny_llama: Path) -> None
     # Another MODEL_REVISION is another model: --if-missing re-bakes it, then keeps it.
     other = "fedcba9876543210fedcba9876543210fedcba98"
     shutil.copytree(tiny_llama, repo_dir / "snapshots" / other)
-    for expected in (f"re-baking {out}: it holds acme/tiny-llama (hub) at revision default, not {other}",
-                     f"model already baked in {out}"):
+    for expected in (
+        f"re-baking {out}: it holds acme/tiny-llama (hub) at revision default, not {other}",
+        f"model already baked in {out}",
+    ):
         result = run_baker("--out", str(out), "--if-missing", env={**env, "MODEL_REVISION": other})
         assert result.returncode == 0, result.stderr
         assert result.stdout.splitlines()[0] == expected
@@ -186,8 +207,14 @@ def closed_port() -> int:
 )
 def test_hub_failures_are_one_clear_line(tmp_path: Path, fake_hub, answer, token, message) -> None:
     endpoint = fake_hub(*answer) if answer else f"http://127.0.0.1:{closed_port()}"
-    env = {"HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_ETAG_TIMEOUT": "2",
-           "HF_HUB_DOWNLOAD_TIMEOUT": "2", "HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
+    env = {
+        "HF_ENDPOINT": endpoint,
+        "HF_HUB_CACHE": str(tmp_path / "cache"),
+        "HF_HUB_ETAG_TIMEOUT": "2",
+        "HF_HUB_DOWNLOAD_TIMEOUT": "2",
+        "HF_HUB_OFFLINE": "0",
+        "HF_TOKEN": "",
+    }
     out_parent = tmp_path / "models"
     result = run_baker("--model", "acme/missing", "--out", str(out_parent / "model"), env=env)
     assert result.returncode == 1
@@ -227,8 +254,6 @@ def test_missing_path_is_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip() == "error: model path './no/such/folder' does not exist"
 
 
-
-
 def if_missing(out: Path, model: Path, **env: str) -> str:
     """`python -m builder --if-missing` with MODEL_NAME=model, as `make serve` runs it; returns its first line
     (what it decided) and last line (what it did) when they differ."""
@@ -242,15 +267,19 @@ def test_if_missing_rebakes_when_model_name_names_another_model(tmp_path: Path, 
     out = tmp_path / "model"
     assert run_baker("--model", str(tiny_llama), "--out", str(out)).returncode == 0
     qwen = tiny_folder(Qwen2Config, Qwen2ForCausalLM, tmp_path / "qwen", tiny_llama, seed=1)
-    assert if_missing(out, qwen) == (f"re-baking {out}: it holds {tiny_llama.name} (local), not qwen (local) / "
-                                     f"baked qwen (Qwen2ForCausalLM, float32) into {out} "
-                                     "(tensor-parallel sizes: 1, 2, 4)")
+    assert if_missing(out, qwen) == (
+        f"re-baking {out}: it holds {tiny_llama.name} (local), not qwen (local) / "
+        f"baked qwen (Qwen2ForCausalLM, float32) into {out} "
+        "(tensor-parallel sizes: 1, 2, 4)"
+    )
     assert json.loads((out / MANIFEST).read_text())["architecture"] == "Qwen2ForCausalLM"
     assert if_missing(out, qwen) == f"model already baked in {out}"
     # A local folder is more than its name: another folder called "qwen", or the same one edited, is re-baked.
     twin = shutil.copytree(tiny_llama, tmp_path / "elsewhere" / "qwen")
-    changed = (f"re-baking {out}: folder qwen is not the one baked (another of that name, or its files changed) / "
-               f"baked qwen (LlamaForCausalLM, float32) into {out} (tensor-parallel sizes: 1, 2, 4)")
+    changed = (
+        f"re-baking {out}: folder qwen is not the one baked (another of that name, or its files changed) / "
+        f"baked qwen (LlamaForCausalLM, float32) into {out} (tensor-parallel sizes: 1, 2, 4)"
+    )
     assert if_missing(out, twin) == changed
     assert json.loads((out / MANIFEST).read_text())["architecture"] == "LlamaForCausalLM"
     config = json.loads((twin / "config.json").read_text())
@@ -259,12 +288,18 @@ def test_if_missing_rebakes_when_model_name_names_another_model(tmp_path: Path, 
     assert json.loads((out / "config.json").read_text())["rms_norm_eps"] == 1e-5
 
 
-def test_if_missing_rebakes_a_local_adapter_of_the_same_name_from_another_folder(tmp_path: Path,
-                                                                                tiny_llama: Path) -> None:
+def test_if_missing_rebakes_a_local_adapter_of_the_same_name_from_another_folder(
+    tmp_path: Path, tiny_llama: Path
+) -> None:
     config = AutoConfig.from_pretrained(tiny_llama)
     for parent, seed in (("first", 0), ("second", 1)):
-        write_adapter(tmp_path / parent / "sql", projection_shapes(config), config.num_hidden_layers,
-                      targets=["q_proj", "v_proj"], seed=seed)
+        write_adapter(
+            tmp_path / parent / "sql",
+            projection_shapes(config),
+            config.num_hidden_layers,
+            targets=["q_proj", "v_proj"],
+            seed=seed,
+        )
     out = tmp_path / "model"
     first = if_missing(out, tiny_llama, LORA_MODULES=f"sql={tmp_path / 'first' / 'sql'}")
     assert f"+ adapter sql (rank 4) into {out} (tensor-parallel sizes: " in first

@@ -44,8 +44,20 @@ def test_hf_overrides_bake_qwen3_reranker_from_its_causal_lm(tmp_path: Path, bak
     assert change.startswith("it was baked with HF_OVERRIDES")
     # the command line: --if-missing keeps the bake with the same overrides
     overrides = json.dumps(RERANKER_KEYS)
-    assert main(["--model", str(tmp_path / "src"), "--out", str(tmp_path / "out"), "--if-missing",
-                 "--hf-overrides", overrides]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                str(tmp_path / "src"),
+                "--out",
+                str(tmp_path / "out"),
+                "--if-missing",
+                "--hf-overrides",
+                overrides,
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["baked_at"] == manifest["baked_at"]
 
 
@@ -59,8 +71,9 @@ def test_bad_overrides_fail_in_one_line(text: str, words: str) -> None:
 def test_a_bert_like_encoder_fails_the_bake_in_one_line(tmp_path: Path, baked_model_path: Path) -> None:
     import transformers as tf
 
-    config = tf.AutoConfig.for_model("bert", vocab_size=128, hidden_size=32, num_hidden_layers=1,
-                                     num_attention_heads=2, intermediate_size=64)
+    config = tf.AutoConfig.for_model(
+        "bert", vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
     tf.AutoModel.from_config(config).save_pretrained(tmp_path / "src")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tmp_path / "src" / name).write_bytes((baked_model_path / name).read_bytes())

@@ -16,9 +16,11 @@ from engine.model.loader import read_config
 from engine.model.pooling import read_pooling
 from tests.builder.test_bake import tiny_folder
 
-MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-           {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-           {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+]
 
 
 def embedding_folder(folder: Path, baked_model_path: Path, modules: list[dict], mode: str) -> Path:
@@ -40,13 +42,20 @@ def test_the_pooling_files_are_baked_and_read(tmp_path: Path, baked_model_path: 
     assert (pooling.method, pooling.normalize, pooling.source) == ("mean", True, "sentence-transformers")
 
 
-@pytest.mark.parametrize(("modules", "mode", "message"), [
-    (MODULES + [{"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}],
-     "pooling_mode_mean_tokens", "sentence-transformers module 'sentence_transformers.models.Dense' (3_Dense)"),
-    (MODULES, "pooling_mode_max_tokens", "pooling mode pooling_mode_max_tokens is not supported"),
-])
-def test_a_pooling_the_engine_cannot_run_fails_the_bake(tmp_path: Path, baked_model_path: Path, modules, mode,
-                                                        message) -> None:
+@pytest.mark.parametrize(
+    ("modules", "mode", "message"),
+    [
+        (
+            MODULES + [{"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}],
+            "pooling_mode_mean_tokens",
+            "sentence-transformers module 'sentence_transformers.models.Dense' (3_Dense)",
+        ),
+        (MODULES, "pooling_mode_max_tokens", "pooling mode pooling_mode_max_tokens is not supported"),
+    ],
+)
+def test_a_pooling_the_engine_cannot_run_fails_the_bake(
+    tmp_path: Path, baked_model_path: Path, modules, mode, message
+) -> None:
     source = embedding_folder(tmp_path / "src", baked_model_path, modules, mode)
     with pytest.raises(BakeError) as err:
         bake(resolve(str(source), None), tmp_path / "out")

@@ -39,8 +39,12 @@ def in_hub_cache(cache: Path, repo: str, folder: Path) -> None:
 
 def bake(base: Path, cache: Path, method: str, repo: str):
     config = json.dumps({"method": method, "model": repo, "num_speculative_tokens": 3})
-    return run_baker("--if-missing", "--out", str(base / "model"),
-                     env={"SPECULATIVE_CONFIG": config, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
+    return run_baker(
+        "--if-missing",
+        "--out",
+        str(base / "model"),
+        env={"SPECULATIVE_CONFIG": config, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +73,10 @@ def test_an_eagle3_head_is_baked_beside_the_model_and_kept(tmp_path, baked_model
     assert result.returncode == 0, result.stderr
     assert "baked eagle3 org/smol-eagle3" in result.stdout
     manifest = json.loads((base / "speculative" / "manifest.json").read_text())
-    assert manifest["speculative_method"] == "eagle3" and manifest["source"] == {"kind": "hub", "ref": "org/smol-eagle3"}
+    assert manifest["speculative_method"] == "eagle3" and manifest["source"] == {
+        "kind": "hub",
+        "ref": "org/smol-eagle3",
+    }
     assert set(manifest["files"]) == {"config.json", "model.safetensors"}
     again = bake(base, cache, "eagle3", "org/smol-eagle3")
     assert again.returncode == 0 and "already baked" in again.stdout
@@ -83,14 +90,21 @@ def test_a_draft_model_with_the_models_tokenizer_is_baked(tmp_path, baked_model_
     assert manifest["speculative_method"] == "draft_model" and (base / "speculative" / "tokenizer.json").is_file()
 
 
-@pytest.mark.parametrize("method, repo, words", [
-    ("eagle3", "org/narrow-eagle3", "the EAGLE-3 head at org/narrow-eagle3 reads hidden states of size 512; the "
-                                    "model's are 576"),
-    ("draft_model", "org/other-draft", "the draft model org/other-draft has another tokenizer than the model's"),
-    ("eagle3", "org/not-cached", "cannot reach the Hugging Face hub to download org/not-cached"),
-])
-def test_a_speculative_model_that_does_not_fit_fails_the_bake_in_one_line(tmp_path, baked_model_path, cache, method,
-                                                                         repo, words) -> None:
+@pytest.mark.parametrize(
+    "method, repo, words",
+    [
+        (
+            "eagle3",
+            "org/narrow-eagle3",
+            "the EAGLE-3 head at org/narrow-eagle3 reads hidden states of size 512; the model's are 576",
+        ),
+        ("draft_model", "org/other-draft", "the draft model org/other-draft has another tokenizer than the model's"),
+        ("eagle3", "org/not-cached", "cannot reach the Hugging Face hub to download org/not-cached"),
+    ],
+)
+def test_a_speculative_model_that_does_not_fit_fails_the_bake_in_one_line(
+    tmp_path, baked_model_path, cache, method, repo, words
+) -> None:
     base = base_with_model(tmp_path, baked_model_path)
     result = bake(base, cache, method, repo)
     assert result.returncode == 1
@@ -104,12 +118,21 @@ def test_a_worker_with_the_same_config_serves_the_baked_head(tmp_path, baked_mod
     base = base_with_model(tmp_path, baked_model_path)
     assert bake(base, cache, "eagle3", "org/smol-eagle3").returncode == 0
     config = json.dumps({"method": "eagle3", "model": "org/smol-eagle3", "num_speculative_tokens": 3})
-    worker = start_worker(base / "model", tmp_path / "worker.log", BASE_PATH=str(base), SPECULATIVE_CONFIG=config,
-                          HF_HUB_OFFLINE="1", MODEL_CACHE_PATH=str(tmp_path / "no-cache"))
+    worker = start_worker(
+        base / "model",
+        tmp_path / "worker.log",
+        BASE_PATH=str(base),
+        SPECULATIVE_CONFIG=config,
+        HF_HUB_OFFLINE="1",
+        MODEL_CACHE_PATH=str(tmp_path / "no-cache"),
+    )
     try:
-        reply = worker.client().chat.completions.create(model=json.loads(
-            (base / "model" / "manifest.json").read_text())["served_model_name"],
-            messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0)
+        reply = worker.client().chat.completions.create(
+            model=json.loads((base / "model" / "manifest.json").read_text())["served_model_name"],
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=8,
+            temperature=0,
+        )
         assert reply.choices[0].message.content
         assert f"EAGLE-3 head {base / 'speculative'}" in worker.log.read_text()
     finally:

@@ -29,14 +29,19 @@ def with_config(src: Path, dst: Path, **change: object) -> Path:
     return dst
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"rope_parameters": PARTIAL_ROTARY}, "partial_rotary_factor != 1 is not supported"),
-    # transformers 4's place for it (Phi-4-mini's config): transformers moves it into rope_parameters
-    ({"partial_rotary_factor": 0.75}, "partial_rotary_factor != 1 is not supported"),
-    ({"rope_parameters": LONGROPE}, "rope type 'longrope' is not supported"),
-], ids=["partial-rotary", "top-level-partial-rotary", "longrope"])
-def test_a_rope_start_up_refuses_fails_the_bake_in_one_line(tmp_path: Path, tiny_llama: Path, capsys, change,
-                                                           message) -> None:
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"rope_parameters": PARTIAL_ROTARY}, "partial_rotary_factor != 1 is not supported"),
+        # transformers 4's place for it (Phi-4-mini's config): transformers moves it into rope_parameters
+        ({"partial_rotary_factor": 0.75}, "partial_rotary_factor != 1 is not supported"),
+        ({"rope_parameters": LONGROPE}, "rope type 'longrope' is not supported"),
+    ],
+    ids=["partial-rotary", "top-level-partial-rotary", "longrope"],
+)
+def test_a_rope_start_up_refuses_fails_the_bake_in_one_line(
+    tmp_path: Path, tiny_llama: Path, capsys, change, message
+) -> None:
     source = with_config(tiny_llama, tmp_path / "src", **change)
     out = tmp_path / "models" / "model"
     assert builder_main(["--model", str(source), "--out", str(out)]) == 1
@@ -46,7 +51,13 @@ def test_a_rope_start_up_refuses_fails_the_bake_in_one_line(tmp_path: Path, tiny
 
 
 def test_a_rope_the_engine_runs_still_bakes(tmp_path: Path, tiny_llama: Path) -> None:
-    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
+    llama3 = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 128,
+    }
     source = with_config(tiny_llama, tmp_path / "src", rope_parameters=llama3, partial_rotary_factor=1.0)
     assert builder_main(["--model", str(source), "--out", str(tmp_path / "model")]) == 0

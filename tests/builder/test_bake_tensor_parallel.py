@@ -20,9 +20,11 @@ from tests.engine.model.quant_writers import write_quantized
 
 # A size the checkpoint cannot take -> the line start-up refuses it with.
 REFUSED = {
-    "awq": {4: "tensor_parallel_size=4 would cut awq's qzeros of model.layers.0.self_attn.o_proj (128 inputs an "
-               "entry): a rank holds 64 inputs from 192",
-            8: "tensor_parallel_size=8 does not divide the model's 4 attention heads"},
+    "awq": {
+        4: "tensor_parallel_size=4 would cut awq's qzeros of model.layers.0.self_attn.o_proj (128 inputs an "
+        "entry): a rank holds 64 inputs from 192",
+        8: "tensor_parallel_size=8 does not divide the model's 4 attention heads",
+    },
     "gemma4_text": {8: "tensor_parallel_size=8 does not divide the model's 4 attention heads"},
 }
 

@@ -39,8 +39,9 @@ def hub_cache(root: Path, model: Path) -> Path:
 
 
 def bake_from(cache: Path, out: Path):
-    return run_baker("--out", str(out), env={"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
-                                             "MODEL_NAME": "acme/tiny-llama"})
+    return run_baker(
+        "--out", str(out), env={"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "MODEL_NAME": "acme/tiny-llama"}
+    )
 
 
 def test_a_hub_blob_with_its_sum_bakes_with_that_sum_and_every_size(tmp_path: Path, tiny_llama: Path) -> None:
@@ -62,8 +63,9 @@ def test_a_corrupted_hub_blob_fails_the_bake(tmp_path: Path, tiny_llama: Path) -
     result = bake_from(tmp_path / "hub", out_parent / "model")
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: model.safetensors is not the file the hub gives") and blob.name in last, \
+    assert last.startswith("error: model.safetensors is not the file the hub gives") and blob.name in last, (
         result.stderr
+    )
     assert "Traceback" not in result.stderr
     assert leftovers(out_parent) == []
 

@@ -48,8 +48,15 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory, baked_model_path: Path)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     folder = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
@@ -91,11 +98,20 @@ def local_endpoint(baked_model_path: Path, tmp_path_factory: pytest.TempPathFact
     env = {k: v for k, v in os.environ.items() if k not in aliases}
     # .runpod/tests.json names the model a default image serves (the Hub builds with default build args);
     # a bake made outside `make` may carry another name, so the endpoint serves under that one.
-    env.update(MODEL_PATH=str(baked_model_path), RUNPOD_API_KEY=API_KEY, PYTHONUNBUFFERED="1",
-               OPENAI_SERVED_MODEL_NAME_OVERRIDE=DEFAULT_MODEL_NAME)
+    env.update(
+        MODEL_PATH=str(baked_model_path),
+        RUNPOD_API_KEY=API_KEY,
+        PYTHONUNBUFFERED="1",
+        OPENAI_SERVED_MODEL_NAME_OVERRIDE=DEFAULT_MODEL_NAME,
+    )
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-u", "handler.py", "--serve", "--port", str(port)],
-                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-u", "handler.py", "--serve", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180

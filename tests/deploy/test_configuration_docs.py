@@ -39,8 +39,12 @@ def test_generator_check_mode_exits_non_zero_when_stale(tmp_path: Path) -> None:
     probe.write_text(patched.replace("ROOT = Path(__file__).resolve().parents[1]", f"ROOT = Path({str(ROOT)!r})"))
     stale_run = subprocess.run([sys.executable, str(probe), "--check"], capture_output=True, text=True, timeout=60)
     assert stale_run.returncode == 1 and "out of date" in stale_run.stderr
-    fresh_run = subprocess.run([sys.executable, str(ROOT / "docs" / "gen_configuration.py"), "--check"],
-                               capture_output=True, text=True, timeout=60)
+    fresh_run = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "gen_configuration.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert fresh_run.returncode == 0, fresh_run.stderr
 
 

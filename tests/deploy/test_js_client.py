@@ -25,8 +25,9 @@ def node_with_openai() -> str:
     if node is None or npm is None:
         pytest.skip("node/npm are not installed")
     if not (JS / "node_modules" / "openai" / "package.json").is_file():
-        result = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS, capture_output=True, text=True,
-                                timeout=300)
+        result = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"], cwd=JS, capture_output=True, text=True, timeout=300
+        )
         if result.returncode != 0:
             if NETWORK_ERRORS.search(result.stderr):
                 pytest.skip(f"npm ci could not reach the registry: {result.stderr.strip().splitlines()[-1]}")
@@ -40,8 +41,7 @@ def node_with_openai() -> str:
 def run_check(node: str, base_url: str, api_key: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "RUNPOD_", "CHECK_"))}
     env["RUNPOD_API_KEY"] = api_key
-    return subprocess.run([node, "check.mjs", base_url], cwd=JS, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([node, "check.mjs", base_url], cwd=JS, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_openai_npm_client_chats_streams_and_lists_models(node_with_openai: str, local_endpoint: Any) -> None:

@@ -16,7 +16,7 @@ TESTS = json.loads((ROOT / ".runpod" / "tests.json").read_text())["tests"]
 
 
 def sse_events(text: str) -> list[str]:
-    return [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    return [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
 
 
 def check_native(job: dict, outputs: list[Any], served: str) -> None:
@@ -57,8 +57,12 @@ def check_models(job: dict, outputs: list[Any], served: str) -> None:
     assert reply["object"] == "list" and [m["id"] for m in reply["data"]] == [served]
 
 
-CHECKS = {None: check_native, "/v1/chat/completions": check_chat, "/v1/completions": check_completion,
-          "/v1/models": check_models}
+CHECKS = {
+    None: check_native,
+    "/v1/chat/completions": check_chat,
+    "/v1/completions": check_completion,
+    "/v1/models": check_models,
+}
 
 
 def test_tests_json_calls_the_model_a_default_build_serves() -> None:

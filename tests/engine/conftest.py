@@ -83,8 +83,13 @@ def tiny_config(kind: str):
     if kind == "qwen3":
         return tf.Qwen3Config(**TINY, tie_word_embeddings=False)
     if kind == "qwen2_window":  # layer 0 full attention, layers 1-2 a sliding window of 8 tokens
-        return tf.Qwen2Config(**{**TINY, "num_hidden_layers": 3}, tie_word_embeddings=True, use_sliding_window=True,
-                              sliding_window=WINDOW, max_window_layers=1)
+        return tf.Qwen2Config(
+            **{**TINY, "num_hidden_layers": 3},
+            tie_word_embeddings=True,
+            use_sliding_window=True,
+            sliding_window=WINDOW,
+            max_window_layers=1,
+        )
     if kind == "mistral_window":  # every layer a sliding window of 12 tokens
         return tf.MistralConfig(**TINY, tie_word_embeddings=False, sliding_window=12)
     raise ValueError(kind)
@@ -176,9 +181,19 @@ def _save_tiny_engine_model(config, path: Path, baked_model_path: Path) -> Path:
     return path
 
 
-ENGINE_TINY = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True,
-                   bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6)
+ENGINE_TINY = dict(
+    vocab_size=TINY_VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    rms_norm_eps=1e-6,
+)
 
 
 @pytest.fixture(scope="session")
@@ -196,6 +211,7 @@ def tiny_window_model_path(tmp_path_factory, baked_model_path):
     sliding window of WINDOW tokens."""
     import transformers as tf
 
-    config = tf.Qwen2Config(**ENGINE_TINY, num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW,
-                            max_window_layers=1)
+    config = tf.Qwen2Config(
+        **ENGINE_TINY, num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
+    )
     return _save_tiny_engine_model(config, tmp_path_factory.mktemp("tiny-window"), baked_model_path)

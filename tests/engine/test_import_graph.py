@@ -22,12 +22,33 @@ ENGINE = ROOT / "engine"
 PACKAGES = ("engine", "worker", "builder")
 # What the worker and the builder may import from the engine: its public types and the few functions they share.
 ENGINE_DOORS = {
-    "worker": {"engine", "engine.config", "engine.errors", "engine.inputs", "engine.outputs", "engine.timing",
-               "engine.sample.params",
-               "engine.sample.structured.spec", "engine.sample.structured.rewrite", "engine.core.async_engine",
-               "engine.text.detokenizer", "engine.text.o200k_file", "engine.model.folder_check"},
-    "builder": {"engine.config", "engine.errors", "engine.text.tokenizer", "engine.model.adapters", "engine.model.models", "engine.model.models.eagle3", "engine.model.memory_plan",
-                "engine.model.loader", "engine.text.o200k_file", "engine.model.folder_check"},
+    "worker": {
+        "engine",
+        "engine.config",
+        "engine.errors",
+        "engine.inputs",
+        "engine.outputs",
+        "engine.timing",
+        "engine.sample.params",
+        "engine.sample.structured.spec",
+        "engine.sample.structured.rewrite",
+        "engine.core.async_engine",
+        "engine.text.detokenizer",
+        "engine.text.o200k_file",
+        "engine.model.folder_check",
+    },
+    "builder": {
+        "engine.config",
+        "engine.errors",
+        "engine.text.tokenizer",
+        "engine.model.adapters",
+        "engine.model.models",
+        "engine.model.models.eagle3",
+        "engine.model.memory_plan",
+        "engine.model.loader",
+        "engine.text.o200k_file",
+        "engine.model.folder_check",
+    },
 }
 # Package -> the packages it may import (besides itself). A package not named here is a bug of this table.
 # "engine" is the engine's public types (config, errors, inputs, outputs, timing), which every engine package may use;
@@ -40,8 +61,15 @@ ARROWS: dict[str, set[str]] = {
     "engine.cuda": {"engine"},
     "engine.attention": {"engine", "engine.cuda"},
     "engine.model": {"engine", "engine.attention", "engine.cuda"},
-    "engine.core": {"engine", "engine.model", "engine.attention", "engine.sample", "engine.text", "engine.image",
-                    "engine.cuda"},
+    "engine.core": {
+        "engine",
+        "engine.model",
+        "engine.attention",
+        "engine.sample",
+        "engine.text",
+        "engine.image",
+        "engine.cuda",
+    },
     "worker.settings": set(),
     "worker.openai": {"worker.settings", "engine"},
     "worker.anthropic": {"worker.openai", "worker.settings", "engine"},
@@ -62,8 +90,11 @@ FAMILY_BASES = {
     # An EAGLE-3 head is a one-layer Llama decoder with a wider qkv.
     "engine.model.models.eagle3": {"engine.model.models.llama"},
     # Qwen3-VL's text model is Qwen3's (its MoE Qwen3-MoE's) decoder.
-    "engine.model.models.qwen3_vl": {"engine.model.models.llama", "engine.model.models.moe_base",
-                                     "engine.model.models.qwen3_moe"},
+    "engine.model.models.qwen3_vl": {
+        "engine.model.models.llama",
+        "engine.model.models.moe_base",
+        "engine.model.models.qwen3_moe",
+    },
     # The hybrid decoders' full-attention layer and MLP are the Llama ones, their routing Qwen's MoE rule.
     "engine.model.models.qwen3_5": {"engine.model.models.llama", "engine.model.models.qwen3_moe"},
     # The MTP head of a Qwen3.5 / Qwen3-Next checkpoint is one more full-attention layer of that family.
@@ -72,13 +103,23 @@ FAMILY_BASES = {
     "engine.model.models.gemma_layers": {"engine.model.models.gemma_args", "engine.model.models.gemma4_moe"},
     "engine.model.models.gemma_base": {"engine.model.models.gemma_args", "engine.model.models.gemma_layers"},
     "engine.model.models.gemma2": {"engine.model.models.gemma_args", "engine.model.models.gemma_base"},
-    "engine.model.models.gemma3": {"engine.model.models.gemma_args", "engine.model.models.gemma_base",
-                                   "engine.model.models.gemma2"},
-    "engine.model.models.gemma4": {"engine.model.models.gemma_args", "engine.model.models.gemma_base",
-                                   "engine.model.models.gemma2", "engine.model.models.gemma4_moe"},
+    "engine.model.models.gemma3": {
+        "engine.model.models.gemma_args",
+        "engine.model.models.gemma_base",
+        "engine.model.models.gemma2",
+    },
+    "engine.model.models.gemma4": {
+        "engine.model.models.gemma_args",
+        "engine.model.models.gemma_base",
+        "engine.model.models.gemma2",
+        "engine.model.models.gemma4_moe",
+    },
     # A Gemma 4 image-text checkpoint is the Gemma 4 text model with its vision tower beside it.
-    "engine.model.models.gemma4_multimodal": {"engine.model.models.gemma_args", "engine.model.models.gemma_base",
-                                              "engine.model.models.gemma4"},
+    "engine.model.models.gemma4_multimodal": {
+        "engine.model.models.gemma_args",
+        "engine.model.models.gemma_base",
+        "engine.model.models.gemma4",
+    },
 }
 
 
@@ -115,13 +156,18 @@ def _imports(module: str) -> tuple[Import, ...]:
     """Every import of our packages in `module`, anywhere in its syntax tree."""
     out = []
     for node in ast.walk(ast.parse(_modules()[module].read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
-                node.module.split(".")[0] in PACKAGES:
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module
+            and node.module.split(".")[0] in PACKAGES
+        ):
             for alias in node.names:
                 out.append(Import(module, _resolve(f"{node.module}.{alias.name}"), node.lineno))
         elif isinstance(node, ast.Import):
-            out += [Import(module, _resolve(a.name), node.lineno) for a in node.names
-                    if a.name.split(".")[0] in PACKAGES]
+            out += [
+                Import(module, _resolve(a.name), node.lineno) for a in node.names if a.name.split(".")[0] in PACKAGES
+            ]
     return tuple(sorted(set(out), key=lambda i: (i.line, i.target)))
 
 
@@ -178,8 +224,10 @@ def test_package_arrows_point_one_way() -> None:
             if not source.startswith("engine") and target.startswith("engine"):
                 target = "engine"  # which engine modules the worker and the builder reach: their doors, below
             if source != target and target not in ARROWS[source]:
-                wrong.append(f"{edge}: {source} may not import {target} (it may import: "
-                             f"{', '.join(sorted(ARROWS[source])) or 'nothing of ours'})")
+                wrong.append(
+                    f"{edge}: {source} may not import {target} (it may import: "
+                    f"{', '.join(sorted(ARROWS[source])) or 'nothing of ours'})"
+                )
     assert not wrong, "reversed or unplanned package arrows:\n" + "\n".join(wrong)
 
 
@@ -190,11 +238,17 @@ def test_family_files_build_on_shared_blocks_not_on_each_other() -> None:
     for module in sorted(_modules()):
         for edge in _imports(module):
             t = edge.target
-            if module.startswith(FAMILIES) and t.startswith(FAMILIES) and t != module and \
-                    t not in SHARED_MODEL_FILES and t not in FAMILY_BASES.get(module, ()):
+            if (
+                module.startswith(FAMILIES)
+                and t.startswith(FAMILIES)
+                and t != module
+                and t not in SHARED_MODEL_FILES
+                and t not in FAMILY_BASES.get(module, ())
+            ):
                 wrong.append(f"{edge}: a family file builds on layers/ and models/base.py, not on another family")
-            elif module.startswith(("engine.model.layers", "engine.model.quant")) and \
-                    (t.startswith(FAMILIES) or t == "engine.model.models" or t == "engine.model.loader"):
+            elif module.startswith(("engine.model.layers", "engine.model.quant")) and (
+                t.startswith(FAMILIES) or t == "engine.model.models" or t == "engine.model.loader"
+            ):
                 wrong.append(f"{edge}: layers/ and quant/ sit below the families and the loader")
     assert not wrong, "\n".join(wrong)
 
@@ -216,19 +270,28 @@ def test_each_layer_reaches_the_next_only_through_its_doors() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-# The hubs, where a request's path meets every collaborator, may run longer than a file of one role; they are not
-# squeezed to a cap (issue 56), and the cap still stops them from growing without a split.
-HUB_LINES = {"engine/core/engine.py": 400, "engine/core/async_engine.py": 400, "engine/core/model_runner.py": 400,
-             "worker/server.py": 400}
+# Lines are counted as `ruff format` writes them (make test checks the formatting), so a file cannot pass the cap by
+# joining lines. A file of one role stays under FILE_LINES; the hubs, where a request's path meets every collaborator,
+# may run longer, and their cap still stops them from growing without a split.
+FILE_LINES = 400
+HUB_LINES = {
+    "engine/core/engine.py": 500,
+    "engine/core/async_engine.py": 500,
+    "engine/core/model_runner.py": 500,
+    "worker/server.py": 500,
+}
 
 
 def test_every_engine_package_is_a_folder_that_says_what_lives_there() -> None:
-    """engine/'s top level holds only its public types and its packages; no file anywhere passes 300 lines (the
-    hubs 400)."""
+    """engine/'s top level holds only its public types and its packages; no file passes FILE_LINES (the hubs
+    HUB_LINES)."""
     top = sorted(p.name for p in ENGINE.iterdir() if p.suffix == ".py")
     assert top == ["__init__.py", "config.py", "errors.py", "inputs.py", "outputs.py", "timing.py"], top
-    long = [f"{path}: {n}" for p in _modules().values()
-            if (n := len(p.read_text().splitlines())) > HUB_LINES.get(path := p.relative_to(ROOT).as_posix(), 300)]
+    long = [
+        f"{path}: {n}"
+        for p in _modules().values()
+        if (n := len(p.read_text().splitlines())) > HUB_LINES.get(path := p.relative_to(ROOT).as_posix(), FILE_LINES)
+    ]
     assert not long, long
 
 
@@ -238,8 +301,10 @@ def test_starting_the_engine_imports_no_transformers_nor_the_compiler(baked_mode
     import subprocess
     import sys
 
-    code = ("import sys; from engine.config import EngineConfig; from engine.core.engine import LLMEngine; "
-            "LLMEngine(EngineConfig(model_path=sys.argv[1], num_kv_pages=16)); "
-            "loaded = [m for m in ('transformers', 'torch._dynamo', 'sympy') if m in sys.modules]; "
-            "assert not loaded, loaded")
+    code = (
+        "import sys; from engine.config import EngineConfig; from engine.core.engine import LLMEngine; "
+        "LLMEngine(EngineConfig(model_path=sys.argv[1], num_kv_pages=16)); "
+        "loaded = [m for m in ('transformers', 'torch._dynamo', 'sympy') if m in sys.modules]; "
+        "assert not loaded, loaded"
+    )
     subprocess.run([sys.executable, "-c", code, str(baked_model_path)], check=True, cwd=ROOT)

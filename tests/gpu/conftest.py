@@ -100,21 +100,38 @@ def tiny_llama_checkpoint():
     return _tiny_checkpoint
 
 
-def _tiny_checkpoint(path: Path, *, kind: str = "llama", num_q_heads: int = 8, num_kv_heads: int = 2,
-                     head_dim: int = 64, layers: int = 2, vocab: int = 512, seed: int = 0) -> Path:
+def _tiny_checkpoint(
+    path: Path,
+    *,
+    kind: str = "llama",
+    num_q_heads: int = 8,
+    num_kv_heads: int = 2,
+    head_dim: int = 64,
+    layers: int = 2,
+    vocab: int = 512,
+    seed: int = 0,
+) -> Path:
     from bench.gpu.random_model import make_config, save_random_checkpoint
 
     config = make_config(
-        kind, hidden_size=num_q_heads * head_dim, intermediate_size=2 * num_q_heads * head_dim,
-        num_hidden_layers=layers, num_attention_heads=num_q_heads, num_key_value_heads=num_kv_heads,
-        head_dim=head_dim, vocab_size=vocab, max_position_embeddings=1024, rms_norm_eps=1e-6,
+        kind,
+        hidden_size=num_q_heads * head_dim,
+        intermediate_size=2 * num_q_heads * head_dim,
+        num_hidden_layers=layers,
+        num_attention_heads=num_q_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
         tie_word_embeddings=kind == "qwen2",
     )
     return save_random_checkpoint(config, path, torch.bfloat16, seed, logit_scale=3.0)
 
 
-def replay_experts_on_new_routing(layer, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                                  new_ids: torch.Tensor, new_weights: torch.Tensor) -> torch.Tensor:
+def replay_experts_on_new_routing(
+    layer, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, new_ids: torch.Tensor, new_weights: torch.Tensor
+) -> torch.Tensor:
     """An MoE experts layer's forward captured in a CUDA graph (after one warm-up run outside it), then replayed
     with the routing tensors overwritten by new_ids / new_weights; returns the graph's output."""
     with torch.inference_mode():

@@ -10,8 +10,17 @@ from engine.attention.torch_ref import TorchRefBackend
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 
-def run_steps(pager, steps, num_q_heads: int, *, shape_known: bool = True, shares=(), window: int | None = None,
-              sinks: torch.Tensor | None = None, **extras: float) -> None:
+def run_steps(
+    pager,
+    steps,
+    num_q_heads: int,
+    *,
+    shape_known: bool = True,
+    shares=(),
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    **extras: float,
+) -> None:
     """Each step: (request, new tokens). Both backends write their own pool and attend; outputs and pools
     must agree. shares: (before step index, src, dst, pages) prefix-cache hits applied before that step.
     window: both backends attend through a sliding window of that many tokens; sinks: each layer's sink logits;

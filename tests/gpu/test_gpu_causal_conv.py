@@ -13,9 +13,10 @@ import torch.nn.functional as F
 
 from engine.cuda import causal_conv
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("causal_conv1d") is None,
-                                reason="causal_conv1d is not installed (optional: pip install causal-conv1d builds it "
-                                       "with nvcc)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("causal_conv1d") is None,
+    reason="causal_conv1d is not installed (optional: pip install causal-conv1d builds it with nvcc)",
+)
 DIM, WIDTH = 64, 4
 
 
@@ -80,5 +81,5 @@ def test_a_deltanet_layer_is_the_same_with_and_without_it(monkeypatch, dtype):
         with torch.inference_mode():
             outs = [layer(prompt, prefill, conv, state)] + [layer(x, decode, conv, state) for x in steps]
         results.append((torch.cat(outs), conv, state))
-    for got, want in zip(*results):
+    for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got.float(), want.float(), atol=tol(dtype) * 20, rtol=tol(dtype) * 20)

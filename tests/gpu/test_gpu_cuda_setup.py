@@ -51,8 +51,9 @@ def test_fused_model_matches_torch_path(tmp_path, tiny_llama_checkpoint, gpu_pag
     assert table.is_cuda and table.dtype == torch.float32
     assert all(m.cos_sin_cache is table for m in model.modules() if isinstance(m, LlamaAttention))
 
-    pager = gpu_pager(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                      pools=("fused", "torch"))
+    pager = gpu_pager(
+        num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, pools=("fused", "torch")
+    )
     backend = FlashInferBackend("cuda", **cuda_setup.backend_kwargs(spec, DT))
     g = torch.Generator().manual_seed(0)
     lengths = {"a": 37, "b": 5, "c": 16}
@@ -86,16 +87,37 @@ def test_prepare_cuda_captures_within_the_reserve(tmp_path, tiny_llama_checkpoin
     assert cuda_setup.warm_up(model, backend, page_size) >= 0
     max_pages = -(-max_model_len // page_size)
     graph_reserve = cuda_setup.reserve_bytes(
-        model.args, DT, max_num_batched_tokens=1, max_num_seqs=max_num_seqs, max_pages_per_seq=max_pages,
+        model.args,
+        DT,
+        max_num_batched_tokens=1,
+        max_num_seqs=max_num_seqs,
+        max_pages_per_seq=max_pages,
         graphs=True,
     )
     pool = PagePool(spec.num_layers, 256, page_size, spec.num_kv_heads, spec.head_dim, DT, dev)
-    assert prepare_cuda(model, backend, pool.kv_caches, page_size=page_size, max_num_seqs=max_num_seqs,
-                        max_model_len=max_model_len, enforce_eager=True) is None
+    assert (
+        prepare_cuda(
+            model,
+            backend,
+            pool.kv_caches,
+            page_size=page_size,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            enforce_eager=True,
+        )
+        is None
+    )
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info(dev)[0]
-    runner = prepare_cuda(model, backend, pool.kv_caches, page_size=page_size,
-                          max_num_seqs=max_num_seqs, max_model_len=max_model_len, enforce_eager=False)
+    runner = prepare_cuda(
+        model,
+        backend,
+        pool.kv_caches,
+        page_size=page_size,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        enforce_eager=False,
+    )
     torch.cuda.synchronize()
     used = free_before - torch.cuda.mem_get_info(dev)[0]
     assert runner is not None and runner.batch_sizes == [1, 2, 4, 8, 16, 24]

@@ -23,8 +23,16 @@ def engine_run(model_path, prompts: list[list[int]], **config) -> tuple[list[lis
     from engine.core.engine import LLMEngine
     from engine.sample.params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model_path=str(model_path), device="cuda", dtype="bfloat16",
-                                    attention_backend="flashinfer", num_kv_pages=1024, **config))
+    engine = LLMEngine(
+        EngineConfig(
+            model_path=str(model_path),
+            device="cuda",
+            dtype="bfloat16",
+            attention_backend="flashinfer",
+            num_kv_pages=1024,
+            **config,
+        )
+    )
     assert engine.describe()["backend"] == "FlashInferBackend"
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS)
     for i, prompt in enumerate(prompts):
@@ -48,9 +56,15 @@ def hf_greedy(model_path, prompts: list[list[int]]) -> list[tuple[list[int], tor
     model = tf.AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16).cuda().eval()
     results = []
     for prompt in prompts:  # one at a time: no padding in the reference
-        out = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=MAX_TOKENS,
-                             min_new_tokens=MAX_TOKENS, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=0)
+        out = model.generate(
+            torch.tensor([prompt], device="cuda"),
+            max_new_tokens=MAX_TOKENS,
+            min_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
         results.append((out.sequences[0, len(prompt) :].tolist(), torch.stack([s[0].float() for s in out.logits])))
     del model
     torch.cuda.empty_cache()
@@ -64,7 +78,8 @@ def assert_matches_reference(ours: list[int], ref: list[int], ref_logits: torch.
             top = ref_logits[j].topk(2)
             margin = float(top.values[0] - top.values[1])
             assert margin < NEAR_TIE and a == int(top.indices[1]), (
-                f"token {j}: ours {a}, transformers {b} (its top-2 {top.indices.tolist()}, margin {margin:.3f})")
+                f"token {j}: ours {a}, transformers {b} (its top-2 {top.indices.tolist()}, margin {margin:.3f})"
+            )
             return j
     assert len(ours) == len(ref) == MAX_TOKENS
     return len(ours)
@@ -81,8 +96,9 @@ def model_path(request, tmp_path_factory, tiny_llama_checkpoint):
         return request.getfixturevalue("baked_model_path")
     heads = (8, 2) if request.param == "llama_gqa4" else (6, 2)  # tensor-core / CUDA-core decode
     kind = request.param.split("_")[0]
-    return tiny_llama_checkpoint(tmp_path_factory.mktemp(request.param), kind=kind, num_q_heads=heads[0],
-                                 num_kv_heads=heads[1], layers=4)
+    return tiny_llama_checkpoint(
+        tmp_path_factory.mktemp(request.param), kind=kind, num_q_heads=heads[0], num_kv_heads=heads[1], layers=4
+    )
 
 
 def test_greedy_tokens_equal_transformers(model_path):

@@ -15,12 +15,18 @@ def build(tmp_path, tiny_llama_checkpoint, gpu_pager, num_q_heads, num_kv_heads,
 
     path = tiny_llama_checkpoint(tmp_path / "model", num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
     model, spec = load_model(str(path), DT, torch.device("cuda"))
-    pager = gpu_pager(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                      page_size=16, pools=("eager", "graph"))
+    pager = gpu_pager(
+        num_layers=spec.num_layers,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        page_size=16,
+        pools=("eager", "graph"),
+    )
     shape = dict(num_q_heads=spec.num_q_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, dtype=DT)
     eager = FlashInferBackend("cuda", **shape)
-    runner = CudaGraphRunner(model, FlashInferBackend("cuda", **shape), pager.caches["graph"],
-                             batch_sizes=batch_sizes, max_pages_per_seq=16)
+    runner = CudaGraphRunner(
+        model, FlashInferBackend("cuda", **shape), pager.caches["graph"], batch_sizes=batch_sizes, max_pages_per_seq=16
+    )
     runner.capture()
     return model, pager, eager, runner
 
@@ -46,10 +52,10 @@ def assert_same_tokens(logits_eager, logits_graph):
 
 
 @pytest.mark.parametrize("num_q_heads,num_kv_heads", [(8, 2), (6, 2)])  # tensor-core / CUDA-core decode
-def test_graph_decode_equals_eager_with_padding(tmp_path, tiny_llama_checkpoint, gpu_pager, num_q_heads,
-                                                num_kv_heads):
-    model, pager, eager, runner = build(tmp_path, tiny_llama_checkpoint, gpu_pager, num_q_heads, num_kv_heads,
-                                        batch_sizes=[1, 2, 4, 8])
+def test_graph_decode_equals_eager_with_padding(tmp_path, tiny_llama_checkpoint, gpu_pager, num_q_heads, num_kv_heads):
+    model, pager, eager, runner = build(
+        tmp_path, tiny_llama_checkpoint, gpu_pager, num_q_heads, num_kv_heads, batch_sizes=[1, 2, 4, 8]
+    )
     g = torch.Generator().manual_seed(0)
     lengths = {"a": 13, "b": 40, "c": 7, "d": 16, "e": 29}
     tokens = {rid: torch.randint(0, 512, (n,), generator=g).tolist() for rid, n in lengths.items()}

@@ -48,9 +48,17 @@ def hybrid_checkpoint(path):
     from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
     from tests.gpu.test_gpu_linear_attention import DK, DV, HK, HV
 
-    build_hybrid_checkpoint("qwen3_5_text", path, head_dim=64, num_attention_heads=8, num_key_value_heads=2,
-                            linear_num_key_heads=HK, linear_num_value_heads=HV, linear_key_head_dim=DK,
-                            linear_value_head_dim=DV)
+    build_hybrid_checkpoint(
+        "qwen3_5_text",
+        path,
+        head_dim=64,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        linear_num_key_heads=HK,
+        linear_num_value_heads=HV,
+        linear_key_head_dim=DK,
+        linear_value_head_dim=DV,
+    )
     save_word_tokenizer(path, 128)
     return path
 
@@ -63,22 +71,36 @@ def serve(path, enforce_eager: bool) -> tuple[dict, dict, int]:
     from engine.sample.params import SamplingParams
     from tests.engine.core.engine_run import run
 
-    engine = LLMEngine(EngineConfig(model_path=str(path), device="cuda", dtype="bfloat16",
-                                    attention_backend="flashinfer", num_kv_pages=512, page_size=16, max_num_seqs=8,
-                                    enforce_eager=enforce_eager))
+    engine = LLMEngine(
+        EngineConfig(
+            model_path=str(path),
+            device="cuda",
+            dtype="bfloat16",
+            attention_backend="flashinfer",
+            num_kv_pages=512,
+            page_size=16,
+            max_num_seqs=8,
+            enforce_eager=enforce_eager,
+        )
+    )
     assert (engine.runner.graph_runner is None) == enforce_eager
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     gen = torch.Generator().manual_seed(0)
     prompts = {f"p{n}": torch.randint(3, 128, (n,), generator=gen).tolist() for n in (3, 17, 40, 9, 33)}
-    first = {r: got.choices[0].token_ids for r, got in run(engine, {r: (p, params) for r, p in prompts.items()}).items()}
+    first = {
+        r: got.choices[0].token_ids for r, got in run(engine, {r: (p, params) for r, p in prompts.items()}).items()
+    }
     turn2 = {r: (p + first[r] + [5, 6, 7, 8, 9], params) for r, p in prompts.items()}
     second = run(engine, turn2)
     cached = {r: got.last.num_cached_tokens for r, got in second.items()}
     graphs = engine.runner.graph_runner
     if graphs is not None:
         assert graphs.eager_fallbacks == 0
-    return first, {r: (got.choices[0].token_ids, cached[r]) for r, got in second.items()}, (
-        graphs.replays if graphs is not None else 0)
+    return (
+        first,
+        {r: (got.choices[0].token_ids, cached[r]) for r, got in second.items()},
+        (graphs.replays if graphs is not None else 0),
+    )
 
 
 def test_a_hybrid_model_decodes_under_cuda_graphs_as_eagerly(tmp_path):

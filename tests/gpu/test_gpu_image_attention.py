@@ -23,9 +23,11 @@ def test_prefill_with_image_spans_matches_the_reference(gpu_pager, window, page_
     hq, hk, d = 8, 2, 64
     fi = FlashInferBackend("cuda", window=window, num_q_heads=hq, num_kv_heads=hk, head_dim=d, dtype=torch.bfloat16)
     ref = TorchRefBackend("cuda", window=window)
-    steps = [([("a", 40), ("b", 20)], [[(3, 19), (22, 34)], [(2, 6)]]),
-             ([("a", 10), ("b", 12)], [[(45, 50)], [(18, 32)]]),  # b's chunk starts inside its span
-             ([("a", 1), ("b", 1)], None)]
+    steps = [
+        ([("a", 40), ("b", 20)], [[(3, 19), (22, 34)], [(2, 6)]]),
+        ([("a", 10), ("b", 12)], [[(45, 50)], [(18, 32)]]),  # b's chunk starts inside its span
+        ([("a", 1), ("b", 1)], None),
+    ]
     gen = torch.Generator(device="cuda").manual_seed(0)
     for step, spans in steps:
         _, meta = pager.step(step)
@@ -45,7 +47,7 @@ def test_prefill_with_image_spans_matches_the_reference(gpu_pager, window, page_
 
 def test_the_vision_tower_on_cuda_matches_the_cpu(tmp_path, baked_model_path):
     from engine.model.loader import load_model
-    from tests.engine.model.vision_checkpoints import gpu_files, build_vision_model, hf_pixels
+    from tests.engine.model.vision_checkpoints import build_vision_model, gpu_files, hf_pixels
 
     build_vision_model(tmp_path, baked_model_path)
     cpu, _ = load_model(str(tmp_path), torch.float32, torch.device("cpu"))

@@ -96,8 +96,9 @@ def test_warmup_builds_every_kernel():
     """Warm-up makes FlashInfer build (or find in its JIT cache) and load every module the fused kernels call, so the
     first request compiles nothing: the three modules precompile() bakes (KERNEL_MODULES), each loaded once and
     compiled. Run in a fresh process (tests/gpu/warmup_probe.py), where nothing had loaded them before."""
-    probe = subprocess.run([sys.executable, "-m", "tests.gpu.warmup_probe", "cuda"], cwd=ROOT, capture_output=True,
-                           text=True, check=True)
+    probe = subprocess.run(
+        [sys.executable, "-m", "tests.gpu.warmup_probe", "cuda"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     found = json.loads(probe.stdout.splitlines()[-1])
     assert found["loaded_before"] == {"norm": 0, "silu_and_mul": 0, "rope": 0}
     assert found["loaded_after"] == {"norm": 1, "silu_and_mul": 1, "rope": 1}, found["loaded_after"]

@@ -11,8 +11,13 @@ from engine.attention.torch_ref import TorchRefBackend
 
 DT = torch.bfloat16
 TOL = 2e-2
-STEPS = [[("a", 37), ("b", 1), ("c", 16)], [("a", 1), ("b", 1), ("c", 1)], [("b", 20), ("a", 1)],
-         [("a", 1), ("b", 1), ("c", 1)], [("a", 1), ("b", 1), ("c", 1)]]
+STEPS = [
+    [("a", 37), ("b", 1), ("c", 16)],
+    [("a", 1), ("b", 1), ("c", 1)],
+    [("b", 20), ("a", 1)],
+    [("a", 1), ("b", 1), ("c", 1)],
+    [("a", 1), ("b", 1), ("c", 1)],
+]
 
 
 SLOW = pytest.mark.slow  # each FP8 window / sink variant is another FlashInfer JIT build: opt in with -m slow
@@ -27,8 +32,7 @@ def test_flashinfer_on_fp8_pages_equals_the_torch_reference(gpu_pager, page_size
 
     hq, hk, d = 8, 2, 64
     pager = gpu_pager(num_layers=1, num_kv_heads=hk, head_dim=d, page_size=page_size, dtype=FP8)
-    fi = FlashInferBackend("cuda", num_q_heads=hq, num_kv_heads=hk, head_dim=d, dtype=DT, kv_dtype=FP8,
-                           window=window)
+    fi = FlashInferBackend("cuda", num_q_heads=hq, num_kv_heads=hk, head_dim=d, dtype=DT, kv_dtype=FP8, window=window)
     ref = TorchRefBackend("cuda", window=window)
     gen = torch.Generator(device="cuda").manual_seed(0)
     sinks = torch.randn(hq, generator=gen, device="cuda") if with_sinks else None
@@ -59,13 +63,20 @@ def test_graph_decode_on_fp8_pages_equals_eager(tmp_path, tiny_llama_checkpoint,
     model, spec = load_model(str(path), DT, torch.device("cuda"))
     for layer in model.model.layers:  # checkpoint-style scales: the captured kernels must carry them
         layer.self_attn.k_scale, layer.self_attn.v_scale = 0.5, 0.25
-    pager = gpu_pager(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                      dtype=FP8, pools=("eager", "graph"))
-    shape = dict(num_q_heads=spec.num_q_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, dtype=DT,
-                 kv_dtype=FP8)
+    pager = gpu_pager(
+        num_layers=spec.num_layers,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        dtype=FP8,
+        pools=("eager", "graph"),
+    )
+    shape = dict(
+        num_q_heads=spec.num_q_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, dtype=DT, kv_dtype=FP8
+    )
     eager = FlashInferBackend("cuda", **shape)
-    runner = CudaGraphRunner(model, FlashInferBackend("cuda", **shape), pager.caches["graph"], batch_sizes=[1, 2, 4],
-                             max_pages_per_seq=16)
+    runner = CudaGraphRunner(
+        model, FlashInferBackend("cuda", **shape), pager.caches["graph"], batch_sizes=[1, 2, 4], max_pages_per_seq=16
+    )
     runner.capture()
     g = torch.Generator().manual_seed(0)
     tokens = {rid: torch.randint(0, 512, (n,), generator=g).tolist() for rid, n in (("a", 13), ("b", 40), ("c", 7))}

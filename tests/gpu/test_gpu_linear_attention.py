@@ -15,11 +15,14 @@ from engine.model.layers import delta_rule
 from engine.model.layers.gated_deltanet import DeltaNetShape, GatedDeltaNet
 from engine.model.layers.recurrent_step import RecurrentStep
 
-pytestmark = pytest.mark.skipif(linear_attention.fla_import_error() is not None,
-                                reason=f"fla does not import: {linear_attention.fla_import_error()}")
+pytestmark = pytest.mark.skipif(
+    linear_attention.fla_import_error() is not None,
+    reason=f"fla does not import: {linear_attention.fla_import_error()}",
+)
 HK, HV, DK, DV = 2, 4, 64, 32
-SHAPE = DeltaNetShape(hidden_size=128, num_k_heads=HK, num_v_heads=HV, head_k_dim=DK, head_v_dim=DV, conv_kernel=4,
-                      eps=1e-6)
+SHAPE = DeltaNetShape(
+    hidden_size=128, num_k_heads=HK, num_v_heads=HV, head_k_dim=DK, head_v_dim=DV, conv_kernel=4, eps=1e-6
+)
 
 
 def inputs(length: int, dtype: torch.dtype, seed: int = 0):
@@ -59,8 +62,9 @@ def test_fused_recurrent_matches_the_torch_step(batch, dtype):
     tol = 2e-3 if dtype == torch.float32 else 3e-2
     for t in range(3):
         rows = slice(t * batch, (t + 1) * batch)
-        o, states = linear_attention.fused_recurrent_gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows],
-                                                                      states)
+        o, states = linear_attention.fused_recurrent_gated_delta_rule(
+            q[rows], k[rows], v[rows], g[rows], beta[rows], states
+        )
         assert o.dtype == v.dtype and states.dtype == torch.float32 and o.shape == (batch, HV, DV)
         for i in range(batch):
             j = t * batch + i
@@ -82,8 +86,10 @@ def pools(n: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torc
     """n conv windows (the layer's dtype) and delta-rule states (float32), random: a nonzero state in every slot."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     conv_shape, state_shape = SHAPE.state_shapes()
-    return (torch.randn(n, *conv_shape, device="cuda", generator=gen).to(dtype),
-            torch.randn(n, *state_shape, device="cuda", generator=gen) * 0.1)
+    return (
+        torch.randn(n, *conv_shape, device="cuda", generator=gen).to(dtype),
+        torch.randn(n, *state_shape, device="cuda", generator=gen) * 0.1,
+    )
 
 
 def test_a_deltanet_prefill_is_the_same_with_and_without_fla(monkeypatch):

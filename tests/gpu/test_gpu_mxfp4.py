@@ -15,15 +15,15 @@ from engine.model.quant.mxfp4_packed import PackedMxfp4
 from tests.gpu.conftest import replay_experts_on_new_routing
 
 DT = torch.bfloat16
-E, H, I = 8, 256, 128
+E, H, INTER = 8, 256, 128
 
 
 def pair(scratch: int | None = None) -> tuple[StackedExperts, StackedExperts]:
     """(packed, dequantised) experts over the same random MXFP4 codes and biases."""
     gen = torch.Generator().manual_seed(0)
-    packed = StackedExperts(E, H, I, bias=True).to("cuda", DT)
-    plain = StackedExperts(E, H, I, bias=True).to("cuda", DT)
-    for proj, (rows, cols) in (("gate_up_proj", (2 * I, H)), ("down_proj", (H, I))):
+    packed = StackedExperts(E, H, INTER, bias=True).to("cuda", DT)
+    plain = StackedExperts(E, H, INTER, bias=True).to("cuda", DT)
+    for proj, (rows, cols) in (("gate_up_proj", (2 * INTER, H)), ("down_proj", (H, INTER))):
         blocks = torch.randint(0, 256, (E, rows, cols // 32, 16), generator=gen, dtype=torch.uint8).cuda()
         scales = torch.randint(120, 124, (E, rows, cols // 32), generator=gen, dtype=torch.uint8).cuda()
         delattr(packed, proj)

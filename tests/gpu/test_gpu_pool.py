@@ -22,9 +22,17 @@ def test_pool_and_peak_stay_within_budget(tmp_path, tiny_llama_checkpoint):
     torch.cuda.reset_peak_memory_stats()
     budget = UTILIZATION * total - other
 
-    engine = LLMEngine(EngineConfig(model_path=str(path), device="cuda", dtype="bfloat16",
-                                    attention_backend="flashinfer", gpu_memory_utilization=UTILIZATION,
-                                    max_num_seqs=64, max_num_batched_tokens=1024))
+    engine = LLMEngine(
+        EngineConfig(
+            model_path=str(path),
+            device="cuda",
+            dtype="bfloat16",
+            attention_backend="flashinfer",
+            gpu_memory_utilization=UTILIZATION,
+            max_num_seqs=64,
+            max_num_batched_tokens=1024,
+        )
+    )
     info = engine.describe()
     assert info["backend"] == "flashinfer" and info["dtype"] == "bfloat16"
     # the pool takes most of the budget (the model and activations are tiny) yet fits inside it

@@ -22,4 +22,3 @@ def test_the_qwen_vl_tower_on_cuda_matches_the_cpu(tmp_path, baked_model_path):
     got = gpu.encode_images([p.cuda() for p in patches], grids)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a.float().cpu(), b, atol=5e-2, rtol=5e-2)
-

@@ -27,12 +27,21 @@ def test_truncation_keeps_its_support_and_greedy_takes_the_argmax():
     logits = torch.randn(4, 32000, device="cuda") * 3
     top5 = logits.topk(5).indices.tolist()
     for _ in range(10):
-        out = Sampler()(logits, [row(temperature=1.0, top_k=5), row(temperature=1.0, top_p=0.3),
-                                 row(temperature=1.0, min_p=0.5), row(temperature=0.0)]).token_ids
+        out = Sampler()(
+            logits,
+            [
+                row(temperature=1.0, top_k=5),
+                row(temperature=1.0, top_p=0.3),
+                row(temperature=1.0, min_p=0.5),
+                row(temperature=0.0),
+            ],
+        ).token_ids
         assert out[0] in top5[0]
         probs = logits[1].softmax(-1)
-        assert probs[out[1]] >= probs.sort(descending=True).values[(probs.sort(descending=True).values.cumsum(0)
-                                                                     < 0.3).sum()]
+        assert (
+            probs[out[1]]
+            >= probs.sort(descending=True).values[(probs.sort(descending=True).values.cumsum(0) < 0.3).sum()]
+        )
         p2 = logits[2].softmax(-1)
         assert p2[out[2]] >= 0.5 * p2.max()
         assert out[3] == int(logits[3].argmax())

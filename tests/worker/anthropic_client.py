@@ -18,9 +18,13 @@ TRANSPORTS: list[CheckedTransport] = []
 
 def sdk(worker: LocalWorker, api_key: str | None = None) -> anthropic.Anthropic:
     TRANSPORTS.append(CheckedTransport())
-    return anthropic.Anthropic(base_url=worker.url(f"{ENDPOINT}/openai"), api_key=api_key or worker.api_key,
-                               max_retries=0, timeout=120,
-                               http_client=httpx2.Client(transport=TRANSPORTS[-1], timeout=120))
+    return anthropic.Anthropic(
+        base_url=worker.url(f"{ENDPOINT}/openai"),
+        api_key=api_key or worker.api_key,
+        max_retries=0,
+        timeout=120,
+        http_client=httpx2.Client(transport=TRANSPORTS[-1], timeout=120),
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -15,13 +15,29 @@ from typing import Any
 
 import httpx2
 
-STOP_REASONS = ("end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal",
-                "model_context_window_exceeded")
+STOP_REASONS = (
+    "end_turn",
+    "max_tokens",
+    "stop_sequence",
+    "tool_use",
+    "pause_turn",
+    "refusal",
+    "model_context_window_exceeded",
+)
 # ErrorType as published, plus `request_too_large`, which Anthropic's errors page gives for a 413 (the SDK's
 # union leaves it out).
-ERROR_TYPES = ("invalid_request_error", "authentication_error", "billing_error", "permission_error",
-               "not_found_error", "rate_limit_error", "timeout_error", "api_error", "overloaded_error",
-               "request_too_large")
+ERROR_TYPES = (
+    "invalid_request_error",
+    "authentication_error",
+    "billing_error",
+    "permission_error",
+    "not_found_error",
+    "rate_limit_error",
+    "timeout_error",
+    "api_error",
+    "overloaded_error",
+    "request_too_large",
+)
 
 STR, INT, BOOL, OBJ, ANY = "string", "integer", "boolean", "object", "any"
 
@@ -52,24 +68,50 @@ def union(**by_type: str) -> tuple:
 
 
 # Each schema: (required fields, optional fields), each a {name: spec}.
-CONTENT_BLOCK = union(text="TextBlock", thinking="ThinkingBlock", redacted_thinking="RedactedThinkingBlock",
-                      tool_use="ToolUseBlock")
+CONTENT_BLOCK = union(
+    text="TextBlock", thinking="ThinkingBlock", redacted_thinking="RedactedThinkingBlock", tool_use="ToolUseBlock"
+)
 SCHEMAS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "Message": ({"id": STR, "type": const("message"), "role": const("assistant"), "model": STR,
-                 "content": array(CONTENT_BLOCK), "stop_reason": null(enum(*STOP_REASONS)),
-                 "stop_sequence": null(STR), "stop_details": null(ref("RefusalStopDetails")),
-                 "container": null(ref("Container")), "usage": ref("Usage")},
-                {"diagnostics": null(OBJ)}),
-    "Usage": ({"input_tokens": INT, "output_tokens": INT, "cache_creation_input_tokens": null(INT),
-               "cache_read_input_tokens": null(INT), "cache_creation": null(ref("CacheCreation")),
-               "inference_geo": null(STR), "output_tokens_details": null(ref("OutputTokensDetails")),
-               "server_tool_use": null(ref("ServerToolUsage")),
-               "service_tier": null(enum("standard", "priority", "batch"))},
-              {"speed": null(enum("standard", "fast"))}),
-    "MessageDeltaUsage": ({"input_tokens": null(INT), "output_tokens": INT, "cache_creation_input_tokens": null(INT),
-                           "cache_read_input_tokens": null(INT),
-                           "output_tokens_details": null(ref("OutputTokensDetails")),
-                           "server_tool_use": null(ref("ServerToolUsage"))}, {}),
+    "Message": (
+        {
+            "id": STR,
+            "type": const("message"),
+            "role": const("assistant"),
+            "model": STR,
+            "content": array(CONTENT_BLOCK),
+            "stop_reason": null(enum(*STOP_REASONS)),
+            "stop_sequence": null(STR),
+            "stop_details": null(ref("RefusalStopDetails")),
+            "container": null(ref("Container")),
+            "usage": ref("Usage"),
+        },
+        {"diagnostics": null(OBJ)},
+    ),
+    "Usage": (
+        {
+            "input_tokens": INT,
+            "output_tokens": INT,
+            "cache_creation_input_tokens": null(INT),
+            "cache_read_input_tokens": null(INT),
+            "cache_creation": null(ref("CacheCreation")),
+            "inference_geo": null(STR),
+            "output_tokens_details": null(ref("OutputTokensDetails")),
+            "server_tool_use": null(ref("ServerToolUsage")),
+            "service_tier": null(enum("standard", "priority", "batch")),
+        },
+        {"speed": null(enum("standard", "fast"))},
+    ),
+    "MessageDeltaUsage": (
+        {
+            "input_tokens": null(INT),
+            "output_tokens": INT,
+            "cache_creation_input_tokens": null(INT),
+            "cache_read_input_tokens": null(INT),
+            "output_tokens_details": null(ref("OutputTokensDetails")),
+            "server_tool_use": null(ref("ServerToolUsage")),
+        },
+        {},
+    ),
     "CacheCreation": ({"ephemeral_5m_input_tokens": INT, "ephemeral_1h_input_tokens": INT}, {}),
     "ServerToolUsage": ({"web_search_requests": INT, "web_fetch_requests": INT}, {}),
     "OutputTokensDetails": ({"thinking_tokens": INT}, {}),
@@ -78,25 +120,47 @@ SCHEMAS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "TextBlock": ({"type": const("text"), "text": STR, "citations": null(array(OBJ))}, {}),
     "ThinkingBlock": ({"type": const("thinking"), "thinking": STR, "signature": STR}, {}),
     "RedactedThinkingBlock": ({"type": const("redacted_thinking"), "data": STR}, {}),
-    "ToolUseBlock": ({"type": const("tool_use"), "id": STR, "name": STR, "input": OBJ,
-                      "caller": union(direct="DirectCaller")}, {"toolset_name": null(STR)}),
+    "ToolUseBlock": (
+        {"type": const("tool_use"), "id": STR, "name": STR, "input": OBJ, "caller": union(direct="DirectCaller")},
+        {"toolset_name": null(STR)},
+    ),
     "DirectCaller": ({"type": const("direct")}, {}),
     "MessageTokensCount": ({"input_tokens": INT}, {}),
     "ErrorResponse": ({"type": const("error"), "error": ref("ErrorObject"), "request_id": null(STR)}, {}),
     "ErrorObject": ({"type": enum(*ERROR_TYPES), "message": STR}, {}),
     # Stream events
     "RawMessageStartEvent": ({"type": const("message_start"), "message": ref("Message")}, {}),
-    "RawContentBlockStartEvent": ({"type": const("content_block_start"), "index": INT,
-                                   "content_block": CONTENT_BLOCK}, {}),
-    "RawContentBlockDeltaEvent": ({"type": const("content_block_delta"), "index": INT,
-                                   "delta": union(text_delta="TextDelta", input_json_delta="InputJSONDelta",
-                                                  thinking_delta="ThinkingDelta",
-                                                  signature_delta="SignatureDelta")}, {}),
+    "RawContentBlockStartEvent": (
+        {"type": const("content_block_start"), "index": INT, "content_block": CONTENT_BLOCK},
+        {},
+    ),
+    "RawContentBlockDeltaEvent": (
+        {
+            "type": const("content_block_delta"),
+            "index": INT,
+            "delta": union(
+                text_delta="TextDelta",
+                input_json_delta="InputJSONDelta",
+                thinking_delta="ThinkingDelta",
+                signature_delta="SignatureDelta",
+            ),
+        },
+        {},
+    ),
     "RawContentBlockStopEvent": ({"type": const("content_block_stop"), "index": INT}, {}),
-    "RawMessageDeltaEvent": ({"type": const("message_delta"), "delta": ref("MessageDelta"),
-                              "usage": ref("MessageDeltaUsage")}, {}),
-    "MessageDelta": ({"stop_reason": null(enum(*STOP_REASONS)), "stop_sequence": null(STR),
-                      "stop_details": null(ref("RefusalStopDetails")), "container": null(ref("Container"))}, {}),
+    "RawMessageDeltaEvent": (
+        {"type": const("message_delta"), "delta": ref("MessageDelta"), "usage": ref("MessageDeltaUsage")},
+        {},
+    ),
+    "MessageDelta": (
+        {
+            "stop_reason": null(enum(*STOP_REASONS)),
+            "stop_sequence": null(STR),
+            "stop_details": null(ref("RefusalStopDetails")),
+            "container": null(ref("Container")),
+        },
+        {},
+    ),
     "RawMessageStopEvent": ({"type": const("message_stop")}, {}),
     "PingEvent": ({"type": const("ping")}, {}),
     "TextDelta": ({"type": const("text_delta"), "text": STR}, {}),
@@ -104,10 +168,16 @@ SCHEMAS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "ThinkingDelta": ({"type": const("thinking_delta"), "thinking": STR}, {}),
     "SignatureDelta": ({"type": const("signature_delta"), "signature": STR}, {}),
 }
-EVENTS = {"message_start": "RawMessageStartEvent", "content_block_start": "RawContentBlockStartEvent",
-          "content_block_delta": "RawContentBlockDeltaEvent", "content_block_stop": "RawContentBlockStopEvent",
-          "message_delta": "RawMessageDeltaEvent", "message_stop": "RawMessageStopEvent", "ping": "PingEvent",
-          "error": "ErrorResponse"}
+EVENTS = {
+    "message_start": "RawMessageStartEvent",
+    "content_block_start": "RawContentBlockStartEvent",
+    "content_block_delta": "RawContentBlockDeltaEvent",
+    "content_block_stop": "RawContentBlockStopEvent",
+    "message_delta": "RawMessageDeltaEvent",
+    "message_stop": "RawMessageStopEvent",
+    "ping": "PingEvent",
+    "error": "ErrorResponse",
+}
 # Which delta fills which block.
 DELTAS = {"text": {"text_delta"}, "thinking": {"thinking_delta", "signature_delta"}, "tool_use": {"input_json_delta"}}
 
@@ -133,8 +203,13 @@ def check(value: Any, name: str, where: str = "$") -> None:
 
 def _check_spec(value: Any, spec: Any, where: str) -> None:
     if isinstance(spec, str):
-        ok = {STR: isinstance(value, str), BOOL: isinstance(value, bool), OBJ: isinstance(value, dict), ANY: True,
-              INT: isinstance(value, int) and not isinstance(value, bool)}[spec]
+        ok = {
+            STR: isinstance(value, str),
+            BOOL: isinstance(value, bool),
+            OBJ: isinstance(value, dict),
+            ANY: True,
+            INT: isinstance(value, int) and not isinstance(value, bool),
+        }[spec]
         if not ok:
             raise SchemaError(f"{where}: must be {spec}, got {value!r}")
         return
@@ -242,8 +317,8 @@ def check_reply(path: str, status: int, content_type: str, body: bytes) -> None:
 
 
 class CheckedTransport(httpx2.BaseTransport):
-    """An httpx2 transport (the HTTP client the anthropic SDK is built on) that keeps a copy of every reply's body as the client reads it;
-    `verify()` holds each reply so far to the schema."""
+    """An httpx2 transport (the HTTP client the anthropic SDK is built on) that keeps a copy of every reply's body as
+    the client reads it; `verify()` holds each reply so far to the schema."""
 
     def __init__(self) -> None:
         self.inner = httpx2.HTTPTransport()
@@ -253,8 +328,13 @@ class CheckedTransport(httpx2.BaseTransport):
         response = self.inner.handle_request(request)
         body = bytearray()
         self.replies.append((request.url.path, response.status_code, response.headers.get("content-type", ""), body))
-        return httpx2.Response(response.status_code, headers=response.headers, stream=_Tee(response.stream, body),
-                              extensions=response.extensions, request=request)
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_Tee(response.stream, body),
+            extensions=response.extensions,
+            request=request,
+        )
 
     def verify(self) -> int:
         """Check every reply read since the last call; how many there were."""

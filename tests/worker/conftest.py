@@ -17,8 +17,9 @@ from local_worker import LocalWorker, start_worker, stop_worker
 
 @pytest.fixture(scope="session")
 def worker(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorker]:
-    w = start_worker(baked_model_path, tmp_path_factory.mktemp("worker") / "worker.log",
-                     MODEL_NAME="test-org/alias-name")
+    w = start_worker(
+        baked_model_path, tmp_path_factory.mktemp("worker") / "worker.log", MODEL_NAME="test-org/alias-name"
+    )
     yield w
     stop_worker(w)
 
@@ -26,9 +27,14 @@ def worker(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="session")
 def custom_worker(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorker]:
     w = start_worker(
-        baked_model_path, tmp_path_factory.mktemp("custom") / "worker.log",
-        RAW_OPENAI_OUTPUT="0", OPENAI_SERVED_MODEL_NAME_OVERRIDE="custom-name", OPENAI_RESPONSE_ROLE="narrator",
-        RUNPOD_API_KEY="test-secret", DEFAULT_BATCH_SIZE="4", DEFAULT_MIN_BATCH_SIZE="2",
+        baked_model_path,
+        tmp_path_factory.mktemp("custom") / "worker.log",
+        RAW_OPENAI_OUTPUT="0",
+        OPENAI_SERVED_MODEL_NAME_OVERRIDE="custom-name",
+        OPENAI_RESPONSE_ROLE="narrator",
+        RUNPOD_API_KEY="test-secret",
+        DEFAULT_BATCH_SIZE="4",
+        DEFAULT_MIN_BATCH_SIZE="2",
         DEFAULT_BATCH_SIZE_GROWTH_FACTOR="2",
     )
     yield w

@@ -18,13 +18,19 @@ def _read(name: str) -> str:
 QWEN25 = _read("qwen2.5.jinja")
 _GENERATION_PROMPT = "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 # Qwen3: Qwen2.5's tool format plus thinking; enable_thinking=false closes an empty <think> in the prompt.
-QWEN3 = QWEN25.replace(_GENERATION_PROMPT, (
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-    "{%- endif %}"))
+QWEN3 = QWEN25.replace(
+    _GENERATION_PROMPT,
+    (
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+        "{%- if enable_thinking is defined and enable_thinking is false %}"
+        "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+        "{%- endif %}"
+    ),
+)
 # Qwen3 thinking-2507: the template opens <think> itself; the model writes only its closing tag.
 QWEN3_THINKING = QWEN25.replace(
-    _GENERATION_PROMPT, "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}")
+    _GENERATION_PROMPT, "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+)
 # Llama 3.1 / 3.2: JSON calls with "parameters", tools in the first user turn, results as ipython turns.
 LLAMA31 = _read("llama3.1.jinja")
 # Mistral 7B Instruct v0.3: [AVAILABLE_TOOLS] before the last user turn, calls after [TOOL_CALLS], results in

@@ -28,12 +28,13 @@ def js_o200k() -> dict:
         npm = shutil.which("npm")
         if npm is None:
             pytest.skip("npm is not installed: the offline o200k vocabulary comes from js-tiktoken")
-        result = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS, capture_output=True, text=True,
-                                timeout=300)
+        result = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"], cwd=JS, capture_output=True, text=True, timeout=300
+        )
         if result.returncode != 0:
             pytest.skip(f"npm ci failed: {result.stderr.strip().splitlines()[-1:]}")
     text = RANKS_JS.read_text(encoding="utf-8")
-    return json.loads(text[text.index("{"):text.rindex("}") + 1])
+    return json.loads(text[text.index("{") : text.rindex("}") + 1])
 
 
 def tiktoken_lines(data: dict) -> bytes:
@@ -61,8 +62,10 @@ def build_tokenizer_json(tiktoken_file: Path, pattern: str, specials: dict[int, 
     from tokenizers.models import BPE
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    ranks = {base64.b64decode(token): int(rank) for token, rank in
-             (line.split() for line in tiktoken_file.read_text().splitlines())}
+    ranks = {
+        base64.b64decode(token): int(rank)
+        for token, rank in (line.split() for line in tiktoken_file.read_text().splitlines())
+    }
     encoder = bytes_to_unicode()
 
     def chars(b: bytes) -> str:
@@ -77,11 +80,13 @@ def build_tokenizer_json(tiktoken_file: Path, pattern: str, specials: dict[int, 
         merges += [(left, right, rank) for left, right in local]
     merges.sort(key=lambda m: m[2])
     vocab = {chars(token): rank for token, rank in ranks.items()}
-    tokenizer = Tokenizer(BPE(vocab, [(chars(a), chars(b)) for a, b, _ in merges], fuse_unk=False,
-                              ignore_merges=True))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer = Tokenizer(BPE(vocab, [(chars(a), chars(b)) for a, b, _ in merges], fuse_unk=False, ignore_merges=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     for i in sorted(specials):  # added in id order, so each lands on its own id

@@ -17,10 +17,23 @@ ROOT = Path(__file__).resolve().parents[2]
 ENDPOINT = "/v2/test-endpoint"
 # Variables a developer's shell may carry that would change what the tests expect.
 CLEARED = (
-    "RUNPOD_API_KEY", "RUNPOD_WEBHOOK_GET_JOB", "OPENAI_SERVED_MODEL_NAME_OVERRIDE", "OPENAI_RESPONSE_ROLE",
-    "RAW_OPENAI_OUTPUT", "MODEL_NAME", "CUSTOM_CHAT_TEMPLATE", "MAX_MODEL_LEN", "DEFAULT_BATCH_SIZE",
-    "DEFAULT_MIN_BATCH_SIZE", "DEFAULT_BATCH_SIZE_GROWTH_FACTOR", "DEVICE", "DTYPE", "ATTENTION_BACKEND",
-    "QUANTIZATION", "VERIFY_MODEL_SHA256", "RESPONSE_STORE_URL",
+    "RUNPOD_API_KEY",
+    "RUNPOD_WEBHOOK_GET_JOB",
+    "OPENAI_SERVED_MODEL_NAME_OVERRIDE",
+    "OPENAI_RESPONSE_ROLE",
+    "RAW_OPENAI_OUTPUT",
+    "MODEL_NAME",
+    "CUSTOM_CHAT_TEMPLATE",
+    "MAX_MODEL_LEN",
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_MIN_BATCH_SIZE",
+    "DEFAULT_BATCH_SIZE_GROWTH_FACTOR",
+    "DEVICE",
+    "DTYPE",
+    "ATTENTION_BACKEND",
+    "QUANTIZATION",
+    "VERIFY_MODEL_SHA256",
+    "RESPONSE_STORE_URL",
 )
 MAX_MODEL_LEN = 2048
 
@@ -58,8 +71,7 @@ class LocalWorker:
         return self.url(f"{ENDPOINT}/openai/v1")
 
     def client(self, timeout: float = 120, **kwargs: object) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.openai_url, api_key=self.api_key, max_retries=0, timeout=timeout,
-                             **kwargs)
+        return openai.OpenAI(base_url=self.openai_url, api_key=self.api_key, max_retries=0, timeout=timeout, **kwargs)
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.base, timeout=120, headers={"Authorization": f"Bearer {self.api_key}"})
@@ -70,7 +82,10 @@ def start_worker(model_path: Path, log: Path, **env: str) -> LocalWorker:
     with log.open("w") as out:
         process = subprocess.Popen(
             [sys.executable, str(ROOT / "handler.py"), "--serve", "--port", str(port)],
-            cwd=ROOT, env=worker_env(model_path, **env), stdout=out, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=worker_env(model_path, **env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     worker = LocalWorker(f"http://127.0.0.1:{port}", process, log, env.get("RUNPOD_API_KEY", "unused"))
     deadline = time.monotonic() + 300

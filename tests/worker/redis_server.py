@@ -26,8 +26,11 @@ def redis_server() -> Iterator[str]:
     import redis
 
     port = free_port()
-    process = subprocess.Popen([redis_or_skip(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [redis_or_skip(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url, socket_connect_timeout=1)
 

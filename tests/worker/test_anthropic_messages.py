@@ -21,11 +21,20 @@ from openai_schema import parse_events
 
 Q = "What is the capital of France?"
 SYSTEM = "Answer in one sentence."
-WEATHER = {"name": "get_weather", "description": "Current weather in a city",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
-                            "required": ["city"], "additionalProperties": False}}
-CHAT_WEATHER = {"type": "function", "function": {"name": WEATHER["name"], "description": WEATHER["description"],
-                                                 "parameters": WEATHER["input_schema"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+CHAT_WEATHER = {
+    "type": "function",
+    "function": {"name": WEATHER["name"], "description": WEATHER["description"], "parameters": WEATHER["input_schema"]},
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +51,9 @@ def test_a_message_is_the_chat_answer_as_a_text_block(claude, client, model_name
     assert first.model == model_name
     [block] = first.content
     assert block.type == "text" and block.text
-    chat = _chat(client, model_name, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": Q}],
-                 max_tokens=24)
+    chat = _chat(
+        client, model_name, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": Q}], max_tokens=24
+    )
     assert block.text == chat.choices[0].message.content
     assert first.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[chat.choices[0].finish_reason]
     assert first.stop_sequence is None
@@ -61,7 +71,7 @@ def test_max_tokens_and_stop_sequences_end_the_message_with_their_reason(claude,
     stopped = create(claude, model_name, system=SYSTEM, stop_sequences=["unused-sequence", word])
     text = first.content[0].text
     assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == word
-    assert stopped.content[0].text == text[:text.index(word)]
+    assert stopped.content[0].text == text[: text.index(word)]
 
 
 def test_the_stream_helper_rebuilds_the_same_message(claude, model_name, first) -> None:
@@ -78,8 +88,13 @@ def test_the_stream_helper_rebuilds_the_same_message(claude, model_name, first) 
 
 
 def test_raw_sse_names_every_event_in_anthropics_order(http, model_name) -> None:
-    body = {"model": model_name, "max_tokens": 4, "temperature": 0, "stream": True,
-            "messages": [{"role": "user", "content": Q}]}
+    body = {
+        "model": model_name,
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+        "messages": [{"role": "user", "content": Q}],
+    }
     with http.stream("POST", "/openai/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"}) as reply:
         assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
         text = "".join(reply.iter_text())
@@ -90,8 +105,12 @@ def test_raw_sse_names_every_event_in_anthropics_order(http, model_name) -> None
     assert names == [e["type"] for e in events]
     assert names[:3] == ["message_start", "ping", "content_block_start"]
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
-    assert events[-2]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None, "stop_details": None,
-                                   "container": None}
+    assert events[-2]["delta"] == {
+        "stop_reason": "max_tokens",
+        "stop_sequence": None,
+        "stop_details": None,
+        "container": None,
+    }
     assert events[-2]["usage"]["output_tokens"] == 4
 
 
@@ -105,8 +124,12 @@ def _calls(message) -> list:
 
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
 def test_forced_tool_use_whole_and_streamed(claude, model_name, choice) -> None:
-    ask = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}], "tools": [WEATHER],
-           "tool_choice": {**choice, "disable_parallel_tool_use": True}, "max_tokens": 40}
+    ask = {
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [WEATHER],
+        "tool_choice": {**choice, "disable_parallel_tool_use": True},
+        "max_tokens": 40,
+    }
     made = create(claude, model_name, **ask)
     [call] = _calls(made)
     assert made.stop_reason == "tool_use"
@@ -115,34 +138,65 @@ def test_forced_tool_use_whole_and_streamed(claude, model_name, choice) -> None:
         events = list(s)
         final = s.get_final_message()
     [streamed] = _calls(final)
-    fragments = "".join(e.delta.partial_json for e in events
-                        if e.type == "content_block_delta" and e.delta.type == "input_json_delta")
+    fragments = "".join(
+        e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    )
     assert json.loads(fragments) == streamed.input == call.input and final.stop_reason == "tool_use"
 
 
 def test_a_tool_result_goes_back_as_the_chat_routes_tool_turn(claude, client, model_name) -> None:
     question = {"role": "user", "content": "What is the weather in Paris?"}
-    made = create(claude, model_name, messages=[question], tools=[WEATHER], tool_choice={"type": "any"},
-                  max_tokens=40)
+    made = create(claude, model_name, messages=[question], tools=[WEATHER], tool_choice={"type": "any"}, max_tokens=40)
     [call] = _calls(made)
     result = '{"sky": "sunny", "celsius": 21}'
-    answer = create(claude, model_name, tools=[WEATHER], tool_choice={"type": "none"}, max_tokens=20, messages=[
-        question, {"role": "assistant", "content": [block.model_dump() for block in made.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": result}]}])
+    answer = create(
+        claude,
+        model_name,
+        tools=[WEATHER],
+        tool_choice={"type": "none"},
+        max_tokens=20,
+        messages=[
+            question,
+            {"role": "assistant", "content": [block.model_dump() for block in made.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": result}]},
+        ],
+    )
     assert [block.type for block in answer.content] == ["text"] and answer.stop_reason != "tool_use"
-    chat = _chat(client, model_name, [
-        question, {"role": "assistant", "content": "", "tool_calls": [
-            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": json.dumps(call.input)}}]},
-        {"role": "tool", "tool_call_id": call.id, "content": result}], tools=[CHAT_WEATHER], tool_choice="none",
-        max_tokens=20)
+    chat = _chat(
+        client,
+        model_name,
+        [
+            question,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": json.dumps(call.input)},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call.id, "content": result},
+        ],
+        tools=[CHAT_WEATHER],
+        tool_choice="none",
+        max_tokens=20,
+    )
     assert answer.content[0].text == chat.choices[0].message.content
-    failed = [{"type": "tool_result", "tool_use_id": call.id, "is_error": True,
-               "content": [{"type": "text", "text": result}]}]
+    failed = [
+        {"type": "tool_result", "tool_use_id": call.id, "is_error": True, "content": [{"type": "text", "text": result}]}
+    ]
     conversation = [question, {"role": "assistant", "content": [block.model_dump() for block in made.content]}]
-    plain = claude.messages.count_tokens(model=model_name, tools=[WEATHER], messages=[
-        *conversation, {"role": "user", "content": [{**failed[0], "is_error": False}]}])
-    errored = claude.messages.count_tokens(model=model_name, tools=[WEATHER], messages=[
-        *conversation, {"role": "user", "content": failed}])
+    plain = claude.messages.count_tokens(
+        model=model_name,
+        tools=[WEATHER],
+        messages=[*conversation, {"role": "user", "content": [{**failed[0], "is_error": False}]}],
+    )
+    errored = claude.messages.count_tokens(
+        model=model_name, tools=[WEATHER], messages=[*conversation, {"role": "user", "content": failed}]
+    )
     assert errored.input_tokens > plain.input_tokens  # the error is shown to the model
 
 
@@ -167,41 +221,71 @@ def test_thinking_comes_back_as_a_thinking_block_before_the_text(claude, model_n
     assert deltas[-1] == "text_delta" and "signature_delta" in deltas
     assert deltas.index("signature_delta") < deltas.index("text_delta")
     # The thinking block goes back into the next turn, and disabled thinking closes it in the prompt.
-    replay = [{"role": "user", "content": Q}, {"role": "assistant", "content": [b.model_dump() for b in made.content]},
-              {"role": "user", "content": "And of Italy?"}]
+    replay = [
+        {"role": "user", "content": Q},
+        {"role": "assistant", "content": [b.model_dump() for b in made.content]},
+        {"role": "user", "content": "And of Italy?"},
+    ]
     assert claude.messages.count_tokens(model=model_name, messages=replay, extra_body={"chat_template": QWEN3})
-    on = claude.messages.count_tokens(model=model_name, messages=[{"role": "user", "content": Q}],
-                                      thinking={"type": "enabled", "budget_tokens": 1024},
-                                      extra_body={"chat_template": QWEN3})
-    off = claude.messages.count_tokens(model=model_name, messages=[{"role": "user", "content": Q}],
-                                       thinking={"type": "disabled"}, extra_body={"chat_template": QWEN3})
+    on = claude.messages.count_tokens(
+        model=model_name,
+        messages=[{"role": "user", "content": Q}],
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        extra_body={"chat_template": QWEN3},
+    )
+    off = claude.messages.count_tokens(
+        model=model_name,
+        messages=[{"role": "user", "content": Q}],
+        thinking={"type": "disabled"},
+        extra_body={"chat_template": QWEN3},
+    )
     assert off.input_tokens > on.input_tokens
 
 
 def test_structured_output_follows_the_schema(claude, model_name) -> None:
-    schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
-              "required": ["city"], "additionalProperties": False}
-    made = create(claude, model_name, max_tokens=30, output_config={"format": {"type": "json_schema",
-                                                                                "schema": schema}})
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    made = create(
+        claude, model_name, max_tokens=30, output_config={"format": {"type": "json_schema", "schema": schema}}
+    )
     jsonschema.validate(json.loads(made.content[0].text), schema)
 
 
-@pytest.mark.parametrize(("body", "words"), [
-    ({"max_tokens": None}, "max_tokens"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "x"}}]}]},
-     "an image source must be"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64",
-                                                                          "media_type": "image/png", "data": "x"}}]}]},
-     "messages.0.content.0: this model takes no image input"),
-    ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
-    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
-    ({"tool_choice": {"type": "any"}}, "needs tools"),
-    ({"temperature": 1.5}, "temperature"),
-    ({"container": "c1"}, "container"),
-    ({"frobnicate": 1}, "frobnicate"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "does not think"),
-])
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"max_tokens": None}, "max_tokens"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "x"}}]}]},
+            "an image source must be",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}
+                        ],
+                    }
+                ]
+            },
+            "messages.0.content.0: this model takes no image input",
+        ),
+        ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
+        ({"tool_choice": {"type": "any"}}, "needs tools"),
+        ({"temperature": 1.5}, "temperature"),
+        ({"container": "c1"}, "container"),
+        ({"frobnicate": 1}, "frobnicate"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "does not think"),
+    ],
+)
 def test_bad_requests_are_anthropic_400s(http, model_name, body, words) -> None:
     request = {"model": model_name, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}], **body}
     reply = http.post(f"{ENDPOINT}/openai/v1/messages", json={k: v for k, v in request.items() if v is not None})
@@ -227,15 +311,18 @@ def test_an_error_names_the_block_it_is_about(claude, model_name) -> None:
     # The chat route names the part in `param`; Anthropic's errors have none, so the message names it.
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
     with pytest.raises(anthropic.BadRequestError) as refused:
-        create(claude, model_name, messages=[{"role": "user", "content": [{"type": "text", "text": "What is it?"},
-                                                                          image]}])
+        create(
+            claude, model_name, messages=[{"role": "user", "content": [{"type": "text", "text": "What is it?"}, image]}]
+        )
     assert refused.value.body["error"]["message"] == "messages.0.content.1: this model takes no image input"
 
 
 def test_a_tool_result_must_answer_a_tool_use_of_the_previous_message(claude, model_name) -> None:
     question = {"role": "user", "content": "What is the weather in Paris?"}
-    called = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01", "name": "get_weather",
-                                                "input": {"city": "Paris"}}]}
+    called = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris"}}],
+    }
     answered = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "21 C"}]}
     stray = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_99", "content": "21 C"}]}
     assert create(claude, model_name, tools=[WEATHER], max_tokens=2, messages=[question, called, answered]).content
@@ -247,8 +334,13 @@ def test_a_tool_result_must_answer_a_tool_use_of_the_previous_message(claude, mo
 
 
 def test_jobs_run_messages_whole_streamed_and_counted(http, model_name, first) -> None:
-    body = {"model": model_name, "system": SYSTEM, "max_tokens": 24, "temperature": 0,
-            "messages": [{"role": "user", "content": Q}]}
+    body = {
+        "model": model_name,
+        "system": SYSTEM,
+        "max_tokens": 24,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": Q}],
+    }
 
     def job(route, payload, status="COMPLETED"):
         reply = http.post("/v2/e/runsync", json={"input": {"openai_route": route, "openai_input": payload}}).json()
@@ -260,8 +352,10 @@ def test_jobs_run_messages_whole_streamed_and_counted(http, model_name, first) -
     assert whole["content"] == [{"type": "text", "text": first.content[0].text, "citations": None}]
     events = parse_events("".join(job("/v1/messages", {**body, "stream": True})))
     check_stream(events)
-    assert "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta") == \
-        first.content[0].text
+    assert (
+        "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+        == first.content[0].text
+    )
     [counted] = job("/v1/messages/count_tokens", {k: body[k] for k in ("model", "system", "messages")})
     check(counted, "MessageTokensCount")
     assert counted["input_tokens"] == first.usage.input_tokens + first.usage.cache_read_input_tokens
@@ -276,13 +370,23 @@ def test_x_api_key_and_raw_output_off(custom_worker) -> None:
     made = create(claude, "custom-name", max_tokens=6)
     assert made.model == "custom-name" and made.content[0].text
     with pytest.raises(anthropic.AuthenticationError) as refused:
-        sdk(custom_worker, api_key="wrong").messages.count_tokens(model="custom-name", messages=[
-            {"role": "user", "content": Q}])
+        sdk(custom_worker, api_key="wrong").messages.count_tokens(
+            model="custom-name", messages=[{"role": "user", "content": Q}]
+        )
     assert refused.value.body["error"]["type"] == "authentication_error"
     with custom_worker.http() as http:
-        job = {"input": {"openai_route": "/v1/messages", "openai_input": {
-            "model": "custom-name", "max_tokens": 6, "temperature": 0, "stream": True,
-            "messages": [{"role": "user", "content": Q}]}}}
+        job = {
+            "input": {
+                "openai_route": "/v1/messages",
+                "openai_input": {
+                    "model": "custom-name",
+                    "max_tokens": 6,
+                    "temperature": 0,
+                    "stream": True,
+                    "messages": [{"role": "user", "content": Q}],
+                },
+            }
+        }
         out = http.post("/runsync", json=job).json()["output"]
     assert all(isinstance(group, list) for group in out)  # lists of event objects, RunPod's non-raw form
     check_stream([e for group in out for e in group])
@@ -295,8 +399,12 @@ def test_x_api_key_and_raw_output_off(custom_worker) -> None:
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
 def test_forced_tool_use_cut_by_max_tokens_shows_no_markup(claude, model_name, choice) -> None:
     # Six tokens end the answer just after the call's opener ("<tool_call>\n"), before its name.
-    ask = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}], "tools": [WEATHER],
-           "tool_choice": choice, "max_tokens": 6}
+    ask = {
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [WEATHER],
+        "tool_choice": choice,
+        "max_tokens": 6,
+    }
     made = create(claude, model_name, **ask)
     assert made.stop_reason == "max_tokens"
     assert not any(block.type == "text" and block.text for block in made.content), made.content

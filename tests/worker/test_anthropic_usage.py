@@ -20,8 +20,7 @@ def _long_system() -> str:
 
 
 def _ask(system, **kw) -> dict:
-    return {"system": system, "max_tokens": 4, "messages": [{"role": "user", "content": "The capital of Italy?"}],
-            **kw}
+    return {"system": system, "max_tokens": 4, "messages": [{"role": "user", "content": "The capital of Italy?"}], **kw}
 
 
 def _total(usage) -> int:
@@ -35,11 +34,16 @@ def test_without_cache_control_nothing_is_reported_cached(claude, client, model_
         made = create(claude, model_name, **ask)
         assert made.usage.input_tokens == counted.input_tokens
         assert made.usage.cache_read_input_tokens == 0 and made.usage.cache_creation_input_tokens == 0
-        assert made.usage.cache_creation.ephemeral_5m_input_tokens == made.usage.cache_creation.ephemeral_1h_input_tokens == 0
+        assert (
+            made.usage.cache_creation.ephemeral_5m_input_tokens
+            == made.usage.cache_creation.ephemeral_1h_input_tokens
+            == 0
+        )
         assert made.usage.service_tier == "standard" and made.usage.server_tool_use.web_search_requests == 0
     # The engine's prefix cache did serve the repeat: the chat route, which reports it, says so.
-    chat = client.chat.completions.create(model=model_name, max_tokens=1, messages=[
-        {"role": "system", "content": ask["system"]}, *ask["messages"]])
+    chat = client.chat.completions.create(
+        model=model_name, max_tokens=1, messages=[{"role": "system", "content": ask["system"]}, *ask["messages"]]
+    )
     assert chat.usage.prompt_tokens_details.cached_tokens > 0
 
 
@@ -70,15 +74,22 @@ def test_a_breakpoint_on_a_block_with_a_one_hour_ttl_streamed(claude, model_name
     assert start.message.usage.output_tokens == 0 and _total(start.message.usage) == _total(usage)
 
 
-@pytest.mark.parametrize(("where", "control", "words"), [
-    ("top", {"type": "persistent"}, "cache_control: must be"),
-    ("top", {"type": "ephemeral", "ttl": "10m"}, "cache_control.ttl"),
-    ("block", {"type": "ephemeral", "scope": "global"}, "messages.0.content.0.cache_control.scope"),
-])
+@pytest.mark.parametrize(
+    ("where", "control", "words"),
+    [
+        ("top", {"type": "persistent"}, "cache_control: must be"),
+        ("top", {"type": "ephemeral", "ttl": "10m"}, "cache_control.ttl"),
+        ("block", {"type": "ephemeral", "scope": "global"}, "messages.0.content.0.cache_control.scope"),
+    ],
+)
 def test_a_malformed_cache_control_is_a_400(http, model_name, where, control, words) -> None:
     block = {"type": "text", "text": "Hi", **({"cache_control": control} if where == "block" else {})}
-    body = {"model": model_name, "max_tokens": 4, "messages": [{"role": "user", "content": [block]}],
-            **({"cache_control": control} if where == "top" else {})}
+    body = {
+        "model": model_name,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": [block]}],
+        **({"cache_control": control} if where == "top" else {}),
+    }
     for route in ("messages", "messages/count_tokens"):
         reply = http.post(f"{ENDPOINT}/openai/v1/{route}", json=body)
         assert reply.status_code == 400 and words in reply.json()["error"]["message"], reply.text
@@ -88,8 +99,13 @@ THOUGHT = "<think>\n[a-z]{2,8}( [a-z]{2,8}){0,3}\n</think>\n\nParis[.]"
 
 
 def test_thinking_tokens_are_counted_apart(claude, model_name) -> None:
-    made = create(claude, model_name, max_tokens=60, thinking={"type": "enabled", "budget_tokens": 1024},
-                  extra_body={"chat_template": QWEN3, "structured_outputs": {"regex": THOUGHT}})
+    made = create(
+        claude,
+        model_name,
+        max_tokens=60,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        extra_body={"chat_template": QWEN3, "structured_outputs": {"regex": THOUGHT}},
+    )
     assert [b.type for b in made.content] == ["thinking", "text"]
     assert 0 < made.usage.output_tokens_details.thinking_tokens < made.usage.output_tokens
     plain = create(claude, model_name, max_tokens=4)
@@ -99,8 +115,13 @@ def test_thinking_tokens_are_counted_apart(claude, model_name) -> None:
 def test_the_stream_names_the_stop_sequence(claude, model_name) -> None:
     first = create(claude, model_name, max_tokens=24)
     word = first.content[0].text.split()[2]
-    with stream(claude, model_name, max_tokens=24, stop_sequences=[word],
-                messages=[{"role": "user", "content": "What is the capital of France?"}]) as s:
+    with stream(
+        claude,
+        model_name,
+        max_tokens=24,
+        stop_sequences=[word],
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    ) as s:
         events = list(s)
         final = s.get_final_message()
     delta = next(e for e in events if e.type == "message_delta")
@@ -117,12 +138,20 @@ def test_a_stream_cut_by_shutdown_ends_with_a_schema_error_event(baked_model_pat
     from local_worker import start_worker, stop_worker
 
     worker = start_worker(baked_model_path, tmp_path / "worker.log", SHUTDOWN_GRACE_SECONDS="0")
-    body = {"model": model_name, "max_tokens": 1500, "temperature": 0, "ignore_eos": True, "stream": True,
-            "messages": [{"role": "user", "content": "Tell me a long story."}]}
+    body = {
+        "model": model_name,
+        "max_tokens": 1500,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+    }
     text, signalled = "", False
     try:
-        with httpx.Client(base_url=worker.base, timeout=None) as http, \
-                http.stream("POST", f"{ENDPOINT}/openai/v1/messages", json=body) as reply:
+        with (
+            httpx.Client(base_url=worker.base, timeout=None) as http,
+            http.stream("POST", f"{ENDPOINT}/openai/v1/messages", json=body) as reply,
+        ):
             assert reply.status_code == 200
             for chunk in reply.iter_text():
                 text += chunk

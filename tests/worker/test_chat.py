@@ -106,8 +106,9 @@ def test_logprob_bytes_are_the_raw_bytes_of_a_token_inside_a_character(client, m
 
 def test_logit_bias_forces_a_token(client, model_name, tokenizer) -> None:
     forced = tokenizer.encode(" banana", add_special_tokens=False)[0]
-    response = chat(client, model_name, logit_bias={str(forced): 100}, max_tokens=4,
-                    extra_body={"return_token_ids": True})
+    response = chat(
+        client, model_name, logit_bias={str(forced): 100}, max_tokens=4, extra_body={"return_token_ids": True}
+    )
     assert response.choices[0].model_extra["token_ids"] == [forced] * 4
 
 
@@ -151,30 +152,51 @@ def test_special_tokens_in_the_output(client, model_name, tokenizer) -> None:
     # The tokenizer's own decode, nothing added between tokens, whichever spaces_between_special_tokens asks (as
     # vLLM's text with a fast tokenizer).
     assert shown.choices[0].message.content == "<|im_start|><|im_start|>"
-    tight = chat(client, model_name, logit_bias=bias, max_tokens=2,
-                 extra_body={"skip_special_tokens": False, "spaces_between_special_tokens": False})
+    tight = chat(
+        client,
+        model_name,
+        logit_bias=bias,
+        max_tokens=2,
+        extra_body={"skip_special_tokens": False, "spaces_between_special_tokens": False},
+    )
     assert tight.choices[0].message.content == "<|im_start|><|im_start|>"
 
 
 def test_template_controls(client, model_name, tokenizer, greedy) -> None:
     ids = extra(greedy, "prompt_token_ids")
-    no_prompt = chat(client, model_name, max_tokens=1,
-                     extra_body={"add_generation_prompt": False, "return_token_ids": True})
+    no_prompt = chat(
+        client, model_name, max_tokens=1, extra_body={"add_generation_prompt": False, "return_token_ids": True}
+    )
     assert extra(no_prompt, "prompt_token_ids") == ids[: -len(tokenizer.encode("<|im_start|>assistant\n"))]
-    template = "{% for d in documents %}{{ d.text }} {% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}" \
-               " {{ style }}"
-    custom = chat(client, model_name, max_tokens=1, extra_body={
-        "chat_template": template, "chat_template_kwargs": {"style": "Answer:"},
-        "documents": [{"title": "t", "text": "Paris is in France."}], "return_token_ids": True,
-        "add_special_tokens": True})
+    template = (
+        "{% for d in documents %}{{ d.text }} {% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}"
+        " {{ style }}"
+    )
+    custom = chat(
+        client,
+        model_name,
+        max_tokens=1,
+        extra_body={
+            "chat_template": template,
+            "chat_template_kwargs": {"style": "Answer:"},
+            "documents": [{"title": "t", "text": "Paris is in France."}],
+            "return_token_ids": True,
+            "add_special_tokens": True,
+        },
+    )
     expected = "Paris is in France. What is the capital of France? Answer:"
     assert extra(custom, "prompt_token_ids") == tokenizer.encode(expected, add_special_tokens=True)
 
 
 def test_continue_final_message_with_echo(client, model_name) -> None:
     messages = Q + [{"role": "assistant", "content": "The capital of France is"}]
-    response = chat(client, model_name, messages, max_tokens=3,
-                    extra_body={"continue_final_message": True, "add_generation_prompt": False, "echo": True})
+    response = chat(
+        client,
+        model_name,
+        messages,
+        max_tokens=3,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False, "echo": True},
+    )
     content = response.choices[0].message.content
     assert content.startswith("The capital of France is") and len(content) > len("The capital of France is")
 
@@ -191,13 +213,15 @@ def test_request_id_body_and_header(client, model_name) -> None:
     by_body = chat(client, model_name, max_tokens=1, extra_body={"request_id": "my-req-1"})
     assert by_body.id == "chatcmpl-my-req-1"
     raw = client.chat.completions.with_raw_response.create(
-        model=model_name, messages=Q, max_tokens=1, extra_headers={"X-Request-Id": "hdr-7"})
+        model=model_name, messages=Q, max_tokens=1, extra_headers={"X-Request-Id": "hdr-7"}
+    )
     assert raw.headers["x-request-id"] == "hdr-7" and raw.parse().id == "chatcmpl-hdr-7"
 
 
 def test_user_text_response_format_and_unknown_fields_are_accepted(client, model_name, greedy) -> None:
-    response = chat(client, model_name, user="someone", response_format={"type": "text"},
-                    extra_body={"some_client_field": {"x": 1}})
+    response = chat(
+        client, model_name, user="someone", response_format={"type": "text"}, extra_body={"some_client_field": {"x": 1}}
+    )
     assert response.choices[0].message.content == greedy.choices[0].message.content
     with pytest.raises(openai.BadRequestError) as info:  # structured outputs: the schema is checked first
         chat(client, model_name, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": 5}})

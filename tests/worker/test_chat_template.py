@@ -34,10 +34,17 @@ def test_text_content_parts_are_joined_and_other_parts_rejected(tokenizer) -> No
 
 
 def test_custom_template_kwargs_and_documents_reach_the_template(tokenizer) -> None:
-    template = ("{% for d in documents %}[{{ d.title }}]{% endfor %}"
-                "{% for m in messages %}{{ m.role }}:{{ m.content }}|{% endfor %}{{ flavour }}")
-    prompt = render_chat(tokenizer, USER, chat_template=template, documents=[{"title": "Doc", "text": "t"}],
-                         template_kwargs={"flavour": "mint", "add_generation_prompt": "ignored"})
+    template = (
+        "{% for d in documents %}[{{ d.title }}]{% endfor %}"
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}|{% endfor %}{{ flavour }}"
+    )
+    prompt = render_chat(
+        tokenizer,
+        USER,
+        chat_template=template,
+        documents=[{"title": "Doc", "text": "t"}],
+        template_kwargs={"flavour": "mint", "add_generation_prompt": "ignored"},
+    )
     assert prompt.text == "[Doc]user:Hi there|mint"
 
 

@@ -19,8 +19,9 @@ def complete(client: openai.OpenAI, model: str, prompt=PROMPT, **kw):
 
 
 def test_default_max_tokens_is_16(client, model_name) -> None:
-    response = client.completions.create(model=model_name, prompt=PROMPT, temperature=0,
-                                         extra_body={"ignore_eos": True})
+    response = client.completions.create(
+        model=model_name, prompt=PROMPT, temperature=0, extra_body={"ignore_eos": True}
+    )
     validate(response)
     assert response.usage.completion_tokens == 16 and response.choices[0].finish_reason == "length"
     assert response.object == "text_completion" and response.id.startswith("cmpl-")
@@ -28,8 +29,9 @@ def test_default_max_tokens_is_16(client, model_name) -> None:
 
 def test_a_null_max_tokens_is_the_legacy_default_not_the_context(client, model_name) -> None:
     """Clients that serialise unset fields send `"max_tokens": null`; it must not run to the context's end."""
-    response = client.completions.create(model=model_name, prompt=PROMPT, temperature=0, max_tokens=None,
-                                         extra_body={"ignore_eos": True})
+    response = client.completions.create(
+        model=model_name, prompt=PROMPT, temperature=0, max_tokens=None, extra_body={"ignore_eos": True}
+    )
     validate(response)
     assert response.usage.completion_tokens == 16 and response.choices[0].finish_reason == "length"
 
@@ -44,8 +46,10 @@ def test_every_prompt_form_gives_the_same_text(client, model_name, tokenizer) ->
     assert [c.text for c in by_ids.choices] == [c.text for c in batch.choices]
     single = complete(client, model_name, "One, two, three,")
     assert batch.usage.prompt_tokens == len(ids) + single.usage.prompt_tokens
-    assert batch.usage.completion_tokens == complete(client, model_name).usage.completion_tokens + \
-        single.usage.completion_tokens
+    assert (
+        batch.usage.completion_tokens
+        == complete(client, model_name).usage.completion_tokens + single.usage.completion_tokens
+    )
 
 
 def test_n_per_prompt_numbers_choices_prompt_major(client, model_name) -> None:
@@ -80,8 +84,12 @@ def test_text_offsets_are_characters_of_the_text_streamed_or_not(client, model_n
     offsets = whole.choices[0].logprobs.text_offset
     assert offsets[:9] == [0, 4, 5, 6, 6, 7, 7, 7, 8]
     assert all(a <= b <= len(whole.choices[0].text) for a, b in zip(offsets, offsets[1:], strict=False))
-    chunks = [validate(c) for c in client.completions.create(
-        model=model_name, prompt=prompt, max_tokens=2, temperature=0, echo=True, logprobs=1, stream=True)]
+    chunks = [
+        validate(c)
+        for c in client.completions.create(
+            model=model_name, prompt=prompt, max_tokens=2, temperature=0, echo=True, logprobs=1, stream=True
+        )
+    ]
     streamed = [o for c in chunks for ch in c["choices"] if ch["logprobs"] for o in ch["logprobs"]["text_offset"]]
     assert streamed == offsets
 
@@ -94,9 +102,18 @@ def test_echo_with_max_tokens_zero_scores_the_prompt_without_generating(client, 
     assert len(choice.logprobs.tokens) == n_prompt and choice.logprobs.token_logprobs[0] is None
     generating = complete(client, model_name, echo=True, max_tokens=1, logprobs=1).choices[0].logprobs
     assert choice.logprobs.token_logprobs[1:] == pytest.approx(generating.token_logprobs[1:n_prompt], abs=1e-4)
-    chunks = [validate(c) for c in client.completions.create(
-        model=model_name, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1, stream=True,
-        stream_options={"include_usage": True})]
+    chunks = [
+        validate(c)
+        for c in client.completions.create(
+            model=model_name,
+            prompt=PROMPT,
+            max_tokens=0,
+            echo=True,
+            logprobs=1,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    ]
     choices = [ch for c in chunks for ch in c["choices"]]
     assert "".join(ch["text"] for ch in choices) == PROMPT
     assert [ch["finish_reason"] for ch in choices if ch["finish_reason"]] == ["length"]
@@ -107,8 +124,12 @@ def test_echo_with_max_tokens_zero_scores_the_prompt_without_generating(client, 
 
 
 def test_echo_streams_the_prompt_first(client, model_name) -> None:
-    chunks = [validate(c) for c in client.completions.create(
-        model=model_name, prompt=PROMPT, max_tokens=3, temperature=0, echo=True, stream=True)]
+    chunks = [
+        validate(c)
+        for c in client.completions.create(
+            model=model_name, prompt=PROMPT, max_tokens=3, temperature=0, echo=True, stream=True
+        )
+    ]
     assert chunks[0]["choices"][0]["text"] == PROMPT
     whole = complete(client, model_name, max_tokens=3, echo=True)
     assert "".join(c["choices"][0]["text"] for c in chunks) == whole.choices[0].text
@@ -123,8 +144,12 @@ def test_penalties_change_a_repetitive_greedy_continuation(client, model_name) -
 
 
 def test_return_token_ids_prompt_logprobs_and_add_special_tokens(client, model_name, tokenizer) -> None:
-    response = complete(client, model_name, max_tokens=3, extra_body={
-        "return_token_ids": True, "prompt_logprobs": 0, "add_special_tokens": False})
+    response = complete(
+        client,
+        model_name,
+        max_tokens=3,
+        extra_body={"return_token_ids": True, "prompt_logprobs": 0, "add_special_tokens": False},
+    )
     choice = response.choices[0].model_extra
     assert choice["prompt_token_ids"] == tokenizer.encode(PROMPT, add_special_tokens=False)
     assert tokenizer.decode(choice["token_ids"], skip_special_tokens=True) == response.choices[0].text

@@ -10,8 +10,24 @@ import httpx
 from openai_schema import validate
 from waiting import HANG_S, wait_until
 
-TOPICS = ["cats", "the sea", "Paris", "rain", "music", "bread", "trees", "the moon",
-          "winter", "coffee", "trains", "books", "mountains", "bees", "glass", "time"]
+TOPICS = [
+    "cats",
+    "the sea",
+    "Paris",
+    "rain",
+    "music",
+    "bread",
+    "trees",
+    "the moon",
+    "winter",
+    "coffee",
+    "trains",
+    "books",
+    "mountains",
+    "bees",
+    "glass",
+    "time",
+]
 
 
 def _messages(topic: str) -> list[dict]:
@@ -21,13 +37,15 @@ def _messages(topic: str) -> list[dict]:
 def test_sixteen_concurrent_streams_each_match_their_solo_answer(client, model_name) -> None:
     solo = {}
     for topic in TOPICS:
-        response = client.chat.completions.create(model=model_name, messages=_messages(topic), max_tokens=8,
-                                                  temperature=0)
+        response = client.chat.completions.create(
+            model=model_name, messages=_messages(topic), max_tokens=8, temperature=0
+        )
         solo[topic] = response.choices[0].message.content
 
     def stream(topic: str) -> str:
-        chunks = client.chat.completions.create(model=model_name, messages=_messages(topic), max_tokens=8,
-                                                temperature=0, stream=True)
+        chunks = client.chat.completions.create(
+            model=model_name, messages=_messages(topic), max_tokens=8, temperature=0, stream=True
+        )
         return "".join(validate(c)["choices"][0]["delta"].get("content") or "" for c in chunks)
 
     with ThreadPoolExecutor(len(TOPICS)) as pool:
@@ -52,8 +70,14 @@ def _all_free(http: httpx.Client) -> bool:
 def test_a_client_that_disconnects_mid_stream_frees_its_pages(worker, http, model_name) -> None:
     free, total = _free_pages(http)
     assert free == total  # idle: every page is free (cached prefix pages count as free)
-    body = {"model": model_name, "messages": _messages("everything"), "max_tokens": 1000, "temperature": 0,
-            "stream": True, "ignore_eos": True}
+    body = {
+        "model": model_name,
+        "messages": _messages("everything"),
+        "max_tokens": 1000,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     before = _engine(http)["tokens_run"]
     with httpx.Client(base_url=worker.base, timeout=HANG_S) as own:
         with own.stream("POST", "/openai/v1/chat/completions", json=body) as response:
@@ -72,14 +96,21 @@ def test_a_client_that_leaves_before_a_non_streamed_answer_frees_its_pages(worke
     free, total = _free_pages(http)
     assert free == total
     # Long enough (about 2000 tokens) that it could only free its pages this soon by being aborted.
-    body = {"model": model_name, "messages": _messages("everything"), "max_tokens": 1900, "temperature": 0,
-            "ignore_eos": True}
+    body = {
+        "model": model_name,
+        "messages": _messages("everything"),
+        "max_tokens": 1900,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     before = _engine(http)["tokens_run"]
     payload = json.dumps(body).encode()
     host, port = worker.base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as client:  # a client that sends a request, then leaves
-        head = (f"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                f"Authorization: Bearer {worker.api_key}\r\nContent-Length: {len(payload)}\r\n\r\n")
+        head = (
+            f"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {worker.api_key}\r\nContent-Length: {len(payload)}\r\n\r\n"
+        )
         client.sendall(head.encode() + payload)
         wait_until(lambda: _free_pages(http)[0] < total, "the request to start")
     wait_until(lambda: _all_free(http), "the pages of a request whose client left")

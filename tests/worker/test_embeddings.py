@@ -68,17 +68,29 @@ def tiny_worker(request, tmp_path_factory, baked_model_path):
 
     folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
     source = folder / "source"
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(source)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(baked_model_path / name, source / name)
     if request.param == "mean":
-        (source / "modules.json").write_text(json.dumps([
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+        (source / "modules.json").write_text(
+            json.dumps(
+                [
+                    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+                ]
+            )
+        )
         (source / "1_Pooling").mkdir()
         (source / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
     bake(resolve(str(source), None), folder / "model", served_name="tiny")
@@ -114,8 +126,12 @@ def test_token_id_inputs_equal_their_text(client, model_name, tokenizer) -> None
 
 
 def test_embeddings_while_a_chat_streams_change_neither(client, model_name) -> None:
-    chat = {"model": model_name, "messages": [{"role": "user", "content": "Count to twenty."}], "max_tokens": 40,
-            "temperature": 0}
+    chat = {
+        "model": model_name,
+        "messages": [{"role": "user", "content": "Count to twenty."}],
+        "max_tokens": 40,
+        "temperature": 0,
+    }
     solo_text = client.chat.completions.create(**chat).choices[0].message.content
     solo = client.embeddings.create(model=model_name, input=TEXTS, encoding_format="float")
     parts = []
@@ -130,22 +146,25 @@ def test_embeddings_while_a_chat_streams_change_neither(client, model_name) -> N
         np.testing.assert_allclose(a.embedding, b.embedding, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize(("body", "param"), [
-    ({"input": ""}, "input"),
-    ({"input": []}, "input"),
-    ({"input": [[]]}, "input"),
-    ({"input": ["ok", 3]}, "input"),
-    ({"input": [[1, 2], "text"]}, "input"),
-    ({"input": [5, -1]}, "input"),
-    ({"input": [10**7]}, "input"),
-    ({"input": "word " * 2100}, "input"),
-    ({"input": "hi", "dimensions": 16}, "dimensions"),
-    ({"input": "hi", "dimensions": 0}, "dimensions"),
-    ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
-    ({"input": "hi", "stream": True}, "stream"),
-    ({"input": "hi", "truncate_prompt_tokens": 5000}, "truncate_prompt_tokens"),
-    ({}, "input"),
-])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": ""}, "input"),
+        ({"input": []}, "input"),
+        ({"input": [[]]}, "input"),
+        ({"input": ["ok", 3]}, "input"),
+        ({"input": [[1, 2], "text"]}, "input"),
+        ({"input": [5, -1]}, "input"),
+        ({"input": [10**7]}, "input"),
+        ({"input": "word " * 2100}, "input"),
+        ({"input": "hi", "dimensions": 16}, "dimensions"),
+        ({"input": "hi", "dimensions": 0}, "dimensions"),
+        ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "hi", "stream": True}, "stream"),
+        ({"input": "hi", "truncate_prompt_tokens": 5000}, "truncate_prompt_tokens"),
+        ({}, "input"),
+    ],
+)
 def test_bad_inputs_are_400s_naming_the_field(http, model_name, body, param) -> None:
     answer = http.post("/openai/v1/embeddings", json={"model": model_name, **body})
     assert answer.status_code == 400, answer.text
@@ -155,12 +174,15 @@ def test_bad_inputs_are_400s_naming_the_field(http, model_name, body, param) -> 
 
 def test_truncate_prompt_tokens_keeps_the_last_tokens(client, http, model_name, tokenizer) -> None:
     ids = tokenizer.encode("word " * 2100)
-    answer = http.post("/openai/v1/embeddings", json={"model": model_name, "input": "word " * 2100,
-                                                      "truncate_prompt_tokens": 100, "encoding_format": "float"})
+    answer = http.post(
+        "/openai/v1/embeddings",
+        json={"model": model_name, "input": "word " * 2100, "truncate_prompt_tokens": 100, "encoding_format": "float"},
+    )
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["prompt_tokens"] == 100
     tail = client.embeddings.create(model=model_name, input=ids[-100:], encoding_format="float").data[0].embedding
     np.testing.assert_allclose(answer.json()["data"][0]["embedding"], tail, atol=1e-6, rtol=0)
-    whole = http.post("/openai/v1/embeddings", json={"model": model_name, "input": "word " * 2100,
-                                                     "truncate_prompt_tokens": -1}).json()
+    whole = http.post(
+        "/openai/v1/embeddings", json={"model": model_name, "input": "word " * 2100, "truncate_prompt_tokens": -1}
+    ).json()
     assert whole["usage"]["prompt_tokens"] == 2048

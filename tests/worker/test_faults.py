@@ -34,8 +34,7 @@ def test_a_client_gone_during_prefill_frees_its_pages(worker, http, model_name, 
 
 
 def test_runpod_cancel_of_a_running_job_frees_its_pages(http, model_name) -> None:
-    body = {"model": model_name, "prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True,
-            "stream": True}
+    body = {"model": model_name, "prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True, "stream": True}
     job = http.post("/v2/e/run", json={"input": {"openai_route": "/v1/completions", "openai_input": body}}).json()
     wait_until(lambda: http.post(f"/v2/e/stream/{job['id']}").json()["stream"], "the job's first output")
     assert _engine(http)["kv_pages_free"] < _engine(http)["kv_pages"]  # it is decoding
@@ -45,15 +44,21 @@ def test_runpod_cancel_of_a_running_job_frees_its_pages(http, model_name) -> Non
     assert engine["kv_pages_free"] == engine["kv_pages"]
 
 
-def test_a_pool_too_small_for_the_load_preempts_and_every_request_finishes(baked_model_path, tmp_path,
-                                                                          model_name) -> None:
+def test_a_pool_too_small_for_the_load_preempts_and_every_request_finishes(
+    baked_model_path, tmp_path, model_name
+) -> None:
     # 24 pages of 16 tokens: each request (about 8 prompt + 60 generated tokens, 5 pages) fits alone; eight do not.
-    worker = start_worker(baked_model_path, tmp_path / "worker.log", NUM_GPU_BLOCKS_OVERRIDE="24",
-                          MAX_MODEL_LEN="384")
+    worker = start_worker(baked_model_path, tmp_path / "worker.log", NUM_GPU_BLOCKS_OVERRIDE="24", MAX_MODEL_LEN="384")
     try:
+
         def ask(client: openai.OpenAI, topic: str) -> str:
-            answer = client.completions.create(model=model_name, prompt=f"A few words about {topic}:",
-                                               max_tokens=60, temperature=0, extra_body={"ignore_eos": True})
+            answer = client.completions.create(
+                model=model_name,
+                prompt=f"A few words about {topic}:",
+                max_tokens=60,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
             return answer.choices[0].text
 
         topics = ["cats", "rain", "bread", "trains", "bees", "glass", "winter", "music"]

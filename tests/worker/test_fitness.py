@@ -72,11 +72,17 @@ def corrupted_copy(bake: Path, folder: Path) -> Path:
 
 
 def _start(model_path: Path, takes: JobTakes, log: Path, **env_vars: str) -> subprocess.Popen:
-    env = worker_env(model_path, RUNPOD_WEBHOOK_GET_JOB=takes.url(), RUNPOD_POD_ID="fitness-test",
-                     RUNPOD_SKIP_AUTO_SYSTEM_CHECKS="true", **env_vars)  # the SDK's disk and memory checks: not ours
+    env = worker_env(
+        model_path,
+        RUNPOD_WEBHOOK_GET_JOB=takes.url(),
+        RUNPOD_POD_ID="fitness-test",
+        RUNPOD_SKIP_AUTO_SYSTEM_CHECKS="true",
+        **env_vars,
+    )  # the SDK's disk and memory checks: not ours
     with log.open("w") as out:
-        return subprocess.Popen([sys.executable, str(ROOT / "handler.py")], cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / "handler.py")], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def _exits_before_taking_a_job(process: subprocess.Popen, takes: JobTakes, log_path: Path, name: str) -> None:
@@ -91,7 +97,8 @@ def _exits_before_taking_a_job(process: subprocess.Popen, takes: JobTakes, log_p
 
 
 def test_with_verify_model_sha256_a_corrupted_weight_file_fails_the_check_before_a_job(
-        fresh_bake, takes, tmp_path) -> None:
+    fresh_bake, takes, tmp_path
+) -> None:
     bake = corrupted_copy(fresh_bake, tmp_path / "model")
     assert model_files_mismatch(str(bake), sha256=True) == ["model.safetensors"]
     process = _start(bake, takes, tmp_path / "worker.log", VERIFY_MODEL_SHA256="true")
@@ -106,8 +113,7 @@ def test_by_default_a_missing_file_fails_the_check_before_a_job(fresh_bake, take
 
 
 @pytest.mark.parametrize("corrupted", [False, True], ids=["intact", "corrupted-bytes-same-size"])
-def test_by_default_the_worker_passes_its_checks_and_asks_for_a_job(
-        fresh_bake, takes, tmp_path, corrupted) -> None:
+def test_by_default_the_worker_passes_its_checks_and_asks_for_a_job(fresh_bake, takes, tmp_path, corrupted) -> None:
     """The default check reads no weight bytes: changed bytes of the same size pass it (VERIFY_MODEL_SHA256 finds
     them), so its cost does not grow with the model."""
     bake = corrupted_copy(fresh_bake, tmp_path / "model") if corrupted else fresh_bake

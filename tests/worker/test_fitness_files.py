@@ -24,8 +24,15 @@ def tiny_bake(baked_model_path, tmp_path_factory) -> Path:
     from builder.sources import resolve
 
     source = tmp_path_factory.mktemp("tiny-source")
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(source)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):

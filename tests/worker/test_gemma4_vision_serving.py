@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 from local_worker import LocalWorker, start_worker, stop_worker
-from vision_bake import (ask, bake_gemma4_vision_model, check_image_moves_the_answer, check_whole_and_streamed,
-                         data_url, png)
+from vision_bake import (
+    ask,
+    bake_gemma4_vision_model,
+    check_image_moves_the_answer,
+    check_whole_and_streamed,
+    data_url,
+    png,
+)
 
 RED, BLUE = png(80, 40, (200, 30, 30)), png(30, 70, (20, 40, 220), "JPEG")
 RED_TOKENS = 55  # 80x40 -> 176x80 pixels: 22 x 10 patches of 8, pooled 2x2
@@ -32,5 +38,11 @@ def test_an_image_part_whole_and_streamed_counts_its_tokens(gemma4_worker: Local
 
 
 def test_the_image_moves_the_answer_and_a_later_turn_hits_the_cache(gemma4_worker: LocalWorker) -> None:
-    check_image_moves_the_answer(gemma4_worker.client(), NAME, lambda url: ask(url, "Describe it."), data_url(RED),
-                                 data_url(BLUE, "image/jpeg"), RED_TOKENS)
+    check_image_moves_the_answer(
+        gemma4_worker.client(),
+        NAME,
+        lambda url: ask(url, "Describe it."),
+        data_url(RED),
+        data_url(BLUE, "image/jpeg"),
+        RED_TOKENS,
+    )

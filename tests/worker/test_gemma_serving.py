@@ -44,21 +44,39 @@ GEMMA3_TEMPLATE = (
 )
 TEMPLATES = {"gemma2": GEMMA2_TEMPLATE, "gemma3": GEMMA3_TEMPLATE, "gemma4": GEMMA4_TEMPLATE}
 PROMPT = [{"role": "user", "content": "Name a colour."}]
-SIZES = dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=16,
-             max_position_embeddings=512)
+SIZES = dict(
+    vocab_size=49152,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    query_pre_attn_scalar=8,
+    sliding_window=16,
+    max_position_embeddings=512,
+)
 
 
 # Gemma 4: local and global layers with their own head sizes, keys as values on the global one, the last layer
 # reading the KV of an earlier one, per-layer input embeddings.
-GEMMA4 = dict(global_head_dim=16, num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=1,
-              layer_types=["sliding_attention", "full_attention"] * 2, num_hidden_layers=4,
-              hidden_size_per_layer_input=4, vocab_size_per_layer_input=49152, final_logit_softcapping=30.0)
+GEMMA4 = dict(
+    global_head_dim=16,
+    num_global_key_value_heads=1,
+    attention_k_eq_v=True,
+    num_kv_shared_layers=1,
+    layer_types=["sliding_attention", "full_attention"] * 2,
+    num_hidden_layers=4,
+    hidden_size_per_layer_input=4,
+    vocab_size_per_layer_input=49152,
+    final_logit_softcapping=30.0,
+)
 
 
 @pytest.fixture(scope="module", params=["gemma2", "gemma3", "gemma4"])
-def gemma_worker(request: pytest.FixtureRequest, baked_model_path: Path,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorker]:
+def gemma_worker(
+    request: pytest.FixtureRequest, baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalWorker]:
     import transformers as tf
 
     family = request.param
@@ -79,8 +97,14 @@ def gemma_worker(request: pytest.FixtureRequest, baked_model_path: Path,
     (source / "chat_template.jinja").write_text(TEMPLATES[family])
     out = root / "model"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    baked = subprocess.run([sys.executable, "-m", "builder", "--model", str(source), "--out", str(out)], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=300)
+    baked = subprocess.run(
+        [sys.executable, "-m", "builder", "--model", str(source), "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert baked.returncode == 0, baked.stderr
     w = start_worker(out, root / "worker.log", MAX_MODEL_LEN="512")
     w.family = family
@@ -94,8 +118,7 @@ def test_chat_whole_and_streamed_agree(gemma_worker: LocalWorker) -> None:
     assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 12
     text = whole.choices[0].message.content
     assert text
-    stream = sdk.chat.completions.create(model=name, messages=PROMPT, temperature=0, max_tokens=12,
-                                         stream=True)
+    stream = sdk.chat.completions.create(model=name, messages=PROMPT, temperature=0, max_tokens=12, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
 
 
@@ -114,12 +137,22 @@ def test_a_system_turn_follows_the_template(gemma_worker: LocalWorker) -> None:
     assert folded.usage.prompt_tokens > plain.usage.prompt_tokens
 
 
-CITY_ARG = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
-            "additionalProperties": False}
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
-                                            "parameters": CITY_ARG}}
-CITY = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"],
-        "additionalProperties": False}
+CITY_ARG = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "The weather in a city.", "parameters": CITY_ARG},
+}
+CITY = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}},
+    "required": ["name"],
+    "additionalProperties": False,
+}
 
 
 def test_a_forced_tool_call_and_a_json_schema(gemma_worker: LocalWorker) -> None:
@@ -131,17 +164,28 @@ def test_a_forced_tool_call_and_a_json_schema(gemma_worker: LocalWorker) -> None
     import jsonschema
 
     sdk, name = gemma_worker.client(), "tiny-" + gemma_worker.family
-    call = sdk.chat.completions.create(model=name, messages=[{"role": "user", "content": "Weather in Paris?"}],
-                                       tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
-                                       max_tokens=96, temperature=0,
-                                       extra_body={"structured_outputs": {"disable_any_whitespace": True}})
+    call = sdk.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=96,
+        temperature=0,
+        extra_body={"structured_outputs": {"disable_any_whitespace": True}},
+    )
     calls = call.choices[0].message.tool_calls
     assert call.choices[0].finish_reason == "tool_calls" and [c.function.name for c in calls] == ["get_weather"]
     jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER["function"]["parameters"])
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
-    answer = sdk.chat.completions.create(model=name, messages=[{"role": "user", "content": "A city?"}],
-                                         response_format=fmt, max_tokens=64, temperature=0,
-                                         extra_body={"structured_outputs": {"disable_any_whitespace": True}})
+    answer = sdk.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "A city?"}],
+        response_format=fmt,
+        max_tokens=64,
+        temperature=0,
+        extra_body={"structured_outputs": {"disable_any_whitespace": True}},
+    )
     assert answer.choices[0].finish_reason == "stop", answer.choices[0].message.content
     jsonschema.validate(json.loads(answer.choices[0].message.content), CITY)
 
@@ -164,8 +208,15 @@ def test_gemma4_a_forced_call_streams_in_its_own_format(gemma_worker: LocalWorke
 
     _gemma4_only(gemma_worker)
     sdk, name = gemma_worker.client(), "tiny-gemma4"
-    ask = dict(model=name, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER],
-               tool_choice="required", parallel_tool_calls=False, max_tokens=96, temperature=0)
+    ask = dict(
+        model=name,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=96,
+        temperature=0,
+    )
     whole = sdk.chat.completions.create(**ask).choices[0]
     assert whole.finish_reason == "tool_calls" and whole.message.content is None
     call = whole.message.tool_calls[0].function
@@ -182,24 +233,40 @@ def test_gemma4_a_forced_call_streams_in_its_own_format(gemma_worker: LocalWorke
 
 def test_gemma4_a_second_turn_renders_the_call_and_its_result(gemma_worker: LocalWorker, tokenizer) -> None:
     _gemma4_only(gemma_worker)
-    history = [{"role": "user", "content": "Weather in Paris?"},
-               {"role": "assistant", "content": None, "tool_calls": [
-                   {"id": "call_0123456789abcdef01234567", "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-               {"role": "tool", "tool_call_id": "call_0123456789abcdef01234567", "content": "21 C, sunny"}]
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_0123456789abcdef01234567",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0123456789abcdef01234567", "content": "21 C, sunny"},
+    ]
     answer = gemma_worker.client().chat.completions.create(
-        model="tiny-gemma4", messages=history, tools=[WEATHER], max_tokens=4, temperature=0,
-        extra_body={"return_token_ids": True})
+        model="tiny-gemma4",
+        messages=history,
+        tools=[WEATHER],
+        max_tokens=4,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+    )
     prompt = _prompt(tokenizer, answer)
-    assert "<|tool>declaration:get_weather{description:<|\"|>The weather in a city.<|\"|>" in prompt
+    assert '<|tool>declaration:get_weather{description:<|"|>The weather in a city.<|"|>' in prompt
     # The result closes the model's turn-so-far; the answer continues that turn (no generation prompt is added).
-    assert prompt.endswith('<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
-                           '<|tool_response>response:get_weather{value:<|"|>21 C, sunny<|"|>}<tool_response|>')
+    assert prompt.endswith(
+        '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+        '<|tool_response>response:get_weather{value:<|"|>21 C, sunny<|"|>}<tool_response|>'
+    )
     assert answer.choices[0].finish_reason == "length"
 
 
-def test_gemma4_enable_thinking_leaves_the_thought_channel_to_the_model(gemma_worker: LocalWorker,
-                                                                       tokenizer) -> None:
+def test_gemma4_enable_thinking_leaves_the_thought_channel_to_the_model(gemma_worker: LocalWorker, tokenizer) -> None:
     """Thinking off (the default), the template closes an empty thought channel after `<|turn>model`; on, it puts
     `<|think|>` in the system turn and leaves the channel for the model to open (then a forced call may follow its
     thinking)."""
@@ -208,14 +275,20 @@ def test_gemma4_enable_thinking_leaves_the_thought_channel_to_the_model(gemma_wo
     ask = dict(model="tiny-gemma4", messages=PROMPT, max_tokens=4, temperature=0)
     off = sdk.chat.completions.create(**ask, extra_body={"return_token_ids": True})
     assert _prompt(tokenizer, off).endswith("<|turn>model\n<|channel>thought\n<channel|>")
-    on = sdk.chat.completions.create(**ask, extra_body={"return_token_ids": True,
-                                                        "chat_template_kwargs": {"enable_thinking": True}})
+    on = sdk.chat.completions.create(
+        **ask, extra_body={"return_token_ids": True, "chat_template_kwargs": {"enable_thinking": True}}
+    )
     thinking = _prompt(tokenizer, on)
     assert "<|turn>system\n<|think|>\n" in thinking and thinking.endswith("<|turn>model\n")
     forced = sdk.chat.completions.create(
-        **{**ask, "max_tokens": 160}, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
-        extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        **{**ask, "max_tokens": 160},
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        extra_body={"chat_template_kwargs": {"enable_thinking": True}},
+    )
     message = forced.choices[0].message
     assert forced.choices[0].finish_reason == "tool_calls" and message.tool_calls[0].function.name == "get_weather"
-    assert "<|channel>" not in (message.content or "") and "<channel|>" not in ((message.model_extra or {}).get(
-        "reasoning_content") or "")
+    assert "<|channel>" not in (message.content or "") and "<channel|>" not in (
+        (message.model_extra or {}).get("reasoning_content") or ""
+    )

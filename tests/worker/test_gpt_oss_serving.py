@@ -22,11 +22,19 @@ from worker.openai.harmony.encoding import harmony_encoding
 
 ROOT = Path(__file__).resolve().parents[2]
 EOS = [200002, 199999, 200012]  # <|return|>, <|endoftext|>, <|call|>
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                             "parameters": {"type": "object",
-                                                            "properties": {"city": {"type": "string",
-                                                                                    "enum": ["Paris", "Rome"]}},
-                                                            "required": ["city"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 MARKUP = ("<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|start|>", "<|constrain|>")
 
 
@@ -39,16 +47,29 @@ def gpt_oss_worker(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     root = tmp_path_factory.mktemp("gpt-oss-serving")
     source = root / "source"
     source.mkdir()
-    build_gpt_oss(source, "mxfp4", vocab_size=201088, max_position_embeddings=4096, eos_token_id=EOS,
-                  pad_token_id=199999)
+    build_gpt_oss(
+        source, "mxfp4", vocab_size=201088, max_position_embeddings=4096, eos_token_id=EOS, pad_token_id=199999
+    )
     shutil.copy(vocab / "tokenizer.json", source / "tokenizer.json")
-    (source / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|return|>", "pad_token": "<|endoftext|>",
-        "model_max_length": 4096}))
+    (source / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<|return|>",
+                "pad_token": "<|endoftext|>",
+                "model_max_length": 4096,
+            }
+        )
+    )
     (source / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS, "pad_token_id": 199999}))
-    baked = subprocess.run([sys.executable, "-m", "builder", "--model", str(source), "--out", str(root / "model")],
-                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-                           timeout=600)
+    baked = subprocess.run(
+        [sys.executable, "-m", "builder", "--model", str(source), "--out", str(root / "model")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert baked.returncode == 0, baked.stderr
     worker = start_worker(root / "model", root / "worker.log")
     yield worker
@@ -67,11 +88,11 @@ def test_chat_whole_and_streamed(gpt_oss_worker):
     choice = whole.choices[0]
     assert whole.usage.completion_tokens > 0 and choice.finish_reason in ("length", "stop")
     reasoning = getattr(choice.message, "reasoning_content", None) or (choice.message.model_extra or {}).get(
-        "reasoning_content")
+        "reasoning_content"
+    )
     _clean(choice.message.content)
     _clean(reasoning)
-    stream = client.chat.completions.create(model=name, messages=ask, max_tokens=16, temperature=0, seed=1,
-                                            stream=True)
+    stream = client.chat.completions.create(model=name, messages=ask, max_tokens=16, temperature=0, seed=1, stream=True)
     content, thought, finish = [], [], None
     for chunk in stream:
         if chunk.choices:
@@ -83,18 +104,24 @@ def test_chat_whole_and_streamed(gpt_oss_worker):
     assert "".join(thought) == (reasoning or "")
 
     for effort in ("low", "high"):  # accepted, and rendered into the system message (the prompt grows or not)
-        answer = client.chat.completions.create(model=name, messages=ask, max_tokens=4, temperature=0,
-                                                reasoning_effort=effort)
+        answer = client.chat.completions.create(
+            model=name, messages=ask, max_tokens=4, temperature=0, reasoning_effort=effort
+        )
         assert answer.usage.prompt_tokens > 0
 
 
 def test_named_tool_call_whole_and_streamed(gpt_oss_worker):
     client = gpt_oss_worker.client()
     name = client.models.list().data[0].id
-    ask = dict(model=name, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER],
-               tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=64,
-               temperature=0,  # random weights would otherwise pad the JSON with whitespace
-               extra_body={"structured_outputs": {"disable_any_whitespace": True}})
+    ask = dict(
+        model=name,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=64,
+        temperature=0,  # random weights would otherwise pad the JSON with whitespace
+        extra_body={"structured_outputs": {"disable_any_whitespace": True}},
+    )
     call = client.chat.completions.create(**ask)
     choice = call.choices[0]
     assert choice.finish_reason == "tool_calls", choice
@@ -117,12 +144,22 @@ def test_named_tool_call_whole_and_streamed(gpt_oss_worker):
 def test_responses_with_a_function_tool(gpt_oss_worker):
     client = gpt_oss_worker.client()
     name = client.models.list().data[0].id
-    tool = {"type": "function", "name": "get_weather", "description": "Weather in a city",
-            "parameters": WEATHER["function"]["parameters"]}
-    response = client.responses.create(model=name, input="Weather in Rome?", tools=[tool],
-                                       tool_choice={"type": "function", "name": "get_weather"},
-                                       reasoning={"effort": "low"}, max_output_tokens=64, temperature=0,
-                                       extra_body={"structured_outputs": {"disable_any_whitespace": True}})
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": WEATHER["function"]["parameters"],
+    }
+    response = client.responses.create(
+        model=name,
+        input="Weather in Rome?",
+        tools=[tool],
+        tool_choice={"type": "function", "name": "get_weather"},
+        reasoning={"effort": "low"},
+        max_output_tokens=64,
+        temperature=0,
+        extra_body={"structured_outputs": {"disable_any_whitespace": True}},
+    )
     calls = [item for item in response.output if item.type == "function_call"]
     assert response.status == "completed" and [c.name for c in calls] == ["get_weather"], response.output
     jsonschema.validate(json.loads(calls[0].arguments), tool["parameters"])
@@ -141,15 +178,24 @@ def test_responses_with_a_function_tool(gpt_oss_worker):
 
 def test_native_job_with_tools_is_refused(gpt_oss_worker):
     with gpt_oss_worker.http() as http:
-        job = {"input": {"messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER],
-                         "sampling_params": {"max_tokens": 8}}}
+        job = {
+            "input": {
+                "messages": [{"role": "user", "content": "Weather?"}],
+                "tools": [WEATHER],
+                "sampling_params": {"max_tokens": 8},
+            }
+        }
         reply = http.post("/v2/e/runsync", json=job).json()
     assert reply["status"] == "FAILED", reply
     assert reply["error"]["param"] == "tools" and "harmony" in reply["error"]["message"]
 
 
-TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city",
-        "parameters": WEATHER["function"]["parameters"]}
+TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": WEATHER["function"]["parameters"],
+}
 
 
 def _thought(text: str) -> dict:
@@ -165,9 +211,15 @@ def _harmony_prompt(vocab: Path, turns: list) -> list[int]:
 
     system = SystemContent.new().with_conversation_start_date(datetime.date.today().isoformat())
     tools = DeveloperContent.new().with_function_tools(
-        [ToolDescription.new(TOOL["name"], TOOL["description"], TOOL["parameters"])])
-    conv = Conversation.from_messages([Message.from_role_and_content(Role.SYSTEM, system),
-                                       Message.from_role_and_content(Role.DEVELOPER, tools), *turns])
+        [ToolDescription.new(TOOL["name"], TOOL["description"], TOOL["parameters"])]
+    )
+    conv = Conversation.from_messages(
+        [
+            Message.from_role_and_content(Role.SYSTEM, system),
+            Message.from_role_and_content(Role.DEVELOPER, tools),
+            *turns,
+        ]
+    )
     return list(harmony_encoding(str(vocab)).render_conversation_for_completion(conv, Role.ASSISTANT))
 
 
@@ -180,19 +232,30 @@ def _turns(items: list[dict]) -> list:
         if item["type"] == "message":
             role = Role.USER if item["role"] == "user" else Role.ASSISTANT
             text = item["content"] if isinstance(item["content"], str) else item["content"][0]["text"]
-            out.append(Message.from_role_and_content(role, text).with_channel("final") if role == Role.ASSISTANT
-                       else Message.from_role_and_content(role, text))
+            out.append(
+                Message.from_role_and_content(role, text).with_channel("final")
+                if role == Role.ASSISTANT
+                else Message.from_role_and_content(role, text)
+            )
         elif item["type"] == "reasoning":
-            out.append(Message.from_role_and_content(Role.ASSISTANT, item["content"][0]["text"])
-                       .with_channel("analysis"))
+            out.append(
+                Message.from_role_and_content(Role.ASSISTANT, item["content"][0]["text"]).with_channel("analysis")
+            )
         elif item["type"] == "function_call":
             names[item["call_id"]] = item["name"]
-            out.append(Message.from_role_and_content(Role.ASSISTANT, item["arguments"]).with_channel("commentary")
-                       .with_recipient(f"functions.{item['name']}").with_content_type("<|constrain|>json"))
+            out.append(
+                Message.from_role_and_content(Role.ASSISTANT, item["arguments"])
+                .with_channel("commentary")
+                .with_recipient(f"functions.{item['name']}")
+                .with_content_type("<|constrain|>json")
+            )
         else:
             author = Author.new(Role.TOOL, f"functions.{names[item['call_id']]}")
-            out.append(Message.from_author_and_content(author, item["output"]).with_channel("commentary")
-                       .with_recipient("assistant"))
+            out.append(
+                Message.from_author_and_content(author, item["output"])
+                .with_channel("commentary")
+                .with_recipient("assistant")
+            )
     return out
 
 
@@ -209,16 +272,18 @@ def test_replayed_items_render_as_openai_harmony_renders_them(gpt_oss_worker, re
     vocab = o200k_folder(Path(request.config.cache.mkdir("harmony-o200k")))
     client = gpt_oss_worker.client()
     name = client.models.list().data[0].id
-    items = [{"type": "message", "role": "user", "content": "Weather in Paris?"},
-             _thought("first thought: call the tool"),
-             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
-             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
-             _thought("second thought: answer"),
-             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
-             {"type": "message", "role": "user", "content": "And Rome?"},
-             _thought("third thought: call again"),
-             {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": '{"city":"Rome"}'},
-             {"type": "function_call_output", "call_id": "call_2", "output": "rainy"}]
+    items = [
+        {"type": "message", "role": "user", "content": "Weather in Paris?"},
+        _thought("first thought: call the tool"),
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        _thought("second thought: answer"),
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
+        {"type": "message", "role": "user", "content": "And Rome?"},
+        _thought("third thought: call again"),
+        {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": '{"city":"Rome"}'},
+        {"type": "function_call_output", "call_id": "call_2", "output": "rainy"},
+    ]
     decode = harmony_encoding(str(vocab)).decode
     # After a final answer, the next user turn's prompt drops the reasoning that led to it.
     _, ids = _ask(client, name, input=items[:7])
@@ -237,17 +302,26 @@ def test_replayed_items_render_as_openai_harmony_renders_them(gpt_oss_worker, re
     assert text.endswith("rainy<|end|><|start|>assistant")
 
 
-def test_previous_response_id_renders_the_same_prompt_as_replayed_items(gpt_oss_worker,
-                                                                       request: pytest.FixtureRequest):
+def test_previous_response_id_renders_the_same_prompt_as_replayed_items(gpt_oss_worker, request: pytest.FixtureRequest):
     vocab = o200k_folder(Path(request.config.cache.mkdir("harmony-o200k")))
     client = gpt_oss_worker.client()
     name = client.models.list().data[0].id
-    opening = [{"type": "message", "role": "user", "content": "Hi"}, _thought("greet back"),
-               {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello!"}]},
-               {"type": "message", "role": "user", "content": "Weather in Rome?"}, _thought("use the tool")]
+    opening = [
+        {"type": "message", "role": "user", "content": "Hi"},
+        _thought("greet back"),
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello!"}]},
+        {"type": "message", "role": "user", "content": "Weather in Rome?"},
+        _thought("use the tool"),
+    ]
     # The call is forced, so random weights still give a function_call item (its arguments held to the schema).
-    first, _ = _ask(client, name, input=opening, tool_choice={"type": "function", "name": "get_weather"},
-                    max_output_tokens=64, extra_body={"structured_outputs": {"disable_any_whitespace": True}})
+    first, _ = _ask(
+        client,
+        name,
+        input=opening,
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=64,
+        extra_body={"structured_outputs": {"disable_any_whitespace": True}},
+    )
     [call] = first.output
     assert call.type == "function_call" and call.name == "get_weather"
     result = {"type": "function_call_output", "call_id": call.call_id, "output": "rainy"}
@@ -265,9 +339,14 @@ def test_a_text_format_schema_holds_the_final_answer(gpt_oss_worker):
     client = gpt_oss_worker.client()
     name = client.models.list().data[0].id
     schema = WEATHER["function"]["parameters"]
-    response = client.responses.create(model=name, input="Weather?", max_output_tokens=64, temperature=0,
-                                       text={"format": {"type": "json_schema", "name": "weather", "schema": schema}},
-                                       extra_body={"structured_outputs": {"disable_any_whitespace": True}})
+    response = client.responses.create(
+        model=name,
+        input="Weather?",
+        max_output_tokens=64,
+        temperature=0,
+        text={"format": {"type": "json_schema", "name": "weather", "schema": schema}},
+        extra_body={"structured_outputs": {"disable_any_whitespace": True}},
+    )
     [message] = response.output
     assert message.type == "message" and response.status == "completed", response.output
     jsonschema.validate(json.loads(message.content[0].text), schema)

@@ -14,8 +14,14 @@ Q = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def run_cli(model_path, *args: str, **env: str) -> tuple[int, list[dict], str]:
-    done = subprocess.run([sys.executable, str(ROOT / "handler.py"), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=worker_env(model_path, **env))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "handler.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=worker_env(model_path, **env),
+    )
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     return done.returncode, lines, done.stderr
 
@@ -71,9 +77,11 @@ def test_a_missing_model_is_one_line_naming_the_folder(tmp_path) -> None:
 
 
 def test_a_kv_cache_too_small_for_max_model_len_stops_start_up_saying_what_to_change(baked_model_path) -> None:
-    code, lines, stderr = run_cli(baked_model_path, "--test_input", "{}", MAX_MODEL_LEN="2048",
-                                  NUM_GPU_BLOCKS_OVERRIDE="4", BLOCK_SIZE="16")
+    code, lines, stderr = run_cli(
+        baked_model_path, "--test_input", "{}", MAX_MODEL_LEN="2048", NUM_GPU_BLOCKS_OVERRIDE="4", BLOCK_SIZE="16"
+    )
     assert code == 2 and lines == [] and "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1] == (
         "error: the KV cache (4 pages of 16 tokens) cannot hold one sequence of MAX_MODEL_LEN=2048 tokens: "
-        "lower MAX_MODEL_LEN to at most 64, or raise NUM_GPU_BLOCKS_OVERRIDE")
+        "lower MAX_MODEL_LEN to at most 64, or raise NUM_GPU_BLOCKS_OVERRIDE"
+    )

@@ -24,10 +24,14 @@ from worker.openai.responses.output import OutputItems
 from worker.openai.tools.definitions import check_tools
 from worker.openai.tools.events import ToolCallStarted, fold_calls, fold_text
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                             "parameters": {"type": "object",
-                                                            "properties": {"city": {"type": "string"}},
-                                                            "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 TODAY = datetime.date(2025, 6, 1)
 MARKUP = ("<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|start|>", "<|constrain|>")
 
@@ -57,52 +61,86 @@ def test_a_conversation_renders_as_openai_harmony_renders_it(encoding: Any) -> N
     messages = [
         {"role": "system", "content": "Answer briefly."},
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "reasoning_content": "I should call the tool.",
-         "tool_calls": [{"id": "call_1", "type": "function",
-                         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "I should call the tool.",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
     ]
     ours = render(encoding, conversation(messages, check_tools([WEATHER]), "high", today=TODAY))
     fn = WEATHER["function"]
-    expected = Conversation.from_messages([
-        Message.from_role_and_content(Role.SYSTEM, SystemContent.new().with_reasoning_effort(ReasoningEffort.HIGH)
-                                      .with_conversation_start_date("2025-06-01")),
-        Message.from_role_and_content(Role.DEVELOPER, DeveloperContent.new().with_instructions("Answer briefly.")
-                                      .with_function_tools([ToolDescription.new(fn["name"], fn["description"],
-                                                                                fn["parameters"])])),
-        Message.from_role_and_content(Role.USER, "Weather in Paris?"),
-        Message.from_role_and_content(Role.ASSISTANT, "I should call the tool.").with_channel("analysis"),
-        Message.from_role_and_content(Role.ASSISTANT, '{"city": "Paris"}').with_channel("commentary")
-        .with_recipient("functions.get_weather").with_content_type("<|constrain|>json"),
-        Message.from_author_and_content(Author.new(Role.TOOL, "functions.get_weather"), '{"temp": 21}')
-        .with_channel("commentary").with_recipient("assistant"),
-    ])
+    expected = Conversation.from_messages(
+        [
+            Message.from_role_and_content(
+                Role.SYSTEM,
+                SystemContent.new()
+                .with_reasoning_effort(ReasoningEffort.HIGH)
+                .with_conversation_start_date("2025-06-01"),
+            ),
+            Message.from_role_and_content(
+                Role.DEVELOPER,
+                DeveloperContent.new()
+                .with_instructions("Answer briefly.")
+                .with_function_tools([ToolDescription.new(fn["name"], fn["description"], fn["parameters"])]),
+            ),
+            Message.from_role_and_content(Role.USER, "Weather in Paris?"),
+            Message.from_role_and_content(Role.ASSISTANT, "I should call the tool.").with_channel("analysis"),
+            Message.from_role_and_content(Role.ASSISTANT, '{"city": "Paris"}')
+            .with_channel("commentary")
+            .with_recipient("functions.get_weather")
+            .with_content_type("<|constrain|>json"),
+            Message.from_author_and_content(Author.new(Role.TOOL, "functions.get_weather"), '{"temp": 21}')
+            .with_channel("commentary")
+            .with_recipient("assistant"),
+        ]
+    )
     assert ours == list(encoding.render_conversation_for_completion(expected, Role.ASSISTANT))
     text = encoding.decode(ours)
     # The replayed reasoning stays (the turn has no final answer yet), and the call reads as gpt-oss writes it.
     assert "<|channel|>analysis<|message|>I should call the tool.<|end|>" in text
-    assert "to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>" in text or \
-        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" in text
-    assert "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{\"temp\": 21}" in text
+    assert (
+        "to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>" in text
+        or "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" in text
+    )
+    assert '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{"temp": 21}' in text
     assert "Reasoning: high" in text and "# Instructions\n\nAnswer briefly." in text
     assert text.endswith("<|start|>assistant")
 
 
 def test_reasoning_before_a_final_answer_is_dropped_from_the_next_prompt(encoding: Any) -> None:
-    messages = [{"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Hello!", "reasoning_content": "Greet back."},
-                {"role": "user", "content": "Bye"}]
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!", "reasoning_content": "Greet back."},
+        {"role": "user", "content": "Bye"},
+    ]
     text = encoding.decode(render(encoding, conversation(messages, [], today=TODAY)))
     assert "Greet back." not in text and "<|channel|>final<|message|>Hello!<|end|>" in text
     assert "# Tools" not in text and "<|start|>developer" not in text
 
 
 ANSWERS = {
-    "call": ("<|channel|>analysis<|message|>Need the weather tool.<|end|><|start|>assistant<|channel|>commentary "
-             'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>',
-             "Need the weather tool.", None, [("get_weather", '{"city": "Paris"}')]),
-    "final": ("<|channel|>analysis<|message|>Simple: 2+2=4.<|end|><|start|>assistant<|channel|>final<|message|>"
-              "The answer is 4 — «sûr» 😀.<|return|>", "Simple: 2+2=4.", "The answer is 4 — «sûr» 😀.", []),
+    "call": (
+        "<|channel|>analysis<|message|>Need the weather tool.<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>',
+        "Need the weather tool.",
+        None,
+        [("get_weather", '{"city": "Paris"}')],
+    ),
+    "final": (
+        "<|channel|>analysis<|message|>Simple: 2+2=4.<|end|><|start|>assistant<|channel|>final<|message|>"
+        "The answer is 4 — «sûr» 😀.<|return|>",
+        "Simple: 2+2=4.",
+        "The answer is 4 — «sûr» 😀.",
+        [],
+    ),
 }
 
 
@@ -143,10 +181,16 @@ def test_an_answer_reads_the_same_whole_and_split_at_every_token(encoding: Any, 
 
 def test_a_named_tool_choice_opens_the_call_in_the_prompt_and_holds_its_arguments(encoding: Any) -> None:
     messages = [{"role": "user", "content": "Weather in Paris?"}]
-    prompt, plan, fmt, params = harmony_chat(encoding, messages, SamplingParams(max_tokens=32), tools=[WEATHER],
-                                             tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    assert prompt.text.endswith("<|start|>assistant<|channel|>commentary to=functions.get_weather "
-                                "<|constrain|>json<|message|>")
+    prompt, plan, fmt, params = harmony_chat(
+        encoding,
+        messages,
+        SamplingParams(max_tokens=32),
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    assert prompt.text.endswith(
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    )
     assert params.structured is not None and json.loads(params.structured.value) == WEATHER["function"]["parameters"]
     assert {200002, 200012} <= set(params.stop_token_ids)  # <|return|> and <|call|> end the answer
     # The model writes only the arguments and <|call|>; the reader knows the header from the prompt.
@@ -158,12 +202,24 @@ def test_tool_choice_none_shows_no_tools_and_a_schema_opens_the_final_channel(en
     from worker.openai.protocol import ChatCompletionRequest
     from worker.openai.structured import structured_spec
 
-    request = ChatCompletionRequest.model_validate({
-        "model": "m", "messages": [{"role": "user", "content": "Hi"}], "tools": [WEATHER], "tool_choice": "none",
-        "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": {"type": "object"}}}})
+    request = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "tools": [WEATHER],
+            "tool_choice": "none",
+            "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": {"type": "object"}}},
+        }
+    )
     params = SamplingParams(structured=structured_spec(response_format=request.response_format))
-    prompt, plan, fmt, params = harmony_chat(encoding, request.messages, params, tools=request.tools,
-                                             tool_choice="none", response_format=request.response_format)
+    prompt, plan, fmt, params = harmony_chat(
+        encoding,
+        request.messages,
+        params,
+        tools=request.tools,
+        tool_choice="none",
+        response_format=request.response_format,
+    )
     assert "get_weather" not in prompt.text and "# Response Formats\n\n## reply" in prompt.text
     assert prompt.text.endswith("<|start|>assistant<|channel|>final<|message|>")
     parsed, _ = fmt.read("", _tokens(encoding, '{"a": 1}<|return|>'))

@@ -72,8 +72,15 @@ def test_the_size_and_time_limits(server) -> None:
 
 
 def test_data_urls_and_the_parts_the_template_sees() -> None:
-    messages = [{"role": "user", "content": [{"type": "text", "text": "hi"},
-                                             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAEC"}}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "hi"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAEC"}},
+            ],
+        }
+    ]
     shown, refs = take_images(messages, True, load_settings({}))
     assert shown[0]["content"] == [{"type": "text", "text": "hi"}, {"type": "image"}]
     assert refs == [ImageRef("data:image/png;base64,AAEC", "messages.[0].content.[1].image_url.url")]

@@ -32,8 +32,12 @@ def test_only_settings_reads_the_environment() -> None:
     readers = []
     for path in worker_sources():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv") and \
-                    isinstance(node.value, ast.Name) and node.value.id == "os":
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("environ", "getenv")
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "os"
+            ):
                 readers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert readers and all(r.startswith("worker/settings.py:") for r in readers), readers
 
@@ -43,8 +47,12 @@ def test_the_worker_reaches_the_engine_only_through_async_engine_methods() -> No
     inside = []
     for path in worker_sources():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and \
-                    node.value.attr == "engine" and (node.attr == "engine" or node.attr.startswith("_")):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "engine"
+                and (node.attr == "engine" or node.attr.startswith("_"))
+            ):
                 inside.append(f"{path.relative_to(ROOT)}:{node.lineno} .engine.{node.attr}")
     assert not inside, inside
 
@@ -57,9 +65,16 @@ def test_the_runtime_has_what_the_routes_ask_of_it() -> None:
     import worker.runtime
     from worker.openai.runtime import Runtime as Asked
 
-    asked = {n for n in (*typing.get_type_hints(Asked, localns={"Settings": object, "ResponseStore": object,
-                                                                    "RedisResponseStore": object}),
-                         *vars(Asked)) if not n.startswith("_")}
+    asked = {
+        n
+        for n in (
+            *typing.get_type_hints(
+                Asked, localns={"Settings": object, "ResponseStore": object, "RedisResponseStore": object}
+            ),
+            *vars(Asked),
+        )
+        if not n.startswith("_")
+    }
     built = worker.runtime.Runtime
     missing = sorted(n for n in asked if not hasattr(built, n) and n not in built.__dataclass_fields__)
     assert not missing, missing

@@ -32,10 +32,19 @@ IDLE_GUARD_S = 120.0
 @pytest.fixture
 def runtime(baked_model_path, monkeypatch):
     settings = load_settings({"MODEL_PATH": str(baked_model_path)})
-    engine = AsyncEngine(EngineConfig(model_path=str(baked_model_path), dtype="float32", num_kv_pages=96,
-                                      max_model_len=512, max_num_seqs=8, enable_prefix_caching=False))
-    rt = Runtime(settings, engine, [baked_model_name(str(baked_model_path))], 0, ResponseStore(16, 2**20),
-                 Drain(engine, 1.0))
+    engine = AsyncEngine(
+        EngineConfig(
+            model_path=str(baked_model_path),
+            dtype="float32",
+            num_kv_pages=96,
+            max_model_len=512,
+            max_num_seqs=8,
+            enable_prefix_caching=False,
+        )
+    )
+    rt = Runtime(
+        settings, engine, [baked_model_name(str(baked_model_path))], 0, ResponseStore(16, 2**20), Drain(engine, 1.0)
+    )
     monkeypatch.setattr(worker.runtime, "_current", rt)
     yield rt
     engine.shutdown()
@@ -48,8 +57,11 @@ def _free_port() -> int:
 
 
 def _native(max_tokens: int, stream: bool) -> dict:
-    return {"prompt": "Once upon a time", "stream": stream,
-            "sampling_params": {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}}
+    return {
+        "prompt": "Once upon a time",
+        "stream": stream,
+        "sampling_params": {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0},
+    }
 
 
 async def _wait_idle(engine: AsyncEngine, timeout_s: float) -> bool:
@@ -95,8 +107,10 @@ async def _scenario(rt: Runtime, monkeypatch) -> dict:
     monkeypatch.setattr(rp_http, "JOB_STREAM_URL", f"http://127.0.0.1:{port}/stream/$ID?gpu=test")
     monkeypatch.setattr(rp_http, "JOB_DONE_URL", f"http://127.0.0.1:{port}/done/$ID?gpu=test")
 
-    jobs = [{"id": "A", "input": _native(STOPPED_MAX_TOKENS, True)},
-            {"id": "B", "input": _native(OTHER_MAX_TOKENS, False)}]
+    jobs = [
+        {"id": "A", "input": _native(STOPPED_MAX_TOKENS, True)},
+        {"id": "B", "input": _native(OTHER_MAX_TOKENS, False)},
+    ]
 
     async def take_jobs(session, count: int) -> list[dict]:
         if jobs:
@@ -117,8 +131,15 @@ async def _scenario(rt: Runtime, monkeypatch) -> dict:
         await shutdown.wait()
         return []
 
-    scaler = JobScaler({"handler": handler, "return_aggregate_stream": True, "concurrency_modifier": lambda c: 4,
-                        "jobs_fetcher": take_jobs, "stop_signals_fetcher": stop_signals})
+    scaler = JobScaler(
+        {
+            "handler": handler,
+            "return_aggregate_stream": True,
+            "concurrency_modifier": lambda c: 4,
+            "jobs_fetcher": take_jobs,
+            "stop_signals_fetcher": stop_signals,
+        }
+    )
     loops = asyncio.create_task(scaler.run())
     await a_uploading.wait()
     task_a = scaler.jobs_tasks["A"]
@@ -127,8 +148,12 @@ async def _scenario(rt: Runtime, monkeypatch) -> dict:
     await b_done.wait()
     # Unclosed, A's stream would stay open for good: the guard turns that into a failure, not a hang.
     idle = await _wait_idle(engine, IDLE_GUARD_S)
-    stats = {**engine.stats(), "idle": idle, "kv_pages": engine.describe()["kv_pages"],
-             "a_cancelled": task_a.cancelled()}
+    stats = {
+        **engine.stats(),
+        "idle": idle,
+        "kv_pages": engine.describe()["kv_pages"],
+        "a_cancelled": task_a.cancelled(),
+    }
     scaler.kill_worker()
     shutdown.set()
     await loops

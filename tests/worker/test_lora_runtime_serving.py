@@ -32,22 +32,31 @@ def sources(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory) ->
     config = AutoConfig.from_pretrained(baked_model_path)
     shapes, layers = projection_shapes(config), config.num_hidden_layers
     repo = root / "cache" / "models--org--smol-pirate"
-    write_adapter(repo / "snapshots" / "0123abcd", shapes, layers, targets=["q_proj", "v_proj"], rank=8, seed=1,
-                  std=0.05)
+    write_adapter(
+        repo / "snapshots" / "0123abcd", shapes, layers, targets=["q_proj", "v_proj"], rank=8, seed=1, std=0.05
+    )
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0123abcd")
     write_adapter(root / "poet", shapes, layers, targets=ALL_TARGETS, rank=4, seed=2, std=0.05)
-    write_adapter(root / "critic", shapes, layers, targets=["gate_proj", "up_proj", "down_proj"], rank=8, seed=3,
-                  std=0.05)
+    write_adapter(
+        root / "critic", shapes, layers, targets=["gate_proj", "up_proj", "down_proj"], rank=8, seed=3, std=0.05
+    )
     write_adapter(root / "wide", shapes, layers, targets=["q_proj"], rank=16, seed=4)
     return root
 
 
 @pytest.fixture(scope="module")
 def lora_worker(baked_model_path: Path, sources: Path) -> Iterator[LocalWorker]:
-    w = start_worker(baked_model_path, sources / "worker.log", VLLM_ALLOW_RUNTIME_LORA_UPDATING="true",
-                     LORA_MODULES=json.dumps([{"name": "pirate", "path": "org/smol-pirate"}]),
-                     MODEL_CACHE_PATH=str(sources / "cache"), HF_HUB_OFFLINE="1", MAX_LORAS="2", MAX_LORA_RANK="8")
+    w = start_worker(
+        baked_model_path,
+        sources / "worker.log",
+        VLLM_ALLOW_RUNTIME_LORA_UPDATING="true",
+        LORA_MODULES=json.dumps([{"name": "pirate", "path": "org/smol-pirate"}]),
+        MODEL_CACHE_PATH=str(sources / "cache"),
+        HF_HUB_OFFLINE="1",
+        MAX_LORAS="2",
+        MAX_LORA_RANK="8",
+    )
     yield w
     stop_worker(w)
 
@@ -72,18 +81,25 @@ def test_lora_modules_at_start_come_from_the_hub_cache(sdk: openai.OpenAI, model
     assert chat(sdk, "pirate") != chat(sdk, model_name)
 
 
-def test_an_adapter_loaded_while_serving_is_served_then_unloaded(lora_worker: LocalWorker, sdk: openai.OpenAI,
-                                                                model_name: str, sources: Path) -> None:
+def test_an_adapter_loaded_while_serving_is_served_then_unloaded(
+    lora_worker: LocalWorker, sdk: openai.OpenAI, model_name: str, sources: Path
+) -> None:
     base = chat(sdk, model_name)
     # A stream that runs while the adapter loads finishes as it would alone.
-    alone = "".join(c.choices[0].delta.content or "" for c in sdk.chat.completions.create(
-        model=model_name, messages=PROMPT, temperature=0, max_tokens=48, stream=True) if c.choices)
+    alone = "".join(
+        c.choices[0].delta.content or ""
+        for c in sdk.chat.completions.create(
+            model=model_name, messages=PROMPT, temperature=0, max_tokens=48, stream=True
+        )
+        if c.choices
+    )
     streamed: list[str] = []
     first = threading.Event()
 
     def consume() -> None:
-        for c in sdk.chat.completions.create(model=model_name, messages=PROMPT, temperature=0, max_tokens=48,
-                                             stream=True):
+        for c in sdk.chat.completions.create(
+            model=model_name, messages=PROMPT, temperature=0, max_tokens=48, stream=True
+        ):
             streamed.append(c.choices[0].delta.content or "" if c.choices else "")
             first.set()
 
@@ -112,14 +128,19 @@ def test_an_adapter_loaded_while_serving_is_served_then_unloaded(lora_worker: Lo
     with pytest.raises(openai.NotFoundError) as info:
         chat(sdk, "poet")
     assert info.value.body["param"] == "model"
-    assert post(lora_worker, "load_lora_adapter", {"lora_name": "critic", "lora_path": str(sources / "critic")}
-                ).status_code == 200
+    assert (
+        post(
+            lora_worker, "load_lora_adapter", {"lora_name": "critic", "lora_path": str(sources / "critic")}
+        ).status_code
+        == 200
+    )
     assert chat(sdk, "critic") not in (base, poet)
     assert chat(sdk, model_name) == base
 
 
-def test_bad_loads_and_unloads_are_clear_errors_and_the_worker_serves_on(lora_worker: LocalWorker, sdk: openai.OpenAI,
-                                                                         model_name: str, sources: Path) -> None:
+def test_bad_loads_and_unloads_are_clear_errors_and_the_worker_serves_on(
+    lora_worker: LocalWorker, sdk: openai.OpenAI, model_name: str, sources: Path
+) -> None:
     cases = [
         ({"lora_name": "pirate", "lora_path": str(sources / "poet")}, 400, "has already been loaded"),
         ({"lora_name": "w", "lora_path": str(sources / "wide")}, 400, "MAX_LORA_RANK=8"),
@@ -141,6 +162,7 @@ def test_bad_loads_and_unloads_are_clear_errors_and_the_worker_serves_on(lora_wo
 
 def test_the_job_routes_take_the_same_bodies(lora_worker: LocalWorker, sources: Path) -> None:
     with lora_worker.http() as http:
+
         def job(route: str, body: dict) -> dict:
             reply = http.post(f"{ENDPOINT}/runsync", json={"input": {"openai_route": route, "openai_input": body}})
             return reply.json()
@@ -159,7 +181,12 @@ def test_the_routes_are_off_by_default(http: httpx.Client) -> None:
 
 def test_a_lora_module_found_nowhere_stops_the_start_in_one_line(baked_model_path: Path, sources: Path) -> None:
     with pytest.raises(RuntimeError, match="the worker exited") as info:
-        start_worker(baked_model_path, sources / "missing.log", LORA_MODULES="sql=org/not-cached",
-                     MODEL_CACHE_PATH=str(sources / "cache"), HF_HUB_OFFLINE="1")
+        start_worker(
+            baked_model_path,
+            sources / "missing.log",
+            LORA_MODULES="sql=org/not-cached",
+            MODEL_CACHE_PATH=str(sources / "cache"),
+            HF_HUB_OFFLINE="1",
+        )
     lines = [line for line in str(info.value).splitlines() if "LORA_MODULES" in line]
     assert lines and "No adapter found for 'sql' at 'org/not-cached'" in lines[-1], str(info.value)[-2000:]

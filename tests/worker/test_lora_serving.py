@@ -20,9 +20,11 @@ from openai_schema import validate
 from engine.model.adapters import projection_shapes
 from tests.lora_adapters import ALL_TARGETS, write_adapter
 
-ADAPTERS = {"pirate": dict(targets=["q_proj", "v_proj"], rank=8, alpha=16.0, seed=1),
-            "poet": dict(targets=ALL_TARGETS, rank=4, alpha=8.0, seed=2),
-            "critic": dict(targets=["gate_proj", "up_proj", "down_proj"], rank=16, alpha=16.0, seed=3)}
+ADAPTERS = {
+    "pirate": dict(targets=["q_proj", "v_proj"], rank=8, alpha=16.0, seed=1),
+    "poet": dict(targets=ALL_TARGETS, rank=4, alpha=8.0, seed=2),
+    "critic": dict(targets=["gate_proj", "up_proj", "down_proj"], rank=16, alpha=16.0, seed=3),
+}
 PROMPT = [{"role": "user", "content": "Name a colour."}]
 
 
@@ -42,8 +44,14 @@ def base_path(baked_model_path: Path, model_name: str, tmp_path_factory: pytest.
     config = AutoConfig.from_pretrained(baked_model_path)
     modules = []
     for name, spec in ADAPTERS.items():
-        write_adapter(root / "sources" / name, projection_shapes(config), config.num_hidden_layers, std=0.05,
-                      base_model_name_or_path=model_name, **spec)
+        write_adapter(
+            root / "sources" / name,
+            projection_shapes(config),
+            config.num_hidden_layers,
+            std=0.05,
+            base_model_name_or_path=model_name,
+            **spec,
+        )
         modules.append({"name": name, "path": str(root / "sources" / name), "base_model_name": model_name})
     result = run_builder(model, json.dumps(modules))
     assert result.returncode == 0, result.stderr
@@ -52,8 +60,14 @@ def base_path(baked_model_path: Path, model_name: str, tmp_path_factory: pytest.
 
 def run_builder(out: Path, lora_modules: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LORA_MODULES": lora_modules}
-    return subprocess.run([sys.executable, "-m", "builder", "--if-missing", "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "builder", "--if-missing", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -110,26 +124,48 @@ def test_each_adapter_answers_as_itself_by_either_name_streamed_or_not(sdk: open
         assert list(pool.map(lambda n: chat(sdk, n), names)) == [answers[n] for n in names]
 
 
-def test_completions_responses_tools_and_structured_outputs_run_with_an_adapter(sdk: openai.OpenAI,
-                                                                               model_name: str) -> None:
-    texts = {m: sdk.completions.create(model=m, prompt="The sky is", temperature=0, max_tokens=8).choices[0].text
-             for m in (model_name, "critic")}
+def test_completions_responses_tools_and_structured_outputs_run_with_an_adapter(
+    sdk: openai.OpenAI, model_name: str
+) -> None:
+    texts = {
+        m: sdk.completions.create(model=m, prompt="The sky is", temperature=0, max_tokens=8).choices[0].text
+        for m in (model_name, "critic")
+    }
     assert texts["critic"] != texts[model_name]
 
     response = sdk.responses.create(model="critic", input="Name a colour.", temperature=0, max_output_tokens=12)
     assert response.model == "critic" and response.output_text == chat(sdk, "critic")
 
-    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-    reply = sdk.chat.completions.create(model="pirate", messages=[{"role": "user", "content": "Weather in Paris?"}],
-                                        tools=[tool], tool_choice="required", temperature=0, max_tokens=40)
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+    reply = sdk.chat.completions.create(
+        model="pirate",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[tool],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=40,
+    )
     call = reply.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
 
-    schema = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
-              "required": ["colour"], "additionalProperties": False}
-    content = chat(sdk, "poet", max_tokens=30,
-                   response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
+    content = chat(
+        sdk,
+        "poet",
+        max_tokens=30,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
     assert json.loads(content)["colour"] in {"red", "green", "blue"}
 
 
@@ -146,8 +182,9 @@ def test_a_native_job_takes_the_same_model_field(lora_worker: LocalWorker, sdk: 
 
 
 @pytest.mark.parametrize("model", ["nope", "{base}:nope", "other-base:poet"])
-def test_an_unknown_adapter_is_a_404_naming_model_and_the_worker_keeps_serving(sdk: openai.OpenAI, model_name: str,
-                                                                               model: str) -> None:
+def test_an_unknown_adapter_is_a_404_naming_model_and_the_worker_keeps_serving(
+    sdk: openai.OpenAI, model_name: str, model: str
+) -> None:
     model = model.format(base=model_name)
     with pytest.raises(openai.NotFoundError) as info:
         sdk.chat.completions.create(model=model, messages=PROMPT, max_tokens=4)
@@ -169,8 +206,9 @@ def test_enable_lora_off_serves_the_base_model_alone(base_path: Path, model_name
         stop_worker(w)
 
 
-def test_bad_lora_modules_fail_the_bake_in_one_line_and_leave_the_bake_as_it_was(base_path: Path,
-                                                                                 model_name: str) -> None:
+def test_bad_lora_modules_fail_the_bake_in_one_line_and_leave_the_bake_as_it_was(
+    base_path: Path, model_name: str
+) -> None:
     model = base_path / "model"
     before = (model / "manifest.json").read_text()
     sources = base_path / "sources"
@@ -182,8 +220,9 @@ def test_bad_lora_modules_fail_the_bake_in_one_line_and_leave_the_bake_as_it_was
         "x=/no/such/folder": "does not exist",
         "bad:name=" + str(sources / "poet"): "no ':'",
         f"a={sources / 'poet'} a={sources / 'poet'}": "given twice",
-        json.dumps([{"name": "p", "path": str(sources / "poet"), "base_model_name": "meta-llama/Llama-3.2-1B"}]):
-            "is for base model 'meta-llama/Llama-3.2-1B'",
+        json.dumps(
+            [{"name": "p", "path": str(sources / "poet"), "base_model_name": "meta-llama/Llama-3.2-1B"}]
+        ): "is for base model 'meta-llama/Llama-3.2-1B'",
         json.dumps([{"name": "p", "paht": "x"}]): '"name" and "path"',
         f"{model_name}={sources / 'poet'}": "the model's own name",
         f"p={model}": "not a PEFT adapter",

@@ -24,8 +24,15 @@ def settings_for(tmp_path: Path, **env: str):
     roots = {"runpod": tmp_path / "runpod", "hf": tmp_path / "hf-home" / "hub", "base": tmp_path / "base"}
     for root in roots.values():
         root.mkdir(parents=True, exist_ok=True)
-    settings = load_settings({"MODEL_NAME": NAME, "MODEL_CACHE_PATH": str(roots["runpod"]),
-                              "BASE_PATH": str(roots["base"]), "HF_HOME": str(tmp_path / "hf-home"), **env})
+    settings = load_settings(
+        {
+            "MODEL_NAME": NAME,
+            "MODEL_CACHE_PATH": str(roots["runpod"]),
+            "BASE_PATH": str(roots["base"]),
+            "HF_HOME": str(tmp_path / "hf-home"),
+            **env,
+        }
+    )
     return settings, roots
 
 
@@ -76,14 +83,21 @@ def test_a_name_that_is_no_hub_id_leaves_the_bake_to_the_engine(tmp_path) -> Non
     assert locate_model(settings) == settings
 
 
-@pytest.mark.parametrize("files, says", [
-    (("pytorch_model.bin", "tokenizer.json", "tokenizer_config.json"),
-     "has only PyTorch .bin weights, and the worker reads safetensors in place: bake it (python -m builder converts "
-     "them)"),
-    (("model.safetensors", "tokenizer.model", "tokenizer_config.json"),
-     "has no tokenizer.json (a sentencepiece tokenizer.model is converted only by the bake): bake it with python -m "
-     "builder"),
-])
+@pytest.mark.parametrize(
+    "files, says",
+    [
+        (
+            ("pytorch_model.bin", "tokenizer.json", "tokenizer_config.json"),
+            "has only PyTorch .bin weights, and the worker reads safetensors in place: "
+            "bake it (python -m builder converts them)",
+        ),
+        (
+            ("model.safetensors", "tokenizer.model", "tokenizer_config.json"),
+            "has no tokenizer.json (a sentencepiece tokenizer.model is converted only by the bake): "
+            "bake it with python -m builder",
+        ),
+    ],
+)
 def test_what_only_the_bake_converts_is_refused_in_one_line(tmp_path, files, says) -> None:
     settings, _ = settings_for(tmp_path)
     snapshot = snapshot_folder(tmp_path, {"architectures": ["LlamaForCausalLM"]}, files)
@@ -92,10 +106,13 @@ def test_what_only_the_bake_converts_is_refused_in_one_line(tmp_path, files, say
     assert info.value.message == f"MODEL_NAME={NAME} ({snapshot}) {says}"
 
 
-@pytest.mark.parametrize("config, files", [
-    ({"architectures": ["FalconForCausalLM"]}, ("model.safetensors", "tokenizer.json", "tokenizer_config.json")),
-    ({"architectures": ["LlamaForCausalLM"]}, ("model.safetensors", "tokenizer.json")),
-])
+@pytest.mark.parametrize(
+    "config, files",
+    [
+        ({"architectures": ["FalconForCausalLM"]}, ("model.safetensors", "tokenizer.json", "tokenizer_config.json")),
+        ({"architectures": ["LlamaForCausalLM"]}, ("model.safetensors", "tokenizer.json")),
+    ],
+)
 def test_the_bakes_checks_run_at_start_up_in_the_bakes_words(tmp_path, config, files) -> None:
     settings, _ = settings_for(tmp_path)
     snapshot = snapshot_folder(tmp_path, config, files)

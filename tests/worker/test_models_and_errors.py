@@ -41,21 +41,24 @@ def test_wrong_and_missing_model(client, http, model_name) -> None:
     _served(client, model_name)
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"temperature": 3}, "temperature"),
-    ({"temperature": "warm"}, "temperature"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"n": 0}, "n"),
-    ({"max_tokens": -5}, "max_tokens"),
-    ({"messages": "not a list"}, "messages"),
-    ({"messages": [{"content": "no role"}]}, "messages.[0].role"),
-    ({"logit_bias": {"99999999": 5}}, "logit_bias"),
-    ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
-    ({"stream_options": {"include_usage": True}}, "stream_options"),
-    ({"extra_body": {"chat_template": "{% if %}"}}, "chat_template"),
-    ({"extra_body": {"top_k": -2}}, "top_k"),
-    ({"extra_body": {"continue_final_message": True}}, "continue_final_message"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"temperature": 3}, "temperature"),
+        ({"temperature": "warm"}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"n": 0}, "n"),
+        ({"max_tokens": -5}, "max_tokens"),
+        ({"messages": "not a list"}, "messages"),
+        ({"messages": [{"content": "no role"}]}, "messages.[0].role"),
+        ({"logit_bias": {"99999999": 5}}, "logit_bias"),
+        ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"extra_body": {"chat_template": "{% if %}"}}, "chat_template"),
+        ({"extra_body": {"top_k": -2}}, "top_k"),
+        ({"extra_body": {"continue_final_message": True}}, "continue_final_message"),
+    ],
+)
 def test_bad_parameters_are_400_naming_the_param(client, model_name, body, param) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=model_name, **{"messages": Q, **body})
@@ -64,8 +67,10 @@ def test_bad_parameters_are_400_naming_the_param(client, model_name, body, param
 
 
 def test_invalid_json_and_non_object_bodies(http, client, model_name) -> None:
-    error = _error(http.post("/openai/v1/chat/completions", content=b'{"model": ',
-                             headers={"content-type": "application/json"}), 400)
+    error = _error(
+        http.post("/openai/v1/chat/completions", content=b'{"model": ', headers={"content-type": "application/json"}),
+        400,
+    )
     assert "JSON" in error["message"]
     _error(http.post("/openai/v1/chat/completions", json=[1, 2, 3]), 400)
     _error(http.post("/v2/x/runsync", json={"no_input": 1}), 400)
@@ -81,8 +86,13 @@ def test_prompt_over_the_context_and_a_2mb_prompt(client, http, model_name) -> N
         client.completions.create(model=model_name, prompt="hello", max_tokens=4000)
     assert info.value.code == "context_length_exceeded" and info.value.param == "max_tokens"
     huge = "hello world " * (2 * 1024 * 1024 // 12)  # 2 MB of text
-    error = _error(http.post("/openai/v1/chat/completions", json={
-        "model": model_name, "messages": [{"role": "user", "content": huge}], "stream": True}), 400)
+    error = _error(
+        http.post(
+            "/openai/v1/chat/completions",
+            json={"model": model_name, "messages": [{"role": "user", "content": huge}], "stream": True},
+        ),
+        400,
+    )
     assert error["code"] == "context_length_exceeded" and error["param"] == "messages"  # as the chat route calls it
     _served(client, model_name)
 
@@ -129,4 +139,6 @@ def test_a_request_with_no_key_is_told_so_in_openais_words(custom_worker) -> Non
     assert wrong["message"] == "Incorrect API key provided." and wrong["code"] == "invalid_api_key"
     anthropic = httpx.post(custom_worker.url("/openai/v1/messages"), json={})
     assert anthropic.status_code == 401 and anthropic.json()["error"] == {
-        "type": "authentication_error", "message": "x-api-key header is required"}
+        "type": "authentication_error",
+        "message": "x-api-key header is required",
+    }

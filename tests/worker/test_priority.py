@@ -70,8 +70,13 @@ class Queued(threading.Thread):
 
 @pytest.fixture(scope="module")
 def three_seat_worker(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorker]:
-    w = start_worker(baked_model_path, tmp_path_factory.mktemp("three-seats") / "worker.log",
-                     SCHEDULING_POLICY="priority", MAX_NUM_SEQS=str(SEATS), MAX_MODEL_LEN=str(QUEUE_MODEL_LEN))
+    w = start_worker(
+        baked_model_path,
+        tmp_path_factory.mktemp("three-seats") / "worker.log",
+        SCHEDULING_POLICY="priority",
+        MAX_NUM_SEQS=str(SEATS),
+        MAX_MODEL_LEN=str(QUEUE_MODEL_LEN),
+    )
     yield w
     stop_worker(w)
 
@@ -98,10 +103,15 @@ def test_every_door_takes_priority(three_seat_worker, model_name, door) -> None:
     """A request sent through `door` with a high priority (low number) queues behind an earlier chat request of
     the default priority and is started first; were its priority dropped, arrival order would start the other."""
     base, started = three_seat_worker.openai_url, []
-    blocker = Queued("blocker", f"{base}/chat/completions",
-                     {"model": model_name, "messages": HI, "max_tokens": BLOCKER_TOKENS, "n": SEATS}, started)
-    reference = Queued("reference", f"{base}/chat/completions",
-                       {"model": model_name, **DOORS["chat"][1], "n": SEATS}, started)
+    blocker = Queued(
+        "blocker",
+        f"{base}/chat/completions",
+        {"model": model_name, "messages": HI, "max_tokens": BLOCKER_TOKENS, "n": SEATS},
+        started,
+    )
+    reference = Queued(
+        "reference", f"{base}/chat/completions", {"model": model_name, **DOORS["chat"][1], "n": SEATS}, started
+    )
     path, body = DOORS[door]
     favoured = Queued(door, base + path, {"model": model_name, **body, "priority": FAVOURED}, started)
     calls = [blocker, reference, favoured]
@@ -143,7 +153,11 @@ def test_scheduling_policy_is_checked_at_start() -> None:
 
 def test_a_bad_priority_is_a_400_naming_it(client, model_name) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi"}],
-                                       max_tokens=2, extra_body={"priority": "high"})
+        client.chat.completions.create(
+            model=model_name,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=2,
+            extra_body={"priority": "high"},
+        )
     assert caught.value.body["param"] == "priority"
     assert client.models.list().data  # and the worker goes on serving

@@ -29,14 +29,37 @@ def test_unknown_fields_are_accepted_and_defaults_follow_the_api() -> None:
 
 
 def test_every_parameter_reaches_sampling_params() -> None:
-    chat = ChatCompletionRequest.model_validate({
-        **CHAT, "n": 2, "best_of": 3, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.1,
-        "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2, "logit_bias": {"7": -5},
-        "seed": 11, "stop": "END", "max_tokens": 30, "max_completion_tokens": 20, "logprobs": True,
-        "top_logprobs": 3, "ignore_eos": True, "min_tokens": 2, "stop_token_ids": [9],
-        "include_stop_str_in_output": True, "skip_special_tokens": False, "spaces_between_special_tokens": False,
-        "truncate_prompt_tokens": -1, "allowed_token_ids": [1, 2, 9], "prompt_logprobs": 1, "bad_words": ["x"],
-    })
+    chat = ChatCompletionRequest.model_validate(
+        {
+            **CHAT,
+            "n": 2,
+            "best_of": 3,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": 5,
+            "min_p": 0.1,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "repetition_penalty": 1.2,
+            "logit_bias": {"7": -5},
+            "seed": 11,
+            "stop": "END",
+            "max_tokens": 30,
+            "max_completion_tokens": 20,
+            "logprobs": True,
+            "top_logprobs": 3,
+            "ignore_eos": True,
+            "min_tokens": 2,
+            "stop_token_ids": [9],
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "truncate_prompt_tokens": -1,
+            "allowed_token_ids": [1, 2, 9],
+            "prompt_logprobs": 1,
+            "bad_words": ["x"],
+        }
+    )
     p = openai_sampling_params(chat, 2048)
     assert (p.n, p.best_of, p.temperature, p.top_p, p.top_k, p.min_p) == (2, 3, 0.5, 0.9, 5, 0.1)
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.5, 1.2)
@@ -46,9 +69,12 @@ def test_every_parameter_reaches_sampling_params() -> None:
     assert p.stop_token_ids == [9] and p.include_stop_str_in_output
     assert not p.skip_special_tokens and not p.spaces_between_special_tokens
     assert p.truncate_prompt_tokens == 2048 and p.allowed_token_ids == [1, 2, 9] and p.bad_words == ["x"]
-    beam = openai_sampling_params(ChatCompletionRequest.model_validate(
-        {**CHAT, "n": 2, "use_beam_search": True, "temperature": 0, "length_penalty": 0.5,
-         "early_stopping": True}), 2048)
+    beam = openai_sampling_params(
+        ChatCompletionRequest.model_validate(
+            {**CHAT, "n": 2, "use_beam_search": True, "temperature": 0, "length_penalty": 0.5, "early_stopping": True}
+        ),
+        2048,
+    )
     assert beam.use_beam_search and beam.length_penalty == 0.5 and beam.early_stopping
 
 
@@ -56,8 +82,9 @@ def test_beam_search_without_a_temperature_runs_at_zero() -> None:
     beam = openai_sampling_params(ChatCompletionRequest.model_validate({**CHAT, "n": 2, "use_beam_search": True}), 2048)
     assert beam.use_beam_search and beam.temperature == 0.0
     with pytest.raises(InvalidRequest, match="temperature"):  # an explicit temperature is still checked
-        openai_sampling_params(ChatCompletionRequest.model_validate(
-            {**CHAT, "n": 2, "use_beam_search": True, "temperature": 0.7}), 2048)
+        openai_sampling_params(
+            ChatCompletionRequest.model_validate({**CHAT, "n": 2, "use_beam_search": True, "temperature": 0.7}), 2048
+        )
 
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}
@@ -81,15 +108,27 @@ def test_completions_echo_with_logprobs_asks_for_prompt_logprobs() -> None:
     assert openai_sampling_params(request, 2048).prompt_logprobs == 2
 
 
-@pytest.mark.parametrize("field, value, param", [
-    ("temperature", 2.5, "temperature"), ("temperature", "hot", "temperature"), ("top_p", 0, "top_p"),
-    ("n", 0, "n"), ("max_tokens", 0, "max_tokens"), ("presence_penalty", 3, "presence_penalty"),
-    ("top_logprobs", 21, "top_logprobs"), ("logit_bias", {"5": 101}, "logit_bias.5"),
-    ("logit_bias", {"word": 1}, "logit_bias"), ("best_of", 1, "best_of"), ("messages", [], "messages"),
-    ("messages", "hi", "messages"), ("stop", 5, "stop"), ("response_format", {"type": "xml"},
-                                                         "response_format.type"),
-    ("min_tokens", -1, "min_tokens"), ("top_logprobs", 2, "top_logprobs"),
-])
+@pytest.mark.parametrize(
+    "field, value, param",
+    [
+        ("temperature", 2.5, "temperature"),
+        ("temperature", "hot", "temperature"),
+        ("top_p", 0, "top_p"),
+        ("n", 0, "n"),
+        ("max_tokens", 0, "max_tokens"),
+        ("presence_penalty", 3, "presence_penalty"),
+        ("top_logprobs", 21, "top_logprobs"),
+        ("logit_bias", {"5": 101}, "logit_bias.5"),
+        ("logit_bias", {"word": 1}, "logit_bias"),
+        ("best_of", 1, "best_of"),
+        ("messages", [], "messages"),
+        ("messages", "hi", "messages"),
+        ("stop", 5, "stop"),
+        ("response_format", {"type": "xml"}, "response_format.type"),
+        ("min_tokens", -1, "min_tokens"),
+        ("top_logprobs", 2, "top_logprobs"),
+    ],
+)
 def test_out_of_range_and_wrong_types_name_the_param(field: str, value: object, param: str) -> None:
     body = {**CHAT, field: value}
     if field == "best_of":

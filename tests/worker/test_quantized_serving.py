@@ -31,9 +31,16 @@ def quantized(request, baked_model_path: Path, tmp_path_factory) -> Iterator[tup
     folder = tmp_path_factory.mktemp(kind)
     source = folder / f"tiny-{kind}"
     baked = json.loads((baked_model_path / "config.json").read_text())
-    hf = write_quantized(kind, KINDS[kind], source, vocab_size=baked["vocab_size"], tie_word_embeddings=True,
-                         max_position_embeddings=2048,
-                         bos_token_id=baked["bos_token_id"], eos_token_id=baked["eos_token_id"])
+    hf = write_quantized(
+        kind,
+        KINDS[kind],
+        source,
+        vocab_size=baked["vocab_size"],
+        tie_word_embeddings=True,
+        max_position_embeddings=2048,
+        bos_token_id=baked["bos_token_id"],
+        eos_token_id=baked["eos_token_id"],
+    )
     for name in TOKENIZER_FILES:
         shutil.copy(baked_model_path / name, source / name)
     bake(resolve(str(source), None), folder / "model")
@@ -46,12 +53,14 @@ def test_a_quantized_checkpoint_serves_the_greedy_answer_of_its_weights(quantize
     hf, worker = quantized
     client = worker.client()
     (model,) = [m.id for m in client.models.list().data]
-    answer = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0,
-                                            extra_body={"ignore_eos": True})
+    answer = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True}
+    )
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False)
     with torch.no_grad():
-        ids = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                          eos_token_id=None)[0, len(prompt):].tolist()
+        ids = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None)[
+            0, len(prompt) :
+        ].tolist()
     assert answer.usage.prompt_tokens == len(prompt) and answer.usage.completion_tokens == MAX_TOKENS
     assert answer.choices[0].finish_reason == "length"
     assert answer.choices[0].message.content == tokenizer.decode(ids, skip_special_tokens=True)

@@ -12,15 +12,33 @@ import pytest
 from family_templates import QWEN35
 from openai_schema import validate
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city for a few days.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Rome"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-        "hourly": {"type": "boolean"}},
-        "required": ["city", "days"]}}}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["tz"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city for a few days.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Rome"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "hourly": {"type": "boolean"},
+            },
+            "required": ["city", "days"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["tz"],
+        },
+    },
+}
 ASK = [{"role": "user", "content": "What will the weather be in Paris for the next 3 days?"}]
 # Thinking off: the template closes an empty <think>, so the answer starts at the call.
 QWEN35_BODY = {"chat_template": QWEN35, "chat_template_kwargs": {"enable_thinking": False}}
@@ -38,19 +56,33 @@ def _calls(message) -> list[tuple[str, dict]]:
 
 
 def test_the_prompt_shows_the_tools_and_the_xml_call_format(client, model_name, tokenizer) -> None:
-    response = client.chat.completions.create(model=model_name, messages=ASK, tools=[WEATHER], max_tokens=1,
-                                              extra_body={**QWEN35_BODY, "return_token_ids": True})
+    response = client.chat.completions.create(
+        model=model_name,
+        messages=ASK,
+        tools=[WEATHER],
+        max_tokens=1,
+        extra_body={**QWEN35_BODY, "return_token_ids": True},
+    )
     prompt = tokenizer.decode(response.model_extra["prompt_token_ids"])
     assert prompt.startswith("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>")
     assert '"name": "get_weather"' in prompt and "<function=example_function_name>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
-@pytest.mark.parametrize("choice,name", [("required", "get_weather"),
-                                         ({"type": "function", "function": {"name": "get_time"}}, "get_time")])
+@pytest.mark.parametrize(
+    "choice,name", [("required", "get_weather"), ({"type": "function", "function": {"name": "get_time"}}, "get_time")]
+)
 def test_forced_calls_are_typed_and_valid_whole_and_streamed(client, model_name, choice, name) -> None:
-    kw = dict(model=model_name, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice, max_tokens=96, temperature=0,
-              parallel_tool_calls=False, extra_body=QWEN35_BODY)
+    kw = dict(
+        model=model_name,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice=choice,
+        max_tokens=96,
+        temperature=0,
+        parallel_tool_calls=False,
+        extra_body=QWEN35_BODY,
+    )
     whole = client.chat.completions.create(**kw)
     validate(whole)
     choice0 = whole.choices[0]

@@ -20,15 +20,37 @@ from worker.openai.tools.events import ContentDelta, ToolCallArguments, ToolCall
 from worker.openai.tools.qwen3_coder import Qwen3CoderParser
 from worker.openai.tools.registry import PARSERS, pick_format
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
-                                            "parameters": {"type": "object", "properties": {
-                                                "city": {"type": "string"}, "days": {"type": "integer"},
-                                                "hourly": {"type": "boolean"}, "ratio": {"type": "number"},
-                                                "at": {"type": "object"}, "tags": {"type": "array"},
-                                                "note": {"type": ["string", "null"]}},
-                                                "required": ["city"]}}}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["tz"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer"},
+                "hourly": {"type": "boolean"},
+                "ratio": {"type": "number"},
+                "at": {"type": "object"},
+                "tags": {"type": "array"},
+                "note": {"type": ["string", "null"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["tz"],
+        },
+    },
+}
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
 
 
@@ -43,34 +65,72 @@ CASES = [
     (block("get_weather", city="Paris", days="3"), None, [("get_weather", {"city": "Paris", "days": 3})]),
     # Typed values: integer, boolean (Python's spelling too), number, object, array, a nullable string; a string
     # keeps digits, quotes, braces, markup and inner newlines as written.
-    (block("get_weather", city='12 "rue" {x} <b>\nline two', days="-4", hourly="True", ratio="0.5",
-           at='{"lat": 48.8, "lon": 2.3}', tags="['a', 'b']", note="null"),
-     None, [("get_weather", {"city": '12 "rue" {x} <b>\nline two', "days": -4, "hourly": True, "ratio": 0.5,
-                             "at": {"lat": 48.8, "lon": 2.3}, "tags": ["a", "b"], "note": None})]),
+    (
+        block(
+            "get_weather",
+            city='12 "rue" {x} <b>\nline two',
+            days="-4",
+            hourly="True",
+            ratio="0.5",
+            at='{"lat": 48.8, "lon": 2.3}',
+            tags="['a', 'b']",
+            note="null",
+        ),
+        None,
+        [
+            (
+                "get_weather",
+                {
+                    "city": '12 "rue" {x} <b>\nline two',
+                    "days": -4,
+                    "hourly": True,
+                    "ratio": 0.5,
+                    "at": {"lat": 48.8, "lon": 2.3},
+                    "tags": ["a", "b"],
+                    "note": None,
+                },
+            )
+        ],
+    ),
     # Content before the calls; several calls; text after them is no part of the answer.
-    ("Let me check both.\n\n" + block("get_weather", city="Paris") + "\n" + block("get_time", tz="CET") + "\nDone.",
-     "Let me check both.", [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})]),
+    (
+        "Let me check both.\n\n" + block("get_weather", city="Paris") + "\n" + block("get_time", tz="CET") + "\nDone.",
+        "Let me check both.",
+        [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})],
+    ),
     # A function no tool names, and a parameter no schema lists: the values stay text.
     (block("search", query="cats", limit="5"), None, [("search", {"query": "cats", "limit": "5"})]),
     # A value that is not of its type: kept as written (a number where an integer was asked for, a word).
-    (block("get_weather", city="Rome", days="2.5", hourly="maybe"), None,
-     [("get_weather", {"city": "Rome", "days": 2.5, "hourly": "maybe"})]),
+    (
+        block("get_weather", city="Rome", days="2.5", hourly="maybe"),
+        None,
+        [("get_weather", {"city": "Rome", "days": 2.5, "hourly": "maybe"})],
+    ),
     # An enum's value is the listed one, less the whitespace the grammar allows around it.
     (block("get_time", tz="\n CET\n"), None, [("get_time", {"tz": "CET"})]),
     # No parameters; a missing </parameter> and </function> are forgiven; one blank line kept of two.
     ("<tool_call>\n<function=get_time>\n</function>\n</tool_call>", None, [("get_time", {})]),
-    ("<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n\n</tool_call>", None,
-     [("get_weather", {"city": "Oslo\n"})]),
+    (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n\n</tool_call>",
+        None,
+        [("get_weather", {"city": "Oslo\n"})],
+    ),
     # Markup that is no call is content; so is an unfinished opener.
     ("<tool_call>\nnot a call\n</tool_call> and more", "<tool_call>\nnot a call\n</tool_call> and more", []),
-    ("<tool_call>\n<function=bad name!>\n</function>\n</tool_call>",
-     "<tool_call>\n<function=bad name!>\n</function>\n</tool_call>", []),
+    (
+        "<tool_call>\n<function=bad name!>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=bad name!>\n</function>\n</tool_call>",
+        [],
+    ),
     ("2 < 3, <b>bold</b> and <tool_ca", "2 < 3, <b>bold</b> and <tool_ca", []),
     # Cut short: the call keeps what it had, as a whole object.
     ("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", None, [("get_weather", {"city": "Par"})]),
     ("<tool_call>\n<function=get_weather>\n<parameter=days>\n12", None, [("get_weather", {"days": 12})]),
-    ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</param", None,
-     [("get_weather", {"city": "Paris"})]),
+    (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</param",
+        None,
+        [("get_weather", {"city": "Paris"})],
+    ),
     ("Hm. <tool_call>\n<function=get_weather>\n<param", "Hm.", [("get_weather", {})]),
 ]
 
@@ -97,8 +157,10 @@ def test_streamed_at_every_split_the_deltas_join_into_the_whole_answer(text, con
     for pieces in [[text[:i], text[i:]] for i in range(len(text) + 1)] + [list(text)]:
         events = _stream(Qwen3CoderParser(schemas=SCHEMAS), pieces)
         got_calls, got_content = fold_calls(events), fold_text(events, ContentDelta)
-        assert ((got_content or None) if got_calls else got_content,
-                [(c.name, c.arguments) for c in got_calls]) == whole, pieces
+        assert (
+            (got_content or None) if got_calls else got_content,
+            [(c.name, c.arguments) for c in got_calls],
+        ) == whole, pieces
         if calls:
             assert not any(m in got_content for m in ("<tool_call>", "<function=", "<parameter=", "</"))
         opened: set[int] = set()
@@ -123,12 +185,15 @@ def test_a_string_streams_as_it_is_written_and_other_values_at_their_end() -> No
 def test_parallel_false_repeats_and_max_calls_end_the_answer() -> None:
     paris, rome = block("get_weather", city="Paris"), block("get_weather", city="Rome")
     assert [json.loads(c.arguments) for c in Qwen3CoderParser.parse(f"{paris}\n{rome}", parallel=False)[1]] == [
-        {"city": "Paris"}]
+        {"city": "Paris"}
+    ]
     # The small model's loop: the same call again ends the answer, and the repeat is never streamed.
     parser = Qwen3CoderParser(schemas=SCHEMAS)
     events = _stream(parser, list(f"{paris}\n{rome}\n{paris}\n{rome}"))
-    assert parser.done and [json.loads(c.arguments) for c in fold_calls(events)] == [{"city": "Paris"},
-                                                                                     {"city": "Rome"}]
+    assert parser.done and [json.loads(c.arguments) for c in fold_calls(events)] == [
+        {"city": "Paris"},
+        {"city": "Rome"},
+    ]
     assert [c.name for c in Qwen3CoderParser.parse(f"{paris}\n{rome}", max_calls=1)[1]] == ["get_weather"]
 
 
@@ -140,9 +205,20 @@ def test_the_qwen35_template_picks_the_parser_and_renders_tools_and_a_second_tur
     history = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Paris for 3 days?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_0123456789abcdef01234567", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3, "at": {"lat": 48.8}}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_0123456789abcdef01234567",
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": '{"city": "Paris", "days": 3, "at": {"lat": 48.8}}',
+                    },
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_0123456789abcdef01234567", "content": "21 C"},
     ]
     from worker.openai.tools.plan import ToolPlan
@@ -151,18 +227,25 @@ def test_the_qwen35_template_picks_the_parser_and_renders_tools_and_a_second_tur
     plan = ToolPlan("qwen3_coder", check_tools([WEATHER]), ToolChoice("auto"))
     shown, tools = plan.template_inputs(template_messages(request.messages))
     text = render_chat(tokenizer, shown, chat_template=QWEN35, tools=tools).text
-    assert text.startswith("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
-                           + json.dumps(WEATHER) + "\n</tools>")
+    assert text.startswith(
+        "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+        + json.dumps(WEATHER)
+        + "\n</tools>"
+    )
     assert "<function=example_function_name>" in text and "</IMPORTANT>\n\nBe brief.<|im_end|>" in text
-    assert ("<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
-            'Paris\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=at>\n{"lat": 48.8}\n</parameter>\n'
-            "</function>\n</tool_call><|im_end|>\n") in text
-    assert text.endswith("<|im_start|>user\n<tool_response>\n21 C\n</tool_response><|im_end|>\n"
-                         "<|im_start|>assistant\n<think>\n")
+    assert (
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+        'Paris\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=at>\n{"lat": 48.8}\n</parameter>\n'
+        "</function>\n</tool_call><|im_end|>\n"
+    ) in text
+    assert text.endswith(
+        "<|im_start|>user\n<tool_response>\n21 C\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
     # The generation prompt opens the reasoning: qwen3's parser reads it from the answer's start.
     assert pick_reasoning(QWEN35, None) == "qwen3" and starts_in_reasoning("qwen3", text)
-    off = render_chat(tokenizer, shown, chat_template=QWEN35, tools=tools, template_kwargs={
-        "enable_thinking": False}).text
+    off = render_chat(
+        tokenizer, shown, chat_template=QWEN35, tools=tools, template_kwargs={"enable_thinking": False}
+    ).text
     assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") and not starts_in_reasoning("qwen3", off)
 
 
@@ -200,8 +283,9 @@ GRAMMAR_CASES = [
 
 
 @pytest.mark.parametrize("mode,named,parallel,text,accepted", GRAMMAR_CASES)
-def test_the_forced_call_grammar_and_the_parser_agree(grammars, tokenizer, mode, named, parallel, text,
-                                                      accepted) -> None:
+def test_the_forced_call_grammar_and_the_parser_agree(
+    grammars, tokenizer, mode, named, parallel, text, accepted
+) -> None:
     import xgrammar as xgr
 
     from worker.openai.tools.plan import ToolPlan
@@ -222,4 +306,5 @@ def test_reasoning_may_come_first(grammars, tokenizer) -> None:
     plan = ToolPlan("qwen3_coder", check_tools([WEATHER, TIME]), ToolChoice("required"))
     matcher = xgr.GrammarMatcher(grammars.get(tool_constraint(plan, "", "qwen3", in_reasoning=True)))
     assert matcher.accept_string(f"The user wants Paris.\n</think>\n\n{W}") and matcher.accept_token(
-        tokenizer.eos_token_id)
+        tokenizer.eos_token_id
+    )

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 from anthropic_client import held_to_the_schema, sdk  # noqa: F401 (a fixture, used by name)
 from local_worker import LocalWorker, start_worker, stop_worker
-from vision_bake import (ask, bake_qwen_vl_model, check_image_moves_the_answer, check_whole_and_streamed,
-                         data_url, png)
+from vision_bake import ask, bake_qwen_vl_model, check_image_moves_the_answer, check_whole_and_streamed, data_url, png
 
 RED, BLUE = png(80, 40, (200, 30, 30)), png(30, 70, (20, 40, 220), "JPEG")
 RED_TOKENS = 10  # 80x40 -> 80x32 pixels: 10 x 4 patches of 8, merged 2x2
@@ -35,15 +34,32 @@ def test_an_image_part_whole_and_streamed_counts_its_tokens(qwen_vl_worker: Loca
 
 
 def test_the_image_moves_the_answer_and_a_later_turn_hits_the_cache(qwen_vl_worker: LocalWorker) -> None:
-    check_image_moves_the_answer(qwen_vl_worker.client(), NAME, lambda url: ask(url, "Describe it."), data_url(RED),
-                                 data_url(BLUE, "image/jpeg"), RED_TOKENS)
+    check_image_moves_the_answer(
+        qwen_vl_worker.client(),
+        NAME,
+        lambda url: ask(url, "Describe it."),
+        data_url(RED),
+        data_url(BLUE, "image/jpeg"),
+        RED_TOKENS,
+    )
 
 
 def test_a_responses_input_image(qwen_vl_worker: LocalWorker) -> None:
     sdk = qwen_vl_worker.client()
-    response = sdk.responses.create(model=NAME, max_output_tokens=6, temperature=0, input=[{
-        "role": "user", "content": [{"type": "input_image", "image_url": data_url(RED)},
-                                    {"type": "input_text", "text": "What is in the picture?"}]}])
+    response = sdk.responses.create(
+        model=NAME,
+        max_output_tokens=6,
+        temperature=0,
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_image", "image_url": data_url(RED)},
+                    {"type": "input_text", "text": "What is in the picture?"},
+                ],
+            }
+        ],
+    )
     chat = sdk.chat.completions.create(model=NAME, messages=ask(data_url(RED)), max_tokens=6, temperature=0)
     assert response.output_text == chat.choices[0].message.content
     assert response.usage.input_tokens == chat.usage.prompt_tokens
@@ -53,8 +69,10 @@ def test_count_tokens_counts_the_image_tokens(qwen_vl_worker: LocalWorker) -> No
     """/v1/messages/count_tokens through the anthropic client: an image block counts the tokens the engine widens
     its pad to, as /v1/messages' usage does."""
     claude = sdk(qwen_vl_worker)
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": base64.b64encode(RED).decode()}}
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(RED).decode()},
+    }
     content = [image, {"type": "text", "text": "What is in the picture?"}]
     plain = claude.messages.count_tokens(model=NAME, messages=[{"role": "user", "content": content[1:]}])
     counted = claude.messages.count_tokens(model=NAME, messages=[{"role": "user", "content": content}])

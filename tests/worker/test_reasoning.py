@@ -38,29 +38,78 @@ def test_where_the_answer_starts_is_read_from_the_prompt() -> None:
 
 CASES = [
     # (format, answer, reasoning, content, call names)
-    (OutputFormat(reasoning="qwen3"), QWEN3_ANSWER, "\nThe user greets me. I should greet back.\n",
-     "Hello! How can I help?", []),
+    (
+        OutputFormat(reasoning="qwen3"),
+        QWEN3_ANSWER,
+        "\nThe user greets me. I should greet back.\n",
+        "Hello! How can I help?",
+        [],
+    ),
     (OutputFormat(reasoning="qwen3"), "Hello without thinking.", None, "Hello without thinking.", []),
-    (OutputFormat(reasoning="qwen3", in_reasoning=True), "Opened by the template.\n</think>\n\nAnswer.",
-     "Opened by the template.\n", "Answer.", []),
-    (OutputFormat(reasoning="deepseek_r1", in_reasoning=True), "Okay, 6 * 7 = 42.\n</think>\n\nThe answer is 42.",
-     "Okay, 6 * 7 = 42.\n", "The answer is 42.", []),
-    (OutputFormat(reasoning="deepseek_r1", in_reasoning=True), "Cut short while still thinking",
-     "Cut short while still thinking", "", []),
-    (OutputFormat(HermesParser, reasoning="qwen3"), f"<think>\nMaybe {CALL} later.\n</think>\n\nChecking.\n{CALL}",
-     f"\nMaybe {CALL} later.\n", "Checking.", ["get_weather"]),
-    (OutputFormat(HermesParser, reasoning="qwen3", separate_reasoning=False), f"<think>\nPlan.\n</think>\n\n{CALL}",
-     None, "<think>\nPlan.\n</think>\n\n", ["get_weather"]),
+    (
+        OutputFormat(reasoning="qwen3", in_reasoning=True),
+        "Opened by the template.\n</think>\n\nAnswer.",
+        "Opened by the template.\n",
+        "Answer.",
+        [],
+    ),
+    (
+        OutputFormat(reasoning="deepseek_r1", in_reasoning=True),
+        "Okay, 6 * 7 = 42.\n</think>\n\nThe answer is 42.",
+        "Okay, 6 * 7 = 42.\n",
+        "The answer is 42.",
+        [],
+    ),
+    (
+        OutputFormat(reasoning="deepseek_r1", in_reasoning=True),
+        "Cut short while still thinking",
+        "Cut short while still thinking",
+        "",
+        [],
+    ),
+    (
+        OutputFormat(HermesParser, reasoning="qwen3"),
+        f"<think>\nMaybe {CALL} later.\n</think>\n\nChecking.\n{CALL}",
+        f"\nMaybe {CALL} later.\n",
+        "Checking.",
+        ["get_weather"],
+    ),
+    (
+        OutputFormat(HermesParser, reasoning="qwen3", separate_reasoning=False),
+        f"<think>\nPlan.\n</think>\n\n{CALL}",
+        None,
+        "<think>\nPlan.\n</think>\n\n",
+        ["get_weather"],
+    ),
     # Gemma 4: the channel's `thought` label is markup; calls inside the thinking are thinking.
-    (OutputFormat(reasoning="gemma4"), "<|channel>thought\nThe user greets me.<channel|>Hello!", "The user greets me.",
-     "Hello!", []),
-    (OutputFormat(reasoning="gemma4"), "Hello, <|channel> is just text here.", None,
-     "Hello, <|channel> is just text here.", []),
-    (OutputFormat(Gemma4Parser, reasoning="gemma4"),
-     f"<|channel>thought\nMaybe {G_CALL} later.\n<channel|>Checking.{G_CALL}<|tool_response>",
-     f"Maybe {G_CALL} later.\n", "Checking.", ["get_weather"]),
-    (OutputFormat(Gemma4Parser, reasoning="gemma4", in_reasoning=True), f"Opened by the prompt.<channel|>{G_CALL}",
-     "Opened by the prompt.", None, ["get_weather"]),
+    (
+        OutputFormat(reasoning="gemma4"),
+        "<|channel>thought\nThe user greets me.<channel|>Hello!",
+        "The user greets me.",
+        "Hello!",
+        [],
+    ),
+    (
+        OutputFormat(reasoning="gemma4"),
+        "Hello, <|channel> is just text here.",
+        None,
+        "Hello, <|channel> is just text here.",
+        [],
+    ),
+    (
+        OutputFormat(Gemma4Parser, reasoning="gemma4"),
+        f"<|channel>thought\nMaybe {G_CALL} later.\n<channel|>Checking.{G_CALL}<|tool_response>",
+        f"Maybe {G_CALL} later.\n",
+        "Checking.",
+        ["get_weather"],
+    ),
+    (
+        OutputFormat(Gemma4Parser, reasoning="gemma4", in_reasoning=True),
+        f"Opened by the prompt.<channel|>{G_CALL}",
+        "Opened by the prompt.",
+        None,
+        ["get_weather"],
+    ),
 ]
 
 
@@ -81,8 +130,9 @@ def test_reasoning_tokens_are_the_tokens_up_to_the_closing_tag(tokenizer) -> Non
     ids = tokenizer.encode(reasoning + "\n\nThe answer.", add_special_tokens=False)
     _, end = OutputFormat(reasoning="qwen3").read(tokenizer.decode(ids))
     count = reasoning_tokens(tokenizer, ids, end)
-    assert tokenizer.decode(ids[:count]).startswith(reasoning) and not tokenizer.decode(ids[:count - 1]).endswith(
-        "</think>")
+    assert tokenizer.decode(ids[:count]).startswith(reasoning) and not tokenizer.decode(ids[: count - 1]).endswith(
+        "</think>"
+    )
     assert reasoning_tokens(tokenizer, ids, None) == 0
     unfinished = tokenizer.encode("still thinking", add_special_tokens=False)
     _, end = OutputFormat(reasoning="deepseek_r1", in_reasoning=True).read("still thinking")

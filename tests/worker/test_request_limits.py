@@ -36,16 +36,20 @@ def _error(answer: bytes) -> dict:
 
 
 def test_a_declared_size_over_the_limit_is_refused_without_reading(worker) -> None:
-    head = (b"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 1000000000\r\n\r\n")
+    head = (
+        b"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000000000\r\n\r\n"
+    )
     # 1 GB announced, 1 byte sent: a server that read the body first would never answer (recv times out)
     answer = _raw(worker.base, head, [b"{"])
     assert _error(answer)["code"] == "request_too_large"
 
 
 def test_a_chunked_body_is_cut_off_once_it_passes_the_limit(worker, client, model_name) -> None:
-    head = (b"POST /openai/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n")
+    head = (
+        b"POST /openai/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
     piece = b"a" * 2**20
     chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
     answer = _raw(worker.base, head, [chunk] * 40)  # 40 MiB against the 20 MiB default
@@ -59,13 +63,17 @@ def test_jobs_beyond_max_concurrency_wait_their_turn_and_all_finish(baked_model_
     worker = start_worker(baked_model_path, tmp_path / "worker.log", MAX_CONCURRENCY="2")
     try:
         with worker.http() as http:
-            body = {"model": model_name, "prompt": "The sea is", "max_tokens": 24, "temperature": 0,
-                    "ignore_eos": True}
-            ids = [http.post("/run", json={"input": {"openai_route": "/v1/completions", "openai_input": body}})
-                   .json()["id"] for _ in range(5)]
+            body = {"model": model_name, "prompt": "The sea is", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+            ids = [
+                http.post("/run", json={"input": {"openai_route": "/v1/completions", "openai_input": body}}).json()[
+                    "id"
+                ]
+                for _ in range(5)
+            ]
             # The first two take their slots at once; each needs 24 decode steps, so none has finished yet.
-            health = wait_until(lambda: (h := http.get("/health").json()["jobs"])["inProgress"] == 2 and h,
-                                "two jobs start")
+            health = wait_until(
+                lambda: (h := http.get("/health").json()["jobs"])["inProgress"] == 2 and h, "two jobs start"
+            )
             assert health["inQueue"] == 3, health
 
             def statuses() -> list[dict] | None:

@@ -13,8 +13,10 @@ from redis_server import redis_or_skip, redis_server
 @pytest.fixture(scope="module")
 def two_workers(baked_model_path, tmp_path_factory):
     with redis_server() as url:
-        workers = [start_worker(baked_model_path, tmp_path_factory.mktemp(f"w{i}") / "worker.log",
-                                RESPONSE_STORE_URL=url) for i in range(2)]
+        workers = [
+            start_worker(baked_model_path, tmp_path_factory.mktemp(f"w{i}") / "worker.log", RESPONSE_STORE_URL=url)
+            for i in range(2)
+        ]
         try:
             yield workers
         finally:
@@ -25,8 +27,11 @@ def two_workers(baked_model_path, tmp_path_factory):
 @pytest.fixture(scope="module")
 def worker_without_redis(baked_model_path, tmp_path_factory):
     redis_or_skip()
-    w = start_worker(baked_model_path, tmp_path_factory.mktemp("down") / "worker.log",
-                     RESPONSE_STORE_URL=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    w = start_worker(
+        baked_model_path,
+        tmp_path_factory.mktemp("down") / "worker.log",
+        RESPONSE_STORE_URL=f"redis://127.0.0.1:{free_port()}/0",
+    )  # nothing listens there
     yield w
     stop_worker(w)
 
@@ -37,8 +42,9 @@ def test_a_response_stored_by_one_worker_is_continued_through_the_other(two_work
     assert second.responses.retrieve(one.id).output_text == one.output_text
     items = second.responses.input_items.list(one.id)
     assert items.data[0].content[0].text == "Name a colour."
-    two = second.responses.create(model=model_name, input="And another one.", previous_response_id=one.id,
-                                  max_output_tokens=8, temperature=0)
+    two = second.responses.create(
+        model=model_name, input="And another one.", previous_response_id=one.id, max_output_tokens=8, temperature=0
+    )
     assert two.previous_response_id == one.id and two.status in ("completed", "incomplete")
     # the second turn ran on the first turn's conversation: its prompt holds both inputs and the first answer
     assert two.usage.input_tokens > one.usage.input_tokens + one.usage.output_tokens
@@ -50,10 +56,13 @@ def test_a_response_stored_by_one_worker_is_continued_through_the_other(two_work
 
 def test_with_redis_down_only_requests_that_need_the_store_fail(worker_without_redis, model_name):
     client = worker_without_redis.client()
-    for call in (lambda: client.responses.create(model=model_name, input="Hi", max_output_tokens=4),
-                 lambda: client.responses.create(model=model_name, input="Hi", max_output_tokens=4, store=False,
-                                                 previous_response_id="resp_missing"),
-                 lambda: client.responses.retrieve("resp_missing")):
+    for call in (
+        lambda: client.responses.create(model=model_name, input="Hi", max_output_tokens=4),
+        lambda: client.responses.create(
+            model=model_name, input="Hi", max_output_tokens=4, store=False, previous_response_id="resp_missing"
+        ),
+        lambda: client.responses.retrieve("resp_missing"),
+    ):
         with pytest.raises(openai.InternalServerError) as caught:
             call()
         assert caught.value.status_code == 503
@@ -61,7 +70,6 @@ def test_with_redis_down_only_requests_that_need_the_store_fail(worker_without_r
         assert "store: false" in caught.value.body["message"]
     answer = client.responses.create(model=model_name, input="Hi", max_output_tokens=4, store=False)
     assert answer.status in ("completed", "incomplete") and answer.output_text is not None
-    chat = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi"}],
-                                          max_tokens=4)
+    chat = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
     assert chat.choices[0].message.content is not None
     assert "response store at redis://127.0.0.1" in worker_without_redis.log.read_text()

@@ -28,8 +28,10 @@ ALTERNATING = (
 def _turns(count: int) -> list[dict[str, str]]:
     turns = []
     for i in range(count):  # about 200 tokens a turn against the test worker's 2,048-token context
-        turns += [{"role": "user", "content": f"Note {i}: " + "the quick brown fox jumps " * 40},
-                  {"role": "assistant", "content": f"Noted {i}."}]
+        turns += [
+            {"role": "user", "content": f"Note {i}: " + "the quick brown fox jumps " * 40},
+            {"role": "assistant", "content": f"Noted {i}."},
+        ]
     return turns
 
 
@@ -50,8 +52,11 @@ def test_auto_truncation_keeps_the_most_recent_whole_turns(client, model_name) -
 
 
 def test_a_last_turn_too_long_alone_is_still_refused(client, model_name) -> None:
-    huge = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
-            {"role": "user", "content": "the quick brown fox jumps " * 500}]
+    huge = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "the quick brown fox jumps " * 500},
+    ]
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(model=model_name, input=huge, truncation="auto", max_output_tokens=8)
     assert refused.value.body["code"] == "context_length_exceeded" and refused.value.body["param"] == "input"
@@ -63,10 +68,12 @@ def test_the_prompt_is_rendered_a_logarithmic_number_of_times(keep: int) -> None
     those turns whole, system message first, and about log2(64) renders find it."""
     messages = [{"role": "system", "content": "Be brief."}]
     for i in range(64):
-        messages += [{"role": "user", "content": f"q{i}"},
-                     {"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}"}]},
-                     {"role": "tool", "tool_call_id": f"c{i}", "content": "r"},
-                     {"role": "assistant", "content": f"a{i}"}]
+        messages += [
+            {"role": "user", "content": f"q{i}"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}"}]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "r"},
+            {"role": "assistant", "content": f"a{i}"},
+        ]
     rendered: list[list[dict]] = []
 
     def render(kept: list[dict]) -> list[dict]:
@@ -74,5 +81,5 @@ def test_the_prompt_is_rendered_a_logarithmic_number_of_times(keep: int) -> None
         return kept
 
     kept = fit_turns(messages, render, lambda m: sum(x["role"] == "user" for x in m) <= keep)
-    assert kept == messages[:1] + messages[1 + 4 * (64 - keep):]
+    assert kept == messages[:1] + messages[1 + 4 * (64 - keep) :]
     assert len(rendered) <= math.ceil(math.log2(64)) + 2

@@ -15,8 +15,14 @@ from responses_client import Q, respond
 
 @pytest.fixture(scope="module")
 def first(client, model_name):
-    return respond(client, model_name, instructions="Answer in one sentence.", metadata={"run": "a"},
-                   user="tester", max_output_tokens=40)
+    return respond(
+        client,
+        model_name,
+        instructions="Answer in one sentence.",
+        metadata={"run": "a"},
+        user="tester",
+        max_output_tokens=40,
+    )
 
 
 def test_a_response_is_the_chat_answer_as_a_message_item(client, model_name, first) -> None:
@@ -27,8 +33,11 @@ def test_a_response_is_the_chat_answer_as_a_message_item(client, model_name, fir
     assert item.id.startswith("msg_") and item.content[0].annotations == []
     assert first.output_text == item.content[0].text and first.output_text
     chat = client.chat.completions.create(
-        model=model_name, max_tokens=40, temperature=0,
-        messages=[{"role": "system", "content": "Answer in one sentence."}, {"role": "user", "content": Q}])
+        model=model_name,
+        max_tokens=40,
+        temperature=0,
+        messages=[{"role": "system", "content": "Answer in one sentence."}, {"role": "user", "content": Q}],
+    )
     assert first.output_text == chat.choices[0].message.content
     usage = first.usage
     assert usage.input_tokens == chat.usage.prompt_tokens and usage.output_tokens == chat.usage.completion_tokens
@@ -47,17 +56,26 @@ def test_a_cut_off_response_is_incomplete_with_the_reason(client, model_name) ->
 
 
 def test_the_stream_helper_sees_openai_event_order_and_the_same_text(client, model_name, first) -> None:
-    with client.responses.stream(model=model_name, input=Q, instructions="Answer in one sentence.",
-                                 max_output_tokens=40, temperature=0) as stream:
+    with client.responses.stream(
+        model=model_name, input=Q, instructions="Answer in one sentence.", max_output_tokens=40, temperature=0
+    ) as stream:
         events = list(stream)
         final = stream.get_final_response()
     for event in events:
         validate(event)
     kinds = [e.type for e in events]
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
-    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.completed"]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert set(kinds[4:-4]) == {"response.output_text.delta"}
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
@@ -79,10 +97,14 @@ def test_raw_sse_names_each_event_and_sends_no_done(http, model_name) -> None:
 
 def test_replayed_output_items_and_previous_response_id_give_the_same_turn(client, model_name, first) -> None:
     follow = "And what is the capital of Italy?"
-    chained = respond(client, model_name, input=follow, previous_response_id=first.id,
-                      instructions="Answer in one sentence.")
-    replay = [{"role": "user", "content": Q}, *[item.model_dump(exclude_none=True) for item in first.output],
-              {"role": "user", "content": follow}]
+    chained = respond(
+        client, model_name, input=follow, previous_response_id=first.id, instructions="Answer in one sentence."
+    )
+    replay = [
+        {"role": "user", "content": Q},
+        *[item.model_dump(exclude_none=True) for item in first.output],
+        {"role": "user", "content": follow},
+    ]
     replayed = respond(client, model_name, input=replay, instructions="Answer in one sentence.")
     assert chained.previous_response_id == first.id
     assert chained.usage.input_tokens == replayed.usage.input_tokens > first.usage.input_tokens
@@ -93,8 +115,14 @@ def test_replayed_output_items_and_previous_response_id_give_the_same_turn(clien
 
 
 def test_stored_responses_can_be_read_listed_and_deleted(client, model_name) -> None:
-    made = respond(client, model_name, input=[{"role": "developer", "content": "Be brief."},
-                                              {"role": "user", "content": [{"type": "input_text", "text": Q}]}])
+    made = respond(
+        client,
+        model_name,
+        input=[
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "input_text", "text": Q}]},
+        ],
+    )
     again = client.responses.retrieve(made.id)
     validate(again)
     assert again.id == made.id and again.output_text == made.output_text
@@ -129,8 +157,14 @@ def test_logprobs_come_with_the_include_flag(client, model_name) -> None:
     assert "".join(lp.token for lp in logprobs) == made.output_text
     plain = respond(client, model_name, max_output_tokens=5, top_logprobs=2)
     assert plain.output[0].content[0].logprobs == []
-    with client.responses.stream(model=model_name, input=Q, max_output_tokens=5, temperature=0, top_logprobs=1,
-                                 include=["message.output_text.logprobs"]) as stream:
+    with client.responses.stream(
+        model=model_name,
+        input=Q,
+        max_output_tokens=5,
+        temperature=0,
+        top_logprobs=1,
+        include=["message.output_text.logprobs"],
+    ) as stream:
         deltas = [e for e in stream if e.type == "response.output_text.delta"]
     assert sum(len(e.logprobs) for e in deltas) == 5
 
@@ -138,8 +172,11 @@ def test_logprobs_come_with_the_include_flag(client, model_name) -> None:
 def test_tokens_inside_a_character_keep_their_logprobs(client, model_name, tokenizer) -> None:
     """Tokens that bring no text yet (the first bytes of an emoji) hand their logprobs to the next text."""
     half = tokenizer.encode("🔥", add_special_tokens=False)[0]
-    ask = {"include": ["message.output_text.logprobs"], "max_output_tokens": 4,
-           "extra_body": {"allowed_token_ids": [half]}}
+    ask = {
+        "include": ["message.output_text.logprobs"],
+        "max_output_tokens": 4,
+        "extra_body": {"allowed_token_ids": [half]},
+    }
     made = respond(client, model_name, **ask)
     assert len(made.output[0].content[0].logprobs) == made.usage.output_tokens == 4
     with client.responses.stream(model=model_name, input=Q, temperature=0, **ask) as stream:
@@ -148,16 +185,30 @@ def test_tokens_inside_a_character_keep_their_logprobs(client, model_name, token
 
 
 def test_tool_items_reasoning_items_and_the_fields_n8n_sends_are_accepted(client, model_name) -> None:
-    tool = {"type": "function", "name": "get_weather", "description": "Weather in a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-    made = respond(client, model_name, tools=[tool], tool_choice="auto", parallel_tool_calls=False,
-                   service_tier="auto", prompt_cache_key="k", safety_identifier="u1", reasoning={"effort": "low"},
-                   truncation="auto", input=[
-                       {"type": "message", "role": "user", "content": "Weather in Paris?"},
-                       {"type": "reasoning", "id": "rs_1", "summary": []},
-                       {"type": "function_call", "call_id": "call_1", "name": "get_weather",
-                        "arguments": '{"city": "Paris"}'},
-                       {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 21 C"}])
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+    made = respond(
+        client,
+        model_name,
+        tools=[tool],
+        tool_choice="auto",
+        parallel_tool_calls=False,
+        service_tier="auto",
+        prompt_cache_key="k",
+        safety_identifier="u1",
+        reasoning={"effort": "low"},
+        truncation="auto",
+        input=[
+            {"type": "message", "role": "user", "content": "Weather in Paris?"},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 21 C"},
+        ],
+    )
     assert made.status in ("completed", "incomplete") and made.tools[0].name == "get_weather"
     assert made.parallel_tool_calls is False and made.reasoning.effort == "low"
     kinds = [i.type for i in client.responses.input_items.list(made.id, order="asc").data]
@@ -166,33 +217,45 @@ def test_tool_items_reasoning_items_and_the_fields_n8n_sends_are_accepted(client
 
 def test_an_item_reference_reuses_a_stored_item(client, model_name, first) -> None:
     [question] = client.responses.input_items.list(first.id).data
-    referenced = respond(client, model_name, input=[{"type": "item_reference", "id": question.id}],
-                         instructions="Answer in one sentence.", max_output_tokens=40)
+    referenced = respond(
+        client,
+        model_name,
+        input=[{"type": "item_reference", "id": question.id}],
+        instructions="Answer in one sentence.",
+        max_output_tokens=40,
+    )
     assert referenced.output_text == first.output_text
 
 
-@pytest.mark.parametrize(("body", "param"), [
-    ({"text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "text.format.name"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "not": {}}}}},
-     "text.format"),
-    ({"text": {"format": {"type": "json_object"}}, "guided_regex": "a+"}, "guided_regex"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
-     "input[0].content[0]"),
-    ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0].type"),
-    ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
-    ({"input": [{"type": "item_reference", "id": "msg_unknown"}]}, "input[0].id"),
-    ({"input": []}, "input"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
-    ({"include": ["nothing.real"]}, "include[0]"),
-    ({"background": True}, "background"),
-    ({"n": 2}, "n"),
-    ({"max_output_tokens": 0}, "max_output_tokens"),
-    ({"top_logprobs": 21}, "top_logprobs"),
-    ({"temperature": 3}, "temperature"),
-    ({"truncation": "sometimes"}, "truncation"),
-    ({"metadata": {"k": "v" * 513}}, "metadata"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "text.format.name"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "not": {}}}}},
+            "text.format",
+        ),
+        ({"text": {"format": {"type": "json_object"}}, "guided_regex": "a+"}, "guided_regex"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+            "input[0].content[0]",
+        ),
+        ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0].type"),
+        ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+        ({"input": [{"type": "item_reference", "id": "msg_unknown"}]}, "input[0].id"),
+        ({"input": []}, "input"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"include": ["nothing.real"]}, "include[0]"),
+        ({"background": True}, "background"),
+        ({"n": 2}, "n"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"top_logprobs": 21}, "top_logprobs"),
+        ({"temperature": 3}, "temperature"),
+        ({"truncation": "sometimes"}, "truncation"),
+        ({"metadata": {"k": "v" * 513}}, "metadata"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+    ],
+)
 def test_bad_requests_are_400s_naming_the_parameter(http, model_name, body, param) -> None:
     reply = http.post("/openai/v1/responses", json={"model": model_name, "input": "Hi", **body})
     assert reply.status_code == 400, reply.text
@@ -209,8 +272,10 @@ def test_a_missing_input_and_an_unknown_model_are_refused(http, model_name) -> N
 def test_a_context_overflow_is_refused_unless_truncation_is_auto(client, model_name) -> None:
     long_turns = []
     for i in range(12):  # about 2,400 tokens of history against the test worker's 2,048-token context
-        long_turns += [{"role": "user", "content": f"Note {i}: " + "the quick brown fox jumps " * 40},
-                       {"role": "assistant", "content": "Noted."}]
+        long_turns += [
+            {"role": "user", "content": f"Note {i}: " + "the quick brown fox jumps " * 40},
+            {"role": "assistant", "content": "Noted."},
+        ]
     turns = [*long_turns, {"role": "user", "content": Q}]
     with pytest.raises(openai.BadRequestError) as refused:
         respond(client, model_name, input=turns)
@@ -220,13 +285,19 @@ def test_a_context_overflow_is_refused_unless_truncation_is_auto(client, model_n
 
 
 def test_the_job_route_runs_responses_whole_and_streamed(http, model_name, first) -> None:
-    body = {"model": model_name, "input": Q, "instructions": "Answer in one sentence.", "max_output_tokens": 40,
-            "temperature": 0}
+    body = {
+        "model": model_name,
+        "input": Q,
+        "instructions": "Answer in one sentence.",
+        "max_output_tokens": 40,
+        "temperature": 0,
+    }
     whole = http.post("/v2/e/runsync", json={"input": {"openai_route": "/v1/responses", "openai_input": body}}).json()
     assert whole["status"] == "COMPLETED"
     assert validate(whole["output"][0])["output"][0]["content"][0]["text"] == first.output_text
-    streamed = http.post("/v2/e/runsync", json={"input": {"openai_route": "/v1/responses",
-                                                          "openai_input": {**body, "stream": True}}}).json()
+    streamed = http.post(
+        "/v2/e/runsync", json={"input": {"openai_route": "/v1/responses", "openai_input": {**body, "stream": True}}}
+    ).json()
     events = [validate(e) for e in parse_events("".join(streamed["output"]))]
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == first.output_text
     got = http.post("/v2/e/runsync", json={"input": {"openai_route": f"/v1/responses/{first.id}"}}).json()
@@ -245,9 +316,18 @@ def test_raw_output_off_and_the_name_override_hold_for_responses(custom_worker) 
     assert events[-1].type == "response.incomplete" or events[-1].type == "response.completed"
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == made.output_text
     with custom_worker.http() as http:
-        job = {"input": {"openai_route": "/v1/responses",
-                         "openai_input": {"model": "custom-name", "input": Q, "max_output_tokens": 6,
-                                          "temperature": 0, "stream": True}}}
+        job = {
+            "input": {
+                "openai_route": "/v1/responses",
+                "openai_input": {
+                    "model": "custom-name",
+                    "input": Q,
+                    "max_output_tokens": 6,
+                    "temperature": 0,
+                    "stream": True,
+                },
+            }
+        }
         out = http.post("/runsync", json=job).json()["output"]
     assert all(isinstance(group, list) for group in out)  # lists of event objects, RunPod's non-raw form
     events = [validate(e) for group in out for e in group]

@@ -26,16 +26,25 @@ DOOMED_MAX_TOKENS = 9  # marks the request whose sampling fails
 @pytest.fixture(scope="module")
 def runtime(baked_model_path):
     settings = load_settings({"MODEL_PATH": str(baked_model_path)})
-    engine = AsyncEngine(EngineConfig(model_path=str(baked_model_path), dtype="float32", num_kv_pages=64,
-                                      max_model_len=512, max_num_seqs=8))
-    yield Runtime(settings, engine, [baked_model_name(str(baked_model_path))], 0, ResponseStore(16, 2**20),
-                  Drain(engine, 1.0))
+    engine = AsyncEngine(
+        EngineConfig(
+            model_path=str(baked_model_path), dtype="float32", num_kv_pages=64, max_model_len=512, max_num_seqs=8
+        )
+    )
+    yield Runtime(
+        settings, engine, [baked_model_name(str(baked_model_path))], 0, ResponseStore(16, 2**20), Drain(engine, 1.0)
+    )
     engine.shutdown()
 
 
 def _job(runtime: Runtime, max_tokens: int) -> dict:
-    body = {"model": runtime.served_model_name, "input": "Tell me a story.", "max_output_tokens": max_tokens,
-            "temperature": 0, "stream": True}
+    body = {
+        "model": runtime.served_model_name,
+        "input": "Tell me a story.",
+        "max_output_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
     return {"id": "j", "input": {"openai_route": "/v1/responses", "openai_input": body}}
 
 

@@ -13,16 +13,22 @@ def test_text_format_constrains_the_output_to_the_schema(client, model_name) -> 
 
     import jsonschema
 
-    schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Madrid"]},
-                                               "population_millions": {"type": "integer", "minimum": 0,
-                                                                       "maximum": 50}},
-              "required": ["city", "population_millions"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "enum": ["Paris", "Rome", "Madrid"]},
+            "population_millions": {"type": "integer", "minimum": 0, "maximum": 50},
+        },
+        "required": ["city", "population_millions"],
+        "additionalProperties": False,
+    }
     fmt = {"type": "json_schema", "name": "city", "schema": schema, "strict": True}
     made = respond(client, model_name, text={"format": fmt}, max_output_tokens=60)
     jsonschema.validate(json.loads(made.output_text), schema)
     assert made.text.format.type == "json_schema" and made.text.format.name == "city"
-    with client.responses.stream(model=model_name, input=Q, text={"format": fmt}, max_output_tokens=60,
-                                 temperature=0) as stream:
+    with client.responses.stream(
+        model=model_name, input=Q, text={"format": fmt}, max_output_tokens=60, temperature=0
+    ) as stream:
         streamed = stream.get_final_response()
     assert streamed.output_text == made.output_text
     loose = respond(client, model_name, text={"format": {"type": "json_object"}}, max_output_tokens=60)
@@ -37,14 +43,22 @@ def test_the_sdk_parse_helper_reads_a_pydantic_model(client, model_name) -> None
         city: str
         country: str
 
-    parsed = client.responses.parse(model=model_name, input=Q, text_format=Answer, max_output_tokens=60,
-                                    temperature=0)
+    parsed = client.responses.parse(model=model_name, input=Q, text_format=Answer, max_output_tokens=60, temperature=0)
     assert isinstance(parsed.output_parsed, Answer) and parsed.output_parsed.city
 
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
-                          "required": ["city"], "additionalProperties": False}, "strict": True}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
 
 
 def test_forced_tool_calls_are_function_call_items_whole_and_streamed(client, model_name) -> None:
@@ -52,8 +66,13 @@ def test_forced_tool_calls_are_function_call_items_whole_and_streamed(client, mo
 
     import jsonschema
 
-    ask = {"input": "What is the weather in Paris?", "tools": [WEATHER], "tool_choice": "required",
-           "parallel_tool_calls": False, "max_output_tokens": 40}
+    ask = {
+        "input": "What is the weather in Paris?",
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_output_tokens": 40,
+    }
     made = respond(client, model_name, **ask)
     calls = [item for item in made.output if item.type == "function_call"]
     assert len(calls) == 1 and made.status == "completed" and calls[0].name == "get_weather"
@@ -75,15 +94,38 @@ def test_forced_tool_calls_are_function_call_items_whole_and_streamed(client, mo
 
 
 def test_a_tool_result_goes_back_as_function_call_output(client, model_name) -> None:
-    first = respond(client, model_name, input="What is the weather in Paris?", tools=[WEATHER],
-                    tool_choice="required", parallel_tool_calls=False, max_output_tokens=40)
+    first = respond(
+        client,
+        model_name,
+        input="What is the weather in Paris?",
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=40,
+    )
     [call] = [item for item in first.output if item.type == "function_call"]
     result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"sky": "sunny", "celsius": 21}'}
-    chained = respond(client, model_name, input=[result], previous_response_id=first.id, tools=[WEATHER],
-                      tool_choice="none", max_output_tokens=30)
-    replayed = respond(client, model_name, tools=[WEATHER], tool_choice="none", max_output_tokens=30, input=[
-        {"role": "user", "content": "What is the weather in Paris?"},
-        *[item.model_dump(exclude_none=True) for item in first.output], result])
+    chained = respond(
+        client,
+        model_name,
+        input=[result],
+        previous_response_id=first.id,
+        tools=[WEATHER],
+        tool_choice="none",
+        max_output_tokens=30,
+    )
+    replayed = respond(
+        client,
+        model_name,
+        tools=[WEATHER],
+        tool_choice="none",
+        max_output_tokens=30,
+        input=[
+            {"role": "user", "content": "What is the weather in Paris?"},
+            *[item.model_dump(exclude_none=True) for item in first.output],
+            result,
+        ],
+    )
     assert chained.output_text and chained.output_text == replayed.output_text
     assert not [item for item in chained.output if item.type == "function_call"]
 
@@ -99,8 +141,13 @@ def test_output_items_keep_reasoning_text_and_calls_in_order() -> None:
     numbers = itertools.count()
     items = OutputItems(lambda kind, **f: {"type": kind, "sequence_number": next(numbers), **f}, 0, False)
     events = items.push([ReasoningDelta("The user "), ReasoningDelta("wants weather."), ContentDelta("Checking.")])
-    events += items.push([ToolCallStarted(0, "call_1", "get_weather"), ToolCallArguments(0, '{"city": '),
-                          ToolCallArguments(0, '"Paris"}')])
+    events += items.push(
+        [
+            ToolCallStarted(0, "call_1", "get_weather"),
+            ToolCallArguments(0, '{"city": '),
+            ToolCallArguments(0, '"Paris"}'),
+        ]
+    )
     events += items.finish("completed")
     for event in events:
         validate(event)

@@ -31,8 +31,11 @@ def test_runsync_stream_aggregate_equals_the_plain_answer(http, model_name) -> N
 
 
 def test_models_route_arrives_with_an_empty_openai_input(http, model_name) -> None:
-    for job in ({"openai_route": "/v1/models"}, {"openai_route": "/v1/models", "openai_input": {}},
-                {"openai_route": "/v1/models", "openai_input": None}):
+    for job in (
+        {"openai_route": "/v1/models"},
+        {"openai_route": "/v1/models", "openai_input": {}},
+        {"openai_route": "/v1/models", "openai_input": None},
+    ):
         result = http.post("/v2/e/runsync", json={"input": job}).json()
         assert result["status"] == "COMPLETED" and validate(result["output"][0])["data"][0]["id"] == model_name
     card = http.post("/v2/e/runsync", json={"input": {"openai_route": f"/v1/models/{model_name}"}}).json()
@@ -53,14 +56,14 @@ def test_run_then_stream_then_status(http, model_name) -> None:
     assert status == "COMPLETED" and len(pieces) > 1
     final = http.get(f"/v2/e/status/{job['id']}").json()
     assert final["status"] == "COMPLETED" and final["output"] == pieces
-    plain = http.post("/openai/v1/chat/completions", json=_chat_job(model_name, False, max_tokens=12)["input"]
-                      ["openai_input"]).json()
+    plain = http.post(
+        "/openai/v1/chat/completions", json=_chat_job(model_name, False, max_tokens=12)["input"]["openai_input"]
+    ).json()
     assert sse_text(pieces) == plain["choices"][0]["message"]["content"]
 
 
 def test_cancel_stops_a_running_job(http, model_name) -> None:
-    job = http.post("/run", json=_chat_job(model_name, True, max_tokens=500, extra_ignore=1,
-                                           ignore_eos=True)).json()
+    job = http.post("/run", json=_chat_job(model_name, True, max_tokens=500, extra_ignore=1, ignore_eos=True)).json()
     first = http.get(f"/stream/{job['id']}").json()
     assert first["status"] == "IN_PROGRESS"
     cancelled = http.post(f"/cancel/{job['id']}").json()
@@ -72,23 +75,36 @@ def test_cancel_stops_a_running_job(http, model_name) -> None:
 
 def test_native_jobs(http, tokenizer) -> None:
     params = {"temperature": 0, "max_tokens": 8, "ignore_eos": True}
-    whole = http.post("/runsync", json={"input": {"prompt": "The capital of France is",
-                                                  "sampling_params": params}}).json()
+    whole = http.post(
+        "/runsync", json={"input": {"prompt": "The capital of France is", "sampling_params": params}}
+    ).json()
     assert whole["status"] == "COMPLETED"
     [output] = whole["output"]
     assert output["usage"] == {"input": len(tokenizer.encode("The capital of France is")), "output": 8}
     [text] = output["choices"][0]["tokens"]
-    streamed = http.post("/runsync", json={"input": {"prompt": "The capital of France is", "sampling_params": params,
-                                                     "stream": True, "max_batch_size": 4, "min_batch_size": 1,
-                                                     "batch_size_growth_factor": 2}}).json()
+    streamed = http.post(
+        "/runsync",
+        json={
+            "input": {
+                "prompt": "The capital of France is",
+                "sampling_params": params,
+                "stream": True,
+                "max_batch_size": 4,
+                "min_batch_size": 1,
+                "batch_size_growth_factor": 2,
+            }
+        },
+    ).json()
     sizes = [len(o["choices"][0]["tokens"]) for o in streamed["output"]]
     assert sizes == [1, 2, 4, 1] and streamed["output"][-1]["usage"]["output"] == 8
     assert "".join(t for o in streamed["output"] for t in o["choices"][0]["tokens"]) == text
-    chat = http.post("/runsync", json={"input": {"messages": Q, "sampling_params": {"temperature": 0,
-                                                                                  "max_tokens": 6}}}).json()
+    chat = http.post(
+        "/runsync", json={"input": {"messages": Q, "sampling_params": {"temperature": 0, "max_tokens": 6}}}
+    ).json()
     assert chat["output"][0]["choices"][0]["tokens"][0]
-    two = http.post("/runsync", json={"input": {"prompt": "Hi", "sampling_params": {"n": 2, "max_tokens": 3,
-                                                                                   "seed": 1}}}).json()
+    two = http.post(
+        "/runsync", json={"input": {"prompt": "Hi", "sampling_params": {"n": 2, "max_tokens": 3, "seed": 1}}}
+    ).json()
     assert len(two["output"][0]["choices"]) == 2
 
 
@@ -113,8 +129,9 @@ def test_custom_worker_raw_output_off_override_and_role(custom_worker) -> None:
     response = client.chat.completions.create(model="custom-name", messages=Q, max_tokens=4, temperature=0)
     assert response.model == "custom-name" and response.choices[0].message.role == "narrator"
     assert client.models.list().data[0].id == "custom-name"
-    stream = list(client.chat.completions.create(model="custom-name", messages=Q, max_tokens=4, temperature=0,
-                                                 stream=True))
+    stream = list(
+        client.chat.completions.create(model="custom-name", messages=Q, max_tokens=4, temperature=0, stream=True)
+    )
     assert stream[0].choices[0].delta.role == "narrator"
     assert "".join(c.choices[0].delta.content or "" for c in stream) == response.choices[0].message.content
     with custom_worker.http() as http:
@@ -148,8 +165,10 @@ def test_health_counts_every_request_by_route(http, client, model_name) -> None:
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=model_name, messages=Q, max_tokens=-1)
     assert http.post("/runsync", json=_chat_job(model_name, False)).json()["status"] == "COMPLETED"
-    assert http.post("/runsync", json={"input": {"prompt": "Hi", "sampling_params": {"max_tokens": 2}}}).json()[
-        "status"] == "COMPLETED"
+    assert (
+        http.post("/runsync", json={"input": {"prompt": "Hi", "sampling_params": {"max_tokens": 2}}}).json()["status"]
+        == "COMPLETED"
+    )
     now, now_routes = counts()
     assert now["completed"] - jobs["completed"] == 5 and now["failed"] - jobs["failed"] == 1
     assert now["inProgress"] == 0 and set(now) == {"completed", "failed", "inProgress", "inQueue", "retried"}

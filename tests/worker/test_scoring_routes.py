@@ -14,8 +14,12 @@ from local_worker import ENDPOINT, start_worker, stop_worker
 from tests.cross_encoders import build_cross_encoder, reference_scores
 
 QUERY = "What is the capital of France?"
-DOCS = ["Paris is the capital of France.", "Bananas are yellow.", "France borders Spain and Italy.",
-        "The Eiffel Tower is in Paris."]
+DOCS = [
+    "Paris is the capital of France.",
+    "Bananas are yellow.",
+    "France borders Spain and Italy.",
+    "The Eiffel Tower is in Paris.",
+]
 TOLERANCE = 1e-4  # float32 both sides; the worker runs in float32 (DTYPE)
 
 
@@ -57,8 +61,9 @@ def test_score_one_to_one_one_to_many_and_many_to_many(scorer) -> None:
     assert [d["score"] for d in many["data"]] == pytest.approx([want(QUERY, d) for d in DOCS], abs=TOLERANCE)
     assert len({round(d["score"], 6) for d in many["data"]}) == len(DOCS)
     pairs = post(http, "/v1/score", {"text_1": DOCS[:2], "text_2": DOCS[2:]})
-    assert [d["score"] for d in pairs["data"]] == pytest.approx([want(DOCS[0], DOCS[2]), want(DOCS[1], DOCS[3])],
-                                                                abs=TOLERANCE)
+    assert [d["score"] for d in pairs["data"]] == pytest.approx(
+        [want(DOCS[0], DOCS[2]), want(DOCS[1], DOCS[3])], abs=TOLERANCE
+    )
     assert many["usage"]["prompt_tokens"] == many["usage"]["total_tokens"] > one["usage"]["prompt_tokens"]
     # vLLM's other names for the two sides
     aliased = post(http, "/v1/score", {"queries": QUERY, "documents": DOCS})
@@ -79,12 +84,19 @@ def test_rerank_orders_the_documents_by_relevance(scorer) -> None:
     assert set(ranked) == {"id", "model", "usage", "results"} and ranked["id"].startswith("rerank-")
     assert [r["index"] for r in ranked["results"]] == order
     for r in ranked["results"]:
-        assert r == {"index": r["index"], "document": {"text": DOCS[r["index"]]},
-                     "relevance_score": pytest.approx(scores[r["index"]], abs=TOLERANCE)}
-    top = post(http, "/v1/rerank", {"query": QUERY, "documents": [{"text": d} for d in DOCS], "top_n": 2,
-                                    "return_documents": False})
-    assert top["results"] == [{"index": i, "relevance_score": pytest.approx(scores[i], abs=TOLERANCE)}
-                              for i in order[:2]]
+        assert r == {
+            "index": r["index"],
+            "document": {"text": DOCS[r["index"]]},
+            "relevance_score": pytest.approx(scores[r["index"]], abs=TOLERANCE),
+        }
+    top = post(
+        http,
+        "/v1/rerank",
+        {"query": QUERY, "documents": [{"text": d} for d in DOCS], "top_n": 2, "return_documents": False},
+    )
+    assert top["results"] == [
+        {"index": i, "relevance_score": pytest.approx(scores[i], abs=TOLERANCE)} for i in order[:2]
+    ]
     assert post(http, "/v1/rerank", {"query": QUERY, "documents": DOCS, "top_n": 99})["results"] == ranked["results"]
     v2 = post(http, "/v2/rerank", {"query": QUERY, "documents": DOCS, "top_n": 3})
     assert v2["results"] == ranked["results"][:3] and v2["usage"] == ranked["usage"]
@@ -92,26 +104,31 @@ def test_rerank_orders_the_documents_by_relevance(scorer) -> None:
 
 def test_score_and_rerank_as_runpod_jobs(scorer) -> None:
     http, want, _ = scorer
-    for route, body, pick in (("/v1/score", {"text_1": QUERY, "text_2": DOCS[3]}, lambda o: o["data"][0]["score"]),
-                              ("/v1/rerank", {"query": QUERY, "documents": DOCS[3:]},
-                               lambda o: o["results"][0]["relevance_score"])):
-        reply = http.post("/v2/e/runsync", json={"input": {"openai_route": route,
-                                                           "openai_input": {"model": "tiny-scorer", **body}}}).json()
+    for route, body, pick in (
+        ("/v1/score", {"text_1": QUERY, "text_2": DOCS[3]}, lambda o: o["data"][0]["score"]),
+        ("/v1/rerank", {"query": QUERY, "documents": DOCS[3:]}, lambda o: o["results"][0]["relevance_score"]),
+    ):
+        reply = http.post(
+            "/v2/e/runsync", json={"input": {"openai_route": route, "openai_input": {"model": "tiny-scorer", **body}}}
+        ).json()
         assert reply["status"] == "COMPLETED", reply
         assert pick(reply["output"][0]) == pytest.approx(want(QUERY, DOCS[3]), abs=TOLERANCE)
 
 
-@pytest.mark.parametrize(("route", "body", "param"), [
-    ("/v1/rerank", {"query": QUERY, "documents": []}, "documents"),
-    ("/v1/rerank", {"query": QUERY, "documents": ["a", ""]}, "documents.1"),
-    ("/v1/rerank", {"query": QUERY, "documents": DOCS, "top_n": -1}, "top_n"),
-    ("/v1/rerank", {"query": "", "documents": DOCS}, "query"),
-    ("/v1/rerank", {"documents": DOCS}, "query"),
-    ("/v1/score", {"text_1": DOCS[:2], "text_2": DOCS}, "text_1"),
-    ("/v1/score", {"text_1": QUERY, "text_2": []}, "text_2"),
-    ("/v1/score", {"text_1": QUERY}, "text_2"),
-    ("/v1/score", {"text_1": QUERY, "text_2": DOCS, "stream": True}, "stream"),
-])
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("/v1/rerank", {"query": QUERY, "documents": []}, "documents"),
+        ("/v1/rerank", {"query": QUERY, "documents": ["a", ""]}, "documents.1"),
+        ("/v1/rerank", {"query": QUERY, "documents": DOCS, "top_n": -1}, "top_n"),
+        ("/v1/rerank", {"query": "", "documents": DOCS}, "query"),
+        ("/v1/rerank", {"documents": DOCS}, "query"),
+        ("/v1/score", {"text_1": DOCS[:2], "text_2": DOCS}, "text_1"),
+        ("/v1/score", {"text_1": QUERY, "text_2": []}, "text_2"),
+        ("/v1/score", {"text_1": QUERY}, "text_2"),
+        ("/v1/score", {"text_1": QUERY, "text_2": DOCS, "stream": True}, "stream"),
+    ],
+)
 def test_bad_requests_are_400s_naming_the_field(scorer, route, body, param) -> None:
     http, _, _ = scorer
     error = post(http, route, body, status=400)["error"]
@@ -137,9 +154,11 @@ def test_a_cross_encoder_refuses_to_generate_or_embed(scorer) -> None:
 
 
 def test_score_on_a_chat_model_is_a_400(http, model_name) -> None:
-    for route, body in (("/v1/score", {"text_1": QUERY, "text_2": DOCS}),
-                        ("/v1/rerank", {"query": QUERY, "documents": DOCS}),
-                        ("/v2/rerank", {"query": QUERY, "documents": DOCS})):
+    for route, body in (
+        ("/v1/score", {"text_1": QUERY, "text_2": DOCS}),
+        ("/v1/rerank", {"query": QUERY, "documents": DOCS}),
+        ("/v2/rerank", {"query": QUERY, "documents": DOCS}),
+    ):
         reply = http.post(f"{ENDPOINT}/openai{route}", json={"model": model_name, **body})
         assert reply.status_code == 400, reply.text
         assert reply.json()["error"]["param"] == "model" and "needs a cross-encoder" in reply.json()["error"]["message"]

@@ -76,11 +76,19 @@ def _sigterm(worker: LocalWorker, calls: list[Call]) -> None:
     assert not any(call.is_alive() for call in calls)
 
 
-def test_sigterm_lets_a_running_request_finish_then_exits(baked_model_path: Path, tmp_path: Path,
-                                                          model_name: str) -> None:
+def test_sigterm_lets_a_running_request_finish_then_exits(
+    baked_model_path: Path, tmp_path: Path, model_name: str
+) -> None:
     worker = start_worker(baked_model_path, tmp_path / "worker.log", SHUTDOWN_GRACE_SECONDS=str(HANG_S))
-    body = {"model": model_name, "messages": [{"role": "user", "content": "Tell me a story."}], "temperature": 0,
-            "ignore_eos": True, "max_tokens": DRAINED_TOKENS, "stream": True, "logprobs": True}
+    body = {
+        "model": model_name,
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "temperature": 0,
+        "ignore_eos": True,
+        "max_tokens": DRAINED_TOKENS,
+        "stream": True,
+        "logprobs": True,
+    }
     drained = Call(worker.base, body)
     try:
         drained.start()
@@ -99,12 +107,19 @@ def test_sigterm_lets_a_running_request_finish_then_exits(baked_model_path: Path
     assert worker.process.returncode is not None
 
 
-def test_sigterm_fails_what_outlives_the_grace_period_clearly(baked_model_path: Path, tmp_path: Path,
-                                                              model_name: str) -> None:
-    worker = start_worker(baked_model_path, tmp_path / "worker.log", SHUTDOWN_GRACE_SECONDS="0",
-                          MAX_MODEL_LEN=str(MAX_MODEL_LEN))
-    base = {"model": model_name, "messages": [{"role": "user", "content": "Tell me a long story."}],
-            "temperature": 0, "ignore_eos": True, "max_tokens": LONG_TOKENS}
+def test_sigterm_fails_what_outlives_the_grace_period_clearly(
+    baked_model_path: Path, tmp_path: Path, model_name: str
+) -> None:
+    worker = start_worker(
+        baked_model_path, tmp_path / "worker.log", SHUTDOWN_GRACE_SECONDS="0", MAX_MODEL_LEN=str(MAX_MODEL_LEN)
+    )
+    base = {
+        "model": model_name,
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "temperature": 0,
+        "ignore_eos": True,
+        "max_tokens": LONG_TOKENS,
+    }
     long_whole = Call(worker.base, base)
     long_stream = Call(worker.base, {**base, "stream": True, "logprobs": True})
     try:

@@ -12,15 +12,18 @@ from pathlib import Path
 import pytest
 from local_worker import LocalWorker, start_worker, stop_worker
 
-TEXT = ("Our team will meet on Friday at ten in the small room to plan the launch, review the budget and agree who "
-        "writes the press note.")
+TEXT = (
+    "Our team will meet on Friday at ten in the small room to plan the launch, review the budget and agree who "
+    "writes the press note."
+)
 CONFIG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
 @pytest.fixture(scope="module")
 def spec_worker(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorker]:
-    w = start_worker(baked_model_path, tmp_path_factory.mktemp("spec") / "worker.log",
-                     SPECULATIVE_CONFIG=json.dumps(CONFIG))
+    w = start_worker(
+        baked_model_path, tmp_path_factory.mktemp("spec") / "worker.log", SPECULATIVE_CONFIG=json.dumps(CONFIG)
+    )
     yield w
     stop_worker(w)
 
@@ -28,10 +31,12 @@ def spec_worker(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory
 def _chat(client, model: str, stream: bool) -> str:
     messages = [{"role": "user", "content": f"Repeat this text exactly:\n{TEXT}"}]
     if not stream:
-        return client.chat.completions.create(model=model, messages=messages, max_tokens=48,
-                                              temperature=0).choices[0].message.content
-    chunks = client.chat.completions.create(model=model, messages=messages, max_tokens=48, temperature=0,
-                                            stream=True)
+        return (
+            client.chat.completions.create(model=model, messages=messages, max_tokens=48, temperature=0)
+            .choices[0]
+            .message.content
+        )
+    chunks = client.chat.completions.create(model=model, messages=messages, max_tokens=48, temperature=0, stream=True)
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
@@ -43,8 +48,9 @@ def test_speculative_worker_answers_as_the_plain_one(spec_worker, worker, model_
     assert _chat(spec, model_name, stream=True) == want
     prompt = f"Text: {TEXT}\nThe same text again: {TEXT[:40]}"
     completion = {"model": model_name, "prompt": prompt, "max_tokens": 32, "temperature": 0}
-    assert spec.completions.create(**completion).choices[0].text == plain.completions.create(**completion
-                                                                                            ).choices[0].text
+    assert (
+        spec.completions.create(**completion).choices[0].text == plain.completions.create(**completion).choices[0].text
+    )
     with spec_worker.http() as http:
         engine = http.get("/v2/test-endpoint/health").json()["engine"]
     assert engine["spec_accepted_tokens"] > 0 and 0 < engine["spec_acceptance_rate"] <= 1
@@ -75,8 +81,9 @@ def test_an_eagle3_worker_answers_as_the_plain_one(eagle_worker, worker, model_n
 
 
 @pytest.fixture(scope="module")
-def hybrid_workers(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory
-                   ) -> Iterator[tuple[LocalWorker, LocalWorker]]:
+def hybrid_workers(
+    baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LocalWorker, LocalWorker]]:
     """A tiny Qwen3.5 hybrid that ships an MTP head (random mtp.* tensors), served without and with method mtp."""
     from tests.engine.core.hybrid_spec import hybrid_target
 
@@ -105,8 +112,9 @@ def test_an_mtp_worker_answers_as_the_plain_one(hybrid_workers) -> None:
     assert want and _chat(spec, name, stream=False) == want
     assert _chat(spec, name, stream=True) == want
     completion = {"model": name, "prompt": f"Text: {TEXT}", "max_tokens": 24, "temperature": 0}
-    assert spec.completions.create(**completion).choices[0].text == plain.completions.create(**completion
-                                                                                            ).choices[0].text
+    assert (
+        spec.completions.create(**completion).choices[0].text == plain.completions.create(**completion).choices[0].text
+    )
     with mtp_worker.http() as http:
         engine = http.get("/v2/test-endpoint/health").json()["engine"]
     assert engine["spec_verify_steps"] > 0 and engine["speculative"]["method"] == "mtp"

@@ -46,8 +46,13 @@ def test_n_choices_interleave_by_index(client, model_name) -> None:
 
 
 def test_stream_with_logprobs_and_token_ids(client, model_name) -> None:
-    chunks = _stream(client, model_name, logprobs=True, top_logprobs=2,
-                     extra_body={"return_token_ids": True, "stream_options": {"include_usage": True}})
+    chunks = _stream(
+        client,
+        model_name,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"return_token_ids": True, "stream_options": {"include_usage": True}},
+    )
     assert chunks[0]["prompt_token_ids"]
     tokens = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0].get("token_ids")]
     ids = [t for c in tokens for t in c["token_ids"]]
@@ -67,9 +72,18 @@ def test_raw_sse_body_ends_with_done(http, model_name) -> None:
 def test_completions_stream_matches_the_whole_answer(client, model_name) -> None:
     prompts = ["The capital of France is", "One, two, three,"]
     whole = client.completions.create(model=model_name, prompt=prompts, max_tokens=5, temperature=0, n=2)
-    chunks = [validate(c) for c in client.completions.create(
-        model=model_name, prompt=prompts, max_tokens=5, temperature=0, n=2, stream=True,
-        stream_options={"include_usage": True})]
+    chunks = [
+        validate(c)
+        for c in client.completions.create(
+            model=model_name,
+            prompt=prompts,
+            max_tokens=5,
+            temperature=0,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    ]
     counts = ("prompt_tokens", "completion_tokens", "total_tokens")
     assert chunks[-1]["choices"] == []
     assert [chunks[-1]["usage"][k] for k in counts] == [getattr(whole.usage, k) for k in counts]
@@ -90,9 +104,17 @@ def test_continuous_usage_stats_put_the_running_usage_on_every_chunk(client, mod
     assert completion == sorted(completion) and completion[-1] == final["completion_tokens"] > 0
 
     prompt = "One, two, three,"
-    text_chunks = [validate(c) for c in client.completions.create(
-        model=model_name, prompt=prompt, max_tokens=5, temperature=0, stream=True,
-        extra_body={"stream_options": options})]
+    text_chunks = [
+        validate(c)
+        for c in client.completions.create(
+            model=model_name,
+            prompt=prompt,
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            extra_body={"stream_options": options},
+        )
+    ]
     final = text_chunks[-1]["usage"]
     completion = [c["usage"]["completion_tokens"] for c in text_chunks[:-1]]
     assert all(c["usage"]["prompt_tokens"] == final["prompt_tokens"] for c in text_chunks[:-1])

@@ -53,11 +53,19 @@ def test_the_sdk_parse_helper_and_json_object(client, model_name) -> None:
         population: int = Field(ge=0, le=100_000_000)  # a small model would write digits forever
 
     parsed = client.chat.completions.parse(
-        model=model_name, messages=[{"role": "user", "content": "Describe Paris as JSON."}],
-        response_format=City, temperature=0, max_tokens=80)
+        model=model_name,
+        messages=[{"role": "user", "content": "Describe Paris as JSON."}],
+        response_format=City,
+        temperature=0,
+        max_tokens=80,
+    )
     assert isinstance(parsed.choices[0].message.parsed, City)
-    anything = chat(client, model_name, [{"role": "user", "content": "Describe a cat as a JSON object with a name "
-                                          "and an age."}], response_format={"type": "json_object"})
+    anything = chat(
+        client,
+        model_name,
+        [{"role": "user", "content": "Describe a cat as a JSON object with a name and an age."}],
+        response_format={"type": "json_object"},
+    )
     assert anything.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(anything.choices[0].message.content), dict)
 
@@ -71,20 +79,27 @@ def test_vllm_and_sglang_names_on_completions(client, model_name) -> None:
         ({"structured_outputs": {"regex": r"(true|false)\."}}, lambda t: t in ("true.", "false.")),
         ({"regex": r"[A-Z][a-z]{2,6}"}, lambda t: re.fullmatch(r"[A-Z][a-z]{2,6}", t)),
         ({"ebnf": 'root ::= "answer: " ("yes" | "no")'}, lambda t: t in ("answer: yes", "answer: no")),
-        ({"structured_outputs": {"grammar": 'root ::= [0-9] [0-9]? " apples"'}},
-         lambda t: re.fullmatch(r"[0-9][0-9]? apples", t)),
-        ({"guided_json": SCHEMAS["flat_object"]},
-         lambda t: jsonschema.validate(json.loads(t), SCHEMAS["flat_object"]) is None),
-        ({"structured_outputs": {"json": json.dumps(SCHEMAS["booleans_and_null"]), "disable_any_whitespace": True}},
-         lambda t: jsonschema.validate(json.loads(t), SCHEMAS["booleans_and_null"]) is None and "\n" not in t),
+        (
+            {"structured_outputs": {"grammar": 'root ::= [0-9] [0-9]? " apples"'}},
+            lambda t: re.fullmatch(r"[0-9][0-9]? apples", t),
+        ),
+        (
+            {"guided_json": SCHEMAS["flat_object"]},
+            lambda t: jsonschema.validate(json.loads(t), SCHEMAS["flat_object"]) is None,
+        ),
+        (
+            {"structured_outputs": {"json": json.dumps(SCHEMAS["booleans_and_null"]), "disable_any_whitespace": True}},
+            lambda t: jsonschema.validate(json.loads(t), SCHEMAS["booleans_and_null"]) is None and "\n" not in t,
+        ),
         ({"json_schema": json.dumps(SCHEMAS["string_enum"])}, lambda t: t in ('"red"', '"green"', '"blue"')),
-        ({"structured_outputs": {"json_object": True}, "guided_decoding_backend": "xgrammar"},
-         lambda t: isinstance(json.loads(t), dict)),
+        (
+            {"structured_outputs": {"json_object": True}, "guided_decoding_backend": "xgrammar"},
+            lambda t: isinstance(json.loads(t), dict),
+        ),
     ]
 
     def one(body: dict):
-        return client.completions.create(model=model_name, prompt=prompt, max_tokens=60, temperature=0,
-                                         extra_body=body)
+        return client.completions.create(model=model_name, prompt=prompt, max_tokens=60, temperature=0, extra_body=body)
 
     with ThreadPoolExecutor(4) as pool:
         responses = list(pool.map(one, [body for body, _ in cases]))
@@ -98,8 +113,16 @@ def test_streamed_text_equals_the_whole_answer(client, model_name) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMAS["nested_objects"]}}
     messages = ask(SCHEMAS["nested_objects"])
     whole = chat(client, model_name, messages, response_format=fmt, n=2, seed=5, temperature=0.8)
-    stream = client.chat.completions.create(model=model_name, messages=messages, response_format=fmt, n=2, seed=5,
-                                            temperature=0.8, max_tokens=150, stream=True)
+    stream = client.chat.completions.create(
+        model=model_name,
+        messages=messages,
+        response_format=fmt,
+        n=2,
+        seed=5,
+        temperature=0.8,
+        max_tokens=150,
+        stream=True,
+    )
     texts, reasons = ["", ""], [None, None]
     for chunk in stream:
         for c in chunk.choices:
@@ -111,32 +134,42 @@ def test_streamed_text_equals_the_whole_answer(client, model_name) -> None:
         jsonschema.validate(json.loads(text), SCHEMAS["nested_objects"])
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
-     "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}},
-     "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}},
-     "response_format.json_schema.name"),
-    ({"guided_json": "{not json"}, "guided_json"),
-    ({"guided_regex": "a(b"}, "guided_regex"),
-    ({"regex": "[z-a]"}, "regex"),
-    ({"ebnf": 'root ::= "a" |'}, "ebnf"),
-    ({"json_schema": '{"type": "array", "uniqueItems": true}'}, "json_schema"),
-    ({"guided_choice": []}, "guided_choice"),
-    ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
-    ({"structured_outputs": {"grammar": "root ::= missing"}}, "structured_outputs.grammar"),
-    ({"structured_outputs": {"jsn": {}}}, "structured_outputs.jsn"),
-    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs.choice"),
-    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
-    ({"guided_json": {"type": "object"}, "regex": "a"}, "regex"),
-    ({"guided_regex": "a", "guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
-    ({"guided_json": {"type": "object"}, "guided_whitespace_pattern": " *"}, "guided_whitespace_pattern"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
+            "response_format",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}},
+            "response_format",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}},
+            "response_format.json_schema.name",
+        ),
+        ({"guided_json": "{not json"}, "guided_json"),
+        ({"guided_regex": "a(b"}, "guided_regex"),
+        ({"regex": "[z-a]"}, "regex"),
+        ({"ebnf": 'root ::= "a" |'}, "ebnf"),
+        ({"json_schema": '{"type": "array", "uniqueItems": true}'}, "json_schema"),
+        ({"guided_choice": []}, "guided_choice"),
+        ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
+        ({"structured_outputs": {"grammar": "root ::= missing"}}, "structured_outputs.grammar"),
+        ({"structured_outputs": {"jsn": {}}}, "structured_outputs.jsn"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs.choice"),
+        ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+        ({"guided_json": {"type": "object"}, "regex": "a"}, "regex"),
+        ({"guided_regex": "a", "guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
+        ({"guided_json": {"type": "object"}, "guided_whitespace_pattern": " *"}, "guided_whitespace_pattern"),
+    ],
+)
 def test_bad_constraints_are_400s_naming_the_param(client, model_name, body, param) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi"}],
-                                       max_tokens=5, extra_body=body)
+        client.chat.completions.create(
+            model=model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, extra_body=body
+        )
     error = info.value.body
     assert error["param"] == param and error["type"] == "invalid_request_error", error
     # The worker goes on serving, constrained or not.
@@ -146,19 +179,33 @@ def test_bad_constraints_are_400s_naming_the_param(client, model_name, body, par
 
 def test_native_jobs_take_vllms_names(http) -> None:
     schema = SCHEMAS["flat_object"]
-    for params in ({"guided_json": schema}, {"structured_outputs": {"json": schema}},
-                   {"guided_decoding": {"json": json.dumps(schema)}}):
+    for params in (
+        {"guided_json": schema},
+        {"structured_outputs": {"json": schema}},
+        {"guided_decoding": {"json": json.dumps(schema)}},
+    ):
         job = {"messages": ask(schema), "sampling_params": {"temperature": 0, "max_tokens": 80, **params}}
         result = http.post("/runsync", json={"input": job}).json()
         assert result["status"] == "COMPLETED", result
         [text] = result["output"][0]["choices"][0]["tokens"]
         jsonschema.validate(json.loads(text), schema)
-    streamed = http.post("/runsync", json={"input": {"prompt": "Pick:", "stream": True, "sampling_params": {
-        "temperature": 0, "max_tokens": 10, "guided_choice": ["left", "right"]}}}).json()
+    streamed = http.post(
+        "/runsync",
+        json={
+            "input": {
+                "prompt": "Pick:",
+                "stream": True,
+                "sampling_params": {"temperature": 0, "max_tokens": 10, "guided_choice": ["left", "right"]},
+            }
+        },
+    ).json()
     assert "".join(t for o in streamed["output"] for t in o["choices"][0]["tokens"]) in ("left", "right")
-    for params, param in (({"guided_regex": "(("}, "guided_regex"), ({"structured": {"kind": "regex"}}, "structured"),
-                          ({"guided_json": {"type": "object"}, "guided_choice": ["a"]}, "guided_choice"),
-                          ({"structured_outputs": {"json": {}}, "guided_decoding": {"regex": "a"}}, "guided_decoding")):
+    for params, param in (
+        ({"guided_regex": "(("}, "guided_regex"),
+        ({"structured": {"kind": "regex"}}, "structured"),
+        ({"guided_json": {"type": "object"}, "guided_choice": ["a"]}, "guided_choice"),
+        ({"structured_outputs": {"json": {}}, "guided_decoding": {"regex": "a"}}, "guided_decoding"),
+    ):
         bad = http.post("/runsync", json={"input": {"prompt": "Hi", "sampling_params": params}}).json()
         assert bad["status"] == "FAILED" and bad["error"]["param"] == param, bad
 
@@ -172,6 +219,7 @@ class City(BaseModel):
 def test_a_parsed_response_is_valid_json_within_a_small_budget(client, model_name) -> None:
     # Free whitespace let the default model pad this answer with newlines until max_output_tokens ran out, and the
     # SDK's parse failed (json_invalid); at most 16 whitespace characters in a row, the JSON closes in time.
-    parsed = client.responses.parse(model=model_name, input="Tell me about Paris.", text_format=City,
-                                    max_output_tokens=96, temperature=0)
+    parsed = client.responses.parse(
+        model=model_name, input="Tell me about Paris.", text_format=City, max_output_tokens=96, temperature=0
+    )
     assert isinstance(parsed.output_parsed, City), parsed.output_text

@@ -15,9 +15,15 @@ from tiny_families import build_family, serve
 from worker.openai.chat import prepare_chat
 from worker.openai.responses.route import prepare_response
 
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
-                                           "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-          "required": ["city", "days"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA, "strict": True}}
 ANSWER = '{"city": "Paris", "days": 3}'
 ASK = [{"role": "user", "content": "Plan a trip."}]
@@ -40,8 +46,9 @@ def _takes(runtime, spec, text: str) -> bool:
 
 
 def _spec(runtime, **body):
-    call = prepare_chat({"model": runtime.served_model_name, "messages": ASK, "response_format": FORMAT, **body},
-                        runtime)
+    call = prepare_chat(
+        {"model": runtime.served_model_name, "messages": ASK, "response_format": FORMAT, **body}, runtime
+    )
     return call.params.structured
 
 
@@ -77,13 +84,26 @@ def test_the_responses_api_holds_text_format_after_the_reasoning(qwen3) -> None:
 
 def test_the_sdk_gets_the_schemas_json_as_content_from_a_thinking_template(client, model_name) -> None:
     # The default model under Qwen3's template (so the qwen3 reasoning parser): it may think, then answers.
-    answer = client.chat.completions.create(model=model_name, messages=ASK, response_format=FORMAT, temperature=0,
-                                            max_tokens=60, extra_body={"chat_template": QWEN3})
+    answer = client.chat.completions.create(
+        model=model_name,
+        messages=ASK,
+        response_format=FORMAT,
+        temperature=0,
+        max_tokens=60,
+        extra_body={"chat_template": QWEN3},
+    )
     choice = answer.choices[0]
     assert choice.finish_reason == "stop"
     jsonschema.validate(json.loads(choice.message.content), SCHEMA)
-    stream = client.chat.completions.create(model=model_name, messages=ASK, response_format=FORMAT, temperature=0,
-                                            max_tokens=60, extra_body={"chat_template": QWEN3}, stream=True)
+    stream = client.chat.completions.create(
+        model=model_name,
+        messages=ASK,
+        response_format=FORMAT,
+        temperature=0,
+        max_tokens=60,
+        extra_body={"chat_template": QWEN3},
+        stream=True,
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == choice.message.content
 
 
@@ -95,14 +115,23 @@ def test_a_constraint_that_spells_out_the_reasoning_covers_it(qwen3) -> None:
     assert not _takes(qwen3, spec, "<think>\nhm\n</think>\n\n<think>\nthe capital\n</think>\n\nParis.")
 
 
-def test_a_bad_constraint_under_a_thinking_template_is_a_400_and_the_next_request_is_served(client, model_name
-                                                                                            ) -> None:
+def test_a_bad_constraint_under_a_thinking_template_is_a_400_and_the_next_request_is_served(client, model_name) -> None:
     import openai
 
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=model_name, messages=ASK, max_tokens=8,
-                                       extra_body={"chat_template": QWEN3, "structured_outputs": {"regex": "a(b"}})
+        client.chat.completions.create(
+            model=model_name,
+            messages=ASK,
+            max_tokens=8,
+            extra_body={"chat_template": QWEN3, "structured_outputs": {"regex": "a(b"}},
+        )
     assert info.value.status_code == 400 and info.value.body["param"] == "structured_outputs.regex"
-    answer = client.chat.completions.create(model=model_name, messages=ASK, response_format=FORMAT, temperature=0,
-                                            max_tokens=60, extra_body={"chat_template": QWEN3})
+    answer = client.chat.completions.create(
+        model=model_name,
+        messages=ASK,
+        response_format=FORMAT,
+        temperature=0,
+        max_tokens=60,
+        extra_body={"chat_template": QWEN3},
+    )
     jsonschema.validate(json.loads(answer.choices[0].message.content), SCHEMA)

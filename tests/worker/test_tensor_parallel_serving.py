@@ -21,10 +21,20 @@ from engine.model.adapters import projection_shapes
 from tests.lora_adapters import ALL_TARGETS, merge_into, write_adapter
 
 ROOT = Path(__file__).resolve().parents[2]
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "The time in a timezone.", "strict": True,
-    "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "enum": ["UTC", "CET", "JST"]}},
-                   "required": ["timezone"], "additionalProperties": False}}}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a timezone.",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"type": "string", "enum": ["UTC", "CET", "JST"]}},
+            "required": ["timezone"],
+            "additionalProperties": False,
+        },
+    },
+}
 # name -> (targets, whether LORA_MODULES names it at start; the other is loaded while serving)
 ADAPTERS = {"sql": (ALL_TARGETS, True), "poet": (["q_proj", "v_proj", "o_proj", "down_proj"], False)}
 
@@ -68,17 +78,31 @@ def tp_model(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -
     source = root / "source"
     tokenizer = tf.AutoTokenizer.from_pretrained(str(baked_model_path))
     tokenizer.save_pretrained(str(source))
-    config = tf.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-                            tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                            eos_token_id=tokenizer.eos_token_id)
+    config = tf.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(config).float().eval()
     model.config.architectures = [type(model).__name__]
     model.save_pretrained(str(source))
-    baked = subprocess.run([sys.executable, "-m", "builder", "--model", str(source), "--out", str(root / "model")],
-                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-                           timeout=300)
+    baked = subprocess.run(
+        [sys.executable, "-m", "builder", "--model", str(source), "--out", str(root / "model")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert baked.returncode == 0, baked.stderr
     return root / "model"
 
@@ -92,8 +116,9 @@ def tp_adapters(tp_model: Path) -> dict[str, tuple[Path, dict]]:
     out = {}
     for seed, (name, (targets, _)) in enumerate(ADAPTERS.items()):
         folder = tp_model.parent / "adapters" / name
-        tensors = write_adapter(folder, projection_shapes(config), config.num_hidden_layers, targets=targets,
-                                seed=seed, std=0.1)
+        tensors = write_adapter(
+            folder, projection_shapes(config), config.num_hidden_layers, targets=targets, seed=seed, std=0.1
+        )
         out[name] = (folder, tensors)
     return out
 
@@ -101,9 +126,15 @@ def tp_adapters(tp_model: Path) -> dict[str, tuple[Path, dict]]:
 @pytest.fixture(scope="module")
 def tp_worker(tp_model: Path, tp_adapters: dict, tmp_path_factory: pytest.TempPathFactory):
     at_start = " ".join(f"{name}={tp_adapters[name][0]}" for name, (_, start) in ADAPTERS.items() if start)
-    worker = start_worker(tp_model, tmp_path_factory.mktemp("tp-worker") / "worker.log", TENSOR_PARALLEL_SIZE="2",
-                          LORA_MODULES=at_start, VLLM_ALLOW_RUNTIME_LORA_UPDATING="true", MAX_LORAS="2",
-                          MAX_LORA_RANK="8")
+    worker = start_worker(
+        tp_model,
+        tmp_path_factory.mktemp("tp-worker") / "worker.log",
+        TENSOR_PARALLEL_SIZE="2",
+        LORA_MODULES=at_start,
+        VLLM_ALLOW_RUNTIME_LORA_UPDATING="true",
+        MAX_LORAS="2",
+        MAX_LORA_RANK="8",
+    )
     yield worker
     stop_worker(worker)
 
@@ -128,15 +159,22 @@ def test_a_forced_tool_call_at_two_ranks(tp_worker):
     client = tp_worker.client()
     name = client.models.list().data[0].id
     forced = {"type": "function", "function": {"name": "get_time"}}
-    reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "The time in Tokyo?"}],
-                                           tools=[TIME], tool_choice=forced, max_tokens=64, temperature=0)
+    reply = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "The time in Tokyo?"}],
+        tools=[TIME],
+        tool_choice=forced,
+        max_tokens=64,
+        temperature=0,
+    )
     [call] = reply.choices[0].message.tool_calls
     assert call.function.name == "get_time" and reply.choices[0].finish_reason == "tool_calls"
     assert json.loads(call.function.arguments)["timezone"] in ("UTC", "CET", "JST")
 
 
-def test_lora_adapters_at_start_and_loaded_while_serving_answer_as_transformers_merged(tp_worker, tp_model,
-                                                                                       tp_adapters):
+def test_lora_adapters_at_start_and_loaded_while_serving_answer_as_transformers_merged(
+    tp_worker, tp_model, tp_adapters
+):
     import torch
     import transformers as tf
 
@@ -144,15 +182,22 @@ def test_lora_adapters_at_start_and_loaded_while_serving_answer_as_transformers_
     base = client.models.list().data[0].id
     assert [m.id for m in client.models.list().data] == [base, "sql"]
     with tp_worker.http() as http:
-        loaded = http.post(f"{ENDPOINT}/openai/v1/load_lora_adapter",
-                           json={"lora_name": "poet", "lora_path": str(tp_adapters["poet"][0])})
+        loaded = http.post(
+            f"{ENDPOINT}/openai/v1/load_lora_adapter",
+            json={"lora_name": "poet", "lora_path": str(tp_adapters["poet"][0])},
+        )
     assert loaded.status_code == 200, loaded.text
     hf = tf.AutoModelForCausalLM.from_pretrained(str(tp_model.parent / "source"), dtype=torch.float32).eval()
     ask = [{"role": "user", "content": "Name a colour."}]
     answers = {}
     for model in (base, "sql", "poet"):
-        reply = client.chat.completions.create(model=model, messages=ask, max_tokens=8, temperature=0,
-                                               extra_body={"return_token_ids": True, "ignore_eos": True})
+        reply = client.chat.completions.create(
+            model=model,
+            messages=ask,
+            max_tokens=8,
+            temperature=0,
+            extra_body={"return_token_ids": True, "ignore_eos": True},
+        )
         assert reply.model == model
         answers[model] = got = reply.choices[0].model_extra["token_ids"]
         prompt = reply.model_extra["prompt_token_ids"]
@@ -161,8 +206,9 @@ def test_lora_adapters_at_start_and_loaded_while_serving_answer_as_transformers_
             reference = copy.deepcopy(hf)
             merge_into(reference, tp_adapters[model][1], 8.0 / 4)
         with torch.no_grad():
-            expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
-                                          eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+            expected = reference.generate(
+                torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0
+            )[0, len(prompt) :].tolist()
         assert got == expected, model
     assert len({tuple(t) for t in answers.values()}) == 3  # each adapter changes the answer
 

@@ -11,15 +11,33 @@ import pytest
 from openai_schema import validate
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather in a city.",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-            "required": ["city"]}}},
-    {"type": "function", "function": {
-        "name": "add", "description": "Add two numbers.",
-        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-                       "required": ["a", "b"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
 ]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 # Room for the two calls and the repeat that ends them (about 40 tokens each); the loop used all of it before.
@@ -37,14 +55,15 @@ def patient(client):
 def _distinct(calls: list[tuple[str, str]]) -> list[tuple[str, object]]:
     """The calls as (name, arguments object); no two of them alike."""
     parsed = [(name, json.loads(arguments)) for name, arguments in calls]
-    assert parsed and all(a != b for i, a in enumerate(parsed) for b in parsed[i + 1:]), parsed
+    assert parsed and all(a != b for i, a in enumerate(parsed) for b in parsed[i + 1 :]), parsed
     return parsed
 
 
 @pytest.fixture(scope="module")
 def answered(patient, model_name):
-    response = patient.chat.completions.create(model=model_name, messages=ASK, tools=TOOLS, tool_choice="required",
-                                              temperature=0, max_tokens=BUDGET, n=2)
+    response = patient.chat.completions.create(
+        model=model_name, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=BUDGET, n=2
+    )
     validate(response)
     return response
 
@@ -59,10 +78,12 @@ def test_a_repeated_forced_call_ends_each_choice_with_tool_calls(answered) -> No
 
 
 def test_streamed_the_repeat_never_reaches_a_delta(patient, model_name, answered) -> None:
-    with patient.chat.completions.stream(model=model_name, messages=ASK, tools=TOOLS, tool_choice="required",
-                                        temperature=0, max_tokens=BUDGET) as stream:
-        indexes = {d.index for e in stream if e.type == "chunk" for c in e.chunk.choices
-                   for d in c.delta.tool_calls or []}
+    with patient.chat.completions.stream(
+        model=model_name, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=BUDGET
+    ) as stream:
+        indexes = {
+            d.index for e in stream if e.type == "chunk" for c in e.chunk.choices for d in c.delta.tool_calls or []
+        }
         final = stream.get_final_completion().choices[0]
     expected = [(c.function.name, c.function.arguments) for c in answered.choices[0].message.tool_calls]
     assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == expected
@@ -71,8 +92,14 @@ def test_streamed_the_repeat_never_reaches_a_delta(patient, model_name, answered
 
 def test_the_responses_api_completes(patient, model_name) -> None:
     tools = [{"type": "function", **t["function"]} for t in TOOLS]
-    made = patient.responses.create(model=model_name, input=ASK[0]["content"], tools=tools, tool_choice="required",
-                                   temperature=0, max_output_tokens=BUDGET)
+    made = patient.responses.create(
+        model=model_name,
+        input=ASK[0]["content"],
+        tools=tools,
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=BUDGET,
+    )
     validate(made)
     assert made.status == "completed" and made.incomplete_details is None
     _distinct([(item.name, item.arguments) for item in made.output if item.type == "function_call"])
@@ -80,8 +107,12 @@ def test_the_responses_api_completes(patient, model_name) -> None:
 
 
 def test_a_native_job_ends_at_the_repeat(http) -> None:
-    job = {"messages": ASK, "tools": TOOLS, "tool_choice": "required",
-           "sampling_params": {"temperature": 0, "max_tokens": BUDGET}}
+    job = {
+        "messages": ASK,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "sampling_params": {"temperature": 0, "max_tokens": BUDGET},
+    }
     done = http.post("/runsync", json={"input": job}, timeout=SLOW_S).json()
     assert done["status"] == "COMPLETED", done
     [output] = done["output"]

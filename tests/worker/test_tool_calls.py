@@ -12,22 +12,36 @@ import openai
 import pytest
 from openai_schema import validate
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 SECOND_TURN = ASK + [
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_abc123abc123abc123abc123", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_abc123abc123abc123abc123",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_abc123abc123abc123abc123", "content": '{"celsius": 21, "sky": "clear"}'},
 ]
 
 
 def _prompt(client, model_name, tokenizer, **kw) -> str:
     kw.setdefault("messages", ASK)
-    response = client.chat.completions.create(model=model_name, max_tokens=1, temperature=0,
-                                              extra_body={"return_token_ids": True}, **kw)
+    response = client.chat.completions.create(
+        model=model_name, max_tokens=1, temperature=0, extra_body={"return_token_ids": True}, **kw
+    )
     validate(response)
     return tokenizer.decode(response.model_extra["prompt_token_ids"])
 
@@ -47,8 +61,9 @@ def test_tools_are_described_in_the_system_prompt_and_a_second_turn_renders(clie
 def test_an_answer_with_tools_streams_as_it_answers_whole(client, model_name) -> None:
     kw = dict(model=model_name, messages=SECOND_TURN, tools=[WEATHER], max_tokens=12, temperature=0)
     whole = validate(client.chat.completions.create(**kw))
-    chunks = [validate(c) for c in client.chat.completions.create(stream=True, stream_options={"include_usage": True},
-                                                                  **kw)]
+    chunks = [
+        validate(c) for c in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw)
+    ]
     message = whole["choices"][0]["message"]
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert content == (message["content"] or "")
@@ -57,13 +72,19 @@ def test_an_answer_with_tools_streams_as_it_answers_whole(client, model_name) ->
     assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
 
 
-@pytest.mark.parametrize("tools,choice,param", [
-    ([{"type": "function", "function": {"description": "nameless"}}], None, "tools[0].function.name"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}], None,
-     "tools[0].function.parameters"),
-    ([WEATHER, WEATHER], None, "tools[1].function.name"),
-    ([WEATHER], {"type": "function", "function": {"name": "get_time"}}, "tool_choice"),
-])
+@pytest.mark.parametrize(
+    "tools,choice,param",
+    [
+        ([{"type": "function", "function": {"description": "nameless"}}], None, "tools[0].function.name"),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
+            None,
+            "tools[0].function.parameters",
+        ),
+        ([WEATHER, WEATHER], None, "tools[1].function.name"),
+        ([WEATHER], {"type": "function", "function": {"name": "get_time"}}, "tool_choice"),
+    ],
+)
 def test_malformed_tools_are_400s_naming_the_parameter(client, model_name, tools, choice, param) -> None:
     kw = {"tool_choice": choice} if choice is not None else {}
     with pytest.raises(openai.BadRequestError) as info:
@@ -86,10 +107,20 @@ def test_native_jobs_take_tools_with_messages(http) -> None:
     assert no_messages["status"] == "FAILED" and no_messages["error"]["param"] == "tools"
 
 
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "The time in a timezone.", "strict": True,
-    "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "enum": ["UTC", "CET", "JST"]}},
-                   "required": ["timezone"], "additionalProperties": False}}}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a timezone.",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"type": "string", "enum": ["UTC", "CET", "JST"]}},
+            "required": ["timezone"],
+            "additionalProperties": False,
+        },
+    },
+}
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
 
 
@@ -138,16 +169,24 @@ def test_required_with_parallel_calls_gives_calls_that_each_validate(client, mod
 
 
 def test_a_named_tool_is_the_one_call(client, model_name) -> None:
-    response = _calls(client, model_name, tools=[WEATHER, TIME],
-                      tool_choice={"type": "function", "function": {"name": "get_time"}})
+    response = _calls(
+        client, model_name, tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}}
+    )
     calls = _assert_valid(response.choices[0].message)
     assert [name for name, _ in calls] == ["get_time"] and calls[0][1]["timezone"] in ("UTC", "CET", "JST")
     assert response.choices[0].finish_reason == "tool_calls"
 
 
 def test_the_sdk_stream_helper_joins_the_same_calls_as_the_whole_answer(client, model_name) -> None:
-    kw = dict(model=model_name, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", temperature=0,
-              max_tokens=64, parallel_tool_calls=False)
+    kw = dict(
+        model=model_name,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=64,
+        parallel_tool_calls=False,
+    )
     whole = client.chat.completions.create(**kw)
     with client.chat.completions.stream(**kw) as stream:
         chunks = [event.chunk for event in stream if event.type == "chunk"]
@@ -170,15 +209,21 @@ def test_an_agent_loop_round_trip(client, model_name) -> None:
     first = _calls(client, model_name, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
     message = first.choices[0].message
     call = message.tool_calls[0]
-    history = ASK + [message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'}]
+    history = ASK + [
+        message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'},
+    ]
     second = _calls(client, model_name, messages=history, tools=[WEATHER], max_tokens=16)
     assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
 def test_a_native_job_forced_to_call(http) -> None:
-    job = {"messages": ASK, "tools": [WEATHER, TIME], "tool_choice": {"type": "function", "function": {"name":
-           "get_weather"}}, "sampling_params": {"temperature": 0, "max_tokens": 64}}
+    job = {
+        "messages": ASK,
+        "tools": [WEATHER, TIME],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "sampling_params": {"temperature": 0, "max_tokens": 64},
+    }
     whole = http.post("/runsync", json={"input": job}).json()
     assert whole["status"] == "COMPLETED", whole
     [choice] = whole["output"][0]["choices"]
@@ -191,13 +236,15 @@ def test_a_native_job_forced_to_call(http) -> None:
     assert "".join(d["function"].get("arguments", "") for d in deltas) == call["function"]["arguments"]
 
 
-@pytest.mark.parametrize("choice, max_tokens", [
-    ("required", 6),  # cut just after the opener "<tool_call>\n"
-    ({"type": "function", "function": {"name": "get_weather"}}, 3),  # cut inside it: "<tool_"
-])
+@pytest.mark.parametrize(
+    "choice, max_tokens",
+    [
+        ("required", 6),  # cut just after the opener "<tool_call>\n"
+        ({"type": "function", "function": {"name": "get_weather"}}, 3),  # cut inside it: "<tool_"
+    ],
+)
 def test_a_forced_call_cut_by_max_tokens_shows_no_markup(client, model_name, choice, max_tokens) -> None:
-    kw = dict(model=model_name, messages=ASK, tools=[WEATHER], tool_choice=choice, temperature=0,
-              max_tokens=max_tokens)
+    kw = dict(model=model_name, messages=ASK, tools=[WEATHER], tool_choice=choice, temperature=0, max_tokens=max_tokens)
     response = client.chat.completions.create(**kw)
     validate(response)
     whole = response.choices[0]

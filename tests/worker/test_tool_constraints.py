@@ -15,10 +15,25 @@ from worker.openai.tools.definitions import ToolChoice, check_tools
 from worker.openai.tools.plan import ToolPlan
 from worker.openai.tools.registry import PARSERS
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-TIME = {"type": "function", "function": {"name": "get_time", "strict": True, "parameters": {
-    "type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["tz"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["tz"],
+        },
+    },
+}
 TOOLS = check_tools([WEATHER, TIME])
 W = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 T = '{"name": "get_time", "arguments": {"tz": "CET"}}'
@@ -49,7 +64,7 @@ CASES = [
     ("generic", "required", None, True, "", f"{H_W}\n{H_T}", True),
     ("generic", "required", None, True, "", "Sure! " + H_W, False),  # calls only
     ("generic", "required", None, False, "", f"{H_W}\n{H_T}", False),  # one call
-    ("generic", "required", None, True, "", H_W.replace("Paris", "Paris\", \"x\": \"1"), False),  # schema
+    ("generic", "required", None, True, "", H_W.replace("Paris", 'Paris", "x": "1'), False),  # schema
     ("generic", "required", None, True, "", H_T.replace("CET", "PST"), False),  # enum
     ("generic", "named", "get_time", True, "", H_T, True),
     ("generic", "named", "get_time", True, "", H_W, False),
@@ -69,7 +84,7 @@ CASES = [
     ("gemma4", "required", None, True, "", G_W + G_T, True),
     ("gemma4", "required", None, True, "", "Sure! " + G_W, False),
     ("gemma4", "required", None, False, "", G_W + G_T, False),
-    ("gemma4", "required", None, True, "", G_W.replace("<|\"|>}", '<|"|>,x:1}'), False),  # schema: no other keys
+    ("gemma4", "required", None, True, "", G_W.replace('<|"|>}', '<|"|>,x:1}'), False),  # schema: no other keys
     ("gemma4", "required", None, True, "", G_T.replace("CET", "PST"), False),  # enum
     ("gemma4", "required", None, True, "", G_W.replace("city:", "city: "), False),  # no whitespace
     ("gemma4", "required", None, True, "", '<|tool_call>call:get_weather{city:<|"|>a<|b<|"|>}<tool_call|>', False),
@@ -95,8 +110,9 @@ def test_grammar_and_parser_agree(grammars, tokenizer, fmt, mode, named, paralle
 def test_reasoning_may_come_first_and_none_leaves_decoding_free(grammars, tokenizer) -> None:
     plan = ToolPlan("hermes", TOOLS, ToolChoice("required"))
     assert _matches(grammars, tokenizer, tool_constraint(plan, "", "qwen3"), f"<think>\nHm.\n</think>\n\n{H_W}")
-    assert _matches(grammars, tokenizer, tool_constraint(plan, "", "qwen3", in_reasoning=True),
-                    f"Hm.\n</think>\n\n{H_W}")
+    assert _matches(
+        grammars, tokenizer, tool_constraint(plan, "", "qwen3", in_reasoning=True), f"Hm.\n</think>\n\n{H_W}"
+    )
     assert tool_constraint(ToolPlan("hermes", TOOLS, ToolChoice("none")), "") is None
     loose = ToolPlan("mistral", check_tools([WEATHER]), ToolChoice("auto"))
     assert tool_constraint(loose, "") is None  # [TOOL_CALLS] is a special token the grammar cannot offer
@@ -114,9 +130,21 @@ def test_a_schema_the_grammar_cannot_enforce(grammars, tokenizer) -> None:
 
 
 def test_string_lengths_are_enforced(grammars, tokenizer) -> None:
-    short = check_tools([{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 4}},
-        "required": ["code"]}}}])
+    short = check_tools(
+        [
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 4}},
+                        "required": ["code"],
+                    },
+                },
+            }
+        ]
+    )
     spec = tool_constraint(ToolPlan("generic", short, ToolChoice("required")), "")
     call = '<tool_call>\n{{"name": "f", "arguments": {{"code": "{}"}}}}\n</tool_call>'
     assert _matches(grammars, tokenizer, spec, call.format("abcd"))
@@ -128,11 +156,22 @@ def test_gemma4_reasoning_first_and_schemas_its_grammar_cannot_enforce(grammars,
     plan = ToolPlan("gemma4", TOOLS, ToolChoice("required"))
     assert _matches(grammars, tokenizer, tool_constraint(plan, "", "gemma4"), f"<|channel>thought\nHm.<channel|>{G_W}")
     assert not _matches(grammars, tokenizer, tool_constraint(plan, "", "gemma4"), f"<think>Hm.</think>{G_W}")
-    nested = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
-                                               "at": {"type": "object", "properties": {"lat": {"type": "number"}},
-                                                      "required": ["lat"]}}, "required": ["at"]}
-    spec = tool_constraint(ToolPlan("gemma4", check_tools([{"type": "function", "function": {
-        "name": "f", "parameters": nested}}]), ToolChoice("required")), "")
+    nested = {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+            "at": {"type": "object", "properties": {"lat": {"type": "number"}}, "required": ["lat"]},
+        },
+        "required": ["at"],
+    }
+    spec = tool_constraint(
+        ToolPlan(
+            "gemma4",
+            check_tools([{"type": "function", "function": {"name": "f", "parameters": nested}}]),
+            ToolChoice("required"),
+        ),
+        "",
+    )
     call = "<|tool_call>call:f{{{}}}<tool_call|>"
     assert _matches(grammars, tokenizer, spec, call.format('at:{lat:-1.5e3},tags:[<|"|>a<|"|>,<|"|>b<|"|>]'))
     assert not _matches(grammars, tokenizer, spec, call.format('tags:[<|"|>a<|"|>]'))  # "at" is required

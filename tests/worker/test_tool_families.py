@@ -15,18 +15,40 @@ from tiny_families import FAMILIES, build_family, serve
 
 from worker.openai.chat import complete_chat, prepare_chat, stream_chat
 
-EXPECTED = {"qwen2": ("hermes", None), "qwen3": ("hermes", "qwen3"), "llama": ("llama3_json", None),
-            "mistral": ("mistral", None)}
+EXPECTED = {
+    "qwen2": ("hermes", None),
+    "qwen3": ("hermes", "qwen3"),
+    "llama": ("llama3_json", None),
+    "mistral": ("mistral", None),
+}
 # Bounded values: random weights would otherwise write one string until max_tokens.
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
-                                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-    "required": ["city", "days"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Rome"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+        },
+    },
+}
 SECOND_TURN = [
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_0123456789abcdef01234567", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_0123456789abcdef01234567",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_0123456789abcdef01234567", "content": "21 C"},
     {"role": "user", "content": "And in Rome?"},
 ]
@@ -81,8 +103,12 @@ def _stream(runtime, **body):
 
 def test_reasoning_opened_by_the_template_is_split_off_whole_and_streamed(runtimes) -> None:
     runtime = runtimes("qwen3")
-    body = {"messages": [{"role": "user", "content": "Think."}], "max_tokens": 6, "ignore_eos": True,
-            "chat_template": QWEN3_THINKING}
+    body = {
+        "messages": [{"role": "user", "content": "Think."}],
+        "max_tokens": 6,
+        "ignore_eos": True,
+        "chat_template": QWEN3_THINKING,
+    }
     _, answer = _chat(runtime, **body)
     validate(answer)
     message, usage = answer["choices"][0]["message"], answer["usage"]
@@ -113,8 +139,13 @@ def _calls_of(message) -> list[tuple[str, dict]]:
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_forced_calls_from_random_weights_are_valid_whole_and_streamed(family, choice) -> None:
     name, runtime = family
-    body = {"messages": SECOND_TURN, "tools": [WEATHER], "tool_choice": choice, "max_tokens": 96,
-            "parallel_tool_calls": False}
+    body = {
+        "messages": SECOND_TURN,
+        "tools": [WEATHER],
+        "tool_choice": choice,
+        "max_tokens": 96,
+        "parallel_tool_calls": False,
+    }
     call, answer = _chat(runtime, **body)
     validate(answer)
     choice0 = answer["choices"][0]
@@ -125,6 +156,8 @@ def test_forced_calls_from_random_weights_are_valid_whole_and_streamed(family, c
     chunks = [validate(c) for c in _stream(runtime, **body)]
     deltas = [d for c in chunks if c["choices"] for d in c["choices"][0]["delta"].get("tool_calls") or []]
     assert deltas[0]["function"]["name"] == "get_weather" and deltas[0]["id"].startswith("call_")
-    assert "".join(d["function"]["arguments"] for d in deltas) == choice0["message"]["tool_calls"][0]["function"][
-        "arguments"]
+    assert (
+        "".join(d["function"]["arguments"] for d in deltas)
+        == choice0["message"]["tool_calls"][0]["function"]["arguments"]
+    )
     assert not any(c["choices"][0]["delta"].get("content") for c in chunks if c["choices"])

@@ -16,14 +16,27 @@ from worker.openai.tools.plan import ToolPlan
 from worker.openai.tools.registry import pick_format
 from worker.settings import SettingsError, load_settings
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 HISTORY = [
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_0123456789abcdef01234567", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_0123456789abcdef01234567",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_0123456789abcdef01234567", "content": '{"celsius": 21}'},
 ]
 
@@ -62,11 +75,15 @@ def test_a_second_turn_renders_through_each_familys_template(tokenizer) -> None:
     # Gemma 4: the tools declared in the system turn, the call in its own syntax, the result in the model's turn,
     # which the answer then continues (no new turn is opened).
     gemma = _render(tokenizer, "gemma4", GEMMA4, HISTORY)
-    assert ('<|turn>system\n<|tool>declaration:get_weather{description:<|"|>The weather in a city.<|"|>,parameters:'
-            '{properties:{city:{type:<|"|>STRING<|"|>}},required:[<|"|>city<|"|>],type:<|"|>OBJECT<|"|>}}<tool|>'
-            "<turn|>") in gemma
-    assert gemma.endswith('<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
-                          '<|tool_response>response:get_weather{value:<|"|>{"celsius": 21}<|"|>}<tool_response|>')
+    assert (
+        '<|turn>system\n<|tool>declaration:get_weather{description:<|"|>The weather in a city.<|"|>,parameters:'
+        '{properties:{city:{type:<|"|>STRING<|"|>}},required:[<|"|>city<|"|>],type:<|"|>OBJECT<|"|>}}<tool|>'
+        "<turn|>"
+    ) in gemma
+    assert gemma.endswith(
+        '<|turn>model\n<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+        '<|tool_response>response:get_weather{value:<|"|>{"celsius": 21}<|"|>}<tool_response|>'
+    )
 
 
 def test_gemma4_markup_that_is_special_tokens_stays_in_the_text(tokenizer) -> None:
@@ -84,17 +101,29 @@ def test_gemma4_markup_that_is_special_tokens_stays_in_the_text(tokenizer) -> No
 
 
 def test_the_generic_format_describes_tools_and_history_as_plain_turns(tokenizer) -> None:
-    text = _render(tokenizer, "generic", None, [{"role": "system", "content": "Be brief."}, *HISTORY,
-                                                {"role": "tool", "tool_call_id": "x", "content": "second result"}])
+    text = _render(
+        tokenizer,
+        "generic",
+        None,
+        [
+            {"role": "system", "content": "Be brief."},
+            *HISTORY,
+            {"role": "tool", "tool_call_id": "x", "content": "second result"},
+        ],
+    )
     system = text.split("<|im_end|>")[0]
     assert system.startswith("<|im_start|>system\nBe brief.\n\n# Tools") and json.dumps(WEATHER) in system
     assert "<tool_call></tool_call>" in system
-    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-            "</tool_call><|im_end|>") in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        "</tool_call><|im_end|>"
+    ) in text
     # Both results of the turn share one user turn.
     # (In words naming the function, not <tool_response> tags: the default model copies tags back as its answer.)
-    assert ('<|im_start|>user\nThe function get_weather returned:\n{"celsius": 21}\nA function returned:\n'
-            "second result\n\nAnswer with this result.<|im_end|>") in text
+    assert (
+        '<|im_start|>user\nThe function get_weather returned:\n{"celsius": 21}\nA function returned:\n'
+        "second result\n\nAnswer with this result.<|im_end|>"
+    ) in text
     none = _render(tokenizer, "generic", None, HISTORY, choice="none")
     assert "# Tools" not in none and "get_weather returned" in none  # no tools offered, the history still shown
 
@@ -118,21 +147,27 @@ def test_where_the_template_refuses_a_system_turn_the_tools_open_the_first_user_
     assert alone[0]["role"] == "user" and alone[0]["content"].startswith("# Tools")
 
 
-@pytest.mark.parametrize("tools,choice,param", [
-    ([{"type": "function", "function": {"description": "no name"}}], None, "tools[0].function.name"),
-    ([{"type": "function", "function": {"name": "has space"}}], None, "tools[0].function.name"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}], None,
-     "tools[0].function.parameters"),
-    ([{"type": "function", "function": {"name": "f", "parameters": [1]}}], None, "tools[0].function.parameters"),
-    ([WEATHER, WEATHER], None, "tools[1].function.name"),
-    ([{"type": "retrieval"}], None, "tools[0].type"),
-    ([{"type": "function"}], None, "tools[0].function"),
-    ([WEATHER], {"type": "function", "function": {"name": "absent"}}, "tool_choice"),
-    ([WEATHER], "sometimes", "tool_choice"),
-    ([WEATHER], {"type": "function"}, "tool_choice"),
-    (None, "required", "tool_choice"),
-    ({"not": "a list"}, None, "tools"),
-])
+@pytest.mark.parametrize(
+    "tools,choice,param",
+    [
+        ([{"type": "function", "function": {"description": "no name"}}], None, "tools[0].function.name"),
+        ([{"type": "function", "function": {"name": "has space"}}], None, "tools[0].function.name"),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+            None,
+            "tools[0].function.parameters",
+        ),
+        ([{"type": "function", "function": {"name": "f", "parameters": [1]}}], None, "tools[0].function.parameters"),
+        ([WEATHER, WEATHER], None, "tools[1].function.name"),
+        ([{"type": "retrieval"}], None, "tools[0].type"),
+        ([{"type": "function"}], None, "tools[0].function"),
+        ([WEATHER], {"type": "function", "function": {"name": "absent"}}, "tool_choice"),
+        ([WEATHER], "sometimes", "tool_choice"),
+        ([WEATHER], {"type": "function"}, "tool_choice"),
+        (None, "required", "tool_choice"),
+        ({"not": "a list"}, None, "tools"),
+    ],
+)
 def test_malformed_tools_are_400s_naming_the_parameter(tools, choice, param) -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
     if choice is not None:

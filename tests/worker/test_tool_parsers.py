@@ -22,65 +22,123 @@ SF = {"location": "San Francisco, CA, USA"}
 # (parser, answer, expected content, expected [(name, arguments object)]); the answers follow each family's docs.
 CASES = [
     # Qwen2.5 / Qwen3 function-calling guide: one block per call, each on its own lines.
-    (HermesParser,
-     '<tool_call>\n{"name": "get_current_temperature", "arguments": {"location": "San Francisco, CA, USA"}}\n'
-     '</tool_call>\n<tool_call>\n{"name": "get_temperature_date", "arguments": {"location": "San Francisco, CA, '
-     'USA", "date": "2024-10-01"}}\n</tool_call>',
-     None, [("get_current_temperature", SF), ("get_temperature_date", {**SF, "date": "2024-10-01"})]),
+    (
+        HermesParser,
+        '<tool_call>\n{"name": "get_current_temperature", "arguments": {"location": "San Francisco, CA, USA"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "get_temperature_date", "arguments": {"location": "San Francisco, CA, '
+        'USA", "date": "2024-10-01"}}\n</tool_call>',
+        None,
+        [("get_current_temperature", SF), ("get_temperature_date", {**SF, "date": "2024-10-01"})],
+    ),
     # Hermes 2 Pro: text before the call, arguments with nesting, quotes and braces inside strings.
-    (HermesParser,
-     'Let me look that up.\n<tool_call>\n{"arguments": {"symbol": "TSLA"}, "name": "get_stock_fundamentals"}\n'
-     '</tool_call>',
-     "Let me look that up.", [("get_stock_fundamentals", {"symbol": "TSLA"})]),
-    (HermesParser,
-     '<tool_call>\n{"name": "run", "arguments": {"code": "print(\\"}</tool_call>{\\")", "opts": {"a": [1, {"b": '
-     'null}]}, "emoji": "\u00e9\u4e2d"}}\n</tool_call>',
-     None, [("run", {"code": 'print("}</tool_call>{")', "opts": {"a": [1, {"b": None}]}, "emoji": "\u00e9\u4e2d"})]),
-    (HermesParser, "The capital of France is Paris. 2 < 3 and <b>bold</b>.",
-     "The capital of France is Paris. 2 < 3 and <b>bold</b>.", []),
+    (
+        HermesParser,
+        'Let me look that up.\n<tool_call>\n{"arguments": {"symbol": "TSLA"}, "name": "get_stock_fundamentals"}\n'
+        "</tool_call>",
+        "Let me look that up.",
+        [("get_stock_fundamentals", {"symbol": "TSLA"})],
+    ),
+    (
+        HermesParser,
+        '<tool_call>\n{"name": "run", "arguments": {"code": "print(\\"}</tool_call>{\\")", "opts": {"a": [1, {"b": '
+        'null}]}, "emoji": "\u00e9\u4e2d"}}\n</tool_call>',
+        None,
+        [("run", {"code": 'print("}</tool_call>{")', "opts": {"a": [1, {"b": None}]}, "emoji": "\u00e9\u4e2d"})],
+    ),
+    (
+        HermesParser,
+        "The capital of France is Paris. 2 < 3 and <b>bold</b>.",
+        "The capital of France is Paris. 2 < 3 and <b>bold</b>.",
+        [],
+    ),
     (HermesParser, "Almost a call: <tool_ca", "Almost a call: <tool_ca", []),
-    (HermesParser, "<tool_call>\nnot json at all\n</tool_call> and more", "<tool_call>\nnot json at all\n</tool_call> "
-     "and more", []),
-    (GenericParser, 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n',
-     "Sure.", [("get_weather", {"city": "Paris"})]),
+    (
+        HermesParser,
+        "<tool_call>\nnot json at all\n</tool_call> and more",
+        "<tool_call>\nnot json at all\n</tool_call> and more",
+        [],
+    ),
+    (
+        GenericParser,
+        'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n',
+        "Sure.",
+        [("get_weather", {"city": "Paris"})],
+    ),
     # Llama 3.1 model card: the JSON-based call with "parameters"; <|python_tag|> when kept in the text.
-    (Llama3JsonParser,
-     '{"name": "get_current_conditions", "parameters": {"location": "San Francisco, CA", "unit": "Fahrenheit"}}',
-     None, [("get_current_conditions", {"location": "San Francisco, CA", "unit": "Fahrenheit"})]),
-    (Llama3JsonParser,
-     '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": '
-     '{"tz": "CET"}}',
-     None, [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})]),
+    (
+        Llama3JsonParser,
+        '{"name": "get_current_conditions", "parameters": {"location": "San Francisco, CA", "unit": "Fahrenheit"}}',
+        None,
+        [("get_current_conditions", {"location": "San Francisco, CA", "unit": "Fahrenheit"})],
+    ),
+    (
+        Llama3JsonParser,
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": '
+        '{"tz": "CET"}}',
+        None,
+        [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})],
+    ),
     (Llama3JsonParser, 'Here is JSON: {"name": "x"}', 'Here is JSON: {"name": "x"}', []),
-    (Llama3JsonParser, 'Checking. {"name": "get_weather", "parameters": {"city": "Paris"}}', "Checking.",
-     [("get_weather", {"city": "Paris"})]),
-    (Llama3JsonParser, 'Bob is {"name": "Bob", "age": 3} and {"name":', 'Bob is {"name": "Bob", "age": 3} and {"name":',
-     []),
+    (
+        Llama3JsonParser,
+        'Checking. {"name": "get_weather", "parameters": {"city": "Paris"}}',
+        "Checking.",
+        [("get_weather", {"city": "Paris"})],
+    ),
+    (
+        Llama3JsonParser,
+        'Bob is {"name": "Bob", "age": 3} and {"name":',
+        'Bob is {"name": "Bob", "age": 3} and {"name":',
+        [],
+    ),
     (Llama3JsonParser, '{"answer": 42} is the object.', '{"answer": 42} is the object.', []),
     # Mistral 7B v0.3 / Nemo: a JSON list after [TOOL_CALLS].
-    (MistralParser,
-     '[TOOL_CALLS] [{"name": "get_current_weather", "arguments": {"location": "Paris, France", "format": "celsius"}}, '
-     '{"name": "get_current_weather", "arguments": {"location": "Rome, Italy", "format": "celsius"}}]',
-     None, [("get_current_weather", {"location": "Paris, France", "format": "celsius"}),
-            ("get_current_weather", {"location": "Rome, Italy", "format": "celsius"})]),
+    (
+        MistralParser,
+        '[TOOL_CALLS] [{"name": "get_current_weather", '
+        '"arguments": {"location": "Paris, France", "format": "celsius"}}, '
+        '{"name": "get_current_weather", "arguments": {"location": "Rome, Italy", "format": "celsius"}}]',
+        None,
+        [
+            ("get_current_weather", {"location": "Paris, France", "format": "celsius"}),
+            ("get_current_weather", {"location": "Rome, Italy", "format": "celsius"}),
+        ],
+    ),
     # Mistral Small 3.2 / Magistral (tokenizer v11+): name[ARGS]{...} after each [TOOL_CALLS].
-    (MistralParser,
-     'I will check both.[TOOL_CALLS]get_current_weather[ARGS]{"location": "Paris, France"}[TOOL_CALLS]get_time'
-     '[ARGS]{}',
-     "I will check both.", [("get_current_weather", {"location": "Paris, France"}), ("get_time", {})]),
+    (
+        MistralParser,
+        'I will check both.[TOOL_CALLS]get_current_weather[ARGS]{"location": "Paris, France"}[TOOL_CALLS]get_time'
+        "[ARGS]{}",
+        "I will check both.",
+        [("get_current_weather", {"location": "Paris, France"}), ("get_time", {})],
+    ),
     (MistralParser, "No tools needed [TOOL", "No tools needed [TOOL", []),
     # Gemma 4: call:NAME{key:value} per <|tool_call>, strings in <|"|> (commas, braces, quotes, markup inside),
     # bare keys, numbers and literals, nested objects and arrays, several calls in a row; <|tool_response> after.
-    (Gemma4Parser,
-     'Checking both.<|tool_call>call:get_weather{location:<|"|>Paris, {FR} "centre" <tool_call|> \\o/<|"|>,'
-     'days:[1,-2.5,3e2],opts:{deep:{on:true,off:false,none:null},list:[{a:<|"|>x<|"|>},[]]}}<tool_call|>'
-     '<|tool_call>call:get_time{<|"|>time zone<|"|>:<|"|>CET<|"|>}<tool_call|><|tool_response>',
-     "Checking both.", [("get_weather", {"location": 'Paris, {FR} "centre" <tool_call|> \\o/', "days": [1, -2.5, 300.0],
-                                         "opts": {"deep": {"on": True, "off": False, "none": None},
-                                                  "list": [{"a": "x"}, []]}}),
-                        ("get_time", {"time zone": "CET"})]),
-    (Gemma4Parser, '<|tool_call>call:get_time{}<tool_call|>\n<|tool_call>call:f{s:<|"|>a<b <|x<|"|>,n:007}<tool_call|>',
-     None, [("get_time", {}), ("f", {"s": "a<b <|x", "n": 7})]),
+    (
+        Gemma4Parser,
+        'Checking both.<|tool_call>call:get_weather{location:<|"|>Paris, {FR} "centre" <tool_call|> \\o/<|"|>,'
+        'days:[1,-2.5,3e2],opts:{deep:{on:true,off:false,none:null},list:[{a:<|"|>x<|"|>},[]]}}<tool_call|>'
+        '<|tool_call>call:get_time{<|"|>time zone<|"|>:<|"|>CET<|"|>}<tool_call|><|tool_response>',
+        "Checking both.",
+        [
+            (
+                "get_weather",
+                {
+                    "location": 'Paris, {FR} "centre" <tool_call|> \\o/',
+                    "days": [1, -2.5, 300.0],
+                    "opts": {"deep": {"on": True, "off": False, "none": None}, "list": [{"a": "x"}, []]},
+                },
+            ),
+            ("get_time", {"time zone": "CET"}),
+        ],
+    ),
+    (
+        Gemma4Parser,
+        '<|tool_call>call:get_time{}<tool_call|>\n<|tool_call>call:f{s:<|"|>a<b <|x<|"|>,n:007}<tool_call|>',
+        None,
+        [("get_time", {}), ("f", {"s": "a<b <|x", "n": 7})],
+    ),
     (Gemma4Parser, "Almost a call: <|tool_c", "Almost a call: <|tool_c", []),
     (Gemma4Parser, "<|tool_call>not a call<tool_call|> and more", "<|tool_call>not a call<tool_call|> and more", []),
 ]
@@ -117,11 +175,23 @@ def test_streamed_at_every_split_the_deltas_join_into_the_whole_answer(cls, text
         events = _stream(cls(), pieces)
         got_calls = fold_calls(events)
         got_content = fold_text(events, ContentDelta)
-        assert ((got_content or None) if got_calls else got_content,
-                [(c.name, c.arguments) for c in got_calls]) == whole, pieces
+        assert (
+            (got_content or None) if got_calls else got_content,
+            [(c.name, c.arguments) for c in got_calls],
+        ) == whole, pieces
         if calls:  # no piece of the markup reaches the content
-            for marker in ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", '"name"',
-                           "<|tool_call>", "<tool_call|>", '<|"|>', "call:"):
+            for marker in (
+                "<tool_call>",
+                "</tool_call>",
+                "[TOOL_CALLS]",
+                "[ARGS]",
+                "<|python_tag|>",
+                '"name"',
+                "<|tool_call>",
+                "<tool_call|>",
+                '<|"|>',
+                "call:",
+            ):
                 assert marker not in got_content
         # Each call opens once, with its name, before any of its arguments.
         opened: set[int] = set()
@@ -143,8 +213,10 @@ def test_arguments_stream_as_they_are_written() -> None:
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call_only() -> None:
-    text = ('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "b", "arguments": {}}\n'
-            "</tool_call>")
+    text = (
+        '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "b", "arguments": {}}\n'
+        "</tool_call>"
+    )
     assert [c.name for c in HermesParser.parse(text, parallel=False)[1]] == ["a"]
     assert [c.name for c in HermesParser.parse(text)[1]] == ["a", "b"]
     listed = '[TOOL_CALLS] [{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}]'
@@ -176,10 +248,16 @@ REPEATS = [
     (HermesParser, "\n".join(f"<tool_call>\n{c}\n</tool_call>" for c in (C_CALL, F_CALL, C_AGAIN, F_CALL)), C_AGAIN),
     (Llama3JsonParser, "; ".join((L_C, L_F, L_AGAIN, L_F)), L_AGAIN),
     (MistralParser, f"[TOOL_CALLS] [{C_CALL}, {F_CALL}, {C_AGAIN}, {F_CALL}]", C_AGAIN),
-    (MistralParser, "".join(f"[TOOL_CALLS]get_weather[ARGS]{a}" for a in (C_ARGS, F_ARGS, C_ARGS, F_ARGS)),
-     f"[TOOL_CALLS]get_weather[ARGS]{C_ARGS}"),
-    (Gemma4Parser, "".join(G_CALL.format(u) for u in ("celsius", "fahrenheit", "celsius", "fahrenheit")),
-     G_CALL.format("celsius").removesuffix("<tool_call|>")),
+    (
+        MistralParser,
+        "".join(f"[TOOL_CALLS]get_weather[ARGS]{a}" for a in (C_ARGS, F_ARGS, C_ARGS, F_ARGS)),
+        f"[TOOL_CALLS]get_weather[ARGS]{C_ARGS}",
+    ),
+    (
+        Gemma4Parser,
+        "".join(G_CALL.format(u) for u in ("celsius", "fahrenheit", "celsius", "fahrenheit")),
+        G_CALL.format("celsius").removesuffix("<tool_call|>"),
+    ),
 ]
 
 
@@ -188,7 +266,7 @@ def test_a_call_that_repeats_an_earlier_one_ends_the_answer_without_it(cls, text
     expected = [("get_weather", CELSIUS), ("get_weather", FAHRENHEIT)]
     assert [(c.name, json.loads(c.arguments)) for c in cls.parse(text)[1]] == expected
     end = text.index(repeat, len(repeat)) + len(repeat)  # where the repeat is written out
-    for pieces in ([text[:end - 1], text[end - 1:]], list(text)):
+    for pieces in ([text[: end - 1], text[end - 1 :]], list(text)):
         parser, events, read, ended_at = cls(), [], 0, None
         for piece in pieces:
             events += parser.push(piece)
@@ -221,9 +299,9 @@ def test_a_call_past_max_calls_ends_the_answer_once_it_is_named() -> None:
     assert [c.name for c in HermesParser.parse(text, max_calls=3)[1]] == ["a", "b", "c"]
     parser = HermesParser(max_calls=2)
     named = text.rindex('"c"') + 3
-    events = parser.push(text[:named - 1])
+    events = parser.push(text[: named - 1])
     assert not parser.done
-    events += parser.push(text[named - 1:named]) + parser.push(text[named:]) + parser.finish()
+    events += parser.push(text[named - 1 : named]) + parser.push(text[named:]) + parser.finish()
     assert parser.done and [c.name for c in fold_calls(events)] == ["a", "b"]
 
 

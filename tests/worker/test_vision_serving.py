@@ -24,8 +24,9 @@ NAME = "tiny-gemma3-vision"
 def vision_worker(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorker]:
     root = tmp_path_factory.mktemp("vision")
     out = bake_vision_model(baked_model_path, root)
-    w = start_worker(out, root / "worker.log", MAX_MODEL_LEN="512", MAX_IMAGES_PER_REQUEST="2",
-                     IMAGE_FETCH_ALLOW_PRIVATE="1")
+    w = start_worker(
+        out, root / "worker.log", MAX_MODEL_LEN="512", MAX_IMAGES_PER_REQUEST="2", IMAGE_FETCH_ALLOW_PRIVATE="1"
+    )
     yield w
     stop_worker(w)
 
@@ -52,21 +53,33 @@ def image_server() -> Iterator[str]:
 
 
 def ask(url: str, text: str = "What is in the picture?", **image: str) -> list[dict]:
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url, **image}},
-                                         {"type": "text", "text": text}]}]
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": url, **image}}, {"type": "text", "text": text}],
+        }
+    ]
 
 
 def test_an_image_part_whole_and_streamed(vision_worker: LocalWorker) -> None:
     sdk = vision_worker.client()
-    plain = sdk.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "What is in the picture?"}],
-                                        max_tokens=8, temperature=0)
-    whole = sdk.chat.completions.create(model=NAME, messages=ask(data_url(RED), detail="high"), max_tokens=8,
-                                        temperature=0)
+    plain = sdk.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "What is in the picture?"}], max_tokens=8, temperature=0
+    )
+    whole = sdk.chat.completions.create(
+        model=NAME, messages=ask(data_url(RED), detail="high"), max_tokens=8, temperature=0
+    )
     assert whole.choices[0].finish_reason == "length" and whole.choices[0].message.content
     # The image's span: "\n\n", <start_of_image>, its soft tokens, <end_of_image>, "\n\n".
     assert whole.usage.prompt_tokens >= plain.usage.prompt_tokens + TOKENS + 2
-    stream = sdk.chat.completions.create(model=NAME, messages=ask(data_url(RED), detail="high"), max_tokens=8,
-                                         temperature=0, stream=True, stream_options={"include_usage": True})
+    stream = sdk.chat.completions.create(
+        model=NAME,
+        messages=ask(data_url(RED), detail="high"),
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
@@ -78,8 +91,9 @@ def test_the_image_moves_the_answer_and_a_later_turn_hits_the_cache(vision_worke
 
 def test_an_http_image_url_is_fetched(vision_worker: LocalWorker, image_server: str) -> None:
     sdk = vision_worker.client()
-    fetched = sdk.chat.completions.create(model=NAME, messages=ask(image_server + "/red.png"), max_tokens=6,
-                                          temperature=0)
+    fetched = sdk.chat.completions.create(
+        model=NAME, messages=ask(image_server + "/red.png"), max_tokens=6, temperature=0
+    )
     inline = sdk.chat.completions.create(model=NAME, messages=ask(data_url(RED)), max_tokens=6, temperature=0)
     assert fetched.choices[0].message.content == inline.choices[0].message.content
     with pytest.raises(openai.BadRequestError) as info:
@@ -91,8 +105,9 @@ def test_a_native_job_takes_image_parts(vision_worker: LocalWorker) -> None:
     with vision_worker.http() as http:
         body = {"input": {"messages": ask(data_url(RED)), "sampling_params": {"max_tokens": 6, "temperature": 0}}}
         out = http.post("/v2/test-endpoint/runsync", json=body).json()
-    chat = vision_worker.client().chat.completions.create(model=NAME, messages=ask(data_url(RED)), max_tokens=6,
-                                                          temperature=0)
+    chat = vision_worker.client().chat.completions.create(
+        model=NAME, messages=ask(data_url(RED)), max_tokens=6, temperature=0
+    )
     assert out["status"] == "COMPLETED", out
     text = "".join(out["output"][0]["choices"][0]["tokens"])
     assert text == chat.choices[0].message.content
@@ -104,13 +119,17 @@ BAD = [
     (ask("data:image/png;base64,@@@"), "messages.[0].content.[0].image_url.url", "not valid base64"),
     (ask(data_url(RED), detail="ultra"), "messages.[0].content.[0].image_url.detail", "detail 'ultra'"),
     (ask("ftp://example.com/a.png"), "messages.[0].content.[0].image_url.url", "data: URL or an http(s) URL"),
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(RED)}}] * 3}],
-     "messages.[0].content.[2].image_url.url", "more than the 2"),
+    (
+        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(RED)}}] * 3}],
+        "messages.[0].content.[2].image_url.url",
+        "more than the 2",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("messages", "param", "message"), BAD, ids=["not-image", "truncated", "base64", "detail",
-                                                                     "scheme", "too-many"])
+@pytest.mark.parametrize(
+    ("messages", "param", "message"), BAD, ids=["not-image", "truncated", "base64", "detail", "scheme", "too-many"]
+)
 def test_bad_image_input_is_a_400_naming_the_part(vision_worker: LocalWorker, messages, param, message) -> None:
     sdk = vision_worker.client()
     with pytest.raises(openai.BadRequestError) as info:
@@ -129,8 +148,12 @@ def test_a_text_only_model_takes_no_image(client: openai.OpenAI, model_name: str
 
 def test_an_image_url_given_as_a_bare_string_is_refused_naming_it(client: openai.OpenAI, model_name: str) -> None:
     # OpenAI requires {"url": ...}; the part's shape is checked before what the model takes, as OpenAI checks it.
-    messages = [{"role": "user", "content": [{"type": "text", "text": "What is it?"},
-                                             {"type": "image_url", "image_url": data_url(RED)}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": data_url(RED)}],
+        }
+    ]
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=model_name, messages=messages, max_tokens=2)
     assert info.value.body["param"] == "messages.[0].content.[1].image_url"
@@ -140,22 +163,32 @@ def test_an_image_url_given_as_a_bare_string_is_refused_naming_it(client: openai
 def test_the_responses_api_takes_input_image(vision_worker: LocalWorker, image_server: str) -> None:
     sdk = vision_worker.client()
     chat = sdk.chat.completions.create(model=NAME, messages=ask(data_url(RED)), max_tokens=6, temperature=0)
-    content = [{"type": "input_image", "image_url": data_url(RED), "detail": "auto"},
-               {"type": "input_text", "text": "What is in the picture?"}]
-    whole = sdk.responses.create(model=NAME, input=[{"role": "user", "content": content}], max_output_tokens=6,
-                                 temperature=0)
+    content = [
+        {"type": "input_image", "image_url": data_url(RED), "detail": "auto"},
+        {"type": "input_text", "text": "What is in the picture?"},
+    ]
+    whole = sdk.responses.create(
+        model=NAME, input=[{"role": "user", "content": content}], max_output_tokens=6, temperature=0
+    )
     assert whole.output_text == chat.choices[0].message.content
     assert whole.usage.input_tokens == chat.usage.prompt_tokens
-    events = list(sdk.responses.create(model=NAME, input=[{"role": "user", "content": content}], max_output_tokens=6,
-                                       temperature=0, stream=True))
+    events = list(
+        sdk.responses.create(
+            model=NAME, input=[{"role": "user", "content": content}], max_output_tokens=6, temperature=0, stream=True
+        )
+    )
     assert events[-1].response.output_text == whole.output_text
     by_url = [{"type": "input_image", "image_url": image_server + "/red.png"}, content[1]]
-    fetched = sdk.responses.create(model=NAME, input=[{"role": "user", "content": by_url}], max_output_tokens=6,
-                                   temperature=0)
+    fetched = sdk.responses.create(
+        model=NAME, input=[{"role": "user", "content": by_url}], max_output_tokens=6, temperature=0
+    )
     assert fetched.output_text == whole.output_text
     with pytest.raises(openai.BadRequestError) as info:
-        sdk.responses.create(model=NAME, input=[{"role": "user", "content": [
-            content[1], {"type": "input_image", "image_url": data_url(b"nope")}]}], max_output_tokens=2)
+        sdk.responses.create(
+            model=NAME,
+            input=[{"role": "user", "content": [content[1], {"type": "input_image", "image_url": data_url(b"nope")}]}],
+            max_output_tokens=2,
+        )
     assert info.value.body["param"] == "input[0].content[1]"
 
 
@@ -166,14 +199,21 @@ def test_anthropic_messages_take_image_blocks(vision_worker: LocalWorker, image_
     from local_worker import ENDPOINT
 
     claude = anthropic.Anthropic(base_url=vision_worker.url(f"{ENDPOINT}/openai"), api_key="unused", max_retries=0)
-    chat = vision_worker.client().chat.completions.create(model=NAME, messages=ask(data_url(RED)), max_tokens=6,
-                                                          temperature=0)
-    sources = [{"type": "base64", "media_type": "image/png", "data": base64.b64encode(RED).decode()},
-               {"type": "url", "url": image_server + "/red.png"}]
+    chat = vision_worker.client().chat.completions.create(
+        model=NAME, messages=ask(data_url(RED)), max_tokens=6, temperature=0
+    )
+    sources = [
+        {"type": "base64", "media_type": "image/png", "data": base64.b64encode(RED).decode()},
+        {"type": "url", "url": image_server + "/red.png"},
+    ]
 
     def turn(source: dict) -> list[dict]:
-        return [{"role": "user", "content": [{"type": "image", "source": source},
-                                             {"type": "text", "text": "What is in the picture?"}]}]
+        return [
+            {
+                "role": "user",
+                "content": [{"type": "image", "source": source}, {"type": "text", "text": "What is in the picture?"}],
+            }
+        ]
 
     greedy = {"max_tokens": 6, "extra_body": {"temperature": 0}}  # this SDK has no temperature argument
     for source in sources:
@@ -186,6 +226,7 @@ def test_anthropic_messages_take_image_blocks(vision_worker: LocalWorker, image_
     assert claude.messages.count_tokens(model=NAME, messages=turn(sources[0])).input_tokens == chat.usage.prompt_tokens
     with pytest.raises(anthropic.BadRequestError) as info:
         bad = {"type": "base64", "media_type": "image/png", "data": "bm9wZQ=="}
-        claude.messages.create(model=NAME, max_tokens=2, messages=[{"role": "user", "content": [
-            {"type": "image", "source": bad}]}])
+        claude.messages.create(
+            model=NAME, max_tokens=2, messages=[{"role": "user", "content": [{"type": "image", "source": bad}]}]
+        )
     assert "messages.0.content.0" in str(info.value.body)

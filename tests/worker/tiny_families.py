@@ -17,13 +17,29 @@ from worker.shutdown import Drain
 # family -> (transformers config class, chat template, added tokens: (text, special))
 FAMILIES = {
     "qwen2": ("Qwen2Config", QWEN25, [("<tool_call>", False), ("</tool_call>", False)]),
-    "qwen3": ("Qwen3Config", QWEN3, [("<tool_call>", False), ("</tool_call>", False), ("<think>", False),
-                                     ("</think>", False)]),
-    "llama": ("LlamaConfig", LLAMA31, [("<|python_tag|>", True), ("<|start_header_id|>", True),
-                                       ("<|end_header_id|>", True), ("<|eot_id|>", True)]),
-    "mistral": ("MistralConfig", MISTRAL_V3, [("[TOOL_CALLS]", True), ("[AVAILABLE_TOOLS]", True),
-                                              ("[/AVAILABLE_TOOLS]", True), ("[INST]", True), ("[/INST]", True),
-                                              ("[TOOL_RESULTS]", True), ("[/TOOL_RESULTS]", True)]),
+    "qwen3": (
+        "Qwen3Config",
+        QWEN3,
+        [("<tool_call>", False), ("</tool_call>", False), ("<think>", False), ("</think>", False)],
+    ),
+    "llama": (
+        "LlamaConfig",
+        LLAMA31,
+        [("<|python_tag|>", True), ("<|start_header_id|>", True), ("<|end_header_id|>", True), ("<|eot_id|>", True)],
+    ),
+    "mistral": (
+        "MistralConfig",
+        MISTRAL_V3,
+        [
+            ("[TOOL_CALLS]", True),
+            ("[AVAILABLE_TOOLS]", True),
+            ("[/AVAILABLE_TOOLS]", True),
+            ("[INST]", True),
+            ("[/INST]", True),
+            ("[TOOL_RESULTS]", True),
+            ("[/TOOL_RESULTS]", True),
+        ],
+    ),
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -48,9 +64,17 @@ def build_family(family: str, baked: Path, folder: Path) -> Path:
     tokenizer.chat_template = template
     tokenizer.save_pretrained(str(source))
     config = getattr(tf, config_class)(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=2048, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(config).float().eval()
@@ -66,6 +90,15 @@ def serve(folder: Path, **env: str) -> Runtime:
     from engine.core.async_engine import AsyncEngine
 
     settings = load_settings({"MODEL_PATH": str(folder), **env})
-    engine = AsyncEngine(EngineConfig(model_path=str(folder), dtype="float32", num_kv_pages=128, max_model_len=2048,
-                                      max_num_seqs=8, device="cpu", attention_backend="torch"))
+    engine = AsyncEngine(
+        EngineConfig(
+            model_path=str(folder),
+            dtype="float32",
+            num_kv_pages=128,
+            max_model_len=2048,
+            max_num_seqs=8,
+            device="cpu",
+            attention_backend="torch",
+        )
+    )
     return Runtime(settings, engine, [baked_model_name(str(folder))], 0, ResponseStore(4, 2**20), Drain(engine, 1.0))

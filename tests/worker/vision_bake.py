@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from family_templates import GEMMA3, GEMMA4, QWEN3_VL
 from local_worker import ROOT
 
@@ -43,8 +42,14 @@ def _tokenizer(baked: Path, source: Path, image_tokens: tuple[str, ...], templat
 def _bake(source: Path, root: Path) -> Path:
     out = root / "model"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    baked_run = subprocess.run([sys.executable, "-m", "builder", "--model", str(source), "--out", str(out)], cwd=ROOT,
-                               env=env, capture_output=True, text=True, timeout=300)
+    baked_run = subprocess.run(
+        [sys.executable, "-m", "builder", "--model", str(source), "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert baked_run.returncode == 0, baked_run.stderr
     return out
 
@@ -56,14 +61,38 @@ def bake_vision_model(baked: Path, root: Path) -> Path:
     source = root / "tiny-gemma3-vision"
     tokenizer = _tokenizer(baked, source, IMAGE_TOKENS, GEMMA3)
     boi, image, eoi = tokenizer.convert_tokens_to_ids(list(IMAGE_TOKENS))
-    text = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=16,
-                max_position_embeddings=512, layer_types=["sliding_attention", "full_attention"],
-                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=SIZE,
-                  patch_size=14, vision_use_head=False)
-    config = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=TOKENS,
-                             image_token_index=image, boi_token_index=boi, eoi_token_index=eoi)
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        sliding_window=16,
+        max_position_embeddings=512,
+        layer_types=["sliding_attention", "full_attention"],
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    vision = dict(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=SIZE,
+        patch_size=14,
+        vision_use_head=False,
+    )
+    config = tf.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=TOKENS,
+        image_token_index=image,
+        boi_token_index=boi,
+        eoi_token_index=eoi,
+    )
     torch.manual_seed(0)
     model = tf.Gemma3ForConditionalGeneration(config)
     with torch.no_grad():  # an image must move the answer's logprobs visibly
@@ -83,14 +112,40 @@ def bake_qwen_vl_model(baked: Path, root: Path) -> Path:
     source = root / "tiny-qwen3-vl"
     tokenizer = _tokenizer(baked, source, QWEN_IMAGE_TOKENS, QWEN3_VL)
     start, image, end = tokenizer.convert_tokens_to_ids(list(QWEN_IMAGE_TOKENS))
-    text = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
-                rope_parameters={"rope_theta": 10000.0, "mrope_section": [2, 1, 1], "rope_type": "default"},
-                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=8, spatial_merge_size=2,
-                  temporal_patch_size=2, out_hidden_size=32, num_position_embeddings=16, deepstack_visual_indexes=[0])
-    config = tf.AutoConfig.for_model("qwen3_vl", text_config=text, vision_config=vision, image_token_id=image,
-                                     vision_start_token_id=start, vision_end_token_id=end, tie_word_embeddings=False)
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        rope_parameters={"rope_theta": 10000.0, "mrope_section": [2, 1, 1], "rope_type": "default"},
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=16,
+        intermediate_size=32,
+        num_heads=2,
+        patch_size=8,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=32,
+        num_position_embeddings=16,
+        deepstack_visual_indexes=[0],
+    )
+    config = tf.AutoConfig.for_model(
+        "qwen3_vl",
+        text_config=text,
+        vision_config=vision,
+        image_token_id=image,
+        vision_start_token_id=start,
+        vision_end_token_id=end,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = tf.Qwen3VLForConditionalGeneration(config)
     with torch.no_grad():  # an image must move the answer's logprobs visibly
@@ -98,8 +153,9 @@ def bake_qwen_vl_model(baked: Path, root: Path) -> Path:
             p.normal_(0, 1.0)
     model.config.architectures = ["Qwen3VLForConditionalGeneration"]
     model.save_pretrained(str(source))
-    Qwen2VLImageProcessorPil(patch_size=8, temporal_patch_size=2, merge_size=2,
-                             size={"shortest_edge": 1024, "longest_edge": 4096}).save_pretrained(str(source))
+    Qwen2VLImageProcessorPil(
+        patch_size=8, temporal_patch_size=2, merge_size=2, size={"shortest_edge": 1024, "longest_edge": 4096}
+    ).save_pretrained(str(source))
     return _bake(source, root)
 
 
@@ -111,16 +167,45 @@ def bake_gemma4_vision_model(baked: Path, root: Path) -> Path:
     source = root / "tiny-gemma4-vision"
     tokenizer = _tokenizer(baked, source, GEMMA4_IMAGE_TOKENS, GEMMA4)
     boi, image, eoi = tokenizer.convert_tokens_to_ids(list(GEMMA4_IMAGE_TOKENS))
-    text = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=16, sliding_window=16,
-                layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=8,
-                vocab_size_per_layer_input=len(tokenizer), max_position_embeddings=512, num_kv_shared_layers=0,
-                use_bidirectional_attention="vision", pad_token_id=tokenizer.pad_token_id or 0,
-                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=2, head_dim=8, patch_size=8, pooling_kernel_size=2, position_embedding_size=64)
-    config = tf.Gemma4Config(text_config=text, vision_config=vision, audio_config=None, image_token_id=image,
-                             boi_token_id=boi, eoi_token_id=eoi)
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        global_head_dim=16,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"],
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=len(tokenizer),
+        max_position_embeddings=512,
+        num_kv_shared_layers=0,
+        use_bidirectional_attention="vision",
+        pad_token_id=tokenizer.pad_token_id or 0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    vision = dict(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        patch_size=8,
+        pooling_kernel_size=2,
+        position_embedding_size=64,
+    )
+    config = tf.Gemma4Config(
+        text_config=text,
+        vision_config=vision,
+        audio_config=None,
+        image_token_id=image,
+        boi_token_id=boi,
+        eoi_token_id=eoi,
+    )
     torch.manual_seed(0)
     model = tf.Gemma4ForConditionalGeneration(config)
     with torch.no_grad():  # an image must move the answer's logprobs visibly
@@ -150,8 +235,9 @@ def check_image_moves_the_answer(sdk, model: str, messages, red: str, blue: str,
     takes the image's pages from the prefix cache. messages(url) -> the chat messages asking about the image."""
 
     def first_logprobs(url: str) -> tuple[list[float], object]:
-        r = sdk.chat.completions.create(model=model, messages=messages(url), max_tokens=1, temperature=0,
-                                        logprobs=True, top_logprobs=5)
+        r = sdk.chat.completions.create(
+            model=model, messages=messages(url), max_tokens=1, temperature=0, logprobs=True, top_logprobs=5
+        )
         return [t.logprob for t in r.choices[0].logprobs.content[0].top_logprobs], r.usage
 
     first, _ = first_logprobs(red)
@@ -164,19 +250,29 @@ def check_image_moves_the_answer(sdk, model: str, messages, red: str, blue: str,
 
 def ask(url: str, text: str = "What is in the picture?") -> list[dict]:
     """A user turn of one image_url part, then text."""
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                         {"type": "text", "text": text}]}]
+    return [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}
+    ]
 
 
 def check_whole_and_streamed(sdk, model: str, url: str, image_tokens: int) -> None:
     """A chat turn with the image at `url` answers, streamed equal to whole, its prompt counting image_tokens more
     than the same text alone (the image's own tokens and the two that open and close it)."""
-    plain = sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is in the picture?"}],
-                                        max_tokens=8, temperature=0)
+    plain = sdk.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is in the picture?"}], max_tokens=8, temperature=0
+    )
     whole = sdk.chat.completions.create(model=model, messages=ask(url), max_tokens=8, temperature=0)
     assert whole.choices[0].finish_reason == "length" and whole.choices[0].message.content
     assert whole.usage.prompt_tokens == plain.usage.prompt_tokens + image_tokens + 2
-    chunks = list(sdk.chat.completions.create(model=model, messages=ask(url), max_tokens=8, temperature=0, stream=True,
-                                              stream_options={"include_usage": True}))
+    chunks = list(
+        sdk.chat.completions.create(
+            model=model,
+            messages=ask(url),
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens

@@ -66,11 +66,18 @@ class ContentBlocks:
             block = {"type": "thinking", "thinking": "", "signature": ""}
         else:
             # `caller` says who made the call: the model itself ("direct"); Anthropic's server tools are not run here.
-            block = {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": {},
-                     "caller": {"type": "direct"}}
+            block = {
+                "type": "tool_use",
+                "id": tool_use_id(call.id),
+                "name": call.name,
+                "input": {},
+                "caller": {"type": "direct"},
+            }
         self.blocks.append(block)
         self.open, self.arguments = True, ""
-        out.append({"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": copy.deepcopy(block)})
+        out.append(
+            {"type": "content_block_start", "index": len(self.blocks) - 1, "content_block": copy.deepcopy(block)}
+        )
         return out
 
     def _delta(self, delta: dict[str, Any]) -> dict[str, Any]:

@@ -53,7 +53,7 @@ def _breakpoints(value: Any, where: str) -> list[str]:
 
 def _checked(control: Any, where: str) -> str:
     if not isinstance(control, dict) or control.get("type") != "ephemeral":
-        raise BadRequest(f"{where}: must be {{\"type\": \"ephemeral\"}} (with an optional ttl)", param=where)
+        raise BadRequest(f'{where}: must be {{"type": "ephemeral"}} (with an optional ttl)', param=where)
     unknown = set(control) - {"type", "ttl"}
     if unknown:
         raise BadRequest(f"{where}.{sorted(unknown)[0]}: Extra inputs are not permitted", param=where)
@@ -63,8 +63,14 @@ def _checked(control: Any, where: str) -> str:
     return ttl
 
 
-def message_usage(caching: Caching | None, prompt_tokens: int, cached_tokens: int, output_tokens: int,
-                  thinking_tokens: int | None, page_size: int) -> dict[str, Any]:
+def message_usage(
+    caching: Caching | None,
+    prompt_tokens: int,
+    cached_tokens: int,
+    output_tokens: int,
+    thinking_tokens: int | None,
+    page_size: int,
+) -> dict[str, Any]:
     """The message's `usage`, every field Anthropic's schema requires (no server tools run: their counts are 0)."""
     read = written = 0
     if caching is not None:
@@ -74,8 +80,10 @@ def message_usage(caching: Caching | None, prompt_tokens: int, cached_tokens: in
         "input_tokens": prompt_tokens - read - written,
         "cache_creation_input_tokens": written,
         "cache_read_input_tokens": read,
-        "cache_creation": {"ephemeral_5m_input_tokens": written if caching and caching.ttl == "5m" else 0,
-                           "ephemeral_1h_input_tokens": written if caching and caching.ttl == "1h" else 0},
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": written if caching and caching.ttl == "5m" else 0,
+            "ephemeral_1h_input_tokens": written if caching and caching.ttl == "1h" else 0,
+        },
         "output_tokens": output_tokens,
         "output_tokens_details": None if thinking_tokens is None else {"thinking_tokens": thinking_tokens},
         "server_tool_use": {"web_search_requests": 0, "web_fetch_requests": 0},
@@ -85,8 +93,14 @@ def message_usage(caching: Caching | None, prompt_tokens: int, cached_tokens: in
 
 
 # The fields a message_delta event's usage has (Anthropic's MessageDeltaUsage): no TTL breakdown, tier or region.
-DELTA_FIELDS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens",
-                "output_tokens_details", "server_tool_use")
+DELTA_FIELDS = (
+    "input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "output_tokens",
+    "output_tokens_details",
+    "server_tool_use",
+)
 
 
 def delta_usage(usage: dict[str, Any]) -> dict[str, Any]:

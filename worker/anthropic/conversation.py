@@ -37,8 +37,7 @@ def chat_messages(system: str | list[dict[str, Any]] | None, messages: list[dict
         if isinstance(content, str):
             out.append({"role": role, "content": content})
         elif not isinstance(content, list):
-            raise BadRequest(f"{where}.content: must be a string or a list of content blocks",
-                             param=f"{where}.content")
+            raise BadRequest(f"{where}.content: must be a string or a list of content blocks", param=f"{where}.content")
         elif role == "user":
             out += _user_turn(content, f"{where}.content", called)
         else:
@@ -55,8 +54,9 @@ def _user_turn(blocks: list[Any], where: str, called: set[str]) -> list[dict[str
         if kind == "text":
             parts.append({"type": "text", "text": _text(block, f"{where}.{j}")})
         elif kind == "image":
-            parts.append({"type": "image_url", "image_url": {"url": _image_url(block, f"{where}.{j}")},
-                          "where": f"{where}.{j}"})
+            parts.append(
+                {"type": "image_url", "image_url": {"url": _image_url(block, f"{where}.{j}")}, "where": f"{where}.{j}"}
+            )
         elif kind == "tool_result":
             results.append(_tool_result(block, f"{where}.{j}", called))
         else:
@@ -76,8 +76,10 @@ def _image_url(block: dict[str, Any], where: str) -> str:
         return f"data:{source['media_type']};base64,{source['data']}"
     if kind == "url" and isinstance(source.get("url"), str):
         return source["url"]
-    raise BadRequest(f"{where}.source: an image source must be {{type: base64, media_type, data}} or "
-                     "{type: url, url}", param=f"{where}.source")
+    raise BadRequest(
+        f"{where}.source: an image source must be {{type: base64, media_type, data}} or {{type: url, url}}",
+        param=f"{where}.source",
+    )
 
 
 def _tool_result(block: dict[str, Any], where: str, called: set[str]) -> dict[str, Any]:
@@ -87,9 +89,11 @@ def _tool_result(block: dict[str, Any], where: str, called: set[str]) -> dict[st
     if not isinstance(call_id, str) or not call_id:
         raise BadRequest(f"{where}.tool_use_id: Field required", param=f"{where}.tool_use_id")
     if call_id not in called:
-        raise BadRequest(f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: {call_id}. Each "
-                         "`tool_result` block must have a corresponding `tool_use` block in the previous message.",
-                         param=where)
+        raise BadRequest(
+            f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: {call_id}. Each "
+            "`tool_result` block must have a corresponding `tool_use` block in the previous message.",
+            param=where,
+        )
     content = block.get("content", "")
     text = content if isinstance(content, str) else _texts(content, f"{where}.content", ("text",))
     if block.get("is_error"):
@@ -129,8 +133,11 @@ def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
         raise BadRequest(f"{where}: a tool_use block needs a string id and name", param=where)
     if not isinstance(arguments, dict):
         raise BadRequest(f"{where}.input: must be an object", param=f"{where}.input")
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }
 
 
 def _kind(block: Any, where: str) -> str:
@@ -157,8 +164,12 @@ def _texts(blocks: Any, where: str, kinds: tuple[str, ...]) -> str:
 
 def _refuse(kind: str, where: str, rule: str) -> None:
     if kind in ("image", "document"):
-        raise BadRequest(f"{where}: {kind} blocks are not supported here (only in a user turn)"
-                         if kind == "image" else f"{where}: document blocks are not supported", param=where)
+        raise BadRequest(
+            f"{where}: {kind} blocks are not supported here (only in a user turn)"
+            if kind == "image"
+            else f"{where}: document blocks are not supported",
+            param=where,
+        )
     raise BadRequest(f"{where}: block type {kind!r} is not supported here; {rule}", param=where)
 
 
@@ -170,16 +181,21 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     for i, tool in enumerate(tools):
         where = f"tools.{i}"
         if tool.get("type") not in (None, "custom"):
-            raise BadRequest(f"{where}.type: {tool.get('type')!r} is one of Anthropic's server tools, which this "
-                             "worker does not run; define it as a custom tool (name, description, input_schema)",
-                             param=f"{where}.type")
+            raise BadRequest(
+                f"{where}.type: {tool.get('type')!r} is one of Anthropic's server tools, which this "
+                "worker does not run; define it as a custom tool (name, description, input_schema)",
+                param=f"{where}.type",
+            )
         name, schema = tool.get("name"), tool.get("input_schema")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise BadRequest(f"{where}.name: must be 1 to 64 letters, digits, underscores or dashes, got {name!r}",
-                             param=f"{where}.name")
+            raise BadRequest(
+                f"{where}.name: must be 1 to 64 letters, digits, underscores or dashes, got {name!r}",
+                param=f"{where}.name",
+            )
         if not isinstance(schema, dict) or schema.get("type") != "object":
-            raise BadRequest(f"{where}.input_schema: must be a JSON schema of type 'object'",
-                             param=f"{where}.input_schema")
+            raise BadRequest(
+                f"{where}.input_schema: must be a JSON schema of type 'object'", param=f"{where}.input_schema"
+            )
         function = {"name": name, "parameters": schema}
         for key in ("description", "strict"):
             if tool.get(key) is not None:

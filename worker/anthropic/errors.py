@@ -17,9 +17,17 @@ MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
 # Anthropic's error types by HTTP status; a worker that is shutting down (503) is "overloaded" (529), which
 # Anthropic's clients retry.
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-         404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-         429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
 
 
 def is_messages_route(route: str) -> bool:
@@ -40,8 +48,11 @@ def anthropic_shape(body: dict[str, Any], status: int | None = None) -> dict[str
     not say it (worker/openai/errors.py)."""
     status = status or status_of(body) or 500
     kind = TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": _naming_the_field(body["error"])},
-            "request_id": f"req_{uuid.uuid4().hex[:24]}"}
+    return {
+        "type": "error",
+        "error": {"type": kind, "message": _naming_the_field(body["error"])},
+        "request_id": f"req_{uuid.uuid4().hex[:24]}",
+    }
 
 
 def _naming_the_field(error: dict[str, Any]) -> str:

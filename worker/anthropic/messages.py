@@ -26,9 +26,9 @@ from worker.openai.chat import ChatCall, chat_call, count_reasoning_tokens
 from worker.openai.errors import BadRequest
 from worker.openai.generation import Collected, engine_request_id
 from worker.openai.protocol import ChatCompletionRequest
+from worker.openai.runtime import Runtime
 from worker.openai.stream_driver import run_to_end, stream_events
 from worker.openai.tools.events import ContentDelta
-from worker.openai.runtime import Runtime
 
 # Anthropic's default temperature (chat completions' default here is RunPod's 0.7).
 DEFAULT_TEMPERATURE = 1.0
@@ -82,9 +82,15 @@ def _chat_call(request: CountTokensRequest, runtime: Runtime) -> ChatCall:
     tools = chat_tools(request.tools)
     # A final assistant turn is a prefill: the answer continues it.
     prefill = messages[-1]["role"] == "assistant"
-    fields: dict[str, Any] = {**request.extras, "model": request.model, "messages": messages, "tools": tools,
-                              "tool_choice": chat_tool_choice(request.tool_choice, tools),
-                              "add_generation_prompt": not prefill, "continue_final_message": prefill}
+    fields: dict[str, Any] = {
+        **request.extras,
+        "model": request.model,
+        "messages": messages,
+        "tools": tools,
+        "tool_choice": chat_tool_choice(request.tool_choice, tools),
+        "add_generation_prompt": not prefill,
+        "continue_final_message": prefill,
+    }
     if request.tool_choice is not None and request.tool_choice.disable_parallel_tool_use:
         fields["parallel_tool_calls"] = False
     kwargs = dict(fields.get("chat_template_kwargs") or {})
@@ -96,19 +102,28 @@ def _chat_call(request: CountTokensRequest, runtime: Runtime) -> ChatCall:
     if kwargs:
         fields["chat_template_kwargs"] = kwargs
     if isinstance(request, MessagesRequest):
-        fields.update(max_tokens=request.max_tokens, stop=request.stop_sequences, top_p=request.top_p,
-                      top_k=request.top_k,
-                      temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature)
-    call = chat_call(ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None}),
-                     runtime)
+        fields.update(
+            max_tokens=request.max_tokens,
+            stop=request.stop_sequences,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        )
+    call = chat_call(ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None}), runtime)
     if thinking == "enabled" and call.output.reasoning is None:
-        raise BadRequest("thinking: this model does not think (its chat template has no <think> reasoning format, "
-                         "and REASONING_PARSER is not set); leave thinking unset or disabled", param="thinking")
+        raise BadRequest(
+            "thinking: this model does not think (its chat template has no <think> reasoning format, "
+            "and REASONING_PARSER is not set); leave thinking unset or disabled",
+            param="thinking",
+        )
     schema = request.output_schema
     if schema is not None:
         if call.params.structured is not None:
-            raise BadRequest(f"{schema[1]}: only one constraint on the output is allowed, and the request also sets "
-                             f"{call.params.structured.param}", param=schema[1])
+            raise BadRequest(
+                f"{schema[1]}: only one constraint on the output is allowed, and the request also sets "
+                f"{call.params.structured.param}",
+                param=schema[1],
+            )
         call.params = dataclasses.replace(call.params, structured=StructuredSpec.json_schema(*schema))
     return call
 
@@ -125,8 +140,10 @@ class _Answer:
     def opening(self, first: RequestOutput) -> list[dict[str, Any]]:
         """`message_start` (the message with no content yet, its usage the prompt's) and a ping."""
         opening = self._usage(len(self.call.chat.prompt.token_ids), first.num_cached_tokens, 0, None)
-        return [{"type": "message_start", "message": message_object(self.call, [], None, None, opening)},
-                {"type": "ping"}]
+        return [
+            {"type": "message_start", "message": message_object(self.call, [], None, None, opening)},
+            {"type": "ping"},
+        ]
 
     def _usage(self, prompt: int, cached: int, output: int, thinking: int | None) -> dict[str, Any]:
         page_size = self.call.chat.runtime.settings.block_size
@@ -156,37 +173,65 @@ class _Answer:
         if self.call.chat.output.reasoning:
             end = self.reader.reasoning_end if self.reader is not None else None
             thinking = count_reasoning_tokens(self.call.chat, choice.token_ids, end)
-        used = self._usage(self.result.num_prompt_tokens, self.result.num_cached_tokens,
-                           self.result.num_generated_tokens, thinking)
+        used = self._usage(
+            self.result.num_prompt_tokens, self.result.num_cached_tokens, self.result.num_generated_tokens, thinking
+        )
         message = message_object(self.call, self.blocks.blocks, stop_reason, stop_sequence, used)
         return events, message
 
     def closing(self) -> list[dict[str, Any]]:
         """The last block's stop, `message_delta` (the stop reason and usage) and `message_stop`."""
         events, message = self.finish()
-        delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"],
-                 "stop_details": None, "container": None}
-        return [*events, {"type": "message_delta", "delta": delta, "usage": delta_usage(message["usage"])},
-                {"type": "message_stop"}]
+        delta = {
+            "stop_reason": message["stop_reason"],
+            "stop_sequence": message["stop_sequence"],
+            "stop_details": None,
+            "container": None,
+        }
+        return [
+            *events,
+            {"type": "message_delta", "delta": delta, "usage": delta_usage(message["usage"])},
+            {"type": "message_stop"},
+        ]
 
     def failed(self, exc: Exception) -> list[dict[str, Any]]:
         return [anthropic_error(exc)]
 
 
-def message_object(call: MessageCall, content: list[dict[str, Any]], stop_reason: str | None,
-                   stop_sequence: str | None, used: dict[str, Any]) -> dict[str, Any]:
+def message_object(
+    call: MessageCall,
+    content: list[dict[str, Any]],
+    stop_reason: str | None,
+    stop_sequence: str | None,
+    used: dict[str, Any],
+) -> dict[str, Any]:
     # `stop_details` (a refusal's category) and `container` (code execution's) are null: neither happens here.
-    return {"id": call.id, "type": "message", "role": "assistant", "model": call.chat.model, "content": content,
-            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "stop_details": None, "container": None,
-            "usage": used}
+    return {
+        "id": call.id,
+        "type": "message",
+        "role": "assistant",
+        "model": call.chat.model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "stop_details": None,
+        "container": None,
+        "usage": used,
+    }
 
 
 async def complete_message(call: MessageCall) -> dict[str, Any]:
     """The whole `message` object."""
     chat = call.chat
     answer = _Answer(call)
-    await run_to_end(chat.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id), answer.add,
-                     chat.image_files)
+    await run_to_end(
+        chat.runtime.engine,
+        chat.prompt.token_ids,
+        chat.params,
+        engine_request_id(call.id),
+        answer.add,
+        chat.image_files,
+    )
     return answer.finish()[1]
 
 
@@ -195,5 +240,11 @@ def stream_message(call: MessageCall) -> AsyncIterator[dict[str, Any]]:
     message_delta (the stop reason and usage), message_stop; a failure after the first event is an `error`
     event. The engine request starts before the first event, so a bad request raises instead of streaming."""
     chat = call.chat
-    return stream_events(chat.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id),
-                         _Answer(call), chat.image_files)
+    return stream_events(
+        chat.runtime.engine,
+        chat.prompt.token_ids,
+        chat.params,
+        engine_request_id(call.id),
+        _Answer(call),
+        chat.image_files,
+    )

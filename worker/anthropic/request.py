@@ -18,14 +18,47 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from worker.openai.errors import BadRequest
 
 # vLLM's extras that chat completions takes and a Messages request may send too (`extra_body`).
-CHAT_EXTRAS = frozenset({
-    "chat_template", "chat_template_kwargs", "seed", "min_p", "repetition_penalty", "presence_penalty",
-    "frequency_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "skip_special_tokens", "logit_bias",
-    "allowed_token_ids", "bad_words", "request_id", "truncate_prompt_tokens", "structured_outputs", "guided_json",
-    "guided_regex", "guided_choice", "guided_grammar", "regex", "ebnf", "json_schema", "priority",
-})
-IGNORED = frozenset({"service_tier", "inference_geo", "speed", "cache_control", "diagnostics", "metadata",
-                     "user_profile_id", "workspace_id"})
+CHAT_EXTRAS = frozenset(
+    {
+        "chat_template",
+        "chat_template_kwargs",
+        "seed",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "ignore_eos",
+        "min_tokens",
+        "stop_token_ids",
+        "skip_special_tokens",
+        "logit_bias",
+        "allowed_token_ids",
+        "bad_words",
+        "request_id",
+        "truncate_prompt_tokens",
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "regex",
+        "ebnf",
+        "json_schema",
+        "priority",
+    }
+)
+IGNORED = frozenset(
+    {
+        "service_tier",
+        "inference_geo",
+        "speed",
+        "cache_control",
+        "diagnostics",
+        "metadata",
+        "user_profile_id",
+        "workspace_id",
+    }
+)
 REFUSED = {
     "container": "containers (code execution) are not supported by this worker",
     "mcp_servers": "MCP servers are not supported by this worker; define their tools as custom tools",
@@ -87,8 +120,9 @@ class CountTokensRequest(BaseModel):
             if name not in CHAT_EXTRAS and name not in IGNORED and name not in REFUSED and name not in _FIELDS:
                 raise BadRequest(f"{name}: Extra inputs are not permitted", param=name)
         if self.output_config is not None and self.output_config.format is not None and self.output_format:
-            raise BadRequest("output_format: set the output format once, in output_config.format",
-                             param="output_format")
+            raise BadRequest(
+                "output_format: set the output format once, in output_config.format", param="output_format"
+            )
         return self
 
     @property

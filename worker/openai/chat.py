@@ -21,10 +21,10 @@ from worker.openai.logprobs import chat_logprobs, prompt_logprobs
 from worker.openai.models import resolve_model
 from worker.openai.params import openai_sampling_params
 from worker.openai.protocol import ChatCompletionRequest
+from worker.openai.runtime import Runtime
 from worker.openai.stream_driver import stream_events
 from worker.openai.tools.plan import ToolPlan
 from worker.openai.usage import usage
-from worker.openai.runtime import Runtime
 
 
 @dataclass
@@ -89,14 +89,26 @@ def chat_call(request: ChatCompletionRequest, runtime: Runtime) -> ChatCall:
     last = prompt.messages[-1]
     role = runtime.settings.response_role
     echo = last["content"] if request.echo and last["role"] == role else ""
-    return ChatCall(runtime, request, prompt, params, response_id("chatcmpl", request.request_id),
-                    int(time.time()), model, role, echo, plan, output)
+    return ChatCall(
+        runtime,
+        request,
+        prompt,
+        params,
+        response_id("chatcmpl", request.request_id),
+        int(time.time()),
+        model,
+        role,
+        echo,
+        plan,
+        output,
+    )
 
 
 async def complete_chat(call: ChatCall) -> dict[str, Any]:
     """The whole `chat.completion` object."""
-    started = await start(call.runtime.engine, call.prompt.token_ids, call.params, engine_request_id(call.id),
-                          await call.image_files())
+    started = await start(
+        call.runtime.engine, call.prompt.token_ids, call.params, engine_request_id(call.id), await call.image_files()
+    )
     result = await collect(started)
     return chat_response(call, result)
 
@@ -125,8 +137,12 @@ def chat_response(call: ChatCall, result: Collected) -> dict[str, Any]:
         "created": call.created,
         "model": call.model,
         "choices": choices,
-        "usage": usage(result.num_prompt_tokens, result.num_generated_tokens, result.num_cached_tokens,
-                       thinking if call.output.reasoning else None),
+        "usage": usage(
+            result.num_prompt_tokens,
+            result.num_generated_tokens,
+            result.num_cached_tokens,
+            thinking if call.output.reasoning else None,
+        ),
     }
     if request.return_token_ids:
         response["prompt_token_ids"] = result.prompt_token_ids
@@ -159,7 +175,7 @@ def count_reasoning_tokens(call: ChatCall, token_ids: list[int], end: int | None
 
 
 def _finish_reason(reason: str | None, called: bool) -> str | None:
-    """"tool_calls" when an answer that ended by itself called tools (one cut short keeps "length")."""
+    """ "tool_calls" when an answer that ended by itself called tools (one cut short keeps "length")."""
     return "tool_calls" if called and reason == "stop" else reason
 
 
@@ -169,8 +185,14 @@ def stream_chat(call: ChatCall) -> AsyncIterator[dict[str, Any]]:
     The engine request starts before the first chunk, so a bad request raises from the first
     `__anext__` instead of streaming; an error after that raises for the SSE framing to report.
     """
-    return stream_events(call.runtime.engine, call.prompt.token_ids, call.params, engine_request_id(call.id),
-                         _ChatChunks(call), call.image_files)
+    return stream_events(
+        call.runtime.engine,
+        call.prompt.token_ids,
+        call.params,
+        engine_request_id(call.id),
+        _ChatChunks(call),
+        call.image_files,
+    )
 
 
 class _ChatChunks:
@@ -186,8 +208,14 @@ class _ChatChunks:
 
     def _chunk(self, choice: dict[str, Any], opening: bool = False, **extra: Any) -> dict[str, Any]:
         call = self.call
-        out = {"id": call.id, "object": "chat.completion.chunk", "created": call.created, "model": call.model,
-               "choices": [choice], **extra}
+        out = {
+            "id": call.id,
+            "object": "chat.completion.chunk",
+            "created": call.created,
+            "model": call.model,
+            "choices": [choice],
+            **extra,
+        }
         if self.include_usage:
             # An opening (role) chunk comes before any token, as in vLLM: no completion tokens yet.
             out["usage"] = _usage(self.last, 0 if opening else None) if self.continuous else None
@@ -204,8 +232,13 @@ class _ChatChunks:
         chunks = []
         for index in range(request.n):
             delta = {"role": call.role, "content": call.echo}
-            chunks.append(self._chunk({"index": index, "delta": delta, "logprobs": None, "finish_reason": None},
-                                      opening=True, **(first_extra if index == 0 else {})))
+            chunks.append(
+                self._chunk(
+                    {"index": index, "delta": delta, "logprobs": None, "finish_reason": None},
+                    opening=True,
+                    **(first_extra if index == 0 else {}),
+                )
+            )
         self.readers = {i: _Reader(call) for i in range(request.n)}
         return chunks
 
@@ -222,8 +255,16 @@ class _ChatChunks:
             return []
         call = self.call
         thinking = sum(r.reasoning_tokens() for r in self.readers.values()) if call.output.reasoning else None
-        return [{"id": call.id, "object": "chat.completion.chunk", "created": call.created, "model": call.model,
-                 "choices": [], "usage": _usage(self.last, reasoning=thinking)}]
+        return [
+            {
+                "id": call.id,
+                "object": "chat.completion.chunk",
+                "created": call.created,
+                "model": call.model,
+                "choices": [],
+                "usage": _usage(self.last, reasoning=thinking),
+            }
+        ]
 
     def failed(self, exc: Exception) -> None:
         return None  # chat has no failure chunk: the SSE framing turns the error into an error event
@@ -262,7 +303,8 @@ def _delta_choices(call: ChatCall, delta: CompletionDelta, reader: _Reader) -> l
             "index": delta.index,
             "delta": body,
             "logprobs": chat_logprobs(delta.logprobs or [], request.top_logprobs or 0)
-            if request.logprobs and i == 0 else None,
+            if request.logprobs and i == 0
+            else None,
             "finish_reason": None,
         }
         if request.return_token_ids:
@@ -270,8 +312,15 @@ def _delta_choices(call: ChatCall, delta: CompletionDelta, reader: _Reader) -> l
         out.append(choice)
     if delta.finish_reason is not None:
         called = reader.stream is not None and reader.stream.called
-        out.append({"index": delta.index, "delta": {}, "logprobs": None,
-                    "finish_reason": _finish_reason(delta.finish_reason, called), "stop_reason": delta.stop_reason})
+        out.append(
+            {
+                "index": delta.index,
+                "delta": {},
+                "logprobs": None,
+                "finish_reason": _finish_reason(delta.finish_reason, called),
+                "stop_reason": delta.stop_reason,
+            }
+        )
     return out
 
 

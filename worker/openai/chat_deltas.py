@@ -29,10 +29,20 @@ def delta_dicts(events: list[Event]) -> list[dict[str, Any]]:
             else:
                 out.append({"reasoning_content": event.text, "reasoning": event.text})
         elif isinstance(event, ToolCallStarted):
-            out.append({"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
-                                        "function": {"name": event.name, "arguments": ""}}]})
+            out.append(
+                {
+                    "tool_calls": [
+                        {
+                            "index": event.index,
+                            "id": event.id,
+                            "type": "function",
+                            "function": {"name": event.name, "arguments": ""},
+                        }
+                    ]
+                }
+            )
         elif isinstance(event, ToolCallArguments):
-            if (isinstance(previous, ToolCallArguments) and previous.index == event.index and last is not None):
+            if isinstance(previous, ToolCallArguments) and previous.index == event.index and last is not None:
                 last["tool_calls"][0]["function"]["arguments"] += event.fragment
             else:
                 out.append({"tool_calls": [{"index": event.index, "function": {"arguments": event.fragment}}]})

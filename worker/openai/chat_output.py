@@ -81,8 +81,9 @@ class OutputStream:
     def __init__(self, fmt: OutputFormat) -> None:
         self.format = fmt
         self.reasoning = ReasoningParser(fmt.in_reasoning, fmt.reasoning) if fmt.reasoning else None
-        self.tools = (fmt.tool_parser(fmt.parallel, fmt.max_calls, fmt.schemas, forced=fmt.forced)
-                      if fmt.tool_parser else None)
+        self.tools = (
+            fmt.tool_parser(fmt.parallel, fmt.max_calls, fmt.schemas, forced=fmt.forced) if fmt.tool_parser else None
+        )
         self.called = False  # some call started
 
     def push(self, text: str, token_ids: object = ()) -> list[Event]:
@@ -157,8 +158,9 @@ def reasoning_tokens(tokenizer: Any, token_ids: list[int], end: int | None, skip
         return 0
 
     def length(k: int) -> int:
-        return len(tokenizer.decode(token_ids[:k], skip_special_tokens=skip_special_tokens,
-                                    clean_up_tokenization_spaces=False))
+        return len(
+            tokenizer.decode(token_ids[:k], skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+        )
 
     low, high = 1, len(token_ids)
     if length(high) < end:

@@ -28,8 +28,10 @@ def message_text(content: Any, index: int) -> str:
         if kind in ("text", "input_text") and isinstance(part.get("text"), str):
             texts.append(part["text"])
         else:
-            raise BadRequest(f"content part type {kind!r} is not supported by this model; only text is",
-                             param=f"messages.[{index}].content")
+            raise BadRequest(
+                f"content part type {kind!r} is not supported by this model; only text is",
+                param=f"messages.[{index}].content",
+            )
     return "\n".join(texts)
 
 
@@ -42,8 +44,9 @@ def template_messages(messages: list[Any]) -> list[dict[str, Any]]:
         item = message.model_dump(exclude_none=True) if hasattr(message, "model_dump") else dict(message)
         content = item.get("content")
         if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image" for p in content):
-            item["content"] = [p if p.get("type") == "image" else {"type": "text", "text": message_text([p], index)}
-                               for p in content]
+            item["content"] = [
+                p if p.get("type") == "image" else {"type": "text", "text": message_text([p], index)} for p in content
+            ]
         else:
             item["content"] = message_text(content, index)
         out.append(item)
@@ -57,8 +60,11 @@ def expand_images(text: str, images: int, image_prompt: Any) -> str:
         return text
     placed = text.count(image_prompt.placeholder)
     if placed != images:
-        raise BadRequest(f"the chat template placed {placed} images of the request's {images} (it renders "
-                         f"{image_prompt.placeholder} per image part)", param="messages")
+        raise BadRequest(
+            f"the chat template placed {placed} images of the request's {images} (it renders "
+            f"{image_prompt.placeholder} per image part)",
+            param="messages",
+        )
     return text.replace(image_prompt.placeholder, image_prompt.expansion)
 
 
@@ -108,8 +114,9 @@ def render_chat(
     if tools is not None:
         kwargs["tools"] = tools
     if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
-        raise BadRequest("this model has no chat template; pass chat_template or use /v1/completions",
-                         param="chat_template")
+        raise BadRequest(
+            "this model has no chat template; pass chat_template or use /v1/completions", param="chat_template"
+        )
     try:
         text = tokenizer.apply_chat_template(
             plain,

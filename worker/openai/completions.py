@@ -50,8 +50,9 @@ def prepare_completion(body: Any, runtime: Runtime) -> CompletionCall:
     model, adapter = resolve_model(runtime, request.model)
     params = openai_sampling_params(request, runtime.max_model_len, adapter)
     prompts = _tokenize(runtime.tokenizer, request.prompt, request.add_special_tokens)
-    return CompletionCall(runtime, request, prompts, params, response_id("cmpl", request.request_id),
-                          int(time.time()), model)
+    return CompletionCall(
+        runtime, request, prompts, params, response_id("cmpl", request.request_id), int(time.time()), model
+    )
 
 
 def _tokenize(tokenizer: Any, prompt: Any, add_special_tokens: bool) -> list[list[int]]:
@@ -59,8 +60,9 @@ def _tokenize(tokenizer: Any, prompt: Any, add_special_tokens: bool) -> list[lis
         return [tokenizer.encode(prompt, add_special_tokens=add_special_tokens)]
     if all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
-    return [list(p) if isinstance(p, list) else tokenizer.encode(p, add_special_tokens=add_special_tokens)
-            for p in prompt]
+    return [
+        list(p) if isinstance(p, list) else tokenizer.encode(p, add_special_tokens=add_special_tokens) for p in prompt
+    ]
 
 
 async def complete(call: CompletionCall) -> dict[str, Any]:
@@ -86,10 +88,18 @@ async def complete(call: CompletionCall) -> dict[str, Any]:
             logprobs = None
             if request.logprobs is not None:
                 generated = list(choice.logprobs or [])
-                logprobs = echo.logprobs(generated, request.logprobs, TextOffsets()) if echo else completion_logprobs(
-                    generated, request.logprobs, TextOffsets())
-            item = {"index": p * request.n + index, "text": text, "logprobs": logprobs,
-                    "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
+                logprobs = (
+                    echo.logprobs(generated, request.logprobs, TextOffsets())
+                    if echo
+                    else completion_logprobs(generated, request.logprobs, TextOffsets())
+                )
+            item = {
+                "index": p * request.n + index,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": choice.finish_reason,
+                "stop_reason": choice.stop_reason,
+            }
             _extras(call, item, result, choice.token_ids)
             choices.append(item)
     return {
@@ -113,13 +123,17 @@ def _extras(call: CompletionCall, item: dict[str, Any], result: Collected, token
 
 def _without_generation(result: Collected) -> Collected:
     """A scoring request's result as returned (echo, max_tokens 0): the one token the engine ran is left out."""
-    return dataclasses.replace(result, choices={i: CompletionOutput(i, finish_reason="length") for i in result.choices},
-                               num_generated_tokens=0)
+    return dataclasses.replace(
+        result, choices={i: CompletionOutput(i, finish_reason="length") for i in result.choices}, num_generated_tokens=0
+    )
 
 
 def _total_usage(results: list[Collected]) -> dict[str, Any]:
-    return usage(sum(r.num_prompt_tokens for r in results), sum(r.num_generated_tokens for r in results),
-                 sum(r.num_cached_tokens for r in results))
+    return usage(
+        sum(r.num_prompt_tokens for r in results),
+        sum(r.num_generated_tokens for r in results),
+        sum(r.num_cached_tokens for r in results),
+    )
 
 
 class _Echo:
@@ -170,8 +184,13 @@ class _StreamState:
 
     def chunk(self, choice: dict[str, Any] | None, usage_: dict[str, Any] | None = None) -> dict[str, Any]:
         call = self.call
-        out = {"id": call.id, "object": "text_completion", "created": call.created, "model": call.model,
-               "choices": [choice] if choice is not None else []}
+        out = {
+            "id": call.id,
+            "object": "text_completion",
+            "created": call.created,
+            "model": call.model,
+            "choices": [choice] if choice is not None else [],
+        }
         if self.include_usage:
             out["usage"] = usage_
         return out
@@ -207,9 +226,18 @@ class _StreamState:
                     item["token_ids"] = list(delta.token_ids)
                 out.append(self.chunk(item, running))
             if delta.finish_reason is not None:
-                out.append(self.chunk({"index": index, "text": "", "logprobs": None,
-                                       "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason},
-                                      running))
+                out.append(
+                    self.chunk(
+                        {
+                            "index": index,
+                            "text": "",
+                            "logprobs": None,
+                            "finish_reason": delta.finish_reason,
+                            "stop_reason": delta.stop_reason,
+                        },
+                        running,
+                    )
+                )
         return out
 
     def _opening(self, index: int, first: RequestOutput) -> dict[str, Any]:
@@ -231,5 +259,8 @@ class _StreamState:
 
 
 def _as_collected(output: RequestOutput) -> Collected:
-    return Collected(num_prompt_tokens=output.num_prompt_tokens or len(output.prompt_token_ids),
-                     num_generated_tokens=output.num_generated_tokens, num_cached_tokens=output.num_cached_tokens)
+    return Collected(
+        num_prompt_tokens=output.num_prompt_tokens or len(output.prompt_token_ids),
+        num_generated_tokens=output.num_generated_tokens,
+        num_cached_tokens=output.num_cached_tokens,
+    )

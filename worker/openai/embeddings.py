@@ -49,16 +49,20 @@ class EmbeddingRequest(BaseModel):
                 raise BadRequest("input must not be an empty string", param="input")
             return value
         if not isinstance(value, list) or not value:
-            raise BadRequest("input must be a non-empty string, a list of strings, a list of token ids, or a list "
-                             "of such lists", param="input")
+            raise BadRequest(
+                "input must be a non-empty string, a list of strings, a list of token ids, or a list of such lists",
+                param="input",
+            )
         if _token_ids(value):
             return value
         if len(value) > MAX_INPUTS:
             raise BadRequest(f"input has {len(value)} items; at most {MAX_INPUTS} per request", param="input")
         if all(isinstance(v, str) and v for v in value) or all(isinstance(v, list) and _token_ids(v) for v in value):
             return value
-        raise BadRequest("input's items must all be non-empty strings or all non-empty lists of token ids "
-                         "(integers from 0)", param="input")
+        raise BadRequest(
+            "input's items must all be non-empty strings or all non-empty lists of token ids (integers from 0)",
+            param="input",
+        )
 
     @field_validator("stream")
     @classmethod
@@ -87,14 +91,18 @@ def prepare_embeddings(body: Any, runtime: Runtime) -> EmbeddingCall:
     request = EmbeddingRequest.model_validate(body)
     model, adapter = resolve_model(runtime, request.model)
     if adapter is not None:
-        raise BadRequest(f"embeddings come from the base model `{runtime.served_model_name}`, not the LoRA adapter "
-                         f"`{adapter}`", param="model")
+        raise BadRequest(
+            f"embeddings come from the base model `{runtime.served_model_name}`, not the LoRA adapter `{adapter}`",
+            param="model",
+        )
     given = request.input
     if isinstance(given, str) or (given and isinstance(given[0], int)):
         given = [given]
     tokenizer = runtime.tokenizer
-    prompts = [list(p) if isinstance(p, list) else tokenizer.encode(p, add_special_tokens=request.add_special_tokens)
-               for p in given]
+    prompts = [
+        list(p) if isinstance(p, list) else tokenizer.encode(p, add_special_tokens=request.add_special_tokens)
+        for p in given
+    ]
     return EmbeddingCall(runtime, request, prompts, response_id("embd", request.request_id), model)
 
 
@@ -105,9 +113,12 @@ async def create_embeddings(call: EmbeddingCall) -> dict[str, Any]:
     if truncate == -1:  # vLLM's "the model's context length"
         truncate = call.runtime.max_model_len
     base = engine_request_id(call.id)
-    tasks = [asyncio.ensure_future(engine.embed(p, f"{base}-{i}", dimensions=request.dimensions,
-                                                truncate_prompt_tokens=truncate or None))
-             for i, p in enumerate(call.prompts)]
+    tasks = [
+        asyncio.ensure_future(
+            engine.embed(p, f"{base}-{i}", dimensions=request.dimensions, truncate_prompt_tokens=truncate or None)
+        )
+        for i, p in enumerate(call.prompts)
+    ]
     try:
         outputs: list[PoolingOutput] = await asyncio.gather(*tasks)
     except BaseException:
@@ -121,8 +132,10 @@ async def create_embeddings(call: EmbeddingCall) -> dict[str, Any]:
         "object": "list",
         "created": int(time.time()),
         "model": call.model,
-        "data": [{"object": "embedding", "index": i, "embedding": _encode(o.embedding, request.encoding_format)}
-                 for i, o in enumerate(outputs)],
+        "data": [
+            {"object": "embedding", "index": i, "embedding": _encode(o.embedding, request.encoding_format)}
+            for i, o in enumerate(outputs)
+        ],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
 

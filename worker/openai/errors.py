@@ -152,12 +152,27 @@ def _body(message: str, type_: str, param: str | None, code: str | None, status:
     return body
 
 
-_STATUS_BY_CODE = {"model_not_found": 404, "adapter_not_found": 404, "unknown_url": 404, "response_not_found": 404,
-                   "worker_shutting_down": 503, "response_store_unavailable": 503, "request_too_large": 413, "method_not_allowed": 405}
-_STATUS_BY_TYPE = {"authentication_error": 401, "server_error": 500,
-                   # Anthropic's error types (the Messages API's errors, worker/anthropic/errors.py)
-                   "permission_error": 403, "not_found_error": 404, "request_too_large": 413,
-                   "rate_limit_error": 429, "api_error": 500, "overloaded_error": 529}
+_STATUS_BY_CODE = {
+    "model_not_found": 404,
+    "adapter_not_found": 404,
+    "unknown_url": 404,
+    "response_not_found": 404,
+    "worker_shutting_down": 503,
+    "response_store_unavailable": 503,
+    "request_too_large": 413,
+    "method_not_allowed": 405,
+}
+_STATUS_BY_TYPE = {
+    "authentication_error": 401,
+    "server_error": 500,
+    # Anthropic's error types (the Messages API's errors, worker/anthropic/errors.py)
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "overloaded_error": 529,
+}
 
 
 def status_of(body: Any) -> int | None:

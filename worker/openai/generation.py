@@ -40,12 +40,16 @@ class Started:
             await close()
 
 
-async def start(engine: Any, prompt_token_ids: list[int], params: Any, request_id: str,
-                images: list[Any] | None = None) -> Started:
+async def start(
+    engine: Any, prompt_token_ids: list[int], params: Any, request_id: str, images: list[Any] | None = None
+) -> Started:
     """Submit one request and wait for its first output, so a bad request fails before any response. images: the
     prompt's engine.inputs.ImageData, in order."""
-    outputs = engine.generate(prompt_token_ids, params, request_id, images) if images else engine.generate(
-        prompt_token_ids, params, request_id)
+    outputs = (
+        engine.generate(prompt_token_ids, params, request_id, images)
+        if images
+        else engine.generate(prompt_token_ids, params, request_id)
+    )
     try:
         first = await outputs.__anext__()
     except BaseException:

@@ -52,16 +52,21 @@ def take_images(messages: list[Any], takes_images: bool, settings: Settings) -> 
             item["content"] = parts
         out.append(item)
     if len(refs) > settings.max_images_per_request:
-        raise BadRequest(f"the request has {len(refs)} images, more than the {settings.max_images_per_request} one "
-                         "request may have (MAX_IMAGES_PER_REQUEST)", param=refs[settings.max_images_per_request].param)
+        raise BadRequest(
+            f"the request has {len(refs)} images, more than the {settings.max_images_per_request} one "
+            "request may have (MAX_IMAGES_PER_REQUEST)",
+            param=refs[settings.max_images_per_request].param,
+        )
     return out, refs
 
 
 def _image_ref(value: Any, param: str, takes_images: bool, url_param: str) -> ImageRef:
     # The part's shape first, as OpenAI checks it (a bare URL string is refused there too), then what the model takes.
     if isinstance(value, str):
-        raise BadRequest(f"Invalid type for '{param}': expected an object with a `url` string, but got a string "
-                         "instead.", param=param)
+        raise BadRequest(
+            f"Invalid type for '{param}': expected an object with a `url` string, but got a string instead.",
+            param=param,
+        )
     if not isinstance(value, dict) or not isinstance(value.get("url"), str):
         raise BadRequest("image_url must be an object with a `url` string", param=param)
     if not takes_images:
@@ -127,16 +132,22 @@ async def fetch_image(client: Any, ref: ImageRef, settings: Settings) -> bytes:
                     return bytes(body)
             raise BadRequest(f"fetching the image was redirected more than {MAX_REDIRECTS} times", param=ref.param)
     except TimeoutError:
-        raise BadRequest(f"fetching the image took longer than {settings.image_fetch_timeout_s:g} s "
-                         "(IMAGE_FETCH_TIMEOUT_SECONDS)", param=ref.param) from None
+        raise BadRequest(
+            f"fetching the image took longer than {settings.image_fetch_timeout_s:g} s (IMAGE_FETCH_TIMEOUT_SECONDS)",
+            param=ref.param,
+        ) from None
     except httpx.HTTPError as exc:
-        raise BadRequest(f"the image could not be fetched ({type(exc).__name__}: {exc}); a worker without internet "
-                         "access takes images as data: URLs only", param=ref.param) from None
+        raise BadRequest(
+            f"the image could not be fetched ({type(exc).__name__}: {exc}); a worker without internet "
+            "access takes images as data: URLs only",
+            param=ref.param,
+        ) from None
 
 
 def _too_big(ref: ImageRef, settings: Settings) -> BadRequest:
-    return BadRequest(f"the image is larger than {settings.image_fetch_max_mb:g} MiB (IMAGE_FETCH_MAX_MB)",
-                      param=ref.param)
+    return BadRequest(
+        f"the image is larger than {settings.image_fetch_max_mb:g} MiB (IMAGE_FETCH_MAX_MB)", param=ref.param
+    )
 
 
 async def _check_host(url: str, ref: ImageRef, settings: Settings) -> None:
@@ -151,10 +162,16 @@ async def _check_host(url: str, ref: ImageRef, settings: Settings) -> None:
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, parts.port or 443, type=socket.SOCK_STREAM)
     except OSError as exc:
-        raise BadRequest(f"the image's host {parts.hostname!r} does not resolve ({exc}); a worker without internet "
-                         "access takes images as data: URLs only", param=ref.param) from None
+        raise BadRequest(
+            f"the image's host {parts.hostname!r} does not resolve ({exc}); a worker without internet "
+            "access takes images as data: URLs only",
+            param=ref.param,
+        ) from None
     for info in infos:
         address = ipaddress.ip_address(info[4][0].split("%")[0])
         if not address.is_global or address.is_multicast:
-            raise BadRequest(f"the image's host {parts.hostname!r} is a private or loopback address, which the "
-                             "worker does not fetch from (IMAGE_FETCH_ALLOW_PRIVATE)", param=ref.param)
+            raise BadRequest(
+                f"the image's host {parts.hostname!r} is a private or loopback address, which the "
+                "worker does not fetch from (IMAGE_FETCH_ALLOW_PRIVATE)",
+                param=ref.param,
+            )

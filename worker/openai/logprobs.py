@@ -44,7 +44,9 @@ class TextOffsets:
 
 
 def completion_logprobs(
-    positions: list[PositionLogprobs | None], top: int, offsets: TextOffsets,
+    positions: list[PositionLogprobs | None],
+    top: int,
+    offsets: TextOffsets,
     pieces: list[tuple[str, bytes]] | None = None,
 ) -> dict[str, Any]:
     """A completion choice's `logprobs`: tokens, token_logprobs, top_logprobs and text_offset.
@@ -69,8 +71,12 @@ def completion_logprobs(
         alternatives = {alt.token: _lp(alt.logprob) for alt in position.top[:top]}
         alternatives.setdefault(position.chosen.token, _lp(position.chosen.logprob))
         top_logprobs.append(alternatives)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-            "text_offset": text_offset}
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    }
 
 
 def prompt_logprobs(positions: list[PositionLogprobs | None] | None) -> list[dict[str, Any] | None] | None:
@@ -83,8 +89,13 @@ def prompt_logprobs(positions: list[PositionLogprobs | None] | None) -> list[dic
             out.append(None)
             continue
         chosen = position.chosen
-        entry = {str(chosen.token_id): {"logprob": _lp(chosen.logprob), "rank": _rank_of(position),
-                                        "decoded_token": chosen.token}}
+        entry = {
+            str(chosen.token_id): {
+                "logprob": _lp(chosen.logprob),
+                "rank": _rank_of(position),
+                "decoded_token": chosen.token,
+            }
+        }
         for rank, alt in enumerate(position.top, start=1):
             entry.setdefault(str(alt.token_id), {"logprob": _lp(alt.logprob), "rank": rank, "decoded_token": alt.token})
         out.append(entry)

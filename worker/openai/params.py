@@ -19,15 +19,33 @@ NATIVE_DEFAULT_MAX_TOKENS = 100
 
 # Fields copied under the same name when the request sets them.
 _SHARED = (
-    "n", "best_of", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed",
-    "use_beam_search", "length_penalty", "early_stopping", "stop_token_ids", "include_stop_str_in_output",
-    "ignore_eos", "min_tokens", "allowed_token_ids", "bad_words", "skip_special_tokens",
-    "spaces_between_special_tokens", "prompt_logprobs", "priority",
+    "n",
+    "best_of",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "use_beam_search",
+    "length_penalty",
+    "early_stopping",
+    "stop_token_ids",
+    "include_stop_str_in_output",
+    "ignore_eos",
+    "min_tokens",
+    "allowed_token_ids",
+    "bad_words",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "prompt_logprobs",
+    "priority",
 )
 
 
-def openai_sampling_params(request: ChatCompletionRequest | CompletionRequest, max_model_len: int,
-                           adapter: str | None = None) -> SamplingParams:
+def openai_sampling_params(
+    request: ChatCompletionRequest | CompletionRequest, max_model_len: int, adapter: str | None = None
+) -> SamplingParams:
     """The engine parameters of an OpenAI request (run with the LoRA `adapter` when one is named); raises BadRequest
     naming the parameter."""
     if isinstance(request, CompletionRequest) and request.suffix:
@@ -35,7 +53,8 @@ def openai_sampling_params(request: ChatCompletionRequest | CompletionRequest, m
     fields: dict[str, Any] = {name: getattr(request, name) for name in _SHARED if getattr(request, name) is not None}
     fields["temperature"] = (
         _default_temperature(bool(request.use_beam_search), DEFAULT_TEMPERATURE)
-        if request.temperature is None else request.temperature
+        if request.temperature is None
+        else request.temperature
     )
     fields["top_k"] = request.top_k if request.top_k is not None else 0
     fields["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
@@ -50,14 +69,23 @@ def openai_sampling_params(request: ChatCompletionRequest | CompletionRequest, m
             # Echoed prompt tokens carry logprobs too, as in vLLM and OpenAI's legacy API.
             fields["prompt_logprobs"] = max(request.logprobs, request.prompt_logprobs or 0)
     fields["structured"] = structured_spec(
-        response_format=request.response_format, **{name: getattr(request, name) for name in _STRUCTURED})
+        response_format=request.response_format, **{name: getattr(request, name) for name in _STRUCTURED}
+    )
     return SamplingParams(**fields, adapter=adapter)
 
 
 # The structured-output fields requests share with native sampling_params (vLLM's and SGLang's names).
 _STRUCTURED = (
-    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-    "guided_whitespace_pattern", "regex", "ebnf", "json_schema",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_decoding_backend",
+    "guided_whitespace_pattern",
+    "regex",
+    "ebnf",
+    "json_schema",
 )
 
 
@@ -117,8 +145,11 @@ NativeSamplingParams: type[BaseModel] = create_model(
     "NativeSamplingParams",
     __config__=ConfigDict(extra="forbid"),
     __doc__="`sampling_params` of a native job: vLLM's SamplingParams names; unknown names are a 400.",
-    **{f.name: _NATIVE_OVERRIDES.get(f.name, (_HINTS[f.name], _default(f)))
-       for f in dataclasses.fields(SamplingParams) if f.name not in ("structured", "adapter")},
+    **{
+        f.name: _NATIVE_OVERRIDES.get(f.name, (_HINTS[f.name], _default(f)))
+        for f in dataclasses.fields(SamplingParams)
+        if f.name not in ("structured", "adapter")
+    },
     **_NATIVE_STRUCTURED,
 )
 
@@ -143,7 +174,10 @@ def _native_structured(validated: BaseModel) -> Any:
     values = {name: getattr(validated, name) for name in _NATIVE_STRUCTURED if name != "guided_decoding"}
     if validated.guided_decoding is not None:
         if validated.structured_outputs is not None:
-            raise BadRequest("only one structured output constraint is allowed per request, got structured_outputs "
-                             "and guided_decoding", param="guided_decoding")
+            raise BadRequest(
+                "only one structured output constraint is allowed per request, got structured_outputs "
+                "and guided_decoding",
+                param="guided_decoding",
+            )
         values["structured_outputs"] = validated.guided_decoding
     return structured_spec(**values)

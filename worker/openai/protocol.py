@@ -189,9 +189,11 @@ class ChatCompletionRequest(SamplingFields):
             raise BadRequest("logprobs must be true when top_logprobs is set", param="top_logprobs")
         check_tool_choice(self.tool_choice, check_tools(self.tools))
         if self.continue_final_message and self.add_generation_prompt:
-            raise BadRequest("continue_final_message and add_generation_prompt cannot both be true; "
-                             "set add_generation_prompt to false to continue the final message",
-                             param="continue_final_message")
+            raise BadRequest(
+                "continue_final_message and add_generation_prompt cannot both be true; "
+                "set add_generation_prompt to false to continue the final message",
+                param="continue_final_message",
+            )
         return self
 
     @property
@@ -224,8 +226,11 @@ class CompletionRequest(SamplingFields):
         if self.prompt == [] or self.prompt == "" or any(p == [] for p in self.prompt if isinstance(p, list)):
             raise BadRequest("prompt must not be empty", param="prompt")
         if self.max_tokens == 0 and not self.echo:
-            raise BadRequest("max_tokens must be at least 1; 0 is for echo=true, which returns the prompt "
-                             "(with its logprobs) without generating", param="max_tokens")
+            raise BadRequest(
+                "max_tokens must be at least 1; 0 is for echo=true, which returns the prompt "
+                "(with its logprobs) without generating",
+                param="max_tokens",
+            )
         return self
 
     @property

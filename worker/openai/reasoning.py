@@ -93,15 +93,20 @@ def thought(in_reasoning: bool, kind: str, then: tuple[dict[str, Any], ...] = ()
     """A structural tag's format for the reasoning a constrained answer may write first, followed by `then`: the
     rest of the block the prompt opened, or an optional whole one."""
     tags = TAGS.get(kind, THINK)
-    block: dict[str, Any] = {"type": "tag", "begin": "" if in_reasoning else tags.open,
-                             "content": {"type": "any_text"}, "end": tags.close}
+    block: dict[str, Any] = {
+        "type": "tag",
+        "begin": "" if in_reasoning else tags.open,
+        "content": {"type": "any_text"},
+        "end": tags.close,
+    }
     if then:
         block = {"type": "sequence", "elements": [block, *then]}
     return block if in_reasoning else {"type": "optional", "content": block}
 
 
-def after_reasoning(spec: StructuredSpec | None, kind: str | None, in_reasoning: bool, prompt: str
-                    ) -> StructuredSpec | None:
+def after_reasoning(
+    spec: StructuredSpec | None, kind: str | None, in_reasoning: bool, prompt: str
+) -> StructuredSpec | None:
     """A request's own constraint held from the end of the reasoning the model may write first, as vLLM applies
     structured outputs only past its reasoning parser's end. Held from the first token, it would keep a thinking
     model from thinking, and make one whose template opened the reasoning write its answer inside it.
@@ -139,8 +144,9 @@ class ReasoningParser:
     def finish(self) -> list[Piece]:
         pieces = self._run(final=True)
         if self.buffer:
-            pieces.append(Piece("reasoning" if self.state in ("open", "label", "reasoning") else "content",
-                                self.buffer))
+            pieces.append(
+                Piece("reasoning" if self.state in ("open", "label", "reasoning") else "content", self.buffer)
+            )
             self._take(len(self.buffer))
         return [p for p in pieces if p.text]
 

@@ -71,8 +71,11 @@ def prepare_score(body: Any, runtime: Runtime) -> ScoreCall:
     names = next((pair for pair in SCORE_SIDES if pair[0] in extra or pair[1] in extra), SCORE_SIDES[0])
     first, second = (_texts(extra.get(name), name) for name in names)
     if len(first) != 1 and len(first) != len(second):
-        raise BadRequest(f"{names[0]} has {len(first)} texts and {names[1]} {len(second)}: give one {names[0]} for "
-                         f"all of {names[1]}, or as many as {names[1]} has", param=names[0])
+        raise BadRequest(
+            f"{names[0]} has {len(first)} texts and {names[1]} {len(second)}: give one {names[0]} for "
+            f"all of {names[1]}, or as many as {names[1]} has",
+            param=names[0],
+        )
     return _call(runtime, request, first * len(second) if len(first) == 1 else first, second, "score")
 
 
@@ -96,11 +99,13 @@ def _call(runtime: Runtime, request: _ScoringRequest, first: list[str], second: 
         raise BadRequest(f"{kind} requests are answered whole: leave stream unset or false", param="stream")
     model, adapter = resolve_model(runtime, request.model)
     if adapter is not None:
-        raise BadRequest(f"scores come from the base model `{runtime.served_model_name}`, not the LoRA adapter "
-                         f"`{adapter}`", param="model")
+        raise BadRequest(
+            f"scores come from the base model `{runtime.served_model_name}`, not the LoRA adapter `{adapter}`",
+            param="model",
+        )
     check_cross_encoder(runtime, f"/v1/{kind}")
     encode = runtime.tokenizer.encode_pair
-    prompts = [encode(a, b, add_special_tokens=request.add_special_tokens) for a, b in zip(first, second)]
+    prompts = [encode(a, b, add_special_tokens=request.add_special_tokens) for a, b in zip(first, second, strict=True)]
     return ScoreCall(runtime, request, prompts, second, response_id(kind, request.request_id), model)
 
 
@@ -108,27 +113,40 @@ def check_cross_encoder(runtime: Runtime, route: str) -> None:
     """A 400 unless the served model is a single-label cross-encoder."""
     classifier = runtime.engine.classifier
     if classifier is None:
-        raise BadRequest(f"{route} needs a cross-encoder (a *ForSequenceClassification checkpoint or "
-                         f"Qwen3-Reranker); `{runtime.served_model_name}` is a generative model", param="model")
+        raise BadRequest(
+            f"{route} needs a cross-encoder (a *ForSequenceClassification checkpoint or "
+            f"Qwen3-Reranker); `{runtime.served_model_name}` is a generative model",
+            param="model",
+        )
     if classifier.num_labels != 1:
-        raise BadRequest(f"{route} needs a cross-encoder with one label; `{runtime.served_model_name}` has "
-                         f"{classifier.num_labels}", param="model")
+        raise BadRequest(
+            f"{route} needs a cross-encoder with one label; `{runtime.served_model_name}` has {classifier.num_labels}",
+            param="model",
+        )
 
 
 def refuse_generation(runtime: Runtime, route: str) -> None:
     """A 400 for a generation or embedding route on a cross-encoder, which only scores."""
     if runtime.engine.classifier is not None:
-        raise BadRequest(f"`{runtime.served_model_name}` is a cross-encoder: it serves {SCORE}, {RERANK} and "
-                         f"{RERANK_V2}, not {route}", param="model")
+        raise BadRequest(
+            f"`{runtime.served_model_name}` is a cross-encoder: it serves {SCORE}, {RERANK} and "
+            f"{RERANK_V2}, not {route}",
+            param="model",
+        )
 
 
 async def create_score(call: ScoreCall) -> dict[str, Any]:
     """vLLM's score response: one `score` object per pair, in request order."""
     outputs = await _run(call)
     tokens = sum(o.num_prompt_tokens for o in outputs)
-    return {"id": call.id, "object": "list", "created": int(time.time()), "model": call.model,
-            "data": [{"index": i, "object": "score", "score": o.embedding[0]} for i, o in enumerate(outputs)],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}}
+    return {
+        "id": call.id,
+        "object": "list",
+        "created": int(time.time()),
+        "model": call.model,
+        "data": [{"index": i, "object": "score", "score": o.embedding[0]} for i, o in enumerate(outputs)],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+    }
 
 
 async def create_rerank(call: ScoreCall) -> dict[str, Any]:
@@ -145,8 +163,12 @@ async def create_rerank(call: ScoreCall) -> dict[str, Any]:
     if 0 < request.top_n < len(results):
         results = results[: request.top_n]
     tokens = sum(o.num_prompt_tokens for o in outputs)
-    return {"id": call.id, "model": call.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            "results": results}
+    return {
+        "id": call.id,
+        "model": call.model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        "results": results,
+    }
 
 
 async def _run(call: ScoreCall) -> list[PoolingOutput]:
@@ -154,9 +176,12 @@ async def _run(call: ScoreCall) -> list[PoolingOutput]:
     truncate = call.runtime.max_model_len if request.truncate_prompt_tokens == -1 else request.truncate_prompt_tokens
     activation = request.use_activation is not False
     base = engine_request_id(call.id)
-    tasks = [asyncio.ensure_future(engine.score(p, f"{base}-{i}", truncate_prompt_tokens=truncate or None,
-                                                activation=activation))
-             for i, p in enumerate(call.prompts)]
+    tasks = [
+        asyncio.ensure_future(
+            engine.score(p, f"{base}-{i}", truncate_prompt_tokens=truncate or None, activation=activation)
+        )
+        for i, p in enumerate(call.prompts)
+    ]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
@@ -188,6 +213,8 @@ def _document(value: Any, index: int) -> str:
     """A document as a string, or Cohere's and Jina's `{"text": ...}` object."""
     text = value.get("text") if isinstance(value, dict) else value
     if not isinstance(text, str) or not text:
-        raise BadRequest(f"documents.{index}: a document is a non-empty string or an object with a non-empty "
-                         "`text`", param=f"documents.{index}")
+        raise BadRequest(
+            f"documents.{index}: a document is a non-empty string or an object with a non-empty `text`",
+            param=f"documents.{index}",
+        )
     return text

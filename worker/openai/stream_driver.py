@@ -35,9 +35,14 @@ class EventBuilder(Protocol):
         ...
 
 
-async def stream_events(engine: Any, prompt_token_ids: list[int], params: Any, request_id: str,
-                        builder: EventBuilder, images: Callable[[], Awaitable[list[Any]]] | None = None,
-                        ) -> AsyncIterator[dict[str, Any]]:
+async def stream_events(
+    engine: Any,
+    prompt_token_ids: list[int],
+    params: Any,
+    request_id: str,
+    builder: EventBuilder,
+    images: Callable[[], Awaitable[list[Any]]] | None = None,
+) -> AsyncIterator[dict[str, Any]]:
     """Start the engine request, then yield `builder`'s events until the request ends or the stream is closed.
     images: reads the prompt's image files (fetching their URLs) before the request starts."""
     files = await images() if images is not None else None
@@ -60,9 +65,14 @@ async def stream_events(engine: Any, prompt_token_ids: list[int], params: Any, r
         await started.aclose()
 
 
-async def run_to_end(engine: Any, prompt_token_ids: list[int], params: Any, request_id: str,
-                     add: Callable[[RequestOutput], Any], images: Callable[[], Awaitable[list[Any]]] | None = None,
-                     ) -> None:
+async def run_to_end(
+    engine: Any,
+    prompt_token_ids: list[int],
+    params: Any,
+    request_id: str,
+    add: Callable[[RequestOutput], Any],
+    images: Callable[[], Awaitable[list[Any]]] | None = None,
+) -> None:
     """An answer asked for whole: every output of the request handed to `add` (its events unused); images as
     stream_events takes them."""
     files = await images() if images is not None else None

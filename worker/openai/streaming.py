@@ -61,8 +61,13 @@ async def grouped(items: AsyncIterator[Any], sizes: BatchSize) -> AsyncIterator[
         yield batch
 
 
-async def openai_stream(chunks: AsyncIterator[dict[str, Any]], raw: bool, sizes: BatchSize, events: bool = False,
-                        error: Callable[[BaseException], dict[str, Any]] = error_body) -> AsyncIterator[Any]:
+async def openai_stream(
+    chunks: AsyncIterator[dict[str, Any]],
+    raw: bool,
+    sizes: BatchSize,
+    events: bool = False,
+    error: Callable[[BaseException], dict[str, Any]] = error_body,
+) -> AsyncIterator[Any]:
     """Chunk objects as a job yields them: SSE text ending in [DONE] when `raw`, else lists of chunks.
 
     `events`: named events (the Responses and Messages APIs'), which end without [DONE]. An error after

@@ -43,8 +43,9 @@ def structured_spec(
     found: list[tuple[str, Builder]] = []
     if response_format is not None and response_format.type != "text":
         # any_whitespace is read when the spec is built, after structured_outputs may have turned it off.
-        found.append(("response_format", lambda: response_format_spec(response_format, "response_format",
-                                                                        any_whitespace)))
+        found.append(
+            ("response_format", lambda: response_format_spec(response_format, "response_format", any_whitespace))
+        )
     if structured_outputs is not None:
         so = structured_outputs
         _check_backend(so.backend, "structured_outputs.backend")
@@ -66,8 +67,9 @@ def structured_spec(
         return None
     if len(found) > 1:
         names = ", ".join(p for p, _ in found)
-        raise BadRequest(f"only one structured output constraint is allowed per request, got {names}",
-                         param=found[1][0])
+        raise BadRequest(
+            f"only one structured output constraint is allowed per request, got {names}", param=found[1][0]
+        )
     return found[0][1]()
 
 
@@ -89,8 +91,9 @@ def _structured_outputs(so: StructuredOutputs, any_whitespace: bool) -> list[tup
     found: list[tuple[str, Builder]] = []
     p = "structured_outputs"
     if so.json_ is not None:
-        found.append((f"{p}.json", lambda: _schema(so.json_, f"{p}.json", any_whitespace,
-                                                    so.disable_additional_properties)))
+        found.append(
+            (f"{p}.json", lambda: _schema(so.json_, f"{p}.json", any_whitespace, so.disable_additional_properties))
+        )
     if so.regex is not None:
         found.append((f"{p}.regex", lambda: StructuredSpec("regex", so.regex, param=f"{p}.regex")))
     if so.choice is not None:
@@ -98,8 +101,9 @@ def _structured_outputs(so: StructuredOutputs, any_whitespace: bool) -> list[tup
     if so.grammar is not None:
         found.append((f"{p}.grammar", lambda: StructuredSpec("grammar", so.grammar, param=f"{p}.grammar")))
     if so.json_object:
-        found.append((f"{p}.json_object", lambda: StructuredSpec("json_object", "", any_whitespace,
-                                                                  f"{p}.json_object")))
+        found.append(
+            (f"{p}.json_object", lambda: StructuredSpec("json_object", "", any_whitespace, f"{p}.json_object"))
+        )
     if so.structural_tag is not None:
         found.append((f"{p}.structural_tag", lambda: _structural_tag(so.structural_tag, f"{p}.structural_tag")))
     return found
@@ -141,12 +145,18 @@ def _check_backend(value: str | None, param: str) -> None:
         return
     name = value.split(":", 1)[0].strip()
     if name and name not in BACKENDS:
-        raise BadRequest(f"{param} {value!r} is not available: this worker constrains outputs with xgrammar "
-                         f"(use one of {', '.join(BACKENDS)}, or leave it out)", param=param)
+        raise BadRequest(
+            f"{param} {value!r} is not available: this worker constrains outputs with xgrammar "
+            f"(use one of {', '.join(BACKENDS)}, or leave it out)",
+            param=param,
+        )
 
 
 def _check_whitespace(value: str | None, param: str) -> None:
     if value is not None:
         # xgrammar has no custom whitespace pattern; refused rather than ignored.
-        raise BadRequest(f"{param} is not supported by the xgrammar backend; use disable_any_whitespace to "
-                         "generate JSON without free whitespace", param=param)
+        raise BadRequest(
+            f"{param} is not supported by the xgrammar backend; use disable_any_whitespace to "
+            "generate JSON without free whitespace",
+            param=param,
+        )

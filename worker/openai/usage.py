@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-          reasoning_tokens: int | None = None) -> dict[str, Any]:
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, reasoning_tokens: int | None = None
+) -> dict[str, Any]:
     """`reasoning_tokens` (of the completion tokens) is reported when the answer was read for reasoning."""
     out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,

@@ -17,11 +17,11 @@ from engine.attention import create_group_backends, resolve_backend
 from engine.attention.kv_quant import resolve_kv_dtype
 from engine.config import EngineConfig
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
+from engine.core.distributed import wire
+from engine.core.distributed.groups import join_groups
 from engine.core.kv_cache import PagePool
 from engine.core.model_runner import ModelRunner
 from engine.core.state_cache import StatePool
-from engine.core.distributed import wire
-from engine.core.distributed.groups import join_groups
 from engine.model.layers.parallel import TensorParallel
 from engine.model.loader import load_model
 from engine.sample.sampler import Sampler
@@ -91,10 +91,18 @@ class Follower:
 
     def _build_cache(self, num_pages: list[int], state_slots: int) -> None:
         groups, ps, recurrent = self.spec.kv_groups, self.config.page_size, self.spec.recurrent
-        pools = [PagePool.for_group(g, n, ps, self.kv_dtype, self.device)
-                 for g, n in zip(groups, num_pages, strict=True)]
-        backends = create_group_backends(self.backend_name, groups, self.device, spec=self.spec, dtype=self.dtype,
-                                         kv_dtype=self.kv_dtype, requested=self.config.attention_backend)
+        pools = [
+            PagePool.for_group(g, n, ps, self.kv_dtype, self.device) for g, n in zip(groups, num_pages, strict=True)
+        ]
+        backends = create_group_backends(
+            self.backend_name,
+            groups,
+            self.device,
+            spec=self.spec,
+            dtype=self.dtype,
+            kv_dtype=self.kv_dtype,
+            requested=self.config.attention_backend,
+        )
         # This rank's heads' states, in as many slots as rank 0's pool (the slot ids are its scheduler's).
         states = None if recurrent is None else StatePool(recurrent, state_slots, self.dtype, self.device)
         self.runner = ModelRunner(self.model, groups, pools, backends, Sampler(), self.device, recurrent, states)

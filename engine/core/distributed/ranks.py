@@ -48,13 +48,16 @@ def resolve_size(value: int | str, device: torch.device) -> int:
     try:
         size = int(value)
     except (TypeError, ValueError):
-        raise StartupError(f"tensor_parallel_size {value!r} is not a number or 'auto'",
-                           param="tensor_parallel_size") from None
+        raise StartupError(
+            f"tensor_parallel_size {value!r} is not a number or 'auto'", param="tensor_parallel_size"
+        ) from None
     if size < 1:
         raise StartupError(f"tensor_parallel_size={size} must be at least 1", param="tensor_parallel_size")
     if cuda and size > torch.cuda.device_count():
-        raise StartupError(f"tensor_parallel_size={size} is more ranks than the {torch.cuda.device_count()} CUDA "
-                           "devices visible", param="tensor_parallel_size")
+        raise StartupError(
+            f"tensor_parallel_size={size} is more ranks than the {torch.cuda.device_count()} CUDA devices visible",
+            param="tensor_parallel_size",
+        )
     return size
 
 
@@ -67,12 +70,16 @@ def rank_config(config: EngineConfig, device: torch.device) -> EngineConfig:
     if size == 1:
         return config
     if config.quantization is not None:
-        raise StartupError(f"tensor_parallel_size={size}: QUANTIZATION does not run tensor-parallel yet",
-                           param="tensor_parallel_size")
+        raise StartupError(
+            f"tensor_parallel_size={size}: QUANTIZATION does not run tensor-parallel yet", param="tensor_parallel_size"
+        )
     method = config.speculative.method if config.speculative is not None else None
     if method in ("eagle3", "mtp"):  # NOTE: the head would call the sharded embedding and lm_head on rank 0 alone
-        raise StartupError(f"tensor_parallel_size={size}: speculative method {method} does not run tensor-parallel "
-                           "yet (ngram and draft_model do)", param="tensor_parallel_size")
+        raise StartupError(
+            f"tensor_parallel_size={size}: speculative method {method} does not run tensor-parallel "
+            "yet (ngram and draft_model do)",
+            param="tensor_parallel_size",
+        )
     why = shard_refusal(config.model_path, size)  # the bake lists the sizes this passes
     if why is not None:
         raise StartupError(why, param="tensor_parallel_size")
@@ -108,8 +115,12 @@ class RankSet:
         context = mp.get_context("spawn")
         pipes = [context.Pipe(duplex=False) for _ in range(1, size)]
         self.commands = [writer for _, writer in pipes]
-        self.processes = [context.Process(target=follower_main, args=(r, size, port, config, timeout, reader),
-                                          daemon=True, name=f"tp-rank-{r}") for r, (reader, _) in enumerate(pipes, 1)]
+        self.processes = [
+            context.Process(
+                target=follower_main, args=(r, size, port, config, timeout, reader), daemon=True, name=f"tp-rank-{r}"
+            )
+            for r, (reader, _) in enumerate(pipes, 1)
+        ]
         for p in self.processes:
             p.start()
         for reader, _ in pipes:
@@ -126,11 +137,13 @@ class RankSet:
         self.tp = TensorParallel(0, size, data)
 
     def _startup_error(self, exc: BaseException) -> StartupError:
-        dead = [f"rank {r} exited with code {p.exitcode}" for r, p in enumerate(self.processes, 1)
-                if p.exitcode is not None]
+        dead = [
+            f"rank {r} exited with code {p.exitcode}" for r, p in enumerate(self.processes, 1) if p.exitcode is not None
+        ]
         cause = "; ".join(dead) + " (its error is logged above)" if dead else f"{type(exc).__name__}: {exc}"
-        return StartupError(f"tensor_parallel_size={self.size}: the ranks did not start: {cause}",
-                            param="tensor_parallel_size")
+        return StartupError(
+            f"tensor_parallel_size={self.size}: the ranks did not start: {cause}", param="tensor_parallel_size"
+        )
 
     def _watch(self) -> None:
         alive = {p.sentinel: (r, p) for r, p in enumerate(self.processes, 1)}
@@ -141,8 +154,12 @@ class RankSet:
                     process.join()
                 if self._closing:
                     continue
-                self._fail(RankFailed(f"tensor-parallel rank {rank} (pid {process.pid}) exited with code "
-                                      f"{process.exitcode}: the engine cannot run without it"))
+                self._fail(
+                    RankFailed(
+                        f"tensor-parallel rank {rank} (pid {process.pid}) exited with code "
+                        f"{process.exitcode}: the engine cannot run without it"
+                    )
+                )
 
     def _fail(self, exc: RankFailed) -> None:
         with self._lock:
@@ -156,8 +173,12 @@ class RankSet:
 
     def fail(self, cause: BaseException) -> RankFailed:
         """A collective failed on rank 0 (a rank died or timed out): the ranks are out of step, so they all end."""
-        self._fail(RankFailed(f"tensor-parallel step failed ({type(cause).__name__}: {cause}): the ranks are out "
-                              "of step and have been stopped"))
+        self._fail(
+            RankFailed(
+                f"tensor-parallel step failed ({type(cause).__name__}: {cause}): the ranks are out "
+                "of step and have been stopped"
+            )
+        )
         return self.failure
 
     def check(self) -> None:
@@ -169,19 +190,28 @@ class RankSet:
         """Tells every rank how many pages each KV group's pool has and how many slots the recurrent-state pool has
         (rank 0 sized them; 0: no recurrent layers); returns self, the peers of rank 0's model runner."""
         if len(num_pages) > wire.MAX_GROUPS:
-            raise StartupError(f"tensor parallelism runs at most {wire.MAX_GROUPS} KV layer groups",
-                               param="tensor_parallel_size")
+            raise StartupError(
+                f"tensor parallelism runs at most {wire.MAX_GROUPS} KV layer groups", param="tensor_parallel_size"
+            )
         self._send(wire.header(wire.CACHE, len(num_pages), state_slots, *num_pages))
         return self
 
-    def send_step(self, out: SchedulerOutput, input_ids: torch.Tensor, positions: torch.Tensor,
-                  metas: list[AttentionMetadata], recurrent: RecurrentStep | None = None, lora: LoraSet | None = None,
-                  image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    def send_step(
+        self,
+        out: SchedulerOutput,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metas: list[AttentionMetadata],
+        recurrent: RecurrentStep | None = None,
+        lora: LoraSet | None = None,
+        image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         """The step's inputs (out: its page and state-slot copies; lora: rank 0's adapters, whose plan holds the
         step's rows per adapter; image_embeds: the (rows, values) of its image tokens, which rank 0 encoded)."""
         runs = lora.plan.runs if lora is not None else ()
-        head, payload = wire.pack_step(out.copies, input_ids, positions, metas, out.state_copies, recurrent, runs,
-                                       image_embeds)
+        head, payload = wire.pack_step(
+            out.copies, input_ids, positions, metas, out.state_copies, recurrent, runs, image_embeds
+        )
         self._send(head)
         dist.broadcast(payload, src=0, group=self.tp.group)
         if image_embeds is not None:

@@ -58,10 +58,16 @@ class Step:
     image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-def pack_step(copies: list[tuple[int, int, int]], input_ids: torch.Tensor, positions: torch.Tensor,
-              metas: list[AttentionMetadata], state_copies: list[tuple[int, int]] = (),
-              recurrent: RecurrentStep | None = None, lora_runs: list[tuple[int | None, int]] = (),
-              image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def pack_step(
+    copies: list[tuple[int, int, int]],
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    metas: list[AttentionMetadata],
+    state_copies: list[tuple[int, int]] = (),
+    recurrent: RecurrentStep | None = None,
+    lora_runs: list[tuple[int | None, int]] = (),
+    image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(header, payload) of one step; the payload is on the tensors' device. image_embeds: (rows, values), whose
     values the caller broadcasts after the payload."""
     first = metas[0]
@@ -83,11 +89,24 @@ def pack_step(copies: list[tuple[int, int, int]], input_ids: torch.Tensor, posit
     parts.append(rows)
     payload = torch.cat([p.to(torch.int64) for p in parts])
     sizes = [n for m in metas for n in (m.kv_indices.numel(), m.slot_mapping.numel())]
-    fields = [input_ids.numel(), first.qo_indptr.numel() - 1, int(first.is_decode), len(metas), len(copies),
-              len(state_copies), int(recurrent is not None), len(recurrent.captures) if recurrent else 0,
-              len(lora_runs), len(recurrent.verify) if recurrent else 0, positions.numel() // max(1, input_ids.numel()),
-              sum(1 << g for g, m in enumerate(metas) if m.bidirectional), sum(len(s) for s in both_ways),
-              rows.numel(), *image, *sizes]
+    fields = [
+        input_ids.numel(),
+        first.qo_indptr.numel() - 1,
+        int(first.is_decode),
+        len(metas),
+        len(copies),
+        len(state_copies),
+        int(recurrent is not None),
+        len(recurrent.captures) if recurrent else 0,
+        len(lora_runs),
+        len(recurrent.verify) if recurrent else 0,
+        positions.numel() // max(1, input_ids.numel()),
+        sum(1 << g for g, m in enumerate(metas) if m.bidirectional),
+        sum(len(s) for s in both_ways),
+        rows.numel(),
+        *image,
+        *sizes,
+    ]
     return header(STEP, *fields), payload
 
 
@@ -98,18 +117,82 @@ def _counts(head: torch.Tensor) -> tuple[list[int], list[int]]:
 
 
 def payload_len(head: torch.Tensor) -> int:
-    (tokens, batch, _, _, copies, state_copies, recurrent, captures, runs, verify, position_rows, _, both_ways,
-     image_rows, _, _), sizes = _counts(head)
-    return ((1 + position_rows) * tokens + 2 * (batch + 1) + batch + sum(sizes) + 3 * copies + 2 * state_copies
-            + recurrent * batch + 3 * captures + verify + 2 * runs + 3 * both_ways + image_rows)
+    (
+        (
+            tokens,
+            batch,
+            _,
+            _,
+            copies,
+            state_copies,
+            recurrent,
+            captures,
+            runs,
+            verify,
+            position_rows,
+            _,
+            both_ways,
+            image_rows,
+            _,
+            _,
+        ),
+        sizes,
+    ) = _counts(head)
+    return (
+        (1 + position_rows) * tokens
+        + 2 * (batch + 1)
+        + batch
+        + sum(sizes)
+        + 3 * copies
+        + 2 * state_copies
+        + recurrent * batch
+        + 3 * captures
+        + verify
+        + 2 * runs
+        + 3 * both_ways
+        + image_rows
+    )
 
 
 def unpack_step(head: torch.Tensor, payload: torch.Tensor, page_size: int) -> Step:
-    (tokens, batch, is_decode, groups, num_copies, state_copies, recurrent, captures, runs, verify, position_rows,
-     both_mask, both_ways, image_rows, width, dtype), sizes = _counts(head)
+    (
+        (
+            tokens,
+            batch,
+            is_decode,
+            groups,
+            num_copies,
+            state_copies,
+            recurrent,
+            captures,
+            runs,
+            verify,
+            position_rows,
+            both_mask,
+            both_ways,
+            image_rows,
+            width,
+            dtype,
+        ),
+        sizes,
+    ) = _counts(head)
     i32 = torch.int32
-    cuts = [tokens, position_rows * tokens, batch + 1, batch + 1, batch, *sizes, 3 * num_copies, 2 * state_copies,
-            recurrent * batch, 3 * captures, verify, 2 * runs, 3 * both_ways, image_rows]
+    cuts = [
+        tokens,
+        position_rows * tokens,
+        batch + 1,
+        batch + 1,
+        batch,
+        *sizes,
+        3 * num_copies,
+        2 * state_copies,
+        recurrent * batch,
+        3 * captures,
+        verify,
+        2 * runs,
+        3 * both_ways,
+        image_rows,
+    ]
     pieces = list(torch.split(payload, cuts))
     rows = pieces.pop()
     spans: list[list[tuple[int, int]]] = [[] for _ in range(batch)]
@@ -118,20 +201,41 @@ def unpack_step(head: torch.Tensor, payload: torch.Tensor, page_size: int) -> St
     lora_runs = [(None if slot < 0 else slot, n) for slot, n in pieces.pop().view(-1, 2).tolist()]
     input_ids, positions, qo, kv, last = pieces[:5]
     qo, kv, last = qo.to(i32), kv.to(i32), last.to(i32)
-    metas = [AttentionMetadata(qo_indptr=qo, kv_indptr=kv, kv_indices=pieces[5 + 2 * g].to(i32), kv_last_page_len=last,
-                               slot_mapping=pieces[6 + 2 * g], page_size=page_size, is_decode=bool(is_decode),
-                               bidirectional=spans if both_mask >> g & 1 else None)
-             for g in range(groups)]
+    metas = [
+        AttentionMetadata(
+            qo_indptr=qo,
+            kv_indptr=kv,
+            kv_indices=pieces[5 + 2 * g].to(i32),
+            kv_last_page_len=last,
+            slot_mapping=pieces[6 + 2 * g],
+            page_size=page_size,
+            is_decode=bool(is_decode),
+            bidirectional=spans if both_mask >> g & 1 else None,
+        )
+        for g in range(groups)
+    ]
     flat = pieces[-5].view(-1, 3).tolist()
     copies = [[(s, d) for h, s, d in flat if h == g] for g in range(groups)]
-    step = Step(copies, input_ids, positions.view(position_rows, tokens) if position_rows > 1 else positions, metas,
-                [tuple(c) for c in pieces[-4].view(-1, 2).tolist()], lora_runs=lora_runs)
+    step = Step(
+        copies,
+        input_ids,
+        positions.view(position_rows, tokens) if position_rows > 1 else positions,
+        metas,
+        [tuple(c) for c in pieces[-4].view(-1, 2).tolist()],
+        lora_runs=lora_runs,
+    )
     if image_rows:
         step.image_embeds = rows, torch.empty((image_rows, width), dtype=FLOATS[dtype], device=payload.device)
     if recurrent:
         starts = qo.tolist()
         steps = [(starts[i], starts[i + 1] - starts[i]) for i in range(batch)]
         slots = pieces[-3]
-        step.recurrent = RecurrentStep(steps, slots.tolist(), [tuple(c) for c in pieces[-2].view(-1, 3).tolist()],
-                                       slots, bool(is_decode), verify=frozenset(pieces[-1].tolist()))
+        step.recurrent = RecurrentStep(
+            steps,
+            slots.tolist(),
+            [tuple(c) for c in pieces[-2].view(-1, 3).tolist()],
+            slots,
+            bool(is_decode),
+            verify=frozenset(pieces[-1].tolist()),
+        )
     return step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+
 from engine.config import SpeculativeConfig
 from engine.core.spec.ngram import NgramProposer
 from engine.core.spec.proposer import Target
@@ -20,16 +21,20 @@ MODEL_METHODS = {"draft_model": "the draft's folder", "eagle3": "the EAGLE-3 hea
 def check_config(config: SpeculativeConfig) -> None:
     """StartupError (one line, naming the field) for a configuration no proposer can run."""
     if config.method not in METHODS:
-        raise StartupError(f"speculative method {config.method!r} is not one of {', '.join(METHODS)}",
-                           param="speculative.method")
+        raise StartupError(
+            f"speculative method {config.method!r} is not one of {', '.join(METHODS)}", param="speculative.method"
+        )
     if config.num_speculative_tokens < 1:
         raise StartupError("num_speculative_tokens must be at least 1", param="speculative.num_speculative_tokens")
     if config.method == "ngram" and not 1 <= config.prompt_lookup_min <= config.prompt_lookup_max:
-        raise StartupError("prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max",
-                           param="speculative.prompt_lookup_min")
+        raise StartupError(
+            "prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max",
+            param="speculative.prompt_lookup_min",
+        )
     if config.method in MODEL_METHODS and not config.model:
-        raise StartupError(f"the {config.method} method needs {MODEL_METHODS[config.method]} as `model`",
-                           param="speculative.model")
+        raise StartupError(
+            f"the {config.method} method needs {MODEL_METHODS[config.method]} as `model`", param="speculative.model"
+        )
 
 
 def build_speculator(config: SpeculativeConfig | None, target: Target) -> Speculator | None:
@@ -50,8 +55,12 @@ def build_speculator(config: SpeculativeConfig | None, target: Target) -> Specul
         from engine.core.spec.draft import DraftModelProposer
 
         proposer = DraftModelProposer(config, target)
-    log.info("speculative decoding: %s, up to %d tokens per step, off above %d decoding sequences",
-             proposer.name, config.num_speculative_tokens, config.disable_by_batch_size)
+    log.info(
+        "speculative decoding: %s, up to %d tokens per step, off above %d decoding sequences",
+        proposer.name,
+        config.num_speculative_tokens,
+        config.disable_by_batch_size,
+    )
     return Speculator(config, proposer, target.max_model_len)
 
 

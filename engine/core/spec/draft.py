@@ -65,23 +65,26 @@ class DraftModelProposer:
         # Every token id the model reads must be one the draft reads, and every one it proposes one the model has.
         least = min(len(target.tokenizer), target.vocab_size)
         if not least <= self.spec.vocab_size <= target.vocab_size:
-            raise StartupError(f"the draft model at {config.model} has a vocabulary of {self.spec.vocab_size} "
-                               f"tokens; it needs between {least} and the model's {target.vocab_size}",
-                               param="speculative.model")
+            raise StartupError(
+                f"the draft model at {config.model} has a vocabulary of {self.spec.vocab_size} "
+                f"tokens; it needs between {least} and the model's {target.vocab_size}",
+                param="speculative.model",
+            )
         groups = self.spec.kv_groups
         page_size = target.page_size
         num_pages = config.draft_kv_pages or target.num_pages
         self.pools = [PagePool.for_group(g, num_pages, page_size, target.kv_dtype, target.device) for g in groups]
-        backends = create_group_backends(target.backend_name, groups, target.device, spec=self.spec,
-                                         dtype=target.dtype, kv_dtype=target.kv_dtype)
+        backends = create_group_backends(
+            target.backend_name, groups, target.device, spec=self.spec, dtype=target.dtype, kv_dtype=target.kv_dtype
+        )
         recurrent, state, state_pool = self.spec.recurrent, None, None
         if recurrent is not None:  # a slot per shadow and one for its state before the greedy steps
             state = StateSlots(min(target.max_num_seqs, config.disable_by_batch_size), enable_prefix_caching=False)
             state_pool = StatePool(recurrent, state.num_slots, target.dtype, target.device)
-        self.kv = KVCacheManager(groups, [num_pages] * len(groups), page_size, enable_prefix_caching=False,
-                                 state=state)
-        self.runner = ModelRunner(self.model, groups, self.pools, backends, Sampler(), target.device, recurrent,
-                                  state_pool)
+        self.kv = KVCacheManager(groups, [num_pages] * len(groups), page_size, enable_prefix_caching=False, state=state)
+        self.runner = ModelRunner(
+            self.model, groups, self.pools, backends, Sampler(), target.device, recurrent, state_pool
+        )
         self._shadows: dict[int, _Shadow] = {}  # least recently proposing first
         self._state_copies: list[tuple[int, int]] = []  # a hybrid draft's saves and restores, for the next forward
         log.info("draft model %s: %d KV pages of %d tokens", config.model, num_pages, page_size)
@@ -90,11 +93,15 @@ class DraftModelProposer:
         try:
             draft = load_tokenizer(self.path)
         except Exception as exc:
-            raise StartupError(f"the draft model at {self.path} has no tokenizer that loads ({exc})",
-                               param="speculative.model") from None
+            raise StartupError(
+                f"the draft model at {self.path} has no tokenizer that loads ({exc})", param="speculative.model"
+            ) from None
         if draft.get_vocab() != target.tokenizer.get_vocab():
-            raise StartupError(f"the draft model at {self.path} has another tokenizer than the model's: a draft "
-                               "must share its vocabulary", param="speculative.model")
+            raise StartupError(
+                f"the draft model at {self.path} has another tokenizer than the model's: a draft "
+                "must share its vocabulary",
+                param="speculative.model",
+            )
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
         self._make_room({seq.seq_id for seq in seqs})
@@ -131,7 +138,9 @@ class DraftModelProposer:
             shadow.seq.num_computed_tokens = computed
         for shadow in shadows:
             shadow.state_at = shadow.seq.num_computed_tokens
-        return [shadow.seq.token_ids[shadow.synced : shadow.synced + w] for shadow, w in zip(shadows, want, strict=True)]
+        return [
+            shadow.seq.token_ids[shadow.synced : shadow.synced + w] for shadow, w in zip(shadows, want, strict=True)
+        ]
 
     def _saved_slot(self, shadow: _Shadow) -> int:
         """The slot of the snapshot half paired with the shadow's (the shadows never reach that half: _make_room)."""
@@ -173,8 +182,10 @@ class DraftModelProposer:
         if not seq.kv_pages:
             return False
         c, ps = seq.num_computed_tokens, self.kv.page_size
-        return any(null is not None and null in seq.kv_pages[g][spec.first_needed_page(c, ps) :]
-                   for g, (spec, null) in enumerate(zip(self.kv.specs, self.kv.null_pages, strict=True)))
+        return any(
+            null is not None and null in seq.kv_pages[g][spec.first_needed_page(c, ps) :]
+            for g, (spec, null) in enumerate(zip(self.kv.specs, self.kv.null_pages, strict=True))
+        )
 
     def _allocate(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
         if not self.kv.has_room(self.kv.needed(seq, n)):

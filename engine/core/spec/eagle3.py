@@ -25,15 +25,23 @@ class Eagle3Proposer(HeadProposer):
 
     def __init__(self, config: SpeculativeConfig, target: Target) -> None:
         if not hasattr(target.model, "aux_layers"):
-            raise StartupError(f"EAGLE-3 heads run on the Llama-family decoders (Llama, Qwen2/3 and their MoEs), "
-                               f"not on {type(target.model).__name__}", param="speculative.method")
+            raise StartupError(
+                f"EAGLE-3 heads run on the Llama-family decoders (Llama, Qwen2/3 and their MoEs), "
+                f"not on {type(target.model).__name__}",
+                param="speculative.method",
+            )
         self.path = config.model
         head, layers = load_eagle3_head(config.model, target.model, target.dtype, target.device)
         target.model.aux_layers = layers
         num_pages = config.draft_kv_pages or target.num_pages
         self.start(head, head.args, config.num_speculative_tokens, num_pages, target)
-        log.info("EAGLE-3 head %s: reads layers %s, %d KV pages of %d tokens", config.model, list(layers), num_pages,
-                 target.page_size)
+        log.info(
+            "EAGLE-3 head %s: reads layers %s, %d KV pages of %d tokens",
+            config.model,
+            list(layers),
+            num_pages,
+            target.page_size,
+        )
 
     def features(self, result: StepResult) -> torch.Tensor | None:
         return result.aux_hidden

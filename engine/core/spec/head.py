@@ -53,10 +53,12 @@ class HeadProposer:
         """Its KV pool and runner, once the subclass has loaded `head` (of shape `args`)."""
         self.head, self.num_tokens, self.budget = head, num_tokens, target.max_num_batched_tokens
         groups = head.kv_groups({})
-        self.pools = [PagePool.for_group(g, num_pages, target.page_size, target.kv_dtype, target.device)
-                      for g in groups]
-        backends = create_group_backends(target.backend_name, groups, target.device, spec=args, dtype=target.dtype,
-                                         kv_dtype=target.kv_dtype)
+        self.pools = [
+            PagePool.for_group(g, num_pages, target.page_size, target.kv_dtype, target.device) for g in groups
+        ]
+        backends = create_group_backends(
+            target.backend_name, groups, target.device, spec=args, dtype=target.dtype, kv_dtype=target.kv_dtype
+        )
         self.kv = KVCacheManager(groups, [num_pages] * len(groups), target.page_size, enable_prefix_caching=False)
         self.runner = ModelRunner(head, groups, self.pools, backends, Sampler(), target.device)
         self._shadows: dict[int, _Shadow] = {}
@@ -113,8 +115,9 @@ class HeadProposer:
             if step.scheduled:
                 self._run(step, torch.cat(feeds))
             live = stepped
-        return [[] if sh is None else sh.seq.token_ids[sh.valid : sh.valid + w]
-                for sh, w in zip(shadows, want, strict=True)]
+        return [
+            [] if sh is None else sh.seq.token_ids[sh.valid : sh.valid + w] for sh, w in zip(shadows, want, strict=True)
+        ]
 
     def _ready(self, seq: Sequence) -> _Shadow | None:
         """The sequence's shadow when it holds the head's first guess for it (the head saw all it computed)."""

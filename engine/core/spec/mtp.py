@@ -36,9 +36,11 @@ class MtpProposer(HeadProposer):
         model = target.model
         names = mtp_tensor_names(target.model_path)
         if not hasattr(model, "recurrent_spec") or f"{PREFIX}fc.weight" not in names:
-            raise StartupError(f"speculative method mtp needs the multi-token-prediction weights (mtp.*) that "
-                               f"Qwen3.5 and Qwen3-Next checkpoints ship; the model at {target.model_path} has none",
-                               param="speculative.method")
+            raise StartupError(
+                f"speculative method mtp needs the multi-token-prediction weights (mtp.*) that "
+                f"Qwen3.5 and Qwen3-Next checkpoints ship; the model at {target.model_path} has none",
+                param="speculative.method",
+            )
         experts = has_experts(names)
         if experts and model.args.routing is None:
             raise StartupError("the model's MTP layer has experts but the model has none", param="speculative.method")
@@ -49,8 +51,13 @@ class MtpProposer(HeadProposer):
         head.eval().requires_grad_(False)
         num_pages = config.draft_kv_pages or target.num_pages
         self.start(head, args, config.num_speculative_tokens, num_pages, target)
-        log.info("MTP head of %s: one %s layer, %d KV pages of %d tokens", target.model_path,
-                 "MoE" if experts else "dense", num_pages, target.page_size)
+        log.info(
+            "MTP head of %s: one %s layer, %d KV pages of %d tokens",
+            target.model_path,
+            "MoE" if experts else "dense",
+            num_pages,
+            target.page_size,
+        )
 
     def features(self, result: StepResult) -> torch.Tensor | None:
         return result.hidden

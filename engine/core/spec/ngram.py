@@ -31,8 +31,10 @@ class NgramProposer:
         self._indexes: dict[int, _Index] = {}
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
-        return [self.lookup(seq.seq_id, seq.token_ids, min(limit, self.num_tokens))
-                for seq, limit in zip(seqs, limits, strict=True)]
+        return [
+            self.lookup(seq.seq_id, seq.token_ids, min(limit, self.num_tokens))
+            for seq, limit in zip(seqs, limits, strict=True)
+        ]
 
     def lookup(self, key: int, tokens: list[int], k: int) -> list[int]:
         """Up to k tokens after the latest earlier place of the longest suffix that occurred before."""

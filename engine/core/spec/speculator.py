@@ -62,9 +62,11 @@ class Speculator:
                 self._say_once(why)
                 continue
             for seq in group.running:
-                limit = min(self.config.num_speculative_tokens,
-                            group.params.max_tokens - len(seq.output_token_ids) - 1,
-                            self.max_model_len - seq.num_tokens - 1)
+                limit = min(
+                    self.config.num_speculative_tokens,
+                    group.params.max_tokens - len(seq.output_token_ids) - 1,
+                    self.max_model_len - seq.num_tokens - 1,
+                )
                 if limit > 0:
                     seqs.append(seq)
                     limits.append(limit)
@@ -95,21 +97,34 @@ class Speculator:
         if now - self._logged_at >= LOG_EVERY_S:
             self._logged_at = now
             s = self.stats()
-            log.info("speculative decoding (%s): %.0f%% of %d proposed tokens accepted, %.2f tokens per verify",
-                     self.proposer.name, 100 * s["spec_acceptance_rate"], self.num_proposed,
-                     s["spec_mean_accepted_length"])
+            log.info(
+                "speculative decoding (%s): %.0f%% of %d proposed tokens accepted, %.2f tokens per verify",
+                self.proposer.name,
+                100 * s["spec_acceptance_rate"],
+                self.num_proposed,
+                s["spec_mean_accepted_length"],
+            )
 
     def stats(self) -> dict:
         rate = self.num_accepted / self.num_proposed if self.num_proposed else 0.0
         # Tokens a speculating sequence gains per verify step: its accepted ones and the target's own next one.
         mean = 1.0 + self.num_accepted / self.num_proposals if self.num_proposals else 0.0
-        return {"spec_proposed_tokens": self.num_proposed, "spec_accepted_tokens": self.num_accepted,
-                "spec_verify_steps": self.num_steps, "spec_skipped_steps": self.num_skipped_steps,
-                "spec_acceptance_rate": round(rate, 4), "spec_mean_accepted_length": round(mean, 3)}
+        return {
+            "spec_proposed_tokens": self.num_proposed,
+            "spec_accepted_tokens": self.num_accepted,
+            "spec_verify_steps": self.num_steps,
+            "spec_skipped_steps": self.num_skipped_steps,
+            "spec_acceptance_rate": round(rate, 4),
+            "spec_mean_accepted_length": round(mean, 3),
+        }
 
     def describe(self) -> dict:
-        return {"method": self.proposer.name, "num_speculative_tokens": self.config.num_speculative_tokens,
-                "disable_by_batch_size": self.config.disable_by_batch_size, **self.proposer.describe()}
+        return {
+            "method": self.proposer.name,
+            "num_speculative_tokens": self.config.num_speculative_tokens,
+            "disable_by_batch_size": self.config.disable_by_batch_size,
+            **self.proposer.describe(),
+        }
 
     def _say_once(self, why: str) -> None:
         if why not in self._said:

@@ -41,12 +41,15 @@ def _rows(s: ScheduledSeq) -> list[SamplingRow]:
     """One sampling row per position: after 0, 1, ..., k of the proposed tokens."""
     base = sampling_row(s.group, s.seq)
     # NOTE: the running penalty counts are the sequence's, at its output as it is; the later rows count afresh.
-    return [base] + [replace(base, output_token_ids=s.seq.output_token_ids + s.draft[:j], penalties=None)
-                     for j in range(1, len(s.draft) + 1)]
+    return [base] + [
+        replace(base, output_token_ids=s.seq.output_token_ids + s.draft[:j], penalties=None)
+        for j in range(1, len(s.draft) + 1)
+    ]
 
 
-def _verify(logits: torch.Tensor, items: list[tuple[int, ScheduledSeq]], spans: list[int], sampler: Sampler,
-            result: StepResult) -> None:
+def _verify(
+    logits: torch.Tensor, items: list[tuple[int, ScheduledSeq]], spans: list[int], sampler: Sampler, result: StepResult
+) -> None:
     rows = [r for _, s in items for r in _rows(s)]
     raw = logits.float()
     processed = process_logits(raw, rows)
@@ -71,8 +74,11 @@ def _verify(logits: torch.Tensor, items: list[tuple[int, ScheduledSeq]], spans: 
     for (i, s), toks in zip(items, accepted, strict=True):
         samples = []
         for _ in toks:
-            top = scored.top_logprobs[at] if scored.top_logprobs is not None and s.group.params.logprobs is not None \
+            top = (
+                scored.top_logprobs[at]
+                if scored.top_logprobs is not None and s.group.params.logprobs is not None
                 else None
+            )
             samples.append(Sample(scored.token_ids[at], scored.logprobs[at], top))
             at += 1
         result.samples[i] = samples

@@ -30,8 +30,9 @@ def _prepare(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch.
     return q * q.shape[-1] ** -0.5, k
 
 
-def recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-              state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def recurrent(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k [T, Hk, Dk]; v [T, Hv, Dv]; g, beta [T, Hv]; state [Hv, Dk, Dv] float32. Returns (o [T, Hv, Dv] in
     v's dtype, the new state)."""
     q, k = _prepare(q, k, v.shape[1])
@@ -47,8 +48,15 @@ def recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     return out.transpose(0, 1).to(v.dtype), s
 
 
-def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-            state: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    chunk: int = CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """As recurrent(), a chunk of tokens at a time."""
     length = v.shape[0]
     q, k = _prepare(q, k, v.shape[1])
@@ -100,8 +108,15 @@ def store_(held: torch.Tensor, state: torch.Tensor) -> None:
     held[..., -1, :].zero_()
 
 
-def step_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-          held: torch.Tensor, capturable: bool = False) -> torch.Tensor:
+def step_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    held: torch.Tensor,
+    capturable: bool = False,
+) -> torch.Tensor:
     """One token of each of N heads (decode), updating their states in place: q, k [Hk, Dk]; v [Hv, Dv]; g, beta [Hv];
     held [Hv, Dk + 1, Dv] float32, each head's state S kept as S_u = S / c and log c (materialise()). Returns
     o [Hv, Dv] in v's dtype.

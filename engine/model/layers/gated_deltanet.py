@@ -77,8 +77,9 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(s.head_v_dim, s.eps)
         self.out_proj = nn.Linear(value_dim, s.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, step: RecurrentStep, conv_pool: torch.Tensor,
-                state_pool: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, step: RecurrentStep, conv_pool: torch.Tensor, state_pool: torch.Tensor
+    ) -> torch.Tensor:
         """x [tokens, hidden]: the step's sequences one after another (step.spans); conv_pool [slots, conv_dim, K - 1]
         and state_pool [slots, Hv, Dk + 1, Dv] are this layer's state slots, read and written at step.slots."""
         s = self.shape
@@ -99,15 +100,16 @@ class GatedDeltaNet(nn.Module):
                 rows = slice(start, start + length)
                 capture = step.capture_of(i)
                 if i in step.verify:  # outputs from the state, which settle() advances by the accepted rows
-                    out[rows] = self._prefill(mixed[rows], g[rows], beta[rows], slot, None, conv_pool, state_pool,
-                                              write=False)
-                    step.pending.append((i, self._replay(mixed[rows], g[rows], beta[rows], slot, conv_pool,
-                                                         state_pool)))
+                    out[rows] = self._prefill(
+                        mixed[rows], g[rows], beta[rows], slot, None, conv_pool, state_pool, write=False
+                    )
+                    step.pending.append(
+                        (i, self._replay(mixed[rows], g[rows], beta[rows], slot, conv_pool, state_pool))
+                    )
                 elif length == 1 and capture is None:
                     index = torch.tensor([slot], device=x.device)
                     cpu_slots = [slot] if x.device.type == "cpu" else None
-                    out[rows] = self._decode(mixed[rows], g[rows], beta[rows], index, conv_pool, state_pool,
-                                             cpu_slots)
+                    out[rows] = self._decode(mixed[rows], g[rows], beta[rows], index, conv_pool, state_pool, cpu_slots)
                 else:
                     out[rows] = self._prefill(mixed[rows], g[rows], beta[rows], slot, capture, conv_pool, state_pool)
         gated = self.norm(out.reshape(-1, s.head_v_dim), z.reshape(-1, s.head_v_dim))
@@ -120,17 +122,30 @@ class GatedDeltaNet(nn.Module):
     def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s, t = self.shape, qkv.shape[0]
         key_dim = s.num_k_heads * s.head_k_dim
-        return (qkv[:, :key_dim].reshape(t, s.num_k_heads, s.head_k_dim),
-                qkv[:, key_dim : 2 * key_dim].reshape(t, s.num_k_heads, s.head_k_dim),
-                qkv[:, 2 * key_dim :].reshape(t, s.num_v_heads, s.head_v_dim))
+        return (
+            qkv[:, :key_dim].reshape(t, s.num_k_heads, s.head_k_dim),
+            qkv[:, key_dim : 2 * key_dim].reshape(t, s.num_k_heads, s.head_k_dim),
+            qkv[:, 2 * key_dim :].reshape(t, s.num_v_heads, s.head_v_dim),
+        )
 
     def _fused_conv(self, x: torch.Tensor, conv_pool: torch.Tensor) -> bool:
         s = self.shape
-        return (causal_conv.runs(x.device) and causal_conv.supports(s.conv_dim, s.conv_kernel)
-                and conv_pool.dtype == x.dtype)
+        return (
+            causal_conv.runs(x.device)
+            and causal_conv.supports(s.conv_dim, s.conv_kernel)
+            and conv_pool.dtype == x.dtype
+        )
 
-    def _decode(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, index: torch.Tensor,
-                conv_pool: torch.Tensor, state_pool: torch.Tensor, cpu_slots: list[int] | None) -> torch.Tensor:
+    def _decode(
+        self,
+        mixed: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        index: torch.Tensor,
+        conv_pool: torch.Tensor,
+        state_pool: torch.Tensor,
+        cpu_slots: list[int] | None,
+    ) -> torch.Tensor:
         """One token of each of B sequences (rows of mixed), their states at `index` (a long tensor on the device).
         cpu_slots: the same slots as Python ints, for the CPU's in-place rule (_rule_in_place); None: the
         capture-safe path, which gathers the rows' states, steps them (fla's fused kernel where it runs) and
@@ -146,7 +161,8 @@ class GatedDeltaNet(nn.Module):
             return self._rule_in_place(q, k, v, g, beta, cpu_slots, index, state_pool)
         if linear_attention.fla_runs(mixed.device):  # NOTE: two copies of the rows' states live at once at most
             o, stepped = linear_attention.fused_recurrent_gated_delta_rule(
-                q, k, v, g, beta, delta_rule.materialise(state_pool.index_select(0, index)))
+                q, k, v, g, beta, delta_rule.materialise(state_pool.index_select(0, index))
+            )
             states = delta_rule.held_form(stepped)
         else:
             states = state_pool.index_select(0, index)
@@ -154,16 +170,39 @@ class GatedDeltaNet(nn.Module):
         state_pool.index_copy_(0, index, states)
         return o
 
-    def _step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-              states: torch.Tensor, capturable: bool = False) -> torch.Tensor:
+    def _step(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        states: torch.Tensor,
+        capturable: bool = False,
+    ) -> torch.Tensor:
         """The torch rule's one token for B rows (states [B, Hv, Dk + 1, Dv], updated in place); o [B, Hv, Dv]."""
         s = self.shape
-        return delta_rule.step_(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), g.flatten(), beta.flatten(),
-                                states.view(-1, s.head_k_dim + 1, s.head_v_dim), capturable
-                                ).view(-1, s.num_v_heads, s.head_v_dim)
+        return delta_rule.step_(
+            q.flatten(0, 1),
+            k.flatten(0, 1),
+            v.flatten(0, 1),
+            g.flatten(),
+            beta.flatten(),
+            states.view(-1, s.head_k_dim + 1, s.head_v_dim),
+            capturable,
+        ).view(-1, s.num_v_heads, s.head_v_dim)
 
-    def _rule_in_place(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                       slots: list[int], index: torch.Tensor, state_pool: torch.Tensor) -> torch.Tensor:
+    def _rule_in_place(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        slots: list[int],
+        index: torch.Tensor,
+        state_pool: torch.Tensor,
+    ) -> torch.Tensor:
         """The CPU's decode rule: over the B sequences' heads at once, in place on the pool's slots lo..hi when they
         span few more than B (idle slots in between get a zero key and no decay, which leaves their state exactly
         as it was), on gathered copies otherwise. Gathering and scattering float32 states dominated a CPU step
@@ -172,24 +211,43 @@ class GatedDeltaNet(nn.Module):
         lo, hi = min(slots), max(slots) + 1
         in_place, in_order = hi - lo <= 2 * b, slots == list(range(lo, hi))
         if in_place and not in_order:  # rows in slot order, idle slots between them zero
-            q, k, v, g, beta = (torch.zeros((hi - lo, *x.shape[1:]), dtype=x.dtype, device=x.device)
-                                .index_copy_(0, index - lo, x) for x in (q, k, v, g, beta))
+            q, k, v, g, beta = (
+                torch.zeros((hi - lo, *x.shape[1:]), dtype=x.dtype, device=x.device).index_copy_(0, index - lo, x)
+                for x in (q, k, v, g, beta)
+            )
         states = state_pool[lo:hi] if in_place else state_pool.index_select(0, index)
         o = self._step(q, k, v, g, beta, states)
         if not in_place:
             state_pool.index_copy_(0, index, states)
         return o.index_select(0, index - lo) if in_place and not in_order else o
 
-    def _replay(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, slot: int, conv_pool: torch.Tensor,
-                state_pool: torch.Tensor) -> Replay:
+    def _replay(
+        self,
+        mixed: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        slot: int,
+        conv_pool: torch.Tensor,
+        state_pool: torch.Tensor,
+    ) -> Replay:
         """Advances `slot` by the first n of these rows (a verify's accepted ones), capture as in _prefill."""
+
         def replay(n: int, capture: tuple[int, int] | None) -> None:
             self._prefill(mixed[:n], g[:n], beta[:n], slot, capture, conv_pool, state_pool)
+
         return replay
 
-    def _prefill(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, slot: int,
-                 capture: tuple[int, int] | None, conv_pool: torch.Tensor, state_pool: torch.Tensor,
-                 write: bool = True) -> torch.Tensor:
+    def _prefill(
+        self,
+        mixed: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        slot: int,
+        capture: tuple[int, int] | None,
+        conv_pool: torch.Tensor,
+        state_pool: torch.Tensor,
+        write: bool = True,
+    ) -> torch.Tensor:
         """One sequence's rows from its state in `slot`, chunked; capture (rows, dst): dst gets the state after
         that many rows (the rule then runs in two parts, from the state between them). write False: the slot keeps
         the state it had."""
@@ -213,6 +271,6 @@ class GatedDeltaNet(nn.Module):
                 conv_pool[capture[1]].copy_(window[:, cut : cut + s.conv_kernel - 1])
                 delta_rule.store_(state_pool[capture[1]], state)
         if write:
-            conv_pool[slot].copy_(window[:, -(s.conv_kernel - 1):])
+            conv_pool[slot].copy_(window[:, -(s.conv_kernel - 1) :])
             delta_rule.store_(state_pool[slot], state)
         return torch.cat(outs) if len(outs) > 1 else outs[0]

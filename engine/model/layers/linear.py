@@ -37,8 +37,11 @@ class FusedLinear(nn.Linear):
     def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
         """'q_proj.weight' (a sibling of this module in the checkpoint) -> rows of our stacked weight."""
         kinds = ("weight", "bias") if self.bias is not None else ("weight",)
-        return {f"{name}.{kind}": Shard(f"{prefix}.{kind}", offset=offset, size=size)
-                for name, (offset, size) in self.shard_offsets.items() for kind in kinds}
+        return {
+            f"{name}.{kind}": Shard(f"{prefix}.{kind}", offset=offset, size=size)
+            for name, (offset, size) in self.shard_offsets.items()
+            for kind in kinds
+        }
 
 
 class PatchKernelLinear(nn.Linear):
@@ -52,8 +55,10 @@ class PatchKernelLinear(nn.Linear):
 
     def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
         name = prefix.rsplit(".", 1)[-1]
-        return {f"{name}.weight": Shard(f"{prefix}.weight", shape=self.kernel_shape),
-                f"{name}.bias": Shard(f"{prefix}.bias")}
+        return {
+            f"{name}.weight": Shard(f"{prefix}.weight", shape=self.kernel_shape),
+            f"{name}.bias": Shard(f"{prefix}.bias"),
+        }
 
 
 class PackedLinear(nn.Module):
@@ -85,8 +90,9 @@ def pack_linears_for_cpu(model: nn.Module) -> threading.Event:
     if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
         done.set()
         return done
-    stacked = sum(m.swap_expert_linears(_packable, PackedLinear) for m in model.modules()
-                  if hasattr(m, "swap_expert_linears"))
+    stacked = sum(
+        m.swap_expert_linears(_packable, PackedLinear) for m in model.modules() if hasattr(m, "swap_expert_linears")
+    )
     targets = _linears(model, _packable)
     weights = sum(child.weight.numel() for _, _, child in targets)
     if weights <= PACK_IN_BACKGROUND_WEIGHTS:
@@ -104,13 +110,22 @@ def pack_linears_for_cpu(model: nn.Module) -> threading.Event:
                 if stop.is_set():
                     return
                 setattr(parent, name, PackedLinear(child))
-            log.info("packed %d bf16 linears (%d M weights) for oneDNN in %.1f s after load", len(targets),
-                     weights >> 20, time.perf_counter() - started)
+            log.info(
+                "packed %d bf16 linears (%d M weights) for oneDNN in %.1f s after load",
+                len(targets),
+                weights >> 20,
+                time.perf_counter() - started,
+            )
         finally:
             done.set()
 
-    log.info("packing %d bf16 linears (%d M weights, %d expert projections packed already) for oneDNN in the "
-             "background: requests until it ends run on the unpacked weights", len(targets), weights >> 20, stacked)
+    log.info(
+        "packing %d bf16 linears (%d M weights, %d expert projections packed already) for oneDNN in the "
+        "background: requests until it ends run on the unpacked weights",
+        len(targets),
+        weights >> 20,
+        stacked,
+    )
     thread = threading.Thread(target=pack, name="onednn-pack", daemon=True)
     thread.start()
 
@@ -137,8 +152,15 @@ class Int4Linear(nn.Module):
     compressed-tensors checkpoints into this one (their w = (code - z) * s is zero = (8 - z) * s here).
     """
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
-                 bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        zero: torch.Tensor,
+        group: int,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> None:
         super().__init__()
         n, k = codes.shape
         if n % 16 or k % group or group not in INT4_KERNEL_GROUPS:
@@ -165,7 +187,8 @@ class Int4Linear(nn.Module):
         if k % INT4_GROUP:
             raise UnsupportedModel(
                 f"int4 needs layers whose output size is a multiple of 16 and input size a multiple of "
-                f"{INT4_GROUP}; this model has a {k} -> {n} layer", param="quantization",
+                f"{INT4_GROUP}; this model has a {k} -> {n} layer",
+                param="quantization",
             )
         groups = w.view(n, k // INT4_GROUP, INT4_GROUP)
         low, high = groups.amin(-1), groups.amax(-1)
@@ -190,8 +213,12 @@ def _packable(linear: nn.Linear) -> bool:
 
 def _linears(model: nn.Module, select) -> list[tuple[nn.Module, str, nn.Linear]]:
     """(parent, attribute, linear) of every nn.Linear under `model` that `select` takes."""
-    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-            if isinstance(child, nn.Linear) and select(child)]
+    return [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear) and select(child)
+    ]
 
 
 def _swap_linears(model: nn.Module, select, make) -> int:

@@ -29,8 +29,12 @@ if TYPE_CHECKING:
 
 # Where each PEFT target lives in a decoder layer: (sub-module, shard of a fused projection or None).
 TARGET_MODULES = {
-    "q_proj": ("self_attn", "qkv_proj"), "k_proj": ("self_attn", "qkv_proj"), "v_proj": ("self_attn", "qkv_proj"),
-    "o_proj": ("self_attn", "o_proj"), "gate_proj": ("mlp", "gate_up_proj"), "up_proj": ("mlp", "gate_up_proj"),
+    "q_proj": ("self_attn", "qkv_proj"),
+    "k_proj": ("self_attn", "qkv_proj"),
+    "v_proj": ("self_attn", "qkv_proj"),
+    "o_proj": ("self_attn", "o_proj"),
+    "gate_proj": ("mlp", "gate_up_proj"),
+    "up_proj": ("mlp", "gate_up_proj"),
     "down_proj": ("mlp", "down_proj"),
 }
 
@@ -56,7 +60,8 @@ class LoraPlan:
                     spans.append(range(row, row + n))
             row += n
         self.groups = [
-            (slot, slice(spans[0].start, spans[0].stop)) if len(spans) == 1
+            (slot, slice(spans[0].start, spans[0].stop))
+            if len(spans) == 1
             else (slot, torch.tensor([r for span in spans for r in span], device=device))
             for slot, spans in ranges.items()
         ]
@@ -65,8 +70,9 @@ class LoraPlan:
 class LoraLinear(nn.Module):
     """A projection plus the LoRA deltas of the step's adapters: y = base(x) + (x A^T) B for each group's rows."""
 
-    def __init__(self, base: nn.Module, shards: dict[str, tuple[int, int]], num_slots: int, max_rank: int,
-                 plan: LoraPlan) -> None:
+    def __init__(
+        self, base: nn.Module, shards: dict[str, tuple[int, int]], num_slots: int, max_rank: int, plan: LoraPlan
+    ) -> None:
         super().__init__()
         self.base, self.shards, self.plan = base, shards, plan
         # The first float tensor: an int4 base holds packed integer codes and float scales.
@@ -119,8 +125,14 @@ class LoraSet:
     """The loaded adapters: their slots by name, the plan every LoraLinear of the model reads, and (when adapters
     load at run time) the free slots and a key per load that tells two loads under one name apart."""
 
-    def __init__(self, num_slots: int, max_rank: int, shapes: dict[str, tuple[int, int]], num_layers: int,
-                 shard: ShardPlan | None = None) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        max_rank: int,
+        shapes: dict[str, tuple[int, int]],
+        num_layers: int,
+        shard: ShardPlan | None = None,
+    ) -> None:
         # shapes: each target's (out, in) on the whole model; shard: this rank's part of it (None: all of it)
         self.num_slots, self.max_rank, self.shapes, self.num_layers = num_slots, max_rank, shapes, num_layers
         self.shard = shard
@@ -140,8 +152,10 @@ class LoraSet:
                 raise UnsupportedModel(f"rank {info.rank}, above MAX_LORA_RANK={self.max_rank}", param="model")
             weights = read_adapter(Path(folder), info)
             if self.shard is not None:  # checked whole, held in part
-                weights = {(layer, target): self.shard.lora_part(_weight_name(layer, target), a, b)
-                           for (layer, target), (a, b) in weights.items()}
+                weights = {
+                    (layer, target): self.shard.lora_part(_weight_name(layer, target), a, b)
+                    for (layer, target), (a, b) in weights.items()
+                }
         except UnsupportedModel as exc:
             raise UnsupportedModel(f"adapter {name!r}: {exc.message}", param="model") from None
         return LoadedAdapter(info.rank, info.scale, weights, str(folder))
@@ -152,8 +166,9 @@ class LoraSet:
             raise InvalidRequest(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
         free = [s for s in range(self.num_slots) if s not in self.slots.values() and s not in busy]
         if not free:
-            raise UnsupportedModel(f"all {self.num_slots} LoRA slots are taken (MAX_LORAS): unload an adapter "
-                                   "first", param="lora_name")
+            raise UnsupportedModel(
+                f"all {self.num_slots} LoRA slots are taken (MAX_LORAS): unload an adapter first", param="lora_name"
+            )
         slot = free[0]
         self.write(slot, adapter)
         self.slots[name], self.ranks[name] = slot, adapter.rank
@@ -177,8 +192,9 @@ class LoraSet:
         del self.slots[name], self.ranks[name]
 
 
-def attach_lora(model: nn.Module, adapters: dict[str, str], max_loras: int, max_rank: int,
-                runtime: bool = False) -> LoraSet:
+def attach_lora(
+    model: nn.Module, adapters: dict[str, str], max_loras: int, max_rank: int, runtime: bool = False
+) -> LoraSet:
     """Wraps the projections adapters target in LoraLinears and loads the adapters into their slots; with
     `runtime`, every projection an adapter may target gets all max_loras slots of max_rank now, so that adapters
     loaded later need no new buffers.
@@ -187,8 +203,9 @@ def attach_lora(model: nn.Module, adapters: dict[str, str], max_loras: int, max_
     A tensor-parallel shard (model.shard_plan) checks adapters against the whole model's shapes and holds its part.
     """
     if len(adapters) > max_loras:
-        raise UnsupportedModel(f"{len(adapters)} adapters are baked but MAX_LORAS is {max_loras}: raise MAX_LORAS",
-                               param="model")
+        raise UnsupportedModel(
+            f"{len(adapters)} adapters are baked but MAX_LORAS is {max_loras}: raise MAX_LORAS", param="model"
+        )
     layers = model.model.layers
     shard = getattr(model, "shard_plan", None)
     shapes = target_shapes(model) if shard is None else shard.lora_shapes
@@ -196,15 +213,19 @@ def attach_lora(model: nn.Module, adapters: dict[str, str], max_loras: int, max_
     loaded = {name: lora.read(name, Path(folder)) for name, folder in adapters.items()}
     model.lora = lora
     width = max_rank if runtime else max((a.rank for a in loaded.values()), default=1)
-    wanted = {(layer, target) for layer in range(len(layers)) for target in shapes} if runtime else {
-        where for adapter in loaded.values() for where in adapter.weights}
+    wanted = (
+        {(layer, target) for layer in range(len(layers)) for target in shapes}
+        if runtime
+        else {where for adapter in loaded.values() for where in adapter.weights}
+    )
     for layer, target in sorted(wanted):
         module_name, proj = TARGET_MODULES[target]
         parent = getattr(layers[layer], module_name)
         key = (layer, module_name, proj)
         if key not in lora.wrapped:
-            lora.wrapped[key] = LoraLinear(getattr(parent, proj), _shards(getattr(parent, proj), target),
-                                           lora.num_slots, width, lora.plan)
+            lora.wrapped[key] = LoraLinear(
+                getattr(parent, proj), _shards(getattr(parent, proj), target), lora.num_slots, width, lora.plan
+            )
             setattr(parent, proj, lora.wrapped[key])
     for name, adapter in loaded.items():
         lora.install(name, adapter, set())
@@ -215,8 +236,11 @@ def target_shapes(model: nn.Module) -> dict[str, tuple[int, int]]:
     """(out, in) of each projection an adapter may target: those every layer has (an MoE model's MLPs are experts,
     with no LoRA there)."""
     layers = model.model.layers
-    return {t: _shape(getattr(getattr(layers[0], m), p), t) for t, (m, p) in TARGET_MODULES.items()
-            if all(hasattr(getattr(layer, m, None), p) for layer in layers)}
+    return {
+        t: _shape(getattr(getattr(layers[0], m), p), t)
+        for t, (m, p) in TARGET_MODULES.items()
+        if all(hasattr(getattr(layer, m, None), p) for layer in layers)
+    }
 
 
 def _weight_name(layer: int, target: str) -> str:
@@ -234,4 +258,3 @@ def _shards(linear: nn.Module, target: str) -> dict[str, tuple[int, int]]:
 def _shape(linear: nn.Module, target: str) -> tuple[int, int]:
     _, size = _shards(linear, target)[target]
     return size, linear.in_features
-

@@ -31,8 +31,14 @@ class StackedExperts(nn.Module):
     """E experts' gated MLPs as two stacked weights (and biases, where the family has them); forward runs each
     expert on the tokens routed to it. `activation` maps the gate_up output [T, 2I] to [T, I]."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, bias: bool = False,
-                 activation: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool = False,
+        activation: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul,
+    ) -> None:
         super().__init__()
         # activation: on the fused gate|up output: SwiGLU, GeGLU (Gemma 4), or gpt-oss's clamped SwiGLU
         self.num_experts, self.intermediate_size, self.activation = num_experts, intermediate_size, activation
@@ -57,8 +63,9 @@ class StackedExperts(nn.Module):
                 for j, module in enumerate(pair):
                     own = getattr(module, "checkpoint_shards", None)
                     if own is not None:
-                        shards.update({f"experts.{e}.{name}": shard
-                                       for name, shard in own(f"{prefix}.linears.{e}.{j}").items()})
+                        shards.update(
+                            {f"experts.{e}.{name}": shard for name, shard in own(f"{prefix}.linears.{e}.{j}").items()}
+                        )
             return shards
         n, shards = self.intermediate_size, {}
         for e in range(self.num_experts):
@@ -67,14 +74,14 @@ class StackedExperts(nn.Module):
             shards[f"experts.{e}.down_proj.weight"] = Shard(f"{prefix}.down_proj", index=e)
         return shards
 
-    def swap_expert_linears(self, select: Callable[[nn.Linear], bool], make: Callable[[nn.Linear], nn.Module]
-                            ) -> int:
+    def swap_expert_linears(self, select: Callable[[nn.Linear], bool], make: Callable[[nn.Linear], nn.Module]) -> int:
         """Replaces the stacked weights by one module per expert projection, made from an nn.Linear view of
         it (how quantize_linears_int4 and pack_linears_for_cpu reach the experts); returns how many."""
         if self.linears is not None or not select(_linear(self.down_proj[0])):
             return 0
-        self.use_expert_linears([(make(_linear(self.gate_up_proj[e])), make(_linear(self.down_proj[e])))
-                                 for e in range(self.num_experts)])
+        self.use_expert_linears(
+            [(make(_linear(self.gate_up_proj[e])), make(_linear(self.down_proj[e]))) for e in range(self.num_experts)]
+        )
         return 2 * self.num_experts
 
     def use_expert_linears(self, linears: list[tuple[nn.Module, nn.Module]]) -> None:
@@ -88,7 +95,9 @@ class StackedExperts(nn.Module):
     def capture_blocker(self, device: torch.device, dtype: torch.dtype) -> str | None:
         """Why this layer's forward cannot be captured in a CUDA graph on `device`; None: it can."""
         if self.linears is not None:
-            return "MoE experts held one module each (quantized or packed) run one matmul per expert with host-side counts"
+            return (
+                "MoE experts held one module each (quantized or packed) run one matmul per expert with host-side counts"
+            )
         if self.runner is not None:
             ask = getattr(self.runner, "capture_blocker", None)
             return ask(device, dtype) if ask is not None else None
@@ -104,8 +113,14 @@ class StackedExperts(nn.Module):
             return self.run_sorted(x, expert_ids, weights)
         return self.run_sorted(x, expert_ids, weights, self.gate_up_proj, self.down_proj)
 
-    def run_sorted(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
-                   gate_up: torch.Tensor | None = None, down: torch.Tensor | None = None) -> torch.Tensor:
+    def run_sorted(
+        self,
+        x: torch.Tensor,
+        expert_ids: torch.Tensor,
+        weights: torch.Tensor,
+        gate_up: torch.Tensor | None = None,
+        down: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """forward() over stacked weights `gate_up` [E, 2I, H] and `down` [E, H, I] (None: the expert linears)."""
         k = expert_ids.shape[1]
         flat = expert_ids.reshape(-1)
@@ -131,8 +146,9 @@ class StackedExperts(nn.Module):
         k = weights.shape[1]
         return by_token.view(-1, k, out.shape[1]).mul_(weights.unsqueeze(-1).to(out.dtype)).sum(dim=1)
 
-    def _grouped(self, rows: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
-                 ) -> torch.Tensor:
+    def _grouped(
+        self, rows: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
+    ) -> torch.Tensor:
         """rows [N, H] sorted by their expert ids `experts` [N]: two grouped matmuls, offsets found on the device."""
         bounds = torch.arange(1, self.num_experts + 1, device=rows.device, dtype=experts.dtype)
         offsets = torch.searchsorted(experts, bounds).to(torch.int32)  # end row of each expert's tokens
@@ -142,8 +158,9 @@ class StackedExperts(nn.Module):
         h = torch._grouped_mm(self.activation(h), down.transpose(1, 2), offs=offsets)
         return h if self.down_proj_bias is None else h + self.down_proj_bias.index_select(0, experts)
 
-    def _per_expert(self, rows: torch.Tensor, flat: torch.Tensor, gate_up: torch.Tensor | None,
-                    down: torch.Tensor | None) -> torch.Tensor:
+    def _per_expert(
+        self, rows: torch.Tensor, flat: torch.Tensor, gate_up: torch.Tensor | None, down: torch.Tensor | None
+    ) -> torch.Tensor:
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         out = torch.empty_like(rows)
         start = 0
@@ -153,8 +170,7 @@ class StackedExperts(nn.Module):
                 start += n
         return out
 
-    def _expert(self, e: int, x: torch.Tensor, gate_up: torch.Tensor | None, down: torch.Tensor | None
-                ) -> torch.Tensor:
+    def _expert(self, e: int, x: torch.Tensor, gate_up: torch.Tensor | None, down: torch.Tensor | None) -> torch.Tensor:
         up_bias = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[e]
         down_bias = None if self.down_proj_bias is None else self.down_proj_bias[e]
         if gate_up is None:
@@ -171,8 +187,14 @@ class SparseMoE(nn.Module):
     its sigmoid `shared_expert_gate` (Qwen), or ungated `shared_experts` (DeepSeek, GLM). Parameter names follow the
     hub's `mlp.*`."""
 
-    def __init__(self, routing: Routing, hidden_size: int, shared_expert: nn.Module | None = None,
-                 experts: StackedExperts | None = None, shared_experts: nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        routing: Routing,
+        hidden_size: int,
+        shared_expert: nn.Module | None = None,
+        experts: StackedExperts | None = None,
+        shared_experts: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         self.routing = routing
         if routing.choice_bias:

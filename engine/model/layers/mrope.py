@@ -18,8 +18,16 @@ from engine.model.layers.rotary import RotaryEmbedding
 class MultimodalRotary(RotaryEmbedding):
     """RotaryEmbedding whose lookup also takes [3, T] (t, h, w) positions."""
 
-    def __init__(self, rotary_dim: int, rope: dict, section: tuple[int, ...], max_position_embeddings: int,
-                 max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        rotary_dim: int,
+        rope: dict,
+        section: tuple[int, ...],
+        max_position_embeddings: int,
+        max_positions: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         super().__init__(rotary_dim, rope, max_position_embeddings, max_positions, dtype, device)
         half = rotary_dim // 2
         # NOTE: sections that do not sum to half the rotary width are transformers' business too: it slices them

@@ -113,8 +113,10 @@ def partial_rotary(head_dim: int, rope: dict) -> tuple[int, dict]:
     factor = float(rope.get("partial_rotary_factor", 1.0))
     rotary_dim = int(head_dim * factor)
     if not 0 < factor <= 1 or rotary_dim % 2:
-        raise UnsupportedModel(f"partial_rotary_factor={factor} does not give an even rotary width of the "
-                               f"{head_dim}-wide heads", param="model")
+        raise UnsupportedModel(
+            f"partial_rotary_factor={factor} does not give an even rotary width of the {head_dim}-wide heads",
+            param="model",
+        )
     return rotary_dim, {k: v for k, v in rope.items() if k != "partial_rotary_factor"}
 
 

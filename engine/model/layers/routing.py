@@ -62,16 +62,18 @@ class Routing:
     @property
     def grouped(self) -> bool:
         """Whether DeepSeek's routing (grouped_top_k) runs rather than a softmax top-k."""
-        return (self.scoring != "softmax" or self.group_score is not None or self.choice_bias
-                or self.scaling_factor != 1.0)
+        return (
+            self.scoring != "softmax" or self.group_score is not None or self.choice_bias or self.scaling_factor != 1.0
+        )
 
 
 def check_routing(config: dict) -> None:
     """UnsupportedModel naming the config key of a routing scheme the softmax top-k families do not run."""
     for key, allowed in UNSUPPORTED_ROUTING.items():
         if config.get(key) not in allowed:
-            raise UnsupportedModel(f"MoE routing {key}={config[key]!r} is not supported (softmax top-k only)",
-                                   param="model")
+            raise UnsupportedModel(
+                f"MoE routing {key}={config[key]!r} is not supported (softmax top-k only)", param="model"
+            )
 
 
 def read_grouped_routing(config: dict, *, scoring: str, topk_method: str, norm_topk_prob: bool) -> Routing:
@@ -81,28 +83,48 @@ def read_grouped_routing(config: dict, *, scoring: str, topk_method: str, norm_t
     ignores it (GLM-4.5's router is always sigmoid, noaux_tc) is refused in one line rather than half-served."""
     for key, runs, allowed in (("scoring_func", scoring, SCORING_FUNCS), ("topk_method", topk_method, GROUP_SCORES)):
         if runs not in allowed or config.get(key, runs) != runs:
-            raise UnsupportedModel(f"MoE routing {key}={config.get(key, runs)!r} is not supported (this family's "
-                                   f"router runs {key}={runs!r})", param="model")
+            raise UnsupportedModel(
+                f"MoE routing {key}={config.get(key, runs)!r} is not supported (this family's "
+                f"router runs {key}={runs!r})",
+                param="model",
+            )
     num_experts = config.get("n_routed_experts") or config.get("num_local_experts")
     if not num_experts:
         raise KeyError("n_routed_experts")
     top_k, groups, kept = config["num_experts_per_tok"], config.get("n_group") or 1, config.get("topk_group") or 1
     if num_experts % groups or not 0 < kept <= groups:
-        raise UnsupportedModel(f"MoE routing n_group={groups}, topk_group={kept} does not split {num_experts} "
-                               "experts into groups of which some are kept", param="model")
+        raise UnsupportedModel(
+            f"MoE routing n_group={groups}, topk_group={kept} does not split {num_experts} "
+            "experts into groups of which some are kept",
+            param="model",
+        )
     group_score = GROUP_SCORES[topk_method]
     if group_score == "top2_sum" and groups > 1 and num_experts // groups < 2:
-        raise UnsupportedModel(f"MoE routing noaux_tc scores groups by their two best experts; n_group={groups} "
-                               f"leaves {num_experts // groups} per group", param="model")
+        raise UnsupportedModel(
+            f"MoE routing noaux_tc scores groups by their two best experts; n_group={groups} "
+            f"leaves {num_experts // groups} per group",
+            param="model",
+        )
     if not 0 < top_k <= (num_experts // groups) * kept:
-        raise UnsupportedModel(f"num_experts_per_tok={top_k} must be in 1..{(num_experts // groups) * kept} (the "
-                               "experts of the kept groups)", param="model")
+        raise UnsupportedModel(
+            f"num_experts_per_tok={top_k} must be in 1..{(num_experts // groups) * kept} (the "
+            "experts of the kept groups)",
+            param="model",
+        )
     width = config["moe_intermediate_size"]
-    return Routing(num_experts, top_k, width, norm_topk_prob=bool(config.get("norm_topk_prob", norm_topk_prob)),
-                   shared_expert_size=(config.get("n_shared_experts") or 0) * width, scoring=scoring,
-                   group_score=group_score, num_groups=groups, top_k_groups=kept,
-                   choice_bias=topk_method == "noaux_tc",
-                   scaling_factor=float(config.get("routed_scaling_factor") or 1.0))
+    return Routing(
+        num_experts,
+        top_k,
+        width,
+        norm_topk_prob=bool(config.get("norm_topk_prob", norm_topk_prob)),
+        shared_expert_size=(config.get("n_shared_experts") or 0) * width,
+        scoring=scoring,
+        group_score=group_score,
+        num_groups=groups,
+        top_k_groups=kept,
+        choice_bias=topk_method == "noaux_tc",
+        scaling_factor=float(config.get("routed_scaling_factor") or 1.0),
+    )
 
 
 def softmax_top_k(scores: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,8 +137,9 @@ def softmax_top_k(scores: torch.Tensor, top_k: int, renormalize: bool) -> tuple[
     return ids, weights
 
 
-def grouped_top_k(logits: torch.Tensor, routing: Routing, choice_bias: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def grouped_top_k(
+    logits: torch.Tensor, routing: Routing, choice_bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(expert ids [T, k], float32 weights [T, k]) by DeepSeek's routing, op for op as transformers' DeepSeek-V3 /
     GLM-4.5 (noaux_tc) and DeepSeek-V2 (group_limited_greedy) routers compute it, so that ties fall alike: scores
     (sigmoid or softmax of the float32 logits), plus `choice_bias` [E] for the choice; the groups ranked by their

@@ -72,12 +72,18 @@ class CausalLM(Protocol):
         naming the config key) for what the family does not run; KeyError for a missing required key."""
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]: ...
-    def init_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device,
-                    fused: bool | None = None) -> None: ...
+    def init_rotary(
+        self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
+    ) -> None: ...
     def tie_weights(self) -> None: ...
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                backend: AttentionBackend | list[AttentionBackend]) -> torch.Tensor: ...
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        backend: AttentionBackend | list[AttentionBackend],
+    ) -> torch.Tensor: ...
     def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor: ...
 
 

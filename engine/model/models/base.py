@@ -71,8 +71,11 @@ class DecoderLM(nn.Module):
         (engine.model.layers.logits)."""
         logits = self.lm_head(hidden)
         # NOTE: a shard refines its own columns: the float32 argmax is the largest of the ranks' refined maxima.
-        logits = logits.float() if self.head_weight is None else refine_near_max(logits, hidden, self.head_weight,
-                                                                                 exact_rows)
+        logits = (
+            logits.float()
+            if self.head_weight is None
+            else refine_near_max(logits, hidden, self.head_weight, exact_rows)
+        )
         return logits if self.tp is None else self.tp.gather_vocab(logits)
 
     @staticmethod

@@ -28,8 +28,13 @@ from engine.model.models.llama import LlamaArgs, LlamaForCausalLM
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 # The fused projections' checkpoint shards: (fused module, shard) for each checkpoint matrix.
-_FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
-          "up_proj": "gate_up_proj"}
+_FUSED = {
+    "q_proj": "qkv_proj",
+    "k_proj": "qkv_proj",
+    "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
+}
 
 
 def aux_layers(config: dict, num_target_layers: int) -> tuple[int, ...]:
@@ -37,8 +42,10 @@ def aux_layers(config: dict, num_target_layers: int) -> tuple[int, ...]:
     ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     layers = tuple(ids) if ids else (2, num_target_layers // 2, num_target_layers - 3)
     if len(layers) != 3 or not all(isinstance(i, int) and 0 <= i < num_target_layers for i in layers):
-        raise StartupError(f"the EAGLE-3 head reads layers {list(layers)}, but the model has {num_target_layers} "
-                           "layers", param="speculative.model")
+        raise StartupError(
+            f"the EAGLE-3 head reads layers {list(layers)}, but the model has {num_target_layers} layers",
+            param="speculative.model",
+        )
     return layers
 
 
@@ -62,16 +69,21 @@ class Eagle3Head(LlamaForCausalLM):
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
         return kv_groups([None], self.args.num_kv_heads, self.args.head_dim)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                backend: AttentionBackend | list[AttentionBackend]) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        backend: AttentionBackend | list[AttentionBackend],
+    ) -> torch.Tensor:
         assert self.rotary is not None and self.features is not None
         cos, sin = (None, None) if self.fused_kernels else self.rotary.lookup(positions)
         layer = self.model.layers[0]
         feature = self.features if self.features.shape[-1] == self.args.hidden_size else self.fc(self.features)
         embeds = layer.input_layernorm(self.model.embed_tokens(input_ids))
         x = torch.cat([embeds, layer.hidden_norm(feature)], dim=-1)
-        (k_cache, v_cache), = kv_caches
+        ((k_cache, v_cache),) = kv_caches
         b = self.layer_backends(backend, 1)[0]
         h = layer.self_attn(x, positions, cos, sin, k_cache, v_cache, b)
         h, residual = layer.post_attention_layernorm.add_forward(h, feature)
@@ -93,8 +105,7 @@ class Eagle3Head(LlamaForCausalLM):
         return logits
 
 
-def check_eagle3_head(folder: str, hidden_size: int, vocab_size: int, num_layers: int
-                      ) -> tuple[dict, tuple[int, ...]]:
+def check_eagle3_head(folder: str, hidden_size: int, vocab_size: int, num_layers: int) -> tuple[dict, tuple[int, ...]]:
     """The head's config and the target layers it reads, from its config and its files' headers, when it fits a
     target of this shape; StartupError in one line when it does not (the bake and the start-up both ask)."""
     where = f"the EAGLE-3 head at {folder}"
@@ -104,38 +115,48 @@ def check_eagle3_head(folder: str, hidden_size: int, vocab_size: int, num_layers
         raise StartupError(f"{where} has no readable config.json ({exc})", param="speculative.model") from None
     arch = (config.get("architectures") or ["?"])[0]
     if arch not in ARCHITECTURES:
-        raise StartupError(f"{where} is a {arch}, not an EAGLE-3 head ({' or '.join(ARCHITECTURES)})",
-                           param="speculative.model")
+        raise StartupError(
+            f"{where} is a {arch}, not an EAGLE-3 head ({' or '.join(ARCHITECTURES)})", param="speculative.model"
+        )
     shapes = _tensor_shapes(Path(folder), where)
     fc = shapes.get("fc.weight")
     target_hidden = config.get("target_hidden_size") or (fc[1] // 3 if fc is not None else config.get("hidden_size"))
     if target_hidden != hidden_size:
-        raise StartupError(f"{where} reads hidden states of size {target_hidden}; the model's are {hidden_size}",
-                           param="speculative.model")
+        raise StartupError(
+            f"{where} reads hidden states of size {target_hidden}; the model's are {hidden_size}",
+            param="speculative.model",
+        )
     if config.get("vocab_size") != vocab_size:
-        raise StartupError(f"{where} is for a vocabulary of {config.get('vocab_size')} tokens; the model has "
-                           f"{vocab_size}", param="speculative.model")
+        raise StartupError(
+            f"{where} is for a vocabulary of {config.get('vocab_size')} tokens; the model has {vocab_size}",
+            param="speculative.model",
+        )
     return config, aux_layers(config, num_layers)
 
 
-def load_eagle3_head(folder: str, target: nn.Module, dtype: torch.dtype, device: torch.device
-                     ) -> tuple[Eagle3Head, tuple[int, ...]]:
+def load_eagle3_head(
+    folder: str, target: nn.Module, dtype: torch.dtype, device: torch.device
+) -> tuple[Eagle3Head, tuple[int, ...]]:
     """The head in `folder`, checked against the target model, and the target layers it reads; StartupError in
     one line when it does not fit."""
     where = f"the EAGLE-3 head at {folder}"
     t_args = target.args
     config, layers = check_eagle3_head(folder, t_args.hidden_size, t_args.vocab_size, t_args.num_layers)
     tensors = _read_tensors(Path(folder), where)
-    args = LlamaArgs.from_config({**config, "num_hidden_layers": 1}, {"model.layers.0." + n.removeprefix("midlayer.")
-                                                                      for n in tensors})
+    args = LlamaArgs.from_config(
+        {**config, "num_hidden_layers": 1}, {"model.layers.0." + n.removeprefix("midlayer.") for n in tensors}
+    )
     target_hidden = t_args.hidden_size
     draft_vocab = config.get("draft_vocab_size") or config["vocab_size"]
     with torch.device("meta"):  # no throw-away vocabulary-sized tensors
         head = Eagle3Head(args, target_hidden, draft_vocab, t_args.vocab_size)
     shared = "embed_tokens.weight" not in tensors  # the published heads share the target's embedding
     if shared and args.hidden_size != target_hidden:
-        raise StartupError(f"{where} has no embedding of its own and a hidden size of {args.hidden_size}: it cannot "
-                           f"share the model's ({target_hidden} wide)", param="speculative.model")
+        raise StartupError(
+            f"{where} has no embedding of its own and a hidden size of {args.hidden_size}: it cannot "
+            f"share the model's ({target_hidden} wide)",
+            param="speculative.model",
+        )
     if shared:
         head.model.embed_tokens = nn.Identity()
     head = head.to_empty(device=device).to(dtype)
@@ -179,7 +200,8 @@ def _assign(head: Eagle3Head, tensors: dict[str, torch.Tensor], where: str) -> N
             continue  # the reverse map: d2t says all the head needs
         place = "model.layers.0." + name.removeprefix("midlayer.") if name.startswith("midlayer.") else name
         place = {"norm.weight": "model.norm.weight", "embed_tokens.weight": "model.embed_tokens.weight"}.get(
-            place, place)
+            place, place
+        )
         module, _, kind = place.rpartition(".")
         parent, _, leaf = module.rpartition(".")
         if leaf in _FUSED:
@@ -191,11 +213,14 @@ def _assign(head: Eagle3Head, tensors: dict[str, torch.Tensor], where: str) -> N
             target = params[place].data
             filled.add(place)
         else:
-            raise StartupError(f"{where} has tensor {name!r}, which an EAGLE-3 head does not have",
-                               param="speculative.model")
+            raise StartupError(
+                f"{where} has tensor {name!r}, which an EAGLE-3 head does not have", param="speculative.model"
+            )
         if tuple(target.shape) != tuple(tensor.shape):
-            raise StartupError(f"{where}: {name} has shape {tuple(tensor.shape)}, the head needs "
-                               f"{tuple(target.shape)}", param="speculative.model")
+            raise StartupError(
+                f"{where}: {name} has shape {tuple(tensor.shape)}, the head needs {tuple(target.shape)}",
+                param="speculative.model",
+            )
         target.copy_(tensor)
     missing = sorted(set(params) - filled - {"model.embed_tokens.weight", "d2t"})
     if missing:

@@ -20,10 +20,20 @@ from engine.model.vision.spec import VisionSpec
 
 # transformers' Gemma3TextConfig defaults: a multimodal checkpoint's text_config lists only what differs from them.
 TEXT_DEFAULTS = {
-    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
-    "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 4096, "tie_word_embeddings": True,
-    "final_logit_softcapping": None, "attn_logit_softcapping": None,
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "tie_word_embeddings": True,
+    "final_logit_softcapping": None,
+    "attn_logit_softcapping": None,
 }
 GLOBAL_THETA, LOCAL_THETA = 1_000_000.0, 10_000.0
 
@@ -72,34 +82,59 @@ class Gemma3ForConditionalGeneration(GemmaTextOfMultimodal, Gemma3ForCausalLM):
 
     args: Gemma3VisionArgs
     TOWER_MODULES = ("vision_tower", "multi_modal_projector")  # rank 0's alone when tensor-parallel
-    TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
-                     "language_model.lm_head.weight": "lm_head.weight",
-                     "model.vision_tower.vision_model.": "vision_tower.", "vision_tower.vision_model.": "vision_tower.",
-                     "model.vision_tower.": "vision_tower.", "model.multi_modal_projector.": "multi_modal_projector."}
-    NOT_TEXT = ("model.vision_tower.vision_model.head.", "vision_tower.vision_model.head.", "model.vision_tower.head.",
-                "vision_tower.head.")
+    TEXT_PREFIXES = {
+        "model.language_model.": "model.",
+        "language_model.model.": "model.",
+        "language_model.lm_head.weight": "lm_head.weight",
+        "model.vision_tower.vision_model.": "vision_tower.",
+        "vision_tower.vision_model.": "vision_tower.",
+        "model.vision_tower.": "vision_tower.",
+        "model.multi_modal_projector.": "multi_modal_projector.",
+    }
+    NOT_TEXT = (
+        "model.vision_tower.vision_model.head.",
+        "vision_tower.vision_model.head.",
+        "model.vision_tower.head.",
+        "vision_tower.head.",
+    )
 
     def __init__(self, args: Gemma3VisionArgs) -> None:
         super().__init__(args)
         v = args.vision
         self.vision_tower = SiglipVisionTower(v)
-        self.multi_modal_projector = Gemma3Projector(v.hidden_size, args.hidden_size, v.patches_per_side,
-                                                     args.tokens_per_image, v.layer_norm_eps)
+        self.multi_modal_projector = Gemma3Projector(
+            v.hidden_size, args.hidden_size, v.patches_per_side, args.tokens_per_image, v.layer_norm_eps
+        )
 
     @classmethod
     def read_args(cls, config: dict, names: set[str]) -> Gemma3VisionArgs:
         text = super().read_args(config, names)
-        top = {k: config[theirs] for k, theirs in (("tokens_per_image", "mm_tokens_per_image"),
-                                                   ("image_token_id", "image_token_index"),
-                                                   ("boi_token_id", "boi_token_index"),
-                                                   ("eoi_token_id", "eoi_token_index")) if config.get(theirs) is not None}
-        return Gemma3VisionArgs(**{f.name: getattr(text, f.name) for f in fields(text)},
-                                vision=SiglipArgs.from_config(config.get("vision_config") or {}), **top)
+        top = {
+            k: config[theirs]
+            for k, theirs in (
+                ("tokens_per_image", "mm_tokens_per_image"),
+                ("image_token_id", "image_token_index"),
+                ("boi_token_id", "boi_token_index"),
+                ("eoi_token_id", "eoi_token_index"),
+            )
+            if config.get(theirs) is not None
+        }
+        return Gemma3VisionArgs(
+            **{f.name: getattr(text, f.name) for f in fields(text)},
+            vision=SiglipArgs.from_config(config.get("vision_config") or {}),
+            **top,
+        )
 
     def vision_spec(self) -> VisionSpec:
         a = self.args
-        return VisionSpec(a.image_token_id, a.tokens_per_image, a.vision.image_size, a.boi_token_id, a.eoi_token_id,
-                          bidirectional=True)
+        return VisionSpec(
+            a.image_token_id,
+            a.tokens_per_image,
+            a.vision.image_size,
+            a.boi_token_id,
+            a.eoi_token_id,
+            bidirectional=True,
+        )
 
     def encode_images(self, pixels: list[torch.Tensor], grids: list[None]) -> list[torch.Tensor]:
         """Images of [3, size, size] -> each [tokens_per_image, hidden]: the soft tokens' embeddings (grids: None,

@@ -16,8 +16,10 @@ from engine.model.models.gemma_args import FULL, SLIDING, GemmaArgs, check_confi
 from engine.model.models.gemma_base import GemmaForCausalLM
 
 DEFAULTS = {"max_position_embeddings": 131_072, "sliding_window": 512}
-DEFAULT_ROPES = {SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
-                 FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+DEFAULT_ROPES = {
+    SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
+    FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
+}
 
 
 def gemma4_args(config: dict) -> GemmaArgs:
@@ -30,13 +32,23 @@ def gemma4_args(config: dict) -> GemmaArgs:
     head_dim = config.get("head_dim") or 256
     ropes = {t: dict(p) for t, p in (config.get("rope_parameters") or DEFAULT_ROPES).items()}
     return GemmaArgs.from_config(
-        {**DEFAULTS, **config}, types, ropes,
-        num_layers=len(types), head_dim=head_dim, attn_scale=1.0, unit_offset=False, qk_norm=True, v_norm=True,
-        layer_scalar=True, layer_shapes=_layer_shapes(config, types, kv_heads, head_dim),
-        k_eq_v=bool(config.get("attention_k_eq_v")), kv_sources=_kv_sources(types, config),
+        {**DEFAULTS, **config},
+        types,
+        ropes,
+        num_layers=len(types),
+        head_dim=head_dim,
+        attn_scale=1.0,
+        unit_offset=False,
+        qk_norm=True,
+        v_norm=True,
+        layer_scalar=True,
+        layer_shapes=_layer_shapes(config, types, kv_heads, head_dim),
+        k_eq_v=bool(config.get("attention_k_eq_v")),
+        kv_sources=_kv_sources(types, config),
         ple_dim=config.get("hidden_size_per_layer_input", 256) or 0,
         ple_vocab=config.get("vocab_size_per_layer_input", 262_144),
-        double_wide_mlp=bool(config.get("use_double_wide_mlp")), routing=read_routing(config),
+        double_wide_mlp=bool(config.get("use_double_wide_mlp")),
+        routing=read_routing(config),
     )
 
 
@@ -50,8 +62,10 @@ def _layer_shapes(config: dict, types: list[str], kv_heads: int, head_dim: int) 
             full["num_key_value_heads"] = config["num_global_key_value_heads"]
         per_layer = {i: full for i, t in enumerate(types) if t == FULL}
     per_layer = {int(i): v for i, v in per_layer.items()}
-    return [(per_layer.get(i, {}).get("num_key_value_heads", kv_heads), per_layer.get(i, {}).get("head_dim", head_dim))
-            for i in range(len(types))]
+    return [
+        (per_layer.get(i, {}).get("num_key_value_heads", kv_heads), per_layer.get(i, {}).get("head_dim", head_dim))
+        for i in range(len(types))
+    ]
 
 
 def _kv_sources(types: list[str], config: dict) -> dict[int, int]:
@@ -71,4 +85,3 @@ class Gemma4ForCausalLM(GemmaForCausalLM):
     @classmethod
     def read_args(cls, config: dict, names: set[str]) -> GemmaArgs:
         return gemma4_args(config)
-

@@ -16,8 +16,8 @@ from torch import nn
 from engine.errors import UnsupportedModel
 from engine.model.layers.activation import gelu_tanh_and_mul
 from engine.model.layers.moe import StackedExperts
-from engine.model.layers.routing import Routing, ScoreLinear, softmax_top_k
 from engine.model.layers.norm import GemmaRMSNorm
+from engine.model.layers.routing import Routing, ScoreLinear, softmax_top_k
 
 MOE_KEYS = ("num_experts", "top_k_experts", "moe_intermediate_size")
 # The block's norms, named as the hub names them: the dense output's, the experts' input's and their output's.
@@ -57,8 +57,9 @@ class Gemma4Router(nn.Module):
         return ids, (weights * self.per_expert_scale[ids]).to(x.dtype)
 
 
-def moe_modules(hidden_size: int, routing: Routing | None, eps: float
-                ) -> tuple[Gemma4Router | None, StackedExperts | None]:
+def moe_modules(
+    hidden_size: int, routing: Routing | None, eps: float
+) -> tuple[Gemma4Router | None, StackedExperts | None]:
     """A decoder layer's (router, experts): GeGLU experts as the dense MLP's activation; (None, None) without
     routing."""
     if routing is None:

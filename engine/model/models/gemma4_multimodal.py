@@ -38,8 +38,11 @@ class Gemma4ForConditionalGeneration(GemmaTextOfMultimodal, Gemma4ForCausalLM):
     """model.language_model.* is the text model, model.vision_tower.* the tower, model.embed_vision.* its embedder."""
 
     args: Gemma4MultimodalArgs
-    TEXT_PREFIXES = {"model.language_model.": "model.", "model.vision_tower.": "vision_tower.",
-                     "model.embed_vision.": "embed_vision."}
+    TEXT_PREFIXES = {
+        "model.language_model.": "model.",
+        "model.vision_tower.": "vision_tower.",
+        "model.embed_vision.": "embed_vision.",
+    }
     NOT_TEXT = ("model.audio_tower.", "model.embed_audio.")
     TOWER_MODULES = ("vision_tower", "embed_vision")  # rank 0's alone when tensor-parallel
 
@@ -57,10 +60,12 @@ class Gemma4ForConditionalGeneration(GemmaTextOfMultimodal, Gemma4ForCausalLM):
         vision = config.get("vision_config")
         tokens = {k: config[k] if config.get(k) is not None else default for k, default in TOKENS.items()}
         return Gemma4MultimodalArgs(
-            **{f.name: getattr(text, f.name) for f in fields(text)}, **tokens,
+            **{f.name: getattr(text, f.name) for f in fields(text)},
+            **tokens,
             vision=None if vision is None else Gemma4VisionArgs.from_config(vision),
             pad_token_id=raw.get("pad_token_id") if raw.get("pad_token_id") is not None else 0,
-            bidirectional_images=raw.get("use_bidirectional_attention") == "vision")
+            bidirectional_images=raw.get("use_bidirectional_attention") == "vision",
+        )
 
     def checkpoint_name(self, name: str) -> str | None:
         if self.args.vision is None and name.startswith(("model.vision_tower.", "model.embed_vision.")):
@@ -71,10 +76,16 @@ class Gemma4ForConditionalGeneration(GemmaTextOfMultimodal, Gemma4ForCausalLM):
         a = self.args
         if a.vision is None:
             return None
-        return VisionSpec(a.image_token_id, None, None, a.boi_token_id, a.eoi_token_id,
-                          bidirectional=a.bidirectional_images,
-                          pooled=PooledPatches(a.vision.patch_size, a.vision.pooling_kernel_size),
-                          bidirectional_windowed_only=True)
+        return VisionSpec(
+            a.image_token_id,
+            None,
+            None,
+            a.boi_token_id,
+            a.eoi_token_id,
+            bidirectional=a.bidirectional_images,
+            pooled=PooledPatches(a.vision.patch_size, a.vision.pooling_kernel_size),
+            bidirectional_windowed_only=True,
+        )
 
     def per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         # transformers looks an image token's per-layer embedding up as the pad token's

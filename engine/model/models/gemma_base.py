@@ -14,8 +14,8 @@ import math
 import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
-from engine.model.kv_spec import KVGroupSpec, kv_groups
 from engine.model.checkpoint import Source
+from engine.model.kv_spec import KVGroupSpec, kv_groups
 from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
 from engine.model.layers.rotary import RotaryEmbedding
 from engine.model.models.base import DecoderLM
@@ -39,8 +39,15 @@ class GemmaForCausalLM(DecoderLM):
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
         a = self.args
-        return kv_groups(a.windows(), a.num_kv_heads, a.head_dim, scale=a.attn_scale, soft_cap=a.attn_soft_cap,
-                         shapes=a.layer_shapes, shared=a.kv_sources)
+        return kv_groups(
+            a.windows(),
+            a.num_kv_heads,
+            a.head_dim,
+            scale=a.attn_scale,
+            soft_cap=a.attn_soft_cap,
+            shapes=a.layer_shapes,
+            shared=a.kv_sources,
+        )
 
     def shard(self, tp: TensorParallel) -> ShardPlan:
         """This rank's heads, MLP columns and vocabulary rows (engine/model/sharding.py), as a Llama's: the extras
@@ -65,8 +72,13 @@ class GemmaForCausalLM(DecoderLM):
     def checkpoint_name(self, name: str) -> str | None:
         """A shared-KV layer's k/v projections and norms, which some checkpoints carry, are not read."""
         parts = name.split(".")
-        if (self.args.kv_sources and len(parts) > 4 and parts[:2] == ["model", "layers"]
-                and int(parts[2]) in self.args.kv_sources and parts[4] in ("k_proj", "v_proj", "k_norm", "v_norm")):
+        if (
+            self.args.kv_sources
+            and len(parts) > 4
+            and parts[:2] == ["model", "layers"]
+            and int(parts[2]) in self.args.kv_sources
+            and parts[4] in ("k_proj", "v_proj", "k_norm", "v_norm")
+        ):
             return None
         return name
 
@@ -76,8 +88,10 @@ class GemmaForCausalLM(DecoderLM):
         """One rotary table per layer type, at that type's head size."""
         a = self.args
         dims = {t: a.layer_shapes[i][1] for i, t in enumerate(a.layer_types)}
-        self.rotary = {t: RotaryEmbedding(d, a.ropes[t], a.max_position_embeddings, max_positions, dtype, device)
-                       for t, d in dims.items()}
+        self.rotary = {
+            t: RotaryEmbedding(d, a.ropes[t], a.max_position_embeddings, max_positions, dtype, device)
+            for t, d in dims.items()
+        }
 
     def per_layer_inputs(self, input_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """[T, layers, ple_dim]: each layer's token embedding mixed with a projection of the input embedding."""

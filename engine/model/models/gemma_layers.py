@@ -10,12 +10,12 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend
 from engine.model.layers.activation import gelu_tanh_and_mul
+from engine.model.layers.linear import FusedLinear
 from engine.model.layers.norm import GemmaRMSNorm
 from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.rotary import apply_rotary_
 from engine.model.models.gemma4_moe import MOE_NORMS, moe_modules
 from engine.model.models.gemma_args import FULL, GemmaArgs
-from engine.model.layers.linear import FusedLinear
 
 
 def scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -42,8 +42,15 @@ class GemmaAttention(nn.Module):
         self.k_norm = GemmaRMSNorm(d, eps, unit_offset=a.unit_offset) if a.qk_norm and not self.shared else None
         self.v_norm = GemmaRMSNorm(d, eps, scaled=False) if a.v_norm else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
         t, hq, hk, d = x.shape[0], self.num_q, self.num_kv, self.head_dim
         qkv = self.qkv_proj(x)
         q = qkv[:, : hq * d].view(t, hq, d)
@@ -75,8 +82,13 @@ class GemmaDecoderLayer(nn.Module):
         self.self_attn = GemmaAttention(a, layer)
         wide = 2 if a.double_wide_mlp and layer in a.kv_sources else 1
         self.mlp = GemmaMLP(h, a.intermediate_size * wide)
-        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                     "post_feedforward_layernorm", *(MOE_NORMS if a.routing else ())):
+        for name in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+            *(MOE_NORMS if a.routing else ()),
+        ):
             setattr(self, name, GemmaRMSNorm(h, eps, unit_offset=a.unit_offset))
         self.layer_scalar = nn.Parameter(torch.ones(1)) if a.layer_scalar else None
         if a.ple_dim:
@@ -86,8 +98,16 @@ class GemmaDecoderLayer(nn.Module):
         self.router, self.experts = moe_modules(h, a.routing, eps)
         self.tp: TensorParallel | None = None  # tensor-parallel: attention and MLP give partial sums to all-reduce
 
-    def forward(self, h: torch.Tensor, ple: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self,
+        h: torch.Tensor,
+        ple: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
         attn = self.self_attn(self.input_layernorm(h), cos, sin, k_cache, v_cache, backend)
         h = h + self.post_attention_layernorm(attn if self.tp is None else self.tp.all_reduce(attn))
         out = self.mlp(self.pre_feedforward_layernorm(h))

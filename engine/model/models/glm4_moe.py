@@ -10,8 +10,8 @@ import re
 
 from engine.errors import UnsupportedModel
 from engine.model.layers.moe import SparseMoE
-from engine.model.layers.routing import read_grouped_routing
 from engine.model.layers.rotary import rope_parameters
+from engine.model.layers.routing import read_grouped_routing
 from engine.model.models.llama import LlamaArgs, LlamaMLP
 from engine.model.models.moe_base import MoeArgs, MoeForCausalLM
 
@@ -30,9 +30,14 @@ class Glm4MoeForCausalLM(MoeForCausalLM):
         rope = rope_parameters(config)
         rope.setdefault("partial_rotary_factor", PARTIAL_ROTARY_FACTOR)
         first_sparse = config.get("first_k_dense_replace", FIRST_K_DENSE_REPLACE)
-        return MoeArgs.from_config({**config, "rope_parameters": rope}, names, qk_norm=bool(config.get("use_qk_norm")),
-                                   partial_rotary=True, routing=routing,
-                                   sparse_layers=tuple(range(first_sparse, config["num_hidden_layers"])))
+        return MoeArgs.from_config(
+            {**config, "rope_parameters": rope},
+            names,
+            qk_norm=bool(config.get("use_qk_norm")),
+            partial_rotary=True,
+            routing=routing,
+            sparse_layers=tuple(range(first_sparse, config["num_hidden_layers"])),
+        )
 
     def make_moe(self, a: MoeArgs) -> SparseMoE:
         fields = {name: getattr(a, name) for name in LlamaArgs.__dataclass_fields__}

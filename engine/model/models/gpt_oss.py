@@ -18,8 +18,8 @@ from engine.errors import UnsupportedModel
 from engine.model.checkpoint import Shard, Source
 from engine.model.layers.activation import clamped_swiglu
 from engine.model.layers.moe import SparseMoE, StackedExperts
-from engine.model.layers.routing import Routing
 from engine.model.layers.parallel import TensorParallel
+from engine.model.layers.routing import Routing
 from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args
 from engine.model.sharding import ShardPlan
 
@@ -36,8 +36,10 @@ class GptOssExperts(StackedExperts):
     """Stacked experts with biases and the clamped SwiGLU; hub tensors are [E, in, out], ours [E, out, in]."""
 
     def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
-        return {"experts.gate_up_proj": Shard(f"{prefix}.gate_up_proj", transposed=True),
-                "experts.down_proj": Shard(f"{prefix}.down_proj", transposed=True)}
+        return {
+            "experts.gate_up_proj": Shard(f"{prefix}.gate_up_proj", transposed=True),
+            "experts.down_proj": Shard(f"{prefix}.down_proj", transposed=True),
+        }
 
 
 class GptOssForCausalLM(MoeForCausalLM):
@@ -48,8 +50,11 @@ class GptOssForCausalLM(MoeForCausalLM):
             raise UnsupportedModel("gpt-oss checkpoint lacks self_attn.sinks", param="model")
         fields = {name: getattr(args, name) for name in MoeArgs.__dataclass_fields__}
         fields["routing"] = Routing(**{**args.routing.__dict__, "router_bias": True})
-        return GptOssArgs(**fields, swiglu_alpha=float(config.get("swiglu_alpha", 1.702)),
-                          swiglu_limit=float(config.get("swiglu_limit", 7.0)))
+        return GptOssArgs(
+            **fields,
+            swiglu_alpha=float(config.get("swiglu_alpha", 1.702)),
+            swiglu_limit=float(config.get("swiglu_limit", 7.0)),
+        )
 
     def __init__(self, args: GptOssArgs) -> None:
         super().__init__(args)

@@ -95,8 +95,15 @@ class LlamaAttention(nn.Module):
             k = apply_rotary_(self.k_norm(qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)), cos, sin)
         return self.attend(q, k, v, k_cache, v_cache, backend)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               backend: AttentionBackend) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
         """Writes k, v to the pages (under the FP8 KV scales), attends (with the sinks, if any) and projects out."""
         backend.write_kv(k, v, k_cache, v_cache, k_scale=self.k_scale, v_scale=self.v_scale)
         extra = {} if self.sinks is None else {"sinks": self.sinks}
@@ -203,7 +210,13 @@ class LlamaForCausalLM(DecoderLM):
         if fused is None:
             fused = kernels.use_fused_kernels(torch.device(device), dtype)
         self.rotary = RotaryEmbedding(
-            a.head_dim, a.rope, a.max_position_embeddings, max_positions, dtype, device, fused=fused,
+            a.head_dim,
+            a.rope,
+            a.max_position_embeddings,
+            max_positions,
+            dtype,
+            device,
+            fused=fused,
             partial=a.partial_rotary,
         )
         self.fused_kernels = fused

@@ -9,8 +9,8 @@ from torch import nn
 
 from engine.errors import UnsupportedModel
 from engine.model.layers.moe import SparseMoE
-from engine.model.layers.routing import Routing, check_routing
 from engine.model.layers.parallel import TensorParallel
+from engine.model.layers.routing import Routing, check_routing
 from engine.model.models.llama import LlamaArgs, LlamaForCausalLM
 from engine.model.sharding import ShardPlan, shard_experts
 
@@ -31,9 +31,16 @@ class MoeArgs(LlamaArgs):
         return max(self.intermediate_size, r.top_k * (r.intermediate_size + self.hidden_size) + r.shared_expert_size)
 
 
-def read_moe_args(config: dict, names: set[str], *, expert_size_key: str, norm_topk_prob: bool | None,
-                  shared_expert_size: int = 0, sparse_layers: tuple[int, ...] | None = None,
-                  qk_norm: bool = False) -> MoeArgs:
+def read_moe_args(
+    config: dict,
+    names: set[str],
+    *,
+    expert_size_key: str,
+    norm_topk_prob: bool | None,
+    shared_expert_size: int = 0,
+    sparse_layers: tuple[int, ...] | None = None,
+    qk_norm: bool = False,
+) -> MoeArgs:
     """MoeArgs from a MoE config; `norm_topk_prob` None reads the config key (default False as transformers),
     `sparse_layers` None means every layer. UnsupportedModel naming the key for what the layer does not run."""
     if config.get("hidden_act", "silu") != "silu":

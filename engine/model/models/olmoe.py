@@ -8,12 +8,12 @@ import torch
 
 from engine.attention.base import AttentionBackend
 from engine.cuda import kernels
+from engine.model.checkpoint import Source
 from engine.model.layers.norm import RMSNorm
 from engine.model.layers.parallel import ParallelRMSNorm, TensorParallel
 from engine.model.layers.rotary import apply_rotary_
 from engine.model.models.llama import LlamaAttention
 from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args
-from engine.model.checkpoint import Source
 from engine.model.sharding import ShardPlan
 
 

@@ -17,21 +17,27 @@ import torch
 from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
-from engine.model.kv_spec import KVGroupSpec
 from engine.errors import UnsupportedModel
+from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.gated_deltanet import DeltaNetShape, GatedDeltaNet
+from engine.model.layers.linear import FusedLinear
 from engine.model.layers.moe import SparseMoE
 from engine.model.layers.norm import GemmaRMSNorm
 from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
 from engine.model.models.base import DecoderLM
-from engine.model.layers.linear import FusedLinear
 from engine.model.models.llama import LlamaArgs, LlamaAttention, LlamaMLP
 from engine.model.models.moe_base import MoeArgs, read_moe_args
 from engine.model.models.qwen3_moe import qwen_sparse_layers, shared_expert_moe
-from engine.model.sharding import (ShardPlan, shard_attention, shard_deltanet, shard_experts, shard_gated_mlp,
-                                   shard_vocab)
+from engine.model.sharding import (
+    ShardPlan,
+    shard_attention,
+    shard_deltanet,
+    shard_experts,
+    shard_gated_mlp,
+    shard_vocab,
+)
 from engine.model.vision.qwen_vl_model import QwenVisionLM
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -55,37 +61,65 @@ class HybridArgs(MoeArgs):
         return tuple(i for i, t in enumerate(self.layer_types) if t == "linear_attention")
 
 
-def read_hybrid_args(config: dict, names: set[str], *, moe: bool, fused_projections: bool = False,
-                     sparse_layers: tuple[int, ...] | None = None, norm_topk_prob: bool | None = None) -> HybridArgs:
+def read_hybrid_args(
+    config: dict,
+    names: set[str],
+    *,
+    moe: bool,
+    fused_projections: bool = False,
+    sparse_layers: tuple[int, ...] | None = None,
+    norm_topk_prob: bool | None = None,
+) -> HybridArgs:
     """HybridArgs from a Qwen3.5 / Qwen3-Next text config; UnsupportedModel naming what the engine does not run."""
     n = config["num_hidden_layers"]
-    layer_types = tuple(config.get("layer_types") or
-                        ("full_attention" if (i + 1) % config.get("full_attention_interval", 4) == 0
-                         else "linear_attention" for i in range(n)))
+    layer_types = tuple(
+        config.get("layer_types")
+        or (
+            "full_attention" if (i + 1) % config.get("full_attention_interval", 4) == 0 else "linear_attention"
+            for i in range(n)
+        )
+    )
     unknown = sorted(set(layer_types) - set(LAYER_TYPES))
     if unknown:
-        raise UnsupportedModel(f"layer type {unknown[0]!r} is not supported (supported: {', '.join(LAYER_TYPES)})",
-                               param="model")
+        raise UnsupportedModel(
+            f"layer type {unknown[0]!r} is not supported (supported: {', '.join(LAYER_TYPES)})", param="model"
+        )
     rope = dict(config.get("rope_parameters") or {"rope_theta": config.get("rope_theta", 10000.0)})
     factor = float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
     config = {**config, "rope_parameters": {k: v for k, v in rope.items() if k not in MROPE_KEYS}}
     if moe:
-        base = read_moe_args(config, names, expert_size_key="moe_intermediate_size", norm_topk_prob=norm_topk_prob,
-                             shared_expert_size=config.get("shared_expert_intermediate_size") or 0,
-                             sparse_layers=sparse_layers)
+        base = read_moe_args(
+            config,
+            names,
+            expert_size_key="moe_intermediate_size",
+            norm_topk_prob=norm_topk_prob,
+            shared_expert_size=config.get("shared_expert_intermediate_size") or 0,
+            sparse_layers=sparse_layers,
+        )
         fields = {name: getattr(base, name) for name in MoeArgs.__dataclass_fields__}
     else:
         if config.get("hidden_act", "silu") != "silu":
             raise UnsupportedModel(f"hidden_act {config['hidden_act']!r} is not supported", param="model")
         fields = vars(LlamaArgs.from_config(config, names))
-    shape = DeltaNetShape(config["hidden_size"], config["linear_num_key_heads"], config["linear_num_value_heads"],
-                          config["linear_key_head_dim"], config["linear_value_head_dim"],
-                          config["linear_conv_kernel_dim"], config.get("rms_norm_eps", 1e-6))
+    shape = DeltaNetShape(
+        config["hidden_size"],
+        config["linear_num_key_heads"],
+        config["linear_num_value_heads"],
+        config["linear_key_head_dim"],
+        config["linear_value_head_dim"],
+        config["linear_conv_kernel_dim"],
+        config.get("rms_norm_eps", 1e-6),
+    )
     if shape.num_v_heads % shape.num_k_heads:
         raise UnsupportedModel("linear_num_value_heads must be a multiple of linear_num_key_heads", param="model")
     head_dim = fields["head_dim"]
-    return HybridArgs(**fields, layer_types=layer_types, rotary_dim=int(head_dim * factor), deltanet=shape,
-                      fused_projections=fused_projections)
+    return HybridArgs(
+        **fields,
+        layer_types=layer_types,
+        rotary_dim=int(head_dim * factor),
+        deltanet=shape,
+        fused_projections=fused_projections,
+    )
 
 
 class GatedAttention(LlamaAttention):
@@ -99,8 +133,15 @@ class GatedAttention(LlamaAttention):
         self.k_norm = GemmaRMSNorm(a.head_dim, a.rms_norm_eps)
         self.rotary_dim = a.rotary_dim
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
         t, hq, hk, d, r = x.shape[0], self.num_q, self.num_kv, self.head_dim, self.rotary_dim
         qkv = self.qkv_proj(x)
         q_gate = qkv[:, : 2 * hq * d].view(t, hq, 2 * d)
@@ -147,8 +188,14 @@ class HybridDecoderLayer(nn.Module):
         self.post_attention_layernorm = GemmaRMSNorm(a.hidden_size, a.rms_norm_eps)
         self.tp: TensorParallel | None = None  # tensor-parallel: the mixer and the MLP give partial sums
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
-                backend: AttentionBackend | RecurrentPlan) -> torch.Tensor:
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        backend: AttentionBackend | RecurrentPlan,
+    ) -> torch.Tensor:
         x = self.input_layernorm(h)
         if self.recurrent:
             x = self.linear_attn(x, backend.step, *cache)
@@ -218,16 +265,22 @@ class Qwen3_5ForCausalLM(DecoderLM):
         """The multi-token-prediction head (mtp.*) is not read (it stays in the bake for speculative decoding)."""
         return None if name.startswith("mtp.") else name
 
-    def init_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device,
-                    fused: bool | None = None) -> None:
+    def init_rotary(
+        self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
+    ) -> None:
         """The torch path on every device (FlashInfer's kernels are not wired for this family)."""
         a = self.args
         self.rotary = RotaryEmbedding(a.rotary_dim, a.rope, a.max_position_embeddings, max_positions, dtype, device)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                backend: list[AttentionBackend | RecurrentPlan],
-                image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        backend: list[AttentionBackend | RecurrentPlan],
+        image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """kv_caches / backend per layer: a full-attention layer's K/V pages and its group's backend, a linear one's
         (conv windows, delta states) slots and the step's RecurrentPlan. image_embeds: (rows, embeddings) that
         replace those rows' token embeddings (an image's tokens); positions [3, T] where the step has some."""
@@ -256,9 +309,14 @@ class Qwen3NextForCausalLM(Qwen3_5ForCausalLM):
     @classmethod
     def read_args(cls, config: dict, names: set[str]) -> HybridArgs:
         moe = bool(config.get("num_experts"))
-        return read_hybrid_args(config, names, moe=moe, fused_projections=True, norm_topk_prob=config.get(
-                                    "norm_topk_prob", True),
-                                sparse_layers=qwen_sparse_layers(config) if moe else None)
+        return read_hybrid_args(
+            config,
+            names,
+            moe=moe,
+            fused_projections=True,
+            norm_topk_prob=config.get("norm_topk_prob", True),
+            sparse_layers=qwen_sparse_layers(config) if moe else None,
+        )
 
 
 class _ImageText(QwenVisionLM):

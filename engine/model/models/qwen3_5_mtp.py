@@ -29,8 +29,7 @@ PREFIX = "mtp."
 
 def has_experts(names: set[str]) -> bool:
     """The checkpoint's MTP layer runs experts (mtp.layers.0.mlp.gate / .experts), not a dense MLP."""
-    return any(n.startswith(f"{PREFIX}layers.0.mlp.experts") or n == f"{PREFIX}layers.0.mlp.gate.weight"
-               for n in names)
+    return any(n.startswith(f"{PREFIX}layers.0.mlp.experts") or n == f"{PREFIX}layers.0.mlp.gate.weight" for n in names)
 
 
 def head_args(args: HybridArgs, experts: bool) -> HybridArgs:
@@ -65,9 +64,14 @@ class MtpHead(nn.Module):
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
         return [KVGroupSpec((0,), self.args.num_kv_heads, self.args.head_dim)]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                backend: AttentionBackend | list[AttentionBackend]) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        backend: AttentionBackend | list[AttentionBackend],
+    ) -> torch.Tensor:
         assert self.features is not None, "features are set before each forward"
         target = self._target[0]
         cos, sin = target.rotary.lookup(positions)

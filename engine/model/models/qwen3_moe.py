@@ -21,16 +21,28 @@ def qwen_sparse_layers(config: dict) -> tuple[int, ...]:
 class Qwen3MoeForCausalLM(MoeForCausalLM):
     @classmethod
     def read_args(cls, config: dict, names: set[str]) -> MoeArgs:
-        return read_moe_args(config, names, expert_size_key="moe_intermediate_size", norm_topk_prob=None,
-                             sparse_layers=qwen_sparse_layers(config), qk_norm=True)
+        return read_moe_args(
+            config,
+            names,
+            expert_size_key="moe_intermediate_size",
+            norm_topk_prob=None,
+            sparse_layers=qwen_sparse_layers(config),
+            qk_norm=True,
+        )
 
 
 class Qwen2MoeForCausalLM(MoeForCausalLM):
     @classmethod
     def read_args(cls, config: dict, names: set[str]) -> MoeArgs:
         shared = config.get("shared_expert_intermediate_size") or 0
-        return read_moe_args(config, names, expert_size_key="moe_intermediate_size", norm_topk_prob=None,
-                             shared_expert_size=shared, sparse_layers=qwen_sparse_layers(config))
+        return read_moe_args(
+            config,
+            names,
+            expert_size_key="moe_intermediate_size",
+            norm_topk_prob=None,
+            shared_expert_size=shared,
+            sparse_layers=qwen_sparse_layers(config),
+        )
 
     def make_moe(self, a: MoeArgs) -> SparseMoE:
         return shared_expert_moe(a)

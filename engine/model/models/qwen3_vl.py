@@ -24,16 +24,24 @@ class HubLayoutExperts(StackedExperts):
     are published; the tensor's shape says which)."""
 
     def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
-        return {"experts.gate_up_proj": Shard(f"{prefix}.gate_up_proj", transposed=None),
-                "experts.down_proj": Shard(f"{prefix}.down_proj", transposed=None)}
+        return {
+            "experts.gate_up_proj": Shard(f"{prefix}.gate_up_proj", transposed=None),
+            "experts.down_proj": Shard(f"{prefix}.down_proj", transposed=None),
+        }
 
 
 class Qwen3VLMoeForConditionalGeneration(QwenVisionLM, MoeForCausalLM):
     @classmethod
     def read_text_args(cls, text: dict, names: set[str]) -> MoeArgs:
         # Qwen3-MoE's decoder whose router always renormalises its top k
-        return read_moe_args(text, names, expert_size_key="moe_intermediate_size", norm_topk_prob=True,
-                             sparse_layers=qwen_sparse_layers(text), qk_norm=True)
+        return read_moe_args(
+            text,
+            names,
+            expert_size_key="moe_intermediate_size",
+            norm_topk_prob=True,
+            sparse_layers=qwen_sparse_layers(text),
+            qk_norm=True,
+        )
 
     def make_moe(self, a: MoeArgs) -> SparseMoE:
         r = a.routing

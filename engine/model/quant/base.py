@@ -76,8 +76,10 @@ class QuantFormat:
         a tensor_parallel format's linears are checked as they are sliced; any other does not shard yet)."""
         if self.tensor_parallel:
             return
-        raise StartupError(f"tensor parallelism does not shard {self.name} checkpoints yet: serve it with "
-                           "tensor_parallel_size=1", param="tensor_parallel_size")
+        raise StartupError(
+            f"tensor parallelism does not shard {self.name} checkpoints yet: serve it with tensor_parallel_size=1",
+            param="tensor_parallel_size",
+        )
 
     def swap(self, model: nn.Module, shapes: dict[str, tuple[int, ...]]) -> int:
         """Before loading: the modules that hold this format's tensors take their checkpoint layout (default:
@@ -95,8 +97,9 @@ class CheckpointLinear(nn.Module):
 
     checkpoint_dtypes = True  # the loader keeps these parameters' dtypes instead of casting to the serving one
 
-    def __init__(self, fmt: QuantFormat, shards: dict[str, int], in_features: int, bias: bool,
-                 shapes: dict[str, tuple[int, ...]]) -> None:
+    def __init__(
+        self, fmt: QuantFormat, shards: dict[str, int], in_features: int, bias: bool, shapes: dict[str, tuple[int, ...]]
+    ) -> None:
         super().__init__()
         self.fmt, self.in_features, self.out_features = fmt, in_features, sum(shards.values())
         self.shard_offsets: dict[str, tuple[int, int]] = {}
@@ -109,23 +112,26 @@ class CheckpointLinear(nn.Module):
         self.present = [layout for layout in fmt.layouts if layout.suffix in shapes]
         for layout in fmt.layouts:
             if layout.required and layout not in self.present:
-                raise UnsupportedModel(f"{fmt.name} checkpoint lacks {next(iter(shards))}.{layout.suffix}",
-                                       param="model")
+                raise UnsupportedModel(
+                    f"{fmt.name} checkpoint lacks {next(iter(shards))}.{layout.suffix}", param="model"
+                )
         for layout in self.present:
             shape = list(shapes[layout.suffix])
             if layout.dim is None:
                 shape = [len(shards), *shape]
             else:
                 shape[layout.dim] = sum(self._entries(layout, size) for size in shards.values())
-            self.register_parameter(layout.suffix, nn.Parameter(torch.empty(shape, dtype=layout.dtype, device="meta"),
-                                                                requires_grad=False))
+            self.register_parameter(
+                layout.suffix, nn.Parameter(torch.empty(shape, dtype=layout.dtype, device="meta"), requires_grad=False)
+            )
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta"), requires_grad=False) if bias else None
 
     def _entries(self, layout: TensorLayout, size: int) -> int:
         if len(self.shard_offsets) > 1 and size % layout.rows_per_entry and not layout.ragged:
             raise UnsupportedModel(
                 f"{self.fmt.name}: {layout.suffix} of a {size}-row matrix cannot be stacked with its siblings "
-                f"({layout.rows_per_entry} rows per entry)", param="model",
+                f"({layout.rows_per_entry} rows per entry)",
+                param="model",
             )
         return math.ceil(size / layout.rows_per_entry)
 
@@ -139,8 +145,9 @@ class CheckpointLinear(nn.Module):
                     out[f"{name}.{layout.suffix}"] = Shard(f"{prefix}.{layout.suffix}", index=i)
                     continue
                 n = self._entries(layout, size)
-                out[f"{name}.{layout.suffix}"] = Shard(f"{prefix}.{layout.suffix}", offset=entries[layout.suffix],
-                                                       size=n, dim=layout.dim)
+                out[f"{name}.{layout.suffix}"] = Shard(
+                    f"{prefix}.{layout.suffix}", offset=entries[layout.suffix], size=n, dim=layout.dim
+                )
                 entries[layout.suffix] += n
             if self.bias is not None:
                 out[f"{name}.bias"] = Shard(f"{prefix}.bias", offset=offset, size=size)
@@ -168,8 +175,9 @@ class CheckpointLinear(nn.Module):
 
 def dense_linear(linear: CheckpointLinear, weight: torch.Tensor, dtype: torch.dtype) -> nn.Linear:
     """An nn.Linear of `dtype` holding `weight`; it keeps the stacked matrices' offsets (LoRA reads them)."""
-    out = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                    device=weight.device, dtype=dtype)
+    out = nn.Linear(
+        linear.in_features, linear.out_features, bias=linear.bias is not None, device=weight.device, dtype=dtype
+    )
     out.weight.data.copy_(weight)
     if linear.bias is not None:
         out.bias.data.copy_(linear.bias)
@@ -194,12 +202,16 @@ def swap_quantized_linears(model: nn.Module, fmt: QuantFormat, shapes: dict[str,
             shards = {n: size for n, (_, size) in offsets.items()} if offsets else {name: child.out_features}
             if f"{base}{next(iter(shards))}.{fmt.marker}" not in ours:
                 continue
-            setattr(parent, name, _checkpoint_linear(model, fmt, ours, base, shards, child.in_features,
-                                                     child.bias is not None))
+            setattr(
+                parent,
+                name,
+                _checkpoint_linear(model, fmt, ours, base, shards, child.in_features, child.bias is not None),
+            )
             swapped += 1
     if not swapped:
-        raise UnsupportedModel(f"quantization_config says {fmt.name} but no linear has its "
-                               f"{fmt.marker!r} tensor", param="model")
+        raise UnsupportedModel(
+            f"quantization_config says {fmt.name} but no linear has its {fmt.marker!r} tensor", param="model"
+        )
     refuse_unswapped(fmt, model, ours)
     return swapped
 
@@ -212,8 +224,11 @@ def swap_quantized_experts(model: nn.Module, fmt: QuantFormat, ours: dict[str, t
     for prefix, module in list(model.named_modules()):
         if isinstance(module, ScoreLinear) and f"{prefix}.{fmt.marker}" in ours:
             kind = "shared-expert gate" if prefix.endswith("shared_expert_gate") else "router"
-            raise UnsupportedModel(f"{fmt.name}: the {kind} {prefix} is quantized in this checkpoint; the engine "
-                                   f"runs {kind}s in float (modules_to_not_convert / ignore)", param="model")
+            raise UnsupportedModel(
+                f"{fmt.name}: the {kind} {prefix} is quantized in this checkpoint; the engine "
+                f"runs {kind}s in float (modules_to_not_convert / ignore)",
+                param="model",
+            )
         if not isinstance(module, StackedExperts):
             continue
         names = [f"{prefix}.{e}.{proj}" for e in range(module.num_experts) for proj in EXPERT_PROJECTIONS]
@@ -221,20 +236,34 @@ def swap_quantized_experts(model: nn.Module, fmt: QuantFormat, ours: dict[str, t
         if len(floats) == len(names):
             continue
         if floats:  # NOTE: an expert stack is served all quantized or all float
-            raise UnsupportedModel(f"{fmt.name}: {floats[0]} is not quantized while other experts of {prefix} are",
-                                   param="model")
+            raise UnsupportedModel(
+                f"{fmt.name}: {floats[0]} is not quantized while other experts of {prefix} are", param="model"
+            )
         inner, hidden = module.intermediate_size, module.hidden_size
-        module.use_expert_linears([
-            (_checkpoint_linear(model, fmt, ours, f"{prefix}.{e}.", {"gate_proj": inner, "up_proj": inner}, hidden),
-             _checkpoint_linear(model, fmt, ours, f"{prefix}.{e}.", {"down_proj": hidden}, inner))
-            for e in range(module.num_experts)
-        ])
+        module.use_expert_linears(
+            [
+                (
+                    _checkpoint_linear(
+                        model, fmt, ours, f"{prefix}.{e}.", {"gate_proj": inner, "up_proj": inner}, hidden
+                    ),
+                    _checkpoint_linear(model, fmt, ours, f"{prefix}.{e}.", {"down_proj": hidden}, inner),
+                )
+                for e in range(module.num_experts)
+            ]
+        )
         swapped += 2 * module.num_experts
     return swapped
 
 
-def _checkpoint_linear(model: nn.Module, fmt: QuantFormat, ours: dict[str, tuple[int, ...]], base: str,
-                       shards: dict[str, int], in_features: int, bias: bool = False) -> CheckpointLinear:
+def _checkpoint_linear(
+    model: nn.Module,
+    fmt: QuantFormat,
+    ours: dict[str, tuple[int, ...]],
+    base: str,
+    shards: dict[str, int],
+    in_features: int,
+    bias: bool = False,
+) -> CheckpointLinear:
     """A CheckpointLinear for the checkpoint matrices `base` + each shard name, shaped after the first one's, whose
     tensors must be the format's for that matrix (its siblings are then held to it by the checkpoint's plan). In a
     tensor-parallel shard (model.checkpoint_sources), each tensor's part that the rank reads."""
@@ -245,16 +274,20 @@ def _checkpoint_linear(model: nn.Module, fmt: QuantFormat, ours: dict[str, tuple
         parts = {n: sources[f"{base}{n}.weight"] for n in shards if f"{base}{n}.weight" in sources}
     name, rows = next(iter(shards.items()))
     first = base + name
-    tensors = {layout.suffix: ours[f"{first}.{layout.suffix}"] for layout in fmt.layouts
-               if f"{first}.{layout.suffix}" in ours}
+    tensors = {
+        layout.suffix: ours[f"{first}.{layout.suffix}"] for layout in fmt.layouts if f"{first}.{layout.suffix}" in ours
+    }
     try:
         expected = fmt.expected_shapes(rows, in_features)
     except UnsupportedModel as exc:
         raise UnsupportedModel(f"{fmt.name}: {first} {exc.message}", param="model") from None
     for suffix, shape in expected.items():
         if suffix in tensors and tuple(tensors[suffix]) != shape:
-            raise UnsupportedModel(f"{fmt.name}: {first}.{suffix} has shape {tuple(tensors[suffix])}, expected {shape} "
-                                   f"for a {in_features} -> {rows} linear", param="model")
+            raise UnsupportedModel(
+                f"{fmt.name}: {first}.{suffix} has shape {tuple(tensors[suffix])}, expected {shape} "
+                f"for a {in_features} -> {rows} linear",
+                param="model",
+            )
     linear = CheckpointLinear(fmt, shards, in_features, bias, tensors)
     linear.matrix_sources = parts
     return linear
@@ -266,9 +299,11 @@ def refuse_unswapped(fmt: QuantFormat, model: nn.Module, ours: dict[str, tuple[i
     targets, params = shard_targets(model), dict(model.named_parameters())
     for name in ours:
         if name is not None and name.endswith(f".{fmt.marker}") and name not in targets and name not in params:
-            raise UnsupportedModel(f"{fmt.name}: {name.removesuffix('.' + fmt.marker)} is quantized in this "
-                                   "checkpoint; the engine runs it unquantized (modules_to_not_convert / ignore)",
-                                   param="model")
+            raise UnsupportedModel(
+                f"{fmt.name}: {name.removesuffix('.' + fmt.marker)} is quantized in this "
+                "checkpoint; the engine runs it unquantized (modules_to_not_convert / ignore)",
+                param="model",
+            )
 
 
 def to_serving(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:

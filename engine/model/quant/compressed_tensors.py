@@ -37,16 +37,20 @@ class PackedInt4Format(Int4Format):
 
     def expected_shapes(self, rows: int, in_features: int) -> dict[str, tuple[int, ...]]:
         groups = whole_groups(in_features, self.group or in_features)
-        return {"weight_packed": (rows, math.ceil(in_features / 8)), "weight_scale": (rows, groups),
-                "weight_zero_point": (math.ceil(rows / 8), groups)}
+        return {
+            "weight_packed": (rows, math.ceil(in_features / 8)),
+            "weight_scale": (rows, groups),
+            "weight_zero_point": (math.ceil(rows / 8), groups),
+        }
 
     def unpack(self, linear: CheckpointLinear) -> Int4Weights:
         k = linear.in_features
         for (name, (_, size)), shape in zip(linear.shard_offsets.items(), linear.weight_shape.tolist(), strict=True):
             part = linear.matrix_sources.get(name)  # a tensor-parallel rank's: its part of the checkpoint's shape
             if list(part.shape(tuple(shape)) if part else shape) != [size, k]:
-                raise UnsupportedModel(f"{self.name}: {name} has weight_shape {shape}, expected {[size, k]}",
-                                       param="model")
+                raise UnsupportedModel(
+                    f"{self.name}: {name} has weight_shape {shape}, expected {[size, k]}", param="model"
+                )
         # Unsigned nibbles are the signed code + 8, and so are packed zero points: (u - 8) - zp = u - (zp + 8).
         codes = unpack_nibbles(linear.weight_packed, dim=1)[:, :k]
         scales = linear.weight_scale.float()
@@ -66,8 +70,9 @@ def read_compressed_tensors(qc: dict) -> QuantFormat | None:
         return None
     schemes = {repr(sorted((g.get("weights") or {}).items())) for g in groups}
     if len(schemes) != 1:
-        raise UnsupportedModel(f"compressed-tensors with {len(schemes)} weight schemes is not supported (one)",
-                               param="model")
+        raise UnsupportedModel(
+            f"compressed-tensors with {len(schemes)} weight schemes is not supported (one)", param="model"
+        )
     group = groups[0]
     weights = group.get("weights") or {}
     fmt = group.get("format") or qc.get("format")
@@ -76,15 +81,20 @@ def read_compressed_tensors(qc: dict) -> QuantFormat | None:
         return compressed_tensors_fp8(weights)
     if fmt == "pack-quantized" and kind == "int" and bits == 4:
         if (group.get("input_activations") or None) is not None:
-            raise UnsupportedModel("compressed-tensors int4 with quantized activations is not supported (W4A16)",
-                                   param="model")
+            raise UnsupportedModel(
+                "compressed-tensors int4 with quantized activations is not supported (W4A16)", param="model"
+            )
         if weights.get("actorder") == "group":
             raise UnsupportedModel("compressed-tensors actorder 'group' is not supported", param="model")
         strategy = weights.get("strategy")
         if strategy not in ("group", "channel"):
-            raise UnsupportedModel(f"compressed-tensors int4 strategy {strategy!r} is not supported "
-                                   "(group, channel)", param="model")
-        return PackedInt4Format(weights.get("group_size") if strategy == "group" else None,
-                                bool(weights.get("symmetric", True)))
-    raise UnsupportedModel(f"compressed-tensors format {fmt!r} with {bits}-bit {kind} weights is not supported "
-                           f"({SUPPORTED})", param="model")
+            raise UnsupportedModel(
+                f"compressed-tensors int4 strategy {strategy!r} is not supported (group, channel)", param="model"
+            )
+        return PackedInt4Format(
+            weights.get("group_size") if strategy == "group" else None, bool(weights.get("symmetric", True))
+        )
+    raise UnsupportedModel(
+        f"compressed-tensors format {fmt!r} with {bits}-bit {kind} weights is not supported ({SUPPORTED})",
+        param="model",
+    )

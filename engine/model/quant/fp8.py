@@ -68,15 +68,21 @@ class Fp8Format(QuantFormat):
         """The FP8 weight itself on a GPU with FP8 tensor cores (block scales: on Hopper); else dequantised."""
         bias = None if linear.bias is None else linear.bias.detach()
         if self.strategy == "block" and Fp8BlockLinear.fits(
-                [size for _, size in linear.shard_offsets.values()], linear.in_features, self.block, device, dtype):
+            [size for _, size in linear.shard_offsets.values()], linear.in_features, self.block, device, dtype
+        ):
             module = Fp8BlockLinear(linear.weight.detach(), getattr(linear, self.scale).detach(), bias, dtype, device)
             module.shard_offsets = linear.shard_offsets
             return module
         if self.strategy == "block" or not Fp8Linear.fits(tuple(linear.weight.shape), device, dtype):
             if device.type == "cuda" and not getattr(self, "_said_dense", False):
-                log.warning("%s: weights dequantised to %s (%s)", self.name, dtype,
-                            "block scales off Hopper, or matrices not in whole 128-row blocks"
-                            if self.strategy == "block" else "no FP8 matmul on this GPU")
+                log.warning(
+                    "%s: weights dequantised to %s (%s)",
+                    self.name,
+                    dtype,
+                    "block scales off Hopper, or matrices not in whole 128-row blocks"
+                    if self.strategy == "block"
+                    else "no FP8 matmul on this GPU",
+                )
                 self._said_dense = True
             return dense_linear(linear, self.dequantize(linear), dtype)
         module = Fp8Linear(linear.weight.detach(), self.row_scale(linear), bias, dtype, device)
@@ -110,10 +116,15 @@ def compressed_tensors_fp8(weights: dict) -> Fp8Format:
     """compressed-tensors' float 8-bit weights (float-quantized or naive-quantized)."""
     strategy = weights.get("strategy", "tensor")
     if strategy not in STRATEGIES:
-        raise UnsupportedModel(f"compressed-tensors fp8 strategy {strategy!r} is not supported "
-                               f"({', '.join(STRATEGIES)})", param="model")
+        raise UnsupportedModel(
+            f"compressed-tensors fp8 strategy {strategy!r} is not supported ({', '.join(STRATEGIES)})", param="model"
+        )
     if not weights.get("symmetric", True):
         raise UnsupportedModel("compressed-tensors fp8 with zero points is not supported (symmetric)", param="model")
     block = weights.get("block_structure")
-    return Fp8Format("compressed-tensors fp8", "weight_scale", strategy,
-                     (int(block[0]), int(block[1])) if strategy == "block" else None)
+    return Fp8Format(
+        "compressed-tensors fp8",
+        "weight_scale",
+        strategy,
+        (int(block[0]), int(block[1])) if strategy == "block" else None,
+    )

@@ -22,16 +22,26 @@ MIN_SCALE = 1e-12  # an all-zero group of activations must not divide by zero
 
 def block_gemm_runs(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether this torch has the block-scaled GEMM for `device`: CUDA sm90 (Hopper), bf16 or fp16 outputs."""
-    return (device.type == "cuda" and hasattr(F, "scaled_mm") and dtype in (torch.bfloat16, torch.float16)
-            and torch.cuda.get_device_capability(device)[0] == 9)
+    return (
+        device.type == "cuda"
+        and hasattr(F, "scaled_mm")
+        and dtype in (torch.bfloat16, torch.float16)
+        and torch.cuda.get_device_capability(device)[0] == 9
+    )
 
 
 class Fp8BlockLinear(nn.Module):
     """y = x @ (weight * scale)^T with `weight` [out, in] e4m3 and `scale` [out / 128, in / 128] (the checkpoint's
     weight_scale_inv: w = weight * scale)."""
 
-    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.dtype = dtype
@@ -45,11 +55,20 @@ class Fp8BlockLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.to(device, dtype), requires_grad=False)
 
     @staticmethod
-    def fits(matrix_rows: list[int], in_features: int, block: tuple[int, int] | None, device: torch.device,
-             dtype: torch.dtype) -> bool:
+    def fits(
+        matrix_rows: list[int],
+        in_features: int,
+        block: tuple[int, int] | None,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> bool:
         """Whether a stacked linear of matrices with `matrix_rows` rows each can run here."""
-        return (block == (BLOCK, BLOCK) and block_gemm_runs(device, dtype) and in_features % BLOCK == 0
-                and all(rows % BLOCK == 0 for rows in matrix_rows))
+        return (
+            block == (BLOCK, BLOCK)
+            and block_gemm_runs(device, dtype)
+            and in_features % BLOCK == 0
+            and all(rows % BLOCK == 0 for rows in matrix_rows)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -61,8 +80,13 @@ class Fp8BlockLinear(nn.Module):
         sx = (groups.abs().amax(-1) / FP8_MAX).clamp_(min=MIN_SCALE)  # [tokens, K / 128]
         xq = (groups / sx[..., None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8).view(x.shape)
         y = F.scaled_mm(
-            mat_a=xq, mat_b=self.weight.t(), scale_a=sx.t().contiguous().t(), scale_recipe_a=F.ScalingType.BlockWise1x128,
-            scale_b=self.scale_t, scale_recipe_b=F.ScalingType.BlockWise128x128, output_dtype=self.dtype,
+            mat_a=xq,
+            mat_b=self.weight.t(),
+            scale_a=sx.t().contiguous().t(),
+            scale_recipe_a=F.ScalingType.BlockWise1x128,
+            scale_b=self.scale_t,
+            scale_recipe_b=F.ScalingType.BlockWise128x128,
+            output_dtype=self.dtype,
         )[:tokens]
         if self.bias is not None:
             y = y + self.bias

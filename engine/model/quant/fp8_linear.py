@@ -31,8 +31,15 @@ class Fp8Linear(nn.Module):
     """y = (x / sx) @ (w / sw)^T * sx * sw with x / sx and w / sw in e4m3: `weight` [out, in] FP8 as the checkpoint
     stores it, `row_scale` its scale per output row."""
 
-    def __init__(self, weight: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None,
-                 dtype: torch.dtype, device: torch.device, row_wise: bool | None = None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        row_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        device: torch.device,
+        row_wise: bool | None = None,
+    ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.dtype = dtype
@@ -50,8 +57,7 @@ class Fp8Linear(nn.Module):
     @staticmethod
     def fits(weight_shape: tuple[int, int], device: torch.device, dtype: torch.dtype) -> bool:
         out, k = weight_shape
-        return (has_fp8_matmul(device) and dtype in (torch.bfloat16, torch.float16)
-                and out % 16 == 0 and k % 16 == 0)
+        return has_fp8_matmul(device) and dtype in (torch.bfloat16, torch.float16) and out % 16 == 0 and k % 16 == 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

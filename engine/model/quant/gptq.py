@@ -45,8 +45,9 @@ class GptqFormat(Int4Format):
             inputs = input_positions(next(iter(linear.matrix_sources.values()), None), codes.shape[1])
             expected = (inputs // self.group if self.group else inputs * 0).to(g_idx.device)
             if not torch.equal(g_idx.long(), expected.expand_as(g_idx)):
-                raise UnsupportedModel("gptq: g_idx is not in group order (desc_act true is not supported)",
-                                       param="model")
+                raise UnsupportedModel(
+                    "gptq: g_idx is not in group order (desc_act true is not supported)", param="model"
+                )
         zeros = unpack_nibbles(linear.qzeros, dim=1)
         if self.zeros_minus_one:
             zeros = (zeros + 1) & 15

@@ -72,8 +72,13 @@ class TinygemmInt4Linear(nn.Module):
     @classmethod
     def fits(cls, weights: Int4Weights, device: torch.device, dtype: torch.dtype) -> bool:
         out, k = weights.codes.shape
-        return (device.type == "cuda" and dtype == torch.bfloat16 and weights.group in INT4_KERNEL_GROUPS
-                and out % 8 == 0 and k % (cls.INNER_K_TILES * 16) == 0)
+        return (
+            device.type == "cuda"
+            and dtype == torch.bfloat16
+            and weights.group in INT4_KERNEL_GROUPS
+            and out % 8 == 0
+            and k % (cls.INNER_K_TILES * 16) == 0
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int4pack_mm(x, self.packed, self.group, self.scales_and_zeros)
@@ -106,8 +111,9 @@ class Int4Format(QuantFormat):
             return dense_linear(linear, weights.dequantize(), dtype)
         # The kernel computes (code - 8) * scale + zero: (code - z) * s is that with zero = (8 - z) * s.
         bias = None if linear.bias is None else linear.bias.detach()
-        module = Int4Linear(weights.codes, weights.scales, (8 - weights.zeros) * weights.scales, weights.group,
-                            bias, dtype)
+        module = Int4Linear(
+            weights.codes, weights.scales, (8 - weights.zeros) * weights.scales, weights.group, bias, dtype
+        )
         module.shard_offsets = linear.shard_offsets
         return module
 

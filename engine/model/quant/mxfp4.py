@@ -27,17 +27,19 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
         raise ValueError(f"MXFP4 blocks and scales are uint8, got {blocks.dtype} and {scales.dtype}")
     if blocks.shape[-1] != GROUP // 2 or blocks.shape[:-1] != scales.shape:
-        raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} do not match scales {tuple(scales.shape)} "
-                         f"(blocks are [..., groups, {GROUP // 2}], scales [..., groups])")
+        raise ValueError(
+            f"MXFP4 blocks {tuple(blocks.shape)} do not match scales {tuple(scales.shape)} "
+            f"(blocks are [..., groups, {GROUP // 2}], scales [..., groups])"
+        )
     *prefix, groups, width = blocks.shape
     flat_blocks = blocks.reshape(-1, width)
     flat_exps = scales.reshape(-1, 1).to(torch.int32) - E8M0_BIAS
     lut = torch.tensor(FP4_VALUES, dtype=dtype, device=blocks.device)
     out = torch.empty(flat_blocks.shape[0], GROUP, dtype=dtype, device=blocks.device)
     for lo in range(0, flat_blocks.shape[0], ROWS_PER_CHUNK):
-        part, sub = flat_blocks[lo:lo + ROWS_PER_CHUNK], out[lo:lo + ROWS_PER_CHUNK]
+        part, sub = flat_blocks[lo : lo + ROWS_PER_CHUNK], out[lo : lo + ROWS_PER_CHUNK]
         sub[:, 0::2] = lut[(part & 0x0F).long()]
         sub[:, 1::2] = lut[(part >> 4).long()]
         # NOTE: ldexp in `dtype` (not a float32 multiply then a cast) rounds as transformers does at the edges.
-        torch.ldexp(sub, flat_exps[lo:lo + ROWS_PER_CHUNK], out=sub)
+        torch.ldexp(sub, flat_exps[lo : lo + ROWS_PER_CHUNK], out=sub)
     return out.view(*prefix, groups * GROUP)

@@ -37,9 +37,11 @@ class Mxfp4Experts(QuantFormat):
         (gate|up is split by output rows, which cuts no block)."""
         width = args.routing.intermediate_size
         if width // size % GROUP:
-            raise StartupError(f"tensor_parallel_size={size} would cut the experts' MXFP4 blocks of {GROUP}: their "
-                               f"{width} intermediate columns leave {width // size} to a rank",
-                               param="tensor_parallel_size")
+            raise StartupError(
+                f"tensor_parallel_size={size} would cut the experts' MXFP4 blocks of {GROUP}: their "
+                f"{width} intermediate columns leave {width // size} to a rank",
+                param="tensor_parallel_size",
+            )
 
     def swap(self, model: nn.Module, shapes: dict[str, tuple[int, ...]]) -> int:
         """Each expert stack whose checkpoint has `{proj}_blocks` holds uint8 blocks and scales instead of its
@@ -56,21 +58,27 @@ class Mxfp4Experts(QuantFormat):
                     continue
                 experts, rows, cols = getattr(module, proj).shape
                 if cols % GROUP:
-                    raise UnsupportedModel(f"mxfp4: {prefix}.{proj} has {cols} inputs, not a multiple of {GROUP}",
-                                           param="model")
+                    raise UnsupportedModel(
+                        f"mxfp4: {prefix}.{proj} has {cols} inputs, not a multiple of {GROUP}", param="model"
+                    )
                 delattr(module, proj)
                 _block_sources(getattr(model, "checkpoint_sources", None), f"{prefix}.{proj}")
-                for suffix, shape in (("blocks", (experts, rows, cols // GROUP, GROUP // 2)),
-                                      ("scales", (experts, rows, cols // GROUP))):
-                    module.register_parameter(f"{proj}_{suffix}", nn.Parameter(
-                        torch.empty(shape, dtype=torch.uint8, device="meta"), requires_grad=False))
+                for suffix, shape in (
+                    ("blocks", (experts, rows, cols // GROUP, GROUP // 2)),
+                    ("scales", (experts, rows, cols // GROUP)),
+                ):
+                    module.register_parameter(
+                        f"{proj}_{suffix}",
+                        nn.Parameter(torch.empty(shape, dtype=torch.uint8, device="meta"), requires_grad=False),
+                    )
                     kept.add(f"{proj}_{suffix}")
             if kept:
                 module.checkpoint_dtypes = frozenset(kept)  # the loader keeps these uint8
                 swapped += 1
         if not swapped:
-            raise UnsupportedModel("quantization_config says mxfp4 but no expert stack has *_blocks tensors",
-                                   param="model")
+            raise UnsupportedModel(
+                "quantization_config says mxfp4 but no expert stack has *_blocks tensors", param="model"
+            )
         return swapped
 
     def serve(self, model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
@@ -92,13 +100,22 @@ class Mxfp4Experts(QuantFormat):
                 setattr(module, proj, nn.Parameter(weight, requires_grad=False))
             module.checkpoint_dtypes = frozenset()
         if packed and stacks:
-            log.info("MXFP4 experts (%d stacks) stay MXFP4 on %s: a step dequantises to %s the experts it routes to "
-                     "(all of them, %d at a time, from %d tokens x top-k up); no fused MXFP4 kernel is used",
-                     len(stacks), device.type, str(dtype).removeprefix("torch."), stacks[0].runner.chunk,
-                     stacks[0].num_experts)
+            log.info(
+                "MXFP4 experts (%d stacks) stay MXFP4 on %s: a step dequantises to %s the experts it routes to "
+                "(all of them, %d at a time, from %d tokens x top-k up); no fused MXFP4 kernel is used",
+                len(stacks),
+                device.type,
+                str(dtype).removeprefix("torch."),
+                stacks[0].runner.chunk,
+                stacks[0].num_experts,
+            )
         else:
-            log.info("MXFP4 experts (%d stacks) dequantised to %s on %s at load (faster there than per step)",
-                     len(stacks), str(dtype).removeprefix("torch."), device.type)
+            log.info(
+                "MXFP4 experts (%d stacks) dequantised to %s on %s at load (faster there than per step)",
+                len(stacks),
+                str(dtype).removeprefix("torch."),
+                device.type,
+            )
 
 
 def read_mxfp4(qc: dict) -> Mxfp4Experts:

@@ -28,8 +28,14 @@ def experts_at_a_time(num_experts: int, expert_bytes: int) -> int:
 
 def scratch_bytes(model: torch.nn.Module) -> int:
     """The largest dequantised working set of the model's packed MXFP4 experts (0: none are packed)."""
-    return max((m.runner.scratch_bytes for m in model.modules()
-                if isinstance(m, StackedExperts) and isinstance(m.runner, PackedMxfp4)), default=0)
+    return max(
+        (
+            m.runner.scratch_bytes
+            for m in model.modules()
+            if isinstance(m, StackedExperts) and isinstance(m.runner, PackedMxfp4)
+        ),
+        default=0,
+    )
 
 
 class PackedMxfp4:
@@ -46,14 +52,16 @@ class PackedMxfp4:
             return None
         return f"MXFP4 experts past one token per expert need a grouped matmul for {dtype} (torch._grouped_mm)"
 
-    def __call__(self, experts: StackedExperts, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
-                 ) -> torch.Tensor:
+    def __call__(
+        self, experts: StackedExperts, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         if expert_ids.numel() < experts.num_experts:
             return self._gathered(experts, x, expert_ids, weights)
         return self._all_experts(experts, x, expert_ids, weights)
 
-    def _gathered(self, experts: StackedExperts, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
-                  ) -> torch.Tensor:
+    def _gathered(
+        self, experts: StackedExperts, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         k = expert_ids.shape[1]
         flat = expert_ids.reshape(-1)
         rows = x.repeat_interleave(k, dim=0)  # (token, slot) order
@@ -64,8 +72,9 @@ class PackedMxfp4:
             outs.append(_pair_matmul(experts, "down_proj", ids, h))
         return experts.combine(torch.cat(outs) if len(outs) > 1 else outs[0], None, weights)
 
-    def _all_experts(self, experts: StackedExperts, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
-                     ) -> torch.Tensor:
+    def _all_experts(
+        self, experts: StackedExperts, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         n = experts.num_experts
         if self.chunk >= n or not grouped_mm_runs(x.device, x.dtype):
             # NOTE: without a grouped matmul the per-expert path syncs anyway (capture_blocker says so).
@@ -82,12 +91,15 @@ class PackedMxfp4:
             bounds = torch.arange(lo + 1, hi + 1, device=x.device, dtype=sorted_ids.dtype)
             offsets = torch.searchsorted(sorted_ids, bounds).to(torch.int32)
             local = sorted_ids.clamp(lo, hi - 1)
-            h = torch._grouped_mm(rows, _dequantized(experts, "gate_up_proj", slice(lo, hi), x.dtype).transpose(1, 2),
-                                  offs=offsets)
+            h = torch._grouped_mm(
+                rows, _dequantized(experts, "gate_up_proj", slice(lo, hi), x.dtype).transpose(1, 2), offs=offsets
+            )
             h = _add_bias(experts, "gate_up_proj", h, local)
-            h = torch._grouped_mm(experts.activation(h),
-                                  _dequantized(experts, "down_proj", slice(lo, hi), x.dtype).transpose(1, 2),
-                                  offs=offsets)
+            h = torch._grouped_mm(
+                experts.activation(h),
+                _dequantized(experts, "down_proj", slice(lo, hi), x.dtype).transpose(1, 2),
+                offs=offsets,
+            )
             h = _add_bias(experts, "down_proj", h, local)
             inside = (sorted_ids >= lo) & (sorted_ids < hi)
             out = torch.where(inside.unsqueeze(-1), h, out)

@@ -18,8 +18,10 @@ READERS = {
     "fbgemm_fp8": read_fbgemm_fp8,
     "mxfp4": read_mxfp4,
 }
-SUPPORTED = ("awq (gemm, 4-bit), gptq (4-bit, desc_act false), compressed-tensors (pack-quantized 4-bit, fp8), "
-             "fp8 (block-wise or per-tensor), fbgemm_fp8, mxfp4 (MoE experts)")
+SUPPORTED = (
+    "awq (gemm, 4-bit), gptq (4-bit, desc_act false), compressed-tensors (pack-quantized 4-bit, fp8), "
+    "fp8 (block-wise or per-tensor), fbgemm_fp8, mxfp4 (MoE experts)"
+)
 
 
 def quant_format(config: dict) -> QuantFormat | None:
@@ -29,6 +31,7 @@ def quant_format(config: dict) -> QuantFormat | None:
         return None
     method = str(qc.get("quant_method", "")).lower() if isinstance(qc, dict) else ""
     if method not in READERS:
-        raise UnsupportedModel(f"quantization {method or '<none>'!r} is not supported: the engine loads {SUPPORTED}",
-                               param="model")
+        raise UnsupportedModel(
+            f"quantization {method or '<none>'!r} is not supported: the engine loads {SUPPORTED}", param="model"
+        )
     return READERS[method](qc)

@@ -23,8 +23,9 @@ def cuts(start: int, n: int, per: int, within_one: bool) -> bool:
     return not (within_one and per % n == 0 and start % n == 0)
 
 
-def quantized_sources(fmt, sources: dict[str, Source], ours: dict[str, tuple[int, ...]], matrices: list[str],
-                      size: int) -> dict[str, Source]:
+def quantized_sources(
+    fmt, sources: dict[str, Source], ours: dict[str, tuple[int, ...]], matrices: list[str], size: int
+) -> dict[str, Source]:
     """Our checkpoint names (`matrices`, without a suffix) whose float weight a rank reads in part -> the part of
     each of the format's tensors it reads instead; `ours` (our names -> checkpoint shapes) takes those parts' shapes.
     StartupError in one line naming the numbers when a part would cut a word, group or block."""
@@ -38,8 +39,11 @@ def quantized_sources(fmt, sources: dict[str, Source], ours: dict[str, tuple[int
             if name not in ours:
                 continue
             rows = part.dim == 0
-            axis = (None if layout.dim is None else (layout.dim, layout.rows_per_entry)) if rows else \
-                fmt.input_axis(layout)
+            axis = (
+                (None if layout.dim is None else (layout.dim, layout.rows_per_entry))
+                if rows
+                else fmt.input_axis(layout)
+            )
             if axis is None:  # this tensor holds no such dimension: every rank reads it whole
                 continue
             dim, per = axis
@@ -49,9 +53,11 @@ def quantized_sources(fmt, sources: dict[str, Source], ours: dict[str, tuple[int
                 # q|k|v) must each be whole blocks, for the rank's matrix to keep one block grid.
                 if cuts(start, n, per, rows and layout.ragged and len(part.spans) == 1):
                     what = "output rows" if rows else "inputs"
-                    raise StartupError(f"tensor_parallel_size={size} would cut {fmt.name}'s {layout.suffix} of "
-                                       f"{matrix} ({per} {what} an entry): a rank holds {n} {what} from {start}",
-                                       param="tensor_parallel_size")
+                    raise StartupError(
+                        f"tensor_parallel_size={size} would cut {fmt.name}'s {layout.suffix} of "
+                        f"{matrix} ({per} {what} an entry): a rank holds {n} {what} from {start}",
+                        param="tensor_parallel_size",
+                    )
                 spans.append((start // per, max(n // per, 1)))
             out[name] = Source(dim, tuple(spans))
             ours[name] = out[name].shape(ours[name])

@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 
-def image_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
-                    scale: float | None = None) -> torch.Tensor:
+def image_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int], scale: float | None = None
+) -> torch.Tensor:
     """q [T, heads, d], k and v [T, kv_heads, d] (T = sum(lengths), any strides whose first dimension splits by
     image) -> [T, heads, d], each patch attending to every patch of its own image and none of another's."""
     gqa = q.shape[1] != k.shape[1]
@@ -27,8 +28,9 @@ def image_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: 
     return out
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, images: int, scale: float | None,
-            gqa: bool) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, images: int, scale: float | None, gqa: bool
+) -> torch.Tensor:
     """q, k, v holding `images` images of the same patch count -> [T, heads, d]."""
     q, k, v = (t.view(images, -1, *t.shape[1:]).transpose(1, 2) for t in (q, k, v))  # [images, heads, n, d]
     out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)

@@ -17,13 +17,17 @@ from engine.model.layers.norm import GemmaRMSNorm
 class Gemma3Projector(nn.Module):
     """[images, patches_per_side^2, vision_hidden] -> [images, tokens_per_image, text_hidden]."""
 
-    def __init__(self, vision_hidden: int, text_hidden: int, patches_per_side: int, tokens_per_image: int,
-                 eps: float) -> None:
+    def __init__(
+        self, vision_hidden: int, text_hidden: int, patches_per_side: int, tokens_per_image: int, eps: float
+    ) -> None:
         super().__init__()
         side = math.isqrt(tokens_per_image)
         if side * side != tokens_per_image or patches_per_side % side:
-            raise UnsupportedModel(f"mm_tokens_per_image {tokens_per_image} is not a square whose side divides the "
-                                   f"vision tower's {patches_per_side} patches a side", param="model")
+            raise UnsupportedModel(
+                f"mm_tokens_per_image {tokens_per_image} is not a square whose side divides the "
+                f"vision tower's {patches_per_side} patches a side",
+                param="model",
+            )
         self.patches_per_side, self.kernel = patches_per_side, patches_per_side // side
         self.mm_input_projection_weight = nn.Parameter(torch.empty(vision_hidden, text_hidden))
         self.mm_soft_emb_norm = GemmaRMSNorm(vision_hidden, eps)

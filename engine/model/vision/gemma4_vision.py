@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import UnsupportedModel
-from engine.model.layers.norm import GemmaRMSNorm
 from engine.model.layers.linear_post import linear_gelu, linear_mul
+from engine.model.layers.norm import GemmaRMSNorm
 from engine.model.layers.rotary import full_width_rotary, rotate_pairs
 from engine.model.vision.attention import image_attention
 
@@ -46,16 +46,22 @@ class Gemma4VisionArgs:
         act = raw.get("hidden_activation") or "gelu_pytorch_tanh"
         rope = raw.get("rope_parameters") or {}
         if act not in ("gelu_pytorch_tanh", "gelu_tanh") or rope.get("rope_type", "axial") != "axial":
-            raise UnsupportedModel(f"vision_config: hidden_activation {act!r} / rope_type {rope.get('rope_type')!r} "
-                                   "is not supported (gelu_pytorch_tanh, axial)", param="model")
+            raise UnsupportedModel(
+                f"vision_config: hidden_activation {act!r} / rope_type {rope.get('rope_type')!r} "
+                "is not supported (gelu_pytorch_tanh, axial)",
+                param="model",
+            )
         if raw.get("attention_bias"):
             raise UnsupportedModel("vision_config.attention_bias is not supported for Gemma 4", param="model")
         names = [f for f in cls.__dataclass_fields__ if f != "rope_theta"]
-        args = cls(**{k: raw[k] for k in names if raw.get(k) is not None},
-                   rope_theta=float(rope.get("rope_theta") or 100.0))
+        args = cls(
+            **{k: raw[k] for k in names if raw.get(k) is not None}, rope_theta=float(rope.get("rope_theta") or 100.0)
+        )
         if args.head_dim % 4 or args.num_attention_heads % args.num_key_value_heads:
-            raise UnsupportedModel("vision_config: head_dim must be a multiple of 4 and num_attention_heads of "
-                                   "num_key_value_heads", param="model")
+            raise UnsupportedModel(
+                "vision_config: head_dim must be a multiple of 4 and num_attention_heads of num_key_value_heads",
+                param="model",
+            )
         return args
 
 
@@ -73,8 +79,9 @@ class ClippableLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.clipped:
             return self.linear(x)
-        return torch.clamp(self.linear(torch.clamp(x, self.input_min, self.input_max)), self.output_min,
-                           self.output_max)
+        return torch.clamp(
+            self.linear(torch.clamp(x, self.input_min, self.input_max)), self.output_min, self.output_max
+        )
 
     def gelu(self, x: torch.Tensor) -> torch.Tensor:
         """gelu_tanh(self(x)), fused into the matmul where nothing is clipped between them."""
@@ -127,8 +134,12 @@ class VisionLayer(nn.Module):
         self.self_attn = VisionAttention(a)
         self.mlp = VisionMLP(a)
         norm = [GemmaRMSNorm(a.hidden_size, a.rms_norm_eps, unit_offset=False) for _ in range(4)]
-        (self.input_layernorm, self.post_attention_layernorm, self.pre_feedforward_layernorm,
-         self.post_feedforward_layernorm) = norm
+        (
+            self.input_layernorm,
+            self.post_attention_layernorm,
+            self.pre_feedforward_layernorm,
+            self.post_feedforward_layernorm,
+        ) = norm
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, lengths))
@@ -171,8 +182,10 @@ class Gemma4VisionTower(nn.Module):
         if any(r % k or c % k for r, c in grids):
             raise ValueError(f"an image's patch grid must be whole {k}x{k} blocks, got {grids}")
         device = patches[0].device
-        coords = [torch.meshgrid(torch.arange(r, device=device), torch.arange(c, device=device), indexing="ij")
-                  for r, c in grids]
+        coords = [
+            torch.meshgrid(torch.arange(r, device=device), torch.arange(c, device=device), indexing="ij")
+            for r, c in grids
+        ]
         rows = torch.cat([r.flatten() for r, _ in coords])
         cols = torch.cat([c.flatten() for _, c in coords])
         x = self.patch_embedder(torch.cat(patches), cols, rows)
@@ -192,8 +205,9 @@ class Gemma4VisionTower(nn.Module):
     def rotary(self, cols: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, head_dim] in `dtype` for rotate_pairs: the columns' angles, then the rows'."""
         d = self.args.head_dim
-        inv_freq = 1.0 / (self.args.rope_theta ** (torch.arange(0, d // 2, 2, dtype=torch.float32,
-                                                                device=cols.device) / (d // 2)))
+        inv_freq = 1.0 / (
+            self.args.rope_theta ** (torch.arange(0, d // 2, 2, dtype=torch.float32, device=cols.device) / (d // 2))
+        )
         angles = torch.stack([cols, rows], dim=1).float()[..., None] * inv_freq  # [T, 2, d/4]
         return tuple(t[:, None].to(dtype) for t in full_width_rotary(angles))
 

@@ -46,19 +46,39 @@ class QwenVisionArgs:
     def from_config(cls, raw: dict) -> QwenVisionArgs:
         act = raw.get("hidden_act") or "gelu_pytorch_tanh"
         if act not in ACTIVATIONS:
-            raise UnsupportedModel(f"vision_config.hidden_act {act!r} is not supported ({', '.join(ACTIVATIONS)})",
-                                   param="model")
-        names = ("depth", "hidden_size", "intermediate_size", "num_heads", "in_channels", "patch_size",
-                 "temporal_patch_size", "spatial_merge_size", "out_hidden_size", "num_position_embeddings")
+            raise UnsupportedModel(
+                f"vision_config.hidden_act {act!r} is not supported ({', '.join(ACTIVATIONS)})", param="model"
+            )
+        names = (
+            "depth",
+            "hidden_size",
+            "intermediate_size",
+            "num_heads",
+            "in_channels",
+            "patch_size",
+            "temporal_patch_size",
+            "spatial_merge_size",
+            "out_hidden_size",
+            "num_position_embeddings",
+        )
         fields = {k: raw[k] for k in names if raw.get(k) is not None}
         theta = (raw.get("rope_parameters") or {}).get("rope_theta") or raw.get("rope_theta") or 10000.0
-        args = cls(**fields, deepstack_visual_indexes=tuple(raw.get("deepstack_visual_indexes") or ()),
-                   rope_theta=float(theta), gelu=ACTIVATIONS[act])
+        args = cls(
+            **fields,
+            deepstack_visual_indexes=tuple(raw.get("deepstack_visual_indexes") or ()),
+            rope_theta=float(theta),
+            gelu=ACTIVATIONS[act],
+        )
         side = round(args.num_position_embeddings**0.5)
-        if args.hidden_size % args.num_heads or (args.hidden_size // args.num_heads) % 4 or side * side != \
-                args.num_position_embeddings:
-            raise UnsupportedModel("vision_config: hidden_size / num_heads must be a multiple of 4 and "
-                                   "num_position_embeddings a square", param="model")
+        if (
+            args.hidden_size % args.num_heads
+            or (args.hidden_size // args.num_heads) % 4
+            or side * side != args.num_position_embeddings
+        ):
+            raise UnsupportedModel(
+                "vision_config: hidden_size / num_heads must be a multiple of 4 and num_position_embeddings a square",
+                param="model",
+            )
         return args
 
     @property
@@ -73,8 +93,9 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(a.hidden_size, 3 * a.hidden_size)
         self.proj = nn.Linear(a.hidden_size, a.hidden_size)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int],
-                residual: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int], residual: torch.Tensor
+    ) -> torch.Tensor:
         """residual + attention(x)."""
         n, width = x.shape
         qkv = self.qkv(x).view(n, 3, self.num_heads, self.head_dim)
@@ -139,12 +160,12 @@ class QwenVisionTower(nn.Module):
         super().__init__()
         self.args = a
         self.patch_embed = PatchEmbed(a)
-        self.pos_embed = nn.Embedding(a.num_position_embeddings, a.hidden_size,
-                                      _weight=torch.empty(a.num_position_embeddings, a.hidden_size))
+        self.pos_embed = nn.Embedding(
+            a.num_position_embeddings, a.hidden_size, _weight=torch.empty(a.num_position_embeddings, a.hidden_size)
+        )
         self.blocks = nn.ModuleList(VisionBlock(a) for _ in range(a.depth))
         self.merger = PatchMerger(a, postshuffle=False)
-        self.deepstack_merger_list = nn.ModuleList(PatchMerger(a, postshuffle=True)
-                                                   for _ in a.deepstack_visual_indexes)
+        self.deepstack_merger_list = nn.ModuleList(PatchMerger(a, postshuffle=True) for _ in a.deepstack_visual_indexes)
 
     def forward(self, patches: list[torch.Tensor], grids: list[tuple[int, int, int]]) -> list[torch.Tensor]:
         lengths = [t * h * w for t, h, w in grids]
@@ -188,12 +209,14 @@ class QwenVisionTower(nn.Module):
         """cos, sin [patches, 1, 1, head_dim] in float32 for rotate_pairs: a patch's row angles, then its column
         angles."""
         quarter = self.args.head_dim // 2
-        inv_freq = 1.0 / (self.args.rope_theta ** (torch.arange(0, quarter, 2, dtype=torch.float32,
-                                                                device=device) / quarter))
+        inv_freq = 1.0 / (
+            self.args.rope_theta ** (torch.arange(0, quarter, 2, dtype=torch.float32, device=device) / quarter)
+        )
         coords = []
         for _, h, w in grids:
-            hw = torch.stack(torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device),
-                                            indexing="ij"), dim=-1)
+            hw = torch.stack(
+                torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij"), dim=-1
+            )
             coords.append(self._block_order(hw))
         angles = (torch.cat(coords)[:, :, None].float() * inv_freq).flatten(1)  # [patches, row | column]
         cos, sin = full_width_rotary(angles[:, None])

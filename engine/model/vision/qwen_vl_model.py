@@ -32,9 +32,13 @@ class QwenVision:
         config gives no mrope_section (the family's transformers default)."""
         text = config.get("text_config") or {}
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-        return cls(QwenVisionArgs.from_config(config.get("vision_config") or {}),
-                   config.get("image_token_id", 151655), config.get("vision_start_token_id", 151652),
-                   config.get("vision_end_token_id", 151653), tuple(rope.get("mrope_section") or section))
+        return cls(
+            QwenVisionArgs.from_config(config.get("vision_config") or {}),
+            config.get("image_token_id", 151655),
+            config.get("vision_start_token_id", 151652),
+            config.get("vision_end_token_id", 151653),
+            tuple(rope.get("mrope_section") or section),
+        )
 
 
 class QwenVisionLM:
@@ -50,8 +54,11 @@ class QwenVisionLM:
         args = cls.read_text_args(dict(config.get("text_config") or {}), names)
         args.vision = QwenVision.from_config(config, cls.MROPE_SECTION)
         if args.vision.tower.out_hidden_size != args.hidden_size:
-            raise UnsupportedModel(f"vision_config.out_hidden_size {args.vision.tower.out_hidden_size} is not the "
-                                   f"text model's hidden_size {args.hidden_size}", param="model")
+            raise UnsupportedModel(
+                f"vision_config.out_hidden_size {args.vision.tower.out_hidden_size} is not the "
+                f"text model's hidden_size {args.hidden_size}",
+                param="model",
+            )
         return args
 
     @classmethod
@@ -70,14 +77,22 @@ class QwenVisionLM:
         text = getattr(super(), "checkpoint_name", None)
         return text(name) if text is not None else name
 
-    def init_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device,
-                    fused: bool | None = None) -> None:
+    def init_rotary(
+        self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
+    ) -> None:
         """The family's set-up (fused norms and activations where it has them), then a multimodal rotary in torch:
         FlashInfer's RoPE kernel takes 1-D positions only."""
         super().init_rotary(max_positions, dtype, device, fused)
         a = self.args
-        self.rotary = MultimodalRotary(getattr(a, "rotary_dim", 0) or a.head_dim, a.rope, a.vision.mrope_section,
-                                       a.max_position_embeddings, max_positions, dtype, device)
+        self.rotary = MultimodalRotary(
+            getattr(a, "rotary_dim", 0) or a.head_dim,
+            a.rope,
+            a.vision.mrope_section,
+            a.max_position_embeddings,
+            max_positions,
+            dtype,
+            device,
+        )
         for module in self.modules():
             if getattr(module, "cos_sin_cache", None) is not None:
                 module.cos_sin_cache = None

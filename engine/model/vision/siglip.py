@@ -35,15 +35,25 @@ class SiglipArgs:
     def from_config(cls, raw: dict) -> SiglipArgs:
         act = raw.get("hidden_act") or "gelu_pytorch_tanh"
         if act not in GELU_TANH:
-            raise UnsupportedModel(f"vision_config.hidden_act {act!r} is not supported (gelu_pytorch_tanh)",
-                                   param="model")
-        names = {"hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
-                 "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "num_channels": "num_channels",
-                 "image_size": "image_size", "patch_size": "patch_size", "layer_norm_eps": "layer_norm_eps"}
+            raise UnsupportedModel(
+                f"vision_config.hidden_act {act!r} is not supported (gelu_pytorch_tanh)", param="model"
+            )
+        names = {
+            "hidden_size": "hidden_size",
+            "intermediate_size": "intermediate_size",
+            "num_layers": "num_hidden_layers",
+            "num_heads": "num_attention_heads",
+            "num_channels": "num_channels",
+            "image_size": "image_size",
+            "patch_size": "patch_size",
+            "layer_norm_eps": "layer_norm_eps",
+        }
         args = cls(**{ours: raw[theirs] for ours, theirs in names.items() if raw.get(theirs) is not None})
         if args.hidden_size % args.num_heads or args.image_size % args.patch_size:
-            raise UnsupportedModel("vision_config: hidden_size must divide by num_attention_heads and image_size by "
-                                   "patch_size", param="model")
+            raise UnsupportedModel(
+                "vision_config: hidden_size must divide by num_attention_heads and image_size by patch_size",
+                param="model",
+            )
         return args
 
     @property

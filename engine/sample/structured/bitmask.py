@@ -35,8 +35,13 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
     vocab, device = logits.shape[1], logits.device
     # Bit j of a row is bit j % 8 of its byte j // 8 (the int32 words are little-endian, as on x86, ARM and
     # CUDA): one lookup in a 256 x 8 table unpacks eight tokens per byte.
-    table = ((torch.arange(256, dtype=torch.int32, device=device)[:, None]
-              >> torch.arange(8, dtype=torch.int32, device=device)) & 1) == 0
+    table = (
+        (
+            torch.arange(256, dtype=torch.int32, device=device)[:, None]
+            >> torch.arange(8, dtype=torch.int32, device=device)
+        )
+        & 1
+    ) == 0
     packed = bitmask.to(device, non_blocking=True).view(torch.uint8).int()
     blocked = table.index_select(0, packed.flatten()).view(len(rows), -1)[:, :vocab]
     if rows == list(range(logits.shape[0])):

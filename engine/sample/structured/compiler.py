@@ -27,8 +27,8 @@ _NOISE = re.compile(r"^\[[\d:]+\] \S+:\d+: |Check failed: \(.*?\) is false: ")
 # NOTE: xgrammar 0.2.8 writes the characters of a string with minLength / maxLength as [^"\\\r\n], which lets
 # raw control characters (and tabs) into the JSON; the class of its plain strings excludes them, as JSON does.
 # (rewrite.py turns such strings into patterns first; this catches any that keep the bound.)
-_LENGTH_CHARS = r'[^\"\\\r\n]'
-_JSON_CHARS = r'[^\0-\x1f\"\\]'
+_LENGTH_CHARS = r"[^\"\\\r\n]"
+_JSON_CHARS = r"[^\0-\x1f\"\\]"
 
 
 class GrammarCache:
@@ -37,8 +37,15 @@ class GrammarCache:
     `max_whitespace`: the whitespace a JSON spec that allows whitespace may write in a row (None: any amount).
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], capacity: int = CACHE_SIZE,
-                 threads: int = 2, max_whitespace: int | None = JSON_MAX_WHITESPACE) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: list[int],
+        capacity: int = CACHE_SIZE,
+        threads: int = 2,
+        max_whitespace: int | None = JSON_MAX_WHITESPACE,
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_whitespace = max_whitespace
         self.vocab_size = vocab_size  # the model's: logits rows can be wider than the tokenizer's table
@@ -79,8 +86,9 @@ class GrammarCache:
             raise
         except Exception as exc:  # xgrammar reports every bad schema / regex / grammar as a plain error
             message = _NOISE.sub("", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-            raise InvalidRequest(f"{spec.param}: cannot compile the {_NAMES[spec.kind]}: {message}",
-                                 param=spec.param) from None
+            raise InvalidRequest(
+                f"{spec.param}: cannot compile the {_NAMES[spec.kind]}: {message}", param=spec.param
+            ) from None
         self.num_compiled += 1
         return grammar
 
@@ -110,8 +118,10 @@ def _grammar(spec: StructuredSpec, max_whitespace: int | None = JSON_MAX_WHITESP
 
     kind, value = spec.kind, spec.value
     # Whitespace between JSON tokens: bounded (or none at all when the spec allows none: xgrammar's compact form).
-    spacing = {"any_whitespace": spec.any_whitespace, "max_whitespace_cnt": max_whitespace if spec.any_whitespace
-               else None}
+    spacing = {
+        "any_whitespace": spec.any_whitespace,
+        "max_whitespace_cnt": max_whitespace if spec.any_whitespace else None,
+    }
     if kind == "json":
         schema = json.dumps(lengths_as_patterns(json.loads(value)), ensure_ascii=False)
         grammar = xgr.Grammar.from_json_schema(schema, strict_mode=True, **spacing)
@@ -153,8 +163,9 @@ def tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -
     for token, i in vocab.items():
         if i < vocab_size and i not in special:
             encoded[i] = token
-    return xgr.TokenizerInfo(encoded, vocab_type, vocab_size=vocab_size, stop_token_ids=stop_token_ids,
-                             add_prefix_space=add_prefix_space)
+    return xgr.TokenizerInfo(
+        encoded, vocab_type, vocab_size=vocab_size, stop_token_ids=stop_token_ids, add_prefix_space=add_prefix_space
+    )
 
 
 def _vocab_kind(info: Any, tokenizer: Any, vocab: dict[str, int]) -> tuple[Any, bool]:
@@ -176,11 +187,19 @@ def _structural_tag(value: str) -> Any:
     tag = json.loads(value)
     if isinstance(tag, dict) and "structures" in tag:
         # vLLM's first format: {"structures": [{"begin", "schema", "end"}], "triggers": [...]}.
-        items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
-                 for s in tag["structures"]]
+        items = [
+            xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
+            for s in tag["structures"]
+        ]
         return xgr.Grammar.from_structural_tag(items, tag.get("triggers", []))
     return xgr.Grammar.from_structural_tag(value)
 
 
-_NAMES = {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regular expression",
-          "choice": "choice list", "grammar": "grammar", "structural_tag": "structural tag"}
+_NAMES = {
+    "json": "JSON schema",
+    "json_object": "JSON object grammar",
+    "regex": "regular expression",
+    "choice": "choice list",
+    "grammar": "grammar",
+    "structural_tag": "structural tag",
+}

@@ -20,11 +20,26 @@ KINDS: tuple[str, ...] = ("json", "json_object", "regex", "choice", "grammar", "
 
 # Keywords xgrammar 0.2 compiles without enforcing them: an output could break them while the request
 # believed it was constrained. Refused rather than dropped (vLLM falls back to llguidance for most of these).
-UNSUPPORTED_KEYWORDS = frozenset({
-    "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "propertyNames",
-    "patternProperties", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
-    "$dynamicRef", "$recursiveRef",
-})
+UNSUPPORTED_KEYWORDS = frozenset(
+    {
+        "not",
+        "if",
+        "then",
+        "else",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "propertyNames",
+        "patternProperties",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "$dynamicRef",
+        "$recursiveRef",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -104,19 +119,22 @@ def check_schema(schema: Any, param: str, path: str = "#") -> None:
         if key in UNSUPPORTED_KEYWORDS:
             raise InvalidRequest(f"{param}: the JSON schema keyword {key!r} (at {path}) is not supported", param=param)
         if key == "uniqueItems" and value is True:
-            raise InvalidRequest(f"{param}: the JSON schema keyword 'uniqueItems' (at {path}) is not supported",
-                                 param=param)
+            raise InvalidRequest(
+                f"{param}: the JSON schema keyword 'uniqueItems' (at {path}) is not supported", param=param
+            )
         if key == "multipleOf" and not (isinstance(value, int) and schema.get("type") == "integer"):
             # xgrammar enforces multipleOf for integers only.
             raise InvalidRequest(f"{param}: 'multipleOf' (at {path}) is supported for integers only", param=param)
         if key == "allOf" and isinstance(value, list) and len(value) > 1:
             # xgrammar does not intersect several sub-schemas; one (a wrapped $ref) is fine.
-            raise InvalidRequest(f"{param}: 'allOf' with more than one schema (at {path}) is not supported",
-                                 param=param)
+            raise InvalidRequest(
+                f"{param}: 'allOf' with more than one schema (at {path}) is not supported", param=param
+            )
         if key in ("minLength", "maxLength") and ("pattern" in schema or "format" in schema):
             # xgrammar matches the pattern or format alone and drops the bound.
-            raise InvalidRequest(f"{param}: {key!r} together with 'pattern' or 'format' (at {path}) is not supported",
-                                 param=param)
+            raise InvalidRequest(
+                f"{param}: {key!r} together with 'pattern' or 'format' (at {path}) is not supported", param=param
+            )
         if key in ONE and isinstance(value, (dict, bool)):
             check_schema(value, param, f"{path}/{key}")
         elif key in MANY and isinstance(value, list):

@@ -44,8 +44,9 @@ def test_flashinfer_asked_for_by_name_refuses_a_head_size_it_cannot_serve() -> N
 def test_create_group_backends_builds_the_fallback_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     spec = SimpleNamespace(num_q_heads=32)
     with caplog.at_level(logging.WARNING, logger="engine.attention"):
-        (backend,) = create_group_backends("flashinfer", [GLOBAL], "cpu", spec=spec, dtype=torch.bfloat16,
-                                           kv_dtype=torch.bfloat16)
+        (backend,) = create_group_backends(
+            "flashinfer", [GLOBAL], "cpu", spec=spec, dtype=torch.bfloat16, kv_dtype=torch.bfloat16
+        )
     assert isinstance(backend, TorchRefBackend)
     assert backend.window is None
     assert "head size 512) runs on the torch attention backend" in caplog.text

@@ -12,8 +12,9 @@ from engine.attention.torch_ref import TorchRefBackend
 HQ, HK, D = 4, 2, 8
 
 
-def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft_cap: float | None,
-                    window: int | None) -> torch.Tensor:
+def dense_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft_cap: float | None, window: int | None
+) -> torch.Tensor:
     """q [q_len, HQ, D] at the last q_len positions of k, v [kv_len, HK, D], as transformers' eager Gemma path."""
     q_len, kv_len = q.shape[0], k.shape[0]
     group = q.shape[1] // k.shape[1]
@@ -27,8 +28,9 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     return torch.einsum("hqk,khd->qhd", scores.masked_fill(~seen, float("-inf")).softmax(-1), v)
 
 
-@pytest.mark.parametrize(("scale", "soft_cap", "window"), [(0.5, 2.0, None), (0.5, 2.0, 6), (0.2, None, None),
-                                                          (None, 1.5, 5)])
+@pytest.mark.parametrize(
+    ("scale", "soft_cap", "window"), [(0.5, 2.0, None), (0.5, 2.0, 6), (0.2, None, None), (None, 1.5, 5)]
+)
 def test_extras_prefill_chunks_and_decode_buckets(paged_harness, scale, soft_cap, window):
     harness = paged_harness(num_layers=1, num_kv_heads=HK, head_dim=D, page_size=4, num_pages=512)
     backend = TorchRefBackend("cpu", window=window, scale=scale, soft_cap=soft_cap)
@@ -51,8 +53,9 @@ def test_extras_prefill_chunks_and_decode_buckets(paged_harness, scale, soft_cap
             old_k, old_v = history.get(rid, (k[:0], v[:0]))
             full_k, full_v = torch.cat([old_k, k[row : row + n]]), torch.cat([old_v, v[row : row + n]])
             history[rid] = (full_k, full_v)
-            ref = dense_attention(q[row : row + n], full_k, full_v, D**-0.5 if scale is None else scale, soft_cap,
-                                  window)
+            ref = dense_attention(
+                q[row : row + n], full_k, full_v, D**-0.5 if scale is None else scale, soft_cap, window
+            )
             torch.testing.assert_close(out[row : row + n].double(), ref, atol=1e-5, rtol=1e-5)
             if soft_cap is not None:  # the cap matters on these scores
                 uncapped = dense_attention(q[row : row + n], full_k, full_v, scale or D**-0.5, None, window)

@@ -12,8 +12,12 @@ from engine.attention.torch_ref import TorchRefBackend
 from engine.errors import StartupError
 
 HQ, HK, D = 4, 2, 16
-STEPS = [[("a", 9), ("b", 1), ("c", 14)], [("a", 1), ("b", 1), ("c", 1)], [("a", 6), ("b", 1)],
-         [("a", 1), ("b", 1), ("c", 1), ("d", 3)]]
+STEPS = [
+    [("a", 9), ("b", 1), ("c", 14)],
+    [("a", 1), ("b", 1), ("c", 1)],
+    [("a", 6), ("b", 1)],
+    [("a", 1), ("b", 1), ("c", 1), ("d", 3)],
+]
 
 
 def rounded(x: torch.Tensor, scale: float) -> torch.Tensor:

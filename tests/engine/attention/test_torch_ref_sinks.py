@@ -34,7 +34,11 @@ def reference(
     seen = allowed(0, 0, q_idx, kv_idx)
     additive = torch.zeros(q_len, kv_len).masked_fill(~seen, torch.finfo(torch.float32).min)[None, None]
     out, _ = eager_attention_forward(
-        layer, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], additive,
+        layer,
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        additive,
         scaling=D**-0.5,
     )
     return out[0]

@@ -39,8 +39,9 @@ class Result:
     outputs: int = 0
 
 
-def run(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]], join_at: dict[str, int] | None = None
-        ) -> dict[str, Result]:
+def run(
+    engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]], join_at: dict[str, int] | None = None
+) -> dict[str, Result]:
     """Steps the engine to the end; request r joins at step join_at[r] (default 0). Checks the pool every step."""
     join_at = join_at or {}
     results = {r: Result() for r in requests}

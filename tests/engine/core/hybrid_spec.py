@@ -98,8 +98,9 @@ def oracle_engine(path: Path, answers: dict[tuple[int, ...], list[int]], k: int 
     """A tiny engine speculating with Oracle (on an n-gram Speculator's bookkeeping)."""
     from engine.config import SpeculativeConfig
 
-    engine = tiny_engine(path, speculative=SpeculativeConfig("ngram", num_speculative_tokens=k,
-                                                             disable_by_batch_size=256), **kw)
+    engine = tiny_engine(
+        path, speculative=SpeculativeConfig("ngram", num_speculative_tokens=k, disable_by_batch_size=256), **kw
+    )
     engine.speculator.proposer = Oracle(answers, k)
     return engine
 
@@ -122,8 +123,9 @@ def check_snapshots(engine: LLMEngine, reference: LLMEngine) -> int:
         other = reference.kv.state._snapshots.get(h)
         if other is None:
             continue
-        torch.testing.assert_close(materialise(pool.delta[:, slot]), materialise(ref.delta[:, other]), atol=1e-4,
-                                   rtol=1e-4)
+        torch.testing.assert_close(
+            materialise(pool.delta[:, slot]), materialise(ref.delta[:, other]), atol=1e-4, rtol=1e-4
+        )
         torch.testing.assert_close(pool.conv[:, slot], ref.conv[:, other], atol=1e-4, rtol=1e-4)
         compared += 1
     return compared
@@ -145,10 +147,17 @@ def random_mtp_weights(hf, seed: int = 1) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     full = hf.config.layer_types.index("full_attention")
     h = hf.config.hidden_size
-    mtp = {f"mtp.layers.0.{name.split(f'layers.{full}.', 1)[1]}": t for name, t in hf.state_dict().items()
-           if f"layers.{full}." in name}
-    mtp |= {"mtp.fc.weight": torch.empty(h, 2 * h), "mtp.norm.weight": torch.empty(h),
-            "mtp.pre_fc_norm_embedding.weight": torch.empty(h), "mtp.pre_fc_norm_hidden.weight": torch.empty(h)}
+    mtp = {
+        f"mtp.layers.0.{name.split(f'layers.{full}.', 1)[1]}": t
+        for name, t in hf.state_dict().items()
+        if f"layers.{full}." in name
+    }
+    mtp |= {
+        "mtp.fc.weight": torch.empty(h, 2 * h),
+        "mtp.norm.weight": torch.empty(h),
+        "mtp.pre_fc_norm_embedding.weight": torch.empty(h),
+        "mtp.pre_fc_norm_hidden.weight": torch.empty(h),
+    }
     for name, t in mtp.items():
         scale = 0.2 if "norm" in name else 0.15
         mtp[name] = (torch.randn(t.shape, generator=gen) * scale).float().contiguous()

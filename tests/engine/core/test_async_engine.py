@@ -17,8 +17,11 @@ from engine.sample.sampler import Sampler
 
 @pytest.fixture(scope="module")
 def engine(baked_model_path):
-    e = AsyncEngine(EngineConfig(model_path=str(baked_model_path), dtype="float32", num_kv_pages=128,
-                                 max_model_len=512, max_num_seqs=16))
+    e = AsyncEngine(
+        EngineConfig(
+            model_path=str(baked_model_path), dtype="float32", num_kv_pages=128, max_model_len=512, max_num_seqs=16
+        )
+    )
     yield e
     e.shutdown()
 

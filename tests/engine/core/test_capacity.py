@@ -11,8 +11,11 @@ from tests.engine.core.engine_run import make_engine, random_prompts
 
 
 def test_a_pool_smaller_than_one_sequence_of_max_model_len_stops_start_up(tiny_model_path):
-    with pytest.raises(StartupError, match=r"cannot hold one sequence of max_model_len=96 tokens: lower "
-                                           r"max_model_len to at most 32, or raise num_kv_pages") as err:
+    with pytest.raises(
+        StartupError,
+        match=r"cannot hold one sequence of max_model_len=96 tokens: lower "
+        r"max_model_len to at most 32, or raise num_kv_pages",
+    ) as err:
         make_engine(tiny_model_path, page_size=4, num_kv_pages=8, max_model_len=96)
     assert err.value.param == "max_model_len"
     with pytest.raises(StartupError, match="above the model's limit of 512"):
@@ -36,4 +39,3 @@ def test_sequences_outgrowing_the_pool_together_fail_as_the_requests_n(tiny_mode
     assert "cannot hold this request's 8 sequences at once: lower n, best_of or max_tokens" in exc.message
     assert list(finished) == ["one"]
     assert engine.allocator.num_free == engine.allocator.num_pages
-

@@ -10,11 +10,14 @@ from engine.core.device import resolve_dtype
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize(("amx", "avx512_bf16", "expected"), [
-    (True, True, (torch.bfloat16, "auto: the CPU has AMX")),
-    (False, True, (torch.bfloat16, "auto: the CPU has AVX512-BF16")),
-    (False, False, (torch.float32, "auto: the CPU has no bfloat16 instructions")),
-])
+@pytest.mark.parametrize(
+    ("amx", "avx512_bf16", "expected"),
+    [
+        (True, True, (torch.bfloat16, "auto: the CPU has AMX")),
+        (False, True, (torch.bfloat16, "auto: the CPU has AVX512-BF16")),
+        (False, False, (torch.float32, "auto: the CPU has no bfloat16 instructions")),
+    ],
+)
 def test_auto_follows_the_cpus_bfloat16_instructions(monkeypatch, amx, avx512_bf16, expected):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)

@@ -30,8 +30,11 @@ def test_batch_of_16_mixed_lengths_equals_each_alone(tiny, tiny_model_path):
     params = [greedy(3 + i % 10, ignore_eos=True) for i in range(16)]
     expected = [alone(tiny, p, sp).token_ids for p, sp in zip(prompts, params, strict=True)]
     engine = make_engine(tiny_model_path, page_size=4)
-    got = run(engine, {str(i): (p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))},
-              join_at={str(i): i % 5 for i in range(16)})  # requests also join mid-flight
+    got = run(
+        engine,
+        {str(i): (p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))},
+        join_at={str(i): i % 5 for i in range(16)},
+    )  # requests also join mid-flight
     assert [got[str(i)].choices[0].token_ids for i in range(16)] == expected
 
 
@@ -68,8 +71,7 @@ def test_a_preempted_group_of_choices_shares_its_prompt_again_when_it_returns(ti
     prompt = random_prompts(1, 40, 40, seed=14)[0]
     params = SamplingParams(temperature=1.0, seed=7, n=4, max_tokens=8, ignore_eos=True)
     expected = run(tiny, {"g": (prompt, params)})["g"]
-    engine = make_engine(tiny_model_path, page_size=4, num_kv_pages=30, max_model_len=96,
-                         enable_prefix_caching=False)
+    engine = make_engine(tiny_model_path, page_size=4, num_kv_pages=30, max_model_len=96, enable_prefix_caching=False)
     first = random_prompts(1, 44, 44, seed=15)[0]
     got = run(engine, {"a": (first, greedy(40, ignore_eos=True)), "g": (prompt, params)})
     assert engine.scheduler.num_preemptions > 0
@@ -106,8 +108,10 @@ def test_seeded_sampling_is_reproducible_across_batches(tiny):
     prompt = random_prompts(1, 12, 12, seed=6)[0]
     params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=10, ignore_eos=True)
     solo = alone(tiny, prompt, params).token_ids
-    others = {f"o{i}": (p, SamplingParams(temperature=1.0, seed=None if i % 2 else i, max_tokens=4 + i))
-              for i, p in enumerate(random_prompts(5, 3, 30, seed=7))}
+    others = {
+        f"o{i}": (p, SamplingParams(temperature=1.0, seed=None if i % 2 else i, max_tokens=4 + i))
+        for i, p in enumerate(random_prompts(5, 3, 30, seed=7))
+    }
     mixed = run(tiny, {"x": (prompt, params)} | others)
     assert mixed["x"].choices[0].token_ids == solo
     # Choice 0 of n draws from the seed's own stream; the others from streams derived from (seed, i).
@@ -124,8 +128,9 @@ def unstopped_run(engine: LLMEngine) -> tuple[list[int], Choice, str]:
     prompt = random_prompts(1, 10, 10, seed=8)[0]
     full = alone(engine, prompt, greedy(24, ignore_eos=True))
     text = full.text
-    stop = next(text[i : i + 3] for i in range(4, len(text) - 3) if text[i : i + 3].strip() and
-                text.find(text[i : i + 3]) == i)
+    stop = next(
+        text[i : i + 3] for i in range(4, len(text) - 3) if text[i : i + 3].strip() and text.find(text[i : i + 3]) == i
+    )
     return prompt, full, stop
 
 
@@ -183,14 +188,29 @@ def test_beam_search_returns_the_best_beams(tiny, tiny_model_path):
     import transformers as tf
 
     prompt = random_prompts(1, 7, 7, seed=10)[0]
-    got = run(tiny, {"b": (prompt, SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0.0,
-                                                   max_tokens=8, ignore_eos=True))})["b"]
+    got = run(
+        tiny,
+        {
+            "b": (
+                prompt,
+                SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0.0, max_tokens=8, ignore_eos=True),
+            )
+        },
+    )["b"]
     assert got.outputs == 1 and len(got.choices) == 2
     hf = tf.AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), num_beams=3, num_return_sequences=2, max_new_tokens=8,
-                          min_new_tokens=8, do_sample=False, early_stopping=False, length_penalty=1.0)
-    assert [got.choices[i].token_ids for i in range(2)] == ref[:, len(prompt):].tolist()
+        ref = hf.generate(
+            torch.tensor([prompt]),
+            num_beams=3,
+            num_return_sequences=2,
+            max_new_tokens=8,
+            min_new_tokens=8,
+            do_sample=False,
+            early_stopping=False,
+            length_penalty=1.0,
+        )
+    assert [got.choices[i].token_ids for i in range(2)] == ref[:, len(prompt) :].tolist()
 
 
 def test_logprobs_match_transformers(tiny, tiny_model_path):
@@ -242,8 +262,13 @@ def test_context_limit(tiny_model_path):
         engine.add_request("b", list(range(3, 31)), greedy(5))
     assert err.value.param == "max_tokens"
     assert not engine.has_unfinished()
-    res = run(engine, {"c": (list(range(3, 103)), greedy(4, truncate_prompt_tokens=10, ignore_eos=True)),
-                       "d": (list(range(3, 23)), SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True))})
+    res = run(
+        engine,
+        {
+            "c": (list(range(3, 103)), greedy(4, truncate_prompt_tokens=10, ignore_eos=True)),
+            "d": (list(range(3, 23)), SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)),
+        },
+    )
     assert res["c"].last.num_prompt_tokens == 10 and res["c"].last.prompt_token_ids == list(range(93, 103))
     assert len(res["d"].choices[0].token_ids) == 32 - 20 and res["d"].choices[0].finish_reason == "length"
 

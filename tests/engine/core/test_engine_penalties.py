@@ -23,13 +23,30 @@ PENALTIES = [
 
 def requests() -> dict[str, tuple[list[int], SamplingParams]]:
     prompts = random_prompts(len(PENALTIES), 1, 30, seed=21)
-    reqs = {f"g{i}": (p, greedy(24 + 3 * i, ignore_eos=True, **kw))
-            for i, (p, kw) in enumerate(zip(prompts, PENALTIES, strict=True))}
+    reqs = {
+        f"g{i}": (p, greedy(24 + 3 * i, ignore_eos=True, **kw))
+        for i, (p, kw) in enumerate(zip(prompts, PENALTIES, strict=True))
+    }
     prompt = random_prompts(1, 12, 12, seed=22)[0]
-    reqs["n"] = (prompt, SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=20, ignore_eos=True,
-                                        repetition_penalty=1.4, frequency_penalty=0.6))
-    reqs["beam"] = (prompt, SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0.0, max_tokens=12,
-                                           ignore_eos=True, presence_penalty=1.2, repetition_penalty=1.2))
+    reqs["n"] = (
+        prompt,
+        SamplingParams(
+            n=3, temperature=1.0, seed=3, max_tokens=20, ignore_eos=True, repetition_penalty=1.4, frequency_penalty=0.6
+        ),
+    )
+    reqs["beam"] = (
+        prompt,
+        SamplingParams(
+            n=2,
+            best_of=3,
+            use_beam_search=True,
+            temperature=0.0,
+            max_tokens=12,
+            ignore_eos=True,
+            presence_penalty=1.2,
+            repetition_penalty=1.2,
+        ),
+    )
     return reqs
 
 
@@ -46,9 +63,18 @@ def test_penalised_outputs_equal_the_reference(tiny_model_path, monkeypatch):
         want = tokens(make_engine(tiny_model_path, page_size=4), reqs)
     assert got == want
     # The penalties must change something, or the comparison proves nothing.
-    plain = tokens(make_engine(tiny_model_path, page_size=4),
-                   {r: (p, SamplingParams(**{**params.__dict__, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
-                                                "presence_penalty": 0.0})) for r, (p, params) in reqs.items()})
+    plain = tokens(
+        make_engine(tiny_model_path, page_size=4),
+        {
+            r: (
+                p,
+                SamplingParams(
+                    **{**params.__dict__, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+                ),
+            )
+            for r, (p, params) in reqs.items()
+        },
+    )
     changed = [r for r in reqs if plain[r] != got[r]]
     assert len(changed) >= len(reqs) - 2, changed
 

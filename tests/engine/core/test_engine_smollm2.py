@@ -25,13 +25,16 @@ def test_greedy_matches_transformers_generate(smol, baked_model_path):
 
     hf = tf.AutoModelForCausalLM.from_pretrained(baked_model_path, dtype=torch.float32).eval()
     tok = smol.tokenizer
-    texts = ["The capital of France is", "def fibonacci(n):",
-             "<|im_start|>user\nWhat is 2+2? Answer briefly.<|im_end|>\n<|im_start|>assistant\n"]
+    texts = [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "<|im_start|>user\nWhat is 2+2? Answer briefly.<|im_end|>\n<|im_start|>assistant\n",
+    ]
     prompts = [tok.encode(t) for t in texts]
     got = run(smol, {str(i): (p, greedy(20)) for i, p in enumerate(prompts)})
     for i, p in enumerate(prompts):
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([p]), max_new_tokens=20, do_sample=False)[0, len(p):].tolist()
+            ref = hf.generate(torch.tensor([p]), max_new_tokens=20, do_sample=False)[0, len(p) :].tolist()
         assert got[str(i)].choices[0].token_ids == ref
         assert got[str(i)].choices[0].text == tok.decode(ref, skip_special_tokens=True)
     assert got["2"].choices[0].finish_reason == "stop"  # the chat answer ends on <|im_end|>
@@ -48,11 +51,11 @@ def test_smollm2_request_alone_equals_in_a_batch_of_16(smol, baked_model_path):
     batch |= {f"o{i}": (p, greedy(4 + i % 9, ignore_eos=True)) for i, p in enumerate(prompts)}
     assert run(smol, batch)["t"].choices[0].token_ids == alone
     # Chunked prefill (32-token budget) and a pool of 8 pages, small enough to preempt, in one run.
-    tight = make_engine(baked_model_path, dtype="float32", num_kv_pages=8, max_model_len=96,
-                        max_num_batched_tokens=32, page_size=16)
+    tight = make_engine(
+        baked_model_path, dtype="float32", num_kv_pages=8, max_model_len=96, max_num_batched_tokens=32, page_size=16
+    )
     assert run(tight, batch)["t"].choices[0].token_ids == alone
     assert tight.scheduler.num_preemptions > 0
 
 
 # ---- the tiny model
-

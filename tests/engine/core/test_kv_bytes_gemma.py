@@ -15,12 +15,30 @@ from engine.core.kv_sizing import page_bytes
 from engine.model.models import model_class
 
 CONTEXT, PAGE, BF16 = 32768, 16, 2
-GEMMA3_27B = {"architectures": ["Gemma3ForCausalLM"], "hidden_size": 5376, "intermediate_size": 21504,
-              "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
-              "query_pre_attn_scalar": 168, "sliding_window": 1024, "vocab_size": 262208}
-GEMMA4_DEFAULT = {"architectures": ["Gemma4ForCausalLM"], "hidden_size": 2304, "intermediate_size": 9216,
-                  "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-                  "global_head_dim": 512, "sliding_window": 512, "vocab_size": 262144}
+GEMMA3_27B = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "hidden_size": 5376,
+    "intermediate_size": 21504,
+    "num_hidden_layers": 62,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 16,
+    "head_dim": 128,
+    "query_pre_attn_scalar": 168,
+    "sliding_window": 1024,
+    "vocab_size": 262208,
+}
+GEMMA4_DEFAULT = {
+    "architectures": ["Gemma4ForCausalLM"],
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "sliding_window": 512,
+    "vocab_size": 262144,
+}
 
 
 def bytes_per_token(config: dict) -> tuple[float, int]:
@@ -40,14 +58,22 @@ def bytes_per_token(config: dict) -> tuple[float, int]:
     return held, whole
 
 
-@pytest.mark.parametrize(("name", "config", "expected_held", "expected_whole"), [
-    ("gemma3-27b", GEMMA3_27B, 81920 + 52 * 8192 * 1040 / CONTEXT, 62 * 8192),
-    ("gemma4-default", GEMMA4_DEFAULT, 5 * 8192 + 25 * 4096 * 528 / CONTEXT, 25 * 4096 + 5 * 8192),
-    ("gemma4-default-10-shared", {**GEMMA4_DEFAULT, "num_kv_shared_layers": 10},
-     3 * 8192 + 17 * 4096 * 528 / CONTEXT, 25 * 4096 + 5 * 8192),  # layers 20-29 (two global) hold none
-])
+@pytest.mark.parametrize(
+    ("name", "config", "expected_held", "expected_whole"),
+    [
+        ("gemma3-27b", GEMMA3_27B, 81920 + 52 * 8192 * 1040 / CONTEXT, 62 * 8192),
+        ("gemma4-default", GEMMA4_DEFAULT, 5 * 8192 + 25 * 4096 * 528 / CONTEXT, 25 * 4096 + 5 * 8192),
+        (
+            "gemma4-default-10-shared",
+            {**GEMMA4_DEFAULT, "num_kv_shared_layers": 10},
+            3 * 8192 + 17 * 4096 * 528 / CONTEXT,
+            25 * 4096 + 5 * 8192,
+        ),  # layers 20-29 (two global) hold none
+    ],
+)
 def test_kv_bytes_per_token_against_every_layer_whole(name, config, expected_held, expected_whole):
     held, whole = bytes_per_token(config)
-    print(f"{name}: {held:,.0f} B/token held by the KV groups vs {whole:,} whole ({held / whole:.1%}) at "
-          f"{CONTEXT} tokens")
+    print(
+        f"{name}: {held:,.0f} B/token held by the KV groups vs {whole:,} whole ({held / whole:.1%}) at {CONTEXT} tokens"
+    )
     assert held == pytest.approx(expected_held) and whole == expected_whole

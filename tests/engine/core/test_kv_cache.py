@@ -17,8 +17,9 @@ def chain(token_pages: list[list[int]]) -> list[bytes]:
 
 
 def test_pool_layout_and_page_copy():
-    pool = PagePool(num_layers=3, num_pages=5, page_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16,
-                    device="cpu")
+    pool = PagePool(
+        num_layers=3, num_pages=5, page_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16, device="cpu"
+    )
     assert len(pool.kv_caches) == 3
     for k, v in pool.kv_caches:
         assert k.shape == v.shape == (5, 4, 2, 8) and k.dtype == torch.bfloat16 and k.is_contiguous()

@@ -30,8 +30,9 @@ def alone(engine, prompt: list[int], params: SamplingParams) -> list[int]:
 def test_fp8_pages_double_the_pool_of_bf16_for_the_same_bytes(tiny_model_path):
     budget = 3 << 20
     bf16 = make_engine(tiny_model_path, dtype="bfloat16", num_kv_pages=None, kv_cache_bytes=budget)
-    fp8 = make_engine(tiny_model_path, dtype="bfloat16", num_kv_pages=None, kv_cache_bytes=budget,
-                      kv_cache_dtype="fp8_e4m3")
+    fp8 = make_engine(
+        tiny_model_path, dtype="bfloat16", num_kv_pages=None, kv_cache_bytes=budget, kv_cache_dtype="fp8_e4m3"
+    )
     assert fp8.allocator.num_pages == 2 * bf16.allocator.num_pages
     assert fp8.pool.data.dtype == FP8 and bf16.pool.data.dtype == torch.bfloat16
     assert fp8.describe()["kv_dtype"] == "float8_e4m3fn" and bf16.describe()["kv_dtype"] == "bfloat16"
@@ -46,8 +47,9 @@ def test_tiny_model_logits_stay_within_the_stated_drift_of_bf16_pages(kind, tmp_
     batch = [(r, torch.randint(0, 128, (n,), generator=gen).tolist()) for r, n in (("a", 9), ("b", 1), ("c", 40))]
     logits = []
     for kv_dtype in (torch.bfloat16, FP8):
-        harness = paged_harness(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                                dtype=kv_dtype)
+        harness = paged_harness(
+            num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, dtype=kv_dtype
+        )
         input_ids, positions, meta = harness.step(batch)
         backend = TorchRefBackend("cpu")
         backend.plan(meta)
@@ -63,8 +65,11 @@ def test_a_batch_on_fp8_pages_equals_each_request_alone(fp8_alone, tiny_model_pa
     params = [greedy(3 + i % 8, ignore_eos=True) for i in range(10)]
     expected = [alone(fp8_alone, p, sp) for p, sp in zip(prompts, params, strict=True)]
     engine = make_engine(tiny_model_path, page_size=4, kv_cache_dtype="fp8")
-    got = run(engine, {str(i): (p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))},
-              join_at={str(i): i % 4 for i in range(10)})
+    got = run(
+        engine,
+        {str(i): (p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))},
+        join_at={str(i): i % 4 for i in range(10)},
+    )
     assert [got[str(i)].choices[0].token_ids for i in range(10)] == expected
 
 
@@ -84,13 +89,21 @@ def test_preempted_forked_choices_on_fp8_pages_give_the_same_tokens(fp8_alone, t
     prompt = random_prompts(1, 40, 40, seed=14)[0]
     params = SamplingParams(temperature=1.0, seed=7, n=4, max_tokens=8, ignore_eos=True)
     expected = run(fp8_alone, {"g": (prompt, params)})["g"]
-    engine = make_engine(tiny_model_path, page_size=4, num_kv_pages=30, max_model_len=96,
-                         enable_prefix_caching=False, kv_cache_dtype="fp8")
-    got = run(engine, {"a": (random_prompts(1, 44, 44, seed=15)[0], greedy(40, ignore_eos=True)),
-                       "g": (prompt, params)})
+    engine = make_engine(
+        tiny_model_path,
+        page_size=4,
+        num_kv_pages=30,
+        max_model_len=96,
+        enable_prefix_caching=False,
+        kv_cache_dtype="fp8",
+    )
+    got = run(
+        engine, {"a": (random_prompts(1, 44, 44, seed=15)[0], greedy(40, ignore_eos=True)), "g": (prompt, params)}
+    )
     assert engine.scheduler.num_preemptions > 0
     assert {i: c.token_ids for i, c in got["g"].choices.items()} == {
-        i: c.token_ids for i, c in expected.choices.items()}
+        i: c.token_ids for i, c in expected.choices.items()
+    }
     prompts = random_prompts(6, 8, 14, seed=4)
     want = [alone(fp8_alone, p, greedy(18, ignore_eos=True)) for p in prompts]
     tight = make_engine(tiny_model_path, page_size=4, num_kv_pages=14, max_model_len=40, kv_cache_dtype="fp8")
@@ -144,11 +157,11 @@ def test_default_model_on_fp8_pages_answers_as_on_float_pages(dtype, baked_model
         prompt = chat(engine, FRANCE)
         ids = prompt + engine.tokenizer.encode(CONTINUATION, add_special_tokens=False)
         forced = run(engine, {"f": (ids, SamplingParams(max_tokens=1, prompt_logprobs=0))})["f"]
-        logprobs[kv] = [p.chosen.logprob for p in forced.first.prompt_logprobs[len(prompt):]]
+        logprobs[kv] = [p.chosen.logprob for p in forced.first.prompt_logprobs[len(prompt) :]]
     for q in questions:
         ours, want = answers["fp8"][q], answers["auto"][q]
         if ours != want:  # the first token that differs is one of the float cache's near-ties
-            i = next(j for j, (a, b) in enumerate(zip(ours, want)) if a != b)
+            i = next(j for j, (a, b) in enumerate(zip(ours, want, strict=False)) if a != b)
             top = {t.token_id: t.logprob for t in tops["auto"][q][i].top}
             assert ours[i] in top and top[want[i]] - top[ours[i]] < DEFAULT_LOGPROB_MAX[dtype], (q, i)
     assert answers["fp8"][questions[1]] == answers["auto"][questions[1]]  # 2+2 has no near-tie

@@ -91,16 +91,19 @@ def test_fp8_pages_keep_logprobs_within_the_bound(family, dtype, family_path):
     assert within_bound(teacher["fp8"][0], teacher["auto"][0])
 
     # Decode: the FP8 engine's greedy tokens and their logprobs against the float cache's for the same tokens.
-    _, tokens, decoded, _ = finish(engines["fp8"], "g", prompt, SamplingParams(temperature=0.0, max_tokens=16,
-                                                                               ignore_eos=True, logprobs=0))
+    _, tokens, decoded, _ = finish(
+        engines["fp8"], "g", prompt, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=0)
+    )
     assert len(tokens) == 16
     assert within_bound(decoded, forced(engines["auto"], "g", prompt + tokens, len(prompt))[0])
 
     # A prefix-cache hit reads the FP8 pages "g" wrote, and decodes what computing them again decoded.
-    _, hit_tokens, hit, cached = finish(engines["fp8"], "h", prompt, SamplingParams(temperature=0.0, max_tokens=16,
-                                                                                    ignore_eos=True, logprobs=0))
+    _, hit_tokens, hit, cached = finish(
+        engines["fp8"], "h", prompt, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=0)
+    )
     assert cached >= len(prompt) - len(prompt) % 4
     assert hit_tokens == tokens and hit == decoded
+
 
 @pytest.mark.parametrize("family", ["gemma4", "gpt_oss"])
 def test_preemption_on_fp8_pages_recomputes_the_same_tokens(family, family_path):

@@ -15,16 +15,27 @@ FULL, WIN = KVGroupSpec((0,), 2, 8), KVGroupSpec((1, 2), 2, 8, window=8)
 PS = 4
 
 
-@pytest.mark.parametrize(("config", "windows"), [
-    ({"model_type": "llama"}, [None] * 3),
-    ({"model_type": "mistral", "sliding_window": 16}, [16] * 3),
-    ({"model_type": "mistral", "sliding_window": None}, [None] * 3),
-    ({"model_type": "qwen2", "sliding_window": 16, "max_window_layers": 1}, [None] * 3),  # off by default
-    ({"model_type": "qwen2", "sliding_window": 16, "use_sliding_window": True, "max_window_layers": 1},
-     [None, 16, 16]),
-    ({"model_type": "gemma3", "sliding_window": 16,
-      "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}, [16, None, 16]),
-])
+@pytest.mark.parametrize(
+    ("config", "windows"),
+    [
+        ({"model_type": "llama"}, [None] * 3),
+        ({"model_type": "mistral", "sliding_window": 16}, [16] * 3),
+        ({"model_type": "mistral", "sliding_window": None}, [None] * 3),
+        ({"model_type": "qwen2", "sliding_window": 16, "max_window_layers": 1}, [None] * 3),  # off by default
+        (
+            {"model_type": "qwen2", "sliding_window": 16, "use_sliding_window": True, "max_window_layers": 1},
+            [None, 16, 16],
+        ),
+        (
+            {
+                "model_type": "gemma3",
+                "sliding_window": 16,
+                "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            },
+            [16, None, 16],
+        ),
+    ],
+)
 def test_layer_windows_as_transformers_reads_them(config, windows):
     assert layer_windows(config, 3) == windows
 
@@ -115,8 +126,9 @@ def test_full_attention_engine_keeps_its_pool_figures(tiny_model_path):
 
 
 def test_window_engine_sizes_its_window_group_by_its_cap(tiny_window_model_path):
-    engine = make_engine(tiny_window_model_path, num_kv_pages=200, page_size=4, max_num_seqs=4,
-                         max_num_batched_tokens=16)
+    engine = make_engine(
+        tiny_window_model_path, num_kv_pages=200, page_size=4, max_num_seqs=4, max_num_batched_tokens=16
+    )
     assert engine.describe()["kv_groups"] == "full:1x,window(8):2x"
     assert engine.describe()["kv_pages_by_group"] == [200, 4 * (3 + 1) + 4]
     assert engine.pools[1].num_pages == 21  # and the NULL page

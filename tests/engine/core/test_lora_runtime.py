@@ -20,8 +20,7 @@ from tests.lora_adapters import ALL_TARGETS, write_adapter
 
 def runtime_engine(path, adapters=None, **lora) -> LLMEngine:
     lora = LoraConfig(adapters or {}, **{"max_loras": 2, "max_lora_rank": 8, "runtime": True, **lora})
-    return LLMEngine(EngineConfig(model_path=str(path), lora=lora, max_num_seqs=16, num_kv_pages=256,
-                                  dtype="float32"))
+    return LLMEngine(EngineConfig(model_path=str(path), lora=lora, max_num_seqs=16, num_kv_pages=256, dtype="float32"))
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +110,14 @@ def test_bad_adapters_and_names_are_refused_in_one_line(tiny_model_path, folders
 
 
 def test_the_async_engine_loads_between_steps_while_a_stream_runs(tiny_model_path, folders):
-    engine = AsyncEngine(EngineConfig(model_path=str(tiny_model_path), dtype="float32", num_kv_pages=256,
-                                      lora=LoraConfig({}, max_loras=2, max_lora_rank=8, runtime=True)))
+    engine = AsyncEngine(
+        EngineConfig(
+            model_path=str(tiny_model_path),
+            dtype="float32",
+            num_kv_pages=256,
+            lora=LoraConfig({}, max_loras=2, max_lora_rank=8, runtime=True),
+        )
+    )
     prompt = random_prompts(1, 12, 12, seed=9)[0]
 
     async def scenario() -> tuple[list[int], list[int]]:

@@ -20,8 +20,10 @@ from tests.engine.image.test_gemma_preprocess import PAN_AND_SCAN
 PIL = pytest.importorskip("PIL.Image")
 TOKENS = 4
 SPECIAL = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
-TEXTS = ["<|im_start|>user\n<start_of_image>What is in these?<start_of_image><start_of_image> Say.<|im_end|>\n",
-         "<start_of_image>\n<start_of_image>"]
+TEXTS = [
+    "<|im_start|>user\n<start_of_image>What is in these?<start_of_image><start_of_image> Say.<|im_end|>\n",
+    "<start_of_image>\n<start_of_image>",
+]
 
 
 def _picture(width: int, height: int, seed: int):
@@ -50,8 +52,9 @@ def _intake(path) -> tuple[ImageIntake, list[int]]:
     from engine.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_folder(path)
-    boi, image, eoi = tokenizer.convert_tokens_to_ids([SPECIAL["boi_token"], SPECIAL["image_token"],
-                                                       SPECIAL["eoi_token"]])
+    boi, image, eoi = tokenizer.convert_tokens_to_ids(
+        [SPECIAL["boi_token"], SPECIAL["image_token"], SPECIAL["eoi_token"]]
+    )
     vision = VisionSpec(image, TOKENS, PAN_AND_SCAN["size"]["height"], boi, eoi, bidirectional=True)
     return ImageIntake(vision, str(path), tokenizer, max_chunk=512), tokenizer
 

@@ -23,11 +23,14 @@ def with_pooling(src, dst, mode: str | None, normalize: bool = True, **config_ke
     """A copy of the tiny model with sentence-transformers files for `mode` (None: none shipped)."""
     shutil.copytree(src, dst)
     if mode is not None:
-        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        ]
         if normalize:
-            modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
-                            "type": "sentence_transformers.models.Normalize"})
+            modules.append(
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+            )
         (dst / "modules.json").write_text(json.dumps(modules))
         (dst / "1_Pooling").mkdir()
         flags = {f"pooling_mode_{m}": m == mode for m in ("mean_tokens", "cls_token", "lasttoken", "max_tokens")}
@@ -69,8 +72,10 @@ def hf(tiny_model_path):
     return AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32).eval()
 
 
-@pytest.mark.parametrize(("mode", "method", "normalize"), [
-    ("mean_tokens", "mean", True), ("cls_token", "cls", False), ("lasttoken", "last", True), (None, "last", True)])
+@pytest.mark.parametrize(
+    ("mode", "method", "normalize"),
+    [("mean_tokens", "mean", True), ("cls_token", "cls", False), ("lasttoken", "last", True), (None, "last", True)],
+)
 def test_pooled_hidden_states_match_transformers(tiny_model_path, tmp_path, hf, mode, method, normalize):
     path = with_pooling(tiny_model_path, tmp_path / "m", mode, normalize)
     # A 16-token step budget: the longer prompts run in chunks, which the pooling folds together.
@@ -80,8 +85,9 @@ def test_pooled_hidden_states_match_transformers(tiny_model_path, tmp_path, hf, 
     got = embed_all(engine, prompts)
     for n, prompt in prompts.items():
         assert got[n].num_prompt_tokens == len(prompt)
-        torch.testing.assert_close(torch.tensor(got[n].embedding), reference(hf, prompt, method, normalize),
-                                   atol=ATOL, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(got[n].embedding), reference(hf, prompt, method, normalize), atol=ATOL, rtol=0
+        )
     # A batch equals each alone (to float32 rounding: the batch splits the prompts into other chunks).
     for n, prompt in prompts.items():
         close(got[n].embedding, embed_all(engine, {n: prompt})[n].embedding)
@@ -124,8 +130,9 @@ def test_last_token_pooling_shares_the_prefix_cache_and_mean_pooling_runs_every_
         run(engine, {"chat": (prompt, greedy(2, ignore_eos=True))})  # its full pages stay in the prefix cache
         hit = embed_all(engine, {"a": prompt})["a"]
         assert hit.num_cached_tokens == cached
-        cold = embed_all(make_engine(engine.config.model_path, page_size=4, enable_prefix_caching=False),
-                         {"a": prompt})["a"]
+        cold = embed_all(
+            make_engine(engine.config.model_path, page_size=4, enable_prefix_caching=False), {"a": prompt}
+        )["a"]
         close(hit.embedding, cold.embedding)
 
 
@@ -134,8 +141,9 @@ def test_dimensions_shorten_only_a_matryoshka_model(tiny_model_path, tmp_path, h
     with pytest.raises(InvalidRequest) as err:
         plain.prepare([5, 6, 7], PoolingParams(plain.spec.pooling, dimensions=16))
     assert err.value.param == "dimensions"
-    listed = make_engine(with_pooling(tiny_model_path, tmp_path / "mrl", None, matryoshka_dimensions=[16, 32, 64]),
-                         page_size=4)
+    listed = make_engine(
+        with_pooling(tiny_model_path, tmp_path / "mrl", None, matryoshka_dimensions=[16, 32, 64]), page_size=4
+    )
     prompt = random_prompts(1, 9, 9, seed=5)[0]
     got = embed_all(listed, {"a": prompt}, dimensions=16)["a"].embedding
     assert len(got) == 16

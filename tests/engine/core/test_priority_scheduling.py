@@ -16,8 +16,11 @@ PROMPT = list(range(10, 60))  # 50 tokens: a 64-token step budget admits one new
 
 
 def engine(model_path, policy: str, **config) -> LLMEngine:
-    return LLMEngine(EngineConfig(model_path=str(model_path), dtype="float32", scheduling_policy=policy,
-                                  max_num_batched_tokens=64, **config))
+    return LLMEngine(
+        EngineConfig(
+            model_path=str(model_path), dtype="float32", scheduling_policy=policy, max_num_batched_tokens=64, **config
+        )
+    )
 
 
 def first_tokens(eng: LLMEngine) -> list[str]:
@@ -48,8 +51,7 @@ def test_the_lowest_priority_running_request_is_preempted_first(tiny_model_path)
     # 12 pages of 16 tokens: three 50-token prompts fit, and growing them to 80 tokens each does not
     eng = engine(tiny_model_path, "priority", num_kv_pages=12, enable_prefix_caching=False)
     for name, priority in (("urgent", 0), ("normal", 1), ("idle", 9)):
-        eng.add_request(name, PROMPT, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True,
-                                                     priority=priority))
+        eng.add_request(name, PROMPT, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, priority=priority))
     preempted: list[str] = []
     while eng.has_unfinished():
         before = eng.scheduler.num_preemptions

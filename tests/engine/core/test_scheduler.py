@@ -31,8 +31,9 @@ def fake_token(seq: Sequence) -> int:
 class Driver:
     """Runs schedule -> commit -> append, checking the invariants after every step."""
 
-    def __init__(self, num_pages: int, page_size: int = 4, max_num_seqs: int = 8, budget: int = 64,
-                 prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_pages: int, page_size: int = 4, max_num_seqs: int = 8, budget: int = 64, prefix_caching: bool = True
+    ) -> None:
         kv = KVCacheManager([KVGroupSpec((0,), 1, 8)], [num_pages], page_size, prefix_caching)
         self.alloc = kv.allocators[0]
         self.sched = Scheduler(kv, max_num_seqs, budget)

@@ -54,8 +54,9 @@ def test_scores_match_transformers_alone_chunked_and_batched(encoder) -> None:
     for n, prompt in prompts.items():
         want = reference_scores(hf, kind, prompt)
         torch.testing.assert_close(torch.tensor(batched[n]), torch.tensor(want), atol=ATOL, rtol=0)
-        torch.testing.assert_close(torch.tensor(score_all(engine, {n: prompt})[n]), torch.tensor(want), atol=ATOL,
-                                   rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(score_all(engine, {n: prompt})[n]), torch.tensor(want), atol=ATOL, rtol=0
+        )
     assert len({round(v[0], 6) for v in batched.values()}) == len(prompts)  # the scores do depend on the prompt
 
 
@@ -77,8 +78,9 @@ def test_a_shared_prefix_is_served_from_the_prefix_cache(encoder) -> None:
     while engine.has_unfinished():
         outs += engine.step()
     assert outs[0].num_cached_tokens >= 20  # the query's whole pages
-    torch.testing.assert_close(torch.tensor(outs[0].embedding), torch.tensor(reference_scores(hf, kind, query + docs[1])),
-                               atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(outs[0].embedding), torch.tensor(reference_scores(hf, kind, query + docs[1])), atol=ATOL, rtol=0
+    )
 
 
 def test_a_cross_encoder_scores_through_the_async_engine_and_does_not_generate(encoder) -> None:
@@ -98,8 +100,9 @@ def test_a_cross_encoder_scores_through_the_async_engine_and_does_not_generate(e
         scored = asyncio.run(calls())
     finally:
         async_engine.shutdown()
-    torch.testing.assert_close(torch.tensor(scored.embedding), torch.tensor(reference_scores(hf, kind, prompt)),
-                               atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(scored.embedding), torch.tensor(reference_scores(hf, kind, prompt)), atol=ATOL, rtol=0
+    )
 
 
 def _rewrite(folder, **keys) -> None:
@@ -108,15 +111,29 @@ def _rewrite(folder, **keys) -> None:
     (folder / "config.json").write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize(("kind", "keys", "words"), [
-    ("llama", {"num_labels": 2, "id2label": {"0": "a", "1": "b"}}, "config.json gives 2 labels, score.weight has 1"),
-    ("reranker", {"classifier_from_token": ["no"]}, "classifier_from_token is supported as Qwen3-Reranker's"),
-    ("reranker", {"classifier_from_token": ["no", "not-a-single-token"]}, "is not one token of the vocabulary"),
-    ("reranker", {"architectures": ["Qwen3ForCausalLM"], "is_original_qwen3_reranker": False,
-                  "classifier_from_token": None}, None),
-    ("llama", {"architectures": ["MistralForSequenceClassification"]}, "MistralForSequenceClassification is not supported"),
-    ("llama", {"architectures": ["BertForSequenceClassification"]}, "bidirectional encoder (BERT-like)"),
-])
+@pytest.mark.parametrize(
+    ("kind", "keys", "words"),
+    [
+        (
+            "llama",
+            {"num_labels": 2, "id2label": {"0": "a", "1": "b"}},
+            "config.json gives 2 labels, score.weight has 1",
+        ),
+        ("reranker", {"classifier_from_token": ["no"]}, "classifier_from_token is supported as Qwen3-Reranker's"),
+        ("reranker", {"classifier_from_token": ["no", "not-a-single-token"]}, "is not one token of the vocabulary"),
+        (
+            "reranker",
+            {"architectures": ["Qwen3ForCausalLM"], "is_original_qwen3_reranker": False, "classifier_from_token": None},
+            None,
+        ),
+        (
+            "llama",
+            {"architectures": ["MistralForSequenceClassification"]},
+            "MistralForSequenceClassification is not supported",
+        ),
+        ("llama", {"architectures": ["BertForSequenceClassification"]}, "bidirectional encoder (BERT-like)"),
+    ],
+)
 def test_checkpoints_the_engine_cannot_score_fail_in_one_line(tmp_path, baked_model_path, kind, keys, words) -> None:
     from engine.model.folder_check import check_model_folder
 

@@ -11,11 +11,14 @@ from engine.config import SpeculativeConfig
 from engine.sample.params import SamplingParams
 from tests.engine.core.engine_run import greedy, make_engine, run
 
-TEXT = ("The committee met on Tuesday to review the budget. It approved the new library, the park repairs and the "
-        "bus route, and it asked the mayor to report back in June.")
+TEXT = (
+    "The committee met on Tuesday to review the budget. It approved the new library, the park repairs and the "
+    "bus route, and it asked the mayor to report back in June."
+)
 # Speculating at every batch size these tests run (the default turns it off above 4 decoding sequences).
-NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2,
-                          disable_by_batch_size=256)
+NGRAM = SpeculativeConfig(
+    "ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2, disable_by_batch_size=256
+)
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +74,12 @@ def test_max_tokens_cut_mid_proposal_and_stops_drop_what_follows(engines, prompt
     assert accepted > 0
     for r in requests:
         x, y = a[r].choices[0], b[r].choices[0]
-        assert (y.token_ids, y.text, y.finish_reason, y.stop_reason) == (x.token_ids, x.text, x.finish_reason,
-                                                                          x.stop_reason), r
+        assert (y.token_ids, y.text, y.finish_reason, y.stop_reason) == (
+            x.token_ids,
+            x.text,
+            x.finish_reason,
+            x.stop_reason,
+        ), r
     for m in (1, 2, 3, 5, 6, 7, 11):
         assert len(b[f"max{m}"].choices[0].token_ids) == m
         assert b[f"max{m}"].last.num_generated_tokens == m
@@ -113,7 +120,8 @@ def test_n_2_choices_speculate_each_on_its_own(engines, prompts):
     sampled = {"s": (prompts["repeat"], SamplingParams(temperature=0.8, max_tokens=20, n=2, seed=7))}
     out = run(engines[1], sampled)["s"]  # run() checks the pool: no page leaked
     assert [len(c.token_ids) for c in out.choices.values()] == [20, 20] or any(
-        c.finish_reason == "stop" for c in out.choices.values())
+        c.finish_reason == "stop" for c in out.choices.values()
+    )
 
 
 def test_an_abort_after_a_verify_frees_its_pages_and_leaves_the_others_alone(engines, prompts):
@@ -137,8 +145,12 @@ def test_an_abort_after_a_verify_frees_its_pages_and_leaves_the_others_alone(eng
 
 def test_preemption_on_a_small_kv_pool_gives_the_same_tokens(baked_model_path, engines, prompts):
     tight = make_engine(baked_model_path, num_kv_pages=14, max_model_len=160, page_size=16, speculative=NGRAM)
-    requests = {f"{name}{i}": (p, greedy(30 + 4 * i, ignore_eos=True)) for i in range(2)
-                for name, p in prompts.items() if name != "edit"}
+    requests = {
+        f"{name}{i}": (p, greedy(30 + 4 * i, ignore_eos=True))
+        for i in range(2)
+        for name, p in prompts.items()
+        if name != "edit"
+    }
     a = run(engines[0], requests)
     b = run(tight, requests)
     assert _tokens(a) == _tokens(b)
@@ -159,8 +171,9 @@ def test_a_second_turn_reads_prefix_pages_that_hold_only_accepted_tokens(engines
 
 
 def test_a_large_batch_turns_speculation_off_for_the_step(baked_model_path, prompts):
-    spec = make_engine(baked_model_path, num_kv_pages=256,
-                       speculative=SpeculativeConfig("ngram", disable_by_batch_size=2))
+    spec = make_engine(
+        baked_model_path, num_kv_pages=256, speculative=SpeculativeConfig("ngram", disable_by_batch_size=2)
+    )
     run(spec, {f"r{i}": (prompts["repeat"], greedy(8)) for i in range(3)})
     stats = spec.stats()
     assert stats["spec_skipped_steps"] > 0 and stats["spec_verify_steps"] == 0

@@ -17,8 +17,9 @@ from tests.engine.core.engine_run import greedy, make_engine, run
 
 
 def _draft(path, **kw) -> SpeculativeConfig:
-    return SpeculativeConfig("draft_model", model=str(path), num_speculative_tokens=3,
-                             **{"disable_by_batch_size": 256, **kw})
+    return SpeculativeConfig(
+        "draft_model", model=str(path), num_speculative_tokens=3, **{"disable_by_batch_size": 256, **kw}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +69,9 @@ def test_a_tiny_random_draft_on_the_same_tokenizer_is_exact(baked_model_path, ti
     spec = make_engine(baked_model_path, num_kv_pages=256, speculative=_draft(tiny_draft_path, draft_kv_pages=64))
     picked = {r: requests[r] for r in ("story", "stop")}
     # A small target pool: the draft's shadows follow preemption too.
-    tight = make_engine(baked_model_path, num_kv_pages=6, max_model_len=64, page_size=16,
-                        speculative=_draft(baked_model_path))
+    tight = make_engine(
+        baked_model_path, num_kv_pages=6, max_model_len=64, page_size=16, speculative=_draft(baked_model_path)
+    )
     crowd = {f"c{i}": (requests["story"][0] + [11] * i, greedy(24, ignore_eos=True)) for i in range(4)}
     assert _tokens(run(spec, picked)) == _tokens(run(plain, picked))
     assert spec.stats()["spec_verify_steps"] > 0
@@ -77,8 +79,9 @@ def test_a_tiny_random_draft_on_the_same_tokenizer_is_exact(baked_model_path, ti
     assert tight.scheduler.num_preemptions > 0 and tight.stats()["spec_accepted_tokens"] > 0
 
 
-def test_a_draft_with_another_tokenizer_or_vocabulary_fails_the_start_in_one_line(baked_model_path, tiny_model_path,
-                                                                                   tiny_draft_path, tmp_path):
+def test_a_draft_with_another_tokenizer_or_vocabulary_fails_the_start_in_one_line(
+    baked_model_path, tiny_model_path, tiny_draft_path, tmp_path
+):
     with pytest.raises(StartupError) as info:  # SmolLM2's tokenizer, but 1024 embeddings
         make_engine(baked_model_path, num_kv_pages=64, speculative=_draft(tiny_model_path))
     assert "vocabulary of 1024 tokens" in str(info.value) and "\n" not in str(info.value)
@@ -103,8 +106,9 @@ def test_a_draft_with_sliding_windows_runs_ahead_and_is_cut_back(tiny_window_mod
     from tests.engine.conftest import WINDOW
     from tests.engine.core.engine_run import random_prompts
 
-    config = tf.Qwen2Config(**ENGINE_TINY, num_hidden_layers=2, use_sliding_window=True, sliding_window=WINDOW,
-                            max_window_layers=1)
+    config = tf.Qwen2Config(
+        **ENGINE_TINY, num_hidden_layers=2, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
+    )
     draft = _save_tiny_engine_model(config, tmp_path / "draft", baked_model_path)
     loop = [7, 8, 9, 10, 11] * 4
     requests = {f"p{i}": (p, greedy(30, ignore_eos=True)) for i, p in enumerate(random_prompts(3, 5, 30, seed=4))}

@@ -19,7 +19,9 @@ from tests.engine.core.engine_run import greedy, make_engine, run
 
 
 def _eagle(path, **kw) -> SpeculativeConfig:
-    return SpeculativeConfig("eagle3", model=str(path), num_speculative_tokens=3, **{"disable_by_batch_size": 256, **kw})
+    return SpeculativeConfig(
+        "eagle3", model=str(path), num_speculative_tokens=3, **{"disable_by_batch_size": 256, **kw}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +51,9 @@ def _tokens(results) -> dict[str, list[list[int]]]:
 
 
 @pytest.mark.parametrize("layer_ids", [None, [27, 2, 15]])
-def test_the_heads_guesses_equal_a_reference_fed_transformers_hidden_states(baked_model_path, eagle, head_path,
-                                                                            target_config, layer_ids, tmp_path):
+def test_the_heads_guesses_equal_a_reference_fed_transformers_hidden_states(
+    baked_model_path, eagle, head_path, target_config, layer_ids, tmp_path
+):
     """With EAGLE-3's default layers, and with a head config naming its own, out of the layers' order."""
     from safetensors.torch import load_file
 
@@ -71,8 +74,14 @@ def test_the_heads_guesses_equal_a_reference_fed_transformers_hidden_states(bake
     features = torch.cat([out.hidden_states[i][0] for i in layers], -1)
     next_token = int(out.logits[0, -1].argmax())
     assert seq.token_ids[len(prompt)] == next_token
-    want = head_reference(load_file(str(head_path / "model.safetensors")), hf.model.embed_tokens.weight,
-                          prompt + [next_token], features, target_config["vocab_size"], steps=3)
+    want = head_reference(
+        load_file(str(head_path / "model.safetensors")),
+        hf.model.embed_tokens.weight,
+        prompt + [next_token],
+        features,
+        target_config["vocab_size"],
+        steps=3,
+    )
     assert guesses == want
 
 
@@ -111,8 +120,11 @@ def test_heads_that_do_not_fit_fail_the_start_in_one_line(baked_model_path, tmp_
     cases = {
         "hidden": ({**target_config, "hidden_size": 512}, {}, "reads hidden states of size 512; the model's are 576"),
         "vocab": ({**target_config, "vocab_size": 1000}, {"draft_vocab_size": 512}, "vocabulary of 1000 tokens"),
-        "layers": (target_config, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 99]}},
-                   "reads layers [1, 2, 99], but the model has 30 layers"),
+        "layers": (
+            target_config,
+            {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 99]}},
+            "reads layers [1, 2, 99], but the model has 30 layers",
+        ),
         "arch": (target_config, {"architectures": ["LlamaForCausalLM"]}, "not an EAGLE-3 head"),
     }
     for name, (shape, config, words) in cases.items():

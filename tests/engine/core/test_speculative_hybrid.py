@@ -66,8 +66,9 @@ def test_every_acceptance_length_leaves_the_state_of_the_last_accepted_token(tar
 def test_preempted_speculating_sequences_recompute_the_same_tokens(target, plain):
     requests, want = plain
     picked = {r: requests[r] for r in ("p0", "p1", "p2", "loop")}
-    tight = oracle_engine(target, _answers(requests, want), max_num_seqs=4, num_kv_pages=20,
-                          enable_prefix_caching=False)
+    tight = oracle_engine(
+        target, _answers(requests, want), max_num_seqs=4, num_kv_pages=20, enable_prefix_caching=False
+    )
     assert tokens(run_checked(tight, picked)) == {r: want[r] for r in picked}
     assert tight.scheduler.num_preemptions > 0 and tight.stats()["spec_accepted_tokens"] > 0
 
@@ -92,8 +93,9 @@ def test_a_second_turn_hits_snapshots_taken_during_verifies_and_equals_a_cold_ru
 
 def test_ngram_on_a_hybrid_target_equals_plain_decoding(target, plain):
     requests, want = plain
-    ngram = SpeculativeConfig("ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3,
-                              disable_by_batch_size=256)
+    ngram = SpeculativeConfig(
+        "ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3, disable_by_batch_size=256
+    )
     spec = tiny_engine(target, speculative=ngram)
     assert spec.speculator is not None
     assert tokens(run_checked(spec, requests)) == want
@@ -110,8 +112,12 @@ def test_a_draft_model_on_a_hybrid_target_equals_plain_decoding(target, plain, t
     requests, want = plain
     config = tf.LlamaConfig(**{**ENGINE_TINY, "vocab_size": 128}, num_hidden_layers=1)
     draft = _save_tiny_engine_model(config, tmp_path / "draft", baked_model_path)
-    spec = tiny_engine(target, speculative=SpeculativeConfig("draft_model", model=str(draft),
-                                                             num_speculative_tokens=3, disable_by_batch_size=256))
+    spec = tiny_engine(
+        target,
+        speculative=SpeculativeConfig(
+            "draft_model", model=str(draft), num_speculative_tokens=3, disable_by_batch_size=256
+        ),
+    )
     assert tokens(run_checked(spec, requests)) == want
     assert spec.stats()["spec_verify_steps"] > 0
     spec.speculator.proposer.kv.check()

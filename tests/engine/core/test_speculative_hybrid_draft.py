@@ -16,8 +16,9 @@ from tests.engine.model.family_parity import tiny_engine
 
 
 def _self_draft(path, **kw) -> SpeculativeConfig:
-    return SpeculativeConfig("draft_model", model=str(path), num_speculative_tokens=3,
-                             **{"disable_by_batch_size": 256, **kw})
+    return SpeculativeConfig(
+        "draft_model", model=str(path), num_speculative_tokens=3, **{"disable_by_batch_size": 256, **kw}
+    )
 
 
 @pytest.fixture(scope="module", params=["qwen3_5_text", "qwen3_next"])
@@ -48,8 +49,11 @@ def _continuation(engine, prefix: list[int], n: int) -> list[int]:
 
 def test_proposals_continue_from_the_kept_tokens_and_after_giving_the_slot_up(target):
     reference = tiny_engine(target)
-    spec = tiny_engine(target, speculative=_self_draft(target, disable_by_batch_size=1),  # one shadow's slots
-                       max_num_batched_tokens=64)
+    spec = tiny_engine(
+        target,
+        speculative=_self_draft(target, disable_by_batch_size=1),  # one shadow's slots
+        max_num_batched_tokens=64,
+    )
     draft = spec.speculator.proposer
     a = Sequence(seq_id=101, token_ids=list(range(5, 22)), num_prompt_tokens=17)
     b = Sequence(seq_id=102, token_ids=list(range(40, 49)), num_prompt_tokens=9)

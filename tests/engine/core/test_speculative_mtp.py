@@ -46,13 +46,19 @@ def head_reference(mtp: dict[str, torch.Tensor], hf, tokens: list[int], hidden: 
     with torch.no_grad():
         for _ in range(steps):
             n = len(ids)
-            x = torch.cat([_norm(embed[ids], mtp["mtp.pre_fc_norm_embedding.weight"], eps),
-                           _norm(torch.stack(features), mtp["mtp.pre_fc_norm_hidden.weight"], eps)], -1)
+            x = torch.cat(
+                [
+                    _norm(embed[ids], mtp["mtp.pre_fc_norm_embedding.weight"], eps),
+                    _norm(torch.stack(features), mtp["mtp.pre_fc_norm_hidden.weight"], eps),
+                ],
+                -1,
+            )
             x = (x @ mtp["mtp.fc.weight"].t())[None]
             positions = torch.arange(n)[None]
             mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
-            out = layer(x, position_embeddings=hf.model.rotary_emb(x, positions), attention_mask=mask,
-                        position_ids=positions)
+            out = layer(
+                x, position_embeddings=hf.model.rotary_emb(x, positions), attention_mask=mask, position_ids=positions
+            )
             out = _norm((out[0] if isinstance(out, tuple) else out)[0], mtp["mtp.norm.weight"], eps)
             guesses.append(int((out[-1] @ head.t()).argmax()))
             ids.append(guesses[-1])

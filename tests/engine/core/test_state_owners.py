@@ -7,8 +7,16 @@ import ast
 from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[3] / "engine" / "core"
-KV_SIDE = {"kv_pages", "pages", "num_computed_tokens", "page_hashes", "reset", "state_slot", "state_capture",
-           "state_snapshot"}
+KV_SIDE = {
+    "kv_pages",
+    "pages",
+    "num_computed_tokens",
+    "page_hashes",
+    "reset",
+    "state_slot",
+    "state_capture",
+    "state_snapshot",
+}
 OUTPUT_SIDE = {"output_state", "detokenizer", "grammar", "stop_reader", "generator", "penalties"}
 
 

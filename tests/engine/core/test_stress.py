@@ -28,14 +28,22 @@ def _params(rng: random.Random) -> tuple[SamplingParams, bool]:
     kind = rng.choice(["greedy", "greedy", "stop", "logprobs", "n", "best_of", "beam"])
     max_tokens = rng.randint(1, 14)
     if kind == "beam":
-        return SamplingParams(use_beam_search=True, n=rng.randint(1, 2), best_of=rng.randint(2, 3),
-                              temperature=0.0, max_tokens=max_tokens, ignore_eos=True), True
+        return SamplingParams(
+            use_beam_search=True,
+            n=rng.randint(1, 2),
+            best_of=rng.randint(2, 3),
+            temperature=0.0,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+        ), True
     if kind == "n":
-        return SamplingParams(n=rng.randint(2, 3), temperature=1.0, seed=rng.randrange(100),
-                              max_tokens=max_tokens), False
+        return SamplingParams(
+            n=rng.randint(2, 3), temperature=1.0, seed=rng.randrange(100), max_tokens=max_tokens
+        ), False
     if kind == "best_of":
-        return SamplingParams(n=1, best_of=rng.randint(2, 3), temperature=1.0, seed=rng.randrange(100),
-                              max_tokens=max_tokens), False
+        return SamplingParams(
+            n=1, best_of=rng.randint(2, 3), temperature=1.0, seed=rng.randrange(100), max_tokens=max_tokens
+        ), False
     extra = {"stop": ["e", "an"]} if kind == "stop" else {"logprobs": 2} if kind == "logprobs" else {}
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=rng.random() < 0.5, **extra), True
 
@@ -103,8 +111,12 @@ def _stress(path, seed: int, groups: int) -> None:
     rng = random.Random(seed)
     requests = _requests(rng, rng.randint(6, 12) if groups == 1 else rng.randint(12, 18))
     aborts = {r: rng.randint(0, 20) for r in requests if rng.random() < 0.2}
-    kw = dict(num_kv_pages=rng.randint(24, 48), max_num_batched_tokens=rng.choice([8, 16, 64]),
-              max_num_seqs=rng.choice([4, 8, 16]), enable_prefix_caching=rng.random() < 0.7)
+    kw = dict(
+        num_kv_pages=rng.randint(24, 48),
+        max_num_batched_tokens=rng.choice([8, 16, 64]),
+        max_num_seqs=rng.choice([4, 8, 16]),
+        enable_prefix_caching=rng.random() < 0.7,
+    )
     if groups > 1:  # more requests at once in a tight pool: preemption comes often, with windows too
         kw.update(num_kv_pages=24 + kw["num_kv_pages"] % 4, max_num_seqs=16)
     engine = make_engine(path, page_size=4, max_model_len=48, **kw)

@@ -41,8 +41,10 @@ def link_flags(home: Path, scratch: Path) -> str:
     if any((home / sub / "libcuda.so").exists() for sub in ("lib64", "lib64/stubs")):
         return os.environ.get("FLASHINFER_EXTRA_LDFLAGS", "")
     scratch.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["cc", "-shared", "-Wl,-soname,libcuda.so.1", "-o", str(scratch / "libcuda.so"), "-x", "c",
-                    "/dev/null"], check=True)
+    subprocess.run(
+        ["cc", "-shared", "-Wl,-soname,libcuda.so.1", "-o", str(scratch / "libcuda.so"), "-x", "c", "/dev/null"],
+        check=True,
+    )
     return f"-L{scratch} {os.environ.get('FLASHINFER_EXTRA_LDFLAGS', '')}".strip()
 
 
@@ -65,10 +67,14 @@ def test_every_family_module_builds_for_hopper(tmp_path: Path) -> None:
         pytest.skip("nvcc and ninja are needed to compile FlashInfer's modules")
     home = cuda_home()
     workspace = Path(os.environ.get("HOPPER_COMPILE_WORKSPACE", tmp_path / "flashinfer"))
-    env = {**os.environ, "CUDA_HOME": str(home), "FLASHINFER_WORKSPACE_BASE": str(workspace),
-           "FLASHINFER_EXTRA_LDFLAGS": link_flags(home, tmp_path / "libcuda-stub"),
-           "FLASHINFER_EXTRA_CUDAFLAGS": header_flags(home),
-           "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))}
+    env = {
+        **os.environ,
+        "CUDA_HOME": str(home),
+        "FLASHINFER_WORKSPACE_BASE": str(workspace),
+        "FLASHINFER_EXTRA_LDFLAGS": link_flags(home, tmp_path / "libcuda-stub"),
+        "FLASHINFER_EXTRA_CUDAFLAGS": header_flags(home),
+        "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)),
+    }
     only = ["--only", os.environ["HOPPER_COMPILE_ONLY"]] if os.environ.get("HOPPER_COMPILE_ONLY") else []
     command = [sys.executable, "-m", "engine.core.kernel_plan", "--all-families", "--arch", ARCH, *only]
     listed = subprocess.run([*command, "--list"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -18,8 +18,9 @@ import torch
 from engine.cuda.kernels import flashinfer_import_error
 
 ROOT = Path(__file__).resolve().parents[3]
-pytestmark = pytest.mark.skipif(flashinfer_import_error() is not None,
-                                reason=f"flashinfer does not import here: {flashinfer_import_error()!r}")
+pytestmark = pytest.mark.skipif(
+    flashinfer_import_error() is not None, reason=f"flashinfer does not import here: {flashinfer_import_error()!r}"
+)
 BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn
 
@@ -30,12 +31,14 @@ def uri(kind: str, head_dim: int, *, window: bool, soft_cap: bool = False, kv_dt
     from flashinfer.jit.attention import modules
 
     if kind == "prefill":
-        return modules.get_batch_prefill_uri("fa2", BF16, kv_dtype, BF16, torch.int32, head_dim, head_dim, 0, window,
-                                             soft_cap, False)
+        return modules.get_batch_prefill_uri(
+            "fa2", BF16, kv_dtype, BF16, torch.int32, head_dim, head_dim, 0, window, soft_cap, False
+        )
     if kind == "decode":
         return modules.get_batch_decode_uri(BF16, kv_dtype, BF16, torch.int32, head_dim, head_dim, 0, window, soft_cap)
-    return modules.get_batch_prefill_attention_sink_uri("fa2", BF16, kv_dtype, BF16, torch.int32, head_dim, head_dim,
-                                                        0, window)
+    return modules.get_batch_prefill_attention_sink_uri(
+        "fa2", BF16, kv_dtype, BF16, torch.int32, head_dim, head_dim, 0, window
+    )
 
 
 def gemma3_image_text_bake(path: Path) -> Path:
@@ -43,10 +46,26 @@ def gemma3_image_text_bake(path: Path) -> Path:
     under text_config only; 4 q heads on 2 KV heads (the CUDA-core decode), a window group and a full group."""
     import transformers as tf
 
-    text = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=64, sliding_window=8, num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=112,
-                  patch_size=14, vision_use_head=False)
+    text = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        sliding_window=8,
+        num_hidden_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=112,
+        patch_size=14,
+        vision_use_head=False,
+    )
     config = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=16)
     config.architectures = ["Gemma3ForConditionalGeneration"]
     torch.manual_seed(0)
@@ -58,8 +77,14 @@ def gemma3_image_text_bake(path: Path) -> Path:
 def list_modules(*args: str, workspace: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(workspace)}
     env.pop("FLASHINFER_CUDA_ARCH_LIST", None)
-    return subprocess.run([sys.executable, "-m", "engine.core.kernel_plan", *args, "--list"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "engine.core.kernel_plan", *args, "--list"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_listing_on_a_gemma3_image_text_bake_names_each_module_the_engine_builds(tmp_path: Path) -> None:
@@ -70,8 +95,15 @@ def test_listing_on_a_gemma3_image_text_bake_names_each_module_the_engine_builds
     listed = set(result.stdout.split())
     # window group: prefill and CUDA-core decode with the window; its image spans plan a custom mask on the prefill
     # module without the window; the full group: both without it. Plus RMSNorm, SiLU-and-mul and RoPE.
-    assert listed == {uri("prefill", 64, window=True), uri("prefill", 64, window=False),
-                      uri("decode", 64, window=True), uri("decode", 64, window=False), "norm", "rope", "silu_and_mul"}
+    assert listed == {
+        uri("prefill", 64, window=True),
+        uri("prefill", 64, window=False),
+        uri("decode", 64, window=True),
+        uri("decode", 64, window=False),
+        "norm",
+        "rope",
+        "silu_and_mul",
+    }
     fp8 = list_modules("--model", str(bake), "--kv-cache-dtype", "fp8", workspace=tmp_path / "fi")
     assert uri("prefill", 64, window=True, kv_dtype=FP8) in fp8.stdout.split(), fp8.stderr[-2000:]
     assert not list((tmp_path / "fi").rglob("*.so")), "a listing must build nothing"
@@ -110,9 +142,17 @@ def test_decode_kind_follows_the_q_heads_per_kv_head_of_every_tensor_parallel_si
 
     assert decode_ratios(32, 8) == {4}  # 4 q heads a KV head on every rank: tensor-core decode only
     assert decode_ratios(16, 4) == {4, 2}  # 8 ranks: 2 q heads on the one KV head each rank holds
-    kinds = {m.kind for m in group_modules(KVGroupSpec((0,), 8, 128), num_q_heads=32, dtype=BF16, kv_dtype=BF16,
-                                           sinks=False, bidirectional=False)}
+    kinds = {
+        m.kind
+        for m in group_modules(
+            KVGroupSpec((0,), 8, 128), num_q_heads=32, dtype=BF16, kv_dtype=BF16, sinks=False, bidirectional=False
+        )
+    }
     assert kinds == {"prefill"}
-    kinds = {m.kind for m in group_modules(KVGroupSpec((0,), 4, 128), num_q_heads=16, dtype=BF16, kv_dtype=BF16,
-                                           sinks=True, bidirectional=False)}
+    kinds = {
+        m.kind
+        for m in group_modules(
+            KVGroupSpec((0,), 4, 128), num_q_heads=16, dtype=BF16, kv_dtype=BF16, sinks=True, bidirectional=False
+        )
+    }
     assert kinds == {"prefill", "decode", "sink"}

@@ -1,6 +1,7 @@
 """Every call the engine makes into a GPU library (FlashInfer, fla, causal-conv1d, and torch's CUDA-only FP8 GEMMs)
-bound to the installed release's real signature, on the CPU: those packages import without a GPU, so a renamed parameter or an argument in the wrong
-place fails here, not on the first GPU that runs it. The calls are found in the engine's source (no call runs).
+bound to the installed release's real signature, on the CPU: those packages import without a GPU, so a renamed parameter
+or an argument in the wrong place fails here, not on the first GPU that runs it. The calls are found in the engine's
+source (no call runs).
 
 The rule each call must keep: every argument by keyword, except where the library's parameter is positional-only or
 the call fills the function's *args (FlashInfer's run(q, paged_kv_cache, *extra) for a JIT variant's parameters);
@@ -33,7 +34,9 @@ PREFILL, DECODE = "flashinfer.BatchPrefillWithPagedKVCacheWrapper", "flashinfer.
 # Calls on FlashInfer wrapper objects, whose class the source does not say: the receiver as written, per file.
 WRAPPER_RECEIVERS = {
     "engine/attention/flashinfer.py": {
-        "self._prefill": (PREFILL,), "self._sink_wrapper": (PREFILL,), "decode": (DECODE,),
+        "self._prefill": (PREFILL,),
+        "self._sink_wrapper": (PREFILL,),
+        "decode": (DECODE,),
         "self._active": (PREFILL, DECODE),
     },
     "engine/attention/flashinfer_graph.py": {"self.wrapper": (DECODE,)},
@@ -41,11 +44,21 @@ WRAPPER_RECEIVERS = {
 WRAPPER_METHODS = ("plan", "run", "begin_forward", "forward", "reset_workspace_buffer", "end_forward")
 # Calls that must be found, so that a change in how the engine imports these cannot make the test pass on nothing.
 EXPECTED = {
-    "fla.ops.gated_delta_rule.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule",
-    "causal_conv1d.causal_conv1d_update", "causal_conv1d.causal_conv1d_fn", "flashinfer.norm.rmsnorm",
-    "flashinfer.norm.fused_add_rmsnorm", "flashinfer.rope.apply_rope_with_cos_sin_cache_inplace",
-    "flashinfer.activation.silu_and_mul", PREFILL, DECODE, f"{PREFILL}.plan", f"{PREFILL}.run", f"{DECODE}.plan",
-    f"{DECODE}.run", *TORCH_CUDA_CALLS.values(),
+    "fla.ops.gated_delta_rule.chunk_gated_delta_rule",
+    "fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule",
+    "causal_conv1d.causal_conv1d_update",
+    "causal_conv1d.causal_conv1d_fn",
+    "flashinfer.norm.rmsnorm",
+    "flashinfer.norm.fused_add_rmsnorm",
+    "flashinfer.rope.apply_rope_with_cos_sin_cache_inplace",
+    "flashinfer.activation.silu_and_mul",
+    PREFILL,
+    DECODE,
+    f"{PREFILL}.plan",
+    f"{PREFILL}.run",
+    f"{DECODE}.plan",
+    f"{DECODE}.run",
+    *TORCH_CUDA_CALLS.values(),
 }
 
 
@@ -97,34 +110,39 @@ def imported_names(body: list[ast.stmt]) -> dict[str, str]:
 
 def library_calls() -> list[LibraryCall]:
     """Every call in engine/ into a library of LIBRARIES, through an imported name or a known wrapper receiver."""
+    return [call for file in sorted(ENGINE.rglob("*.py")) for call in calls_in_file(file)]
+
+
+def calls_in_file(file: Path) -> list[LibraryCall]:
+    """The library calls of one engine file (library_calls' rule)."""
     calls = []
-    for file in sorted(ENGINE.rglob("*.py")):
-        path = file.relative_to(ROOT).as_posix()
-        tree = ast.parse(file.read_text())
-        receivers = WRAPPER_RECEIVERS.get(path, {})
+    path = file.relative_to(ROOT).as_posix()
+    tree = ast.parse(file.read_text())
+    receivers = WRAPPER_RECEIVERS.get(path, {})
 
-        def visit(node: ast.AST, scope: dict[str, str]) -> None:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                scope = {**scope, **imported_names(node.body)}
-            if isinstance(node, ast.Call):
-                name = dotted(node.func)
-                if name is not None:
-                    root, _, rest = name.partition(".")
-                    receiver, _, method = name.rpartition(".")
-                    if name in TORCH_CUDA_CALLS:
-                        calls.append(LibraryCall(path, node.lineno, TORCH_CUDA_CALLS[name], node))
-                    elif root in scope:
-                        calls.append(LibraryCall(path, node.lineno, ".".join(filter(None, [scope[root], rest])), node))
-                    elif receiver in receivers:
-                        calls.extend(LibraryCall(path, node.lineno, f"{cls}.{method}", node)
-                                     for cls in receivers[receiver])
-                    elif method in WRAPPER_METHODS and path in WRAPPER_RECEIVERS and receiver != "self":
-                        raise AssertionError(f"{path}:{node.lineno}: {name}() may call a FlashInfer wrapper: "
-                                             "name its receiver in WRAPPER_RECEIVERS")
-            for child in ast.iter_child_nodes(node):
-                visit(child, scope)
+    def visit(node: ast.AST, scope: dict[str, str]) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            scope = {**scope, **imported_names(node.body)}
+        if isinstance(node, ast.Call):
+            name = dotted(node.func)
+            if name is not None:
+                root, _, rest = name.partition(".")
+                receiver, _, method = name.rpartition(".")
+                if name in TORCH_CUDA_CALLS:
+                    calls.append(LibraryCall(path, node.lineno, TORCH_CUDA_CALLS[name], node))
+                elif root in scope:
+                    calls.append(LibraryCall(path, node.lineno, ".".join(filter(None, [scope[root], rest])), node))
+                elif receiver in receivers:
+                    calls.extend(LibraryCall(path, node.lineno, f"{cls}.{method}", node) for cls in receivers[receiver])
+                elif method in WRAPPER_METHODS and path in WRAPPER_RECEIVERS and receiver != "self":
+                    raise AssertionError(
+                        f"{path}:{node.lineno}: {name}() may call a FlashInfer wrapper: "
+                        "name its receiver in WRAPPER_RECEIVERS"
+                    )
+        for child in ast.iter_child_nodes(node):
+            visit(child, scope)
 
-        visit(tree, imported_names(tree.body))
+    visit(tree, imported_names(tree.body))
     return calls
 
 
@@ -138,9 +156,11 @@ def resolve(target: str) -> object:
     try:
         importlib.import_module(library)
     except Exception as exc:  # a CUDA library on a machine without its build raises more than ImportError
-        pytest.skip(f"{library} does not import here ({type(exc).__name__}: {exc}); requirements-cuda.txt's "
-                    "packages are installed in `make test`'s image-torch venv, and causal_conv1d (a source release "
-                    "built with nvcc) nowhere without a GPU")
+        pytest.skip(
+            f"{library} does not import here ({type(exc).__name__}: {exc}); requirements-cuda.txt's "
+            "packages are installed in `make test`'s image-torch venv, and causal_conv1d (a source release "
+            "built with nvcc) nowhere without a GPU"
+        )
     for split in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:split]))
@@ -166,11 +186,20 @@ def signature_of(target: str, function: object) -> inspect.Signature:
 
         (schema, *_) = torch._C._jit_get_schemas_for_operator(f"aten::{target.rsplit('.', 1)[-1]}")
         kinds = inspect.Parameter
-        return inspect.Signature([
-            inspect.Parameter(arg.name, kinds.POSITIONAL_ONLY if arg.name == "self" else
-                              kinds.KEYWORD_ONLY if arg.kwarg_only else kinds.POSITIONAL_OR_KEYWORD,
-                              default=arg.default_value if arg.has_default_value() else inspect.Parameter.empty)
-            for arg in schema.arguments])
+        return inspect.Signature(
+            [
+                inspect.Parameter(
+                    arg.name,
+                    kinds.POSITIONAL_ONLY
+                    if arg.name == "self"
+                    else kinds.KEYWORD_ONLY
+                    if arg.kwarg_only
+                    else kinds.POSITIONAL_OR_KEYWORD,
+                    default=arg.default_value if arg.has_default_value() else inspect.Parameter.empty,
+                )
+                for arg in schema.arguments
+            ]
+        )
 
 
 @pytest.mark.parametrize("call", CALLS, ids=lambda call: call.id)
@@ -191,8 +220,9 @@ def test_call_binds_by_keyword_to_the_installed_signature(call: LibraryCall) -> 
     except TypeError as exc:
         raise AssertionError(f"{where}: {exc} (signature {signature})") from None
     kinds = {p.name: p.kind for p in signature.parameters.values()}
-    fills_var_positional = any(kinds[name] is inspect.Parameter.VAR_POSITIONAL and value
-                               for name, value in bound.arguments.items())
+    fills_var_positional = any(
+        kinds[name] is inspect.Parameter.VAR_POSITIONAL and value for name, value in bound.arguments.items()
+    )
     for name, value in bound.arguments.items():
         kind = kinds[name]
         if kind is inspect.Parameter.VAR_KEYWORD:

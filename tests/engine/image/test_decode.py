@@ -65,8 +65,8 @@ def declared(width: int, height: int) -> bytes:
 
     data = bytearray(encoded(PIL.new("RGB", (1, 1)), "PNG"))
     ihdr = 8 + 8  # the signature, then the IHDR chunk's length and type
-    data[ihdr:ihdr + 8] = struct.pack(">II", width, height)
-    data[ihdr + 13:ihdr + 17] = struct.pack(">I", zlib.crc32(bytes(data[ihdr - 4:ihdr + 13])))
+    data[ihdr : ihdr + 8] = struct.pack(">II", width, height)
+    data[ihdr + 13 : ihdr + 17] = struct.pack(">I", zlib.crc32(bytes(data[ihdr - 4 : ihdr + 13])))
     return bytes(data)
 
 

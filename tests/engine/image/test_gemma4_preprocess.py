@@ -12,10 +12,26 @@ from engine.image.decode import to_rgb
 from engine.image.gemma4 import Gemma4ImageConfig, preprocess
 
 PIL = pytest.importorskip("PIL.Image")
-CONFIGS = {"default": {}, "small": {"max_soft_tokens": 70}, "large": {"max_soft_tokens": 1120},
-           "tiny_tower": {"patch_size": 4, "pooling_kernel_size": 2, "max_soft_tokens": 70}}
-SIZES = [(1, 1), (5, 700), (700, 5), (48, 48), (33, 57), (100, 100), (224, 640), (480, 640), (672, 672),
-         (1080, 1920), (2000, 150), (3000, 4000)]
+CONFIGS = {
+    "default": {},
+    "small": {"max_soft_tokens": 70},
+    "large": {"max_soft_tokens": 1120},
+    "tiny_tower": {"patch_size": 4, "pooling_kernel_size": 2, "max_soft_tokens": 70},
+}
+SIZES = [
+    (1, 1),
+    (5, 700),
+    (700, 5),
+    (48, 48),
+    (33, 57),
+    (100, 100),
+    (224, 640),
+    (480, 640),
+    (672, 672),
+    (1080, 1920),
+    (2000, 150),
+    (3000, 4000),
+]
 
 
 def reference(config: dict):

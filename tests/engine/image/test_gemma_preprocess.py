@@ -10,11 +10,21 @@ import pytest
 from engine.image.gemma import GemmaImageConfig, pan_and_scan_crops, preprocess
 
 PIL = pytest.importorskip("PIL.Image")
-GEMMA3 = {"size": {"height": 896, "width": 896}, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-          "resample": 2, "rescale_factor": 0.00392156862745098}
-PAN_AND_SCAN = {**GEMMA3, "size": {"height": 128, "width": 128}, "do_pan_and_scan": True,
-                "pan_and_scan_min_crop_size": 64, "pan_and_scan_max_num_crops": 4,
-                "pan_and_scan_min_ratio_to_activate": 1.2}
+GEMMA3 = {
+    "size": {"height": 896, "width": 896},
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "resample": 2,
+    "rescale_factor": 0.00392156862745098,
+}
+PAN_AND_SCAN = {
+    **GEMMA3,
+    "size": {"height": 128, "width": 128},
+    "do_pan_and_scan": True,
+    "pan_and_scan_min_crop_size": 64,
+    "pan_and_scan_max_num_crops": 4,
+    "pan_and_scan_min_ratio_to_activate": 1.2,
+}
 SIZES = [(1, 1), (50, 70), (224, 224), (300, 100), (100, 300), (130, 600), (1000, 190), (480, 640), (64, 1000)]
 
 

@@ -15,12 +15,29 @@ from engine.image.qwen_vl import QwenVLImageConfig, preprocess, smart_resize
 PIL = pytest.importorskip("PIL.Image")
 CONFIGS = {
     "qwen2_vl": {},
-    "qwen3_vl": {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
-                 "image_std": [0.5, 0.5, 0.5], "size": {"shortest_edge": 65536, "longest_edge": 16777216}},
+    "qwen3_vl": {
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "size": {"shortest_edge": 65536, "longest_edge": 16777216},
+    },
     "small_budget": {"min_pixels": 3136, "max_pixels": 200704},
 }
-SIZES = [(1, 1), (7, 300), (28, 28), (33, 57), (100, 100), (224, 640), (480, 640), (511, 1023), (1080, 1920),
-         (2000, 150), (3000, 4000)]
+SIZES = [
+    (1, 1),
+    (7, 300),
+    (28, 28),
+    (33, 57),
+    (100, 100),
+    (224, 640),
+    (480, 640),
+    (511, 1023),
+    (1080, 1920),
+    (2000, 150),
+    (3000, 4000),
+]
 
 
 def reference(config: dict):

@@ -14,8 +14,8 @@ import torch
 from engine.attention.torch_ref import TorchRefBackend
 from engine.config import EngineConfig
 from engine.core.engine import LLMEngine
-from engine.model.kv_spec import KVGroupSpec
 from engine.core.state_cache import StatePool
+from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec, RecurrentStep
 from engine.model.loader import load_model
 from engine.sample.params import SamplingParams
@@ -60,8 +60,14 @@ class Pages:
     """Each KV group's NaN-filled pools and backend over one shuffled page table; a shared-KV layer gets its
     source's pages and backend; a hybrid model's recurrent layers a state slot per request (zeros at its start)."""
 
-    def __init__(self, groups: list[KVGroupSpec], num_pages: int = 128, page_size: int = 4,
-                 dtype: torch.dtype = torch.float32, recurrent: RecurrentSpec | None = None) -> None:
+    def __init__(
+        self,
+        groups: list[KVGroupSpec],
+        num_pages: int = 128,
+        page_size: int = 4,
+        dtype: torch.dtype = torch.float32,
+        recurrent: RecurrentSpec | None = None,
+    ) -> None:
         free = list(range(num_pages))
         random.Random(0).shuffle(free)
         self.table = PageTable(page_size, free)
@@ -70,7 +76,10 @@ class Pages:
             backend = TorchRefBackend("cpu", **g.attention_extras())
             shape = (num_pages, page_size, g.num_kv_heads, g.head_dim)
             for layer in g.layers:
-                self.caches[layer] = (torch.full(shape, float("nan")).to(dtype), torch.full(shape, float("nan")).to(dtype))
+                self.caches[layer] = (
+                    torch.full(shape, float("nan")).to(dtype),
+                    torch.full(shape, float("nan")).to(dtype),
+                )
                 self.backends[layer] = backend
             for reader, source in g.readers:
                 self.caches[reader], self.backends[reader] = self.caches[source], backend
@@ -83,8 +92,9 @@ class Pages:
             for layer, slots in zip(recurrent.layers, self.state.layer_states, strict=True):
                 self.caches[layer], self.backends[layer] = slots, self.recurrent_plan
 
-    def run(self, model, batch: list[tuple[str, list[int]]], positions: torch.Tensor | None = None,
-            **extra) -> torch.Tensor:
+    def run(
+        self, model, batch: list[tuple[str, list[int]]], positions: torch.Tensor | None = None, **extra
+    ) -> torch.Tensor:
         """One paged step of `batch`; positions: the model's own (3-D rotary ones) instead of the table's; extra:
         more forward arguments (image_embeds)."""
         table_positions, meta = self.table.step([(r, len(t)) for r, t in batch])
@@ -94,22 +104,37 @@ class Pages:
         if self.recurrent_plan is not None:
             slots = [self.slots.setdefault(r, len(self.slots)) for r, _ in batch]
             starts = [sum(len(t) for _, t in batch[:i]) for i in range(len(batch))]
-            self.recurrent_plan.plan(RecurrentStep([(s, len(t)) for s, (_, t) in zip(starts, batch)], slots, [],
-                                                   torch.tensor(slots), all(len(t) == 1 for _, t in batch)))
+            self.recurrent_plan.plan(
+                RecurrentStep(
+                    [(s, len(t)) for s, (_, t) in zip(starts, batch, strict=True)],
+                    slots,
+                    [],
+                    torch.tensor(slots),
+                    all(len(t) == 1 for _, t in batch),
+                )
+            )
         return self.forward(model, batch, positions, meta, **extra)
 
-    def forward(self, model, batch: list[tuple[str, list[int]]], positions: torch.Tensor, meta,
-                **extra) -> torch.Tensor:
+    def forward(
+        self, model, batch: list[tuple[str, list[int]]], positions: torch.Tensor, meta, **extra
+    ) -> torch.Tensor:
         """The logits of a step whose positions and metadata are made and whose backends are planned."""
         layers = sorted(self.caches)
         with torch.inference_mode():
-            hidden = model(torch.tensor([t for _, ts in batch for t in ts]), positions, meta,
-                           [self.caches[n] for n in layers], [self.backends[n] for n in layers], **extra)
+            hidden = model(
+                torch.tensor([t for _, ts in batch for t in ts]),
+                positions,
+                meta,
+                [self.caches[n] for n in layers],
+                [self.backends[n] for n in layers],
+                **extra,
+            )
             return model.compute_logits(hidden)
 
 
-def check_prefill_and_decode(model, spec, hf, lengths=(5, 13, 30), decode_steps: int = 10, vocab: int = 128,
-                             atol: float = ATOL) -> None:
+def check_prefill_and_decode(
+    model, spec, hf, lengths=(5, 13, 30), decode_steps: int = 10, vocab: int = 128, atol: float = ATOL
+) -> None:
     """Prompts of `lengths` prefilled in one step, then decoded together: every logit row equals transformers'
     (within `atol`)."""
     gen = torch.Generator().manual_seed(1)
@@ -131,8 +156,7 @@ def check_prefill_and_decode(model, spec, hf, lengths=(5, 13, 30), decode_steps:
 
 def tiny_engine(path: Path, **kw) -> LLMEngine:
     """float32, pages of 4 tokens, a 16-token step budget (so longer prompts prefill in chunks)."""
-    kw = {"dtype": "float32", "page_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 16, "num_kv_pages": 64,
-          **kw}
+    kw = {"dtype": "float32", "page_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 16, "num_kv_pages": 64, **kw}
     return LLMEngine(EngineConfig(model_path=str(path), **kw))
 
 

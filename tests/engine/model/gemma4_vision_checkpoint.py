@@ -17,14 +17,37 @@ from tests.engine.conftest import TOKENIZER_FILES
 
 BOI, EOI, IMAGE = 98, 99, 100
 PROCESSOR = dict(patch_size=4, pooling_kernel_size=2, max_soft_tokens=70)
-TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8, max_position_embeddings=512,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-            hidden_size_per_layer_input=8, vocab_size_per_layer_input=128, final_logit_softcapping=10.0,
-            use_bidirectional_attention="vision", pad_token_id=0)
-VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-              head_dim=16, patch_size=4, pooling_kernel_size=2, position_embedding_size=160, use_clipped_linears=True,
-              standardize=True)
+TEXT = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    global_head_dim=32,
+    sliding_window=8,
+    max_position_embeddings=512,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    hidden_size_per_layer_input=8,
+    vocab_size_per_layer_input=128,
+    final_logit_softcapping=10.0,
+    use_bidirectional_attention="vision",
+    pad_token_id=0,
+)
+VISION = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    patch_size=4,
+    pooling_kernel_size=2,
+    position_embedding_size=160,
+    use_clipped_linears=True,
+    standardize=True,
+)
 
 
 def build_gemma4_vision(path: Path, baked: Path, text: dict | None = None):
@@ -32,8 +55,14 @@ def build_gemma4_vision(path: Path, baked: Path, text: dict | None = None):
     import transformers as tf
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-    config = tf.Gemma4Config(text_config={**TEXT, **(text or {})}, vision_config=VISION, audio_config=None,
-                             image_token_id=IMAGE, boi_token_id=BOI, eoi_token_id=EOI)
+    config = tf.Gemma4Config(
+        text_config={**TEXT, **(text or {})},
+        vision_config=VISION,
+        audio_config=None,
+        image_token_id=IMAGE,
+        boi_token_id=BOI,
+        eoi_token_id=EOI,
+    )
     torch.manual_seed(0)
     model = tf.Gemma4ForConditionalGeneration(config).float().eval()
     model.config._attn_implementation = "eager"
@@ -61,10 +90,14 @@ def hf_inputs(files: list[bytes]) -> dict:
     from PIL import Image
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-    out = Gemma4ImageProcessorPil(**PROCESSOR)([Image.open(io.BytesIO(f)).convert("RGB") for f in files],
-                                               return_tensors="pt")
-    return {"pixel_values": out["pixel_values"], "image_position_ids": out["image_position_ids"],
-            "tokens": [int(n) for n in out["num_soft_tokens_per_image"]]}
+    out = Gemma4ImageProcessorPil(**PROCESSOR)(
+        [Image.open(io.BytesIO(f)).convert("RGB") for f in files], return_tensors="pt"
+    )
+    return {
+        "pixel_values": out["pixel_values"],
+        "image_position_ids": out["image_position_ids"],
+        "tokens": [int(n) for n in out["num_soft_tokens_per_image"]],
+    }
 
 
 def prompt_with(files: list[bytes], seed: int = 0, lead: int = 5, widen: bool = True) -> list[int]:

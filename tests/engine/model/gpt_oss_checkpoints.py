@@ -13,13 +13,38 @@ from safetensors.torch import save_file
 
 # Two sliding layers (window 8) around a full one; yarn with a short original context so that it changes the
 # frequencies; I != H and 2I != H so that a transposition or a gate/up mix-up shows.
-SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-             head_dim=16, vocab_size=128, max_position_embeddings=128, num_local_experts=4, num_experts_per_tok=2,
-             sliding_window=8, tie_word_embeddings=False,
-             rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
-                              "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 32})
-MXFP4_CONFIG = {"quant_method": "mxfp4", "modules_to_not_convert": [
-    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+    max_position_embeddings=128,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    sliding_window=8,
+    tie_word_embeddings=False,
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 4.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 32,
+    },
+)
+MXFP4_CONFIG = {
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ],
+}
 
 
 def random_mxfp4(shape: tuple[int, ...], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,8 +80,11 @@ def build_gpt_oss(path: Path, layout: str, seed: int = 0, **overrides):
     if layout == "mxfp4":
         for f in path.glob("*.safetensors"):
             f.unlink()
-        state = {k: v.contiguous() for k, v in model.state_dict().items()
-                 if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+        state = {
+            k: v.contiguous()
+            for k, v in model.state_dict().items()
+            if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))
+        }
         save_file({**state, **packed}, str(path / "model.safetensors"), metadata={"format": "pt"})
         cfg = json.loads((path / "config.json").read_text())
         cfg["quantization_config"] = MXFP4_CONFIG

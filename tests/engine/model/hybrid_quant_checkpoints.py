@@ -37,15 +37,31 @@ from tests.engine.model.quant_writers import (
 
 # Whole 128-blocks and 128-groups: hidden 256, DeltaNet q|k|v 512 rows, z 256, q_proj (query|gate) 512 rows; k / v
 # 128 rows. in_proj_a / in_proj_b keep 4 rows (num_v_heads), in_proj_ba 8, as small as the real ones are to a block.
-HYBRID_QUANT = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
-                    linear_value_head_dim=64, moe_intermediate_size=128, shared_expert_intermediate_size=256)
+HYBRID_QUANT = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=256,
+)
 # The hub's float modules of a hybrid decoder layer (their names as the checkpoint spells them).
 FLOAT_MODULES = re.compile(r"\.(linear_attn\.(in_proj_a|in_proj_b|in_proj_ba)|mlp\.gate|mlp\.shared_expert_gate)$")
 
 
-def write_hybrid_quantized(kind: str, model_type: str, path: Path, quantize: re.Pattern | None = None,
-                           mtp: Callable[[nn.Module], dict[str, torch.Tensor]] | None = None, **change):
+def write_hybrid_quantized(
+    kind: str,
+    model_type: str,
+    path: Path,
+    quantize: re.Pattern | None = None,
+    mtp: Callable[[nn.Module], dict[str, torch.Tensor]] | None = None,
+    **change,
+):
     """A tiny random `model_type` hybrid saved in `kind`'s layout; `quantize` (module names) overrides which linears
     are quantized (default: every linear of the decoder but FLOAT_MODULES). Returns the transformers model with
     the weights the checkpoint stands for (float32). mtp(hf): the whole multi-token-prediction head to store
@@ -56,10 +72,16 @@ def write_hybrid_quantized(kind: str, model_type: str, path: Path, quantize: re.
     state = hf.state_dict()
     write = {"ct_int4_g32": lambda w: compressed_int4_tensors(w, group=32, symmetric=True)}.get(kind) or WRITERS[kind]
     # The multi-token-prediction head the hub checkpoints carry: its projections quantized, its fc left in float.
-    head = mtp(hf) if mtp is not None else {
-        "mtp.fc.weight": torch.randn(HYBRID_QUANT["hidden_size"], 2 * HYBRID_QUANT["hidden_size"]),
-        "mtp.layers.0.mlp.gate_proj.weight": torch.randn(HYBRID_QUANT["intermediate_size"],
-                                                         HYBRID_QUANT["hidden_size"])}
+    head = (
+        mtp(hf)
+        if mtp is not None
+        else {
+            "mtp.fc.weight": torch.randn(HYBRID_QUANT["hidden_size"], 2 * HYBRID_QUANT["hidden_size"]),
+            "mtp.layers.0.mlp.gate_proj.weight": torch.randn(
+                HYBRID_QUANT["intermediate_size"], HYBRID_QUANT["hidden_size"]
+            ),
+        }
+    )
     tensors.update(head)
     quantized = []
     for name in list(tensors):

@@ -12,18 +12,36 @@ from tests.engine.conftest import TINY
 
 MOE = dict(num_experts_per_tok=2)
 CONFIGS = {
-    "qwen3_moe": dict(num_experts=8, moe_intermediate_size=32, norm_topk_prob=True, num_hidden_layers=3,
-                      mlp_only_layers=[1]),
+    "qwen3_moe": dict(
+        num_experts=8, moe_intermediate_size=32, norm_topk_prob=True, num_hidden_layers=3, mlp_only_layers=[1]
+    ),
     "qwen2_moe": dict(num_experts=6, moe_intermediate_size=32, shared_expert_intermediate_size=64),
     "mixtral": dict(num_local_experts=4, intermediate_size=64, sliding_window=12),
     "olmoe": dict(num_experts=8, intermediate_size=32, clip_qkv=1.5),
     # GLM-4.5: one group, q/k norm, qkv bias, a dense first layer, partial rotary 0.5 (the config's default)
-    "glm4_moe": dict(n_routed_experts=8, moe_intermediate_size=32, n_shared_experts=1, routed_scaling_factor=2.5,
-                     num_hidden_layers=3, first_k_dense_replace=1, use_qk_norm=True, attention_bias=True),
+    "glm4_moe": dict(
+        n_routed_experts=8,
+        moe_intermediate_size=32,
+        n_shared_experts=1,
+        routed_scaling_factor=2.5,
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        use_qk_norm=True,
+        attention_bias=True,
+    ),
     # grouped top-k: 4 groups of 2 experts, the best 2 groups kept, 3 experts of them per token; two shared experts
-    "glm4_moe_grouped": dict(n_routed_experts=8, moe_intermediate_size=32, n_shared_experts=2, n_group=4,
-                             topk_group=2, num_experts_per_tok=3, routed_scaling_factor=1.5, num_hidden_layers=3,
-                             first_k_dense_replace=1, attention_bias=True),
+    "glm4_moe_grouped": dict(
+        n_routed_experts=8,
+        moe_intermediate_size=32,
+        n_shared_experts=2,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=3,
+        routed_scaling_factor=1.5,
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        attention_bias=True,
+    ),
 }
 # transformers' model_type of each kind (a kind is a config of it).
 MODEL_TYPES = {"glm4_moe_grouped": "glm4_moe"}
@@ -33,8 +51,9 @@ def build_moe_checkpoint(kind: str, layout: str, path):
     """Saves a random-weight `kind` to path in `layout` and returns the transformers model (float32, eager)."""
     import transformers as tf
 
-    config = tf.AutoConfig.for_model(MODEL_TYPES.get(kind, kind), **{**TINY, **MOE, **CONFIGS[kind]},
-                                     tie_word_embeddings=False)
+    config = tf.AutoConfig.for_model(
+        MODEL_TYPES.get(kind, kind), **{**TINY, **MOE, **CONFIGS[kind]}, tie_word_embeddings=False
+    )
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     with torch.no_grad():  # bigger than the default init, so that parity (and routing) means something
@@ -65,9 +84,20 @@ def add_next_n_layer(path, config) -> None:
     state = load_file(str(weights))
     n, h, v = config.num_hidden_layers, config.hidden_size, config.vocab_size
     prefix = f"model.layers.{n}."
-    extra = {"embed_tokens.weight": (v, h), "eh_proj.weight": (h, 2 * h), "enorm.weight": (h,), "hnorm.weight": (h,),
-             "shared_head.norm.weight": (h,), "shared_head.head.weight": (v, h)}
+    extra = {
+        "embed_tokens.weight": (v, h),
+        "eh_proj.weight": (h, 2 * h),
+        "enorm.weight": (h,),
+        "hnorm.weight": (h,),
+        "shared_head.norm.weight": (h,),
+        "shared_head.head.weight": (v, h),
+    }
     state.update({prefix + name: torch.randn(shape) for name, shape in extra.items()})
-    state.update({name.replace(f"model.layers.{n - 1}.", prefix): t.clone() for name, t in list(state.items())
-                  if name.startswith(f"model.layers.{n - 1}.")})
+    state.update(
+        {
+            name.replace(f"model.layers.{n - 1}.", prefix): t.clone()
+            for name, t in list(state.items())
+            if name.startswith(f"model.layers.{n - 1}.")
+        }
+    )
     save_file(state, str(weights), metadata={"format": "pt"})

@@ -19,17 +19,33 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 # A hub MoE checkpoint's expert projection (Mixtral's w1 gate, w3 up, w2 down) and its place in transformers 5's
 # fused experts: (parameter, which half of gate_up_proj or None).
 EXPERT = re.compile(r"^(.*)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
-EXPERT_PLACE = {"gate_proj": ("gate_up_proj", 0), "w1": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-                "w3": ("gate_up_proj", 1), "down_proj": ("down_proj", None), "w2": ("down_proj", None)}
+EXPERT_PLACE = {
+    "gate_proj": ("gate_up_proj", 0),
+    "w1": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+    "w3": ("gate_up_proj", 1),
+    "down_proj": ("down_proj", None),
+    "w2": ("down_proj", None),
+}
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's pack: nibble i of a word holds column AWQ_ORDER[i] of its 8
-TINY = dict(vocab_size=128, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=64, num_hidden_layers=2, max_position_embeddings=256, tie_word_embeddings=False,
-            rms_norm_eps=1e-6)
+TINY = dict(
+    vocab_size=128,
+    hidden_size=256,
+    intermediate_size=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    num_hidden_layers=2,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    rms_norm_eps=1e-6,
+)
 
 
 def checkpoint_linear(fmt, tensors: dict[str, torch.Tensor], in_features: int, out: int):
     """One quantized linear holding `tensors` (a single checkpoint matrix), as the loader would fill it."""
     from engine.model.quant.base import CheckpointLinear
+
     linear = CheckpointLinear(fmt, {"proj": out}, in_features, False, {k: tuple(v.shape) for k, v in tensors.items()})
     for layout in linear.present:
         value = tensors[layout.suffix]
@@ -69,8 +85,11 @@ def pack_columns(values: torch.Tensor, order: tuple[int, ...] = tuple(range(8)))
 
 def awq_tensors(w: torch.Tensor, group: int = 128) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     q, z, s = int4_codes(w, group, symmetric=False)
-    tensors = {"qweight": pack_columns(q.t(), AWQ_ORDER), "qzeros": pack_columns(z.t(), AWQ_ORDER),
-               "scales": s.t().half().contiguous()}
+    tensors = {
+        "qweight": pack_columns(q.t(), AWQ_ORDER),
+        "qzeros": pack_columns(z.t(), AWQ_ORDER),
+        "scales": s.t().half().contiguous(),
+    }
     return tensors, dequant(q, z, s, group)
 
 
@@ -78,9 +97,12 @@ def gptq_tensors(w: torch.Tensor, group: int = 128, symmetric: bool = True) -> t
     """AutoGPTQ's v1 layout: qweight packs 8 input rows per word, qzeros hold z - 1 (wrapped to 4 bits)."""
     q, z, s = int4_codes(w, group, symmetric)
     n, k = w.shape
-    tensors = {"qweight": pack_columns(q, tuple(range(8))).t().contiguous(),
-               "qzeros": pack_columns(((z - 1) & 15).t()), "scales": s.t().half().contiguous(),
-               "g_idx": (torch.arange(k) // group).int()}
+    tensors = {
+        "qweight": pack_columns(q, tuple(range(8))).t().contiguous(),
+        "qzeros": pack_columns(((z - 1) & 15).t()),
+        "scales": s.t().half().contiguous(),
+        "g_idx": (torch.arange(k) // group).int(),
+    }
     assert tensors["qweight"].shape == (k // 8, n)
     return tensors, dequant(q, z, s, group)
 
@@ -88,6 +110,7 @@ def gptq_tensors(w: torch.Tensor, group: int = 128, symmetric: bool = True) -> t
 def compressed_int4_tensors(w: torch.Tensor, group: int = 128, symmetric: bool = False) -> tuple[dict, torch.Tensor]:
     """compressed-tensors' own PackedQuantizationCompressor; the reference is its own decompress()."""
     from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+
     q, z, s = int4_codes(w, group, symmetric)
     scheme = compressed_int4_scheme(group, symmetric)
     state = {"weight": dequant(q, z, s, group), "weight_scale": s}
@@ -100,13 +123,17 @@ def compressed_int4_tensors(w: torch.Tensor, group: int = 128, symmetric: bool =
 
 def compressed_int4_scheme(group: int, symmetric: bool):
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
-    return QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
-        num_bits=4, type="int", symmetric=symmetric, strategy="group", group_size=group))
+
+    return QuantizationScheme(
+        targets=["Linear"],
+        weights=QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy="group", group_size=group),
+    )
 
 
 def compressed_fp8_tensors(w: torch.Tensor) -> tuple[dict, torch.Tensor]:
     """Per-channel FP8 weights (dynamic per-token activations), compressed by FloatQuantizationCompressor."""
     from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+
     scheme = compressed_fp8_scheme()
     scale = w.abs().amax(1, keepdim=True) / 448
     packed = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
@@ -118,19 +145,25 @@ def compressed_fp8_scheme(strategy: str = "channel"):
     """FP8 weights per output channel with dynamic per-token activations, or per tensor with static activation
     scales (input_scale)."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
     activations = "token" if strategy == "channel" else "tensor"
     return QuantizationScheme(
-        targets=["Linear"], weights=QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True),
-        input_activations=QuantizationArgs(num_bits=8, type="float", strategy=activations,
-                                           dynamic=strategy == "channel"))
+        targets=["Linear"],
+        weights=QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True),
+        input_activations=QuantizationArgs(
+            num_bits=8, type="float", strategy=activations, dynamic=strategy == "channel"
+        ),
+    )
 
 
 def compressed_fp8_tensor_tensors(w: torch.Tensor) -> tuple[dict, torch.Tensor]:
     """Per-tensor FP8 weights with a static per-tensor input_scale, compressed by FloatQuantizationCompressor."""
     from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+
     scheme = compressed_fp8_scheme("tensor")
-    packed = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": (w.abs().amax() / 448).reshape(1)},
-                                                  scheme)
+    packed = FloatQuantizationCompressor.compress(
+        {"weight": w, "weight_scale": (w.abs().amax() / 448).reshape(1)}, scheme
+    )
     back = FloatQuantizationCompressor.decompress(dict(packed), scheme)["weight"].float()
     return {**packed, "input_scale": torch.tensor([0.02])}, back
 
@@ -139,6 +172,7 @@ def fp8_block_tensors(w: torch.Tensor, block: int = 128) -> tuple[dict, torch.Te
     """The hub's block-wise FP8: weight_scale_inv per block (a partial last block where the rows or columns are
     not a multiple, as a 64-row K projection has); the reference is transformers' own dequantiser."""
     from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
+
     n, k = w.shape
     rows, cols = -(-n // block), -(-k // block)
     padded = torch.zeros(rows * block, cols * block)
@@ -155,25 +189,50 @@ def quantization_config(kind: str, float_modules: tuple[str, ...] = ()) -> dict:
     format's config lists them."""
     not_converted = ["lm_head", *float_modules]
     if kind == "awq":
-        return {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True,
-                **({"modules_to_not_convert": list(float_modules)} if float_modules else {})}
+        return {
+            "quant_method": "awq",
+            "bits": 4,
+            "group_size": 128,
+            "version": "gemm",
+            "zero_point": True,
+            **({"modules_to_not_convert": list(float_modules)} if float_modules else {}),
+        }
     if kind in ("gptq", "gptq_asym"):
-        return {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": kind == "gptq",
-                "checkpoint_format": "gptq"}
+        return {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": 128,
+            "desc_act": False,
+            "sym": kind == "gptq",
+            "checkpoint_format": "gptq",
+        }
     if kind == "fp8_block":
-        return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
-                "modules_to_not_convert": not_converted}
+        return {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128],
+            "modules_to_not_convert": not_converted,
+        }
     if kind.startswith("ct_fp8"):
         scheme, fmt = compressed_fp8_scheme("tensor" if kind == "ct_fp8_tensor" else "channel"), "float-quantized"
     else:
         scheme, fmt = compressed_int4_scheme(128, symmetric=False), "pack-quantized"
-    return {"quant_method": "compressed-tensors", "format": fmt, "ignore": not_converted,
-            "quantization_status": "compressed", "config_groups": {"group_0": scheme.model_dump(mode="json")}}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "ignore": not_converted,
+        "quantization_status": "compressed",
+        "config_groups": {"group_0": scheme.model_dump(mode="json")},
+    }
 
 
 WRITERS = {
-    "awq": awq_tensors, "gptq": gptq_tensors, "gptq_asym": lambda w: gptq_tensors(w, symmetric=False),
-    "ct_int4": compressed_int4_tensors, "ct_fp8": compressed_fp8_tensors, "fp8_block": fp8_block_tensors,
+    "awq": awq_tensors,
+    "gptq": gptq_tensors,
+    "gptq_asym": lambda w: gptq_tensors(w, symmetric=False),
+    "ct_int4": compressed_int4_tensors,
+    "ct_fp8": compressed_fp8_tensors,
+    "fp8_block": fp8_block_tensors,
     "ct_fp8_tensor": compressed_fp8_tensor_tensors,
 }
 
@@ -182,6 +241,7 @@ def write_quantized(kind: str, model_type: str, path: Path, **sizes: object):
     """A tiny random model (TINY, with `sizes` changed) saved in `kind`'s format; returns the transformers model
     holding the weights that checkpoint stands for (float32)."""
     import transformers as tf
+
     torch.manual_seed(0)
     config = tf.AutoConfig.for_model(model_type, **{**TINY, **sizes})
     model = tf.AutoModelForCausalLM.from_config(config).float().eval()
@@ -228,6 +288,7 @@ def fp8_stacked_linear(strategy: str, sizes: dict[str, int], in_features: int, s
     per matrix ("tensor", each its own amax / 448) or per row ("channel")."""
     from engine.model.quant.base import CheckpointLinear
     from engine.model.quant.fp8 import Fp8Format
+
     torch.manual_seed(seed)
     w = torch.randn(sum(sizes.values()), in_features) * 0.05
     parts = w.split(list(sizes.values()))

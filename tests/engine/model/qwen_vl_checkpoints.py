@@ -16,29 +16,74 @@ from tests.engine.conftest import TOKENIZER_FILES
 from tests.engine.model import vision_checkpoints
 
 START, END, IMAGE = 98, 99, 100
-PROCESSOR = dict(patch_size=8, temporal_patch_size=2, merge_size=2, image_mean=[0.5, 0.5, 0.5],
-                 image_std=[0.5, 0.5, 0.5], size={"shortest_edge": 16 * 16 * 4, "longest_edge": 16 * 16 * 16})
-VISION = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=8, temporal_patch_size=2,
-              spatial_merge_size=2, out_hidden_size=64, num_position_embeddings=16)
+PROCESSOR = dict(
+    patch_size=8,
+    temporal_patch_size=2,
+    merge_size=2,
+    image_mean=[0.5, 0.5, 0.5],
+    image_std=[0.5, 0.5, 0.5],
+    size={"shortest_edge": 16 * 16 * 4, "longest_edge": 16 * 16 * 16},
+)
+VISION = dict(
+    depth=3,
+    hidden_size=32,
+    intermediate_size=48,
+    num_heads=2,
+    patch_size=8,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    out_hidden_size=64,
+    num_position_embeddings=16,
+)
 TOKENS = dict(image_token_id=IMAGE, vision_start_token_id=START, vision_end_token_id=END, video_token_id=97)
-TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False)
+TEXT = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24)
-HYBRID = dict(layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-              num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-              linear_value_head_dim=8, linear_conv_kernel_dim=4)
+HYBRID = dict(
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    num_hidden_layers=4,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+)
 FAMILIES = {  # model_type -> (architecture, text config, rope with its mrope sections)
-    "qwen3_vl": ("Qwen3VLForConditionalGeneration", TEXT, {"rope_theta": 10000.0, "mrope_section": [4, 2, 2],
-                                                           "mrope_interleaved": True, "rope_type": "default"}),
-    "qwen3_vl_moe": ("Qwen3VLMoeForConditionalGeneration", {**TEXT, **MOE},
-                     {"rope_theta": 10000.0, "mrope_section": [4, 2, 2], "rope_type": "default"}),
-    "qwen3_5": ("Qwen3_5ForConditionalGeneration", {**TEXT, **HYBRID},
-                {"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
-                 "mrope_interleaved": True, "rope_type": "default"}),
-    "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration",
-                    {**TEXT, **HYBRID, **MOE, "shared_expert_intermediate_size": 48},
-                    {"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
-                     "rope_type": "default"}),
+    "qwen3_vl": (
+        "Qwen3VLForConditionalGeneration",
+        TEXT,
+        {"rope_theta": 10000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True, "rope_type": "default"},
+    ),
+    "qwen3_vl_moe": (
+        "Qwen3VLMoeForConditionalGeneration",
+        {**TEXT, **MOE},
+        {"rope_theta": 10000.0, "mrope_section": [4, 2, 2], "rope_type": "default"},
+    ),
+    "qwen3_5": (
+        "Qwen3_5ForConditionalGeneration",
+        {**TEXT, **HYBRID},
+        {
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+            "rope_type": "default",
+        },
+    ),
+    "qwen3_5_moe": (
+        "Qwen3_5MoeForConditionalGeneration",
+        {**TEXT, **HYBRID, **MOE, "shared_expert_intermediate_size": 48},
+        {"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1], "rope_type": "default"},
+    ),
 }
 
 
@@ -48,8 +93,9 @@ def build_qwen_vl(model_type: str, path: Path, baked: Path):
 
     arch, text, rope = FAMILIES[model_type]
     vision = {**VISION, **({"deepstack_visual_indexes": [0, 1]} if model_type.startswith("qwen3_vl") else {})}
-    config = tf.AutoConfig.for_model(model_type, text_config={**text, "rope_parameters": rope}, vision_config=vision,
-                                     **TOKENS)
+    config = tf.AutoConfig.for_model(
+        model_type, text_config={**text, "rope_parameters": rope}, vision_config=vision, **TOKENS
+    )
     torch.manual_seed(0)
     model = tf.AutoModelForImageTextToText.from_config(config).float().eval()
     model.config._attn_implementation = "eager"
@@ -73,8 +119,11 @@ def hub_expert_layout(file: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(file)
-    save_file({k: v.transpose(1, 2).contiguous() if ".mlp.experts." in k else v for k, v in tensors.items()}, file,
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.transpose(1, 2).contiguous() if ".mlp.experts." in k else v for k, v in tensors.items()},
+        file,
+        metadata={"format": "pt"},
+    )
 
 
 def hf_processor():

@@ -24,7 +24,8 @@ from tests.engine.model.family_parity import Pages
 from tests.engine.model.gpt_oss_checkpoints import build_gpt_oss
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
 from tests.engine.model.moe_checkpoints import build_moe_checkpoint
-from tests.engine.model.test_gemma4_moe_parity import CONFIG as GEMMA4_MOE, randomize
+from tests.engine.model.test_gemma4_moe_parity import CONFIG as GEMMA4_MOE
+from tests.engine.model.test_gemma4_moe_parity import randomize
 from tests.engine.model.test_gemma4_parity import save_tiny_gemma4
 from tests.engine.model.test_gemma_parity import build as build_gemma
 from tests.lora_adapters import ALL_TARGETS, write_adapter
@@ -46,8 +47,10 @@ BUILDERS = {
     "llama": lambda p: build_tiny_checkpoint("llama", p),
     "qwen3": lambda p: build_tiny_checkpoint("qwen3", p),
     "qwen2_window": lambda p: build_tiny_checkpoint("qwen2_window", p),
-    **{kind: (lambda p, k=kind: build_moe_checkpoint(k, "hub", p))
-       for kind in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe", "glm4_moe_grouped")},
+    **{
+        kind: (lambda p, k=kind: build_moe_checkpoint(k, "hub", p))
+        for kind in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe", "glm4_moe_grouped")
+    },
     "gemma2": lambda p: build_gemma("gemma2", p),
     "gemma3": lambda p: build_gemma("gemma3", p),
     "gemma4": save_tiny_gemma4,
@@ -94,8 +97,13 @@ def decode_under_guard(model, spec, kv_dtype: torch.dtype = torch.float32, befor
     layers = sorted(pages.caches)
     guard = CaptureGuard()
     with torch.inference_mode(), guard:
-        model(torch.tensor([9, 10]), positions, meta, [pages.caches[n] for n in layers],
-              [pages.backends[n] for n in layers])
+        model(
+            torch.tensor([9, 10]),
+            positions,
+            meta,
+            [pages.caches[n] for n in layers],
+            [pages.backends[n] for n in layers],
+        )
     assert guard.seen > 0
     return guard
 

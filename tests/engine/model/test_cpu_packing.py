@@ -16,7 +16,8 @@ from tests.engine.model.family_parity import Pages
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(
     not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-    reason="this CPU has no bf16 oneDNN: nothing is packed")
+    reason="this CPU has no bf16 oneDNN: nothing is packed",
+)
 PROMPTS = [("a", [5, 9, 13, 2, 7, 40, 41]), ("b", [3, 4])]
 
 
@@ -49,8 +50,12 @@ def test_a_half_packed_model_runs_within_bf16_rounding(tiny_model_path, monkeypa
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
     half, _ = load_model(str(tiny_model_path), torch.bfloat16, CPU)
     monkeypatch.undo()
-    plain = [(parent, name, child) for parent in half.modules() for name, child in parent.named_children()
-             if isinstance(child, nn.Linear)]
+    plain = [
+        (parent, name, child)
+        for parent in half.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
     assert plain
     for parent, name, child in plain[::2]:
         setattr(parent, name, PackedLinear(child))

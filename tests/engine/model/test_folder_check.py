@@ -53,21 +53,38 @@ def tiny_llama(tmp_path_factory, baked_model_path: Path, tiny_checkpoint) -> Pat
     return with_tokenizer(folder, baked_model_path)
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (lambda c: c["rope_parameters"].update(partial_rotary_factor=0.75), "partial_rotary_factor != 1 is not supported"),
-    (lambda c: c.update(rope_parameters={"rope_type": "su", "rope_theta": 10000.0}), "rope type 'su' is not supported"),
-], ids=["partial-rotary", "rope-type"])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda c: c["rope_parameters"].update(partial_rotary_factor=0.75),
+            "partial_rotary_factor != 1 is not supported",
+        ),
+        (
+            lambda c: c.update(rope_parameters={"rope_type": "su", "rope_theta": 10000.0}),
+            "rope type 'su' is not supported",
+        ),
+    ],
+    ids=["partial-rotary", "rope-type"],
+)
 def test_a_rope_start_up_refuses_fails_the_check(tmp_path: Path, tiny_llama: Path, change, message) -> None:
     folder = shutil.copytree(tiny_llama, tmp_path / "model")
     edit_config(folder, change)
     assert_refused_alike(folder, message)
 
 
-@pytest.mark.parametrize(("name", "shape", "message"), [
-    ("model.layers.0.self_attn.k_scale", (2,), "KV cache scale 'model.layers.0.self_attn.k_scale' has shape (2,): "
-                                              "only per-tensor KV scales are supported"),
-    ("model.layers.7.self_attn.v_scale", (), "unexpected tensor 'model.layers.7.self_attn.v_scale' in checkpoint"),
-], ids=["per-head", "no-such-layer"])
+@pytest.mark.parametrize(
+    ("name", "shape", "message"),
+    [
+        (
+            "model.layers.0.self_attn.k_scale",
+            (2,),
+            "KV cache scale 'model.layers.0.self_attn.k_scale' has shape (2,): only per-tensor KV scales are supported",
+        ),
+        ("model.layers.7.self_attn.v_scale", (), "unexpected tensor 'model.layers.7.self_attn.v_scale' in checkpoint"),
+    ],
+    ids=["per-head", "no-such-layer"],
+)
 def test_a_kv_scale_start_up_refuses_fails_the_check(tmp_path: Path, tiny_llama: Path, name, shape, message) -> None:
     folder = shutil.copytree(tiny_llama, tmp_path / "model")
     add_tensor(folder, name, torch.ones(shape))

@@ -31,8 +31,9 @@ def test_fp8_linear_matches_the_dequantised_weight(strategy, row_wise):
         pytest.skip(f"torch {torch.__version__}'s CPU _scaled_mm has no per-row scales (the GPU test covers them)")
     fmt, linear = fp8_stacked_linear(strategy, SIZES, 256)
     bias = torch.randn(linear.out_features)
-    module = Fp8Linear(linear.weight.detach(), fmt.row_scale(linear), bias, torch.bfloat16, torch.device("cpu"),
-                       row_wise=row_wise)
+    module = Fp8Linear(
+        linear.weight.detach(), fmt.row_scale(linear), bias, torch.bfloat16, torch.device("cpu"), row_wise=row_wise
+    )
     assert module.weight.dtype == FP8 and module.weight.data_ptr() != 0
     x = torch.randn(2, 7, 256)
     x[0, 3] *= 30  # one loud token: e4m3's exponent keeps the quiet ones' relative precision at either scaling

@@ -15,9 +15,20 @@ from engine.model.layers.gated_deltanet import DeltaNetShape, GatedDeltaNet
 from engine.model.layers.recurrent_step import RecurrentStep
 
 ATOL = 2e-5
-CONFIG = dict(hidden_size=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-              linear_value_head_dim=8, linear_conv_kernel_dim=4, num_hidden_layers=1, layer_types=["linear_attention"],
-              intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+CONFIG = dict(
+    hidden_size=64,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    num_hidden_layers=1,
+    layer_types=["linear_attention"],
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+)
 
 
 def rule_inputs(length: int, seed: int):
@@ -39,8 +50,9 @@ def test_the_delta_rule_matches_transformers_from_a_state(length):
 
     q, k, v, g, beta, state = rule_inputs(length, length)
     args = (q[None], k[None], v[None])
-    kw = dict(g=g[None], beta=beta[None], initial_state=state[None], output_final_state=True,
-              use_qk_l2norm_in_kernel=True)
+    kw = dict(
+        g=g[None], beta=beta[None], initial_state=state[None], output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
     ref_out, ref_state = torch_recurrent_gated_delta_rule(*args, **kw)
     chunk_out, chunk_state = torch_chunk_gated_delta_rule(*args, **kw)
     for rule in (delta_rule.recurrent, delta_rule.chunked):
@@ -175,7 +187,7 @@ def prefilled_pools(ours: GatedDeltaNet, xs: list[torch.Tensor], slots: list[int
     conv, delta = states(ours, n)
     conv.normal_(generator=gen)
     delta.normal_(generator=gen)
-    for x, slot in zip(xs, slots):
+    for x, slot in zip(xs, slots, strict=True):
         conv[slot], delta[slot] = 0, 0
         with torch.no_grad():
             ours(x[:-1], RecurrentStep([(0, len(x) - 1)], [slot], [], torch.tensor([slot]), False), conv, delta)
@@ -224,7 +236,7 @@ def test_the_capture_safe_decode_equals_the_cpu_path(layers, slots):
             want = ours(rows, cpu, *pools["cpu"])
             got = ours(rows, RecurrentStep.graphed(torch.tensor(slots)), *pools["indexed"])
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
-    for a, b in zip(pools["cpu"], pools["indexed"]):
+    for a, b in zip(pools["cpu"], pools["indexed"], strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
@@ -257,5 +269,5 @@ def test_a_traced_decode_step_replays_on_other_slots(layers):
                 continue
             pools = conv.clone(), delta.clone()
             got = traced(x, slots, *pools)
-            same = torch.allclose(got, want) and all(torch.equal(a, b) for a, b in zip(pools, want_pools))
+            same = torch.allclose(got, want) and all(torch.equal(a, b) for a, b in zip(pools, want_pools, strict=True))
             assert same == replays

@@ -15,11 +15,23 @@ from engine.core.images import image_runs
 from engine.sample.params import SamplingParams
 from tests.engine.model.family_parity import tiny_engine
 from tests.engine.model.vision_checkpoints import (
-    BOI, EOI, IMAGE, SIZE, TOKENS, build_vision_model, hf_greedy, image_file, images,
+    BOI,
+    EOI,
+    IMAGE,
+    SIZE,
+    TOKENS,
+    build_vision_model,
+    hf_greedy,
+    image_file,
+    images,
 )
 
-PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 32, "pan_and_scan_max_num_crops": 3,
-                "pan_and_scan_min_ratio_to_activate": 1.2}
+PAN_AND_SCAN = {
+    "do_pan_and_scan": True,
+    "pan_and_scan_min_crop_size": 32,
+    "pan_and_scan_max_num_crops": 3,
+    "pan_and_scan_min_ratio_to_activate": 1.2,
+}
 FILES = [image_file(90, 40, 4), image_file(60, 60, 5, "JPEG")]  # wide: two 45x40 crops; square: none
 VOCAB = 49152
 
@@ -46,15 +58,20 @@ def test_prompt_logprobs_and_greedy_equal_transformers(vision):
     engine = tiny_engine(path, max_num_batched_tokens=24, num_kv_pages=96)
     encode = engine.tokenizer.encode
     span = [BOI] + [IMAGE] * TOKENS + [EOI]  # as the worker writes each image (the template's text around it)
-    rendered = (encode("<|im_start|>user\n\n\n", add_special_tokens=False) + span
-                + encode("\n\nWhat are these two?\n\n", add_special_tokens=False) + span
-                + encode("\n\n<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False))
+    rendered = (
+        encode("<|im_start|>user\n\n\n", add_special_tokens=False)
+        + span
+        + encode("\n\nWhat are these two?\n\n", add_special_tokens=False)
+        + span
+        + encode("\n\n<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    )
     prompt, _ = engine.images.expand(rendered, images(FILES))
     assert len(image_runs(prompt, IMAGE)) == 4 and len(prompt) > len(rendered) + 3 * len(span)
     assert "Here is the original image" in engine.tokenizer.decode(prompt)
 
-    engine.add_request("r", rendered, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True,
-                                                     prompt_logprobs=3), images(FILES))
+    engine.add_request(
+        "r", rendered, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=3), images(FILES)
+    )
     first, answer = None, []
     while engine.has_unfinished():
         for o in engine.step():

@@ -18,7 +18,15 @@ from engine.sample.params import SamplingParams
 from tests.engine.model.family_parity import Pages, load_family, tiny_engine
 from tests.engine.model.vision_bf16 import bf16_tower, check_bf16_tower
 from tests.engine.model.vision_checkpoints import (
-    IMAGE, TOKENS, build_vision_model, hf_greedy, hf_logits, hf_pixels, image_file, images, prompt_with,
+    IMAGE,
+    TOKENS,
+    build_vision_model,
+    hf_greedy,
+    hf_logits,
+    hf_pixels,
+    image_file,
+    images,
+    prompt_with,
 )
 
 ATOL = 1e-4
@@ -46,8 +54,9 @@ def test_the_tower_in_bfloat16_stays_near_float32_transformers(vision):
     """The CPU product path: its linears packed, GELU and residual adds fused into them (vision_bf16.py)."""
     pixels = hf_pixels(FILES + [image_file(64, 64, 3)])
     ours = bf16_tower(vision.path, "vision_tower").encode_images(list(pixels), [None] * 3)
-    check_bf16_tower(ours, vision.hf, lambda hf, x: list(hf.model.get_image_features(**x).pooler_output),
-                     {"pixel_values": pixels})
+    check_bf16_tower(
+        ours, vision.hf, lambda hf, x: list(hf.model.get_image_features(**x).pooler_output), {"pixel_values": pixels}
+    )
 
 
 def _run(vision, pages: Pages, batch: list[tuple[str, list[int], list[bytes]]], bidirectional: bool = True):
@@ -112,8 +121,11 @@ def _greedy(engine, requests: dict[str, tuple[list[int], list[bytes]]], max_toke
 
 
 def test_engine_greedy_batched_solo_and_from_the_prefix_cache(vision):
-    requests = {"one": (prompt_with(1, seed=1), FILES[:1]), "two": (prompt_with(2, seed=2), FILES),
-                "text": (prompt_with(0, seed=3, lead=9), [])}
+    requests = {
+        "one": (prompt_with(1, seed=1), FILES[:1]),
+        "two": (prompt_with(2, seed=2), FILES),
+        "text": (prompt_with(0, seed=3, lead=9), []),
+    }
     want = {r: hf_greedy(vision.hf, p, f, 6) for r, (p, f) in requests.items()}
     # A 24-token budget: the two-image prompt (48 tokens) prefills in chunks that stop before a span.
     engine = tiny_engine(vision.path, max_num_batched_tokens=24)
@@ -141,11 +153,15 @@ def test_bad_images_are_refused_naming_the_image(vision):
     engine = tiny_engine(vision.path)
     params = SamplingParams(max_tokens=2)
     prompt = prompt_with(2, seed=2)
-    cases = [([ImageData(FILES[0], "image 0")], "2 image placeholders for 1 images", "messages"),
-             ([ImageData(b"not an image at all", "image 0"), ImageData(FILES[1], "image 1")], "not an image",
-              "image 0"),
-             ([ImageData(FILES[0], "image 0"), ImageData(FILES[1][: len(FILES[1]) // 2], "image 1")],
-              "not an image", "image 1")]
+    cases = [
+        ([ImageData(FILES[0], "image 0")], "2 image placeholders for 1 images", "messages"),
+        ([ImageData(b"not an image at all", "image 0"), ImageData(FILES[1], "image 1")], "not an image", "image 0"),
+        (
+            [ImageData(FILES[0], "image 0"), ImageData(FILES[1][: len(FILES[1]) // 2], "image 1")],
+            "not an image",
+            "image 1",
+        ),
+    ]
     for given, message, param in cases:
         with pytest.raises(InvalidRequest) as info:
             engine.prepare(prompt, params, given)

@@ -32,11 +32,27 @@ from tests.engine.model.family_parity import (
 
 WINDOW = 8
 S, F = "sliding_attention", "full_attention"
-CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
-              attention_k_eq_v=True, layer_types=[S, F, S, F], sliding_window=WINDOW, hidden_size_per_layer_input=0,
-              final_logit_softcapping=30.0, max_position_embeddings=256, enable_moe_block=True, num_experts=8,
-              top_k_experts=2, moe_intermediate_size=32)
+CONFIG = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=48,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    global_head_dim=32,
+    num_global_key_value_heads=1,
+    attention_k_eq_v=True,
+    layer_types=[S, F, S, F],
+    sliding_window=WINDOW,
+    hidden_size_per_layer_input=0,
+    final_logit_softcapping=30.0,
+    max_position_embeddings=256,
+    enable_moe_block=True,
+    num_experts=8,
+    top_k_experts=2,
+    moe_intermediate_size=32,
+)
 GROUPS = [KVGroupSpec((0, 2), 2, 16, WINDOW, 1.0, None), KVGroupSpec((1, 3), 1, 32, None, 1.0, None)]
 
 
@@ -126,11 +142,18 @@ def test_multimodal_moe_checkpoint_serves_its_text_model(tmp_path, baked_model_p
     import transformers as tf
 
     text = {**CONFIG, "num_hidden_layers": 2, "layer_types": [S, F]}
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=2, head_dim=16)
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     torch.manual_seed(0)
     hf = tf.AutoModelForImageTextToText.from_config(
-        tf.Gemma4Config(text_config=text, vision_config=vision, audio_config=None), attn_implementation="eager")
+        tf.Gemma4Config(text_config=text, vision_config=vision, audio_config=None), attn_implementation="eager"
+    )
     randomize(hf.float().eval())
     save(hf, tmp_path, baked_model_path)
     assert check_checkpoint(str(tmp_path)) == "Gemma4ForConditionalGeneration"
@@ -159,13 +182,16 @@ WRONG_COUNT = {
 }
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"num_experts": 6}, None),
-    ({"num_experts": 12}, None),
-    ({"top_k_experts": 9}, r"top_k_experts=9 must be in 1\.\.8 \(num_experts\)"),
-    ({"num_experts": None}, r"enable_moe_block needs a positive integer num_experts \(got None\)"),
-    ({"moe_intermediate_size": 0}, r"enable_moe_block needs a positive integer moe_intermediate_size \(got 0\)"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"num_experts": 6}, None),
+        ({"num_experts": 12}, None),
+        ({"top_k_experts": 9}, r"top_k_experts=9 must be in 1\.\.8 \(num_experts\)"),
+        ({"num_experts": None}, r"enable_moe_block needs a positive integer num_experts \(got None\)"),
+        ({"moe_intermediate_size": 0}, r"enable_moe_block needs a positive integer moe_intermediate_size \(got 0\)"),
+    ],
+)
 def test_a_wrong_expert_config_fails_the_bake_in_one_line(gemma4, tmp_path, change, message):
     folder = _with_config(gemma4.path, tmp_path, **change)
     with pytest.raises(UnsupportedModel) as info:

@@ -25,16 +25,39 @@ from tests.engine.model.family_parity import (
 )
 
 WINDOW = 8
-TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
-         "full_attention"]
-CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
-              attention_k_eq_v=True, num_kv_shared_layers=2, use_double_wide_mlp=True, layer_types=TYPES,
-              sliding_window=WINDOW, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128,
-              final_logit_softcapping=10.0, max_position_embeddings=256)
+TYPES = [
+    "sliding_attention",
+    "sliding_attention",
+    "full_attention",
+    "sliding_attention",
+    "sliding_attention",
+    "full_attention",
+]
+CONFIG = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    global_head_dim=32,
+    num_global_key_value_heads=1,
+    attention_k_eq_v=True,
+    num_kv_shared_layers=2,
+    use_double_wide_mlp=True,
+    layer_types=TYPES,
+    sliding_window=WINDOW,
+    hidden_size_per_layer_input=8,
+    vocab_size_per_layer_input=128,
+    final_logit_softcapping=10.0,
+    max_position_embeddings=256,
+)
 # Layers 4 and 5 share KV: each reads the last earlier layer of its type (3 and 2).
-GROUPS = [KVGroupSpec((0, 1, 3), 2, 16, WINDOW, 1.0, None, ((4, 3),)),
-          KVGroupSpec((2,), 1, 32, None, 1.0, None, ((5, 2),))]
+GROUPS = [
+    KVGroupSpec((0, 1, 3), 2, 16, WINDOW, 1.0, None, ((4, 3),)),
+    KVGroupSpec((2,), 1, 32, None, 1.0, None, ((5, 2),)),
+]
 
 
 def save_tiny_gemma4(path):
@@ -84,11 +107,18 @@ def test_multimodal_checkpoint_serves_its_text_model(tmp_path):
     import transformers as tf
 
     text = {**CONFIG, "num_hidden_layers": 2, "layer_types": TYPES[1:3], "num_kv_shared_layers": 0}
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=2, head_dim=16)
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     torch.manual_seed(0)
     hf = tf.AutoModelForImageTextToText.from_config(
-        tf.Gemma4Config(text_config=text, vision_config=vision, audio_config=None), attn_implementation="eager")
+        tf.Gemma4Config(text_config=text, vision_config=vision, audio_config=None), attn_implementation="eager"
+    )
     hf = hf.float().eval()
     with torch.no_grad():
         for name, p in hf.named_parameters():
@@ -105,4 +135,3 @@ def test_multimodal_checkpoint_serves_its_text_model(tmp_path):
 
 def test_preemption_recomputes_the_same_tokens(gemma4):
     check_preemption(gemma4.path)
-

@@ -17,7 +17,13 @@ from engine.model.loader import check_checkpoint
 from engine.sample.params import SamplingParams
 from tests.engine.model.family_parity import Pages, load_family, tiny_engine
 from tests.engine.model.gemma4_vision_checkpoint import (
-    BOI, EOI, IMAGE, build_gemma4_vision, hf_inputs, hf_logits, prompt_with,
+    BOI,
+    EOI,
+    IMAGE,
+    build_gemma4_vision,
+    hf_inputs,
+    hf_logits,
+    prompt_with,
 )
 from tests.engine.model.vision_bf16 import bf16_tower, check_bf16_tower
 from tests.engine.model.vision_checkpoints import hf_greedy, image_file, images
@@ -56,8 +62,13 @@ def test_the_tower_and_embedder_equal_transformers(vision):
         torch.testing.assert_close(g, w, atol=ATOL, rtol=1e-4)
 
 
-def _run(vision, pages: Pages, batch: list[tuple[str, list[int], list[bytes]]], bidirectional: bool = True,
-         everywhere: bool = False):
+def _run(
+    vision,
+    pages: Pages,
+    batch: list[tuple[str, list[int], list[bytes]]],
+    bidirectional: bool = True,
+    everywhere: bool = False,
+):
     """One paged step of `batch` (request, new tokens, the images whose spans the tokens hold whole); the image
     spans attend both ways on the windowed group only, as the model runner plans them (`everywhere`: on every
     group, as Gemma 3 has it)."""
@@ -98,8 +109,9 @@ def test_prompt_logits_with_one_and_two_images_then_decode(vision):
         logits = _run(vision, pages, [(r, [7 + step], []) for r in seqs])
         for i, r in enumerate(seqs):
             seqs[r].append(7 + step)
-            torch.testing.assert_close(logits[i], hf_logits(vision.hf, seqs[r], files[r])[-1], atol=IMAGE_ATOL,
-                                       rtol=1e-4)
+            torch.testing.assert_close(
+                logits[i], hf_logits(vision.hf, seqs[r], files[r])[-1], atol=IMAGE_ATOL, rtol=1e-4
+            )
 
 
 def test_the_mask_and_the_embeddings_matter(vision):
@@ -129,8 +141,10 @@ def test_engine_greedy_batched_solo_and_from_the_prefix_cache(vision):
     """The engine takes one image token per image and widens it to the image's soft tokens."""
     requests = {"one": FILES[:1], "two": FILES, "text": []}
     prompts = {r: prompt_with(f, seed=i + 1, widen=False) for i, (r, f) in enumerate(requests.items())}
-    want = {r: hf_greedy(vision.hf, prompt_with(f, seed=i + 1), f, 5, logits=hf_logits)
-            for i, (r, f) in enumerate(requests.items())}
+    want = {
+        r: hf_greedy(vision.hf, prompt_with(f, seed=i + 1), f, 5, logits=hf_logits)
+        for i, (r, f) in enumerate(requests.items())
+    }
     # An 80-token budget: the two-image prompt prefills in chunks that stop before a span.
     engine = tiny_engine(vision.path, max_num_batched_tokens=80, num_kv_pages=160)
     given = {r: (prompts[r], requests[r]) for r in requests}

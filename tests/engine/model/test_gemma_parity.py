@@ -27,13 +27,25 @@ from tests.engine.model.family_parity import (
 )
 
 WINDOW = 8
-SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-             head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24, max_position_embeddings=256)
+SIZES = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    sliding_window=WINDOW,
+    query_pre_attn_scalar=24,
+    max_position_embeddings=256,
+)
 SCALE = 24**-0.5
-VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-              patch_size=14)
-GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-               "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0}}
+VISION = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+)
+GEMMA3_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
+}
 GROUPS = {
     "gemma2": [KVGroupSpec((0, 2), 2, 16, WINDOW, SCALE, 3.0), KVGroupSpec((1, 3), 2, 16, None, SCALE, 3.0)],
     "gemma3": [KVGroupSpec((0, 1, 2, 3, 4, 6), 2, 16, WINDOW, SCALE), KVGroupSpec((5,), 2, 16, None, SCALE)],
@@ -45,8 +57,15 @@ def gemma_config(kind: str, **changes):
     import transformers as tf
 
     if kind == "gemma2":
-        return tf.Gemma2Config(**{**SIZES, "num_hidden_layers": 4, "attn_logit_softcapping": 3.0,
-                                  "final_logit_softcapping": 10.0, **changes})
+        return tf.Gemma2Config(
+            **{
+                **SIZES,
+                "num_hidden_layers": 4,
+                "attn_logit_softcapping": 3.0,
+                "final_logit_softcapping": 10.0,
+                **changes,
+            }
+        )
     text = tf.Gemma3TextConfig(**{**SIZES, "num_hidden_layers": 7, "rope_parameters": GEMMA3_ROPE, **changes})
     if kind == "gemma3":
         return text

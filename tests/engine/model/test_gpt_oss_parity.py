@@ -59,13 +59,15 @@ def test_mxfp4_loads_to_bfloat16_as_transformers_dequantises(gpt_oss):
     experts = model.model.layers[2].mlp.experts
     for proj in ("gate_up_proj", "down_proj"):
         prefix = f"model.layers.2.mlp.experts.{proj}"
-        theirs = convert_moe_packed_tensors(tensors[f"{prefix}_blocks"], tensors[f"{prefix}_scales"],
-                                            dtype=torch.bfloat16)
+        theirs = convert_moe_packed_tensors(
+            tensors[f"{prefix}_blocks"], tensors[f"{prefix}_scales"], dtype=torch.bfloat16
+        )
         ours = getattr(experts, proj) if experts.linears is None else None
         if ours is None:  # CPU bf16 packs each expert into its own linear: read the weights back out
             index = 0 if proj == "gate_up_proj" else 1
-            ours = torch.stack([lin[index](torch.eye(theirs.shape[1], dtype=torch.bfloat16)).t()
-                                for lin in experts.linears])
+            ours = torch.stack(
+                [lin[index](torch.eye(theirs.shape[1], dtype=torch.bfloat16)).t() for lin in experts.linears]
+            )
         assert torch.equal(ours, theirs.transpose(1, 2)), proj
 
 

@@ -97,9 +97,17 @@ def test_beam_search_returns_transformers_beams(kind, tmp_path, baked_model_path
     params = SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0.0, max_tokens=8, ignore_eos=True)
     got = run(tiny_engine(tmp_path), {"b": (prompt, params)})["b"]
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), num_beams=3, num_return_sequences=2, max_new_tokens=8,
-                          min_new_tokens=8, do_sample=False, early_stopping=False, length_penalty=1.0)
-    assert [got.choices[i].token_ids for i in range(2)] == ref[:, len(prompt):].tolist()
+        ref = hf.generate(
+            torch.tensor([prompt]),
+            num_beams=3,
+            num_return_sequences=2,
+            max_new_tokens=8,
+            min_new_tokens=8,
+            do_sample=False,
+            early_stopping=False,
+            length_penalty=1.0,
+        )
+    assert [got.choices[i].token_ids for i in range(2)] == ref[:, len(prompt) :].tolist()
 
 
 def test_the_state_pool_and_the_pages_share_one_budget(hybrid):
@@ -110,8 +118,9 @@ def test_the_state_pool_and_the_pages_share_one_budget(hybrid):
 
     per_seq = 2 * hybrid.spec.recurrent.slot_bytes(torch.float32)
     budget = 20 * per_seq
-    engine = LLMEngine(EngineConfig(model_path=str(hybrid.path), dtype="float32", page_size=4, max_num_seqs=64,
-                                    kv_cache_bytes=budget))
+    engine = LLMEngine(
+        EngineConfig(model_path=str(hybrid.path), dtype="float32", page_size=4, max_num_seqs=64, kv_cache_bytes=budget)
+    )
     info = engine.describe()
     assert info["state_seqs"] == engine.max_num_seqs == engine.limits.max_num_seqs == 10
     assert info["state_bytes"] + info["kv_bytes"] <= budget

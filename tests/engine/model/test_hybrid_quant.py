@@ -50,24 +50,35 @@ def projections(ours, theirs) -> list[tuple[str, nn.Module, torch.Tensor, bool]]
     out = []
     if hasattr(theirs, "linear_attn"):
         mine, ref = ours.linear_attn, theirs.linear_attn
-        names = ("in_proj_qkvz", "in_proj_ba") if hasattr(ref, "in_proj_qkvz") else (
-            "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
-        out += [(n, getattr(mine, n), getattr(ref, n).weight, n not in ("in_proj_ba", "in_proj_b", "in_proj_a"))
-                for n in (*names, "out_proj")]
+        names = (
+            ("in_proj_qkvz", "in_proj_ba")
+            if hasattr(ref, "in_proj_qkvz")
+            else ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+        )
+        out += [
+            (n, getattr(mine, n), getattr(ref, n).weight, n not in ("in_proj_ba", "in_proj_b", "in_proj_a"))
+            for n in (*names, "out_proj")
+        ]
     else:
         attn = theirs.self_attn
         qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-        out += [("qkv_proj", ours.self_attn.qkv_proj, qkv, True), ("o_proj", ours.self_attn.o_proj,
-                                                                    attn.o_proj.weight, True)]
+        out += [
+            ("qkv_proj", ours.self_attn.qkv_proj, qkv, True),
+            ("o_proj", ours.self_attn.o_proj, attn.o_proj.weight, True),
+        ]
     mlps = [(ours.mlp, theirs.mlp)]
     if isinstance(ours.mlp, SparseMoE):
         mlps = [(ours.mlp.shared_expert, theirs.mlp.shared_expert)]
         for e, (gate_up, down) in enumerate(ours.mlp.experts.linears or ()):  # None: float experts
-            out += [(f"expert {e} gate_up", gate_up, theirs.mlp.experts.gate_up_proj[e], True),
-                    (f"expert {e} down", down, theirs.mlp.experts.down_proj[e], True)]
+            out += [
+                (f"expert {e} gate_up", gate_up, theirs.mlp.experts.gate_up_proj[e], True),
+                (f"expert {e} down", down, theirs.mlp.experts.down_proj[e], True),
+            ]
     for mine, ref in mlps:
-        out += [("gate_up_proj", mine.gate_up_proj, torch.cat([ref.gate_proj.weight, ref.up_proj.weight]), True),
-                ("down_proj", mine.down_proj, ref.down_proj.weight, True)]
+        out += [
+            ("gate_up_proj", mine.gate_up_proj, torch.cat([ref.gate_proj.weight, ref.up_proj.weight]), True),
+            ("down_proj", mine.down_proj, ref.down_proj.weight, True),
+        ]
     return out
 
 
@@ -102,8 +113,9 @@ def test_prefill_lengths_and_decode_match_transformers(qh):
     check_prefill_and_decode(qh.model, qh.spec, qh.hf, lengths=(1, 13, 70), decode_steps=3, atol=ATOL)
 
 
-@pytest.mark.parametrize("qh", ENGINE_CASES + [pytest.param(c, marks=pytest.mark.slow) for c in SLOW_ENGINE_CASES],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "qh", ENGINE_CASES + [pytest.param(c, marks=pytest.mark.slow) for c in SLOW_ENGINE_CASES], indirect=True
+)
 def test_engine_greedy_equals_transformers_batched_and_solo(qh):
     check_engine_greedy(qh.path, qh.hf)
 
@@ -126,8 +138,9 @@ def test_bfloat16_on_cpu_keeps_the_formats_modules_and_serves(qh):
     assert all(len(tokens) == 6 for tokens in out.values())
 
 
-@pytest.mark.parametrize("kind, model_type", [("awq", "qwen3_next"), ("ct_int4_g32", "qwen3_next"),
-                                              ("fp8_block", "qwen3_5_text")])
+@pytest.mark.parametrize(
+    "kind, model_type", [("awq", "qwen3_next"), ("ct_int4_g32", "qwen3_next"), ("fp8_block", "qwen3_5_text")]
+)
 def test_quantized_small_projections_are_served_dequantised_exactly(kind, model_type, tmp_path, baked_model_path):
     """A checkpoint that quantizes the small projections too (Qwen3-Next's in_proj_ba: 8 rows here, 2 x num_v_heads,
     fewer than the CPU int4 kernel takes; Qwen3.5's in_proj_a / in_proj_b in FP8: one partial 128-row block) serves

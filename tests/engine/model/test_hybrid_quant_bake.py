@@ -22,17 +22,23 @@ from tests.engine.model.hybrid_quant_checkpoints import write_hybrid_quantized
 from tests.engine.model.test_hybrid_bake import _with_tokenizer
 
 
-@pytest.mark.parametrize("kind, model_type", [("fp8_block", "qwen3_5"), ("awq", "qwen3_next"),
-                                              ("ct_int4", "qwen3_5_moe_text"), ("ct_int4_g32", "qwen3_5")])
+@pytest.mark.parametrize(
+    "kind, model_type",
+    [("fp8_block", "qwen3_5"), ("awq", "qwen3_next"), ("ct_int4", "qwen3_5_moe_text"), ("ct_int4_g32", "qwen3_5")],
+)
 def test_each_format_bakes_keeps_mtp_and_serves_transformers_tokens(kind, model_type, tmp_path, baked_model_path):
     src, out = tmp_path / "src", tmp_path / "baked"
     hf = write_hybrid_quantized(kind, model_type, src)
     _with_tokenizer(src, baked_model_path)
     assert builder_main(["--model", str(src), "--out", str(out)]) == 0
-    assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == json.loads(
-        (src / "config.json").read_text())["quantization_config"]["quant_method"]
-    mtp = [{k for k in safe_open(str(folder / "model.safetensors"), "pt").keys() if k.startswith("mtp.")}
-           for folder in (src, out)]
+    assert (
+        json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"]
+        == json.loads((src / "config.json").read_text())["quantization_config"]["quant_method"]
+    )
+    mtp = [
+        {k for k in safe_open(str(folder / "model.safetensors"), "pt").keys() if k.startswith("mtp.")}
+        for folder in (src, out)
+    ]
     assert mtp[0] == mtp[1] and "mtp.fc.weight" in mtp[1] and len(mtp[1]) > 2  # its quantized projection's tensors
     prompt = torch.randint(3, 128, (19,), generator=torch.Generator().manual_seed(1)).tolist()
     assert greedy(tiny_engine(out), {"p": prompt}, 6)["p"] == hf_greedy(hf, prompt, 6)
@@ -56,10 +62,14 @@ def refused(path, pattern: str) -> None:
 
 
 def test_a_quantized_shared_expert_gate_fails_the_check(tmp_path):
-    write_hybrid_quantized("ct_int4_g32", "qwen3_5_moe_text", tmp_path,
-                           quantize=re.compile(r"shared_expert_gate$|\.experts\."))
-    refused(tmp_path, r"^compressed-tensors pack-quantized: the shared-expert gate "
-                      r"model\.layers\.0\.mlp\.shared_expert_gate is quantized in this checkpoint")
+    write_hybrid_quantized(
+        "ct_int4_g32", "qwen3_5_moe_text", tmp_path, quantize=re.compile(r"shared_expert_gate$|\.experts\.")
+    )
+    refused(
+        tmp_path,
+        r"^compressed-tensors pack-quantized: the shared-expert gate "
+        r"model\.layers\.0\.mlp\.shared_expert_gate is quantized in this checkpoint",
+    )
 
 
 def test_a_quantized_conv1d_fails_the_check_naming_it(tmp_path):
@@ -74,23 +84,32 @@ def test_a_quantized_conv1d_fails_the_check_naming_it(tmp_path):
         tensors[f"{name}.weight_scale_inv"] = torch.ones(-(-weight.shape[0] // 128), 1)
 
     rewrite(tmp_path, quantize_conv)
-    refused(tmp_path, r"^fp8: model\.layers\.1\.linear_attn\.conv1d is quantized in this checkpoint; the engine runs "
-                      r"it unquantized")
+    refused(
+        tmp_path,
+        r"^fp8: model\.layers\.1\.linear_attn\.conv1d is quantized in this checkpoint; the engine runs "
+        r"it unquantized",
+    )
 
 
 def test_inputs_in_partial_groups_fail_the_check(tmp_path):
     """Group 96 over 256 inputs: neither the format's writers nor torch's int4 kernels take a partial last group."""
     write_hybrid_quantized("ct_int4_g32", "qwen3_5_text", tmp_path)
     rewrite(tmp_path, change_config=lambda qc: qc["config_groups"]["group_0"]["weights"].update(group_size=96))
-    refused(tmp_path, r"^compressed-tensors pack-quantized: model\.layers\.0\.linear_attn\.in_proj_qkv has 256 "
-                      r"inputs, not whole groups of 96$")
+    refused(
+        tmp_path,
+        r"^compressed-tensors pack-quantized: model\.layers\.0\.linear_attn\.in_proj_qkv has 256 "
+        r"inputs, not whole groups of 96$",
+    )
 
 
 def test_a_config_group_that_disagrees_with_the_tensors_fails_the_check(tmp_path):
     write_hybrid_quantized("ct_int4", "qwen3_next", tmp_path)  # written in groups of 128
     rewrite(tmp_path, change_config=lambda qc: qc["config_groups"]["group_0"]["weights"].update(group_size=64))
-    refused(tmp_path, r"^compressed-tensors pack-quantized: model\.layers\.0\.mlp\.experts\.0\.gate_proj\.weight_scale "
-                      r"has shape \(128, 2\), expected \(128, 4\) for a 256 -> 128 linear$")
+    refused(
+        tmp_path,
+        r"^compressed-tensors pack-quantized: model\.layers\.0\.mlp\.experts\.0\.gate_proj\.weight_scale "
+        r"has shape \(128, 2\), expected \(128, 4\) for a 256 -> 128 linear$",
+    )
 
 
 def test_an_awq_in_proj_b_of_4_rows_fails_the_check(tmp_path):
@@ -101,9 +120,13 @@ def test_an_awq_in_proj_b_of_4_rows_fails_the_check(tmp_path):
     def quantize_b(tensors):
         name = "model.layers.0.linear_attn.in_proj_b"
         tensors.pop(f"{name}.weight")
-        tensors.update({f"{name}.qweight": torch.zeros(256, 1, dtype=torch.int32),
-                        f"{name}.qzeros": torch.zeros(2, 1, dtype=torch.int32),
-                        f"{name}.scales": torch.ones(2, 4, dtype=torch.float16)})
+        tensors.update(
+            {
+                f"{name}.qweight": torch.zeros(256, 1, dtype=torch.int32),
+                f"{name}.qzeros": torch.zeros(2, 1, dtype=torch.int32),
+                f"{name}.scales": torch.ones(2, 4, dtype=torch.float16),
+            }
+        )
 
     rewrite(tmp_path, quantize_b)
     refused(tmp_path, r"^awq: model\.layers\.0\.linear_attn\.in_proj_b has 4 output rows; awq packs them 8 to a word$")

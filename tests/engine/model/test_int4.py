@@ -108,8 +108,11 @@ def test_int4_fp32_serves_the_default_model_as_published(baked_model_path) -> No
     # decoding matches the unquantized fp32 checkpoint token for token.
     prompts = [[504, 3575, 282, 4649, 314]]  # "The capital of France is"
     runs = [
-        greedy(LLMEngine(EngineConfig(model_path=str(baked_model_path), dtype="float32", quantization=q,
-                                      num_kv_pages=32)), prompts, 12)
+        greedy(
+            LLMEngine(EngineConfig(model_path=str(baked_model_path), dtype="float32", quantization=q, num_kv_pages=32)),
+            prompts,
+            12,
+        )
         for q in (None, "int4")
     ]
     assert runs[0] == runs[1]

@@ -24,8 +24,11 @@ def kv_amax(hf_model, tokens: list[int]) -> list[tuple[float, float]]:
     hooks = []
     for i, layer in enumerate(hf_model.model.layers):
         for j, proj in enumerate((layer.self_attn.k_proj, layer.self_attn.v_proj)):
-            hooks.append(proj.register_forward_hook(
-                lambda _m, _i, out, i=i, j=j: found[i].__setitem__(j, max(found[i][j], float(out.abs().max())))))
+            hooks.append(
+                proj.register_forward_hook(
+                    lambda _m, _i, out, i=i, j=j: found[i].__setitem__(j, max(found[i][j], float(out.abs().max())))
+                )
+            )
     with torch.no_grad():
         hf_model(torch.tensor([tokens]))
     for h in hooks:
@@ -33,8 +36,13 @@ def kv_amax(hf_model, tokens: list[int]) -> list[tuple[float, float]]:
     return [(k, v) for k, v in found]
 
 
-def add_kv_scales(path, scales: list[tuple[float, float]], names=("self_attn.k_scale", "self_attn.v_scale"),
-                  shape=(), scheme: dict | None = None) -> None:
+def add_kv_scales(
+    path,
+    scales: list[tuple[float, float]],
+    names=("self_attn.k_scale", "self_attn.v_scale"),
+    shape=(),
+    scheme: dict | None = None,
+) -> None:
     tensors = load_file(path / "model.safetensors")
     for i, pair in enumerate(scales):
         for name, value in zip(names, pair, strict=True):
@@ -42,13 +50,19 @@ def add_kv_scales(path, scales: list[tuple[float, float]], names=("self_attn.k_s
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((path / "config.json").read_text())
     config["quantization_config"]["kv_cache_scheme"] = scheme or {
-        "num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+        "num_bits": 8,
+        "type": "float",
+        "strategy": "tensor",
+        "dynamic": False,
+        "symmetric": True,
+    }
     (path / "config.json").write_text(json.dumps(config))
 
 
 def logits_on(model, spec, kv_dtype, tokens: list[int], paged_harness) -> torch.Tensor:
-    harness = paged_harness(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                            dtype=kv_dtype)
+    harness = paged_harness(
+        num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, dtype=kv_dtype
+    )
     input_ids, positions, meta = harness.step([("a", tokens)])
     backend = TorchRefBackend("cpu")
     backend.plan(meta)
@@ -56,8 +70,10 @@ def logits_on(model, spec, kv_dtype, tokens: list[int], paged_harness) -> torch.
         return model.compute_logits(model(input_ids, positions, meta, harness.kv_caches, backend))
 
 
-@pytest.mark.parametrize("names", [("self_attn.k_scale", "self_attn.v_scale"),
-                                   ("self_attn.k_proj.output_scale", "self_attn.v_proj.output_scale")])
+@pytest.mark.parametrize(
+    "names",
+    [("self_attn.k_scale", "self_attn.v_scale"), ("self_attn.k_proj.output_scale", "self_attn.v_proj.output_scale")],
+)
 def test_checkpoint_kv_scales_are_loaded_and_applied_on_both_sides(tmp_path, paged_harness, names):
     hf = write_quantized("ct_fp8", "llama", tmp_path)
     tokens = torch.randint(0, TINY["vocab_size"], (30,), generator=torch.Generator().manual_seed(2)).tolist()
@@ -81,8 +97,11 @@ def test_checkpoint_kv_scales_are_loaded_and_applied_on_both_sides(tmp_path, pag
 
 def test_kv_schemes_the_engine_cannot_run_fail_with_one_line(tmp_path):
     write_quantized("ct_fp8", "llama", tmp_path / "int8")
-    add_kv_scales(tmp_path / "int8", [(0.1, 0.1)] * 2,
-                  scheme={"num_bits": 8, "type": "int", "strategy": "tensor", "symmetric": True})
+    add_kv_scales(
+        tmp_path / "int8",
+        [(0.1, 0.1)] * 2,
+        scheme={"num_bits": 8, "type": "int", "strategy": "tensor", "symmetric": True},
+    )
     with pytest.raises(UnsupportedModel, match="kv_cache_scheme 8-bit int per tensor is not supported"):
         check_checkpoint(str(tmp_path / "int8"))
     write_quantized("ct_fp8", "llama", tmp_path / "heads")

@@ -103,9 +103,11 @@ def test_resolve_backend_rules(monkeypatch):
     assert resolve_backend("auto", cuda, torch.float32) == ("torch", "auto: FlashInfer has no float32 kernels")
     assert resolve_backend("auto", cpu, torch.bfloat16) == ("torch", "auto: cpu")
     assert resolve_backend("torch", cuda, torch.bfloat16) == ("torch", "asked for")
-    for asked, device, dtype, says in [("flashinfer", cuda, torch.float32, "no float32 kernels"),
-                                       ("flashinfer", cpu, torch.bfloat16, "needs CUDA"),
-                                       ("fast", cuda, torch.bfloat16, "unknown attention backend 'fast'")]:
+    for asked, device, dtype, says in [
+        ("flashinfer", cuda, torch.float32, "no float32 kernels"),
+        ("flashinfer", cpu, torch.bfloat16, "needs CUDA"),
+        ("fast", cuda, torch.bfloat16, "unknown attention backend 'fast'"),
+    ]:
         with pytest.raises(StartupError, match=says) as err:
             resolve_backend(asked, device, dtype)
         assert err.value.param == "attention_backend"
@@ -158,8 +160,17 @@ def test_kv_budget_arithmetic():
 
 
 def llama8b_args() -> LlamaArgs:
-    return LlamaArgs(hidden_size=4096, intermediate_size=14336, num_layers=32, num_q_heads=32, num_kv_heads=8,
-                     head_dim=128, vocab_size=128256, rms_norm_eps=1e-5, max_position_embeddings=8192)
+    return LlamaArgs(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_q_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=8192,
+    )
 
 
 def test_reserve_bytes_covers_activations_sampler_and_graphs():
@@ -190,8 +201,9 @@ def test_reserve_bytes_covers_a_hybrid_decode_s_gathered_states():
     base = dict(max_num_batched_tokens=2048, max_num_seqs=64, max_pages_per_seq=512)
     state = 2 * 4 * 32 * 129 * 128
     for graphs, rows in ((False, 64), (True, 128)):
-        extra = (cuda_setup.reserve_bytes(hybrid, torch.bfloat16, graphs=graphs, **base)
-                 - cuda_setup.reserve_bytes(a, torch.bfloat16, graphs=graphs, **base))
+        extra = cuda_setup.reserve_bytes(hybrid, torch.bfloat16, graphs=graphs, **base) - cuda_setup.reserve_bytes(
+            a, torch.bfloat16, graphs=graphs, **base
+        )
         assert extra == rows * state
 
 
@@ -205,6 +217,13 @@ def test_prepare_cuda_without_a_graph_backend_runs_eagerly(tiny_checkpoint, page
     model, spec = load(tiny_checkpoint, tmp_path, "llama")
     harness = paged_harness(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
     for eager in (True, False):
-        runner = prepare_cuda(model, TorchRefBackend("cpu"), harness.kv_caches, page_size=4,
-                              max_num_seqs=8, max_model_len=128, enforce_eager=eager)
+        runner = prepare_cuda(
+            model,
+            TorchRefBackend("cpu"),
+            harness.kv_caches,
+            page_size=4,
+            max_num_seqs=8,
+            max_model_len=128,
+            enforce_eager=eager,
+        )
         assert runner is None

@@ -41,8 +41,9 @@ def test_only_the_rows_asked_for_are_recomputed():
     refined = refine_near_max(rounded, hidden, weight, rows=torch.tensor([1]))
     assert int(refined[0].argmax()) == 3 and refined[0, 3] == refined[0, 7]  # cast only: still the tie
     assert int(refined[1].argmax()) == 7
-    assert torch.equal(refine_near_max(rounded, hidden, weight, rows=torch.tensor([], dtype=torch.long)),
-                       rounded.float())
+    assert torch.equal(
+        refine_near_max(rounded, hidden, weight, rows=torch.tensor([], dtype=torch.long)), rounded.float()
+    )
 
 
 def test_float32_logits_are_returned_as_they_are():

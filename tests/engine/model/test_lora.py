@@ -45,8 +45,9 @@ def write_adapters(model_path, folder, std: float = 0.1) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
-def test_a_mixed_step_matches_transformers_on_each_adapters_merged_weights(kind, tmp_path, tiny_checkpoint,
-                                                                             paged_harness):
+def test_a_mixed_step_matches_transformers_on_each_adapters_merged_weights(
+    kind, tmp_path, tiny_checkpoint, paged_harness
+):
     hf = tiny_checkpoint(kind, tmp_path / "model")
     adapters = write_adapters(tmp_path / "model", tmp_path / "adapters", std=0.3)
     lora = LoraConfig({n: a["path"] for n, a in adapters.items()}, max_loras=4, max_lora_rank=8)
@@ -58,8 +59,15 @@ def test_a_mixed_step_matches_transformers_on_each_adapters_merged_weights(kind,
     slots = model.lora.slots
     # Rows of one adapter apart from each other (an index group) and side by side (a slice), with base rows.
     gen = torch.Generator().manual_seed(0)
-    batch = [("a", "all", 5), ("b", None, 3), ("c", "all", 1), ("d", "attn-rs", 6), ("e", "mlp-l1", 4),
-             ("f", "mlp-l1", 2), ("g", None, 1)]
+    batch = [
+        ("a", "all", 5),
+        ("b", None, 3),
+        ("c", "all", 1),
+        ("d", "attn-rs", 6),
+        ("e", "mlp-l1", 4),
+        ("f", "mlp-l1", 2),
+        ("g", None, 1),
+    ]
     prompts = {rid: torch.randint(0, 128, (n,), generator=gen).tolist() for rid, _, n in batch}
     harness = paged_harness(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
     input_ids, positions, meta = harness.step([(rid, prompts[rid]) for rid, _, _ in batch])
@@ -107,8 +115,9 @@ def test_a_batch_mixing_three_adapters_and_the_base_gives_each_request_what_it_g
     alone = {r: tokens(run(engine, {r: req}))[r] for r, req in requests.items()}
     assert together == alone
     # Each adapter changes what the same prompt generates, so the equality above is not vacuous.
-    per_adapter = {tuple(tokens(run(engine, {"x": (prompts[0], greedy(16, ignore_eos=True, adapter=a))}))["x"])
-                   for a in names}
+    per_adapter = {
+        tuple(tokens(run(engine, {"x": (prompts[0], greedy(16, ignore_eos=True, adapter=a))}))["x"]) for a in names
+    }
     assert len(per_adapter) == 4
 
 
@@ -152,6 +161,7 @@ def test_bfloat16_adapters_run_on_the_packed_cpu_path(tiny_model_path, adapter_p
 
 # ---- adapters the engine refuses
 
+
 def adapter_folder(tmp_path, tiny_model_path, **kw):
     config = AutoConfig.from_pretrained(tiny_model_path)
     kw.setdefault("targets", ["q_proj", "v_proj"])
@@ -166,13 +176,16 @@ def refused(tiny_model_path, folder, **lora) -> str:
     return info.value.message
 
 
-@pytest.mark.parametrize("setting, words", [
-    ({"use_dora": True}, "DoRA"),
-    ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
-    ({"bias": "all"}, "biases"),
-    ({"rank_pattern": {"q_proj": 8}}, "rank_pattern"),
-    ({"peft_type": "IA3"}, "not LoRA"),
-])
+@pytest.mark.parametrize(
+    "setting, words",
+    [
+        ({"use_dora": True}, "DoRA"),
+        ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+        ({"bias": "all"}, "biases"),
+        ({"rank_pattern": {"q_proj": 8}}, "rank_pattern"),
+        ({"peft_type": "IA3"}, "not LoRA"),
+    ],
+)
 def test_adapter_features_the_engine_does_not_apply_are_refused(tmp_path, tiny_model_path, setting, words):
     message = refused(tiny_model_path, adapter_folder(tmp_path, tiny_model_path, **setting))
     assert words in message and message.startswith("adapter 'bad': ")
@@ -183,8 +196,10 @@ def test_embedding_targets_wrong_shapes_and_limits_are_refused(tmp_path, tiny_mo
 
     folder = adapter_folder(tmp_path, tiny_model_path)
     weights = load_file(f"{folder}/adapter_model.safetensors")
-    save_file({**weights, "base_model.model.model.embed_tokens.lora_embedding_A": torch.zeros(4, 1024)},
-              f"{folder}/adapter_model.safetensors")
+    save_file(
+        {**weights, "base_model.model.model.embed_tokens.lora_embedding_A": torch.zeros(4, 1024)},
+        f"{folder}/adapter_model.safetensors",
+    )
     assert "embed_tokens" in refused(tiny_model_path, folder)
 
     weights[peft_key(0, "q_proj", "A")] = torch.zeros(4, 65)  # trained on a model with another hidden size

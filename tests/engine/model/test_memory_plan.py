@@ -14,29 +14,89 @@ import torch
 from engine.model.memory_plan import CONTEXT_BYTES, GB, plan_from_config
 
 BF16 = 2
-LLAMA_8B = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
-                num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
-                max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False)
-QWEN3_30B_A3B = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048,
-                     intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
-                     num_key_value_heads=4, head_dim=128, vocab_size=151936, num_experts=128, num_experts_per_tok=8,
-                     norm_topk_prob=True, max_position_embeddings=40960, rms_norm_eps=1e-6,
-                     tie_word_embeddings=False, decoder_sparse_step=1, mlp_only_layers=[])
-GPT_OSS_120B = dict(architectures=["GptOssForCausalLM"], model_type="gpt_oss", hidden_size=2880,
-                    intermediate_size=2880, num_hidden_layers=36, num_attention_heads=64, num_key_value_heads=8,
-                    head_dim=64, vocab_size=201088, num_local_experts=128, num_experts_per_tok=4, sliding_window=128,
-                    layer_types=["sliding_attention", "full_attention"] * 18, max_position_embeddings=131072,
-                    tie_word_embeddings=False, rope_theta=150000.0,
-                    rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                  "truncate": False, "original_max_position_embeddings": 4096})
+LLAMA_8B = dict(
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+QWEN3_30B_A3B = dict(
+    architectures=["Qwen3MoeForCausalLM"],
+    model_type="qwen3_moe",
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    vocab_size=151936,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+)
+GPT_OSS_120B = dict(
+    architectures=["GptOssForCausalLM"],
+    model_type="gpt_oss",
+    hidden_size=2880,
+    intermediate_size=2880,
+    num_hidden_layers=36,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=64,
+    vocab_size=201088,
+    num_local_experts=128,
+    num_experts_per_tok=4,
+    sliding_window=128,
+    layer_types=["sliding_attention", "full_attention"] * 18,
+    max_position_embeddings=131072,
+    tie_word_embeddings=False,
+    rope_theta=150000.0,
+    rope_scaling={
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+)
 GPT_OSS_NAMES = {f"model.layers.0.self_attn.{n}" for n in ("sinks", "q_proj.bias", "o_proj.bias")}
 # Five sliding layers (window 1024, 16 KV heads of 256) to one global layer (4 KV heads of 512, keys as values).
-GEMMA4_LIKE = dict(architectures=["Gemma4ForCausalLM"], model_type="gemma4_text", hidden_size=5376,
-                   intermediate_size=21504, num_hidden_layers=60, num_attention_heads=32, num_key_value_heads=16,
-                   head_dim=256, global_head_dim=512, num_global_key_value_heads=4, attention_k_eq_v=True,
-                   sliding_window=1024, vocab_size=262144, hidden_size_per_layer_input=0, num_kv_shared_layers=0,
-                   layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 10, max_position_embeddings=262144,
-                   tie_word_embeddings=True, final_logit_softcapping=30.0)
+GEMMA4_LIKE = dict(
+    architectures=["Gemma4ForCausalLM"],
+    model_type="gemma4_text",
+    hidden_size=5376,
+    intermediate_size=21504,
+    num_hidden_layers=60,
+    num_attention_heads=32,
+    num_key_value_heads=16,
+    head_dim=256,
+    global_head_dim=512,
+    num_global_key_value_heads=4,
+    attention_k_eq_v=True,
+    sliding_window=1024,
+    vocab_size=262144,
+    hidden_size_per_layer_input=0,
+    num_kv_shared_layers=0,
+    layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 10,
+    max_position_embeddings=262144,
+    tie_word_embeddings=True,
+    final_logit_softcapping=30.0,
+)
 
 
 def llama_8b_params() -> int:
@@ -58,8 +118,14 @@ def gpt_oss_120b_params() -> int:
 
 
 def fits(plan, gb: int, utilization: float = 0.9) -> int:
-    budget = (int(gb * GB * utilization) - plan.weight_bytes - plan.reserve_bytes - CONTEXT_BYTES - plan.window_bytes
-              - plan.scratch_bytes)
+    budget = (
+        int(gb * GB * utilization)
+        - plan.weight_bytes
+        - plan.reserve_bytes
+        - CONTEXT_BYTES
+        - plan.window_bytes
+        - plan.scratch_bytes
+    )
     return max(0, budget // plan.full_bytes_per_token) if budget > 0 else 0
 
 
@@ -90,15 +156,18 @@ def test_gpt_oss_120b_in_bfloat16_fits_no_single_gpu():
     assert plan.weight_bytes == gpt_oss_120b_params() * BF16  # about 234 GB
     assert plan.scratch_bytes == 0
     per_token = 2 * 18 * 8 * 64 * BF16
-    assert [(g.layers, g.bytes_per_token, g.window) for g in plan.groups] == [(18, per_token, 128),
-                                                                             (18, per_token, None)]
+    assert [(g.layers, g.bytes_per_token, g.window) for g in plan.groups] == [
+        (18, per_token, 128),
+        (18, per_token, None),
+    ]
     assert plan.window_bytes == per_token * 128 * 256
     assert all(plan.tokens_that_fit(gb * GB, 0.9) == 0 for gb in (24, 48, 80, 141))
 
 
 def test_gpt_oss_120b_with_mxfp4_experts_fits_an_80_gb_gpu():
-    plan = plan_from_config({**GPT_OSS_120B, "quantization_config": {"quant_method": "mxfp4"}}, GPT_OSS_NAMES,
-                            torch.bfloat16)
+    plan = plan_from_config(
+        {**GPT_OSS_120B, "quantization_config": {"quant_method": "mxfp4"}}, GPT_OSS_NAMES, torch.bfloat16
+    )
     experts = gpt_oss_120b_expert_weights()
     # 32 FP4 codes in 16 bytes and one e8m0 scale a group of 32; everything else (expert biases too) in bf16
     assert plan.weight_bytes == (gpt_oss_120b_params() - experts) * BF16 + experts // 32 * 17  # about 65 GB
@@ -124,8 +193,13 @@ def test_gemma4_shape_with_global_layers_of_their_own():
 
 @pytest.mark.parametrize("env", [{}, {"KV_CACHE_DTYPE": "fp8"}])
 def test_the_builder_prints_the_plan_of_the_bake(env, baked_model_path):
-    out = subprocess.run([sys.executable, "-m", "builder", "--plan", "--out", str(baked_model_path)],
-                         capture_output=True, text=True, env={"PATH": "", **env}, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "builder", "--plan", "--out", str(baked_model_path)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "", **env},
+        check=True,
+    ).stdout
     # SmolLM2-135M: 134.5M parameters (tied) in bf16; 30 layers of 3 KV heads of 64, K and V.
     kv = 2 * 30 * 3 * 64 * (1 if env else 2) / 1024
     assert "weights 0.27 GB" in out and f"KV {kv:.1f} KiB per token over 30 layers" in out

@@ -215,31 +215,83 @@ def test_rmsnorm_matches_transformers_bitwise(dtype):
 
 HUB_CONFIGS = {
     # Shapes of config.json files as the hub has them (written by transformers 4, defaults left out).
-    "llama3_legacy_rope": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-                           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                           "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 4096,
-                           "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-                           "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}},
-    "qwen2_window_off": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
-                         "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
-                         "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 32768,
-                         "rope_theta": 1e6, "sliding_window": 4096, "use_sliding_window": False,
-                         "max_window_layers": 2},
-    "qwen2_window_on": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
-                        "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
-                        "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 32768,
-                        "rope_theta": 1e6, "sliding_window": 4096, "use_sliding_window": True,
-                        "max_window_layers": 2},
-    "qwen2_window_past_last_layer": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-                                     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
-                                     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
-                                     "max_position_embeddings": 32768,
-                                     "sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 28},
-    "mistral_window": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 64,
-                       "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                       "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 32768,
-                       "sliding_window": 4096, "rope_theta": 1e4},
+    "llama3_legacy_rope": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        },
+    },
+    "qwen2_window_off": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1e6,
+        "sliding_window": 4096,
+        "use_sliding_window": False,
+        "max_window_layers": 2,
+    },
+    "qwen2_window_on": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1e6,
+        "sliding_window": 4096,
+        "use_sliding_window": True,
+        "max_window_layers": 2,
+    },
+    "qwen2_window_past_last_layer": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+        "max_position_embeddings": 32768,
+        "sliding_window": 4096,
+        "use_sliding_window": True,
+        "max_window_layers": 28,
+    },
+    "mistral_window": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+        "max_position_embeddings": 32768,
+        "sliding_window": 4096,
+        "rope_theta": 1e4,
+    },
 }
 
 
@@ -257,25 +309,48 @@ def test_config_json_reads_as_transformers_reads_it(tmp_path, kind):
         (tmp_path / "config.json").write_text(json.dumps(HUB_CONFIGS[kind]))
     else:
         config = tiny_config(kind)
-        config.architectures = [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2":
-                                 "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[kind.split("_")[0].rstrip("3")
-                                                                                  if kind != "qwen3" else kind]]
+        config.architectures = [
+            {
+                "llama": "LlamaForCausalLM",
+                "mistral": "MistralForCausalLM",
+                "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM",
+            }[kind.split("_")[0].rstrip("3") if kind != "qwen3" else kind]
+        ]
         config.save_pretrained(tmp_path)
     raw = read_config(str(tmp_path))
     ref = AutoConfig.from_pretrained(tmp_path)
     args = model_class(raw["architectures"][0]).read_args(raw, set())
     heads = ref.num_attention_heads
-    assert (args.hidden_size, args.intermediate_size, args.num_layers, args.num_q_heads, args.num_kv_heads,
-            args.head_dim, args.vocab_size, args.max_position_embeddings) == (
-        ref.hidden_size, ref.intermediate_size, ref.num_hidden_layers, heads, ref.num_key_value_heads,
-        getattr(ref, "head_dim", None) or ref.hidden_size // heads, ref.vocab_size, ref.max_position_embeddings)
+    assert (
+        args.hidden_size,
+        args.intermediate_size,
+        args.num_layers,
+        args.num_q_heads,
+        args.num_kv_heads,
+        args.head_dim,
+        args.vocab_size,
+        args.max_position_embeddings,
+    ) == (
+        ref.hidden_size,
+        ref.intermediate_size,
+        ref.num_hidden_layers,
+        heads,
+        ref.num_key_value_heads,
+        getattr(ref, "head_dim", None) or ref.hidden_size // heads,
+        ref.vocab_size,
+        ref.max_position_embeddings,
+    )
     assert args.rms_norm_eps == pytest.approx(ref.rms_norm_eps)
     assert args.rope == {k: v for k, v in ref.rope_parameters.items() if v is not None}
     # Each layer's window as transformers runs it: layer_types when the config has them (Qwen2 derives them),
     # else every layer slides when sliding_window is set (Mistral).
     layer_types = getattr(ref, "layer_types", None)
     window = getattr(ref, "sliding_window", None)
-    expected = ([window if t == "sliding_attention" else None for t in layer_types] if layer_types
-                else [window] * ref.num_hidden_layers)
+    expected = (
+        [window if t == "sliding_attention" else None for t in layer_types]
+        if layer_types
+        else [window] * ref.num_hidden_layers
+    )
     assert layer_windows(raw, args.num_layers) == expected
     assert bool(raw.get("tie_word_embeddings")) == bool(ref.tie_word_embeddings)

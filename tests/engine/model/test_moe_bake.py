@@ -33,8 +33,16 @@ def _with_config(src, dst, **change):
     return dst
 
 
-@pytest.mark.parametrize("key,value", [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("n_group", 8),
-                                       ("topk_group", 4), ("routed_scaling_factor", 2.5)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("scoring_func", "sigmoid"),
+        ("topk_method", "noaux_tc"),
+        ("n_group", 8),
+        ("topk_group", 4),
+        ("routed_scaling_factor", 2.5),
+    ],
+)
 def test_unsupported_routing_fails_the_check_naming_the_key(qwen3_moe, tmp_path, key, value):
     folder = _with_config(qwen3_moe[0], tmp_path, **{key: value})
     with pytest.raises(UnsupportedModel, match=f"MoE routing {key}=") as err:
@@ -54,16 +62,23 @@ def glm4_moe(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("change,named", [
-    ({"scoring_func": "softmax"}, "MoE routing scoring_func='softmax' is not supported"),
-    ({"topk_method": "group_limited_greedy"}, "MoE routing topk_method='group_limited_greedy' is not supported"),
-    ({"n_group": 3}, "n_group=3"),
-    ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
-    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
-     "rope type 'longrope' is not supported"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.1875}},
-     "partial_rotary_factor=0.1875 does not give an even rotary width"),
-])
+@pytest.mark.parametrize(
+    "change,named",
+    [
+        ({"scoring_func": "softmax"}, "MoE routing scoring_func='softmax' is not supported"),
+        ({"topk_method": "group_limited_greedy"}, "MoE routing topk_method='group_limited_greedy' is not supported"),
+        ({"n_group": 3}, "n_group=3"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+        (
+            {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+            "rope type 'longrope' is not supported",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.1875}},
+            "partial_rotary_factor=0.1875 does not give an even rotary width",
+        ),
+    ],
+)
 def test_a_glm4_moe_knob_the_engine_does_not_run_fails_the_check_in_one_line(glm4_moe, tmp_path, change, named):
     folder = _with_config(glm4_moe, tmp_path, **change)
     with pytest.raises(UnsupportedModel, match=named) as err:
@@ -89,8 +104,9 @@ def test_lora_on_attention_of_an_moe_model_is_applied_exactly(qwen3_moe, tmp_pat
     shapes = projection_shapes(hf.config)
     assert set(shapes) == {"q_proj", "k_proj", "v_proj", "o_proj"}
     tensors = write_adapter(tmp_path / "attn", shapes, hf.config.num_hidden_layers, targets=list(shapes), std=0.1)
-    model, spec = load_model(str(path), torch.float32, torch.device("cpu"),
-                             lora=LoraConfig(adapters={"attn": str(tmp_path / "attn")}))
+    model, spec = load_model(
+        str(path), torch.float32, torch.device("cpu"), lora=LoraConfig(adapters={"attn": str(tmp_path / "attn")})
+    )
     tokens = [3, 9, 27, 81, 100, 7]
     harness = paged_harness(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
     input_ids, positions, meta = harness.step([("x", tokens)])
@@ -105,18 +121,27 @@ def test_lora_on_attention_of_an_moe_model_is_applied_exactly(qwen3_moe, tmp_pat
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("key", ["base_model.model.model.layers.0.mlp.experts.3.gate_proj.lora_A.weight",
-                                 "base_model.model.model.layers.0.mlp.gate.lora_A.weight",
-                                 "base_model.model.model.layers.1.mlp.gate_proj.lora_A.weight"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "base_model.model.model.layers.0.mlp.experts.3.gate_proj.lora_A.weight",
+        "base_model.model.model.layers.0.mlp.gate.lora_A.weight",
+        "base_model.model.model.layers.1.mlp.gate_proj.lora_A.weight",
+    ],
+)
 def test_lora_on_experts_is_refused_in_one_line(qwen3_moe, tmp_path, key):
     from safetensors.torch import save_file
 
     path, hf = qwen3_moe
     folder = tmp_path / "experts"
     write_adapter(folder, projection_shapes(hf.config), hf.config.num_hidden_layers, targets=["q_proj"])
-    save_file({key: torch.zeros(4, 64), key.replace("lora_A", "lora_B"): torch.zeros(32, 4)},
-              str(folder / "adapter_model.safetensors"))
-    with pytest.raises(UnsupportedModel, match="MoE expert or router; on a mixture-of-experts model only "
-                                               "q_proj, k_proj, v_proj, o_proj take LoRA") as err:
+    save_file(
+        {key: torch.zeros(4, 64), key.replace("lora_A", "lora_B"): torch.zeros(32, 4)},
+        str(folder / "adapter_model.safetensors"),
+    )
+    with pytest.raises(
+        UnsupportedModel,
+        match="MoE expert or router; on a mixture-of-experts model only q_proj, k_proj, v_proj, o_proj take LoRA",
+    ) as err:
         load_model(str(path), torch.float32, torch.device("cpu"), lora=LoraConfig(adapters={"e": str(folder)}))
     assert "\n" not in str(err.value)

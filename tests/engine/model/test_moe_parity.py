@@ -77,8 +77,11 @@ def test_int4_quantizes_each_expert_in_place(moe):
     from engine.model.layers.linear import INT4_GROUP, Int4Linear
 
     model, spec = load_model(str(moe.path), torch.float32, torch.device("cpu"), quantization="int4")
-    pairs = [(ours.mlp, theirs.mlp) for ours, theirs in zip(model.model.layers, moe.model.model.layers, strict=True)
-             if hasattr(theirs.mlp, "experts")]
+    pairs = [
+        (ours.mlp, theirs.mlp)
+        for ours, theirs in zip(model.model.layers, moe.model.model.layers, strict=True)
+        if hasattr(theirs.mlp, "experts")
+    ]
     for quantized, full in pairs:
         assert not hasattr(quantized.experts, "gate_up_proj") and quantized.gate.weight.dtype == torch.float32
         for e, (gate_up, down) in enumerate(quantized.experts.linears):
@@ -120,9 +123,17 @@ def test_beam_search_returns_transformers_beams(moe):
     params = SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0.0, max_tokens=8, ignore_eos=True)
     got = run(tiny_engine(moe.path), {"b": (prompt, params)})["b"]
     with torch.no_grad():
-        ref = moe.hf.generate(torch.tensor([prompt]), num_beams=3, num_return_sequences=2, max_new_tokens=8,
-                              min_new_tokens=8, do_sample=False, early_stopping=False, length_penalty=1.0)
-    assert [got.choices[i].token_ids for i in range(2)] == ref[:, len(prompt):].tolist()
+        ref = moe.hf.generate(
+            torch.tensor([prompt]),
+            num_beams=3,
+            num_return_sequences=2,
+            max_new_tokens=8,
+            min_new_tokens=8,
+            do_sample=False,
+            early_stopping=False,
+            length_penalty=1.0,
+        )
+    assert [got.choices[i].token_ids for i in range(2)] == ref[:, len(prompt) :].tolist()
 
 
 def test_fp8_kv_scales_reach_every_attention(moe):

@@ -15,17 +15,34 @@ from engine.model.layers.routing import read_grouped_routing
 SIGMOID, SOFTMAX = ("sigmoid", "noaux_tc"), ("softmax", "group_limited_greedy")
 
 
-def routers(scheme: tuple[str, str], *, experts: int, top_k: int, groups: int, kept: int, norm: bool = True,
-            scale: float = 2.5, bias: torch.Tensor | None = None) -> tuple[torch.nn.Module, SparseMoE]:
+def routers(
+    scheme: tuple[str, str],
+    *,
+    experts: int,
+    top_k: int,
+    groups: int,
+    kept: int,
+    norm: bool = True,
+    scale: float = 2.5,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.nn.Module, SparseMoE]:
     """transformers' router and our SparseMoE over the same config, each router weight the identity (hidden size =
     experts), so that a hidden state is the router logits it gives."""
     import transformers as tf
     from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
 
-    shape = dict(hidden_size=experts, n_routed_experts=experts, num_experts_per_tok=top_k, n_group=groups,
-                 topk_group=kept, routed_scaling_factor=scale, moe_intermediate_size=8, num_attention_heads=1,
-                 num_key_value_heads=1)
+    shape = dict(
+        hidden_size=experts,
+        n_routed_experts=experts,
+        num_experts_per_tok=top_k,
+        n_group=groups,
+        topk_group=kept,
+        routed_scaling_factor=scale,
+        moe_intermediate_size=8,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+    )
     scoring, method = scheme
     if scheme == SIGMOID:
         config = tf.Glm4MoeConfig(**shape, norm_topk_prob=norm)
@@ -52,8 +69,9 @@ def choices(ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, tor
     return ids.gather(1, order), weights.gather(1, order)
 
 
-def route_both(theirs: torch.nn.Module, ours: SparseMoE, logits: torch.Tensor
-               ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+def route_both(
+    theirs: torch.nn.Module, ours: SparseMoE, logits: torch.Tensor
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     with torch.no_grad():
         _, their_weights, their_ids = theirs(logits)
         our_ids, our_weights = ours.route(logits)
@@ -72,8 +90,15 @@ def assert_same_choice(theirs: torch.nn.Module, ours: SparseMoE, logits: torch.T
 def test_ties_fall_as_in_transformers(scheme):
     """Every score equal, groups tied on their scores, and ties straddling the k-th place."""
     theirs, ours = routers(scheme, experts=8, top_k=3, groups=4, kept=2)
-    logits = torch.tensor([[0.0] * 8, [1.0] * 8, [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0],
-                           [2.0, 0.5, 0.5, 2.0, 0.5, 0.5, 0.5, 0.5], [0.0, 3.0, 3.0, 0.0, 3.0, 0.0, 0.0, 3.0]])
+    logits = torch.tensor(
+        [
+            [0.0] * 8,
+            [1.0] * 8,
+            [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0],
+            [2.0, 0.5, 0.5, 2.0, 0.5, 0.5, 0.5, 0.5],
+            [0.0, 3.0, 3.0, 0.0, 3.0, 0.0, 0.0, 3.0],
+        ]
+    )
     assert_same_choice(theirs, ours, logits)
 
 
@@ -129,13 +154,16 @@ def test_routing_runs_in_float32_in_a_bf16_model():
     assert torch.equal(choices(ids, weights)[0], route_both(theirs, ours, logits.bfloat16().float())[0][0])
 
 
-@pytest.mark.parametrize("change,named", [
-    (dict(scoring_func="softmax"), "scoring_func='softmax'"),
-    (dict(topk_method="greedy"), "topk_method='greedy'"),
-    (dict(n_group=3), "n_group=3"),
-    (dict(n_group=2, topk_group=3), "topk_group=3"),
-    (dict(n_group=4, topk_group=1, num_experts_per_tok=3), "num_experts_per_tok=3"),
-])
+@pytest.mark.parametrize(
+    "change,named",
+    [
+        (dict(scoring_func="softmax"), "scoring_func='softmax'"),
+        (dict(topk_method="greedy"), "topk_method='greedy'"),
+        (dict(n_group=3), "n_group=3"),
+        (dict(n_group=2, topk_group=3), "topk_group=3"),
+        (dict(n_group=4, topk_group=1, num_experts_per_tok=3), "num_experts_per_tok=3"),
+    ],
+)
 def test_a_routing_the_family_does_not_run_is_refused_in_one_line(change, named):
     config = {"n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 8, **change}
     with pytest.raises(UnsupportedModel, match=named) as err:

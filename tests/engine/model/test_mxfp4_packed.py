@@ -45,9 +45,14 @@ def test_experts_hold_only_their_blocks_and_scales(packed):
     for experts in stacks(model):
         assert experts.runner is not None
         held = {name: p.dtype for name, p in experts.named_parameters()}
-        assert held == {"gate_up_proj_blocks": torch.uint8, "gate_up_proj_scales": torch.uint8,
-                        "down_proj_blocks": torch.uint8, "down_proj_scales": torch.uint8,
-                        "gate_up_proj_bias": torch.float32, "down_proj_bias": torch.float32}
+        assert held == {
+            "gate_up_proj_blocks": torch.uint8,
+            "gate_up_proj_scales": torch.uint8,
+            "down_proj_blocks": torch.uint8,
+            "down_proj_scales": torch.uint8,
+            "gate_up_proj_bias": torch.float32,
+            "down_proj_bias": torch.float32,
+        }
 
 
 @pytest.mark.parametrize("lengths", [(5, 13, 30), (11,)], ids=["three prompts: every expert", "one: gathered"])
@@ -55,15 +60,20 @@ def test_packed_experts_match_transformers(packed, lengths, monkeypatch):
     model, spec, hf = packed
     calls = {"_gathered": 0, "_all_experts": 0}
     for name in calls:
-        def counted(self, *args, _run=getattr(PackedMxfp4, name), _name=name):
+
+        def counted(self, *args, _run=getattr(PackedMxfp4, name), _name=name):  # noqa: B008 (binds this pass's method)
             calls[_name] += 1
             return _run(self, *args)
+
         monkeypatch.setattr(PackedMxfp4, name, counted)
     check_prefill_and_decode(model, spec, hf, lengths=lengths, decode_steps=6)
     layers = hf.config.num_hidden_layers
     # a decode step of one sequence routes 2 pairs to 4 experts; prefill and three sequences route more
-    assert calls == ({"_gathered": 0, "_all_experts": 7 * layers} if len(lengths) > 1 else
-                     {"_gathered": 6 * layers, "_all_experts": layers})
+    assert calls == (
+        {"_gathered": 0, "_all_experts": 7 * layers}
+        if len(lengths) > 1
+        else {"_gathered": 6 * layers, "_all_experts": layers}
+    )
 
 
 def test_the_packed_decode_step_is_capture_safe(packed):

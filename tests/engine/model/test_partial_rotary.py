@@ -20,19 +20,23 @@ def transformers_rotary(q: torch.Tensor, k: torch.Tensor, rope: dict) -> tuple[t
     import transformers as tf
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeRotaryEmbedding, apply_rotary_pos_emb
 
-    config = tf.Glm4MoeConfig(hidden_size=64, num_attention_heads=4, head_dim=HEAD_DIM, max_position_embeddings=128,
-                              rope_parameters=rope)
+    config = tf.Glm4MoeConfig(
+        hidden_size=64, num_attention_heads=4, head_dim=HEAD_DIM, max_position_embeddings=128, rope_parameters=rope
+    )
     cos, sin = Glm4MoeRotaryEmbedding(config)(q, POSITIONS[None])
     # transformers' layout: [batch, heads, tokens, head_dim]
     q_out, k_out = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
     return q_out[0].transpose(0, 1), k_out[0].transpose(0, 1)
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
-    {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.25},
-    {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0, "partial_rotary_factor": 0.5},
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.25},
+        {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0, "partial_rotary_factor": 0.5},
+    ],
+)
 def test_the_torch_path_and_the_kernel_fallback_equal_transformers(rope):
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(5, 4, HEAD_DIM, generator=gen), torch.randn(5, 2, HEAD_DIM, generator=gen)

@@ -32,8 +32,9 @@ from tests.engine.model.quant_writers import awq_tensors, write_quantized
 INT4 = {"awq", "gptq", "ct_int4"}
 FP8 = {"ct_fp8", "ct_fp8_tensor", "fp8_block"}
 SIZES = {
-    "qwen3_moe": dict(num_experts=8, moe_intermediate_size=128, norm_topk_prob=True, num_hidden_layers=3,
-                      mlp_only_layers=[1]),
+    "qwen3_moe": dict(
+        num_experts=8, moe_intermediate_size=128, norm_topk_prob=True, num_hidden_layers=3, mlp_only_layers=[1]
+    ),
     "mixtral": dict(num_local_experts=4, intermediate_size=128, sliding_window=12),
 }
 CASES = [f"{kind}/qwen3_moe" for kind in sorted(INT4 | FP8)] + ["awq/mixtral", "fp8_block/mixtral"]
@@ -126,7 +127,9 @@ def rewrite(awq_moe, tmp_path, change) -> None:
 def test_the_config_lists_the_routers_as_float(awq_moe):
     config = json.loads((awq_moe[0] / "config.json").read_text())
     assert config["quantization_config"]["modules_to_not_convert"] == [
-        "model.layers.0.mlp.gate", "model.layers.2.mlp.gate"]
+        "model.layers.0.mlp.gate",
+        "model.layers.2.mlp.gate",
+    ]
 
 
 def test_a_quantized_router_fails_the_bake_in_one_line(awq_moe, tmp_path):

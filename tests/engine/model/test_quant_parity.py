@@ -46,8 +46,9 @@ def quantized(request, tmp_path_factory, paged_harness):
     model, spec = load_model(str(path), torch.float32, torch.device("cpu"))
 
     def harness():
-        return paged_harness(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                             num_pages=128)
+        return paged_harness(
+            num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, num_pages=128
+        )
 
     return SimpleNamespace(kind=kind, hf=hf_model, model=model, path=path, harness=harness)
 
@@ -62,8 +63,10 @@ def test_the_bake_check_passes_and_int4_formats_run_the_int4_kernel(quantized):
 
 def test_batch_of_mixed_prompts_then_decode_match_transformers(quantized):
     gen = torch.Generator().manual_seed(1)
-    prompts = {r: torch.randint(0, TINY["vocab_size"], (n,), generator=gen).tolist()
-               for r, n in (("a", 9), ("b", 1), ("c", 21))}
+    prompts = {
+        r: torch.randint(0, TINY["vocab_size"], (n,), generator=gen).tolist()
+        for r, n in (("a", 9), ("b", 1), ("c", 21))
+    }
     harness = quantized.harness()
     logits = run_step(quantized.model, harness, list(prompts.items()))
     row = 0
@@ -116,23 +119,31 @@ def test_a_bitsandbytes_bake_fails_with_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
-def test_block_fp8_with_kv_projections_smaller_than_a_block_loads_as_transformers(model_type, tmp_path,
-                                                                                    paged_harness):
+def test_block_fp8_with_kv_projections_smaller_than_a_block_loads_as_transformers(model_type, tmp_path, paged_harness):
     """One KV head of 64: K and V hold 64 rows, half a 128-row scale block each, stacked with Q's 256."""
     hf = write_quantized("fp8_block", model_type, tmp_path, num_key_value_heads=1)
     assert check_checkpoint(str(tmp_path)).endswith("ForCausalLM")
     model, spec = load_model(str(tmp_path), torch.float32, torch.device("cpu"))
     harness = paged_harness(num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
     prompt = torch.randint(0, TINY["vocab_size"], (13,), generator=torch.Generator().manual_seed(6)).tolist()
-    torch.testing.assert_close(run_step(model, harness, [("x", prompt)]), reference_logits(hf, prompt),
-                               atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(
+        run_step(model, harness, [("x", prompt)]), reference_logits(hf, prompt), atol=ATOL, rtol=1e-4
+    )
 
 
 @pytest.mark.parametrize("kind", ["awq", "fp8_block"])
 def test_lora_on_a_quantized_base_matches_the_merged_dequantised_weights(kind, tmp_path, paged_harness):
     hf = write_quantized(kind, "llama", tmp_path / "model")
-    tensors = write_adapter(tmp_path / "adapter", projection_shapes(hf.config), TINY["num_hidden_layers"],
-                            targets=ALL_TARGETS, rank=4, alpha=8.0, seed=1, std=0.3)
+    tensors = write_adapter(
+        tmp_path / "adapter",
+        projection_shapes(hf.config),
+        TINY["num_hidden_layers"],
+        targets=ALL_TARGETS,
+        rank=4,
+        alpha=8.0,
+        seed=1,
+        std=0.3,
+    )
     lora = LoraConfig({"a": str(tmp_path / "adapter")}, max_loras=1, max_lora_rank=4)
     model, spec = load_model(str(tmp_path / "model"), torch.float32, torch.device("cpu"), lora=lora)
     base = copy.deepcopy(hf)

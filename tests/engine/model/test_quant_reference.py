@@ -32,8 +32,11 @@ def test_awq_columns_sit_in_nibbles_0_2_4_6_1_3_5_7() -> None:
 
 def test_awq_hand_checked_weight() -> None:
     # in 8, out 8, one group: codes per column as above, zeros all 2 (0x22222222), scales 0.5 per column.
-    tensors = {"qweight": torch.full((8, 1), WORD, dtype=torch.int32),
-               "qzeros": torch.tensor([[0x22222222]], dtype=torch.int32), "scales": torch.full((1, 8), 0.5)}
+    tensors = {
+        "qweight": torch.full((8, 1), WORD, dtype=torch.int32),
+        "qzeros": torch.tensor([[0x22222222]], dtype=torch.int32),
+        "scales": torch.full((1, 8), 0.5),
+    }
     w = AwqFormat(group=8).dequantize(checkpoint_linear(AwqFormat(8), tensors, 8, 8))
     expected = (torch.tensor([0, 4, 1, 5, 2, 6, 3, 7.0]) - 2) * 0.5
     assert torch.equal(w, expected[:, None].expand(8, 8))
@@ -42,9 +45,12 @@ def test_awq_hand_checked_weight() -> None:
 def test_gptq_rows_and_v1_zeros_hand_checked() -> None:
     # qweight packs 8 input rows per word (row i in nibble i); v1 qzeros store z - 1: 7 -> 8, 15 -> 0, 0 -> 1.
     fmt = GptqFormat(group=8, zeros_minus_one=True)
-    tensors = {"qweight": torch.full((1, 8), WORD, dtype=torch.int32),
-               "qzeros": torch.tensor([[0xF7777F07 - 2**32]], dtype=torch.int32),
-               "scales": torch.full((1, 8), 0.25), "g_idx": torch.zeros(8, dtype=torch.int32)}
+    tensors = {
+        "qweight": torch.full((1, 8), WORD, dtype=torch.int32),
+        "qzeros": torch.tensor([[0xF7777F07 - 2**32]], dtype=torch.int32),
+        "scales": torch.full((1, 8), 0.25),
+        "g_idx": torch.zeros(8, dtype=torch.int32),
+    }
     w = fmt.dequantize(checkpoint_linear(fmt, tensors, 8, 8))
     zeros = torch.tensor([8.0, 1, 0, 8, 8, 8, 8, 0])  # nibble 7 = 15: the sign bit
     assert torch.equal(w, (torch.arange(8.0)[None, :] - zeros[:, None]) * 0.25)
@@ -52,9 +58,12 @@ def test_gptq_rows_and_v1_zeros_hand_checked() -> None:
 
 def test_gptq_refuses_act_order_g_idx() -> None:
     fmt = GptqFormat(group=4, zeros_minus_one=True)
-    tensors = {"qweight": torch.full((1, 8), WORD, dtype=torch.int32),
-               "qzeros": torch.zeros(2, 1, dtype=torch.int32), "scales": torch.ones(2, 8),
-               "g_idx": torch.tensor([1, 0, 1, 0, 1, 0, 1, 0], dtype=torch.int32)}
+    tensors = {
+        "qweight": torch.full((1, 8), WORD, dtype=torch.int32),
+        "qzeros": torch.zeros(2, 1, dtype=torch.int32),
+        "scales": torch.ones(2, 8),
+        "g_idx": torch.tensor([1, 0, 1, 0, 1, 0, 1, 0], dtype=torch.int32),
+    }
     with pytest.raises(UnsupportedModel, match="desc_act true is not supported"):
         fmt.dequantize(checkpoint_linear(fmt, tensors, 8, 8))
 
@@ -95,6 +104,7 @@ def test_fp8_blocks_equal_transformers_dequantiser() -> None:
 
 def test_int4_codes_round_trip_through_awq_packing() -> None:
     from tests.engine.model.quant_writers import awq_tensors
+
     torch.manual_seed(0)
     tensors, reference = awq_tensors(torch.randn(64, 256))
     assert torch.equal(AwqFormat(128).dequantize(checkpoint_linear(AwqFormat(128), tensors, 256, 64)), reference)
@@ -102,16 +112,25 @@ def test_int4_codes_round_trip_through_awq_packing() -> None:
     assert z.eq(8).all() and q.min() >= 0 and q.max() <= 15
 
 
-@pytest.mark.parametrize(("qc", "message"), [
-    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quantization 'bitsandbytes' is not supported"),
-    ({"quant_method": "exl2"}, "quantization 'exl2' is not supported"),
-    ({"quant_method": "hqq"}, "quantization 'hqq' is not supported"),
-    ({"quant_method": "gptq", "bits": 4, "desc_act": True}, "desc_act true is not supported"),
-    ({"quant_method": "gptq", "bits": 8}, "gptq with 8 bits is not supported"),
-    ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "awq version 'gemv' is not supported"),
-    ({"quant_method": "compressed-tensors", "format": "marlin-24", "config_groups": {"g": {"weights": {
-        "num_bits": 4, "type": "int"}}}}, "compressed-tensors format 'marlin-24'"),
-])
+@pytest.mark.parametrize(
+    ("qc", "message"),
+    [
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quantization 'bitsandbytes' is not supported"),
+        ({"quant_method": "exl2"}, "quantization 'exl2' is not supported"),
+        ({"quant_method": "hqq"}, "quantization 'hqq' is not supported"),
+        ({"quant_method": "gptq", "bits": 4, "desc_act": True}, "desc_act true is not supported"),
+        ({"quant_method": "gptq", "bits": 8}, "gptq with 8 bits is not supported"),
+        ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "awq version 'gemv' is not supported"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "format": "marlin-24",
+                "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}},
+            },
+            "compressed-tensors format 'marlin-24'",
+        ),
+    ],
+)
 def test_other_formats_fail_with_one_line(qc: dict, message: str) -> None:
     with pytest.raises(UnsupportedModel, match=message) as info:
         quant_format({"quantization_config": qc})

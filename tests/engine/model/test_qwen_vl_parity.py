@@ -19,7 +19,13 @@ from engine.inputs import ImageData
 from engine.sample.params import SamplingParams
 from tests.engine.model.family_parity import Pages, load_family, tiny_engine
 from tests.engine.model.qwen_vl_checkpoints import (
-    IMAGE, build_qwen_vl, expanded, hf_greedy, hf_images, hf_logits, prompt_with,
+    IMAGE,
+    build_qwen_vl,
+    expanded,
+    hf_greedy,
+    hf_images,
+    hf_logits,
+    prompt_with,
 )
 from tests.engine.model.vision_bf16 import bf16_tower, check_bf16_tower
 from tests.engine.model.vision_checkpoints import image_file, images
@@ -69,8 +75,10 @@ def test_the_vision_tower_in_bfloat16_stays_near_float32_transformers(family):
 
 def _spans(tokens: list[int], files: list[bytes]) -> list[ImageSpan]:
     grids = hf_images(files)["image_grid_thw"].tolist() if files else []
-    return [ImageSpan(a, b, torch.empty(0), b"", tuple(g), (g[1] // 2, g[2] // 2), whole=False)
-            for (a, b), g in zip(image_runs(tokens, IMAGE), grids, strict=True)]
+    return [
+        ImageSpan(a, b, torch.empty(0), b"", tuple(g), (g[1] // 2, g[2] // 2), whole=False)
+        for (a, b), g in zip(image_runs(tokens, IMAGE), grids, strict=True)
+    ]
 
 
 def _run(family, pages: Pages, batch: list[tuple[str, list[int], list[bytes], list[int]]]):
@@ -135,8 +143,11 @@ def _greedy(engine, requests: dict[str, tuple[list[int], list[bytes]]], max_toke
 
 
 def test_engine_greedy_batched_solo_and_from_the_prefix_cache(family):
-    requests = {"one": (prompt_with(1, seed=1), FILES[:1]), "two": (prompt_with(2, seed=2), FILES),
-                "text": (prompt_with(0, seed=3, lead=9), [])}
+    requests = {
+        "one": (prompt_with(1, seed=1), FILES[:1]),
+        "two": (prompt_with(2, seed=2), FILES),
+        "text": (prompt_with(0, seed=3, lead=9), []),
+    }
     want = {r: hf_greedy(family.hf, expanded(p, f), f, 6) for r, (p, f) in requests.items()}
     # An 8-token budget: chunks end inside the 12- and 10-token images (a causal model's span may be cut). A hybrid
     # model keeps as many state snapshots as sequences: room for every page boundary of the run.

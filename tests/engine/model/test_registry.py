@@ -14,17 +14,32 @@ from engine.errors import UnsupportedModel
 from engine.model.models import ARCHITECTURES, model_class
 
 ROOT = Path(__file__).resolve().parents[3]
-OTHER_FAMILIES = ("gemma_args", "gemma_base", "gemma_layers", "gemma2", "gemma3", "gemma4", "gemma4_moe", "glm4_moe",
-                  "gpt_oss", "mixtral", "olmoe", "qwen3_moe")
+OTHER_FAMILIES = (
+    "gemma_args",
+    "gemma_base",
+    "gemma_layers",
+    "gemma2",
+    "gemma3",
+    "gemma4",
+    "gemma4_moe",
+    "glm4_moe",
+    "gpt_oss",
+    "mixtral",
+    "olmoe",
+    "qwen3_moe",
+)
 
 
 def test_loading_the_default_llama_imports_no_other_family(baked_model_path: Path) -> None:
-    code = ("import json, sys; import engine.model.models; "
-            "from engine.config import EngineConfig; from engine.core.engine import LLMEngine; "
-            "LLMEngine(EngineConfig(model_path=sys.argv[1], num_kv_pages=16)); "
-            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('engine.model.models.'))))")
-    result = subprocess.run([sys.executable, "-c", code, str(baked_model_path)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
+    code = (
+        "import json, sys; import engine.model.models; "
+        "from engine.config import EngineConfig; from engine.core.engine import LLMEngine; "
+        "LLMEngine(EngineConfig(model_path=sys.argv[1], num_kv_pages=16)); "
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('engine.model.models.'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(baked_model_path)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
     assert "engine.model.models.llama" in loaded

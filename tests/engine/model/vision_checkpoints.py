@@ -17,11 +17,28 @@ from tests.engine.conftest import TOKENIZER_FILES
 BOI, EOI, IMAGE = 98, 99, 100
 TOKENS = 16  # soft tokens per image
 SIZE = 112  # the tower's square: 8 x 8 patches of 14
-TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, sliding_window=8, query_pre_attn_scalar=24, max_position_embeddings=256, num_hidden_layers=3,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention"])
-VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=SIZE,
-              patch_size=14, vision_use_head=False)
+TEXT = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    sliding_window=8,
+    query_pre_attn_scalar=24,
+    max_position_embeddings=256,
+    num_hidden_layers=3,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+)
+VISION = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    image_size=SIZE,
+    patch_size=14,
+    vision_use_head=False,
+)
 
 
 def build_vision_model(path: Path, baked: Path, vocab_size: int = 128, **processor):
@@ -29,9 +46,14 @@ def build_vision_model(path: Path, baked: Path, vocab_size: int = 128, **process
     path; returns transformers' model. vocab_size: the baked tokenizer's whole vocabulary for prompts of real text."""
     import transformers as tf
 
-    config = tf.Gemma3Config(text_config={**TEXT, "vocab_size": vocab_size}, vision_config=VISION,
-                             mm_tokens_per_image=TOKENS, image_token_index=IMAGE, boi_token_index=BOI,
-                             eoi_token_index=EOI)
+    config = tf.Gemma3Config(
+        text_config={**TEXT, "vocab_size": vocab_size},
+        vision_config=VISION,
+        mm_tokens_per_image=TOKENS,
+        image_token_index=IMAGE,
+        boi_token_index=BOI,
+        eoi_token_index=EOI,
+    )
     torch.manual_seed(0)
     model = tf.Gemma3ForConditionalGeneration(config).float().eval()
     model.config._attn_implementation = "eager"
@@ -79,8 +101,11 @@ def prompt_with(images: int, seed: int = 0, lead: int = 5) -> list[int]:
 def hf_logits(hf, tokens: list[int], files: list[bytes]) -> torch.Tensor:
     ids = torch.tensor([tokens])
     with torch.no_grad():
-        return hf(input_ids=ids, pixel_values=hf_pixels(files) if files else None,
-                  token_type_ids=(ids == IMAGE).long()).logits[0].float()
+        return (
+            hf(input_ids=ids, pixel_values=hf_pixels(files) if files else None, token_type_ids=(ids == IMAGE).long())
+            .logits[0]
+            .float()
+        )
 
 
 def hf_greedy(hf, tokens: list[int], files: list[bytes], max_tokens: int, logits=None) -> list[int]:

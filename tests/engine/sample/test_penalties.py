@@ -19,8 +19,11 @@ PRESENCE = [0.0, 0.0, -1.5, 0.3, 2.0]
 
 
 def random_params(rng: random.Random) -> SamplingParams:
-    return SamplingParams(repetition_penalty=rng.choice(REPETITION), frequency_penalty=rng.choice(FREQUENCY),
-                          presence_penalty=rng.choice(PRESENCE))
+    return SamplingParams(
+        repetition_penalty=rng.choice(REPETITION),
+        frequency_penalty=rng.choice(FREQUENCY),
+        presence_penalty=rng.choice(PRESENCE),
+    )
 
 
 def random_logits(rng: random.Random, rows: int, vocab: int) -> torch.Tensor:
@@ -56,10 +59,15 @@ def test_random_batches_match_the_reference() -> None:
     for _ in range(200):
         vocab = rng.choice([1, 2, 5, 17, 64, 300, 1000, 49152])
         batch = rng.randint(1, 6)
-        rows = [SamplingRow(params=random_params(rng), prompt_token_ids=tokens(rng, vocab, rng.choice([0, 1, 3, 40])),
-                            output_token_ids=tokens(rng, vocab, rng.choice([0, 1, 2, 9, 60])),
-                            penalties=rng.choice([None, PenaltyCounts()]))
-                for _ in range(batch)]
+        rows = [
+            SamplingRow(
+                params=random_params(rng),
+                prompt_token_ids=tokens(rng, vocab, rng.choice([0, 1, 3, 40])),
+                output_token_ids=tokens(rng, vocab, rng.choice([0, 1, 2, 9, 60])),
+                penalties=rng.choice([None, PenaltyCounts()]),
+            )
+            for _ in range(batch)
+        ]
         # Some rows of the batch are not penalised: the others' indices then skip them.
         picked = sorted(rng.sample(range(batch), rng.randint(1, batch)))
         got, want = both(random_logits(rng, batch, vocab), [(i, rows[i]) for i in picked])
@@ -71,8 +79,15 @@ def test_counts_kept_across_steps_match_the_reference() -> None:
     rng = random.Random(1)
     for _ in range(40):
         vocab = rng.choice([3, 50, 1000])
-        rows = [SamplingRow(params=random_params(rng), prompt_token_ids=tokens(rng, vocab, rng.choice([0, 5, 30])),
-                            output_token_ids=[], penalties=PenaltyCounts()) for _ in range(rng.randint(1, 5))]
+        rows = [
+            SamplingRow(
+                params=random_params(rng),
+                prompt_token_ids=tokens(rng, vocab, rng.choice([0, 5, 30])),
+                output_token_ids=[],
+                penalties=PenaltyCounts(),
+            )
+            for _ in range(rng.randint(1, 5))
+        ]
         for _ in range(30):
             got, want = both(random_logits(rng, len(rows), vocab), list(enumerate(rows)))
             assert_bitwise_equal(got, want)
@@ -83,25 +98,37 @@ def test_counts_kept_across_steps_match_the_reference() -> None:
                 elif move < 0.8:
                     r.output_token_ids += tokens(rng, vocab, rng.randint(2, 5))
                 elif move < 0.9 and r.output_token_ids:
-                    del r.output_token_ids[rng.randrange(len(r.output_token_ids)):]  # a rollback
+                    del r.output_token_ids[rng.randrange(len(r.output_token_ids)) :]  # a rollback
                 elif r.output_token_ids:
                     r.output_token_ids[-1] = (r.output_token_ids[-1] + 1) % vocab  # replaced in place
             if rng.random() < 0.2:
                 # A beam forks: the child copies its parent's tokens and clones its counts.
                 parent = rng.choice(rows)
-                rows.append(SamplingRow(params=parent.params, prompt_token_ids=parent.prompt_token_ids,
-                                        output_token_ids=list(parent.output_token_ids),
-                                        penalties=parent.penalties.fork()))
+                rows.append(
+                    SamplingRow(
+                        params=parent.params,
+                        prompt_token_ids=parent.prompt_token_ids,
+                        output_token_ids=list(parent.output_token_ids),
+                        penalties=parent.penalties.fork(),
+                    )
+                )
 
 
 def test_process_logits_with_masks_and_counts_matches_the_reference(monkeypatch) -> None:
     rng = random.Random(2)
     vocab = 200
-    rows = [SamplingRow(params=SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=0.2,
-                                              logit_bias={3: 4.0}, min_tokens=4),
-                        prompt_token_ids=tokens(rng, vocab, 20), output_token_ids=tokens(rng, vocab, 3),
-                        eos_token_ids={2}, penalties=PenaltyCounts()),
-            SamplingRow(params=SamplingParams(), prompt_token_ids=[1], output_token_ids=[5, 5])]
+    rows = [
+        SamplingRow(
+            params=SamplingParams(
+                repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=0.2, logit_bias={3: 4.0}, min_tokens=4
+            ),
+            prompt_token_ids=tokens(rng, vocab, 20),
+            output_token_ids=tokens(rng, vocab, 3),
+            eos_token_ids={2},
+            penalties=PenaltyCounts(),
+        ),
+        SamplingRow(params=SamplingParams(), prompt_token_ids=[1], output_token_ids=[5, 5]),
+    ]
     logits = random_logits(rng, 2, vocab)
     got = process_logits(logits, rows)
     from engine.sample import logits_processor
@@ -112,8 +139,9 @@ def test_process_logits_with_masks_and_counts_matches_the_reference(monkeypatch)
 
 def test_a_decode_step_adds_one_token_to_the_counts() -> None:
     state = PenaltyCounts()
-    row = SamplingRow(params=SamplingParams(frequency_penalty=0.5), prompt_token_ids=[3], output_token_ids=[4, 4, 1],
-                      penalties=state)
+    row = SamplingRow(
+        params=SamplingParams(frequency_penalty=0.5), prompt_token_ids=[3], output_token_ids=[4, 4, 1], penalties=state
+    )
     cpu = torch.device("cpu")
     state.sync(row, 8, cpu)
     assert state.counts.tolist() == [0, 1, 0, 0, 2, 0, 0, 0]

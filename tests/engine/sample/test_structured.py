@@ -64,8 +64,9 @@ def test_default_model_follows_every_schema(smol) -> None:
     requests = {}
     for name, schema in SCHEMAS.items():
         messages = [{"role": "user", "content": f"Answer in JSON that follows this schema: {json.dumps(schema)}"}]
-        prompt = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
-                            add_special_tokens=False)
+        prompt = tok.encode(
+            tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+        )
         requests[name] = (prompt, SamplingParams(temperature=0.0, max_tokens=120, structured=schema_spec(name)))
     results = run(smol, requests)
     for name, result in results.items():
@@ -73,14 +74,21 @@ def test_default_model_follows_every_schema(smol) -> None:
         assert_valid(name, result.choices[0].text)
 
 
-@pytest.mark.parametrize("pattern", [
-    r"\d{3}-[a-z]{2,4}", r"(yes|no|maybe)!", r"[A-F]{2}(:[0-9A-F]{2}){2}", r"\w+@\w+\.com",
-])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"\d{3}-[a-z]{2,4}",
+        r"(yes|no|maybe)!",
+        r"[A-F]{2}(:[0-9A-F]{2}){2}",
+        r"\w+@\w+\.com",
+    ],
+)
 def test_regex_outputs_full_match(tiny, pattern) -> None:
     spec = StructuredSpec("regex", pattern, param="guided_regex")
-    requests = {f"r{seed}": (PROMPTS[seed % 3],
-                             SamplingParams(temperature=1.0, seed=seed, max_tokens=40, structured=spec))
-                for seed in range(6)}
+    requests = {
+        f"r{seed}": (PROMPTS[seed % 3], SamplingParams(temperature=1.0, seed=seed, max_tokens=40, structured=spec))
+        for seed in range(6)
+    }
     for result in run(tiny, requests).values():
         choice = result.choices[0]
         if choice.finish_reason == "stop":
@@ -105,11 +113,21 @@ def test_ebnf_and_lark_grammars(tiny) -> None:
     expected = {"e": r"\([1-9][0-9]?(( \+ | \* )[1-9][0-9]?){0,3}\)", "l": r"<[a-z]{1,5}(,[a-z]{1,5})*>"}
     requests = {}
     for seed in range(4):
-        requests[f"e{seed}"] = (PROMPTS[seed % 3], SamplingParams(
-            temperature=1.0, seed=seed, max_tokens=40, structured=StructuredSpec("grammar", ebnf, param="ebnf")))
-        requests[f"l{seed}"] = (PROMPTS[seed % 3], SamplingParams(
-            temperature=0.0 if seed == 0 else 1.0, seed=seed, max_tokens=60,
-            structured=StructuredSpec("grammar", lark, param="guided_grammar")))
+        requests[f"e{seed}"] = (
+            PROMPTS[seed % 3],
+            SamplingParams(
+                temperature=1.0, seed=seed, max_tokens=40, structured=StructuredSpec("grammar", ebnf, param="ebnf")
+            ),
+        )
+        requests[f"l{seed}"] = (
+            PROMPTS[seed % 3],
+            SamplingParams(
+                temperature=0.0 if seed == 0 else 1.0,
+                seed=seed,
+                max_tokens=60,
+                structured=StructuredSpec("grammar", lark, param="guided_grammar"),
+            ),
+        )
     for request_id, result in run(tiny, requests).items():
         choice = result.choices[0]
         assert choice.finish_reason in ("stop", "length"), choice
@@ -118,29 +136,52 @@ def test_ebnf_and_lark_grammars(tiny) -> None:
 
 
 def test_structural_tags_new_and_legacy_formats(tiny) -> None:
-    point = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}},
-             "required": ["x"], "additionalProperties": False}
-    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<answer>", "end": "</answer>",
-                                                "content": {"type": "regex", "pattern": "[a-z]{1,5}=[0-9]"}}}
+    point = {
+        "type": "object",
+        "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["x"],
+        "additionalProperties": False,
+    }
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "tag",
+            "begin": "<answer>",
+            "end": "</answer>",
+            "content": {"type": "regex", "pattern": "[a-z]{1,5}=[0-9]"},
+        },
+    }
     spec = StructuredSpec("structural_tag", json.dumps(tag), param="structured_outputs")
-    requests = {f"t{seed}": (PROMPTS[seed % 3], SamplingParams(temperature=1.0, seed=seed, max_tokens=60,
-                                                              structured=spec)) for seed in range(3)}
+    requests = {
+        f"t{seed}": (PROMPTS[seed % 3], SamplingParams(temperature=1.0, seed=seed, max_tokens=60, structured=spec))
+        for seed in range(3)
+    }
     for result in run(tiny, requests).values():
         text = result.choices[0].text
         assert result.choices[0].finish_reason == "stop", text
         assert re.fullmatch(r"<answer>[a-z]{1,5}=[0-9]</answer>", text), text
-    legacy = {"type": "structural_tag", "triggers": ["<f>"],
-              "structures": [{"begin": "<f>", "schema": point, "end": "</f>"}]}
+    legacy = {
+        "type": "structural_tag",
+        "triggers": ["<f>"],
+        "structures": [{"begin": "<f>", "schema": point, "end": "</f>"}],
+    }
     assert tiny.grammars.get(StructuredSpec("structural_tag", json.dumps(legacy), param="s")) is not None
     with pytest.raises(InvalidRequest) as info:
-        tiny.grammars.get(StructuredSpec("structural_tag", '{"type": "structural_tag", "format": {"type": "nope"}}',
-                                         param="structured_outputs.structural_tag"))
+        tiny.grammars.get(
+            StructuredSpec(
+                "structural_tag",
+                '{"type": "structural_tag", "format": {"type": "nope"}}',
+                param="structured_outputs.structural_tag",
+            )
+        )
     assert info.value.param == "structured_outputs.structural_tag"
 
 
 def test_unconstrained_requests_are_bit_identical_next_to_constrained_ones(tiny) -> None:
-    plain = {f"p{i}": (prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2))
-             for i, prompt in enumerate(PROMPTS)}
+    plain = {
+        f"p{i}": (prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2))
+        for i, prompt in enumerate(PROMPTS)
+    }
     alone = {r: run(tiny, {r: request})[r].choices[0] for r, request in plain.items()}
     mixed = dict(plain)
     for i, name in enumerate(["nested_objects", "array_of_objects", "ref_defs", "number_range"]):
@@ -158,10 +199,14 @@ def test_n_best_of_and_beam_search_keep_one_matcher_per_choice(tiny) -> None:
     spec = schema_spec("array_of_objects")
     requests = {
         "n": (PROMPTS[0], SamplingParams(n=4, temperature=1.0, seed=1, max_tokens=200, structured=spec)),
-        "best_of": (PROMPTS[1], SamplingParams(n=2, best_of=4, temperature=1.0, seed=2, max_tokens=200,
-                                              structured=spec)),
-        "beam": (PROMPTS[2], SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0.0, max_tokens=200,
-                                           structured=spec)),
+        "best_of": (
+            PROMPTS[1],
+            SamplingParams(n=2, best_of=4, temperature=1.0, seed=2, max_tokens=200, structured=spec),
+        ),
+        "beam": (
+            PROMPTS[2],
+            SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0.0, max_tokens=200, structured=spec),
+        ),
     }
     results = run(tiny, requests)
     assert [len(results[r].choices) for r in requests] == [4, 2, 2]
@@ -177,10 +222,15 @@ def test_preemption_and_chunked_prefill_keep_the_matcher_state(tiny_model_path) 
     long_prompt = list(range(100, 190))
 
     def requests() -> dict:
-        return {name: (long_prompt if i % 2 else PROMPTS[i % 3],
-                       SamplingParams(n=2 if i == 0 else 1, temperature=1.0, seed=i, max_tokens=200,
-                                      structured=schema_spec(name)))
-                for i, name in enumerate(names)}
+        return {
+            name: (
+                long_prompt if i % 2 else PROMPTS[i % 3],
+                SamplingParams(
+                    n=2 if i == 0 else 1, temperature=1.0, seed=i, max_tokens=200, structured=schema_spec(name)
+                ),
+            )
+            for i, name in enumerate(names)
+        }
 
     roomy = make_engine(tiny_model_path, num_kv_pages=256)
     reference = run(roomy, requests())
@@ -218,8 +268,11 @@ def test_stops_max_tokens_logprobs_ignore_eos_and_min_tokens(tiny) -> None:
 
 def test_a_slow_compile_waits_aside_while_others_decode(tiny) -> None:
     # Strings with length bounds are xgrammar's slow case: this one takes about a second here.
-    slow = {"type": "object", "properties": {f"f{i}": {"type": "string", "minLength": i, "maxLength": i + 50}
-                                             for i in range(100)}, "required": [f"f{i}" for i in range(100)]}
+    slow = {
+        "type": "object",
+        "properties": {f"f{i}": {"type": "string", "minLength": i, "maxLength": i + 50} for i in range(100)},
+        "required": [f"f{i}" for i in range(100)],
+    }
     spec = StructuredSpec.json_schema(slow, "response_format")
     tiny.add_request("slow", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4, structured=spec))
     tiny.add_request("plain", PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True))
@@ -239,8 +292,9 @@ def test_a_slow_compile_waits_aside_while_others_decode(tiny) -> None:
 
 
 def test_a_bad_grammar_fails_only_its_own_request(tiny_model_path) -> None:
-    engine = AsyncEngine(EngineConfig(model_path=str(tiny_model_path), max_num_seqs=16, num_kv_pages=128,
-                                      dtype="float32"))  # batch-invariant: rows are compared across batches
+    engine = AsyncEngine(
+        EngineConfig(model_path=str(tiny_model_path), max_num_seqs=16, num_kv_pages=128, dtype="float32")
+    )  # batch-invariant: rows are compared across batches
 
     async def one(request_id: str, params: SamplingParams) -> str | Exception:
         text = ""
@@ -254,11 +308,16 @@ def test_a_bad_grammar_fails_only_its_own_request(tiny_model_path) -> None:
     async def main() -> list:
         good = SamplingParams(temperature=0.0, max_tokens=200, structured=schema_spec("matrix"))
         plain = SamplingParams(temperature=0.0, max_tokens=30)
-        bad = [("regex", "a(b", "guided_regex"), ("grammar", 'root ::= "a" | ', "ebnf"),
-               ("grammar", "root ::= undefined_rule", "structured_outputs.grammar")]
+        bad = [
+            ("regex", "a(b", "guided_regex"),
+            ("grammar", 'root ::= "a" | ', "ebnf"),
+            ("grammar", "root ::= undefined_rule", "structured_outputs.grammar"),
+        ]
         tasks = [one("good", good), one("plain", plain)]
-        tasks += [one(f"bad{i}", SamplingParams(temperature=0.0, structured=StructuredSpec(k, v, param=p)))
-                  for i, (k, v, p) in enumerate(bad)]
+        tasks += [
+            one(f"bad{i}", SamplingParams(temperature=0.0, structured=StructuredSpec(k, v, param=p)))
+            for i, (k, v, p) in enumerate(bad)
+        ]
         return await asyncio.gather(*tasks)
 
     try:
@@ -267,8 +326,11 @@ def test_a_bad_grammar_fails_only_its_own_request(tiny_model_path) -> None:
         engine.shutdown()
     assert_valid("matrix", good)
     assert isinstance(plain, str) and plain
-    assert [(type(e), e.param) for e in bad] == [(InvalidRequest, "guided_regex"), (InvalidRequest, "ebnf"),
-                                                 (InvalidRequest, "structured_outputs.grammar")]
+    assert [(type(e), e.param) for e in bad] == [
+        (InvalidRequest, "guided_regex"),
+        (InvalidRequest, "ebnf"),
+        (InvalidRequest, "structured_outputs.grammar"),
+    ]
     assert "cannot compile" in bad[0].message
 
 

@@ -21,17 +21,20 @@ def tokenizer(tiny_model_path):
     return load_tokenizer(str(tiny_model_path))
 
 
-@pytest.mark.parametrize("schema, param_fragment", [
-    ({"type": "object", "not": {"required": ["a"]}}, "'not'"),
-    ({"type": "array", "uniqueItems": True}, "uniqueItems"),
-    ({"type": "array", "contains": {"const": 1}}, "contains"),
-    ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties"),
-    ({"type": "object", "properties": {"a": {"if": {"const": 1}, "then": {}}}}, "'if'"),
-    ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
-    ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, "allOf"),
-    ({"$defs": {"x": {"propertyNames": {"pattern": "a"}}}}, "propertyNames"),
-    ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}, "'maxLength' together with 'pattern'"),
-])
+@pytest.mark.parametrize(
+    "schema, param_fragment",
+    [
+        ({"type": "object", "not": {"required": ["a"]}}, "'not'"),
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"type": "array", "contains": {"const": 1}}, "contains"),
+        ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties"),
+        ({"type": "object", "properties": {"a": {"if": {"const": 1}, "then": {}}}}, "'if'"),
+        ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
+        ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, "allOf"),
+        ({"$defs": {"x": {"propertyNames": {"pattern": "a"}}}}, "propertyNames"),
+        ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}, "'maxLength' together with 'pattern'"),
+    ],
+)
 def test_unsupported_schema_keywords_are_refused(schema, param_fragment) -> None:
     with pytest.raises(InvalidRequest) as info:
         StructuredSpec.json_schema(schema, "response_format")
@@ -47,8 +50,10 @@ def test_spec_checks_without_a_compiler() -> None:
         (lambda: StructuredSpec.json_schema([1, 2], "json_schema"), "json_schema"),
         (lambda: StructuredSpec.choice([], "guided_choice"), "guided_choice"),
         (lambda: StructuredSpec("regex", "", param="regex"), "regex"),
-        (lambda: StructuredSpec("structural_tag", "{", param="structured_outputs.structural_tag"),
-         "structured_outputs.structural_tag"),
+        (
+            lambda: StructuredSpec("structural_tag", "{", param="structured_outputs.structural_tag"),
+            "structured_outputs.structural_tag",
+        ),
     ]:
         with pytest.raises(InvalidRequest) as info:
             make()
@@ -57,16 +62,29 @@ def test_spec_checks_without_a_compiler() -> None:
 
 
 def test_length_bounds_become_patterns_with_the_same_strings() -> None:
-    schema = {"type": "object", "properties": {
-        "a": {"type": "string", "minLength": 2, "maxLength": 4}, "b": {"type": ["string", "null"], "maxLength": 3},
-        "c": {"type": "string", "enum": ["long enough"], "maxLength": 2}, "d": {"type": "integer", "maximum": 3}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "minLength": 2, "maxLength": 4},
+            "b": {"type": ["string", "null"], "maxLength": 3},
+            "c": {"type": "string", "enum": ["long enough"], "maxLength": 2},
+            "d": {"type": "integer", "maximum": 3},
+        },
+    }
     out = lengths_as_patterns(schema)
     assert "maxLength" not in out["properties"]["a"] and out["properties"]["a"]["pattern"].endswith("{2,4}$")
     assert out["properties"]["b"]["pattern"].endswith("{0,3}$")
     assert out["properties"]["c"] == schema["properties"]["c"] and out["properties"]["d"] == schema["properties"]["d"]
     pattern = re.compile(out["properties"]["a"]["pattern"])
-    for text, ok in (("ab", True), ("abcd", True), ("a", False), ("abcde", False), ("a\x07", False), ('a"', False),
-                     ("ü€", True)):
+    for text, ok in (
+        ("ab", True),
+        ("abcd", True),
+        ("a", False),
+        ("abcde", False),
+        ("a\x07", False),
+        ('a"', False),
+        ("ü€", True),
+    ):
         assert bool(pattern.search(text)) == ok, text
 
 

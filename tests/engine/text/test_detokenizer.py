@@ -190,17 +190,22 @@ def test_added_tokens_keep_the_text_around_them(with_added, side: str, skip: boo
 
 def _pieces():
     added = st.sampled_from(NOT_SPECIAL + SPECIAL + ["<|im_start|>", "<|im_end|>"])
-    words = st.sampled_from(["\n", " ", "Okay", " 2", ".", "{\"a\": 1}", "é", " 日本", "😀", "👨‍👩‍👧", "안녕"])
+    words = st.sampled_from(["\n", " ", "Okay", " 2", ".", '{"a": 1}', "é", " 日本", "😀", "👨‍👩‍👧", "안녕"])
     return st.lists(st.one_of(added, words, st.text(max_size=6)), max_size=14)
 
 
 @settings(max_examples=80, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-@given(prompt=_pieces(), pieces=_pieces(), chunk=st.integers(1, 4), skip=st.booleans(),
-       side=st.sampled_from(["ours", "transformers"]))
+@given(
+    prompt=_pieces(),
+    pieces=_pieces(),
+    chunk=st.integers(1, 4),
+    skip=st.booleans(),
+    side=st.sampled_from(["ours", "transformers"]),
+)
 def test_any_stream_joins_to_transformers_decode(with_added, prompt, pieces, chunk, skip, side) -> None:
     ref = with_added["transformers"]
     # Each piece encoded on its own, so added tokens meet every kind of neighbour, split characters included.
     ids = [i for piece in pieces for i in encode(ref, piece)]
     detok = Detokenizer(with_added[side], skip_special_tokens=skip, prompt_token_ids=encode(ref, "".join(prompt)))
-    deltas = [detok.push(ids[at:at + chunk]).text for at in range(0, len(ids), chunk)] + [detok.flush()]
+    deltas = [detok.push(ids[at : at + chunk]).text for at in range(0, len(ids), chunk)] + [detok.flush()]
     assert "".join(deltas) == detok.output_text == ref.decode(ids, skip_special_tokens=skip)

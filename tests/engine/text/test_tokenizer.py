@@ -18,12 +18,18 @@ from jinja2 import TemplateError
 from engine.text.tokenizer import Tokenizer, load_tokenizer
 from tests.worker import family_templates as family
 
-CHECK = settings(max_examples=60, deadline=None, derandomize=True, database=None,
-                 suppress_health_check=list(HealthCheck))
-TEMPLATES = {"qwen2.5": family.QWEN25, "qwen3": family.QWEN3, "llama3.1": family.LLAMA31,
-             "mistral-v0.3": family.MISTRAL_V3, "deepseek-r1": family.DEEPSEEK_R1,
-             # What the message dicts hold once prepared: reasoning under its aliases, None-valued keys gone.
-             "fields": "{% for m in messages %}{{ m | tojson }}{{ m.thinking is defined }}\n{% endfor %}"}
+CHECK = settings(
+    max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
+TEMPLATES = {
+    "qwen2.5": family.QWEN25,
+    "qwen3": family.QWEN3,
+    "llama3.1": family.LLAMA31,
+    "mistral-v0.3": family.MISTRAL_V3,
+    "deepseek-r1": family.DEEPSEEK_R1,
+    # What the message dicts hold once prepared: reasoning under its aliases, None-valued keys gone.
+    "fields": "{% for m in messages %}{{ m | tojson }}{{ m.thinking is defined }}\n{% endfor %}",
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +42,26 @@ def pair(baked_model_path):
 
 
 def _texts():
-    pieces = st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", " ", "\n", "  ", "é", "日本", "🙂",
-                              "Hello", " world", "\t", "'s", " ?", "<think>", "{\"a\": 1}"])
+    pieces = st.sampled_from(
+        [
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|endoftext|>",
+            " ",
+            "\n",
+            "  ",
+            "é",
+            "日本",
+            "🙂",
+            "Hello",
+            " world",
+            "\t",
+            "'s",
+            " ?",
+            "<think>",
+            '{"a": 1}',
+        ]
+    )
     return st.lists(st.one_of(pieces, st.text(max_size=12)), max_size=12).map("".join)
 
 
@@ -53,7 +77,8 @@ def test_encode_matches(pair, text, special):
 def test_decode_matches(pair, ids, skip, clean):
     ours, ref = pair
     assert ours.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=clean) == ref.decode(
-        ids, skip_special_tokens=skip, clean_up_tokenization_spaces=clean)
+        ids, skip_special_tokens=skip, clean_up_tokenization_spaces=clean
+    )
     tokens = ref.convert_ids_to_tokens(ids)
     assert ours.convert_ids_to_tokens(ids) == tokens
     assert ours.convert_tokens_to_ids(tokens) == ref.convert_tokens_to_ids(tokens) == ids
@@ -68,14 +93,20 @@ def test_vocabulary_and_special_tokens_match(pair):
     for name in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"):
         assert (getattr(ours, name), getattr(ours, f"{name}_id")) == (getattr(ref, name), getattr(ref, f"{name}_id"))
     assert {i: (t.content, t.special) for i, t in ours.added_tokens_decoder.items()} == {
-        i: (t.content, t.special) for i, t in ref.added_tokens_decoder.items()}
+        i: (t.content, t.special) for i, t in ref.added_tokens_decoder.items()
+    }
     assert ours.added_tokens_encoder == ref.added_tokens_encoder
     assert ours.chat_template == ref.chat_template
 
 
-TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                        "required": ["city"]}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 @st.composite
@@ -92,11 +123,20 @@ def conversations(draw):
                 answer["reasoning_content"] = draw(text)
             if draw(st.booleans()):
                 call_id = f"call{turn:04d}a"  # 9 characters, as Mistral wants
-                answer["tool_calls"] = [{"id": call_id, "type": "function", "function": {
-                    "name": "get_weather", "arguments": {"city": draw(text)}}}]
+                answer["tool_calls"] = [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": draw(text)}},
+                    }
+                ]
                 messages.append(answer)
-                answer = {"role": "tool", "tool_call_id": call_id, "name": "get_weather",
-                          "content": json.dumps({"temp": draw(st.integers(-40, 40))})}
+                answer = {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "name": "get_weather",
+                    "content": json.dumps({"temp": draw(st.integers(-40, 40))}),
+                }
             messages.append(answer)
     prefill = messages[-1]["role"] == "assistant" and draw(st.booleans())
     return messages, prefill
@@ -111,8 +151,14 @@ def test_chat_templates_render_the_same(pair, name):
     @given(case=conversations(), tools=st.sampled_from([None, [TOOL]]), thinking=st.booleans())
     def check(case, tools, thinking):
         messages, prefill = case
-        kwargs = dict(chat_template=template, tools=tools, tokenize=False, add_generation_prompt=not prefill,
-                      continue_final_message=prefill, enable_thinking=thinking)
+        kwargs = dict(
+            chat_template=template,
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=not prefill,
+            continue_final_message=prefill,
+            enable_thinking=thinking,
+        )
         try:
             expected = ref.apply_chat_template(messages, **kwargs)
         except (TemplateError, ValueError):  # the template refused (e.g. roles out of order): ours must too
@@ -147,7 +193,8 @@ def test_named_templates_pick_the_default_or_tool_use(tmp_path, baked_model_path
     chat = [{"role": "user", "content": "x"}]
     for kwargs in ({}, {"tools": [TOOL]}, {"chat_template": "tool_use", "tools": []}):
         assert ours.apply_chat_template(chat, tokenize=False, **kwargs) == ref.apply_chat_template(
-            chat, tokenize=False, **kwargs)
+            chat, tokenize=False, **kwargs
+        )
     assert ours.apply_chat_template(chat, tokenize=False) == "Dx"
 
 
@@ -162,9 +209,11 @@ def test_loading_needs_no_transformers(baked_model_path):
     import subprocess
     import sys
 
-    code = ("import sys; from engine.text.tokenizer import load_tokenizer; t = load_tokenizer(sys.argv[1]); "
-            "t.apply_chat_template([{'role': 'user', 'content': 'x'}], tokenize=False); "
-            "assert 'transformers' not in sys.modules, 'transformers was imported'")
+    code = (
+        "import sys; from engine.text.tokenizer import load_tokenizer; t = load_tokenizer(sys.argv[1]); "
+        "t.apply_chat_template([{'role': 'user', 'content': 'x'}], tokenize=False); "
+        "assert 'transformers' not in sys.modules, 'transformers was imported'"
+    )
     subprocess.run([sys.executable, "-c", code, str(baked_model_path)], check=True)
 
 

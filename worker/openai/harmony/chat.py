@@ -31,28 +31,47 @@ CALL_HEADER = "<|channel|>commentary to=functions."
 CALL_OPEN = " <|constrain|>json<|message|>"
 
 
-def harmony_request(encoding: Any, request: Any, params: SamplingParams
-                    ) -> tuple[ChatPrompt, ToolPlan, HarmonyFormat, SamplingParams]:
+def harmony_request(
+    encoding: Any, request: Any, params: SamplingParams
+) -> tuple[ChatPrompt, ToolPlan, HarmonyFormat, SamplingParams]:
     """A ChatCompletionRequest's prompt, tool plan, answer reader and the sampling parameters the format needs."""
     effort = getattr(request, "reasoning_effort", None) or (request.chat_template_kwargs or {}).get("reasoning_effort")
     so = getattr(request, "structured_outputs", None)
-    return harmony_chat(encoding, request.messages, params, tools=request.tools, tool_choice=request.tool_choice,
-                        parallel=request.parallel_tool_calls is not False,
-                        separate_reasoning=request.separate_reasoning, response_format=request.response_format,
-                        reasoning_effort=effort, continue_final_message=request.continue_final_message,
-                        any_whitespace=not (so is not None and so.disable_any_whitespace))
+    return harmony_chat(
+        encoding,
+        request.messages,
+        params,
+        tools=request.tools,
+        tool_choice=request.tool_choice,
+        parallel=request.parallel_tool_calls is not False,
+        separate_reasoning=request.separate_reasoning,
+        response_format=request.response_format,
+        reasoning_effort=effort,
+        continue_final_message=request.continue_final_message,
+        any_whitespace=not (so is not None and so.disable_any_whitespace),
+    )
 
 
-def harmony_chat(encoding: Any, messages: list[Any], params: SamplingParams, *, tools: list[Any] | None,
-                 tool_choice: Any, parallel: bool = True, separate_reasoning: bool = True,
-                 response_format: Any = None, reasoning_effort: str | None = None,
-                 continue_final_message: bool = False, any_whitespace: bool = True
-                 ) -> tuple[ChatPrompt, ToolPlan, HarmonyFormat, SamplingParams]:
+def harmony_chat(
+    encoding: Any,
+    messages: list[Any],
+    params: SamplingParams,
+    *,
+    tools: list[Any] | None,
+    tool_choice: Any,
+    parallel: bool = True,
+    separate_reasoning: bool = True,
+    response_format: Any = None,
+    reasoning_effort: str | None = None,
+    continue_final_message: bool = False,
+    any_whitespace: bool = True,
+) -> tuple[ChatPrompt, ToolPlan, HarmonyFormat, SamplingParams]:
     """The prompt, the tool plan, the answer's reader and the sampling parameters the format needs;
     any_whitespace False (structured_outputs.disable_any_whitespace): a forced call's JSON has no free spaces."""
     if continue_final_message:
-        raise BadRequest("continue_final_message is not supported with the harmony format",
-                         param="continue_final_message")
+        raise BadRequest(
+            "continue_final_message is not supported with the harmony format", param="continue_final_message"
+        )
     checked = check_tools(tools)
     plan = ToolPlan("harmony", checked, check_tool_choice(tool_choice, checked), parallel)
     plain = template_messages(messages)
@@ -64,8 +83,11 @@ def harmony_chat(encoding: Any, messages: list[Any], params: SamplingParams, *, 
     else:
         name = plan.choice.name
     if mode in ("named", "required") and params.structured is not None:
-        raise BadRequest(f"tool_choice {mode!r} constrains the answer to tool calls, which conflicts with the "
-                         f"request's {params.structured.param}", param="tool_choice")
+        raise BadRequest(
+            f"tool_choice {mode!r} constrains the answer to tool calls, which conflicts with the "
+            f"request's {params.structured.param}",
+            param="tool_choice",
+        )
     if mode == "named":
         tool = next(t for t in plan.tools if t.name == name)
         forced = f"{CALL_HEADER}{name}{CALL_OPEN}"

@@ -22,8 +22,10 @@ HARMONY_MODEL_TYPES = ("gpt_oss",)
 def harmony_encoding(folder: str) -> Any:
     """openai_harmony.HarmonyEncoding for the model in `folder` (its O200K_FILE read from there)."""
     if not (Path(folder) / O200K_FILE).is_file():
-        raise StartupError(f"{O200K_FILE} is missing from the model folder; gpt-oss's harmony format needs it "
-                           f"(the bake writes it: re-bake the model)")
+        raise StartupError(
+            f"{O200K_FILE} is missing from the model folder; gpt-oss's harmony format needs it "
+            f"(the bake writes it: re-bake the model)"
+        )
     point_tiktoken_at(str(folder))
     from openai_harmony import HarmonyEncodingName, load_harmony_encoding
 

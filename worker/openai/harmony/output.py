@@ -117,7 +117,7 @@ class HarmonyStream:
         if not delta:
             return []
         if recipient.startswith(FUNCTIONS):
-            return self._call(recipient[len(FUNCTIONS):], delta)
+            return self._call(recipient[len(FUNCTIONS) :], delta)
         if channel == "analysis":
             return [ReasoningDelta(delta)] if self.format.separate_reasoning else [ContentDelta(delta)]
         return [ContentDelta(delta)]

@@ -30,8 +30,13 @@ class ResponseFormat:
     schema: dict[str, Any]
 
 
-def conversation(messages: list[dict[str, Any]], tools: list[Tool], effort: str | None = None,
-                 response_format: ResponseFormat | None = None, today: datetime.date | None = None) -> Any:
+def conversation(
+    messages: list[dict[str, Any]],
+    tools: list[Tool],
+    effort: str | None = None,
+    response_format: ResponseFormat | None = None,
+    today: datetime.date | None = None,
+) -> Any:
     """openai_harmony.Conversation for chat messages (plain dicts, string content) and the tools shown."""
     from openai_harmony import (
         Conversation,
@@ -44,8 +49,9 @@ def conversation(messages: list[dict[str, Any]], tools: list[Tool], effort: str 
     )
 
     if effort is not None and effort not in EFFORTS:
-        raise BadRequest(f"reasoning_effort must be one of {', '.join(EFFORTS)}, got {effort!r}",
-                         param="reasoning_effort")
+        raise BadRequest(
+            f"reasoning_effort must be one of {', '.join(EFFORTS)}, got {effort!r}", param="reasoning_effort"
+        )
     system = SystemContent.new().with_conversation_start_date((today or datetime.date.today()).isoformat())
     if effort is not None:
         system = system.with_reasoning_effort(ReasoningEffort(effort.capitalize()))
@@ -56,15 +62,18 @@ def conversation(messages: list[dict[str, Any]], tools: list[Tool], effort: str 
         instructions.append(messages[lead]["content"])
         lead += 1
     if response_format is not None:
-        instructions.append(f"# Response Formats\n\n## {response_format.name}\n\n"
-                            f"{json.dumps(response_format.schema, ensure_ascii=False)}")
+        instructions.append(
+            f"# Response Formats\n\n## {response_format.name}\n\n"
+            f"{json.dumps(response_format.schema, ensure_ascii=False)}"
+        )
     if instructions or tools:
         developer = DeveloperContent.new()
         if instructions:
             developer = developer.with_instructions("\n\n".join(instructions))
         if tools:
             developer = developer.with_function_tools(
-                [ToolDescription.new(t.name, t.description or "", t.parameters) for t in tools])
+                [ToolDescription.new(t.name, t.description or "", t.parameters) for t in tools]
+            )
         out.append(Message.from_role_and_content(Role.DEVELOPER, developer))
     calls: dict[str, str] = {}  # tool_call_id -> function name, to name the tool results
     for index, message in enumerate(messages[lead:], start=lead):
@@ -83,11 +92,12 @@ def _messages(message: dict[str, Any], index: int, calls: dict[str, str]) -> lis
     if role == "tool":
         name = message.get("name") or calls.get(message.get("tool_call_id") or "")
         if not name:
-            raise BadRequest("a tool message must name its function (`name`) or answer an earlier call "
-                             "(`tool_call_id`)", param=f"messages.[{index}].tool_call_id")
+            raise BadRequest(
+                "a tool message must name its function (`name`) or answer an earlier call (`tool_call_id`)",
+                param=f"messages.[{index}].tool_call_id",
+            )
         author = Author.new(Role.TOOL, f"functions.{name}")
-        return [Message.from_author_and_content(author, text).with_channel("commentary")
-                .with_recipient("assistant")]
+        return [Message.from_author_and_content(author, text).with_channel("commentary").with_recipient("assistant")]
     if role != "assistant":
         raise BadRequest(f"unknown message role {role!r}", param=f"messages.[{index}].role")
     out = []
@@ -97,16 +107,21 @@ def _messages(message: dict[str, Any], index: int, calls: dict[str, str]) -> lis
     tool_calls = message.get("tool_calls") or []
     if text:
         # Text next to calls is a preamble (commentary); on its own it is the answer (final).
-        out.append(Message.from_role_and_content(Role.ASSISTANT, text)
-                   .with_channel("commentary" if tool_calls else "final"))
+        out.append(
+            Message.from_role_and_content(Role.ASSISTANT, text).with_channel("commentary" if tool_calls else "final")
+        )
     for call in tool_calls:
         function = call.get("function") or {}
         calls[call.get("id") or ""] = function.get("name", "")
         arguments = function.get("arguments") or "{}"
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False)
-        out.append(Message.from_role_and_content(Role.ASSISTANT, arguments).with_channel("commentary")
-                   .with_recipient(f"functions.{function.get('name', '')}").with_content_type(CALL_CONTENT_TYPE))
+        out.append(
+            Message.from_role_and_content(Role.ASSISTANT, arguments)
+            .with_channel("commentary")
+            .with_recipient(f"functions.{function.get('name', '')}")
+            .with_content_type(CALL_CONTENT_TYPE)
+        )
     return out
 
 

@@ -21,8 +21,10 @@ from worker.openai.responses.response import ResponseCall
 from worker.openai.responses.route import complete_response, prepare_response
 from worker.openai.runtime import Runtime
 
-SUMMARY_REQUEST = ("Summarize the conversation so far for your own later use: the user's goals, the facts and "
-                   "decisions established, results of tool calls that matter, and what is still open. Be concise.")
+SUMMARY_REQUEST = (
+    "Summarize the conversation so far for your own later use: the user's goals, the facts and "
+    "decisions established, results of tool calls that matter, and what is still open. Be concise."
+)
 SUMMARY_MAX_TOKENS = 512
 
 
@@ -53,16 +55,25 @@ def prepare_compaction(body: Any, runtime: Runtime) -> CompactCall:
         raise BadRequest("the request body must be a JSON object")
     request = CompactRequest.model_validate(body)
     if request.input is None and request.previous_response_id is None:
-        raise BadRequest("input or previous_response_id is required: there is no conversation to compact",
-                         param="input")
+        raise BadRequest(
+            "input or previous_response_id is required: there is no conversation to compact", param="input"
+        )
     items = [] if request.input is None else request.input
     if isinstance(items, str):
         items = [{"type": "message", "role": "user", "content": items}]
-    summary = prepare_response({
-        "model": request.model, "input": [*items, {"type": "message", "role": "user", "content": SUMMARY_REQUEST}],
-        "instructions": request.instructions, "previous_response_id": request.previous_response_id,
-        "store": False, "truncation": "auto", "max_output_tokens": SUMMARY_MAX_TOKENS, "temperature": 0,
-    }, runtime)
+    summary = prepare_response(
+        {
+            "model": request.model,
+            "input": [*items, {"type": "message", "role": "user", "content": SUMMARY_REQUEST}],
+            "instructions": request.instructions,
+            "previous_response_id": request.previous_response_id,
+            "store": False,
+            "truncation": "auto",
+            "max_output_tokens": SUMMARY_MAX_TOKENS,
+            "temperature": 0,
+        },
+        runtime,
+    )
     conversation = [*summary.history, *summary.input_items[:-1]]
     users = [item for item in conversation if item["type"] == "message" and item["role"] == "user"]
     return CompactCall(summary, users)
@@ -73,5 +84,10 @@ async def complete_compaction(call: CompactCall) -> dict[str, Any]:
     response = await complete_response(call.summary)
     text = "\n".join(item_text(item) for item in response["output"] if item["type"] == "message")
     compaction = {"id": new_id("cmp"), "type": "compaction", "encrypted_content": compaction_content(text)}
-    return {"id": new_id("resp"), "object": "response.compaction", "created_at": int(time.time()),
-            "output": [*call.user_messages, compaction], "usage": response["usage"]}
+    return {
+        "id": new_id("resp"),
+        "object": "response.compaction",
+        "created_at": int(time.time()),
+        "output": [*call.user_messages, compaction],
+        "usage": response["usage"],
+    }

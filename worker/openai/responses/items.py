@@ -43,15 +43,24 @@ def _item(item: dict[str, Any], where: str, lookup: Lookup) -> dict[str, Any]:
         return _message(item, where)
     if kind == "function_call":
         fields = _strings(item, where, "call_id", "name", "arguments")
-        return {"id": item.get("id") or new_id("fc"), "type": kind, **fields,
-                "status": item.get("status") or "completed"}
+        return {
+            "id": item.get("id") or new_id("fc"),
+            "type": kind,
+            **fields,
+            "status": item.get("status") or "completed",
+        }
     if kind == "function_call_output":
         call_id = _strings(item, where, "call_id")["call_id"]
         output = item.get("output")
         if not isinstance(output, str):
             output = _text(output, f"{where}.output")
-        return {"id": item.get("id") or new_id("fco"), "type": kind, "call_id": call_id, "output": output,
-                "status": item.get("status") or "completed"}
+        return {
+            "id": item.get("id") or new_id("fco"),
+            "type": kind,
+            "call_id": call_id,
+            "output": output,
+            "status": item.get("status") or "completed",
+        }
     if kind == "reasoning":
         return {**item, "id": item.get("id") or new_id("rs"), "summary": item.get("summary") or []}
     if kind == "compaction":
@@ -63,8 +72,11 @@ def _item(item: dict[str, Any], where: str, lookup: Lookup) -> dict[str, Any]:
         if found is None:
             raise BadRequest(f"{where}: no stored item with id {item['id']!r}", param=f"{where}.id")
         return found
-    raise BadRequest(f"{where}: item type {kind!r} is not supported; this worker takes message, function_call, "
-                     "function_call_output, reasoning, compaction and item_reference items", param=f"{where}.type")
+    raise BadRequest(
+        f"{where}: item type {kind!r} is not supported; this worker takes message, function_call, "
+        "function_call_output, reasoning, compaction and item_reference items",
+        param=f"{where}.type",
+    )
 
 
 def _strings(item: dict[str, Any], where: str, *names: str) -> dict[str, str]:
@@ -83,8 +95,11 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
         raise BadRequest(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role")
     part_type = "output_text" if role == "assistant" else "input_text"
     content = item.get("content")
-    if role != "assistant" and isinstance(content, list) and any(
-            isinstance(p, dict) and p.get("type") == "input_image" for p in content):
+    if (
+        role != "assistant"
+        and isinstance(content, list)
+        and any(isinstance(p, dict) and p.get("type") == "input_image" for p in content)
+    ):
         parts = _parts_with_images(content, f"{where}.content")
     else:
         text = content if isinstance(content, str) else _text(content, f"{where}.content")
@@ -92,13 +107,20 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
         if role == "assistant":
             part["annotations"] = []
         parts = [part]
-    out = {"id": item.get("id") or new_id("msg"), "type": "message", "role": role, "content": parts,
-           "status": item.get("status") or "completed"}
+    out = {
+        "id": item.get("id") or new_id("msg"),
+        "type": "message",
+        "role": role,
+        "content": parts,
+        "status": item.get("status") or "completed",
+    }
     phase = item.get("phase")
     if phase is not None:
         if role != "assistant" or phase not in PHASES:
-            raise BadRequest(f"{where}.phase must be one of {', '.join(PHASES)}, on an assistant message only",
-                             param=f"{where}.phase")
+            raise BadRequest(
+                f"{where}.phase must be one of {', '.join(PHASES)}, on an assistant message only",
+                param=f"{where}.phase",
+            )
         out["phase"] = phase
     return out
 
@@ -109,8 +131,11 @@ def _parts_with_images(parts: list[Any], where: str) -> list[dict[str, Any]]:
     for j, part in enumerate(parts):
         if isinstance(part, dict) and part.get("type") == "input_image":
             if not isinstance(part.get("image_url"), str):
-                raise BadRequest(f"{where}[{j}]: an input_image needs image_url (a URL or a data: URL); file_id is "
-                                 "not supported (this worker has no Files API)", param=f"{where}[{j}].image_url")
+                raise BadRequest(
+                    f"{where}[{j}]: an input_image needs image_url (a URL or a data: URL); file_id is "
+                    "not supported (this worker has no Files API)",
+                    param=f"{where}[{j}].image_url",
+                )
             out.append({"type": "input_image", "image_url": part["image_url"], "detail": part.get("detail") or "auto"})
         else:
             out.append({"type": "input_text", "text": _text([part], where)})
@@ -126,8 +151,10 @@ def _text(parts: Any, where: str) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         text = part.get("text", part.get("refusal")) if isinstance(part, dict) else None
         if kind not in TEXT_PARTS or not isinstance(text, str):
-            raise BadRequest(f"{where}[{j}]: content part type {kind!r} is not supported by this model; only text is",
-                             param=f"{where}[{j}]")
+            raise BadRequest(
+                f"{where}[{j}]: content part type {kind!r} is not supported by this model; only text is",
+                param=f"{where}[{j}]",
+            )
         texts.append(text)
     return "\n".join(texts)
 
@@ -157,10 +184,16 @@ def _chat_content(item: dict[str, Any], where: str) -> str | list[dict[str, Any]
     naming its place, `where`.content[j], for errors)."""
     if not any(part.get("type") == "input_image" for part in item["content"]):
         return item_text(item)
-    return [{"type": "image_url", "image_url": {"url": p["image_url"], "detail": p["detail"]},
-             "where": f"{where}.content[{j}]"}
-            if p["type"] == "input_image" else {"type": "text", "text": p["text"]}
-            for j, p in enumerate(item["content"])]
+    return [
+        {
+            "type": "image_url",
+            "image_url": {"url": p["image_url"], "detail": p["detail"]},
+            "where": f"{where}.content[{j}]",
+        }
+        if p["type"] == "input_image"
+        else {"type": "text", "text": p["text"]}
+        for j, p in enumerate(item["content"])
+    ]
 
 
 def chat_messages(items: list[dict[str, Any]], reasoning: bool = False, inputs_from: int = 0) -> list[dict[str, Any]]:
@@ -183,8 +216,11 @@ def chat_messages(items: list[dict[str, Any]], reasoning: bool = False, inputs_f
                 where = f"input[{n - inputs_from}]" if n >= inputs_from else "previous_response_id"
                 messages.append({"role": role, "content": _chat_content(item, where)})
         elif kind == "function_call":
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
             if last is None:
                 messages.append({"role": "assistant", "content": ""})
             messages[-1].setdefault("tool_calls", []).append(call)
@@ -201,8 +237,15 @@ def reasoning_text(item: dict[str, Any]) -> str:
     """A reasoning item's text: its `reasoning_text` content (what this worker writes), else its summary."""
     for field, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = item.get(field)
-        texts = [p["text"] for p in parts if isinstance(p, dict) and p.get("type") == part_type
-                 and isinstance(p.get("text"), str)] if isinstance(parts, list) else []
+        texts = (
+            [
+                p["text"]
+                for p in parts
+                if isinstance(p, dict) and p.get("type") == part_type and isinstance(p.get("text"), str)
+            ]
+            if isinstance(parts, list)
+            else []
+        )
         if texts:
             return "\n".join(texts)
     return ""
@@ -220,8 +263,11 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     out = []
     for i, tool in enumerate(tools):
         if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-            raise BadRequest(f"tools[{i}]: only function tools (type 'function' with a name) are supported, got "
-                             f"type {tool.get('type')!r}", param=f"tools[{i}].type")
+            raise BadRequest(
+                f"tools[{i}]: only function tools (type 'function' with a name) are supported, got "
+                f"type {tool.get('type')!r}",
+                param=f"tools[{i}].type",
+            )
         function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
         out.append({"type": "function", "function": function})
     return out

@@ -52,8 +52,14 @@ class OutputItems:
                 out += self._open("function_call", e)
             elif isinstance(e, ToolCallArguments):
                 self.text += e.fragment
-                out.append(self.event("response.function_call_arguments.delta", item_id=self.open["id"],
-                                      output_index=len(self.items), delta=e.fragment))
+                out.append(
+                    self.event(
+                        "response.function_call_arguments.delta",
+                        item_id=self.open["id"],
+                        output_index=len(self.items),
+                        delta=e.fragment,
+                    )
+                )
         return out
 
     def finish(self, status: str, all_logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -70,13 +76,24 @@ class OutputItems:
         out = self._close("completed", "commentary")  # more output follows this item
         index = len(self.items)
         if kind == "message":
-            self.open = {"id": new_id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
-                         "content": []}
+            self.open = {
+                "id": new_id("msg"),
+                "type": "message",
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+            }
         elif kind == "reasoning":
             self.open = {"id": new_id("rs"), "type": "reasoning", "status": "in_progress", "summary": []}
         else:
-            self.open = {"id": new_id("fc"), "type": "function_call", "status": "in_progress", "call_id": call.id,
-                         "name": call.name, "arguments": ""}
+            self.open = {
+                "id": new_id("fc"),
+                "type": "function_call",
+                "status": "in_progress",
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": "",
+            }
         self.text, self.logprobs = "", []
         out.append(self.event("response.output_item.added", output_index=index, item=dict(self.open)))
         if kind == "message":
@@ -104,8 +121,15 @@ class OutputItems:
             out.append(self.event("response.reasoning_text.done", **where, text=self.text))
             item = {**item, "status": "completed", "content": [{"type": "reasoning_text", "text": self.text}]}
         else:
-            out.append(self.event("response.function_call_arguments.done", item_id=item["id"],
-                                  output_index=where["output_index"], name=item["name"], arguments=self.text))
+            out.append(
+                self.event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=where["output_index"],
+                    name=item["name"],
+                    arguments=self.text,
+                )
+            )
             item = {**item, "status": "completed", "arguments": self.text}
         out.append(self.event("response.output_item.done", output_index=where["output_index"], item=item))
         self.items.append(item)

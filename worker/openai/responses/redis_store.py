@@ -118,8 +118,7 @@ class RedisResponseStore:
 
     def _drop(self, response_id: str) -> int:
         k = self._keys
-        return self._drop_script(keys=[k["sizes"], k["bytes"], k["order"], k["expiry"], self._resp],
-                                 args=[response_id])
+        return self._drop_script(keys=[k["sizes"], k["bytes"], k["order"], k["expiry"], self._resp], args=[response_id])
 
     def _call(self, run):
         try:
@@ -127,4 +126,5 @@ class RedisResponseStore:
         except self._errors as exc:
             raise StoreUnavailable(
                 f"The response store at {self.where} is unavailable ({type(exc).__name__}: {exc}); requests with "
-                f"store: false are served without it.") from None
+                f"store: false are served without it."
+            ) from None

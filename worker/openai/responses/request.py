@@ -16,18 +16,48 @@ from worker.openai.protocol import MAX_LOGPROBS, SamplingFields
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # What `include` may name (OpenAI's enum); only the logprobs one changes what this worker returns.
-INCLUDABLE = frozenset({
-    LOGPROBS_INCLUDE, "reasoning.encrypted_content", "file_search_call.results", "web_search_call.results",
-    "web_search_call.action.sources", "message.input_image.image_url", "computer_call_output.output.image_url",
-    "code_interpreter_call.outputs",
-})
+INCLUDABLE = frozenset(
+    {
+        LOGPROBS_INCLUDE,
+        "reasoning.encrypted_content",
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "message.input_image.image_url",
+        "computer_call_output.output.image_url",
+        "code_interpreter_call.outputs",
+    }
+)
 # Fields that are not chat parameters: the Responses layer reads them itself.
-RESPONSES_ONLY = frozenset({
-    "model", "input", "instructions", "max_output_tokens", "top_logprobs", "include", "text", "tools", "tool_choice",
-    "parallel_tool_calls", "reasoning", "metadata", "store", "previous_response_id", "truncation", "background",
-    "service_tier", "prompt_cache_key", "safety_identifier", "prompt_cache_retention", "max_tool_calls",
-    "conversation", "prompt", "stream", "stream_options",
-})
+RESPONSES_ONLY = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "max_output_tokens",
+        "top_logprobs",
+        "include",
+        "text",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "reasoning",
+        "metadata",
+        "store",
+        "previous_response_id",
+        "truncation",
+        "background",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+        "prompt_cache_retention",
+        "max_tool_calls",
+        "conversation",
+        "prompt",
+        "stream",
+        "stream_options",
+    }
+)
 
 
 class TextFormat(BaseModel):
@@ -91,17 +121,21 @@ class ResponsesRequest(SamplingFields):
                 raise BadRequest(message, param=name)
         if self.n != 1 or self.best_of not in (None, 1) or self.use_beam_search:
             param = "n" if self.n != 1 else "best_of" if self.best_of not in (None, 1) else "use_beam_search"
-            raise BadRequest("a response has one output; n, best_of and beam search are for chat completions",
-                             param=param)
+            raise BadRequest(
+                "a response has one output; n, best_of and beam search are for chat completions", param=param
+            )
         if self.echo:
             raise BadRequest("echo is not supported on /v1/responses", param="echo")
         if self.response_format is not None:
-            raise BadRequest("the Responses API sets the output format with text.format, not response_format",
-                             param="response_format")
+            raise BadRequest(
+                "the Responses API sets the output format with text.format, not response_format",
+                param="response_format",
+            )
         for index, name in enumerate(self.include or []):
             if name not in INCLUDABLE:
-                raise BadRequest(f"include[{index}] {name!r} is not one of {sorted(INCLUDABLE)}",
-                                 param=f"include[{index}]")
+                raise BadRequest(
+                    f"include[{index}] {name!r} is not one of {sorted(INCLUDABLE)}", param=f"include[{index}]"
+                )
         if self.metadata is not None:
             _check_metadata(self.metadata)
         return self
@@ -117,5 +151,6 @@ def _check_metadata(metadata: dict[str, str]) -> None:
         raise BadRequest("metadata may hold at most 16 key-value pairs", param="metadata")
     for key, value in metadata.items():
         if len(key) > 64 or len(value) > 512:
-            raise BadRequest(f"metadata key {key[:64]!r}: keys are at most 64 characters and values at most 512",
-                             param="metadata")
+            raise BadRequest(
+                f"metadata key {key[:64]!r}: keys are at most 64 characters and values at most 512", param="metadata"
+            )

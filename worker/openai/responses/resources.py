@@ -28,8 +28,11 @@ def _stored(store: ResponseStore, response_id: str) -> StoredResponse:
 
 
 def _not_found(response_id: str) -> ResponseNotFound:
-    return ResponseNotFound(f"No response found with id '{response_id}' on this worker (responses are stored "
-                            "only with store=true, in the memory of the worker that made them).", param="response_id")
+    return ResponseNotFound(
+        f"No response found with id '{response_id}' on this worker (responses are stored "
+        "only with store=true, in the memory of the worker that made them).",
+        param="response_id",
+    )
 
 
 def stored_response(store: ResponseStore, path: str, method: str, query: dict[str, Any]) -> dict[str, Any]:
@@ -54,7 +57,12 @@ def input_items_page(entry: StoredResponse, query: InputItemsQuery) -> dict[str,
         ids = [item["id"] for item in items]
         if query.after not in ids:
             raise BadRequest(f"after: no input item {query.after!r} in this response", param="after")
-        items = items[ids.index(query.after) + 1:]
-    page = items[:query.limit]
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > len(page)}
+        items = items[ids.index(query.after) + 1 :]
+    page = items[: query.limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > len(page),
+    }

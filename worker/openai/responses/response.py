@@ -41,8 +41,13 @@ class ResponseCall:
         return bool(self.request.stream)
 
 
-def response_object(call: ResponseCall, status: str, output: list[dict[str, Any]], usage: dict[str, Any],
-                    error: dict[str, Any] | None = None) -> dict[str, Any]:
+def response_object(
+    call: ResponseCall,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any],
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The `response` object: its state and output, with the request's settings echoed as OpenAI does."""
     request = call.request
     incomplete = status == "incomplete"
@@ -90,15 +95,26 @@ def _text_format(request: ResponsesRequest) -> dict[str, Any]:
     fmt = request.text.format if request.text is not None else None
     if fmt is None or fmt.type != "json_schema":
         return {"type": fmt.type if fmt is not None else "text"}
-    return {"type": "json_schema", "name": fmt.name, "schema": fmt.json_schema, "description": fmt.description,
-            "strict": bool(fmt.strict)}
+    return {
+        "type": "json_schema",
+        "name": fmt.name,
+        "schema": fmt.json_schema,
+        "description": fmt.description,
+        "strict": bool(fmt.strict),
+    }
 
 
 def _function_tool(tool: dict[str, Any]) -> dict[str, Any]:
     """A function tool as echoed: null where the request left a field out (`strict` null: not asked for; the
     arguments are held to `parameters` all the same)."""
-    return {**tool, "type": "function", "name": tool["name"], "description": tool.get("description"),
-            "parameters": tool.get("parameters"), "strict": tool.get("strict")}
+    return {
+        **tool,
+        "type": "function",
+        "name": tool["name"],
+        "description": tool.get("description"),
+        "parameters": tool.get("parameters"),
+        "strict": tool.get("strict"),
+    }
 
 
 def opening_usage(prompt_tokens: int) -> dict[str, Any]:

@@ -28,9 +28,9 @@ from worker.openai.responses.request import RESPONSES_ONLY, ResponsesRequest
 from worker.openai.responses.response import ResponseCall, final_usage, opening_usage, response_object, usage_object
 from worker.openai.responses.store import StoredResponse
 from worker.openai.responses.truncation import fit_turns
+from worker.openai.runtime import Runtime
 from worker.openai.stream_driver import run_to_end, stream_events
 from worker.openai.tools.events import ContentDelta
-from worker.openai.runtime import Runtime
 
 
 def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:
@@ -45,17 +45,20 @@ def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:
     if request.previous_response_id is not None:
         previous = runtime.responses.get(request.previous_response_id)
         if previous is None:
-            raise ResponseNotFound(f"Previous response with id '{request.previous_response_id}' not found (it was "
-                                   "never stored, was deleted, or was dropped from the store).",
-                                   param="previous_response_id")
+            raise ResponseNotFound(
+                f"Previous response with id '{request.previous_response_id}' not found (it was "
+                "never stored, was deleted, or was dropped from the store).",
+                param="previous_response_id",
+            )
         history = previous.context
     items = input_items(request.input, runtime.responses.item)
     chat = _chat_call(request, history + items, runtime, model, len(history))
     return ResponseCall(runtime, request, chat, new_id("resp"), int(time.time()), model, items, history)
 
 
-def _chat_call(request: ResponsesRequest, conversation: list[dict[str, Any]], runtime: Runtime, model: str,
-               inputs_from: int = 0) -> ChatCall:
+def _chat_call(
+    request: ResponsesRequest, conversation: list[dict[str, Any]], runtime: Runtime, model: str, inputs_from: int = 0
+) -> ChatCall:
     """The chat generation behind a response; with truncation "auto", the oldest whole turns go until it fits."""
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []
     harmony = runtime.tool_format == "harmony"
@@ -75,12 +78,16 @@ def _chat_call(request: ResponsesRequest, conversation: list[dict[str, Any]], ru
     else:
         call = render(messages)
     if spec is not None and harmony:  # the chat layer built it from text.format: named as the client sent it
-        call.params = dataclasses.replace(call.params, structured=dataclasses.replace(call.params.structured,
-                                                                                      param="text.format"))
+        call.params = dataclasses.replace(
+            call.params, structured=dataclasses.replace(call.params.structured, param="text.format")
+        )
     elif spec is not None:
         if call.params.structured is not None:
-            raise BadRequest(f"only one structured output constraint is allowed per request, got text.format and "
-                             f"{call.params.structured.param}", param=call.params.structured.param)
+            raise BadRequest(
+                f"only one structured output constraint is allowed per request, got text.format and "
+                f"{call.params.structured.param}",
+                param=call.params.structured.param,
+            )
         held = after_reasoning(spec, call.output.reasoning, call.output.in_reasoning, call.prompt.text)
         call.params = dataclasses.replace(call.params, structured=held)
     return call
@@ -91,8 +98,15 @@ def _chat_response_format(request: ResponsesRequest) -> dict[str, Any]:
     fmt = request.text.format
     if fmt.type == "json_object":
         return {"type": "json_object"}
-    return {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.json_schema,
-                                                   "strict": fmt.strict, "description": fmt.description}}
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": fmt.name,
+            "schema": fmt.json_schema,
+            "strict": fmt.strict,
+            "description": fmt.description,
+        },
+    }
 
 
 def _text_format_spec(request: ResponsesRequest) -> StructuredSpec | None:
@@ -117,9 +131,15 @@ def _fits(call: ChatCall, limit: int) -> bool:
 def _chat_fields(request: ResponsesRequest, messages: list[dict[str, Any]], model: str) -> dict[str, Any]:
     """The chat request a Responses request amounts to: the shared sampling fields plus the renamed ones."""
     fields = request.model_dump(exclude_unset=True, exclude=set(RESPONSES_ONLY))
-    fields.update(model=model, messages=messages, stream=False, max_completion_tokens=request.max_output_tokens,
-                  tools=chat_tools(request.tools), tool_choice=chat_tool_choice(request.tool_choice),
-                  parallel_tool_calls=request.parallel_tool_calls)
+    fields.update(
+        model=model,
+        messages=messages,
+        stream=False,
+        max_completion_tokens=request.max_output_tokens,
+        tools=chat_tools(request.tools),
+        tool_choice=chat_tool_choice(request.tool_choice),
+        parallel_tool_calls=request.parallel_tool_calls,
+    )
     if request.wants_logprobs:
         fields.update(logprobs=True, top_logprobs=request.top_logprobs or 0)
     kwargs = dict(fields.get("chat_template_kwargs") or {})
@@ -198,8 +218,14 @@ async def complete_response(call: ResponseCall) -> dict[str, Any]:
     """The whole `response` object."""
     chat = call.chat
     answer = _Answer(call, lambda kind, **fields: {})
-    await run_to_end(call.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id), answer.add,
-                     chat.image_files)
+    await run_to_end(
+        call.runtime.engine,
+        chat.prompt.token_ids,
+        chat.params,
+        engine_request_id(call.id),
+        answer.add,
+        chat.image_files,
+    )
     return answer.finish()[1]
 
 
@@ -211,8 +237,14 @@ def stream_response(call: ResponseCall) -> AsyncIterator[dict[str, Any]]:
     The engine request starts before the first event, so a bad request raises instead of streaming.
     """
     chat = call.chat
-    return stream_events(call.runtime.engine, chat.prompt.token_ids, chat.params, engine_request_id(call.id),
-                         _Answer(call, _numbered_events()), chat.image_files)
+    return stream_events(
+        call.runtime.engine,
+        chat.prompt.token_ids,
+        chat.params,
+        engine_request_id(call.id),
+        _Answer(call, _numbered_events()),
+        chat.image_files,
+    )
 
 
 def _numbered_events() -> EventFactory:

@@ -1,8 +1,9 @@
 """The bounded in-memory store behind `store`, `previous_response_id` and GET/DELETE /v1/responses/{id}.
 
-It lives in one worker process: an endpoint with several workers cannot rely on a response stored by
-another; RESPONSE_STORE_URL puts the store in Redis instead (redis_store.py), shared by all of them. Capped in entries and bytes; the oldest entries go first. Each entry keeps the conversation
-up to and including its output, so a continuation needs only that entry, not its ancestors.
+It lives in one worker process: an endpoint with several workers cannot rely on a response stored by another;
+RESPONSE_STORE_URL puts the store in Redis instead (redis_store.py), shared by all of them. Capped in entries and bytes;
+the oldest entries go first. Each entry keeps the conversation up to and including its output, so a continuation needs
+only that entry, not its ancestors.
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ def without_turns_before(messages: list[dict[str, Any]], start: int) -> list[dic
     return [m for i, m in enumerate(messages) if i >= start or m["role"] == "system"]
 
 
-def fit_turns(messages: list[dict[str, Any]], render: Callable[[list[dict[str, Any]]], Rendered],
-              fits: Callable[[Rendered], bool]) -> Rendered:
+def fit_turns(
+    messages: list[dict[str, Any]], render: Callable[[list[dict[str, Any]]], Rendered], fits: Callable[[Rendered], bool]
+) -> Rendered:
     """The rendering that keeps the most recent whole turns that fit. When even the last turn alone does not
     fit, its rendering is returned anyway: the engine refuses it as too long, naming the input."""
     starts = turn_starts(messages)

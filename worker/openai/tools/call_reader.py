@@ -40,7 +40,7 @@ class JsonScanner:
         for i in range(self.pos, len(text)):
             c = text[i]
             if stop and not self.in_string and c == stop[0]:
-                rest = text[i:i + len(stop)]
+                rest = text[i : i + len(stop)]
                 if rest == stop:
                     self.stopped = i
                     return None
@@ -97,9 +97,9 @@ class CallReader:
         arguments = ""
         if self._value_start is not None and len(text) > self._value_start:
             assert self._value is not None
-            value_end = self._value.scan(text[self._value_start:])
+            value_end = self._value.scan(text[self._value_start :])
             stop = len(text) if value_end is None else self._value_start + value_end
-            arguments = text[self._value_start:stop]
+            arguments = text[self._value_start : stop]
         end = self._outer.scan(text)
         if end is None:
             return CallRead(self._name, arguments, None, False, self._outer.stopped)
@@ -108,7 +108,8 @@ class CallReader:
         except ValueError:
             return CallRead(self._name, arguments, end, False)
         if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)) or (
-                self._needs_arguments and not any(k in obj for k in ARGUMENT_KEYS)):
+            self._needs_arguments and not any(k in obj for k in ARGUMENT_KEYS)
+        ):
             return CallRead(self._name, arguments, end, False)
         if self._value_start is None or not arguments:
             raw = next((obj[k] for k in ARGUMENT_KEYS if k in obj), {})

@@ -72,8 +72,9 @@ def markup(plan: ToolPlan, template: str) -> CallMarkup:
     return MISTRAL_V11 if "[ARGS]" in template else MISTRAL_V3
 
 
-def tool_constraint(plan: ToolPlan, template: str, reasoning: str | None = None,
-                    in_reasoning: bool = False) -> StructuredSpec | None:
+def tool_constraint(
+    plan: ToolPlan, template: str, reasoning: str | None = None, in_reasoning: bool = False
+) -> StructuredSpec | None:
     """The constraint for a request's tool calls, or None when decoding stays free. `reasoning` is the reasoning
     parser when the answer may think before it calls (None when the prompt closed the reasoning)."""
     mode = plan.choice.mode
@@ -87,8 +88,11 @@ def tool_constraint(plan: ToolPlan, template: str, reasoning: str | None = None,
     specs = [(_begin(style, tool), _content(style, tool, i)) for i, tool in tools]
     if mode == "auto":
         # Free text until the call markup opens; the calls then run to their end, and so does the answer.
-        fmt: dict[str, Any] = {"type": "dispatch", "rules": [[style.trigger, _calls(style, specs, once)]],
-                               "loop": False}
+        fmt: dict[str, Any] = {
+            "type": "dispatch",
+            "rules": [[style.trigger, _calls(style, specs, once)]],
+            "loop": False,
+        }
     else:
         fmt = _calls(style, specs, once, opened=False)
     if reasoning is not None:
@@ -107,8 +111,13 @@ def _content(style: CallMarkup, tool: Tool, index: int) -> dict[str, Any]:
     if style is GEMMA4:
         return arguments_content(tool, index)
     if style is QWEN3_CODER:
-        return {"type": "json_schema", "json_schema": _schema(tool, index), "style": "qwen_xml",
-                "max_whitespace_cnt": JSON_MAX_WHITESPACE, "excludes": QWEN3_CODER_EXCLUDES}
+        return {
+            "type": "json_schema",
+            "json_schema": _schema(tool, index),
+            "style": "qwen_xml",
+            "max_whitespace_cnt": JSON_MAX_WHITESPACE,
+            "excludes": QWEN3_CODER_EXCLUDES,
+        }
     return {"type": "json_schema", "json_schema": _schema(tool, index), "max_whitespace_cnt": JSON_MAX_WHITESPACE}
 
 
@@ -116,27 +125,43 @@ def _tag(begin: str, arguments: dict[str, Any], end: str) -> dict[str, Any]:
     return {"type": "tag", "begin": begin, "content": arguments, "end": end}
 
 
-def _calls(style: CallMarkup, tools: list[tuple[str, dict[str, Any]]], once: bool, opened: bool = True
-           ) -> dict[str, Any]:
+def _calls(
+    style: CallMarkup, tools: list[tuple[str, dict[str, Any]]], once: bool, opened: bool = True
+) -> dict[str, Any]:
     """One call or more (one when `once`) in the style's markup. `opened`: the trigger was already written, so the
     first call starts after it."""
     if style is MISTRAL_V3:  # the calls are objects in one list after the trigger
         objects = [_tag(begin, arguments, style.end) for begin, arguments in tools]
-        listed = {"type": "tags_with_separator", "tags": objects, "separator": style.separator, "at_least_one": True,
-                  "stop_after_first": once}
+        listed = {
+            "type": "tags_with_separator",
+            "tags": objects,
+            "separator": style.separator,
+            "at_least_one": True,
+            "stop_after_first": once,
+        }
         begin, end = MISTRAL_V3_LIST
-        return {"type": "tag", "begin": begin[len(style.trigger):] if opened else begin, "content": listed, "end": end}
+        return {"type": "tag", "begin": begin[len(style.trigger) :] if opened else begin, "content": listed, "end": end}
     whole = [_tag(begin, arguments, style.end) for begin, arguments in tools]
-    separated = {"type": "tags_with_separator", "tags": whole, "separator": style.separator, "at_least_one": True,
-                 "stop_after_first": once}
+    separated = {
+        "type": "tags_with_separator",
+        "tags": whole,
+        "separator": style.separator,
+        "at_least_one": True,
+        "stop_after_first": once,
+    }
     if not opened:
         return separated
-    first = {"type": "or", "elements": [_tag(begin[len(style.trigger):], arguments, style.end)
-                                        for begin, arguments in tools]}
+    first = {
+        "type": "or",
+        "elements": [_tag(begin[len(style.trigger) :], arguments, style.end) for begin, arguments in tools],
+    }
     if once:
         return first
-    more = separated if not style.separator else {
-        "type": "sequence", "elements": [{"type": "const_string", "value": style.separator}, separated]}
+    more = (
+        separated
+        if not style.separator
+        else {"type": "sequence", "elements": [{"type": "const_string", "value": style.separator}, separated]}
+    )
     return {"type": "sequence", "elements": [first, {"type": "optional", "content": more}]}
 
 

@@ -43,11 +43,15 @@ def check_tools(tools: list[Any] | None) -> list[Tool]:
             raise BadRequest(f"{where}.function must be an object with the function's name", param=f"{where}.function")
         name = function.get("name")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise BadRequest(f"{where}.function.name must be 1 to 64 letters, digits, underscores or dashes, got "
-                             f"{name!r}", param=f"{where}.function.name")
+            raise BadRequest(
+                f"{where}.function.name must be 1 to 64 letters, digits, underscores or dashes, got {name!r}",
+                param=f"{where}.function.name",
+            )
         if name in seen:
-            raise BadRequest(f"{where}.function.name {name!r} is defined twice; tool names must be unique",
-                             param=f"{where}.function.name")
+            raise BadRequest(
+                f"{where}.function.name {name!r} is defined twice; tool names must be unique",
+                param=f"{where}.function.name",
+            )
         seen.add(name)
         description = function.get("description")
         if description is not None and not isinstance(description, str):
@@ -55,8 +59,10 @@ def check_tools(tools: list[Any] | None) -> list[Tool]:
         parameters = function.get("parameters")
         is_object = isinstance(parameters, dict) and parameters.get("type", "object") == "object"
         if parameters is not None and not is_object:
-            raise BadRequest(f"{where}.function.parameters must be a JSON schema of type 'object'",
-                             param=f"{where}.function.parameters")
+            raise BadRequest(
+                f"{where}.function.parameters must be a JSON schema of type 'object'",
+                param=f"{where}.function.parameters",
+            )
         strict = function.get("strict")
         if strict is not None and not isinstance(strict, bool):
             raise BadRequest(f"{where}.function.strict must be a boolean", param=f"{where}.function.strict")
@@ -78,17 +84,20 @@ def check_tool_choice(choice: Any, tools: list[Tool]) -> ToolChoice:
         return ToolChoice("auto" if tools else "none")
     if isinstance(choice, str):
         if choice not in CHOICES:
-            raise BadRequest(f"tool_choice must be one of {', '.join(CHOICES)} or a named function, got {choice!r}",
-                             param="tool_choice")
+            raise BadRequest(
+                f"tool_choice must be one of {', '.join(CHOICES)} or a named function, got {choice!r}",
+                param="tool_choice",
+            )
         if choice == "required" and not tools:
             raise BadRequest("tool_choice 'required' needs tools", param="tool_choice")
         return ToolChoice(choice if tools else "none")
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
-        raise BadRequest("tool_choice must be 'none', 'auto', 'required' or "
-                         "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
+        raise BadRequest(
+            "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
+            param="tool_choice",
+        )
     if name not in {t.name for t in tools}:
-        raise BadRequest(f"tool_choice names the function {name!r}, which is not among the tools",
-                         param="tool_choice")
+        raise BadRequest(f"tool_choice names the function {name!r}, which is not among the tools", param="tool_choice")
     return ToolChoice("named", name)

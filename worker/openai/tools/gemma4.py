@@ -28,8 +28,14 @@ class Gemma4Parser(ToolParser):
     name: ClassVar[str] = "gemma4"
     openers: ClassVar[tuple[str, ...]] = (OPEN,)
 
-    def __init__(self, parallel: bool = True, max_calls: int | None = None,
-                 schemas: Mapping[str, Any] | None = None, *, forced: bool = False) -> None:
+    def __init__(
+        self,
+        parallel: bool = True,
+        max_calls: int | None = None,
+        schemas: Mapping[str, Any] | None = None,
+        *,
+        forced: bool = False,
+    ) -> None:
         super().__init__(parallel, max_calls, schemas, forced=forced)
         self._arguments = ArgumentsReader()
 
@@ -54,7 +60,7 @@ class Gemma4Parser(ToolParser):
         fits = head.startswith(CALL) or (brace < 0 and CALL.startswith(head))
         if brace < 0 and fits and not final and len(head) <= _MAX_HEAD and "\n" not in head:
             return False
-        name = head[len(CALL):].strip() if fits else ""
+        name = head[len(CALL) :].strip() if fits else ""
         if brace < 0 or not _NAME.fullmatch(name):
             return self.end_at(CLOSE, final, events)
         self.consume(brace)

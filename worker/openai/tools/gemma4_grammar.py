@@ -27,8 +27,24 @@ from worker.openai.tools.definitions import Tool
 
 QUOTE = '<|"|>'
 ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$schema", "$comment", "deprecated"})
-HELD = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum",
-                  "const", "anyOf", "oneOf", "nullable", "minLength", "maxLength"})
+HELD = frozenset(
+    {
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "minItems",
+        "maxItems",
+        "enum",
+        "const",
+        "anyOf",
+        "oneOf",
+        "nullable",
+        "minLength",
+        "maxLength",
+    }
+)
 LOOSE = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern", "format"})
 BASE = r"""q ::= "<|\"|>"
 text ::= ([^<] | "<"+ [^<|])* "<"*
@@ -61,8 +77,11 @@ def arguments_content(tool: Tool, index: int) -> dict[str, Any]:
     except Unenforceable as exc:
         if tool.strict:
             param = f"tools[{index}].function.parameters"
-            raise BadRequest(f"{param}: Gemma 4's call grammar cannot enforce {exc.keyword!r}; a strict tool's "
-                             "arguments must be enforceable", param=param) from None
+            raise BadRequest(
+                f"{param}: Gemma 4's call grammar cannot enforce {exc.keyword!r}; a strict tool's "
+                "arguments must be enforceable",
+                param=param,
+            ) from None
         grammar = ANY_ARGUMENTS
     return {"type": "grammar", "grammar": grammar}
 
@@ -162,11 +181,14 @@ class _Rules:
         if any(":" in key or "<|" in key for key in properties):
             raise Unenforceable("properties")
         required = set(schema.get("required") or ())
-        members = [(f"{_literal(key + ':')} {self.value(properties[key])}", key in required)
-                   for key in sorted(properties)]
+        members = [
+            (f"{_literal(key + ':')} {self.value(properties[key])}", key in required) for key in sorted(properties)
+        ]
         # first: the members from here on, the first one written without a comma; after: each after a comma.
         first, after = '""', '""'
         for member, needed in reversed(members):
-            first, after = (self.add(f"{member} {after}" if needed else f"{member} {after} | {first}"),
-                            self.add(f'"," {member} {after}' if needed else f'("," {member})? {after}'))
+            first, after = (
+                self.add(f"{member} {after}" if needed else f"{member} {after} | {first}"),
+                self.add(f'"," {member} {after}' if needed else f'("," {member})? {after}'),
+            )
         return f'"{{" {first} "}}"'

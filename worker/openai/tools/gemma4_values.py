@@ -30,8 +30,7 @@ def bare_value(text: str) -> str:
         return text
     if _LOOSE_NUMBER.fullmatch(text):  # `+1`, `1.`, `.5`: numbers JSON spells otherwise
         value = float(text)
-        return json.dumps(int(value) if value.is_integer() and "." not in text and "e" not in text.lower()
-                          else value)
+        return json.dumps(int(value) if value.is_integer() and "." not in text and "e" not in text.lower() else value)
     return json.dumps(text, ensure_ascii=False)
 
 
@@ -79,7 +78,7 @@ class ArgumentsReader:
             at = text.find(QUOTE, self.pos)
             if at < 0:
                 return False
-            self._emit_key(text[self.pos:at], at + len(QUOTE))
+            self._emit_key(text[self.pos : at], at + len(QUOTE))
             return True
         if self.expect == "colon":
             return self._advance(c == ":", "value", 1)
@@ -115,7 +114,7 @@ class ArgumentsReader:
             self.out.append('"')
             self.expect = "string"
             return True
-        if QUOTE.startswith(text[self.pos:]) and not final:
+        if QUOTE.startswith(text[self.pos :]) and not final:
             return False
         if not self.stack:
             self.broken = True  # the arguments are an object, nothing else
@@ -128,7 +127,7 @@ class ArgumentsReader:
             if not final:
                 return False
             stop = len(text)
-        raw = text[self.pos:stop]
+        raw = text[self.pos : stop]
         if not raw.strip() or QUOTE in raw or "{" in raw or "[" in raw:
             self.broken = True
             return False
@@ -141,16 +140,19 @@ class ArgumentsReader:
     def _string(self, text: str, final: bool) -> bool:
         at = text.find(QUOTE, self.pos)
         if at >= 0:
-            self._chars(text[self.pos:at])
+            self._chars(text[self.pos : at])
             self.out.append('"')
             self.pos = at + len(QUOTE)
             self.expect = "comma"
             self.first = False
             return True
-        rest = text[self.pos:]
-        keep = 0 if final else next((n for n in range(min(len(QUOTE) - 1, len(rest)), 0, -1)
-                                     if rest.endswith(QUOTE[:n])), 0)
-        self._chars(rest[:len(rest) - keep])
+        rest = text[self.pos :]
+        keep = (
+            0
+            if final
+            else next((n for n in range(min(len(QUOTE) - 1, len(rest)), 0, -1) if rest.endswith(QUOTE[:n])), 0)
+        )
+        self._chars(rest[: len(rest) - keep])
         self.pos += len(rest) - keep
         return False
 
@@ -166,7 +168,7 @@ class ArgumentsReader:
             self.pos += len(QUOTE)
             self.expect = "qkey"
             return True
-        if QUOTE.startswith(text[self.pos:]) and not final:
+        if QUOTE.startswith(text[self.pos :]) and not final:
             return False
         colon = text.find(":", self.pos)
         stops = [i for i in (text.find(ch, self.pos) for ch in ",{}[]") if i >= 0]
@@ -174,7 +176,7 @@ class ArgumentsReader:
             if stops or final or len(text) - self.pos > _MAX_KEY:
                 self.broken = True  # a member without a key
             return False
-        key = text[self.pos:colon].strip()
+        key = text[self.pos : colon].strip()
         if not key:
             self.broken = True
             return False

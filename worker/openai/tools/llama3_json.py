@@ -23,7 +23,7 @@ class Llama3JsonParser(ToolParser):
     def find_opener(self) -> tuple[int, str]:
         if not self.shown:
             start = len(self.buffer) - len(self.buffer.lstrip())
-            if self.buffer[start:start + 1] == "{":
+            if self.buffer[start : start + 1] == "{":
                 return start, "{"
         return super().find_opener()
 

@@ -27,8 +27,14 @@ class MistralParser(ToolParser):
     name: ClassVar[str] = "mistral"
     openers: ClassVar[tuple[str, ...]] = (TOOL_CALLS,)
 
-    def __init__(self, parallel: bool = True, max_calls: int | None = None,
-                 schemas: Mapping[str, Any] | None = None, *, forced: bool = False) -> None:
+    def __init__(
+        self,
+        parallel: bool = True,
+        max_calls: int | None = None,
+        schemas: Mapping[str, Any] | None = None,
+        *,
+        forced: bool = False,
+    ) -> None:
         super().__init__(parallel, max_calls, schemas, forced=forced)
         self._value = JsonScanner()  # the arguments object of a `name[ARGS]{...}` call
 

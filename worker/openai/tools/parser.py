@@ -50,8 +50,14 @@ class ToolParser:
     name: ClassVar[str]
     openers: ClassVar[tuple[str, ...]]  # markup that opens the calls wherever it appears
 
-    def __init__(self, parallel: bool = True, max_calls: int | None = None,
-                 schemas: Mapping[str, Any] | None = None, *, forced: bool = False) -> None:
+    def __init__(
+        self,
+        parallel: bool = True,
+        max_calls: int | None = None,
+        schemas: Mapping[str, Any] | None = None,
+        *,
+        forced: bool = False,
+    ) -> None:
         self.parallel = parallel  # False: the first call is the only one
         self.forced = forced  # the answer is calls only (its grammar allows nothing else): markup is never content
         self.max_calls = max_calls  # the most calls one answer may make (None: no bound)
@@ -73,8 +79,15 @@ class ToolParser:
         self._reader = CallReader()
 
     @classmethod
-    def parse(cls, text: str, parallel: bool = True, max_calls: int | None = None,
-              schemas: Mapping[str, Any] | None = None, *, forced: bool = False) -> tuple[str | None, list[ToolCall]]:
+    def parse(
+        cls,
+        text: str,
+        parallel: bool = True,
+        max_calls: int | None = None,
+        schemas: Mapping[str, Any] | None = None,
+        *,
+        forced: bool = False,
+    ) -> tuple[str | None, list[ToolCall]]:
         """(content, calls) of a whole text: content is None when there are calls and no text before them."""
         parser = cls(parallel, max_calls, schemas, forced=forced)
         events = parser.push(text) + parser.finish()
@@ -122,9 +135,9 @@ class ToolParser:
             self.enter(opener)
             return True
         keep = self.held(self.buffer) if not final or self.forced else 0
-        self.content(self.buffer[:len(self.buffer) - keep], events)
+        self.content(self.buffer[: len(self.buffer) - keep], events)
         # At the end, what could only have begun an opener is dropped from a forced answer (cut inside it).
-        self.buffer = "" if final else self.buffer[len(self.buffer) - keep:]
+        self.buffer = "" if final else self.buffer[len(self.buffer) - keep :]
         return False
 
     def find_opener(self) -> tuple[int, str]:
@@ -153,7 +166,7 @@ class ToolParser:
             return
         text = self._space + text
         body = text.rstrip()
-        self._space = text[len(body):]
+        self._space = text[len(body) :]
         if body:
             events.append(ContentDelta(body))
             self.shown = True
@@ -187,7 +200,7 @@ class ToolParser:
         assert self._call is not None
         self._written = arguments
         if len(arguments) > self._sent:
-            self._emit(ToolCallArguments(self._call.index, arguments[self._sent:]), events)
+            self._emit(ToolCallArguments(self._call.index, arguments[self._sent :]), events)
             self._sent = len(arguments)
         if self._held is not None and not self._dropped and not self._log.may_repeat(self._call.name, arguments):
             events += self._held  # it can no longer be a repeat: what waited goes out, in order

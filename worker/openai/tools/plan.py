@@ -35,8 +35,9 @@ class ToolPlan:
     def parser(self) -> type[ToolParser] | None:
         return PARSERS[self.format] if self.active else None
 
-    def template_inputs(self, messages: list[dict[str, Any]], system_turn: bool = True
-                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    def template_inputs(
+        self, messages: list[dict[str, Any]], system_turn: bool = True
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
         """(messages, tools) for the chat template. With "none" the tools are left out, as the model may not call
         them; the history's calls and results still render. `system_turn`: whether the template takes one."""
         tools = self.tools if self.active else []
@@ -50,7 +51,8 @@ class ToolPlan:
         tokens in their vocabularies). `reasoning`: the answer's reasoning parser."""
         parser = self.parser
         markers = (parser.openers if parser is not None else ()) + (
-            (TAGS[reasoning].open,) if reasoning in TAGS else ())
+            (TAGS[reasoning].open,) if reasoning in TAGS else ()
+        )
         encoder = getattr(tokenizer, "added_tokens_encoder", None) or {}
         decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
         for marker in markers:

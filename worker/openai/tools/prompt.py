@@ -48,8 +48,13 @@ def generic_call_text(name: str, arguments: Any) -> str:
     return f'<tool_call>\n{{"name": {head}, "arguments": {_arguments_text(arguments)}}}\n</tool_call>'
 
 
-def generic_messages(messages: list[dict[str, Any]], tools: list[Tool], parallel: bool,
-                     choice: ToolChoice | None = None, system_turn: bool = True) -> list[dict[str, Any]]:
+def generic_messages(
+    messages: list[dict[str, Any]],
+    tools: list[Tool],
+    parallel: bool,
+    choice: ToolChoice | None = None,
+    system_turn: bool = True,
+) -> list[dict[str, Any]]:
     """Messages for a template without tool support: tools in the system message, calls and results as text.
 
     Without `system_turn` (the template refuses one) the tools open the first user turn instead."""
@@ -58,8 +63,9 @@ def generic_messages(messages: list[dict[str, Any]], tools: list[Tool], parallel
     for message in messages:
         role = message.get("role")
         if role == "assistant" and message.get("tool_calls"):
-            calls = [generic_call_text(c["function"]["name"], c["function"].get("arguments"))
-                     for c in message["tool_calls"]]
+            calls = [
+                generic_call_text(c["function"]["name"], c["function"].get("arguments")) for c in message["tool_calls"]
+            ]
             names.update((c.get("id") or "", c["function"]["name"]) for c in message["tool_calls"])
             text = "\n".join(([message["content"]] if message.get("content") else []) + calls)
             out.append({"role": "assistant", "content": text})

@@ -50,8 +50,14 @@ class Qwen3CoderParser(ToolParser):
     name: ClassVar[str] = "qwen3_coder"
     openers: ClassVar[tuple[str, ...]] = (OPEN,)
 
-    def __init__(self, parallel: bool = True, max_calls: int | None = None,
-                 schemas: Mapping[str, Any] | None = None, *, forced: bool = False) -> None:
+    def __init__(
+        self,
+        parallel: bool = True,
+        max_calls: int | None = None,
+        schemas: Mapping[str, Any] | None = None,
+        *,
+        forced: bool = False,
+    ) -> None:
         super().__init__(parallel, max_calls, schemas, forced=forced)
         self._new_arguments()
 
@@ -87,9 +93,9 @@ class Qwen3CoderParser(ToolParser):
             return "" if tag.startswith(self.buffer) and not final else None
         end = self.buffer.find(">", len(tag))
         if end < 0:
-            waits = not final and len(self.buffer) <= _MAX_TAG and "\n" not in self.buffer[len(tag):]
+            waits = not final and len(self.buffer) <= _MAX_TAG and "\n" not in self.buffer[len(tag) :]
             return "" if waits else None
-        name = self.buffer[len(tag):end].strip()
+        name = self.buffer[len(tag) : end].strip()
         if not name:
             return None
         self.consume(end + 1)
@@ -156,7 +162,7 @@ class Qwen3CoderParser(ToolParser):
             return True
         if final:  # cut short: the value is what was written, less any beginning of its closing markup
             rest = self.consume(len(self.buffer))
-            self._end_value(rest[:len(rest) - held_prefix(rest, VALUE_ENDS)], events)
+            self._end_value(rest[: len(rest) - held_prefix(rest, VALUE_ENDS)], events)
             self.phase = "body"
             return True
         if self._text:  # a string streams as it comes, all but what may still be its closing markup

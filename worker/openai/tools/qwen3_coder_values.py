@@ -18,7 +18,11 @@ from typing import Any
 STRING_TYPES = frozenset({"string", "str", "text", "varchar", "char", "enum"})
 _UNREAD = object()
 _PYTHON_TYPES: dict[str, tuple[type, ...]] = {
-    "integer": (int,), "number": (int, float), "boolean": (bool,), "object": (dict,), "array": (list,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
 }
 
 

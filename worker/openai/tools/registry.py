@@ -21,14 +21,29 @@ PARSERS: dict[str, type[ToolParser]] = {
 }
 # Markup each family's template writes when it shows tools or calls, most specific first (Qwen3.5's and
 # Qwen3-Coder's templates write <tool_call> too, around <function=...> and <parameter=...>).
-_MARKERS = (("[TOOL_CALLS]", "mistral"), ("<|tool_call>", "gemma4"), ("<parameter=", "qwen3_coder"),
-            ("<tool_call>", "hermes"),
-            ("<|python_tag|>", "llama3_json"), ("dictionary of argument name and its value", "llama3_json"))
+_MARKERS = (
+    ("[TOOL_CALLS]", "mistral"),
+    ("<|tool_call>", "gemma4"),
+    ("<parameter=", "qwen3_coder"),
+    ("<tool_call>", "hermes"),
+    ("<|python_tag|>", "llama3_json"),
+    ("dictionary of argument name and its value", "llama3_json"),
+)
 # For templates that take tools but show no markup the worker knows: the family's own format.
-_FAMILIES = {"qwen2": "hermes", "qwen2_moe": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes",
-             "llama": "llama3_json", "mistral": "mistral", "mixtral": "mistral", "gemma4": "gemma4",
-             "gemma4_text": "gemma4", "qwen3_5": "qwen3_coder", "qwen3_5_moe": "qwen3_coder",
-             "qwen3_5_text": "qwen3_coder"}
+_FAMILIES = {
+    "qwen2": "hermes",
+    "qwen2_moe": "hermes",
+    "qwen3": "hermes",
+    "qwen3_moe": "hermes",
+    "llama": "llama3_json",
+    "mistral": "mistral",
+    "mixtral": "mistral",
+    "gemma4": "gemma4",
+    "gemma4_text": "gemma4",
+    "qwen3_5": "qwen3_coder",
+    "qwen3_5_moe": "qwen3_coder",
+    "qwen3_5_text": "qwen3_coder",
+}
 _USES_TOOLS = re.compile(r"\btools\b")
 
 

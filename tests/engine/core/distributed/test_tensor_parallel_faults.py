@@ -30,18 +30,31 @@ def no_rank_left_behind():
     assert child_pids() <= before, "a rank outlived its test"
 
 
-@pytest.mark.parametrize(("size", "shape", "named"), [
-    (3, {}, "does not divide the model's 4 attention heads"),
-    (2, {"vocab_size": 1023}, "does not divide the model's 1023 vocabulary entries"),
-    (4, {"intermediate_size": 130}, "does not divide the model's 130 intermediate size"),
-    (2, {"num_q_heads": 6, "num_kv_heads": 3}, "neither divides nor is a multiple of the model's 3 KV heads"),
-    (2, {"routing": SimpleNamespace(intermediate_size=33, shared_expert_size=0)},
-     "does not divide the model's 33 expert intermediate size"),
-    (4, {"deltanet": SimpleNamespace(num_k_heads=4, num_v_heads=6)}, "does not divide the model's 6 linear-attention "
-     "value heads"),
-    (2, {"layer_shapes": [(2, 16), (3, 32)]}, "neither divides nor is a multiple of the model's 3 KV heads"),  # Gemma 4
-    (2, {"ple_dim": 8, "ple_vocab": 1023}, "does not divide the model's 1023 per-layer input vocabulary entries"),
-])
+@pytest.mark.parametrize(
+    ("size", "shape", "named"),
+    [
+        (3, {}, "does not divide the model's 4 attention heads"),
+        (2, {"vocab_size": 1023}, "does not divide the model's 1023 vocabulary entries"),
+        (4, {"intermediate_size": 130}, "does not divide the model's 130 intermediate size"),
+        (2, {"num_q_heads": 6, "num_kv_heads": 3}, "neither divides nor is a multiple of the model's 3 KV heads"),
+        (
+            2,
+            {"routing": SimpleNamespace(intermediate_size=33, shared_expert_size=0)},
+            "does not divide the model's 33 expert intermediate size",
+        ),
+        (
+            4,
+            {"deltanet": SimpleNamespace(num_k_heads=4, num_v_heads=6)},
+            "does not divide the model's 6 linear-attention value heads",
+        ),
+        (
+            2,
+            {"layer_shapes": [(2, 16), (3, 32)]},
+            "neither divides nor is a multiple of the model's 3 KV heads",
+        ),  # Gemma 4
+        (2, {"ple_dim": 8, "ple_vocab": 1023}, "does not divide the model's 1023 per-layer input vocabulary entries"),
+    ],
+)
 def test_a_size_that_does_not_divide_is_refused_naming_the_number(size, shape, named):
     with pytest.raises(StartupError, match=f"tensor_parallel_size={size} {named}"):
         check_shardable("LlamaForCausalLM", SimpleNamespace(**{**SHAPE, **shape}), size)
@@ -84,8 +97,10 @@ def _generate(engine: AsyncEngine, rid: str) -> list[int]:
 def test_a_killed_rank_ends_the_engine_with_a_clear_error(tiny_model_path):
     fatal: list[RankFailed] = []
     told = threading.Event()
-    engine = AsyncEngine(EngineConfig(model_path=str(tiny_model_path), dtype="float32", num_kv_pages=64,
-                                      tensor_parallel_size=2), on_fatal=lambda exc: (fatal.append(exc), told.set()))
+    engine = AsyncEngine(
+        EngineConfig(model_path=str(tiny_model_path), dtype="float32", num_kv_pages=64, tensor_parallel_size=2),
+        on_fatal=lambda exc: (fatal.append(exc), told.set()),
+    )
     try:
         assert len(_generate(engine, "before")) == 4
         rank = engine.engine.ranks.processes[0]

@@ -42,8 +42,11 @@ def test_text_and_images_answer_as_one_rank_and_only_rank_0_reads_the_tower(tmp_
         assert one.spec.vision is not None and two.spec.vision is not None
         prompt = torch.randint(3, BOI, (21,), generator=torch.Generator().manual_seed(1)).tolist()
         check_split_answers(lambda tokens: hf_logits(hf, tokens, []), one, two, prompt, 6, vocab=BOI)
-        requests = {"one": (prompt_with(FILES[:1], seed=1), FILES[:1]), "two": (prompt_with(FILES, seed=2), FILES),
-                    "text": (prompt_with([], seed=3, lead=9), [])}
+        requests = {
+            "one": (prompt_with(FILES[:1], seed=1), FILES[:1]),
+            "two": (prompt_with(FILES, seed=2), FILES),
+            "text": (prompt_with([], seed=3, lead=9), []),
+        }
         encoded = two.runner.num_images_encoded
         single, split = _answers(one, requests), _answers(two, requests)
         assert two.runner.num_images_encoded - encoded == 3

@@ -101,6 +101,7 @@ def test_a_size_that_cuts_the_deltanet_heads_is_refused(tp_hybrid):
     from engine.core.distributed.ranks import rank_config
 
     path = tp_hybrid[3]
-    with pytest.raises(StartupError, match="tensor_parallel_size=4 does not divide the model's 2 linear-attention "
-                                           "key heads"):
+    with pytest.raises(
+        StartupError, match="tensor_parallel_size=4 does not divide the model's 2 linear-attention key heads"
+    ):
         rank_config(EngineConfig(model_path=str(path), tensor_parallel_size=4), torch.device("cpu"))

@@ -69,8 +69,10 @@ def test_prompt_logprobs_per_adapter_match_one_rank_and_transformers_merged(tp_l
     references, _, one, two = tp_lora
     prompts = random_prompts(6, 5, 30, seed=1)
     adapters = [None, *AT_START] * 2
-    requests = {f"r{i}": (p, greedy(1, prompt_logprobs=0, adapter=a))
-                for i, (p, a) in enumerate(zip(prompts, adapters, strict=True))}
+    requests = {
+        f"r{i}": (p, greedy(1, prompt_logprobs=0, adapter=a))
+        for i, (p, a) in enumerate(zip(prompts, adapters, strict=True))
+    }
     single, split = run(one, requests), run(two, requests)  # each one batch of the base's rows and two adapters'
     for i, (prompt, adapter) in enumerate(zip(prompts, adapters, strict=True)):
         with torch.no_grad():
@@ -82,22 +84,30 @@ def test_prompt_logprobs_per_adapter_match_one_rank_and_transformers_merged(tp_l
         expected = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
         got = [p.chosen.logprob for p in split[f"r{i}"].first.prompt_logprobs[1:]]
         assert got == pytest.approx(expected, abs=ATOL), adapter
-        assert got == pytest.approx([p.chosen.logprob for p in single[f"r{i}"].first.prompt_logprobs[1:]],
-                                    abs=ATOL), adapter
+        assert got == pytest.approx([p.chosen.logprob for p in single[f"r{i}"].first.prompt_logprobs[1:]], abs=ATOL), (
+            adapter
+        )
 
 
 def test_a_batch_mixing_adapters_and_the_base_answers_as_one_rank_and_transformers(tp_lora):
     references, _, one, two = tp_lora
     prompts = random_prompts(6, 3, 25, seed=2)
     adapters = [None, *AT_START] * 2
-    requests = {f"r{i}": (p, greedy(10, ignore_eos=True, adapter=a))
-                for i, (p, a) in enumerate(zip(prompts, adapters, strict=True))}
+    requests = {
+        f"r{i}": (p, greedy(10, ignore_eos=True, adapter=a))
+        for i, (p, a) in enumerate(zip(prompts, adapters, strict=True))
+    }
     split = answers(two, requests)
     assert split == answers(one, requests)
     for i, (prompt, adapter) in enumerate(zip(prompts, adapters, strict=True)):
         with torch.no_grad():
-            ref = references[adapter].generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
-                                               eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+            ref = (
+                references[adapter]
+                .generate(
+                    torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0
+                )[0, len(prompt) :]
+                .tolist()
+            )
         assert split[f"r{i}"] == ref, adapter
     # Each adapter answers the same prompt its own way, so the equalities above are not vacuous.
     same = {a: answers(two, {"x": (prompts[0], greedy(10, ignore_eos=True, adapter=a))})["x"] for a in adapters[:3]}

@@ -61,8 +61,9 @@ def test_greedy_answers_equal_transformers_batched_and_alone(tp_pair):
         alone = run(two, {rid: requests[rid]})[rid].choices[0]
         answer = batched[rid].choices[0]
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)[0, len(prompt):].tolist()
+            ref = hf.generate(
+                torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+            )[0, len(prompt) :].tolist()
         assert answer.token_ids == ref, kind
         assert answer.token_ids == alone.token_ids == single[rid].choices[0].token_ids, kind
         for a, b in zip(answer.logprobs, single[rid].choices[0].logprobs, strict=True):

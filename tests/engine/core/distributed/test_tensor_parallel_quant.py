@@ -37,7 +37,7 @@ AT_FOUR = {
     "ct_fp8/qwen3": None,
     "fp8_block/llama": f"fp8's weight_scale_inv {O_PROJ}",
     "awq/qwen3_moe": "awq's qzeros of model.layers.0.mlp.experts.0.down_proj (128 inputs an entry): a rank holds 64 "
-                     "inputs from 192",
+    "inputs from 192",
 }
 
 
@@ -72,21 +72,25 @@ def test_each_rank_holds_exactly_its_columns_of_the_weights(tp_quant):
         qkv = weight(full.self_attn.qkv_proj).split([2 * q, 2 * kv, 2 * kv])
         expected = torch.cat([m[rank * n : (rank + 1) * n] for m, n in zip(qkv, (q, kv, kv), strict=True)])
         torch.testing.assert_close(weight(part.self_attn.qkv_proj), expected, atol=0, rtol=0)
-        torch.testing.assert_close(weight(part.self_attn.o_proj), weight(full.self_attn.o_proj)[:, rank * q :][:, :q],
-                                   atol=0, rtol=0)
+        torch.testing.assert_close(
+            weight(part.self_attn.o_proj), weight(full.self_attn.o_proj)[:, rank * q :][:, :q], atol=0, rtol=0
+        )
         if hasattr(full.mlp, "down_proj"):
             n = TINY["intermediate_size"] // 2
             gate, up = weight(full.mlp.gate_up_proj).chunk(2)
-            torch.testing.assert_close(weight(part.mlp.gate_up_proj),
-                                       torch.cat([gate[rank * n :][:n], up[rank * n :][:n]]), atol=0, rtol=0)
-            torch.testing.assert_close(weight(part.mlp.down_proj), weight(full.mlp.down_proj)[:, rank * n :][:, :n],
-                                       atol=0, rtol=0)
+            torch.testing.assert_close(
+                weight(part.mlp.gate_up_proj), torch.cat([gate[rank * n :][:n], up[rank * n :][:n]]), atol=0, rtol=0
+            )
+            torch.testing.assert_close(
+                weight(part.mlp.down_proj), weight(full.mlp.down_proj)[:, rank * n :][:, :n], atol=0, rtol=0
+            )
         else:  # each expert's gate|up rows and down inputs of this rank
             n = MOE["moe_intermediate_size"] // 2
             (gate_up, down), (full_gate_up, full_down) = part.mlp.experts.linears[3], full.mlp.experts.linears[3]
             gate, up = weight(full_gate_up).chunk(2)
-            torch.testing.assert_close(weight(gate_up), torch.cat([gate[rank * n :][:n], up[rank * n :][:n]]),
-                                       atol=0, rtol=0)
+            torch.testing.assert_close(
+                weight(gate_up), torch.cat([gate[rank * n :][:n], up[rank * n :][:n]]), atol=0, rtol=0
+            )
             torch.testing.assert_close(weight(down), weight(full_down)[:, rank * n :][:, :n], atol=0, rtol=0)
 
 
@@ -107,4 +111,3 @@ def test_a_size_that_cuts_a_group_is_refused_before_any_rank_starts(tp_quant):
         LLMEngine(config)
     assert info.value.message == f"tensor_parallel_size=4 would cut {AT_FOUR[case]}"
     assert child_pids() <= before
-

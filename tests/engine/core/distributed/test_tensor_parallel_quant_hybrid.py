@@ -37,6 +37,7 @@ def test_block_fp8_parts_side_by_side_must_be_whole_blocks(tmp_path):
     write_hybrid_quantized("fp8_block", "qwen3_5_text", tmp_path / "half")
     assert shard_refusal(str(tmp_path / "half"), 2) == (
         "tensor_parallel_size=2 would cut fp8's weight_scale_inv of model.layers.0.linear_attn.in_proj_qkv (128 output "
-        "rows an entry): a rank holds 64 output rows from 64")
+        "rows an entry): a rank holds 64 output rows from 64"
+    )
     write_hybrid_quantized("fp8_block", "qwen3_5_text", tmp_path / "whole", linear_key_head_dim=128)
     assert shard_refusal(str(tmp_path / "whole"), 2) is None

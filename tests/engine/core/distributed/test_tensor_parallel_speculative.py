@@ -14,8 +14,9 @@ from tests.engine.core.distributed.tp_models import child_pids, save_tp_model
 from tests.engine.core.hybrid_spec import hybrid_requests, hybrid_target, run_checked, tokens
 from tests.engine.model.family_parity import tiny_engine
 
-NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3,
-                          disable_by_batch_size=256)
+NGRAM = SpeculativeConfig(
+    "ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3, disable_by_batch_size=256
+)
 
 
 @pytest.fixture(scope="module")

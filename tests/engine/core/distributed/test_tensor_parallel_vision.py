@@ -24,9 +24,13 @@ from tests.engine.model.vision_checkpoints import image_file, images
 ATOL = 2e-4  # log-probabilities, float32: the ranks sum the same products in another order
 FILES = [image_file(40, 90, 1), image_file(120, 60, 2, "JPEG")]  # Qwen: 12 and 10 soft tokens; Gemma 3: 16 each
 # family -> (its checkpoint module, the step budget: a Qwen image is cut across chunks, a Gemma 3 one never is)
-FAMILIES = {"qwen3_vl": (qwen_vl_checkpoints, 8), "qwen3_vl_moe": (qwen_vl_checkpoints, 8),
-            "qwen3_5": (qwen_vl_checkpoints, 8), "qwen3_5_moe": (qwen_vl_checkpoints, 8),
-            "gemma3": (vision_checkpoints, 24)}
+FAMILIES = {
+    "qwen3_vl": (qwen_vl_checkpoints, 8),
+    "qwen3_vl_moe": (qwen_vl_checkpoints, 8),
+    "qwen3_5": (qwen_vl_checkpoints, 8),
+    "qwen3_5_moe": (qwen_vl_checkpoints, 8),
+    "gemma3": (vision_checkpoints, 24),
+}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -66,8 +70,11 @@ def _run(engine, requests: dict[str, tuple[list[int], list[bytes]]], params: Sam
 
 def test_prompt_logprobs_and_greedy_answers_match_one_rank(tp_vision):
     prompt_with = tp_vision.checkpoints.prompt_with
-    requests = {"one": (prompt_with(1, seed=1), FILES[:1]), "two": (prompt_with(2, seed=2), FILES),
-                "text": (prompt_with(0, seed=3, lead=9), [])}
+    requests = {
+        "one": (prompt_with(1, seed=1), FILES[:1]),
+        "two": (prompt_with(2, seed=2), FILES),
+        "text": (prompt_with(0, seed=3, lead=9), []),
+    }
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=0, prompt_logprobs=0)
     encoded = tp_vision.two.runner.num_images_encoded
     single, split = _run(tp_vision.one, requests, params), _run(tp_vision.two, requests, params)
