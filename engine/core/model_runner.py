@@ -2,18 +2,18 @@
 
 Logits are computed only for the rows that need them: the last row of each sequence that reaches the
 end of its known tokens, and the prompt rows of requests that asked for prompt_logprobs. An embedding request
-(engine/core/pooling.py) gets no logits: its chunk's final hidden states are handed on as they are.
+(engine/core/output/pooling.py) gets no logits: its chunk's final hidden states are handed on as they are.
 
 Each KV layer group has its own page pool and backend (planned once per step with the group's metadata); the
 groups' page lists are equally long, so they share qo/kv indptr and last page lengths and differ in pages only. A
-hybrid model's recurrent layers read and write their state slots (engine/core/state_cache.py) under one
+hybrid model's recurrent layers read and write their state slots (engine/core/kv/state_cache.py) under one
 RecurrentStep plan per step.
 
-A vision model's images are encoded in the step that prefills their spans (engine/core/images.py), every image of
+A vision model's images are encoded in the step that prefills their spans (engine/core/images/intake.py), every image of
 the step in one batched tower call; their embeddings replace the spans' rows of the token embeddings, and the
 spans go to the backends as bidirectional blocks (AttentionMetadata.bidirectional). A causal model's span may be
 split across chunks: its encoding waits on the span until the last of it is prefilled. Images with 3-D positions
-(Qwen-VL) shift their sequence's positions (engine/core/image_positions.py); the other ranks get rows and embeddings.
+(Qwen-VL) shift their sequence's positions (engine/core/images/positions.py); the other ranks get rows and embeddings.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from __future__ import annotations
 import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
-from engine.core.image_positions import StepPositions
-from engine.core.images import ImageSpan
-from engine.core.kv_cache import PagePool
-from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.images.intake import ImageSpan
+from engine.core.images.positions import StepPositions
+from engine.core.kv.cache import PagePool
+from engine.core.kv.state_cache import StatePool
+from engine.core.scheduling.sequence import Sequence, SequenceGroup
+from engine.core.scheduling.step import Sample, ScheduledSeq, SchedulerOutput, StepResult, sampling_row
 from engine.core.spec.verify import verify
-from engine.core.state_cache import StatePool
-from engine.core.step import Sample, ScheduledSeq, SchedulerOutput, StepResult, sampling_row
 from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec, RecurrentStep
 from engine.sample.logits_processor import SamplingRow, process_logits

@@ -79,7 +79,7 @@ def test_fused_model_matches_torch_path(tmp_path, tiny_llama_checkpoint, gpu_pag
 @pytest.mark.slow
 def test_prepare_cuda_captures_within_the_reserve(tmp_path, tiny_llama_checkpoint):
     from engine.attention.flashinfer import FlashInferBackend
-    from engine.core.kv_cache import PagePool
+    from engine.core.kv.cache import PagePool
 
     model, spec = load(tmp_path, tiny_llama_checkpoint)
     dev, page_size, max_model_len, max_num_seqs = torch.device("cuda"), 16, 1024, 24

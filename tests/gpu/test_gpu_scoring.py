@@ -16,7 +16,7 @@ TOLERANCE = 0.02  # absolute, on a sigmoid / softmax output, bf16 against float3
 def scores(path, prompts: list[list[int]], **config) -> list[list[float]]:
     from engine.config import EngineConfig
     from engine.core.engine import LLMEngine
-    from engine.core.pooling import PoolingParams
+    from engine.core.output.pooling import PoolingParams
 
     engine = LLMEngine(EngineConfig(model_path=str(path), num_kv_pages=256, **config))
     for i, prompt in enumerate(prompts):

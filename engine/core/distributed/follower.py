@@ -19,9 +19,9 @@ from engine.config import EngineConfig
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
 from engine.core.distributed import wire
 from engine.core.distributed.groups import join_groups
-from engine.core.kv_cache import PagePool
+from engine.core.kv.cache import PagePool
+from engine.core.kv.state_cache import StatePool
 from engine.core.model_runner import ModelRunner
-from engine.core.state_cache import StatePool
 from engine.model.layers.parallel import TensorParallel
 from engine.model.loader import load_model
 from engine.sample.sampler import Sampler

@@ -27,7 +27,7 @@ from engine.config import EngineConfig
 from engine.core.device import available_cpus
 from engine.core.distributed import wire
 from engine.core.distributed.groups import join_groups
-from engine.core.step import SchedulerOutput
+from engine.core.scheduling.step import SchedulerOutput
 from engine.errors import RankFailed, StartupError
 from engine.model.layers.lora import LoraSet
 from engine.model.layers.parallel import TensorParallel

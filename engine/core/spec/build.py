@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 from engine.config import SpeculativeConfig
+from engine.core.scheduling.step import SchedulerOutput, StepResult
 from engine.core.spec.ngram import NgramProposer
 from engine.core.spec.proposer import Target
 from engine.core.spec.speculator import Speculator
-from engine.core.step import SchedulerOutput, StepResult
 from engine.errors import StartupError
 
 log = logging.getLogger(__name__)

@@ -22,13 +22,13 @@ import logging
 
 from engine.attention import create_group_backends
 from engine.config import SpeculativeConfig
-from engine.core.kv_cache import PagePool
-from engine.core.kv_manager import KVCacheManager
+from engine.core.kv.cache import PagePool
+from engine.core.kv.manager import KVCacheManager
+from engine.core.kv.state_cache import StatePool, StateSlots
 from engine.core.model_runner import ModelRunner
-from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.scheduling.sequence import Sequence, SequenceGroup
+from engine.core.scheduling.step import ScheduledSeq, SchedulerOutput
 from engine.core.spec.proposer import Target
-from engine.core.state_cache import StatePool, StateSlots
-from engine.core.step import ScheduledSeq, SchedulerOutput
 from engine.errors import StartupError
 from engine.model.loader import load_model
 from engine.sample.params import SamplingParams

@@ -9,9 +9,9 @@ import logging
 import torch
 
 from engine.config import SpeculativeConfig
+from engine.core.scheduling.step import StepResult
 from engine.core.spec.head import HeadProposer
 from engine.core.spec.proposer import Target
-from engine.core.step import StepResult
 from engine.errors import StartupError
 from engine.model.models.eagle3 import load_eagle3_head
 

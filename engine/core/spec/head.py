@@ -19,13 +19,13 @@ from __future__ import annotations
 import torch
 
 from engine.attention import create_group_backends
-from engine.core.kv_cache import PagePool
-from engine.core.kv_manager import KVCacheManager
+from engine.core.kv.cache import PagePool
+from engine.core.kv.manager import KVCacheManager
 from engine.core.model_runner import ModelRunner
-from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.scheduling.sequence import Sequence, SequenceGroup
+from engine.core.scheduling.step import ScheduledSeq, SchedulerOutput, StepResult
 from engine.core.spec.proposer import Target
 from engine.core.spec.speculator import unsupported
-from engine.core.step import ScheduledSeq, SchedulerOutput, StepResult
 from engine.sample.params import SamplingParams
 from engine.sample.sampler import Sampler
 

@@ -10,9 +10,9 @@ import logging
 import torch
 
 from engine.config import SpeculativeConfig
+from engine.core.scheduling.step import StepResult
 from engine.core.spec.head import HeadProposer
 from engine.core.spec.proposer import Target
-from engine.core.step import StepResult
 from engine.errors import StartupError
 from engine.model.checkpoint import safetensors_files, tensor_shapes
 from engine.model.loader import load_part

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.core.sequence import Sequence
+    from engine.core.scheduling.sequence import Sequence
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from engine.core.sequence import Sequence
+    from engine.core.scheduling.sequence import Sequence
 
 
 @dataclass

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 from engine.config import SpeculativeConfig
 
 if TYPE_CHECKING:
-    from engine.core.sequence import Sequence, SequenceGroup
+    from engine.core.scheduling.sequence import Sequence, SequenceGroup
+    from engine.core.scheduling.step import SchedulerOutput, StepResult
     from engine.core.spec.proposer import Proposer
-    from engine.core.step import SchedulerOutput, StepResult
 
 log = logging.getLogger(__name__)
 

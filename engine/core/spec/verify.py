@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from engine.core.step import Sample, ScheduledSeq, StepResult, sampling_row
+from engine.core.scheduling.step import Sample, ScheduledSeq, StepResult, sampling_row
 from engine.sample.logits_processor import SamplingRow, process_logits
 from engine.sample.rejection import accept_greedy, accept_sampled
 from engine.sample.sampler import Sampler

@@ -3,7 +3,7 @@ plan: which rows of the flattened batch are each sequence's, which state slot ea
 where a snapshot of a sequence's state is taken (at a page boundary, for the prefix cache).
 
 The runner builds it once per step (engine/core/model_runner.py) from the slots the KV manager gave out; every
-recurrent layer runs with it over its own slots of the state pool (engine/core/state_cache.py).
+recurrent layer runs with it over its own slots of the state pool (engine/core/kv/state_cache.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from engine.core.engine import LLMEngine
-from engine.core.sequence import Sequence
+from engine.core.scheduling.sequence import Sequence
 from engine.model.layers.delta_rule import materialise
 from engine.sample.params import SamplingParams
 from tests.engine.core.engine_run import greedy, run

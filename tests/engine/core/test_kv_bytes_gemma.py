@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core.kv_sizing import page_bytes
+from engine.core.kv.sizing import page_bytes
 from engine.model.models import model_class
 
 CONTEXT, PAGE, BF16 = 32768, 16, 2

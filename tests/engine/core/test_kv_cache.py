@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core.kv_cache import PageAllocator, PagePool, page_hash
+from engine.core.kv.cache import PageAllocator, PagePool, page_hash
 
 
 def chain(token_pages: list[list[int]]) -> list[bytes]:

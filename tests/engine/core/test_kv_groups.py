@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core.kv_manager import KVCacheManager
-from engine.core.kv_sizing import group_pages, pages_for_budget, window_caps
-from engine.core.sequence import Sequence
+from engine.core.kv.manager import KVCacheManager
+from engine.core.kv.sizing import group_pages, pages_for_budget, window_caps
+from engine.core.scheduling.sequence import Sequence
 from engine.model.kv_spec import KVGroupSpec, kv_groups, layer_windows
 from tests.engine.core.engine_run import make_engine
 

@@ -1,4 +1,4 @@
-"""Gemma 3's pan and scan (engine/core/pan_and_scan.py through ImageIntake): the prompt ids and pixel values the
+"""Gemma 3's pan and scan (engine/core/images/pan_and_scan.py through ImageIntake): the prompt ids and pixel values the
 engine builds for a wide image (crops), a square one (none) and a tall one equal what transformers' Gemma3Processor
 gives for the same text and images, with SmolLM2's tokenizer (whose merges cross the text around an image) given
 Gemma 3's image tokens."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.core.images import ImageIntake, image_runs
+from engine.core.images.intake import ImageIntake, image_runs
 from engine.inputs import ImageData
 from engine.model.vision.spec import VisionSpec
 from tests.engine.image.test_gemma_preprocess import PAN_AND_SCAN

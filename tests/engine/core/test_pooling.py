@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.core.engine import LLMEngine
-from engine.core.pooling import PoolingParams
+from engine.core.output.pooling import PoolingParams
 from engine.errors import ContextTooLong, InvalidRequest
 from engine.outputs import PoolingOutput, RequestOutput
 from tests.engine.core.engine_run import greedy, make_engine, random_prompts, run

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from itertools import count
 
-from engine.core.kv_manager import KVCacheManager
-from engine.core.scheduler import Scheduler
-from engine.core.sequence import Sequence, SequenceGroup
-from engine.core.step import SchedulerOutput
+from engine.core.kv.manager import KVCacheManager
+from engine.core.scheduling.scheduler import Scheduler
+from engine.core.scheduling.sequence import Sequence, SequenceGroup
+from engine.core.scheduling.step import SchedulerOutput
 from engine.model.kv_spec import KVGroupSpec
 from engine.sample.params import SamplingParams
 

@@ -13,7 +13,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.async_engine import AsyncEngine
-from engine.core.pooling import PoolingParams
+from engine.core.output.pooling import PoolingParams
 from engine.errors import InvalidRequest, UnsupportedModel
 from engine.model.loader import check_checkpoint
 from engine.outputs import PoolingOutput

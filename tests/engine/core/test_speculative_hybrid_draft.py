@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import SpeculativeConfig
-from engine.core.sequence import Sequence
+from engine.core.scheduling.sequence import Sequence
 from tests.engine.core.engine_run import greedy
 from tests.engine.core.hybrid_spec import hybrid_requests, hybrid_target, run_checked, tokens
 from tests.engine.model.family_parity import tiny_engine

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from engine.core.state_cache import EXTRA_SLOTS, StatePool, StateSlots, state_slots_for_budget
+from engine.core.kv.state_cache import EXTRA_SLOTS, StatePool, StateSlots, state_slots_for_budget
 from engine.model.layers.recurrent_step import RecurrentSpec
 
 SPEC = RecurrentSpec(layers=(0, 2), conv_shape=(6, 3), state_shape=(2, 4, 4))

@@ -26,19 +26,19 @@ def _attributes(name: str) -> set[str]:
 
 
 def test_the_scheduler_side_never_touches_output_state() -> None:
-    for name in ("scheduler.py", "kv_manager.py", "kv_cache.py"):
+    for name in ("scheduling/scheduler.py", "kv/manager.py", "kv/cache.py"):
         assert not _attributes(name) & OUTPUT_SIDE, name
 
 
 def test_the_output_side_never_touches_pages() -> None:
-    for name in ("output_processor.py", "output_state.py"):
+    for name in ("output/processor.py", "output/state.py"):
         assert not _attributes(name) & KV_SIDE, name
 
 
 def test_the_attribute_sets_name_real_fields() -> None:
     # Guards the two tests above against a rename that would leave them checking nothing.
-    from engine.core.output_state import OutputState
-    from engine.core.sequence import Sequence
+    from engine.core.output.state import OutputState
+    from engine.core.scheduling.sequence import Sequence
 
     seq = Sequence(0, [1, 2], 2)
     assert all(hasattr(seq, a) for a in KV_SIDE)

@@ -14,7 +14,7 @@ import torch
 from engine.attention.torch_ref import TorchRefBackend
 from engine.config import EngineConfig
 from engine.core.engine import LLMEngine
-from engine.core.state_cache import StatePool
+from engine.core.kv.state_cache import StatePool
 from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec, RecurrentStep
 from engine.model.loader import load_model

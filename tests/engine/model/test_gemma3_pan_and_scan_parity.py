@@ -11,7 +11,7 @@ import io
 import pytest
 import torch
 
-from engine.core.images import image_runs
+from engine.core.images.intake import image_runs
 from engine.sample.params import SamplingParams
 from tests.engine.model.family_parity import tiny_engine
 from tests.engine.model.vision_checkpoints import (

@@ -182,7 +182,7 @@ def test_a_text_only_model_takes_no_image(tiny_model_path):
 def test_the_bake_keeps_the_vision_weights_and_the_processor(vision, tmp_path):
     from builder.bake import bake
     from builder.sources import resolve
-    from engine.core.images import read_processor_config
+    from engine.core.images.intake import read_processor_config
 
     manifest = bake(resolve(str(vision.path), None), tmp_path / "model")
     assert manifest["architecture"] == "Gemma3ForConditionalGeneration"
@@ -197,7 +197,7 @@ def test_a_prefill_chunk_never_ends_inside_an_image(vision):
     """A 48-token prompt with two spans under a 20-token budget: it prefills in chunks, the first cut short before
     the first span (at 6, where 20 would split it), none ending inside a span (the step plan is watched as the
     scheduler hands it over)."""
-    from engine.core.images import image_runs
+    from engine.core.images.intake import image_runs
 
     prompt = prompt_with(2, seed=2)
     engine = tiny_engine(vision.path, max_num_batched_tokens=20)

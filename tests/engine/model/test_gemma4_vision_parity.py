@@ -165,7 +165,7 @@ def test_engine_greedy_batched_solo_and_from_the_prefix_cache(vision):
 def test_the_bake_keeps_the_vision_weights_and_the_processor(vision, tmp_path):
     from builder.bake import bake
     from builder.sources import resolve
-    from engine.core.images import read_processor_config
+    from engine.core.images.intake import read_processor_config
 
     manifest = bake(resolve(str(vision.path), None), tmp_path / "model")
     assert manifest["architecture"] == "Gemma4ForConditionalGeneration"

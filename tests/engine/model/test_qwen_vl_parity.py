@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.core.image_positions import StepPositions
-from engine.core.images import ImageSpan, image_runs
+from engine.core.images.intake import ImageSpan, image_runs
+from engine.core.images.positions import StepPositions
 from engine.errors import InvalidRequest
 from engine.inputs import ImageData
 from engine.sample.params import SamplingParams
@@ -189,7 +189,7 @@ def test_placeholders_that_do_not_match_are_refused(family):
 def test_the_bake_keeps_the_vision_weights_and_the_processor(family, tmp_path):
     from builder.bake import bake
     from builder.sources import resolve
-    from engine.core.images import read_processor_config
+    from engine.core.images.intake import read_processor_config
 
     manifest = bake(resolve(str(family.path), None), tmp_path / "model")
     assert manifest["architecture"] == family.hf.config.architectures[0]

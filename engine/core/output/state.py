@@ -36,7 +36,9 @@ class OutputState:
     # A penalised choice's running token counts: written by the sampler alone, a cache of its output tokens that
     # survives preemption with them (engine/sample/penalties.py says why it lives here).
     penalties: PenaltyCounts | None = None
-    pooled: torch.Tensor | None = None  # an embedding request's pooled hidden states so far (engine/core/pooling.py)
+    pooled: torch.Tensor | None = (
+        None  # an embedding request's pooled hidden states so far (engine/core/output/pooling.py)
+    )
 
     def fork(self) -> OutputState:
         """A beam's child: the grammar state and penalty counts forked; the text side of a beam is rebuilt when it

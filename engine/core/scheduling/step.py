@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.scheduling.sequence import Sequence, SequenceGroup
 from engine.errors import EngineError
 from engine.sample.logits_processor import SamplingRow
 
@@ -36,7 +36,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     # (KV layer group, src, dst): pages to copy before the step (copy-on-write of a shared partly filled page)
     copies: list[tuple[int, int, int]] = field(default_factory=list)
-    # (src, dst) recurrent-state slots to copy before the step, in order (engine/core/state_cache.py)
+    # (src, dst) recurrent-state slots to copy before the step, in order (engine/core/kv/state_cache.py)
     state_copies: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[SequenceGroup] = field(default_factory=list)
     failed: list[tuple[SequenceGroup, EngineError]] = field(default_factory=list)

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.core.kv_cache import page_hash
-from engine.core.output_state import OutputState
-from engine.core.pooling import PoolingParams
+from engine.core.kv.cache import page_hash
+from engine.core.output.pooling import PoolingParams
+from engine.core.output.state import OutputState
 
 if TYPE_CHECKING:
-    from engine.core.images import ImageSpan
+    from engine.core.images.intake import ImageSpan
     from engine.outputs import PositionLogprobs
     from engine.sample.beam_search import BeamSearch
     from engine.sample.params import SamplingParams
@@ -31,11 +31,11 @@ class Sequence:
     num_prompt_tokens: int
     index: int = 0  # the choice index this sequence reports as
     # One page list per KV layer group (empty: holds no pages), all as long as the computed prefix; a sliding-window
-    # group has its NULL page where a page fell out of the window (engine/core/kv_manager.py).
+    # group has its NULL page where a page fell out of the window (engine/core/kv/manager.py).
     kv_pages: list[list[int]] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose KV is in `kv_pages`
     page_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the first full pages
-    # A hybrid model's recurrent state (engine/core/state_cache.py): the sequence's slot, the (page boundary,
+    # A hybrid model's recurrent state (engine/core/kv/state_cache.py): the sequence's slot, the (page boundary,
     # slot) of the snapshot its scheduled step captures, and the hash its latest decode-time snapshot went under.
     state_slot: int | None = None
     state_capture: tuple[int, int] | None = None
@@ -115,7 +115,7 @@ class SequenceGroup:
 
     request_id: str
     prompt_token_ids: list[int]
-    params: SamplingParams | PoolingParams  # PoolingParams: an embedding request (engine/core/pooling.py)
+    params: SamplingParams | PoolingParams  # PoolingParams: an embedding request (engine/core/output/pooling.py)
     seqs: list[Sequence]
     arrival: int
     eos_token_ids: set[int] = field(default_factory=set)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
 
-from engine.core.sequence import SequenceGroup
+from engine.core.scheduling.sequence import SequenceGroup
 
 # How long an idle step waits for a grammar compile before it returns (and the caller's loop looks again).
 COMPILE_POLL_S = 0.02

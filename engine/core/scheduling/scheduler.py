@@ -22,9 +22,9 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
-from engine.core.kv_manager import KVCacheManager
-from engine.core.sequence import Sequence, SequenceGroup
-from engine.core.step import ScheduledSeq, SchedulerOutput
+from engine.core.kv.manager import KVCacheManager
+from engine.core.scheduling.sequence import Sequence, SequenceGroup
+from engine.core.scheduling.step import ScheduledSeq, SchedulerOutput
 from engine.errors import EngineError, InvalidRequest
 
 POLICIES = ("fcfs", "priority")

@@ -3,7 +3,7 @@ settings, the device and the model: the start-up decision engine/core/engine.py 
 
 The pages and the recurrent state come out of one byte budget (KV_CACHE_BYTES, the GPU's free memory under
 gpu_memory_utilization, or the CPU default); the state pool takes its slots first (at most half the budget,
-engine/core/state_cache.py), the pages the rest.
+engine/core/kv/state_cache.py), the pages the rest.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
-from engine.core import kv_sizing
-from engine.core.state_cache import EXTRA_SLOTS, state_slots_for_budget
+from engine.core.kv import sizing as kv_sizing
+from engine.core.kv.state_cache import EXTRA_SLOTS, state_slots_for_budget
 from engine.cuda import setup as cuda_setup
 from engine.errors import StartupError
 from engine.model.kv_spec import graphs_blocker

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.core.kv_cache import PagePool
+from engine.core.kv.cache import PagePool
 from engine.model.kv_spec import KVGroupSpec
 
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from engine.core.images import ImageSpan
-from engine.core.kv_cache import adapter_salt
-from engine.core.output_state import OutputState
-from engine.core.pooling import PoolingParams
-from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.images.intake import ImageSpan
+from engine.core.kv.cache import adapter_salt
+from engine.core.output.pooling import PoolingParams
+from engine.core.output.state import OutputState
+from engine.core.scheduling.sequence import Sequence, SequenceGroup
 from engine.errors import ContextTooLong, InvalidRequest
 from engine.sample.beam_search import BeamSearch
 from engine.sample.logits_processor import tokenize_bad_words

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.core.pan_and_scan import PanAndScanPrompt
+from engine.core.images.pan_and_scan import PanAndScanPrompt
 from engine.errors import InvalidRequest, NoImageInput, StartupError
 from engine.image import gemma, gemma4, qwen_vl
 from engine.image.decode import decode_image

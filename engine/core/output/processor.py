@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine.core.pooling import finish, fold
-from engine.core.sequence import Sequence, SequenceGroup
-from engine.core.step import Sample, ScheduledSeq, StepResult
+from engine.core.output.pooling import finish, fold
+from engine.core.scheduling.sequence import Sequence, SequenceGroup
+from engine.core.scheduling.step import Sample, ScheduledSeq, StepResult
 from engine.outputs import CompletionDelta, Logprob, PoolingOutput, PositionLogprobs, RequestOutput
 from engine.text.detokenizer import Detokenizer, token_bytes, token_text
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from engine.core.images import ImageSpan
+    from engine.core.images.intake import ImageSpan
 
 
 class StepPositions:

@@ -7,16 +7,16 @@ NULL page (one reserved page past the allocator's, never freed, never read: the 
 window) and given back after the step; between steps a sequence holds at most ceil(W / page_size) + 1 real
 pages there.
 
-A hybrid model's recurrent layers hold a state slot per sequence instead (engine/core/state_cache.py): this
+A hybrid model's recurrent layers hold a state slot per sequence instead (engine/core/kv/state_cache.py): this
 manager gives slots out and back with the pages, captures a snapshot at the last page boundary each step
 crosses, and lets a prefix hit stop only at a boundary whose snapshot it has.
 """
 
 from __future__ import annotations
 
-from engine.core.kv_cache import PageAllocator
-from engine.core.sequence import Sequence
-from engine.core.state_cache import StateSlots
+from engine.core.kv.cache import PageAllocator
+from engine.core.kv.state_cache import StateSlots
+from engine.core.scheduling.sequence import Sequence
 from engine.model.kv_spec import KVGroupSpec
 
 
@@ -46,8 +46,9 @@ class KVCacheManager:
 
     @property
     def waits_for_choices(self) -> bool:
-        """A resumed lead stops at the prompt's full pages for its choices to take them (engine/core/scheduler.py):
-        past them a window would drop pages they read, or the state at them would not be snapshotted."""
+        """A resumed lead stops at the prompt's full pages for its choices to take them
+        (engine/core/scheduling/scheduler.py): past them a window would drop pages they read, or the state at them would
+        not be snapshotted."""
         return self.has_windows or self.state is not None
 
     @property
