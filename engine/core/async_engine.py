@@ -8,10 +8,13 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
 
 from engine.config import EngineConfig
-from engine.core.engine import LLMEngine
+from engine.core.engine import EngineStats, LLMEngine
 from engine.core.output.pooling import PoolingParams
+from engine.core.scheduling.requests import PreparedRequest
 from engine.errors import InvalidRequest, RankFailed
 from engine.inputs import ImageData, ImagePrompt
 from engine.outputs import PoolingOutput, RequestOutput
@@ -20,13 +23,48 @@ from engine.sample.params import SamplingParams
 log = logging.getLogger(__name__)
 
 
+# The commands the engine's thread takes from its inbox, between two steps.
+@dataclass
+class AddRequest:
+    """Start a prepared request (unless its stream closed before it started)."""
+
+    request_id: str
+    request: PreparedRequest
+
+
+@dataclass
+class CallOnLoop:
+    """Run call(*args) on the engine's thread and settle `done` with its result (adapter loads and unloads)."""
+
+    call: Callable[..., Any]
+    args: tuple[Any, ...]
+    done: Future
+
+
+@dataclass
+class Abort:
+    """End the request and free its pages; its stream gets the last "abort" output."""
+
+    request_id: str
+
+
+@dataclass
+class Fatal:
+    """A tensor-parallel rank died while the loop slept: the engine cannot run any more."""
+
+    error: RankFailed
+
+
+Command = AddRequest | CallOnLoop | Abort | Fatal
+
+
 class AsyncEngine:
     """LLMEngine behind one background thread; asyncio callers stream RequestOutputs from generate()."""
 
     def __init__(self, config: EngineConfig, on_fatal: Callable[[RankFailed], None] | None = None) -> None:
         """on_fatal: called (on the engine's thread) once the engine has died, after its requests got the error."""
         self._on_fatal = on_fatal
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopped = False
@@ -50,7 +88,7 @@ class AsyncEngine:
             return
         # A rank that dies while the loop sleeps wakes it with the failure.
         if self.engine.ranks is not None:
-            self.engine.ranks.on_failure = lambda exc: self._post(("fatal", exc))
+            self.engine.ranks.on_failure = lambda exc: self._post(Fatal(exc))
         started.set_result(self.engine)
         self._loop()
 
@@ -74,7 +112,7 @@ class AsyncEngine:
     def describe(self) -> dict:
         return self.engine.describe()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> EngineStats:
         return self.engine.stats()
 
     @property
@@ -155,7 +193,7 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (loop, stream)
-        self._post(("add", request_id, request))
+        self._post(AddRequest(request_id, request))
         done = False
         try:
             while True:
@@ -170,7 +208,7 @@ class AsyncEngine:
         finally:
             self._streams.pop(request_id, None)
             if not done:
-                self._post(("abort", request_id))
+                self._post(Abort(request_id))
 
     async def _compiled(self, future: Future) -> None:
         """Waits for the request's grammar (compiled on the engine's compile thread); raises InvalidRequest."""
@@ -213,12 +251,12 @@ class AsyncEngine:
 
     async def _between_steps(self, call, *args) -> None:
         done: Future = Future()
-        self._post(("call", call, args, done))
+        self._post(CallOnLoop(call, args, done))
         await asyncio.wrap_future(done)
 
     def abort(self, request_id: str) -> None:
         """Ends the request: its pages are freed before the next step, its stream gets a last "abort" output."""
-        self._post(("abort", request_id))
+        self._post(Abort(request_id))
 
     @property
     def num_running(self) -> int:
@@ -232,7 +270,7 @@ class AsyncEngine:
         running = list(self._streams)
         for request_id in running:
             self._deliver(request_id, error)
-            self._post(("abort", request_id))
+            self._post(Abort(request_id))
         return len(running)
 
     def shutdown(self) -> None:
@@ -242,7 +280,7 @@ class AsyncEngine:
         self.engine.grammars.shutdown()
         self.engine.close()
 
-    def _post(self, command: tuple) -> None:
+    def _post(self, command: Command) -> None:
         self._inbox.put(command)
         self._wake.set()
 
@@ -263,26 +301,25 @@ class AsyncEngine:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if command[0] == "fatal":
-                raise command[1]
-            if command[0] == "add":
-                _, request_id, request = command
-                if request_id not in self._streams:
-                    continue  # cancelled before it started
-                try:
-                    self.engine.add(request_id, request)
-                except Exception as exc:
-                    self._deliver(request_id, exc)
-            elif command[0] == "call":
-                _, call, args, done = command
-                try:
-                    done.set_result(call(*args))
-                except Exception as exc:
-                    done.set_exception(exc)
-            else:
-                output = self.engine.abort(command[1])
-                if output is not None:
-                    self._deliver(command[1], output)
+            match command:
+                case Fatal(error):
+                    raise error
+                case AddRequest(request_id, request):
+                    if request_id not in self._streams:
+                        continue  # cancelled before it started
+                    try:
+                        self.engine.add(request_id, request)
+                    except Exception as exc:
+                        self._deliver(request_id, exc)
+                case CallOnLoop(call, args, done):
+                    try:
+                        done.set_result(call(*args))
+                    except Exception as exc:
+                        done.set_exception(exc)
+                case Abort(request_id):
+                    output = self.engine.abort(request_id)
+                    if output is not None:
+                        self._deliver(request_id, output)
 
     def _loop(self) -> None:
         while not self._stopped:
@@ -313,5 +350,5 @@ class AsyncEngine:
             self._deliver(request_id, RuntimeError("the engine shut down"))
         while not self._inbox.empty():  # adapter loads waiting for a step that will not come
             command = self._inbox.get_nowait()
-            if command[0] == "call":
-                command[3].set_exception(RuntimeError("the engine shut down"))
+            if isinstance(command, CallOnLoop):
+                command.done.set_exception(RuntimeError("the engine shut down"))

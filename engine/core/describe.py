@@ -1,5 +1,5 @@
 """What LLMEngine.describe() reports: the model, backend, dtype, device, KV cache and limits it started with (the
-worker's start-up line and /health read them); and LLMEngine.stats(), its live load."""
+worker's start-up line and /health read them). Its live load is LLMEngine.stats()."""
 
 from __future__ import annotations
 
@@ -37,20 +37,3 @@ def describe_engine(e: Any) -> dict:
         "adapters": list(e.adapters),
         "speculative": e.speculator.describe() if e.speculator is not None else None,
     }
-
-
-def engine_stats(e: Any) -> dict[str, int | list[int]]:
-    """LLMEngine.stats() of the engine `e`: free KV pages, preemptions, tokens run, requests in and waiting, and the
-    speculator's acceptance counts."""
-    stats = {
-        "kv_pages_free": e.allocator.num_free,
-        "preemptions": e.scheduler.num_preemptions,
-        "tokens_run": e.runner.num_tokens_run,
-        "requests_running": len(e.scheduler.running),
-        "requests_waiting": len(e.scheduler.waiting) + len(e._compiling),
-    }
-    if len(e.pools) > 1:
-        stats["kv_pages_free_by_group"] = e.kv.num_free
-    if e.speculator is not None:
-        stats.update(e.speculator.stats())
-    return stats

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 from itertools import count
+from typing import NotRequired, TypedDict
 
 import torch
 
 from engine.attention import create_group_backends, resolve_backend
 from engine.attention.kv_quant import resolve_kv_dtype
 from engine.config import EngineConfig
-from engine.core.cuda_graphs import graphs_off_because, prepare_cuda
-from engine.core.describe import describe_engine, engine_stats
+from engine.core.cuda_graphs import graphs_off_because
+from engine.core.describe import describe_engine
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
 from engine.core.distributed.ranks import RankSet, rank_config
 from engine.core.images.intake import ImageIntake
@@ -26,7 +27,7 @@ from engine.core.scheduling.requests import Limits, PreparedRequest, build_group
 from engine.core.scheduling.scheduler import Scheduler
 from engine.core.scheduling.sequence import SequenceGroup
 from engine.core.scheduling.step import ScheduledSeq
-from engine.core.spec.build import accepted_counts, build_speculator
+from engine.core.spec.build import accepted_counts, build_speculator, reads_final_hidden
 from engine.core.spec.proposer import Target
 from engine.cuda import linear_attention
 from engine.cuda import setup as cuda_setup
@@ -42,9 +43,27 @@ from engine.sample.structured.matcher import GrammarState
 from engine.text.tokenizer import load_tokenizer
 from engine.timing import timed
 
-__all__ = ["LLMEngine"]
+__all__ = ["EngineStats", "LLMEngine"]
 
 log = logging.getLogger(__name__)
+
+
+class EngineStats(TypedDict):
+    """LLMEngine.stats(): the live load, read by /health and the worker's concurrency gauge."""
+
+    kv_pages_free: int  # the first KV group's, cached prefix pages too
+    preemptions: int
+    tokens_run: int  # tokens fed to the model (prefix hits are not)
+    requests_running: int
+    requests_waiting: int  # queued, or waiting for their grammar to compile
+    kv_pages_free_by_group: NotRequired[list[int]]  # a model of several KV groups
+    # With a speculator: Speculator.stats()
+    spec_proposed_tokens: NotRequired[int]
+    spec_accepted_tokens: NotRequired[int]
+    spec_verify_steps: NotRequired[int]
+    spec_skipped_steps: NotRequired[int]
+    spec_acceptance_rate: NotRequired[float]
+    spec_mean_accepted_length: NotRequired[float]
 
 
 class LLMEngine:
@@ -56,12 +75,16 @@ class LLMEngine:
         self.config = config = rank_config(config, self.device)  # tensor_parallel_size resolved, checked
         self.ranks: RankSet | None = None  # the other tensor-parallel ranks (None: this process runs the model)
         try:
-            self._start(config)
+            self._load_model(config)
+            num_pages = self._build_cache(config)
+            self._build_runner(config, num_pages)
+            self._build_request_side(config)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, config: EngineConfig) -> None:
+    def _load_model(self, config: EngineConfig) -> None:
+        """The other ranks (tensor parallelism), the weights, the tokenizer and the context length they allow."""
         self.dtype, self.dtype_reason = resolve_dtype(config.dtype, self.device, config.quantization)
         self.threads = size_thread_pool(config.cpu_threads) if self.device.type == "cpu" else None
         torch.manual_seed(config.seed)
@@ -92,6 +115,10 @@ class LLMEngine:
                 f"{self.spec.max_position_embeddings}",
                 param="max_model_len",
             )
+
+    def _build_cache(self, config: EngineConfig) -> list[int]:
+        """The attention backends, the KV page pools (and a hybrid model's state pool) from the memory left, their
+        manager and the scheduler; returns each KV group's number of pages."""
         groups = self.spec.kv_groups
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)  # the pages': the model's, or FP8
         self.backend_name, self.backend_reason = resolve_backend(config.attention_backend, self.device, self.dtype)
@@ -109,7 +136,8 @@ class LLMEngine:
                 for backend in self.backends:  # JIT builds now, not on a request
                     cuda_setup.warm_up(self.model, backend, config.page_size)
         plan = plan_cache(config, self.spec, self.model, self.device, self.dtype, self.kv_dtype, self.max_model_len)
-        self.max_model_len, num_pages = plan.max_model_len, plan.num_pages
+        self.max_model_len = plan.max_model_len
+        num_pages = plan.num_pages
         with timed(self.start_ms, "kv cache"):
             self.pools = [
                 PagePool.for_group(g, n, config.page_size, self.kv_dtype, self.device)
@@ -129,36 +157,47 @@ class LLMEngine:
             config.scheduling_policy,
             config.priority_aging_steps,
         )
-        self.runner = ModelRunner(
-            self.model, groups, self.pools, self.backends, Sampler(), self.device, recurrent, self.state_pool
-        )
+        return num_pages
+
+    def _build_runner(self, config: EngineConfig, num_pages: list[int]) -> None:
+        """The model runner over the pools, the other ranks' pools sized as this one's, and (CUDA) its decode graphs."""
+        peers = None
         if self.ranks is not None:  # the other ranks' pools, as many pages of their heads
-            self.runner.peers = self.ranks.share_cache(num_pages, self.state_pool.num_slots if self.state_pool else 0)
+            peers = self.ranks.share_cache(num_pages, self.state_pool.num_slots if self.state_pool else 0)
+        self.runner = ModelRunner(
+            model=self.model,
+            groups=self.spec.kv_groups,
+            pools=self.pools,
+            backends=self.backends,
+            sampler=Sampler(),
+            device=self.device,
+            recurrent=self.spec.recurrent,
+            state_pool=self.state_pool,
+            peers=peers,
+            keep_hidden=reads_final_hidden(config.speculative),
+        )
         if self.device.type == "cuda":
             head = config.speculative is not None and config.speculative.method in ("eagle3", "mtp")
             graphless = graphs_off_because(
                 self.model,
-                groups,
+                self.spec.kv_groups,
                 self.device,
                 self.spec.dtype,
                 lora=self.lora is not None,
                 head=head,
                 ranks=self.ranks is not None,
             )
-            hybrid = recurrent is not None  # its graphs take every layer's caches and backend (state slots too)
             with timed(self.start_ms, "graphs"):
-                self.runner.graph_runner = prepare_cuda(
-                    self.model,
-                    self.backends[0],
-                    self.runner.layer_caches if hybrid else self.pools[0].kv_caches,
-                    page_size=config.page_size,
+                self.runner.capture_graphs(
                     max_num_seqs=config.max_num_seqs,
                     max_model_len=self.max_model_len,
                     enforce_eager=config.enforce_eager or graphless is not None,
                     why=graphless,
-                    layer_backends=self.runner.layer_backends if hybrid else None,
-                    state_pool=self.state_pool,
                 )
+
+    def _build_request_side(self, config: EngineConfig) -> None:
+        """What a request meets before and after the runner: image intake, output processing, grammars, and the
+        speculator (None unless config.speculative)."""
         self.images = ImageIntake(self.spec.vision, config.model_path, self.tokenizer, config.max_num_batched_tokens)
         self._seq_ids = count()
         self._arrivals = count()
@@ -192,8 +231,6 @@ class LLMEngine:
                 self.max_num_seqs,
             ),
         )
-        if self.speculator is not None:
-            self.runner.keep_hidden = getattr(self.speculator.proposer, "reads_hidden", False)
 
     @property
     def pool(self) -> PagePool:  # the first KV group's (a full-attention model's only one)
@@ -308,7 +345,8 @@ class LLMEngine:
 
     def pop_failures(self) -> list[tuple[str, Exception]]:
         """Requests that failed since the last call (they are gone from the engine), with their errors."""
-        failures, self._failures = self._failures, []
+        failures = self._failures
+        self._failures = []
         return failures
 
     def _fail(self, group: SequenceGroup, exc: Exception) -> None:
@@ -333,8 +371,8 @@ class LLMEngine:
         if not out.scheduled:
             return []
         by_group: dict[int, tuple[SequenceGroup, list[tuple[int, ScheduledSeq]]]] = {}
-        for i, s in enumerate(out.scheduled):
-            by_group.setdefault(id(s.group), (s.group, []))[1].append((i, s))
+        for index, item in enumerate(out.scheduled):
+            by_group.setdefault(id(item.group), (item.group, []))[1].append((index, item))
         try:
             result = self.runner.execute(out)
         except Exception as exc:  # the batch as a whole failed: so do its requests, the engine goes on
@@ -371,9 +409,21 @@ class LLMEngine:
             self.speculator.settle(self.scheduler.running)
         return outputs
 
-    def stats(self) -> dict[str, int | list[int]]:
-        """The live load: free KV pages (cached prefix ones too), preemptions, tokens run, requests in and waiting."""
-        return engine_stats(self)
+    def stats(self) -> EngineStats:
+        """The live load: free KV pages (cached prefix ones too), preemptions, tokens run, requests in and waiting,
+        and the speculator's acceptance counts."""
+        stats = EngineStats(
+            kv_pages_free=self.allocator.num_free,
+            preemptions=self.scheduler.num_preemptions,
+            tokens_run=self.runner.num_tokens_run,
+            requests_running=len(self.scheduler.running),
+            requests_waiting=len(self.scheduler.waiting) + len(self._compiling),
+        )
+        if len(self.pools) > 1:
+            stats["kv_pages_free_by_group"] = self.kv.num_free
+        if self.speculator is not None:
+            stats.update(self.speculator.stats())
+        return stats
 
     def describe(self) -> dict:
         """What the engine runs (model, backend, dtype, KV cache, limits), for the start-up line and /health."""

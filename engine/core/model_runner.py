@@ -18,9 +18,13 @@ split across chunks: its encoding waits on the span until the last of it is pref
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Protocol
+
 import torch
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.core.cuda_graphs import CudaGraphRunner, prepare_cuda
 from engine.core.images.intake import ImageSpan
 from engine.core.images.positions import StepPositions
 from engine.core.kv.cache import PagePool
@@ -29,6 +33,7 @@ from engine.core.scheduling.sequence import Sequence, SequenceGroup
 from engine.core.scheduling.step import Sample, ScheduledSeq, SchedulerOutput, StepResult, sampling_row
 from engine.core.spec.verify import verify
 from engine.model.kv_spec import KVGroupSpec
+from engine.model.layers.lora import LoraSet
 from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec, RecurrentStep
 from engine.sample.logits_processor import SamplingRow, process_logits
 from engine.sample.sampler import Sampler, compute_logprobs
@@ -37,11 +42,52 @@ from engine.sample.sampler import Sampler, compute_logprobs
 PROMPT_LOGPROB_SLICE = 256
 
 
+class Peers(Protocol):
+    """The other tensor-parallel ranks as the runner drives them (engine.core.distributed.ranks.RankSet): they get
+    each step's inputs, every logits call's rows and each settle, and run their shards alongside this one."""
+
+    def send_step(
+        self,
+        out: SchedulerOutput,
+        *,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metas: list[AttentionMetadata],
+        recurrent: RecurrentStep | None,
+        lora: LoraSet | None,
+        image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None: ...
+
+    def send_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None) -> None: ...
+
+    def send_settle(self, accepted: dict[int, int]) -> None: ...
+
+
+@dataclass(kw_only=True)
+class StepInputs:
+    """One step's model inputs, built once by ModelRunner._prepare, and the hidden rows each result is read from."""
+
+    input_ids: torch.Tensor  # [tokens]
+    positions: torch.Tensor  # [tokens], or [3, tokens] when the step has 3-D (Qwen-VL) image positions
+    metas: list[AttentionMetadata]  # one per KV layer group: the same rows, each group's own pages
+    sample_rows: list[tuple[int, int]]  # (scheduled index, hidden row) of each sequence sampled or verified
+    prompt_rows: list[tuple[int, int, int]]  # (scheduled index, first hidden row, rows) of prompt logprobs
+    pooled_rows: list[tuple[int, int, int]]  # the same, of embedding requests' chunks
+    image_rows: list[tuple[ImageSpan, int, int, int]]  # (span, first hidden row, first soft token, count)
+
+
 class ModelRunner:
-    """Owns the model, the page pools and the attention backends (one per KV layer group); execute() runs one step."""
+    """Owns the model, the page pools and the attention backends (one per KV layer group); execute() runs one step.
+
+    Its collaborators come in at construction: `peers`, the other tensor-parallel ranks (None on one rank), and
+    `keep_hidden`, whether each step hands every row's final hidden state on (an MTP head reads them). Its decode
+    CUDA graphs are its own, captured by capture_graphs() once the engine has said why graphs may be off: capturing
+    replays the model over the runner's own per-layer caches and backends, so it can only follow construction.
+    """
 
     def __init__(
         self,
+        *,
         model: torch.nn.Module,
         groups: list[KVGroupSpec],
         pools: list[PagePool],
@@ -50,156 +96,229 @@ class ModelRunner:
         device: torch.device,
         recurrent: RecurrentSpec | None = None,
         state_pool: StatePool | None = None,
+        peers: Peers | None = None,
+        keep_hidden: bool = False,
     ) -> None:
-        self.model, self.pools, self.backends, self.sampler, self.device = model, pools, backends, sampler, device
+        self.model = model
+        self.pools = pools
+        self.backends = backends
+        self.sampler = sampler
+        self.device = device
         self.page_size = pools[0].page_size
         self.state_pool = state_pool
         self.recurrent_plan = RecurrentPlan() if state_pool is not None else None
         if len(groups) == 1 and not groups[0].readers and recurrent is None:
-            self.layer_caches, self.layer_backends = pools[0].kv_caches, backends[0]
+            self.layer_caches = pools[0].kv_caches
+            self.layer_backends = backends[0]
         else:
-            where = {layer: (g, i) for g, spec in enumerate(groups) for i, layer in enumerate(spec.layers)}
+            where = {
+                layer: (group_index, slot)
+                for group_index, spec in enumerate(groups)
+                for slot, layer in enumerate(spec.layers)
+            }
             # A layer that shares KV attends over its source's pages with its source's backend.
             where.update({reader: where[source] for spec in groups for reader, source in spec.readers})
-            caches = {n: pools[g].kv_caches[i] for n, (g, i) in where.items()}
-            layer_backends = {n: backends[g] for n, (g, _) in where.items()}
+            caches = {layer: pools[group_index].kv_caches[slot] for layer, (group_index, slot) in where.items()}
+            layer_backends = {layer: backends[group_index] for layer, (group_index, _) in where.items()}
             if recurrent is not None:
                 # A recurrent layer's "cache" is its (conv windows, delta states) slots; its "backend" the step plan.
                 caches.update(zip(recurrent.layers, state_pool.layer_states, strict=True))
-                layer_backends.update((n, self.recurrent_plan) for n in recurrent.layers)
-            self.layer_caches = [caches[n] for n in range(len(caches))]
-            self.layer_backends = [layer_backends[n] for n in range(len(caches))]
+                layer_backends.update((layer, self.recurrent_plan) for layer in recurrent.layers)
+            self.layer_caches = [caches[layer] for layer in range(len(caches))]
+            self.layer_backends = [layer_backends[layer] for layer in range(len(caches))]
         self.num_tokens_run = 0  # tokens fed to the model over the runner's life (prefix hits are not)
         self.num_images_encoded = 0  # images through the vision tower over the runner's life
         vision = model.vision_spec() if hasattr(model, "vision_spec") else None
         # Per KV group: do an image's tokens see each other both ways there (Gemma 4: on the windowed layers only)
-        self.bidirectional = [vision is not None and vision.bidirectional_in(g.window) for g in groups]
-        self.graph_runner = None  # CUDA: engine.core.cuda_graphs.CudaGraphRunner for decode steps
-        self.keep_hidden = False  # hand every row's final hidden state on (an MTP head reads them)
-        # Tensor parallelism (engine.core.distributed.ranks.RankSet): the other ranks get each step's inputs and
-        # every logits call's rows, and run their shards alongside this one.
-        self.peers = None
+        self.bidirectional = [vision is not None and vision.bidirectional_in(group.window) for group in groups]
+        self.peers = peers
+        self.keep_hidden = keep_hidden
+        self.graph_runner: CudaGraphRunner | None = None  # set by capture_graphs (CUDA): decode steps replay
+
+    def capture_graphs(self, *, max_num_seqs: int, max_model_len: int, enforce_eager: bool, why: str | None) -> None:
+        """CUDA only, once, before any request holds pages: warms the kernels up and captures decode graphs over this
+        runner's caches, unless enforce_eager (why: the reason it is set, for the start-up log)."""
+        hybrid = self.state_pool is not None  # its graphs take every layer's caches and backend (state slots too)
+        self.graph_runner = prepare_cuda(
+            self.model,
+            self.backends[0],
+            self.layer_caches if hybrid else self.pools[0].kv_caches,
+            page_size=self.page_size,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            why=why,
+            layer_backends=self.layer_backends if hybrid else None,
+            state_pool=self.state_pool,
+        )
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
-        for g, pool in enumerate(self.pools):
-            pool.copy_pages([s for h, s, _ in out.copies if h == g], [d for h, _, d in out.copies if h == g])
-        input_ids, positions, metas, sample_at, prompt_at, pool_at, images = self._prepare(out.scheduled)
-        recurrent = None if self.state_pool is None else self._recurrent_step(out.scheduled, metas[0].is_decode)
-        extra = {} if images is None else {"image_embeds": self._encode_images(*images)}  # (the other ranks' too)
-        if self.peers is not None:
-            self.peers.send_step(out, input_ids, positions, metas, recurrent, self.model.lora, **extra)
-        if recurrent is not None:
-            self.state_pool.copy_slots(out.state_copies)
-            self.recurrent_plan.plan(recurrent)
-        if self.graph_runner is not None and images is None:  # (a step with images is a prefill: eager)
-            # NOTE: a replayed hidden is a static buffer the next replay overwrites: logits come first.
-            hidden = self.graph_runner(input_ids, positions, metas[0], self.recurrent_plan and self.recurrent_plan.step)
-        else:
-            for backend, meta in zip(self.backends, metas, strict=True):
-                backend.plan(meta)
-            hidden = self.model(input_ids, positions, metas[0], self.layer_caches, self.layer_backends, **extra)
-        self.num_tokens_run += input_ids.numel()
+        for group_index, pool in enumerate(self.pools):
+            copies = [(source, dest) for kv_group, source, dest in out.copies if kv_group == group_index]
+            pool.copy_pages([source for source, _ in copies], [dest for _, dest in copies])
+        inputs = self._prepare(out.scheduled)
+        hidden = self._forward(out, inputs)
+        self.num_tokens_run += inputs.input_ids.numel()
         result = StepResult(
             aux_hidden=getattr(self.model, "aux_hidden", None), hidden=hidden if self.keep_hidden else None
         )
-        for i, row, count in pool_at:
-            result.pooled[i] = hidden[row : row + count]
-        if prompt_at:
-            self._prompt_logprobs(hidden, out.scheduled, prompt_at, result)
-        verify_at = [(i, row, out.scheduled[i].num_tokens) for i, row in sample_at if out.scheduled[i].draft]
-        sample_at = [(i, row) for i, row in sample_at if not out.scheduled[i].draft]
-        if sample_at or verify_at:
-            # A speculating sequence needs every one of its rows: each verifies the proposal before it.
-            picked = sample_at + [(i, r) for i, row, n in verify_at for r in range(row, row + n)]
-            rows = torch.tensor([row for _, row in picked], device=self.device)
-            # Greedy rows get the float32 argmax of a bf16 head (engine.model.layers.logits); sampled rows do
-            # not need it, and at batch 64 it would cost a few percent of the step.
-            greedy = [j for j, (i, _) in enumerate(picked) if out.scheduled[i].group.params.greedy]
-            logits = self._logits(
-                hidden.index_select(0, rows), torch.tensor(greedy, dtype=torch.long, device=self.device)
-            )
-            if sample_at:
-                self._sample(logits[: len(sample_at)], [(i, out.scheduled[i]) for i, _ in sample_at], result)
-            if verify_at:
-                verify(logits[len(sample_at) :], [(i, out.scheduled[i]) for i, *_ in verify_at], self.sampler, result)
+        for index, row, count in inputs.pooled_rows:
+            result.pooled[index] = hidden[row : row + count]
+        if inputs.prompt_rows:
+            self._prompt_logprobs(hidden, out.scheduled, inputs.prompt_rows, result)
+        if inputs.sample_rows:
+            self._sample_or_verify(hidden, out.scheduled, inputs.sample_rows, result)
         return result
+
+    def _forward(self, out: SchedulerOutput, inputs: StepInputs) -> torch.Tensor:
+        """The step's final hidden states [tokens, hidden_size]: a replayed decode graph, or the model run eagerly."""
+        metas = inputs.metas
+        recurrent = None if self.state_pool is None else self._recurrent_step(out.scheduled, metas[0].is_decode)
+        # (the other ranks get the image embeddings too)
+        extra = {"image_embeds": self._encode_images(inputs.image_rows)} if inputs.image_rows else {}
+        if self.peers is not None:
+            self.peers.send_step(
+                out,
+                input_ids=inputs.input_ids,
+                positions=inputs.positions,
+                metas=metas,
+                recurrent=recurrent,
+                lora=self.model.lora,
+                **extra,
+            )
+        if recurrent is not None:
+            self.state_pool.copy_slots(out.state_copies)
+            self.recurrent_plan.plan(recurrent)
+        if self.graph_runner is not None and not inputs.image_rows:  # (a step with images is a prefill: eager)
+            # NOTE: a replayed hidden is a static buffer the next replay overwrites: logits come first.
+            recurrent_step = self.recurrent_plan.step if self.recurrent_plan is not None else None
+            return self.graph_runner(inputs.input_ids, inputs.positions, metas[0], recurrent_step)
+        for backend, meta in zip(self.backends, metas, strict=True):
+            backend.plan(meta)
+        return self.model(inputs.input_ids, inputs.positions, metas[0], self.layer_caches, self.layer_backends, **extra)
+
+    def _sample_or_verify(
+        self,
+        hidden: torch.Tensor,
+        scheduled: list[ScheduledSeq],
+        sample_rows: list[tuple[int, int]],
+        result: StepResult,
+    ) -> None:
+        """One logits call for every sampled row and every row of a speculating sequence; then the sampler or the
+        verifier on each."""
+        verify_at = [(index, row, scheduled[index].num_tokens) for index, row in sample_rows if scheduled[index].draft]
+        sample_at = [(index, row) for index, row in sample_rows if not scheduled[index].draft]
+        # A speculating sequence needs every one of its rows: each verifies the proposal before it.
+        picked = sample_at + [
+            (index, verify_row) for index, row, count in verify_at for verify_row in range(row, row + count)
+        ]
+        hidden_rows = torch.tensor([row for _, row in picked], device=self.device)
+        # Greedy rows get the float32 argmax of a bf16 head (engine.model.layers.logits); sampled rows do
+        # not need it, and at batch 64 it would cost a few percent of the step.
+        greedy = [logits_row for logits_row, (index, _) in enumerate(picked) if scheduled[index].group.params.greedy]
+        logits = self._logits(
+            hidden.index_select(0, hidden_rows), torch.tensor(greedy, dtype=torch.long, device=self.device)
+        )
+        if sample_at:
+            self._sample(logits[: len(sample_at)], [(index, scheduled[index]) for index, _ in sample_at], result)
+        if verify_at:
+            verify(
+                logits[len(sample_at) :], [(index, scheduled[index]) for index, *_ in verify_at], self.sampler, result
+            )
 
     def _logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
         if self.peers is not None:
             self.peers.send_logits(hidden, exact_rows)
         return self.model.compute_logits(hidden, exact_rows)
 
-    def _prepare(self, scheduled: list[ScheduledSeq]):
+    def _prepare(self, scheduled: list[ScheduledSeq]) -> StepInputs:
         """The step's flattened tokens and page tables (one per group), built in Python lists and turned into
         tensors once."""
-        ps = self.page_size
-        ids: list[int] = []
+        page_size = self.page_size
+        token_ids: list[int] = []
         lora_runs: list[tuple[int | None, int]] = []  # (adapter slot, rows) in row order
         positions = StepPositions()
-        groups = range(len(self.pools))
-        slots: list[list[int]] = [[] for _ in groups]
-        indices: list[list[int]] = [[] for _ in groups]
-        qo, kv, last = [0], [0], []
-        sample_at: list[tuple[int, int]] = []  # (scheduled index, hidden row)
-        prompt_at: list[tuple[int, int, int]] = []  # (scheduled index, first hidden row, number of rows)
-        pool_at: list[tuple[int, int, int]] = []  # the same, for embedding requests
+        kv_groups = range(len(self.pools))
+        slots: list[list[int]] = [[] for _ in kv_groups]  # per group, each row's K/V slot in the pool
+        page_indices: list[list[int]] = [[] for _ in kv_groups]  # per group, each sequence's pages in turn
+        qo_offsets = [0]  # each sequence's first row (and the end of the last): FlashInfer's qo_indptr
+        kv_offsets = [0]  # each sequence's first page in page_indices: kv_indptr
+        last_page_lens: list[int] = []  # tokens in each sequence's last page: kv_last_page_len
+        sample_rows: list[tuple[int, int]] = []
+        prompt_rows: list[tuple[int, int, int]] = []
+        pooled_rows: list[tuple[int, int, int]] = []
         spans: list[list[tuple[int, int]]] = []  # per request, the image spans its chunk prefills
-        encode: list[tuple[ImageSpan, int, int, int]] = []  # (span, first hidden row, first soft token, count)
-        for i, s in enumerate(scheduled):
-            seq, start, end = s.seq, s.start, s.start + s.num_tokens
-            num_pages = -(-end // ps)
-            for g, pages in enumerate(seq.kv_pages):
+        image_rows: list[tuple[ImageSpan, int, int, int]] = []
+        for index, item in enumerate(scheduled):
+            seq, start, end = item.seq, item.start, item.start + item.num_tokens
+            num_pages = -(-end // page_size)
+            for kv_group, pages in enumerate(seq.kv_pages):
                 pages = pages if len(pages) == num_pages else pages[:num_pages]
-                slots[g] += [pages[p // ps] * ps + p % ps for p in range(start, end)]
-                indices[g] += pages
-            row = qo[-1]
-            ids += seq.token_ids[start:end] if not s.draft else seq.token_ids[start : end - len(s.draft)] + s.draft
-            positions.add(s.group.images, start, end)
-            qo.append(row + s.num_tokens)
-            lora_runs.append((s.group.adapter, s.num_tokens))
-            mine = [span for span in s.group.images if span.start < end and span.end > start] if not s.draft else []
+                slots[kv_group] += [
+                    pages[position // page_size] * page_size + position % page_size for position in range(start, end)
+                ]
+                page_indices[kv_group] += pages
+            row = qo_offsets[-1]
+            if item.draft:
+                token_ids += seq.token_ids[start : end - len(item.draft)] + item.draft
+            else:
+                token_ids += seq.token_ids[start:end]
+            positions.add(item.group.images, start, end)
+            qo_offsets.append(row + item.num_tokens)
+            lora_runs.append((item.group.adapter, item.num_tokens))
+            mine = [] if item.draft else [span for span in item.group.images if span.start < end and span.end > start]
             spans.append([(span.start, span.end) for span in mine])
             for span in mine:
-                lo, hi = max(span.start, start), min(span.end, end)
-                encode.append((span, row + lo - start, lo - span.start, hi - lo))
-            kv.append(kv[-1] + num_pages)
-            last.append(end - (num_pages - 1) * ps)
-            if s.group.pools:
-                pool_at.append((i, row, s.num_tokens))
-            elif s.draft:
-                sample_at.append((i, row))  # its first row: the runner verifies the proposals on it and after
+                first, stop = max(span.start, start), min(span.end, end)
+                image_rows.append((span, row + first - start, first - span.start, stop - first))
+            kv_offsets.append(kv_offsets[-1] + num_pages)
+            last_page_lens.append(end - (num_pages - 1) * page_size)
+            if item.group.pools:
+                pooled_rows.append((index, row, item.num_tokens))
+            elif item.draft:
+                sample_rows.append((index, row))  # its first row: the runner verifies the proposals on it and after
             elif end == seq.num_tokens:
-                sample_at.append((i, row + s.num_tokens - 1))
-            prompt_len = len(s.group.prompt_token_ids)
-            if s.group.needs_prompt_logprobs and start < prompt_len - 1 and seq is s.group.seqs[0]:
-                prompt_at.append((i, row, min(end, prompt_len - 1) - start))
-        dev = self.device
+                sample_rows.append((index, row + item.num_tokens - 1))
+            prompt_len = len(item.group.prompt_token_ids)
+            if item.group.needs_prompt_logprobs and start < prompt_len - 1 and seq is item.group.seqs[0]:
+                prompt_rows.append((index, row, min(end, prompt_len - 1) - start))
+        device = self.device
         if self.model.lora is not None:
-            self.model.lora.plan.update(lora_runs, dev)
-        i32 = torch.int32
-        qo_indptr = torch.tensor(qo, dtype=i32).to(dev, non_blocking=True)
-        kv_indptr = torch.tensor(kv, dtype=i32).to(dev, non_blocking=True)
-        last_len = torch.tensor(last, dtype=i32).to(dev, non_blocking=True)
+            self.model.lora.plan.update(lora_runs, device)
+
+        def on_device(values: list[int], dtype: torch.dtype = torch.int32) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+        qo_indptr = on_device(qo_offsets)
+        kv_indptr = on_device(kv_offsets)
+        last_page_len = on_device(last_page_lens)
         metas = [
             AttentionMetadata(
                 qo_indptr=qo_indptr,
                 kv_indptr=kv_indptr,
-                kv_indices=torch.tensor(indices[g], dtype=i32).to(dev, non_blocking=True),
-                kv_last_page_len=last_len,
-                slot_mapping=torch.tensor(slots[g], dtype=torch.int64).to(dev, non_blocking=True),
-                page_size=ps,
-                is_decode=len(ids) == len(scheduled),
-                bidirectional=spans if encode and self.bidirectional[g] else None,
+                kv_indices=on_device(page_indices[kv_group]),
+                kv_last_page_len=last_page_len,
+                slot_mapping=on_device(slots[kv_group], torch.int64),
+                page_size=page_size,
+                is_decode=len(token_ids) == len(scheduled),
+                bidirectional=spans if image_rows and self.bidirectional[kv_group] else None,
             )
-            for g in groups
+            for kv_group in kv_groups
         ]
-        input_ids = torch.tensor(ids, dtype=torch.long).to(dev, non_blocking=True)
-        return input_ids, positions.tensor(dev), metas, sample_at, prompt_at, pool_at, (encode,) if encode else None
+        return StepInputs(
+            input_ids=on_device(token_ids, torch.long),
+            positions=positions.tensor(device),
+            metas=metas,
+            sample_rows=sample_rows,
+            prompt_rows=prompt_rows,
+            pooled_rows=pooled_rows,
+            image_rows=image_rows,
+        )
 
-    def _encode_images(self, encode: list[tuple[ImageSpan, int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _encode_images(self, image_rows: list[tuple[ImageSpan, int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows, embeddings) of the step's image soft tokens: each image not yet encoded through the tower once."""
-        todo = [span for span in {id(span): span for span, *_ in encode}.values() if span.encoded is None]
+        todo = [span for span in {id(span): span for span, *_ in image_rows}.values() if span.encoded is None]
         if todo:
             embeds = self.model.encode_images(
                 [span.pixels.to(self.device) for span in todo], [span.grid for span in todo]
@@ -207,31 +326,39 @@ class ModelRunner:
             for span, embed in zip(todo, embeds, strict=True):
                 span.encoded = embed
             self.num_images_encoded += len(todo)
-        rows = torch.cat([torch.arange(row, row + n) for _, row, _, n in encode]).to(self.device)
-        values = torch.cat([span.encoded[first : first + n] for span, _, first, n in encode])
-        for span, _, first, n in encode:
-            if first + n == span.end - span.start:  # its last tokens: the encoding is not needed again
+        rows = torch.cat([torch.arange(row, row + count) for _, row, _, count in image_rows]).to(self.device)
+        values = torch.cat([span.encoded[first : first + count] for span, _, first, count in image_rows])
+        for span, _, first, count in image_rows:
+            if first + count == span.end - span.start:  # its last tokens: the encoding is not needed again
                 span.encoded = None
         return rows, values
 
     def _recurrent_step(self, scheduled: list[ScheduledSeq], is_decode: bool) -> RecurrentStep:
-        spans, slots, captures, row = [], [], [], 0
-        for i, s in enumerate(scheduled):
-            spans.append((row, s.num_tokens))
-            slots.append(s.seq.state_slot)
-            if s.seq.state_capture is not None:
-                boundary, slot = s.seq.state_capture
-                captures.append((i, boundary - s.start, slot))
-            row += s.num_tokens
-        verify = frozenset(i for i, s in enumerate(scheduled) if s.draft)
-        return RecurrentStep(spans, slots, captures, torch.tensor(slots, device=self.device), is_decode, verify=verify)
+        spans: list[tuple[int, int]] = []  # (first row, rows) of each sequence
+        slots: list[int] = []
+        captures: list[tuple[int, int, int]] = []  # (scheduled index, row of the page boundary, snapshot slot)
+        row = 0
+        for index, item in enumerate(scheduled):
+            spans.append((row, item.num_tokens))
+            slots.append(item.seq.state_slot)
+            if item.seq.state_capture is not None:
+                boundary, slot = item.seq.state_capture
+                captures.append((index, boundary - item.start, slot))
+            row += item.num_tokens
+        verifying = frozenset(index for index, item in enumerate(scheduled) if item.draft)
+        slot_index = torch.tensor(slots, device=self.device)
+        return RecurrentStep(spans, slots, captures, slot_index, is_decode, verify=verifying)
 
     @torch.inference_mode()
     def settle(self, out: SchedulerOutput) -> None:
         """After the scheduler committed a step: each speculating sequence's recurrent state advances by the rows it
         kept (engine/model/layers/recurrent_step.py), before any later step, fork or snapshot copy reads it."""
         if self.recurrent_plan is not None:
-            kept = {i: s.seq.num_computed_tokens - s.start for i, s in enumerate(out.scheduled) if s.draft}
+            kept = {
+                index: item.seq.num_computed_tokens - item.start
+                for index, item in enumerate(out.scheduled)
+                if item.draft
+            }
             if self.peers is not None and kept:
                 self.peers.send_settle(kept)
             self.recurrent_plan.settle(kept)
@@ -240,52 +367,53 @@ class ModelRunner:
         self,
         hidden: torch.Tensor,
         scheduled: list[ScheduledSeq],
-        prompt_at: list[tuple[int, int, int]],
+        prompt_rows: list[tuple[int, int, int]],
         result: StepResult,
     ) -> None:
-        for i, row, count in prompt_at:
-            s = scheduled[i]
-            k = s.group.params.prompt_logprobs or 0
-            targets = s.group.prompt_token_ids[s.start + 1 : s.start + 1 + count]
+        for index, row, count in prompt_rows:
+            item = scheduled[index]
+            num_top = item.group.params.prompt_logprobs or 0
+            targets = item.group.prompt_token_ids[item.start + 1 : item.start + 1 + count]
             entries: list[tuple[float, list[tuple[int, float]]]] = []
-            for lo in range(0, count, PROMPT_LOGPROB_SLICE):
-                hi = min(count, lo + PROMPT_LOGPROB_SLICE)
-                logits = self._logits(hidden[row + lo : row + hi])
-                entries += compute_logprobs(logits, targets[lo:hi], k)
-            result.prompt_logprobs[i] = entries
+            for first in range(0, count, PROMPT_LOGPROB_SLICE):
+                stop = min(count, first + PROMPT_LOGPROB_SLICE)
+                logits = self._logits(hidden[row + first : row + stop])
+                entries += compute_logprobs(logits, targets[first:stop], num_top)
+            result.prompt_logprobs[index] = entries
 
     def _sample(self, logits: torch.Tensor, items: list[tuple[int, ScheduledSeq]], result: StepResult) -> None:
         """items[j] owns logits row j. Beams get their candidates, everything else one sampler call."""
         rows: list[SamplingRow] = []
         owners: list[int] = []  # logits row of each sampling row
-        for j, (_, s) in enumerate(items):
-            group = s.group
+        for logits_row, (_, item) in enumerate(items):
+            group = item.group
             if group.beam is not None:
                 continue
             # A group's first token is drawn once per choice, from the prompt's one logits row.
-            seqs = group.seqs if not group.forked else [s.seq]
+            seqs = group.seqs if not group.forked else [item.seq]
             rows += [self._row(group, seq) for seq in seqs]
-            owners += [j] * len(seqs)
+            owners += [logits_row] * len(seqs)
         if rows:
-            index = torch.tensor(owners, device=logits.device)
+            owner_rows = torch.tensor(owners, device=logits.device)
             try:
-                self._draw(logits.index_select(0, index), rows, owners, items, result)
+                self._draw(logits.index_select(0, owner_rows), rows, owners, items, result)
             except Exception:
                 # One request's bad parameters must not fail the batch: retry each sequence alone.
-                for j, (i, _) in enumerate(items):
-                    mine = [r for r, o in zip(rows, owners, strict=True) if o == j]
+                for logits_row, (scheduled_index, _) in enumerate(items):
+                    mine = [row for row, owner in zip(rows, owners, strict=True) if owner == logits_row]
                     if not mine:
                         continue
                     try:
-                        self._draw(logits[j : j + 1].expand(len(mine), -1), mine, [j] * len(mine), items, result)
+                        alone = logits[logits_row : logits_row + 1].expand(len(mine), -1)
+                        self._draw(alone, mine, [logits_row] * len(mine), items, result)
                     except Exception as exc:
-                        result.errors[i] = exc
-        for j, (i, s) in enumerate(items):
-            if s.group.beam is not None:
+                        result.errors[scheduled_index] = exc
+        for logits_row, (scheduled_index, item) in enumerate(items):
+            if item.group.beam is not None:
                 try:
-                    result.samples[i] = self._beam_candidates(logits[j : j + 1], s)
+                    result.samples[scheduled_index] = self._beam_candidates(logits[logits_row : logits_row + 1], item)
                 except Exception as exc:
-                    result.errors[i] = exc
+                    result.errors[scheduled_index] = exc
 
     def _draw(
         self,
@@ -298,18 +426,21 @@ class ModelRunner:
         out = self.sampler(logits, rows)
         tops = out.top_logprobs
         samples: dict[int, list[Sample]] = {}
-        for r, j in enumerate(owners):
-            top = tops[r] if tops is not None and rows[r].params.logprobs is not None else None
-            samples.setdefault(items[j][0], []).append(Sample(out.token_ids[r], out.logprobs[r], top))
+        for sampling_index, owner in enumerate(owners):
+            wants_top = tops is not None and rows[sampling_index].params.logprobs is not None
+            top = tops[sampling_index] if wants_top else None
+            sample = Sample(out.token_ids[sampling_index], out.logprobs[sampling_index], top)
+            samples.setdefault(items[owner][0], []).append(sample)
         result.samples.update(samples)
 
-    def _beam_candidates(self, logits: torch.Tensor, s: ScheduledSeq) -> list[Sample]:
+    def _beam_candidates(self, logits: torch.Tensor, item: ScheduledSeq) -> list[Sample]:
         """The 2*width best next tokens of one beam, by logprob after masks and penalties."""
-        row = self._row(s.group, s.seq)
+        row = self._row(item.group, item.seq)
         logprobs = torch.log_softmax(process_logits(logits, [row]), dim=-1)[0]
-        values, ids = logprobs.topk(min(2 * s.group.beam.width, logprobs.numel()))
+        values, token_ids = logprobs.topk(min(2 * item.group.beam.width, logprobs.numel()))
         # A grammar can leave fewer allowed tokens than candidates asked for: masked ones never extend a beam.
-        return [Sample(t, lp) for t, lp in zip(ids.tolist(), values.tolist(), strict=True) if lp != float("-inf")]
+        candidates = zip(token_ids.tolist(), values.tolist(), strict=True)
+        return [Sample(token_id, logprob) for token_id, logprob in candidates if logprob != float("-inf")]
 
     @staticmethod
     def _row(group: SequenceGroup, seq: Sequence) -> SamplingRow:

@@ -105,7 +105,16 @@ class Follower:
         )
         # This rank's heads' states, in as many slots as rank 0's pool (the slot ids are its scheduler's).
         states = None if recurrent is None else StatePool(recurrent, state_slots, self.dtype, self.device)
-        self.runner = ModelRunner(self.model, groups, pools, backends, Sampler(), self.device, recurrent, states)
+        self.runner = ModelRunner(
+            model=self.model,
+            groups=groups,
+            pools=pools,
+            backends=backends,
+            sampler=Sampler(),
+            device=self.device,
+            recurrent=recurrent,
+            state_pool=states,
+        )
 
     @torch.inference_mode()
     def _step(self, head: torch.Tensor) -> None:

@@ -37,6 +37,12 @@ def check_config(config: SpeculativeConfig) -> None:
         )
 
 
+def reads_final_hidden(config: SpeculativeConfig | None) -> bool:
+    """Whether the method's proposer reads the target's final hidden states, which the model runner then hands on
+    (StepResult.hidden): MTP's head does; EAGLE-3's reads the aux states the model keeps itself."""
+    return config is not None and config.method == "mtp"
+
+
 def build_speculator(config: SpeculativeConfig | None, target: Target) -> Speculator | None:
     if config is None:
         return None

@@ -83,7 +83,14 @@ class DraftModelProposer:
             state_pool = StatePool(recurrent, state.num_slots, target.dtype, target.device)
         self.kv = KVCacheManager(groups, [num_pages] * len(groups), page_size, enable_prefix_caching=False, state=state)
         self.runner = ModelRunner(
-            self.model, groups, self.pools, backends, Sampler(), target.device, recurrent, state_pool
+            model=self.model,
+            groups=groups,
+            pools=self.pools,
+            backends=backends,
+            sampler=Sampler(),
+            device=target.device,
+            recurrent=recurrent,
+            state_pool=state_pool,
         )
         self._shadows: dict[int, _Shadow] = {}  # least recently proposing first
         self._state_copies: list[tuple[int, int]] = []  # a hybrid draft's saves and restores, for the next forward

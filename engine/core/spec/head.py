@@ -60,7 +60,9 @@ class HeadProposer:
             target.backend_name, groups, target.device, spec=args, dtype=target.dtype, kv_dtype=target.kv_dtype
         )
         self.kv = KVCacheManager(groups, [num_pages] * len(groups), target.page_size, enable_prefix_caching=False)
-        self.runner = ModelRunner(head, groups, self.pools, backends, Sampler(), target.device)
+        self.runner = ModelRunner(
+            model=head, groups=groups, pools=self.pools, backends=backends, sampler=Sampler(), device=target.device
+        )
         self._shadows: dict[int, _Shadow] = {}
 
     def features(self, result: StepResult) -> torch.Tensor | None:

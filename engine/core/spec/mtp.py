@@ -30,7 +30,6 @@ class MtpProposer(HeadProposer):
     """vLLM's "mtp" method for Qwen3.5 / Qwen3-Next: num_speculative_tokens steps of the checkpoint's MTP head."""
 
     name = "mtp"
-    reads_hidden = True  # the runner hands the target's final hidden states on (StepResult.hidden)
 
     def __init__(self, config: SpeculativeConfig, target: Target) -> None:
         model = target.model

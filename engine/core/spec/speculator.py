@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from engine.config import SpeculativeConfig
 
@@ -33,6 +33,17 @@ def unsupported(group: SequenceGroup) -> str | None:
     if any(s.output_state.grammar is not None for s in group.seqs):
         return "structured output"
     return None
+
+
+class SpeculatorStats(TypedDict):
+    """Speculator.stats(): its counts since start-up, part of LLMEngine.stats()."""
+
+    spec_proposed_tokens: int
+    spec_accepted_tokens: int
+    spec_verify_steps: int
+    spec_skipped_steps: int  # steps whose batch was too large to speculate
+    spec_acceptance_rate: float
+    spec_mean_accepted_length: float  # tokens a speculating sequence gains per verify step
 
 
 class Speculator:
@@ -105,7 +116,7 @@ class Speculator:
                 s["spec_mean_accepted_length"],
             )
 
-    def stats(self) -> dict:
+    def stats(self) -> SpeculatorStats:
         rate = self.num_accepted / self.num_proposed if self.num_proposed else 0.0
         # Tokens a speculating sequence gains per verify step: its accepted ones and the target's own next one.
         mean = 1.0 + self.num_accepted / self.num_proposals if self.num_proposals else 0.0
