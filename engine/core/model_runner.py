@@ -224,7 +224,14 @@ class ModelRunner:
                 captures.append((i, boundary - s.start, slot))
             row += s.num_tokens
         verify = frozenset(i for i, s in enumerate(scheduled) if s.draft)
-        return RecurrentStep(spans, slots, captures, torch.tensor(slots, device=self.device), is_decode, verify=verify)
+        return RecurrentStep(
+            spans=spans,
+            slots=slots,
+            captures=captures,
+            slot_index=torch.tensor(slots, device=self.device),
+            is_decode=is_decode,
+            verify=verify,
+        )
 
     @torch.inference_mode()
     def settle(self, out: SchedulerOutput) -> None:
