@@ -26,7 +26,7 @@ TEXT = (
 
 
 def ours(tokenizer, ids: list[int]) -> str:
-    detok = Detokenizer(tokenizer)
+    detok = Detokenizer(tokenizer=tokenizer)
     text = "".join(detok.push([i]).text for i in ids)
     return text + detok.flush()
 

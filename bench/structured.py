@@ -136,9 +136,11 @@ def paired_steps(plain: LLMEngine, grammar: LLMEngine, batch: int, steps: int) -
 
 
 def compile_times(engine: LLMEngine, count: int) -> dict:
-    cache = GrammarCache(engine.tokenizer, engine.spec.vocab_size, sorted(engine.spec.eos_token_ids))
+    cache = GrammarCache(
+        tokenizer=engine.tokenizer, vocab_size=engine.spec.vocab_size, stop_token_ids=sorted(engine.spec.eos_token_ids)
+    )
     t = time.perf_counter()
-    cache.get(StructuredSpec("regex", "warm-up", param="bench"))
+    cache.get(StructuredSpec(kind="regex", value="warm-up", param="bench"))
     first_ever = time.perf_counter() - t
     miss, hit = [], []
     for i in range(count):

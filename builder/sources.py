@@ -42,7 +42,7 @@ BIN_FILES = ["*.bin", "pytorch_model.bin.index.json"]
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Source:
     """A resolved model source; `fetch` fills a staging folder with the files the engine needs."""
 
@@ -65,15 +65,15 @@ class Fetched:
 def resolve(model: str | None, revision: str | None) -> Source:
     """Pick the source kind from what `model` names (nothing means the bundled default)."""
     if not model:
-        return Source("default", f"{DEFAULT_GGUF_PACKAGE}/{DEFAULT_GGUF_FILE}", served_name=DEFAULT_MODEL_NAME)
+        return Source(kind="default", ref=f"{DEFAULT_GGUF_PACKAGE}/{DEFAULT_GGUF_FILE}", served_name=DEFAULT_MODEL_NAME)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return Source("gguf", str(path.resolve()), served_name=path.stem)
+        return Source(kind="gguf", ref=str(path.resolve()), served_name=path.stem)
     if path.is_dir():
-        return Source("local", str(path.resolve()), served_name=path.resolve().name)
+        return Source(kind="local", ref=str(path.resolve()), served_name=path.resolve().name)
     if model.startswith((".", "/", "~")) or model.endswith(".gguf"):
         raise BakeError(f"model path {model!r} does not exist")
-    return Source("hub", model, revision=revision, served_name=model)
+    return Source(kind="hub", ref=model, revision=revision, served_name=model)
 
 
 def identity(source: Source) -> dict:

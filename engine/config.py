@@ -82,7 +82,7 @@ def _spec_from_json(item: object) -> AdapterSpec:
     return AdapterSpec(item["name"], item["path"], item.get("base_model_name") or None)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SpeculativeConfig:
     """Speculative decoding (vLLM's names): a proposer guesses up to num_speculative_tokens tokens, one forward
     of the model verifies them (engine/core/spec/)."""
@@ -100,7 +100,7 @@ class SpeculativeConfig:
     draft_kv_pages: int | None = None  # draft_model: its own KV pool in pages (None: as many as the target's)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EngineConfig:
     model_path: str
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, fp32 on CPU)

@@ -21,7 +21,7 @@ class PositionLogprobs:
     top: list[Logprob] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CompletionDelta:
     """What one choice produced since the previous RequestOutput (all of it when not streamed)."""
 
@@ -33,7 +33,7 @@ class CompletionDelta:
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it, if any
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CompletionOutput:
     """Everything one choice produced, joined from its deltas."""
 
@@ -54,7 +54,7 @@ class CompletionOutput:
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RequestOutput:
     """One increment of a request: deltas for the choices that advanced, plus running usage."""
 
@@ -68,7 +68,7 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PoolingOutput:
     """An embedding request's one and only output: the pooled vector and the prompt it pooled."""
 

@@ -76,7 +76,7 @@ class RouteCounts:
         }
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Job:
     """One job: its outputs so far, its status and how far /stream has read."""
 

@@ -30,7 +30,7 @@ from worker.speculative_source import locate_speculative
 log = logging.getLogger("worker")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Runtime:
     """The running engine plus the worker's view of it."""
 
@@ -215,7 +215,10 @@ def response_store(settings: Settings) -> ResponseStore | RedisResponseStore:
     if not settings.response_store_url:
         return ResponseStore(settings.response_store_max_entries, max_bytes)
     store = RedisResponseStore(
-        settings.response_store_url, settings.response_store_max_entries, max_bytes, settings.response_store_ttl_s
+        url=settings.response_store_url,
+        max_entries=settings.response_store_max_entries,
+        max_bytes=max_bytes,
+        ttl_s=settings.response_store_ttl_s,
     )
     try:
         store.check()

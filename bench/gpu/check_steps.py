@@ -38,21 +38,21 @@ def gpu_test_modules() -> list:
     from engine.cuda.precompile import AttentionModule as M
 
     return [
-        M("prefill", 64, BF16, BF16, False),
-        M("decode", 64, BF16, BF16, False),
-        M("prefill", 64, BF16, BF16, True),
-        M("prefill", 128, BF16, BF16, False),
-        M("prefill", 64, BF16, FP8, False),
-        M("sink", 64, BF16, BF16, False),
-        M("sink", 64, BF16, BF16, True),
-        M("sink", 128, BF16, BF16, False),
-        M("sink", 128, BF16, BF16, True),
-        M("prefill", 256, BF16, BF16, False, True),
-        M("decode", 256, BF16, BF16, False, True),
-        M("prefill", 256, BF16, BF16, True, True),
+        M(kind="prefill", head_dim=64, q_dtype=BF16, kv_dtype=BF16, sliding_window=False),
+        M(kind="decode", head_dim=64, q_dtype=BF16, kv_dtype=BF16, sliding_window=False),
+        M(kind="prefill", head_dim=64, q_dtype=BF16, kv_dtype=BF16, sliding_window=True),
+        M(kind="prefill", head_dim=128, q_dtype=BF16, kv_dtype=BF16, sliding_window=False),
+        M(kind="prefill", head_dim=64, q_dtype=BF16, kv_dtype=FP8, sliding_window=False),
+        M(kind="sink", head_dim=64, q_dtype=BF16, kv_dtype=BF16, sliding_window=False),
+        M(kind="sink", head_dim=64, q_dtype=BF16, kv_dtype=BF16, sliding_window=True),
+        M(kind="sink", head_dim=128, q_dtype=BF16, kv_dtype=BF16, sliding_window=False),
+        M(kind="sink", head_dim=128, q_dtype=BF16, kv_dtype=BF16, sliding_window=True),
+        M(kind="prefill", head_dim=256, q_dtype=BF16, kv_dtype=BF16, sliding_window=False, soft_cap=True),
+        M(kind="decode", head_dim=256, q_dtype=BF16, kv_dtype=BF16, sliding_window=False, soft_cap=True),
+        M(kind="prefill", head_dim=256, q_dtype=BF16, kv_dtype=BF16, sliding_window=True, soft_cap=True),
         # test_gpu_group_backends: a Gemma-4-like sliding group of 256 (4 q heads on 2) warmed up beside a 512 one
-        M("prefill", 256, BF16, BF16, True),
-        M("decode", 256, BF16, BF16, True),
+        M(kind="prefill", head_dim=256, q_dtype=BF16, kv_dtype=BF16, sliding_window=True),
+        M(kind="decode", head_dim=256, q_dtype=BF16, kv_dtype=BF16, sliding_window=True),
     ]
 
 

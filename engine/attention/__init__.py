@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def _flashinfer(device: torch.device, **kw: object) -> AttentionBackend:
     from engine.attention.flashinfer import FlashInferBackend
 
-    return FlashInferBackend(device, **kw)
+    return FlashInferBackend(device=device, **kw)
 
 
 BACKENDS = {"torch": TorchRefBackend, "flashinfer": _flashinfer}

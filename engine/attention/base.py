@@ -8,7 +8,7 @@ from typing import Protocol
 import torch
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AttentionMetadata:
     """One step's batch, as the CSR arrays FlashInfer takes (all int32, on the model's device).
 

@@ -54,8 +54,8 @@ class FlashInferBackend:
 
     def __init__(
         self,
-        device: torch.device | str = "cuda",
         *,
+        device: torch.device | str = "cuda",
         num_q_heads: int | None = None,
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
@@ -273,7 +273,14 @@ class FlashInferBackend:
         if None in self.shape:
             raise ValueError("graph_decode() needs num_q_heads, num_kv_heads, head_dim and dtype at construction")
         return FlashInferGraphDecode(
-            self.workspace, batch_size, max_num_indices, num_q_heads, num_kv_heads, head_dim, dtype, self.kv_dtype
+            workspace=self.workspace,
+            batch_size=batch_size,
+            max_num_indices=max_num_indices,
+            num_q_heads=num_q_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            kv_dtype=self.kv_dtype,
         )
 
     def warmup(self, page_size: int, sinks: bool = False) -> None:

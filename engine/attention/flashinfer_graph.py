@@ -25,6 +25,7 @@ class FlashInferGraphDecode:
 
     def __init__(
         self,
+        *,
         workspace: torch.Tensor,
         batch_size: int,
         max_num_indices: int,

@@ -136,7 +136,9 @@ class AsyncEngine:
         """One embedding request, run in the same batches as generation; raises its error instead."""
         if self.engine.spec.classifier is not None:
             raise InvalidRequest("the model is a cross-encoder: it gives scores, not embeddings", param="model")
-        params = PoolingParams(self.engine.spec.pooling, dimensions, truncate_prompt_tokens)
+        params = PoolingParams(
+            config=self.engine.spec.pooling, dimensions=dimensions, truncate_prompt_tokens=truncate_prompt_tokens
+        )
         async for output in self.generate(prompt_token_ids, params, request_id):
             if isinstance(output, PoolingOutput):
                 return output
@@ -159,7 +161,13 @@ class AsyncEngine:
         spec = self.engine.spec
         if spec.classifier is None:
             raise InvalidRequest("the model is not a cross-encoder: it has no score head", param="model")
-        params = PoolingParams(spec.pooling, None, truncate_prompt_tokens, head=spec.score_head, activation=activation)
+        params = PoolingParams(
+            config=spec.pooling,
+            dimensions=None,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            head=spec.score_head,
+            activation=activation,
+        )
         async for output in self.generate(prompt_token_ids, params, request_id):
             if isinstance(output, PoolingOutput):
                 return output

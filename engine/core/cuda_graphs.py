@@ -55,10 +55,10 @@ class CudaGraphRunner:
 
     def __init__(
         self,
+        *,
         model: ModelForward,
         backend: FlashInferBackend,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        *,
         batch_sizes: Sequence[int],
         max_pages_per_seq: int,
         layer_backends: list[Any] | None = None,
@@ -217,9 +217,9 @@ def prepare_cuda(
         return None
     start = time.perf_counter()
     runner = CudaGraphRunner(
-        model,
-        backend,
-        kv_caches,
+        model=model,
+        backend=backend,
+        kv_caches=kv_caches,
         batch_sizes=graph_batch_sizes(max_num_seqs),
         max_pages_per_seq=-(-max_model_len // page_size),
         layer_backends=layer_backends,

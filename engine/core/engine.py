@@ -149,13 +149,19 @@ class LLMEngine:
             log.info("%s", linear_attention.describe(self.device))
         self.max_num_seqs = min(config.max_num_seqs, plan.state_seqs or config.max_num_seqs)
         state = None if recurrent is None else StateSlots(plan.state_seqs, config.enable_prefix_caching)
-        self.kv = KVCacheManager(groups, num_pages, config.page_size, config.enable_prefix_caching, state)
+        self.kv = KVCacheManager(
+            specs=groups,
+            num_pages=num_pages,
+            page_size=config.page_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            state=state,
+        )
         self.scheduler = Scheduler(
-            self.kv,
-            self.max_num_seqs,
-            config.max_num_batched_tokens,
-            config.scheduling_policy,
-            config.priority_aging_steps,
+            kv=self.kv,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            policy=config.scheduling_policy,
+            aging_steps=config.priority_aging_steps,
         )
         return num_pages
 
@@ -205,9 +211,9 @@ class LLMEngine:
         self._groups: dict[str, SequenceGroup] = {}
         self._failures: list[tuple[str, Exception]] = []
         self.grammars = GrammarCache(
-            self.tokenizer,
-            self.spec.vocab_size,
-            sorted(self.spec.eos_token_ids),
+            tokenizer=self.tokenizer,
+            vocab_size=self.spec.vocab_size,
+            stop_token_ids=sorted(self.spec.eos_token_ids),
             threads=2 if self.device.type == "cpu" else 8,
             max_whitespace=config.structured_max_whitespace,
         )
@@ -215,20 +221,20 @@ class LLMEngine:
         self.speculator = build_speculator(
             config.speculative,
             Target(
-                self.tokenizer,
-                self.spec.vocab_size,
-                self.spec.recurrent is not None,
-                self.dtype,
-                self.device,
-                self.kv_dtype,
-                self.backend_name,
-                config.page_size,
-                self.allocator.num_pages,
-                config.max_num_batched_tokens,
-                self.max_model_len,
-                self.model,
-                config.model_path,
-                self.max_num_seqs,
+                tokenizer=self.tokenizer,
+                vocab_size=self.spec.vocab_size,
+                recurrent=self.spec.recurrent is not None,
+                dtype=self.dtype,
+                device=self.device,
+                kv_dtype=self.kv_dtype,
+                backend_name=self.backend_name,
+                page_size=config.page_size,
+                num_pages=self.allocator.num_pages,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=self.max_model_len,
+                model=self.model,
+                model_path=config.model_path,
+                max_num_seqs=self.max_num_seqs,
             ),
         )
 
@@ -244,13 +250,13 @@ class LLMEngine:
     def limits(self) -> Limits:
         c, m = self.config, self.spec
         return Limits(
-            m.vocab_size,
-            self.max_model_len,
-            self.max_num_seqs,
-            c.max_num_batched_tokens,
-            self.adapters,
-            m.hidden_size,
-            self.lora.keys if self.lora is not None else {},
+            vocab_size=m.vocab_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            adapters=self.adapters,
+            hidden_size=m.hidden_size,
+            adapter_keys=self.lora.keys if self.lora is not None else {},
         )
 
     def prepare(

@@ -94,13 +94,25 @@ def group_modules(
     """What one KV group's FlashInfer backend plans at warm-up and at run time (engine.attention.flashinfer)."""
     q, kv = str(dtype).removeprefix("torch."), str(kv_dtype).removeprefix("torch.")
     window, cap = group.window is not None, group.soft_cap is not None
-    found = {AttentionModule("prefill", group.head_dim, q, kv, window, cap)}
+    found = {
+        AttentionModule(
+            kind="prefill", head_dim=group.head_dim, q_dtype=q, kv_dtype=kv, sliding_window=window, soft_cap=cap
+        )
+    }
     if bidirectional and window:  # a custom mask folds the window in: planned without window_left
-        found.add(AttentionModule("prefill", group.head_dim, q, kv, False, cap))
+        found.add(
+            AttentionModule(
+                kind="prefill", head_dim=group.head_dim, q_dtype=q, kv_dtype=kv, sliding_window=False, soft_cap=cap
+            )
+        )
     if not all(use_tensor_core_decode(ratio, 1) for ratio in decode_ratios(num_q_heads, group.num_kv_heads)):
-        found.add(AttentionModule("decode", group.head_dim, q, kv, window, cap))
+        found.add(
+            AttentionModule(
+                kind="decode", head_dim=group.head_dim, q_dtype=q, kv_dtype=kv, sliding_window=window, soft_cap=cap
+            )
+        )
     if sinks:
-        found.add(AttentionModule("sink", group.head_dim, q, kv, window))
+        found.add(AttentionModule(kind="sink", head_dim=group.head_dim, q_dtype=q, kv_dtype=kv, sliding_window=window))
     return found
 
 

@@ -10,7 +10,7 @@ from engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from engine.sample.params import SamplingParams
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FinalOutput:
     """One prompt's finished result: its choices, whole."""
 
@@ -70,11 +70,13 @@ class LLM:
     def _merge(results: dict[str, FinalOutput], output: RequestOutput) -> None:
         final = results.get(output.request_id)
         if final is None:
-            final = results[output.request_id] = FinalOutput(output.request_id, output.prompt_token_ids, [])
+            final = results[output.request_id] = FinalOutput(
+                request_id=output.request_id, prompt_token_ids=output.prompt_token_ids, outputs=[]
+            )
         if output.prompt_logprobs is not None:
             final.prompt_logprobs = output.prompt_logprobs
         final.num_cached_tokens = output.num_cached_tokens
         for delta in output.outputs:
             while len(final.outputs) <= delta.index:
-                final.outputs.append(CompletionOutput(len(final.outputs)))
+                final.outputs.append(CompletionOutput(index=len(final.outputs)))
             final.outputs[delta.index].add(delta)

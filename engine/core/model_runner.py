@@ -347,7 +347,9 @@ class ModelRunner:
             row += item.num_tokens
         verifying = frozenset(index for index, item in enumerate(scheduled) if item.draft)
         slot_index = torch.tensor(slots, device=self.device)
-        return RecurrentStep(spans, slots, captures, slot_index, is_decode, verify=verifying)
+        return RecurrentStep(
+            spans=spans, slots=slots, captures=captures, slot_index=slot_index, is_decode=is_decode, verify=verifying
+        )
 
     @torch.inference_mode()
     def settle(self, out: SchedulerOutput) -> None:

@@ -29,7 +29,7 @@ class PrecompileError(RuntimeError):
     """Modules that did not build, each named, with the first lines nvcc said about it."""
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, kw_only=True)
 class AttentionModule:
     """One FlashInfer attention module as the runtime asks for it.
 

@@ -17,7 +17,7 @@ STANDARD_MEAN = (0.5, 0.5, 0.5)
 STANDARD_STD = (0.5, 0.5, 0.5)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GemmaImageConfig:
     """The processor settings preprocessor_config.json holds (transformers' defaults where it is silent)."""
 

@@ -19,7 +19,7 @@ from engine.image.pixels import resize_and_normalise
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the budgets transformers' processor accepts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Gemma4ImageConfig:
     """The processor settings preprocessor_config.json holds (transformers' defaults where it is silent)."""
 

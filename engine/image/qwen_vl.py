@@ -21,7 +21,7 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MAX_ASPECT = 200
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QwenVLImageConfig:
     """The processor settings preprocessor_config.json holds (transformers' defaults where it is silent)."""
 

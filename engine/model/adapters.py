@@ -41,7 +41,7 @@ _UNSUPPORTED = {
 }
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AdapterInfo:
     """What the manifest and the engine need to know about one checked adapter."""
 
@@ -92,7 +92,14 @@ def check_adapter(folder: Path, shapes: dict[str, tuple[int, int]], num_layers: 
     layers = _layer_keys(folder / ADAPTER_WEIGHTS, shapes, num_layers, rank)
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     targets = [t for t in TARGETS if any(name == t for _, name in layers)]
-    return AdapterInfo(rank, float(alpha), scale, targets, config.get("base_model_name_or_path"), layers)
+    return AdapterInfo(
+        rank=rank,
+        lora_alpha=float(alpha),
+        scale=scale,
+        target_modules=targets,
+        base_model=config.get("base_model_name_or_path"),
+        layers=layers,
+    )
 
 
 def read_adapter(folder: Path, info: AdapterInfo) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:

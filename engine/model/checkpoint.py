@@ -55,7 +55,7 @@ class Source:
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=dim)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Shard:
     """Where one checkpoint tensor lands inside a stacked parameter: `param`[index] (an expert), then entries
     [offset, offset + size) of that along `dim` (None: all of it).
@@ -148,7 +148,7 @@ def plan_copies(model: nn.Module, shapes: dict[str, tuple[int, ...]], tied: bool
             continue
         if kv_scale_target(ours) is not None:  # not a weight: engine.model.kv_scales reads these
             continue
-        shard = targets.get(ours) or (Shard(ours) if ours in params else None)
+        shard = targets.get(ours) or (Shard(param=ours) if ours in params else None)
         if shard is None:
             raise UnsupportedModel(f"unexpected tensor {name!r} in checkpoint", param="model")
         if ours in sources:

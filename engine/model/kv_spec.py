@@ -14,7 +14,7 @@ from dataclasses import dataclass
 WINDOW_OFF_BY_DEFAULT = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KVGroupSpec:
     """The layers of one group (model layer indices, ascending), their KV shape and their window (None: full).
 
@@ -93,7 +93,17 @@ def kv_groups(
     groups = []
     for (window, heads, dim), layers in by_key.items():
         readers = tuple((r, s) for r, s in sorted(shared.items()) if s in layers)
-        groups.append(KVGroupSpec(tuple(layers), heads, dim, window, scale, soft_cap, readers))
+        groups.append(
+            KVGroupSpec(
+                layers=tuple(layers),
+                num_kv_heads=heads,
+                head_dim=dim,
+                window=window,
+                scale=scale,
+                soft_cap=soft_cap,
+                readers=readers,
+            )
+        )
     return groups
 
 

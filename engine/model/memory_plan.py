@@ -41,7 +41,7 @@ class GroupKV:
     window: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MemoryPlan:
     weight_bytes: int
     groups: tuple[GroupKV, ...]
@@ -109,7 +109,9 @@ def plan_from_config(
         max_pages_per_seq=pages_per_seq,
         graphs=True,
     )
-    return MemoryPlan(weights, groups, reserve, max_num_seqs, scratch)
+    return MemoryPlan(
+        weight_bytes=weights, groups=groups, reserve_bytes=reserve, max_num_seqs=max_num_seqs, scratch_bytes=scratch
+    )
 
 
 def plan_for_folder(model_path: str, dtype: torch.dtype, kv_dtype: torch.dtype | None = None, **kw: int) -> MemoryPlan:

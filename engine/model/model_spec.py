@@ -18,7 +18,7 @@ from engine.model.pooling import PoolingConfig, read_pooling
 from engine.model.vision.spec import VisionSpec
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModelSpec:
     """What the engine needs to know about a loaded model (KV shapes, limits, stop tokens)."""
 

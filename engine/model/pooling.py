@@ -23,7 +23,7 @@ MODULE_KINDS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PoolingConfig:
     """The model's pooling: method ("mean", "cls" or "last"), whether it normalises, which sizes it shortens to."""
 
@@ -57,7 +57,13 @@ def read_pooling(model_path: str, config: dict) -> PoolingConfig:
         normalize = normalize or kind == "normalize"
     if method is None:
         raise UnsupportedModel("modules.json has no Pooling module: the model does not say how to pool")
-    return PoolingConfig(method, normalize, "sentence-transformers", matryoshka, allowed)
+    return PoolingConfig(
+        method=method,
+        normalize=normalize,
+        source="sentence-transformers",
+        matryoshka=matryoshka,
+        matryoshka_dimensions=allowed,
+    )
 
 
 def _pooling_method(path: str) -> str:

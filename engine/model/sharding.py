@@ -201,7 +201,9 @@ def shard_expert_stack(old: nn.Module, name: str, tp: TensorParallel, plan: Shar
         plan.sources[f"{name}.{e}.down_proj.weight"] = Source(1, ((start, n),))
     plan.sources[f"{name}.gate_up_proj"] = Source(1, ((start, n), (width + start, n)), 2 * width)
     plan.sources[f"{name}.down_proj"] = Source(2, ((start, n),), width)
-    return type(old)(old.num_experts, old.hidden_size, n, activation=old.activation)
+    return type(old)(
+        num_experts=old.num_experts, hidden_size=old.hidden_size, intermediate_size=n, activation=old.activation
+    )
 
 
 def shard_deltanet(layer: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> nn.Module:

@@ -16,7 +16,7 @@ def beam_score(cum_logprob: float, length: int, length_penalty: float) -> float:
     return cum_logprob / (max(length, 1) ** length_penalty)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Beam:
     token_ids: list[int] = field(default_factory=list)  # generated tokens (the prompt is not included)
     cum_logprob: float = 0.0
@@ -36,8 +36,8 @@ class BeamSearch:
 
     def __init__(
         self,
-        width: int,
         *,
+        width: int,
         length_penalty: float = 1.0,
         early_stopping: bool = False,
         stop_token_ids: set[int] | None = None,
@@ -71,7 +71,13 @@ class BeamSearch:
         live: list[Beam] = []
         for rank, (cum, parent, tok, lp) in enumerate(pool):
             src = self.live[parent]
-            beam = Beam(src.token_ids + [tok], cum, False, parent, src.logprobs + [lp])
+            beam = Beam(
+                token_ids=src.token_ids + [tok],
+                cum_logprob=cum,
+                finished=False,
+                parent=parent,
+                logprobs=src.logprobs + [lp],
+            )
             if tok in self.stop_token_ids:
                 if rank < self.width:
                     beam.finished = True

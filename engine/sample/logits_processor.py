@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 NEG_INF = float("-inf")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SamplingRow:
     """One sequence's share of a sampling step."""
 

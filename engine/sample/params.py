@@ -55,7 +55,7 @@ class StopReader(Protocol):
     def push(self, text: str) -> bool: ...
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SamplingParams:
     """Decoding settings of one request (vLLM's names and semantics); invalid values raise InvalidRequest."""
 

@@ -28,8 +28,8 @@ class Detokenizer:
 
     def __init__(
         self,
-        tokenizer,
         *,
+        tokenizer,
         skip_special_tokens: bool = True,
         stop: list[str] | None = None,
         include_stop_str_in_output: bool = False,

@@ -30,7 +30,7 @@ def run_steps(
     gen = torch.Generator(device="cuda").manual_seed(0)
     hk, d, dtype = pager.num_kv_heads, pager.head_dim, pager.dtype
     kw = dict(num_q_heads=num_q_heads, num_kv_heads=hk, head_dim=d, dtype=dtype) if shape_known else {}
-    fi = FlashInferBackend("cuda", window=window, **extras, **kw)
+    fi = FlashInferBackend(device="cuda", window=window, **extras, **kw)
     ref = TorchRefBackend("cuda", window=window, **extras)
     for index, step in enumerate(steps):
         for at, src, dst, pages in shares:
@@ -116,7 +116,7 @@ def test_float32_is_refused_with_a_clear_error():
     from engine.attention.flashinfer import FlashInferBackend
 
     with pytest.raises(ValueError, match="float16 or bfloat16"):
-        FlashInferBackend("cuda", num_q_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.float32)
+        FlashInferBackend(device="cuda", num_q_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.float32)
 
 
 def test_registry_creates_flashinfer_on_cuda():
@@ -129,7 +129,7 @@ def test_registry_creates_flashinfer_on_cuda():
 def test_warmup_runs_prefill_and_decode():
     from engine.attention.flashinfer import FlashInferBackend
 
-    backend = FlashInferBackend("cuda", num_q_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16)
+    backend = FlashInferBackend(device="cuda", num_q_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16)
     backend.warmup(page_size=16)
     assert backend._decode, "warm-up did not build the decode wrapper"
 

@@ -72,8 +72,16 @@ def test_a_deltanet_layer_is_the_same_with_and_without_it(monkeypatch, dtype):
     prompt = torch.randn(37, 128, device="cuda", generator=gen).to(dtype)
     steps = torch.randn(3, 3, 128, device="cuda", generator=gen).to(dtype)
     slots = [3, 0, 6]
-    prefill = RecurrentStep([(0, 37)], [3], [], torch.tensor([3], device="cuda"), False)
-    decode = RecurrentStep([(i, 1) for i in range(3)], slots, [], torch.tensor(slots, device="cuda"), True)
+    prefill = RecurrentStep(
+        spans=[(0, 37)], slots=[3], captures=[], slot_index=torch.tensor([3], device="cuda"), is_decode=False
+    )
+    decode = RecurrentStep(
+        spans=[(i, 1) for i in range(3)],
+        slots=slots,
+        captures=[],
+        slot_index=torch.tensor(slots, device="cuda"),
+        is_decode=True,
+    )
     results = []
     for fused in (True, False):
         monkeypatch.setattr(causal_conv, "runs", lambda device, _use=fused: _use)

@@ -54,7 +54,7 @@ def test_fused_model_matches_torch_path(tmp_path, tiny_llama_checkpoint, gpu_pag
     pager = gpu_pager(
         num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, pools=("fused", "torch")
     )
-    backend = FlashInferBackend("cuda", **cuda_setup.backend_kwargs(spec, DT))
+    backend = FlashInferBackend(device="cuda", **cuda_setup.backend_kwargs(spec, DT))
     g = torch.Generator().manual_seed(0)
     lengths = {"a": 37, "b": 5, "c": 16}
     steps = [[(r, torch.randint(0, 512, (n,), generator=g).tolist()) for r, n in lengths.items()]]
@@ -83,7 +83,7 @@ def test_prepare_cuda_captures_within_the_reserve(tmp_path, tiny_llama_checkpoin
 
     model, spec = load(tmp_path, tiny_llama_checkpoint)
     dev, page_size, max_model_len, max_num_seqs = torch.device("cuda"), 16, 1024, 24
-    backend = FlashInferBackend(dev, **cuda_setup.backend_kwargs(spec, DT))
+    backend = FlashInferBackend(device=dev, **cuda_setup.backend_kwargs(spec, DT))
     assert cuda_setup.warm_up(model, backend, page_size) >= 0
     max_pages = -(-max_model_len // page_size)
     graph_reserve = cuda_setup.reserve_bytes(
@@ -94,7 +94,15 @@ def test_prepare_cuda_captures_within_the_reserve(tmp_path, tiny_llama_checkpoin
         max_pages_per_seq=max_pages,
         graphs=True,
     )
-    pool = PagePool(spec.num_layers, 256, page_size, spec.num_kv_heads, spec.head_dim, DT, dev)
+    pool = PagePool(
+        num_layers=spec.num_layers,
+        num_pages=256,
+        page_size=page_size,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        dtype=DT,
+        device=dev,
+    )
     assert (
         prepare_cuda(
             model,

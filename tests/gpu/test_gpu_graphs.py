@@ -23,9 +23,13 @@ def build(tmp_path, tiny_llama_checkpoint, gpu_pager, num_q_heads, num_kv_heads,
         pools=("eager", "graph"),
     )
     shape = dict(num_q_heads=spec.num_q_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, dtype=DT)
-    eager = FlashInferBackend("cuda", **shape)
+    eager = FlashInferBackend(device="cuda", **shape)
     runner = CudaGraphRunner(
-        model, FlashInferBackend("cuda", **shape), pager.caches["graph"], batch_sizes=batch_sizes, max_pages_per_seq=16
+        model=model,
+        backend=FlashInferBackend(device="cuda", **shape),
+        kv_caches=pager.caches["graph"],
+        batch_sizes=batch_sizes,
+        max_pages_per_seq=16,
     )
     runner.capture()
     return model, pager, eager, runner

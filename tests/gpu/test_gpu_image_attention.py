@@ -21,7 +21,9 @@ def test_prefill_with_image_spans_matches_the_reference(gpu_pager, window, page_
 
     pager = gpu_pager(num_layers=1, num_kv_heads=2, head_dim=64, page_size=page_size, dtype=torch.bfloat16)
     hq, hk, d = 8, 2, 64
-    fi = FlashInferBackend("cuda", window=window, num_q_heads=hq, num_kv_heads=hk, head_dim=d, dtype=torch.bfloat16)
+    fi = FlashInferBackend(
+        device="cuda", window=window, num_q_heads=hq, num_kv_heads=hk, head_dim=d, dtype=torch.bfloat16
+    )
     ref = TorchRefBackend("cuda", window=window)
     steps = [
         ([("a", 40), ("b", 20)], [[(3, 19), (22, 34)], [(2, 6)]]),

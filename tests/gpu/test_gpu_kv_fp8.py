@@ -32,7 +32,9 @@ def test_flashinfer_on_fp8_pages_equals_the_torch_reference(gpu_pager, page_size
 
     hq, hk, d = 8, 2, 64
     pager = gpu_pager(num_layers=1, num_kv_heads=hk, head_dim=d, page_size=page_size, dtype=FP8)
-    fi = FlashInferBackend("cuda", num_q_heads=hq, num_kv_heads=hk, head_dim=d, dtype=DT, kv_dtype=FP8, window=window)
+    fi = FlashInferBackend(
+        device="cuda", num_q_heads=hq, num_kv_heads=hk, head_dim=d, dtype=DT, kv_dtype=FP8, window=window
+    )
     ref = TorchRefBackend("cuda", window=window)
     gen = torch.Generator(device="cuda").manual_seed(0)
     sinks = torch.randn(hq, generator=gen, device="cuda") if with_sinks else None
@@ -73,9 +75,13 @@ def test_graph_decode_on_fp8_pages_equals_eager(tmp_path, tiny_llama_checkpoint,
     shape = dict(
         num_q_heads=spec.num_q_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, dtype=DT, kv_dtype=FP8
     )
-    eager = FlashInferBackend("cuda", **shape)
+    eager = FlashInferBackend(device="cuda", **shape)
     runner = CudaGraphRunner(
-        model, FlashInferBackend("cuda", **shape), pager.caches["graph"], batch_sizes=[1, 2, 4], max_pages_per_seq=16
+        model=model,
+        backend=FlashInferBackend(device="cuda", **shape),
+        kv_caches=pager.caches["graph"],
+        batch_sizes=[1, 2, 4],
+        max_pages_per_seq=16,
     )
     runner.capture()
     g = torch.Generator().manual_seed(0)

@@ -99,7 +99,9 @@ def test_a_deltanet_prefill_is_the_same_with_and_without_fla(monkeypatch):
     for use_fla in (True, False):
         monkeypatch.setattr(linear_attention, "fla_runs", lambda device, _use=use_fla: _use)
         conv, state = (t.zero_() for t in pools(2, torch.float32))
-        step = RecurrentStep([(0, 90)], [0], [], torch.tensor([0], device="cuda"), False)
+        step = RecurrentStep(
+            spans=[(0, 90)], slots=[0], captures=[], slot_index=torch.tensor([0], device="cuda"), is_decode=False
+        )
         with torch.inference_mode():
             outs.append((layer(x, step, conv, state), state[0].clone()))
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=2e-3, rtol=2e-3)
@@ -115,7 +117,13 @@ def test_a_deltanet_decode_is_the_same_with_and_without_fla(monkeypatch, slots, 
     layer = deltanet(dtype)
     gen = torch.Generator(device="cuda").manual_seed(1)
     xs = torch.randn(4, len(slots), 128, device="cuda", generator=gen).to(dtype)
-    step = RecurrentStep([(i, 1) for i in range(len(slots))], slots, [], torch.tensor(slots, device="cuda"), True)
+    step = RecurrentStep(
+        spans=[(i, 1) for i in range(len(slots))],
+        slots=slots,
+        captures=[],
+        slot_index=torch.tensor(slots, device="cuda"),
+        is_decode=True,
+    )
     results = []
     for use_fla in (True, False):
         monkeypatch.setattr(linear_attention, "fla_runs", lambda device, _use=use_fla: _use)

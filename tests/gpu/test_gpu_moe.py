@@ -16,7 +16,7 @@ DT = torch.bfloat16
 
 def experts(bias: bool) -> StackedExperts:
     torch.manual_seed(0)
-    layer = StackedExperts(8, 256, 128, bias=bias).to("cuda", DT)
+    layer = StackedExperts(num_experts=8, hidden_size=256, intermediate_size=128, bias=bias).to("cuda", DT)
     with torch.no_grad():
         for p in layer.parameters():
             p.normal_(0.0, 0.05)

@@ -21,8 +21,8 @@ E, H, INTER = 8, 256, 128
 def pair(scratch: int | None = None) -> tuple[StackedExperts, StackedExperts]:
     """(packed, dequantised) experts over the same random MXFP4 codes and biases."""
     gen = torch.Generator().manual_seed(0)
-    packed = StackedExperts(E, H, INTER, bias=True).to("cuda", DT)
-    plain = StackedExperts(E, H, INTER, bias=True).to("cuda", DT)
+    packed = StackedExperts(num_experts=E, hidden_size=H, intermediate_size=INTER, bias=True).to("cuda", DT)
+    plain = StackedExperts(num_experts=E, hidden_size=H, intermediate_size=INTER, bias=True).to("cuda", DT)
     for proj, (rows, cols) in (("gate_up_proj", (2 * INTER, H)), ("down_proj", (H, INTER))):
         blocks = torch.randint(0, 256, (E, rows, cols // 32, 16), generator=gen, dtype=torch.uint8).cuda()
         scales = torch.randint(120, 124, (E, rows, cols // 32), generator=gen, dtype=torch.uint8).cuda()

@@ -13,7 +13,9 @@ from engine.sample.sampler import Sampler
 
 def row(seed: int | None = None, **params) -> SamplingRow:
     gen = None if seed is None else torch.Generator("cuda").manual_seed(seed)
-    return SamplingRow(SamplingParams(max_tokens=1, **params), [1, 2], [], generator=gen)
+    return SamplingRow(
+        params=SamplingParams(max_tokens=1, **params), prompt_token_ids=[1, 2], output_token_ids=[], generator=gen
+    )
 
 
 def test_a_seeded_row_draws_the_same_token_alone_and_in_a_batch():

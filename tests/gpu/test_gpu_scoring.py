@@ -20,7 +20,9 @@ def scores(path, prompts: list[list[int]], **config) -> list[list[float]]:
 
     engine = LLMEngine(EngineConfig(model_path=str(path), num_kv_pages=256, **config))
     for i, prompt in enumerate(prompts):
-        engine.add(str(i), engine.prepare(prompt, PoolingParams(engine.spec.pooling, head=engine.spec.score_head)))
+        engine.add(
+            str(i), engine.prepare(prompt, PoolingParams(config=engine.spec.pooling, head=engine.spec.score_head))
+        )
     got: dict[str, list[float]] = {}
     while engine.has_unfinished():
         for out in engine.step():

@@ -148,7 +148,7 @@ ANSWERS = {
 def test_an_answer_reads_the_same_whole_and_split_at_every_token(encoding: Any, name: str) -> None:
     text, reasoning, content, calls = ANSWERS[name]
     ids = _tokens(encoding, text)
-    fmt = HarmonyFormat(encoding)
+    fmt = HarmonyFormat(encoding=encoding)
     parsed, reasoning_count = fmt.read("", ids)
     assert parsed.reasoning == reasoning and parsed.content == content
     assert [(c.name, c.arguments) for c in parsed.tool_calls] == calls
@@ -241,6 +241,6 @@ def test_a_model_folder_without_the_o200k_file_fails_at_start_in_one_line(tmp_pa
 
 def test_calls_get_fresh_ids(encoding: Any) -> None:
     ids = _tokens(encoding, ANSWERS["call"][0])
-    first = [e for e in HarmonyFormat(encoding).stream().push("", ids) if isinstance(e, ToolCallStarted)]
-    second = [e for e in HarmonyFormat(encoding).stream().push("", ids) if isinstance(e, ToolCallStarted)]
+    first = [e for e in HarmonyFormat(encoding=encoding).stream().push("", ids) if isinstance(e, ToolCallStarted)]
+    second = [e for e in HarmonyFormat(encoding=encoding).stream().push("", ids) if isinstance(e, ToolCallStarted)]
     assert first[0].id != second[0].id

@@ -251,7 +251,7 @@ def test_the_qwen35_template_picks_the_parser_and_renders_tools_and_a_second_tur
 
 @pytest.fixture(scope="module")
 def grammars(tokenizer):
-    cache = GrammarCache(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    cache = GrammarCache(tokenizer=tokenizer, vocab_size=len(tokenizer), stop_token_ids=[tokenizer.eos_token_id])
     yield cache
     cache.shutdown()
 

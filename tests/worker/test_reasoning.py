@@ -68,14 +68,14 @@ CASES = [
         [],
     ),
     (
-        OutputFormat(HermesParser, reasoning="qwen3"),
+        OutputFormat(tool_parser=HermesParser, reasoning="qwen3"),
         f"<think>\nMaybe {CALL} later.\n</think>\n\nChecking.\n{CALL}",
         f"\nMaybe {CALL} later.\n",
         "Checking.",
         ["get_weather"],
     ),
     (
-        OutputFormat(HermesParser, reasoning="qwen3", separate_reasoning=False),
+        OutputFormat(tool_parser=HermesParser, reasoning="qwen3", separate_reasoning=False),
         f"<think>\nPlan.\n</think>\n\n{CALL}",
         None,
         "<think>\nPlan.\n</think>\n\n",
@@ -97,14 +97,14 @@ CASES = [
         [],
     ),
     (
-        OutputFormat(Gemma4Parser, reasoning="gemma4"),
+        OutputFormat(tool_parser=Gemma4Parser, reasoning="gemma4"),
         f"<|channel>thought\nMaybe {G_CALL} later.\n<channel|>Checking.{G_CALL}<|tool_response>",
         f"Maybe {G_CALL} later.\n",
         "Checking.",
         ["get_weather"],
     ),
     (
-        OutputFormat(Gemma4Parser, reasoning="gemma4", in_reasoning=True),
+        OutputFormat(tool_parser=Gemma4Parser, reasoning="gemma4", in_reasoning=True),
         f"Opened by the prompt.<channel|>{G_CALL}",
         "Opened by the prompt.",
         None,

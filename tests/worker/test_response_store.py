@@ -27,7 +27,13 @@ def make_store(request):
     prefixes = iter(range(1000))
 
     def redis_store(max_entries: int, max_bytes: int) -> RedisResponseStore:
-        return RedisResponseStore(url, max_entries, max_bytes, TTL_S, prefix=f"{request.node.name}:{next(prefixes)}:")
+        return RedisResponseStore(
+            url=url,
+            max_entries=max_entries,
+            max_bytes=max_bytes,
+            ttl_s=TTL_S,
+            prefix=f"{request.node.name}:{next(prefixes)}:",
+        )
 
     return redis_store
 
@@ -77,7 +83,7 @@ def test_storing_the_same_id_again_replaces_it() -> None:
 def test_redis_entries_carry_their_time_to_live_and_a_put_again_replaces(redis_url) -> None:
     import redis
 
-    store = RedisResponseStore(redis_url, 10, 2**20, TTL_S, prefix="ttl:")
+    store = RedisResponseStore(url=redis_url, max_entries=10, max_bytes=2**20, ttl_s=TTL_S, prefix="ttl:")
     store.put(_entry(0))
     store.put(_entry(0, "again"))
     assert len(store) == 1 and store.bytes == store.get("resp_0").size
@@ -87,7 +93,10 @@ def test_redis_entries_carry_their_time_to_live_and_a_put_again_replaces(redis_u
 
 
 def test_two_clients_of_one_server_share_the_store(redis_url) -> None:
-    one, two = (RedisResponseStore(redis_url, 10, 2**20, TTL_S, prefix="shared:") for _ in range(2))
+    one, two = (
+        RedisResponseStore(url=redis_url, max_entries=10, max_bytes=2**20, ttl_s=TTL_S, prefix="shared:")
+        for _ in range(2)
+    )
     one.put(_entry(7))
     assert two.get("resp_7").context == _entry(7).context and two.item("out_7")["role"] == "assistant"
     assert two.delete("resp_7") and one.get("resp_7") is None and len(one) == 0 and one.bytes == 0

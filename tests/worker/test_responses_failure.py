@@ -32,7 +32,12 @@ def runtime(baked_model_path):
         )
     )
     yield Runtime(
-        settings, engine, [baked_model_name(str(baked_model_path))], 0, ResponseStore(16, 2**20), Drain(engine, 1.0)
+        settings=settings,
+        engine=engine,
+        model_names=[baked_model_name(str(baked_model_path))],
+        created=0,
+        responses=ResponseStore(16, 2**20),
+        drain=Drain(engine, 1.0),
     )
     engine.shutdown()
 

@@ -45,7 +45,7 @@ G_T = '<|tool_call>call:get_time{tz:<|"|>CET<|"|>}<tool_call|>'
 
 @pytest.fixture(scope="module")
 def grammars(tokenizer):
-    cache = GrammarCache(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    cache = GrammarCache(tokenizer=tokenizer, vocab_size=len(tokenizer), stop_token_ids=[tokenizer.eos_token_id])
     yield cache
     cache.shutdown()
 

@@ -101,4 +101,11 @@ def serve(folder: Path, **env: str) -> Runtime:
             attention_backend="torch",
         )
     )
-    return Runtime(settings, engine, [baked_model_name(str(folder))], 0, ResponseStore(4, 2**20), Drain(engine, 1.0))
+    return Runtime(
+        settings=settings,
+        engine=engine,
+        model_names=[baked_model_name(str(folder))],
+        created=0,
+        responses=ResponseStore(4, 2**20),
+        drain=Drain(engine, 1.0),
+    )

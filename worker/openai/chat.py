@@ -27,7 +27,7 @@ from worker.openai.tools.plan import ToolPlan
 from worker.openai.usage import usage
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ChatCall:
     """A validated chat request, ready to run."""
 
@@ -90,17 +90,17 @@ def chat_call(request: ChatCompletionRequest, runtime: Runtime) -> ChatCall:
     role = runtime.settings.response_role
     echo = last["content"] if request.echo and last["role"] == role else ""
     return ChatCall(
-        runtime,
-        request,
-        prompt,
-        params,
-        response_id("chatcmpl", request.request_id),
-        int(time.time()),
-        model,
-        role,
-        echo,
-        plan,
-        output,
+        runtime=runtime,
+        request=request,
+        prompt=prompt,
+        params=params,
+        id=response_id("chatcmpl", request.request_id),
+        created=int(time.time()),
+        model=model,
+        role=role,
+        echo=echo,
+        tools=plan,
+        output=output,
     )
 
 

@@ -32,7 +32,7 @@ class ParsedOutput(NamedTuple):
     tool_calls: list[ToolCall]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OutputFormat:
     """How a request's answers are read: its tool-call parser (None: no tools) and its reasoning split."""
 

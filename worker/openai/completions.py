@@ -25,7 +25,7 @@ from worker.openai.runtime import Runtime
 from worker.openai.usage import usage
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CompletionCall:
     """A validated completions request: its prompts tokenized, ready to run."""
 
@@ -51,7 +51,13 @@ def prepare_completion(body: Any, runtime: Runtime) -> CompletionCall:
     params = openai_sampling_params(request, runtime.max_model_len, adapter)
     prompts = _tokenize(runtime.tokenizer, request.prompt, request.add_special_tokens)
     return CompletionCall(
-        runtime, request, prompts, params, response_id("cmpl", request.request_id), int(time.time()), model
+        runtime=runtime,
+        request=request,
+        prompts=prompts,
+        params=params,
+        id=response_id("cmpl", request.request_id),
+        created=int(time.time()),
+        model=model,
     )
 
 
@@ -124,7 +130,9 @@ def _extras(call: CompletionCall, item: dict[str, Any], result: Collected, token
 def _without_generation(result: Collected) -> Collected:
     """A scoring request's result as returned (echo, max_tokens 0): the one token the engine ran is left out."""
     return dataclasses.replace(
-        result, choices={i: CompletionOutput(i, finish_reason="length") for i in result.choices}, num_generated_tokens=0
+        result,
+        choices={i: CompletionOutput(index=i, finish_reason="length") for i in result.choices},
+        num_generated_tokens=0,
     )
 
 
@@ -211,7 +219,13 @@ class _StreamState:
         out = []
         for delta in output.outputs:
             if request.scores_only:  # only the echoed prompt goes out, then the choice ends
-                delta = CompletionDelta(delta.index, "", [], None, delta.finish_reason and "length")
+                delta = CompletionDelta(
+                    index=delta.index,
+                    text="",
+                    token_ids=[],
+                    logprobs=None,
+                    finish_reason=delta.finish_reason and "length",
+                )
             index = p * request.n + delta.index
             if index not in self.offsets:
                 self.offsets[index] = TextOffsets()

@@ -72,7 +72,7 @@ class EmbeddingRequest(BaseModel):
         return value
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EmbeddingCall:
     """A validated embeddings request: its inputs tokenized, ready to run."""
 
@@ -103,7 +103,9 @@ def prepare_embeddings(body: Any, runtime: Runtime) -> EmbeddingCall:
         list(p) if isinstance(p, list) else tokenizer.encode(p, add_special_tokens=request.add_special_tokens)
         for p in given
     ]
-    return EmbeddingCall(runtime, request, prompts, response_id("embd", request.request_id), model)
+    return EmbeddingCall(
+        runtime=runtime, request=request, prompts=prompts, id=response_id("embd", request.request_id), model=model
+    )
 
 
 async def create_embeddings(call: EmbeddingCall) -> dict[str, Any]:

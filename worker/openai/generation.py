@@ -113,7 +113,7 @@ async def merge(streams: list[Started]) -> AsyncIterator[tuple[int, RequestOutpu
             await stream.aclose()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Collected:
     """A whole request's result: its choices by index and its usage."""
 
@@ -133,7 +133,7 @@ class Collected:
         self.num_generated_tokens = output.num_generated_tokens
         self.num_cached_tokens = output.num_cached_tokens
         for delta in output.outputs:
-            self.choices.setdefault(delta.index, CompletionOutput(delta.index)).add(delta)
+            self.choices.setdefault(delta.index, CompletionOutput(index=delta.index)).add(delta)
 
 
 async def collect(stream: Started) -> Collected:

@@ -51,7 +51,7 @@ class RerankRequest(_ScoringRequest):
     return_documents: StrictBool = True
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ScoreCall:
     """A validated score or rerank request: its pairs tokenized, ready to run."""
 
@@ -106,7 +106,14 @@ def _call(runtime: Runtime, request: _ScoringRequest, first: list[str], second: 
     check_cross_encoder(runtime, f"/v1/{kind}")
     encode = runtime.tokenizer.encode_pair
     prompts = [encode(a, b, add_special_tokens=request.add_special_tokens) for a, b in zip(first, second, strict=True)]
-    return ScoreCall(runtime, request, prompts, second, response_id(kind, request.request_id), model)
+    return ScoreCall(
+        runtime=runtime,
+        request=request,
+        prompts=prompts,
+        documents=second,
+        id=response_id(kind, request.request_id),
+        model=model,
+    )
 
 
 def check_cross_encoder(runtime: Runtime, route: str) -> None:

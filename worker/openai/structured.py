@@ -54,11 +54,11 @@ def structured_spec(
         found += _structured_outputs(so, any_whitespace)
     for param, value, build in (
         ("guided_json", guided_json, lambda v, p: _schema(v, p, any_whitespace)),
-        ("guided_regex", guided_regex, lambda v, p: StructuredSpec("regex", v, param=p)),
+        ("guided_regex", guided_regex, lambda v, p: StructuredSpec(kind="regex", value=v, param=p)),
         ("guided_choice", guided_choice, lambda v, p: StructuredSpec.choice(v, p)),
-        ("guided_grammar", guided_grammar, lambda v, p: StructuredSpec("grammar", v, param=p)),
-        ("regex", regex, lambda v, p: StructuredSpec("regex", v, param=p)),
-        ("ebnf", ebnf, lambda v, p: StructuredSpec("grammar", v, param=p)),
+        ("guided_grammar", guided_grammar, lambda v, p: StructuredSpec(kind="grammar", value=v, param=p)),
+        ("regex", regex, lambda v, p: StructuredSpec(kind="regex", value=v, param=p)),
+        ("ebnf", ebnf, lambda v, p: StructuredSpec(kind="grammar", value=v, param=p)),
         ("json_schema", json_schema, lambda v, p: _schema(v, p, any_whitespace)),
     ):
         if value is not None:
@@ -78,12 +78,12 @@ def response_format_spec(fmt: ResponseFormat, param: str, any_whitespace: bool =
     if fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return StructuredSpec("json_object", "", any_whitespace, param)
+        return StructuredSpec(kind="json_object", value="", any_whitespace=any_whitespace, param=param)
     if fmt.json_schema is None:
         raise BadRequest("response_format of type json_schema needs a json_schema object", param=param)
     schema = fmt.json_schema.schema_
     if schema is None:  # a named format without a schema: any JSON object, as json_object
-        return StructuredSpec("json_object", "", any_whitespace, param)
+        return StructuredSpec(kind="json_object", value="", any_whitespace=any_whitespace, param=param)
     return StructuredSpec.json_schema(schema, param, any_whitespace)
 
 
@@ -95,14 +95,19 @@ def _structured_outputs(so: StructuredOutputs, any_whitespace: bool) -> list[tup
             (f"{p}.json", lambda: _schema(so.json_, f"{p}.json", any_whitespace, so.disable_additional_properties))
         )
     if so.regex is not None:
-        found.append((f"{p}.regex", lambda: StructuredSpec("regex", so.regex, param=f"{p}.regex")))
+        found.append((f"{p}.regex", lambda: StructuredSpec(kind="regex", value=so.regex, param=f"{p}.regex")))
     if so.choice is not None:
         found.append((f"{p}.choice", lambda: StructuredSpec.choice(so.choice, f"{p}.choice")))
     if so.grammar is not None:
-        found.append((f"{p}.grammar", lambda: StructuredSpec("grammar", so.grammar, param=f"{p}.grammar")))
+        found.append((f"{p}.grammar", lambda: StructuredSpec(kind="grammar", value=so.grammar, param=f"{p}.grammar")))
     if so.json_object:
         found.append(
-            (f"{p}.json_object", lambda: StructuredSpec("json_object", "", any_whitespace, f"{p}.json_object"))
+            (
+                f"{p}.json_object",
+                lambda: StructuredSpec(
+                    kind="json_object", value="", any_whitespace=any_whitespace, param=f"{p}.json_object"
+                ),
+            )
         )
     if so.structural_tag is not None:
         found.append((f"{p}.structural_tag", lambda: _structural_tag(so.structural_tag, f"{p}.structural_tag")))
@@ -137,7 +142,7 @@ def _close_objects(schema: Any) -> Any:
 
 def _structural_tag(value: Any, param: str) -> StructuredSpec:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return StructuredSpec("structural_tag", text, param=param)
+    return StructuredSpec(kind="structural_tag", value=text, param=param)
 
 
 def _check_backend(value: str | None, param: str) -> None:

@@ -43,7 +43,7 @@ def header(command: int, *fields: int) -> torch.Tensor:
     return out
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Step:
     """One forward's inputs as every rank builds them."""
 
@@ -217,11 +217,11 @@ def unpack_step(head: torch.Tensor, payload: torch.Tensor, page_size: int) -> St
     flat = pieces[-5].view(-1, 3).tolist()
     copies = [[(s, d) for h, s, d in flat if h == g] for g in range(groups)]
     step = Step(
-        copies,
-        input_ids,
-        positions.view(position_rows, tokens) if position_rows > 1 else positions,
-        metas,
-        [tuple(c) for c in pieces[-4].view(-1, 2).tolist()],
+        copies=copies,
+        input_ids=input_ids,
+        positions=positions.view(position_rows, tokens) if position_rows > 1 else positions,
+        metas=metas,
+        state_copies=[tuple(c) for c in pieces[-4].view(-1, 2).tolist()],
         lora_runs=lora_runs,
     )
     if image_rows:
@@ -231,11 +231,11 @@ def unpack_step(head: torch.Tensor, payload: torch.Tensor, page_size: int) -> St
         steps = [(starts[i], starts[i + 1] - starts[i]) for i in range(batch)]
         slots = pieces[-3]
         step.recurrent = RecurrentStep(
-            steps,
-            slots.tolist(),
-            [tuple(c) for c in pieces[-2].view(-1, 3).tolist()],
-            slots,
-            bool(is_decode),
+            spans=steps,
+            slots=slots.tolist(),
+            captures=[tuple(c) for c in pieces[-2].view(-1, 3).tolist()],
+            slot_index=slots,
+            is_decode=bool(is_decode),
             verify=frozenset(pieces[-1].tolist()),
         )
     return step

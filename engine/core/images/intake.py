@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class ImageSpan:
     """One image of a prompt: its soft tokens are prompt positions [start, end); `pixels` what its tower takes
     ([3, size, size], or Qwen-VL's patches with their `grid` (t, h, w), or Gemma 4's with theirs (rows, columns))."""
@@ -49,7 +49,7 @@ class ImageSpan:
         return self.start, self.end, self.digest
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DecodedImage:
     """An image preprocessed for the tower, before it is matched to its place in the prompt."""
 
@@ -120,7 +120,13 @@ class ImageIntake:
         # transformers' Gemma3Processor.full_image_sequence
         self.prompt = ImagePrompt(boi, f"\n\n{boi}{image * vision.tokens_per_image}{eoi}\n\n", vision.tokens_per_image)
         if self.config.do_pan_and_scan:
-            self.pan_and_scan = PanAndScanPrompt(tokenizer, *ids, vision.tokens_per_image)
+            self.pan_and_scan = PanAndScanPrompt(
+                tokenizer=tokenizer,
+                boi=vision.boi_token_id,
+                image=vision.image_token_id,
+                eoi=vision.eoi_token_id,
+                tokens_per_image=vision.tokens_per_image,
+            )
 
     def expand(self, prompt: list[int], images: list[ImageData]) -> tuple[list[int], list[DecodedImage]]:
         """Decodes the images; the prompt with each one-token placeholder widened to its image's soft tokens
@@ -174,7 +180,15 @@ class ImageIntake:
                 )
             rope = None if grid is None else (image.grid[1] // grid.merge_size, image.grid[2] // grid.merge_size)
             spans.append(
-                ImageSpan(start, end, image.pixels, image.digest, image.grid, rope, whole=self.vision.bidirectional)
+                ImageSpan(
+                    start=start,
+                    end=end,
+                    pixels=image.pixels,
+                    digest=image.digest,
+                    grid=image.grid,
+                    rope_grid=rope,
+                    whole=self.vision.bidirectional,
+                )
             )
         return spans
 
@@ -198,7 +212,7 @@ class ImageIntake:
     def _hashed(pixels: torch.Tensor, grid: tuple[int, ...] | None, tokens: int, param: str) -> DecodedImage:
         digest = hashlib.blake2b(pixels.numpy().tobytes(), digest_size=16)
         digest.update(repr(grid).encode())  # two grids of the same pixel count are two pictures
-        return DecodedImage(pixels, grid, tokens, digest.digest(), param)
+        return DecodedImage(pixels=pixels, grid=grid, tokens=tokens, digest=digest.digest(), param=param)
 
 
 def _qwen_config(raw: dict, vision: VisionSpec) -> qwen_vl.QwenVLImageConfig:

@@ -20,7 +20,7 @@ BETWEEN_CROPS = "\n\n \n\n"  # eoi ... boi of the next crop
 class PanAndScanPrompt:
     """Widens a prompt's image spans by their images' pan-and-scan crops."""
 
-    def __init__(self, tokenizer: Any, boi: int, image: int, eoi: int, tokens_per_image: int) -> None:
+    def __init__(self, *, tokenizer: Any, boi: int, image: int, eoi: int, tokens_per_image: int) -> None:
         self.tokenizer = tokenizer
         self.splits = set(tokenizer.added_tokens_decoder) | {boi, eoi}
         self.span = [boi] + [image] * tokens_per_image + [eoi]

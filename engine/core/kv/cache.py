@@ -40,6 +40,7 @@ class PagePool:
 
     def __init__(
         self,
+        *,
         num_layers: int,
         num_pages: int,
         page_size: int,
@@ -68,13 +69,13 @@ class PagePool:
         """The pool of one KV layer group; a window group's has one page more than its allocator: its NULL page."""
         window = group.window is not None
         return cls(
-            len(group.layers),
-            num_pages + window,
-            page_size,
-            group.num_kv_heads,
-            group.head_dim,
-            dtype,
-            device,
+            num_layers=len(group.layers),
+            num_pages=num_pages + window,
+            page_size=page_size,
+            num_kv_heads=group.num_kv_heads,
+            head_dim=group.head_dim,
+            dtype=dtype,
+            device=device,
             zero_last=window,
         )
 

@@ -25,6 +25,7 @@ class KVCacheManager:
 
     def __init__(
         self,
+        *,
         specs: list[KVGroupSpec],
         num_pages: list[int],
         page_size: int,

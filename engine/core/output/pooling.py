@@ -16,7 +16,7 @@ from engine.model.classifier import activate
 from engine.model.pooling import PoolingConfig
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PoolingParams:
     """What one embedding request asks: the model's pooling, shortened to `dimensions` when given."""
 

@@ -69,9 +69,9 @@ class OutputProcessor:
         seq.finish_reason = "stop"
         self.finished.append(seq)
         return PoolingOutput(
-            group.request_id,
-            finish(out.pooled, group.params, total),
-            group.prompt_token_ids,
+            request_id=group.request_id,
+            embedding=finish(out.pooled, group.params, total),
+            prompt_token_ids=group.prompt_token_ids,
             num_cached_tokens=group.num_cached_tokens,
         )
 
@@ -83,9 +83,9 @@ class OutputProcessor:
             for seq in group.seqs:
                 if not seq.finished:
                     seq.finish_reason = "abort"
-                    deltas.append(CompletionDelta(seq.index, "", [], finish_reason="abort"))
+                    deltas.append(CompletionDelta(index=seq.index, text="", token_ids=[], finish_reason="abort"))
         else:
-            deltas = [CompletionDelta(i, "", [], finish_reason="abort") for i in range(p.n)]
+            deltas = [CompletionDelta(index=i, text="", token_ids=[], finish_reason="abort") for i in range(p.n)]
         return self._request_output(group, deltas, finished=True, generated=group.seqs)
 
     def _fork(self, group: SequenceGroup) -> None:
@@ -141,7 +141,14 @@ class OutputProcessor:
             text += out.detokenizer.flush()
             self.finished.append(seq)
         out.text += text
-        return CompletionDelta(seq.index, text, [token], logprobs, seq.finish_reason, seq.stop_reason)
+        return CompletionDelta(
+            index=seq.index,
+            text=text,
+            token_ids=[token],
+            logprobs=logprobs,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
 
     def _beam_step(self, group: SequenceGroup, samples: dict[int, list[Sample]]) -> None:
         """Extends the live beams by the best candidates; a beam chosen twice forks (sharing its pages)."""
@@ -179,12 +186,12 @@ class OutputProcessor:
         best = sorted(group.seqs, key=lambda s: s.cumulative_logprob, reverse=True)[: p.n]
         choices = [
             CompletionDelta(
-                i,
-                s.output_state.text,
-                list(s.output_token_ids),
-                list(s.output_state.logprobs) if p.logprobs is not None else None,
-                s.finish_reason,
-                s.stop_reason,
+                index=i,
+                text=s.output_state.text,
+                token_ids=list(s.output_token_ids),
+                logprobs=list(s.output_state.logprobs) if p.logprobs is not None else None,
+                finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason,
             )
             for i, s in enumerate(best)
         ]
@@ -197,7 +204,7 @@ class OutputProcessor:
         by_stop_id = stopped and tokens[-1] in (p.stop_token_ids or ())
         shown = tokens[:-1] if stopped and not (by_stop_id and p.include_stop_str_in_output) else tokens
         detok = Detokenizer(
-            self.tokenizer,
+            tokenizer=self.tokenizer,
             skip_special_tokens=p.skip_special_tokens,
             stop=p.stop,
             include_stop_str_in_output=p.include_stop_str_in_output,
@@ -213,7 +220,9 @@ class OutputProcessor:
         logprobs = None
         if p.logprobs is not None:
             logprobs = [self._position(t, lp, []) for t, lp in zip(tokens, beam.logprobs, strict=True)]
-        return CompletionDelta(index, text, tokens, logprobs, reason, stop_reason)
+        return CompletionDelta(
+            index=index, text=text, token_ids=tokens, logprobs=logprobs, finish_reason=reason, stop_reason=stop_reason
+        )
 
     def _output(self, group: SequenceGroup, deltas: list[CompletionDelta]) -> RequestOutput:
         return self._request_output(group, deltas, finished=group.finished, generated=group.seqs)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from engine.text.detokenizer import Detokenizer
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class OutputState:
     """A choice's detokenizer and text so far, its logprobs, its grammar state, its stop reader, its RNG and its
     penalty counts."""

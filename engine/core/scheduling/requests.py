@@ -23,7 +23,7 @@ from engine.sample.penalties import PenaltyCounts, has_penalty
 from engine.text.detokenizer import Detokenizer
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Limits:
     """What a request is checked against."""
 
@@ -135,7 +135,13 @@ def build_group(
     the first beam of a beam search."""
     prompt, params = request.prompt, request.params
     if isinstance(params, PoolingParams):
-        return SequenceGroup(request_id, prompt, params, [Sequence(next_seq_id(), list(prompt), len(prompt))], arrival)
+        return SequenceGroup(
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            params=params,
+            seqs=[Sequence(seq_id=next_seq_id(), token_ids=list(prompt), num_prompt_tokens=len(prompt))],
+            arrival=arrival,
+        )
     if params.adapter is not None and params.adapter not in limits.adapters:  # unloaded since it was checked
         raise InvalidRequest(f"LoRA adapter {params.adapter!r} was unloaded", param="model")
     salt = adapter_salt(limits.adapter_keys.get(params.adapter, params.adapter))
@@ -145,7 +151,7 @@ def build_group(
         stops = (set() if params.ignore_eos else eos_token_ids) | set(params.stop_token_ids or ())
         max_tokens = min(params.max_tokens or limits.max_model_len, limits.max_model_len - len(prompt))
         beam = BeamSearch(
-            params.num_sequences,
+            width=params.num_sequences,
             length_penalty=params.length_penalty,
             early_stopping=params.early_stopping,
             stop_token_ids=stops,
@@ -153,9 +159,9 @@ def build_group(
         )
         seqs = [
             Sequence(
-                next_seq_id(),
-                list(prompt),
-                len(prompt),
+                seq_id=next_seq_id(),
+                token_ids=list(prompt),
+                num_prompt_tokens=len(prompt),
                 cache_salt=salt,
                 image_keys=keys,
                 output_state=OutputState(penalties=_penalties(params)),
@@ -164,9 +170,9 @@ def build_group(
     else:
         seqs = [
             Sequence(
-                next_seq_id(),
-                list(prompt),
-                len(prompt),
+                seq_id=next_seq_id(),
+                token_ids=list(prompt),
+                num_prompt_tokens=len(prompt),
                 index=i,
                 cache_salt=salt,
                 image_keys=keys,
@@ -181,11 +187,11 @@ def build_group(
         ]
     bad_words = tokenize_bad_words(tokenizer, params.bad_words) if params.bad_words else []
     return SequenceGroup(
-        request_id,
-        prompt,
-        params,
-        seqs,
-        arrival,
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        params=params,
+        seqs=seqs,
+        arrival=arrival,
         eos_token_ids=set(eos_token_ids),
         bad_words_ids=bad_words,
         beam=beam,
@@ -208,7 +214,7 @@ def _generator(seed: int | None, index: int, device: torch.device) -> torch.Gene
 
 def _detokenizer(tokenizer: Any, params: SamplingParams, prompt: list[int]) -> Detokenizer:
     return Detokenizer(
-        tokenizer,
+        tokenizer=tokenizer,
         skip_special_tokens=params.skip_special_tokens,
         stop=params.stop,
         include_stop_str_in_output=params.include_stop_str_in_output,

@@ -36,6 +36,7 @@ class Scheduler:
 
     def __init__(
         self,
+        *,
         kv: KVCacheManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
@@ -166,7 +167,9 @@ class Scheduler:
                 return 0
             for s, d in zip(seqs, drafts, strict=True):
                 self.kv.allocate(s, 1 + len(d), out.copies)
-                out.scheduled.append(ScheduledSeq(s, group, s.num_computed_tokens, 1 + len(d), d))
+                out.scheduled.append(
+                    ScheduledSeq(seq=s, group=group, start=s.num_computed_tokens, num_tokens=1 + len(d), draft=d)
+                )
             return len(seqs) + sum(len(d) for d in drafts)
 
         used = 0
@@ -197,7 +200,7 @@ class Scheduler:
                         self._give_way(group, out)
                     break
             self.kv.allocate(s, n, out.copies)
-            out.scheduled.append(ScheduledSeq(s, group, s.num_computed_tokens, n))
+            out.scheduled.append(ScheduledSeq(seq=s, group=group, start=s.num_computed_tokens, num_tokens=n))
             used += n
         return used
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from engine.sample.params import SamplingParams
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Sequence:
     """One token stream and the KV pages that hold its computed prefix (the scheduler's side), and its
     output_state (the output processor's side)."""
@@ -109,7 +109,7 @@ class Sequence:
         self.num_computed_tokens = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class SequenceGroup:
     """One request: its parameters, its sequences and what it has reported so far."""
 

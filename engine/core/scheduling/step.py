@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ScheduledSeq:
     """Feed seq.token_ids[start:start + num_tokens] this step; a speculating sequence's num_tokens also counts its
     proposed tokens (`draft`), fed after its last known one and verified by the runner."""
@@ -31,7 +31,7 @@ class ScheduledSeq:
         return self.start + self.num_tokens - len(self.draft) == self.seq.num_tokens
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     # (KV layer group, src, dst): pages to copy before the step (copy-on-write of a shared partly filled page)
@@ -53,7 +53,7 @@ class Sample:
     top: list[tuple[int, float]] | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepResult:
     """Per scheduled sequence (by index in SchedulerOutput.scheduled): what the step produced for it."""
 

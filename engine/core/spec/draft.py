@@ -45,7 +45,7 @@ class _Shadow:
 
     def __init__(self, seq: Sequence) -> None:
         self.seq = Sequence(seq_id=seq.seq_id, token_ids=list(seq.token_ids), num_prompt_tokens=seq.num_prompt_tokens)
-        self.group = SequenceGroup("draft", [], GREEDY, [self.seq], arrival=0)
+        self.group = SequenceGroup(request_id="draft", prompt_token_ids=[], params=GREEDY, seqs=[self.seq], arrival=0)
         self.synced = seq.num_tokens  # target tokens known to the shadow
         self.state_at = 0  # a hybrid draft's: the tokens its state slot has run
 
@@ -81,7 +81,13 @@ class DraftModelProposer:
         if recurrent is not None:  # a slot per shadow and one for its state before the greedy steps
             state = StateSlots(min(target.max_num_seqs, config.disable_by_batch_size), enable_prefix_caching=False)
             state_pool = StatePool(recurrent, state.num_slots, target.dtype, target.device)
-        self.kv = KVCacheManager(groups, [num_pages] * len(groups), page_size, enable_prefix_caching=False, state=state)
+        self.kv = KVCacheManager(
+            specs=groups,
+            num_pages=[num_pages] * len(groups),
+            page_size=page_size,
+            enable_prefix_caching=False,
+            state=state,
+        )
         self.runner = ModelRunner(
             model=self.model,
             groups=groups,
@@ -122,7 +128,9 @@ class DraftModelProposer:
             if n <= 0 or not self._allocate(seq, n, first):
                 continue
             budget -= n
-            first.scheduled.append(ScheduledSeq(seq, shadow.group, seq.num_computed_tokens, n))
+            first.scheduled.append(
+                ScheduledSeq(seq=seq, group=shadow.group, start=seq.num_computed_tokens, num_tokens=n)
+            )
             ready.append(seq.num_computed_tokens + n == seq.num_tokens)
         self._run(first)
         by_seq = {id(s.seq): (s, w) for s, w in zip(shadows, want, strict=True)}
@@ -136,7 +144,9 @@ class DraftModelProposer:
             for shadow, w in live:
                 seq = shadow.seq
                 if seq.num_tokens - shadow.synced < w and self._allocate(seq, 1, out):
-                    out.scheduled.append(ScheduledSeq(seq, shadow.group, seq.num_computed_tokens, 1))
+                    out.scheduled.append(
+                        ScheduledSeq(seq=seq, group=shadow.group, start=seq.num_computed_tokens, num_tokens=1)
+                    )
                     stepped.append((shadow, w))
             self._run(out)
             live = stepped

@@ -38,7 +38,7 @@ class _Shadow:
 
     def __init__(self, seq_id: int, name: str) -> None:
         self.seq = Sequence(seq_id=seq_id, token_ids=[], num_prompt_tokens=0)
-        self.group = SequenceGroup(name, [], GREEDY, [self.seq], arrival=0)
+        self.group = SequenceGroup(request_id=name, prompt_token_ids=[], params=GREEDY, seqs=[self.seq], arrival=0)
         self.valid = 0  # head positions computed from the target's own features (the rest are guesses)
         self.feature: torch.Tensor | None = None  # [hidden]: for the head step after the last computed position
 
@@ -59,7 +59,9 @@ class HeadProposer:
         backends = create_group_backends(
             target.backend_name, groups, target.device, spec=args, dtype=target.dtype, kv_dtype=target.kv_dtype
         )
-        self.kv = KVCacheManager(groups, [num_pages] * len(groups), target.page_size, enable_prefix_caching=False)
+        self.kv = KVCacheManager(
+            specs=groups, num_pages=[num_pages] * len(groups), page_size=target.page_size, enable_prefix_caching=False
+        )
         self.runner = ModelRunner(
             model=head, groups=groups, pools=self.pools, backends=backends, sampler=Sampler(), device=target.device
         )
@@ -96,7 +98,7 @@ class HeadProposer:
             gap = s.start - keep  # positions with no target features (a prefix-cache hit)
             rows = features[first : first + min(s.num_tokens, end - s.start)] if end > s.start else features[:0]
             feeds.append(torch.cat([rows.new_zeros(gap, rows.shape[-1]), rows]) if gap > 0 else rows)
-            step.scheduled.append(ScheduledSeq(head, shadow.group, keep, n))
+            step.scheduled.append(ScheduledSeq(seq=head, group=shadow.group, start=keep, num_tokens=n))
             shadow.valid = end
         if step.scheduled:
             self._run(step, torch.cat(feeds))
@@ -111,7 +113,9 @@ class HeadProposer:
             for shadow, w in live:
                 head = shadow.seq
                 if head.num_tokens - shadow.valid < w and self._allocate(head, 1, step):
-                    step.scheduled.append(ScheduledSeq(head, shadow.group, head.num_computed_tokens, 1))
+                    step.scheduled.append(
+                        ScheduledSeq(seq=head, group=shadow.group, start=head.num_computed_tokens, num_tokens=1)
+                    )
                     feeds.append(shadow.feature[None])
                     stepped.append((shadow, w))
             if step.scheduled:

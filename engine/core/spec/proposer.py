@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from engine.core.scheduling.sequence import Sequence
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Target:
     """What a proposer needs of the engine it proposes for (the target model's side)."""
 

@@ -29,7 +29,7 @@ from engine.model.layers import delta_rule
 from engine.model.layers.recurrent_step import RecurrentStep, Replay
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DeltaNetShape:
     hidden_size: int
     num_k_heads: int

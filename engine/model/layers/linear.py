@@ -38,7 +38,7 @@ class FusedLinear(nn.Linear):
         """'q_proj.weight' (a sibling of this module in the checkpoint) -> rows of our stacked weight."""
         kinds = ("weight", "bias") if self.bias is not None else ("weight",)
         return {
-            f"{name}.{kind}": Shard(f"{prefix}.{kind}", offset=offset, size=size)
+            f"{name}.{kind}": Shard(param=f"{prefix}.{kind}", offset=offset, size=size)
             for name, (offset, size) in self.shard_offsets.items()
             for kind in kinds
         }
@@ -56,8 +56,8 @@ class PatchKernelLinear(nn.Linear):
     def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
         name = prefix.rsplit(".", 1)[-1]
         return {
-            f"{name}.weight": Shard(f"{prefix}.weight", shape=self.kernel_shape),
-            f"{name}.bias": Shard(f"{prefix}.bias"),
+            f"{name}.weight": Shard(param=f"{prefix}.weight", shape=self.kernel_shape),
+            f"{name}.bias": Shard(param=f"{prefix}.bias"),
         }
 
 
@@ -154,6 +154,7 @@ class Int4Linear(nn.Module):
 
     def __init__(
         self,
+        *,
         codes: torch.Tensor,
         scale: torch.Tensor,
         zero: torch.Tensor,
@@ -195,7 +196,7 @@ class Int4Linear(nn.Module):
         scale = torch.where(high > low, (high - low) / 15, torch.ones_like(low))
         codes = ((groups - low[..., None]) / scale[..., None]).round_().clamp_(0, 15).to(torch.int32).view(n, k)
         bias = None if linear.bias is None else linear.bias.detach()
-        return cls(codes, scale, low + 8 * scale, INT4_GROUP, bias, dtype)
+        return cls(codes=codes, scale=scale, zero=low + 8 * scale, group=INT4_GROUP, bias=bias, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros)

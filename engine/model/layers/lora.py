@@ -71,7 +71,7 @@ class LoraLinear(nn.Module):
     """A projection plus the LoRA deltas of the step's adapters: y = base(x) + (x A^T) B for each group's rows."""
 
     def __init__(
-        self, base: nn.Module, shards: dict[str, tuple[int, int]], num_slots: int, max_rank: int, plan: LoraPlan
+        self, *, base: nn.Module, shards: dict[str, tuple[int, int]], num_slots: int, max_rank: int, plan: LoraPlan
     ) -> None:
         super().__init__()
         self.base, self.shards, self.plan = base, shards, plan
@@ -127,6 +127,7 @@ class LoraSet:
 
     def __init__(
         self,
+        *,
         num_slots: int,
         max_rank: int,
         shapes: dict[str, tuple[int, int]],
@@ -209,7 +210,13 @@ def attach_lora(
     layers = model.model.layers
     shard = getattr(model, "shard_plan", None)
     shapes = target_shapes(model) if shard is None else shard.lora_shapes
-    lora = LoraSet(max_loras if runtime else len(adapters), max_rank, shapes, len(layers), shard)
+    lora = LoraSet(
+        num_slots=max_loras if runtime else len(adapters),
+        max_rank=max_rank,
+        shapes=shapes,
+        num_layers=len(layers),
+        shard=shard,
+    )
     loaded = {name: lora.read(name, Path(folder)) for name, folder in adapters.items()}
     model.lora = lora
     width = max_rank if runtime else max((a.rank for a in loaded.values()), default=1)
@@ -224,7 +231,11 @@ def attach_lora(
         key = (layer, module_name, proj)
         if key not in lora.wrapped:
             lora.wrapped[key] = LoraLinear(
-                getattr(parent, proj), _shards(getattr(parent, proj), target), lora.num_slots, width, lora.plan
+                base=getattr(parent, proj),
+                shards=_shards(getattr(parent, proj), target),
+                num_slots=lora.num_slots,
+                max_rank=width,
+                plan=lora.plan,
             )
             setattr(parent, proj, lora.wrapped[key])
     for name, adapter in loaded.items():

@@ -33,6 +33,7 @@ class StackedExperts(nn.Module):
 
     def __init__(
         self,
+        *,
         num_experts: int,
         hidden_size: int,
         intermediate_size: int,
@@ -69,9 +70,9 @@ class StackedExperts(nn.Module):
             return shards
         n, shards = self.intermediate_size, {}
         for e in range(self.num_experts):
-            shards[f"experts.{e}.gate_proj.weight"] = Shard(f"{prefix}.gate_up_proj", index=e, offset=0, size=n)
-            shards[f"experts.{e}.up_proj.weight"] = Shard(f"{prefix}.gate_up_proj", index=e, offset=n, size=n)
-            shards[f"experts.{e}.down_proj.weight"] = Shard(f"{prefix}.down_proj", index=e)
+            shards[f"experts.{e}.gate_proj.weight"] = Shard(param=f"{prefix}.gate_up_proj", index=e, offset=0, size=n)
+            shards[f"experts.{e}.up_proj.weight"] = Shard(param=f"{prefix}.gate_up_proj", index=e, offset=n, size=n)
+            shards[f"experts.{e}.down_proj.weight"] = Shard(param=f"{prefix}.down_proj", index=e)
         return shards
 
     def swap_expert_linears(self, select: Callable[[nn.Linear], bool], make: Callable[[nn.Linear], nn.Module]) -> int:
@@ -189,6 +190,7 @@ class SparseMoE(nn.Module):
 
     def __init__(
         self,
+        *,
         routing: Routing,
         hidden_size: int,
         shared_expert: nn.Module | None = None,
@@ -201,7 +203,9 @@ class SparseMoE(nn.Module):
             self.gate: ScoreLinear = BiasedChoiceRouter(hidden_size, routing.num_experts)
         else:
             self.gate = ScoreLinear(hidden_size, routing.num_experts, bias=routing.router_bias)
-        self.experts = experts or StackedExperts(routing.num_experts, hidden_size, routing.intermediate_size)
+        self.experts = experts or StackedExperts(
+            num_experts=routing.num_experts, hidden_size=hidden_size, intermediate_size=routing.intermediate_size
+        )
         self.shared_expert = shared_expert
         self.shared_expert_gate = ScoreLinear(hidden_size, 1) if shared_expert is not None else None
         self.shared_experts = shared_experts

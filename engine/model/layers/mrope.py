@@ -20,6 +20,7 @@ class MultimodalRotary(RotaryEmbedding):
 
     def __init__(
         self,
+        *,
         rotary_dim: int,
         rope: dict,
         section: tuple[int, ...],
@@ -28,7 +29,14 @@ class MultimodalRotary(RotaryEmbedding):
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        super().__init__(rotary_dim, rope, max_position_embeddings, max_positions, dtype, device)
+        super().__init__(
+            head_dim=rotary_dim,
+            rope=rope,
+            max_position_embeddings=max_position_embeddings,
+            max_positions=max_positions,
+            dtype=dtype,
+            device=device,
+        )
         half = rotary_dim // 2
         # NOTE: sections that do not sum to half the rotary width are transformers' business too: it slices them
         # over the frequencies there are, as here.

@@ -38,7 +38,7 @@ class RecurrentSpec:
         return f"recurrent:{len(self.layers)}x"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RecurrentStep:
     """spans[i] = (first row, rows) of scheduled sequence i in the flattened batch; slots[i] its state slot (also as
     slot_index, a long tensor on the device); captures: (i, rows into its span, slot) where a copy of sequence i's
@@ -59,7 +59,7 @@ class RecurrentStep:
     @classmethod
     def graphed(cls, slot_index: torch.Tensor) -> RecurrentStep:
         """The decode step a CUDA graph captures over `slot_index` (one slot per row, padding rows included)."""
-        return cls([], [], [], slot_index, True, indexed=True)
+        return cls(spans=[], slots=[], captures=[], slot_index=slot_index, is_decode=True, indexed=True)
 
     def capture_of(self, i: int) -> tuple[int, int] | None:
         """(rows, slot) of sequence i's snapshot this step, or None."""

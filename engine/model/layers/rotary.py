@@ -137,6 +137,7 @@ class RotaryEmbedding:
 
     def __init__(
         self,
+        *,
         head_dim: int,
         rope: dict,
         max_position_embeddings: int,

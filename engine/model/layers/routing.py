@@ -33,7 +33,7 @@ GROUP_SCORES = {"noaux_tc": "top2_sum", "group_limited_greedy": "max", "greedy":
 SCORING_FUNCS = ("softmax", "sigmoid")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Routing:
     """How a family routes: `num_experts` experts of width `intermediate_size`, `top_k` per token, the chosen
     probabilities renormalised to sum to 1 when `norm_topk_prob` (Mixtral always: a softmax over the chosen k).
@@ -113,9 +113,9 @@ def read_grouped_routing(config: dict, *, scoring: str, topk_method: str, norm_t
         )
     width = config["moe_intermediate_size"]
     return Routing(
-        num_experts,
-        top_k,
-        width,
+        num_experts=num_experts,
+        top_k=top_k,
+        intermediate_size=width,
         norm_topk_prob=bool(config.get("norm_topk_prob", norm_topk_prob)),
         shared_expert_size=(config.get("n_shared_experts") or 0) * width,
         scoring=scoring,

@@ -13,7 +13,7 @@ from engine.attention.base import AttentionBackend
 from engine.model.layers.logits import refine_near_max
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DecoderShape:
     """The shape of a decoder every transformers config gives; a family's args add their options to it."""
 

@@ -64,7 +64,7 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         return cls.args_from(config, layer_types, gemma3_ropes(config), qk_norm=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Gemma3VisionArgs(GemmaArgs):
     """The text decoder's args plus the vision tower's and the image tokens' (config.json's top level)."""
 
@@ -103,7 +103,11 @@ class Gemma3ForConditionalGeneration(GemmaTextOfMultimodal, Gemma3ForCausalLM):
         v = args.vision
         self.vision_tower = SiglipVisionTower(v)
         self.multi_modal_projector = Gemma3Projector(
-            v.hidden_size, args.hidden_size, v.patches_per_side, args.tokens_per_image, v.layer_norm_eps
+            vision_hidden=v.hidden_size,
+            text_hidden=args.hidden_size,
+            patches_per_side=v.patches_per_side,
+            tokens_per_image=args.tokens_per_image,
+            eps=v.layer_norm_eps,
         )
 
     @classmethod
@@ -128,11 +132,11 @@ class Gemma3ForConditionalGeneration(GemmaTextOfMultimodal, Gemma3ForCausalLM):
     def vision_spec(self) -> VisionSpec:
         a = self.args
         return VisionSpec(
-            a.image_token_id,
-            a.tokens_per_image,
-            a.vision.image_size,
-            a.boi_token_id,
-            a.eoi_token_id,
+            image_token_id=a.image_token_id,
+            tokens_per_image=a.tokens_per_image,
+            image_size=a.vision.image_size,
+            boi_token_id=a.boi_token_id,
+            eoi_token_id=a.eoi_token_id,
             bidirectional=True,
         )
 

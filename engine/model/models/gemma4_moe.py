@@ -36,7 +36,7 @@ def read_routing(config: dict) -> Routing | None:
     num_experts, top_k, width = values.values()
     if top_k > num_experts:
         raise UnsupportedModel(f"top_k_experts={top_k} must be in 1..{num_experts} (num_experts)", param="model")
-    return Routing(num_experts, top_k, width, norm_topk_prob=True)
+    return Routing(num_experts=num_experts, top_k=top_k, intermediate_size=width, norm_topk_prob=True)
 
 
 class Gemma4Router(nn.Module):
@@ -64,5 +64,10 @@ def moe_modules(
     routing."""
     if routing is None:
         return None, None
-    experts = StackedExperts(routing.num_experts, hidden_size, routing.intermediate_size, activation=gelu_tanh_and_mul)
+    experts = StackedExperts(
+        num_experts=routing.num_experts,
+        hidden_size=hidden_size,
+        intermediate_size=routing.intermediate_size,
+        activation=gelu_tanh_and_mul,
+    )
     return Gemma4Router(hidden_size, routing, eps), experts

@@ -22,7 +22,7 @@ from engine.model.vision.spec import PooledPatches, VisionSpec
 TOKENS = {"image_token_id": 258_880, "boi_token_id": 255_999, "eoi_token_id": 258_882}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Gemma4MultimodalArgs(GemmaArgs):
     """The text decoder's args plus the vision tower's (None: the checkpoint has none) and the image tokens."""
 
@@ -77,11 +77,11 @@ class Gemma4ForConditionalGeneration(GemmaTextOfMultimodal, Gemma4ForCausalLM):
         if a.vision is None:
             return None
         return VisionSpec(
-            a.image_token_id,
-            None,
-            None,
-            a.boi_token_id,
-            a.eoi_token_id,
+            image_token_id=a.image_token_id,
+            tokens_per_image=None,
+            image_size=None,
+            boi_token_id=a.boi_token_id,
+            eoi_token_id=a.eoi_token_id,
             bidirectional=a.bidirectional_images,
             pooled=PooledPatches(a.vision.patch_size, a.vision.pooling_kernel_size),
             bidirectional_windowed_only=True,

@@ -13,7 +13,7 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GemmaArgs(DecoderShape):
     """The shape of a Gemma decoder and the options each family sets. num_kv_heads / head_dim are the local
     layers'; layer_shapes has every layer's (num_kv_heads, head_dim) (empty: all the same)."""

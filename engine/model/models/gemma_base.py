@@ -89,7 +89,14 @@ class GemmaForCausalLM(DecoderLM):
         a = self.args
         dims = {t: a.layer_shapes[i][1] for i, t in enumerate(a.layer_types)}
         self.rotary = {
-            t: RotaryEmbedding(d, a.ropes[t], a.max_position_embeddings, max_positions, dtype, device)
+            t: RotaryEmbedding(
+                head_dim=d,
+                rope=a.ropes[t],
+                max_position_embeddings=a.max_position_embeddings,
+                max_positions=max_positions,
+                dtype=dtype,
+                device=device,
+            )
             for t, d in dims.items()
         }
 

@@ -42,7 +42,11 @@ class Glm4MoeForCausalLM(MoeForCausalLM):
     def make_moe(self, a: MoeArgs) -> SparseMoE:
         fields = {name: getattr(a, name) for name in LlamaArgs.__dataclass_fields__}
         shared = LlamaMLP(LlamaArgs(**{**fields, "intermediate_size": a.routing.shared_expert_size}))
-        return SparseMoE(a.routing, a.hidden_size, shared_experts=shared if a.routing.shared_expert_size else None)
+        return SparseMoE(
+            routing=a.routing,
+            hidden_size=a.hidden_size,
+            shared_experts=shared if a.routing.shared_expert_size else None,
+        )
 
     def checkpoint_name(self, name: str) -> str | None:
         """The hub checkpoints' next-n prediction layers (num_nextn_predict_layers of them, stored as

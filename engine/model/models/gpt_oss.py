@@ -24,7 +24,7 @@ from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args
 from engine.model.sharding import ShardPlan
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GptOssArgs(MoeArgs):
     """MoeArgs plus the experts' SwiGLU constants."""
 
@@ -37,8 +37,8 @@ class GptOssExperts(StackedExperts):
 
     def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
         return {
-            "experts.gate_up_proj": Shard(f"{prefix}.gate_up_proj", transposed=True),
-            "experts.down_proj": Shard(f"{prefix}.down_proj", transposed=True),
+            "experts.gate_up_proj": Shard(param=f"{prefix}.gate_up_proj", transposed=True),
+            "experts.down_proj": Shard(param=f"{prefix}.down_proj", transposed=True),
         }
 
 
@@ -64,8 +64,14 @@ class GptOssForCausalLM(MoeForCausalLM):
     def make_moe(self, a: GptOssArgs) -> SparseMoE:
         r = a.routing
         act = partial(clamped_swiglu, alpha=a.swiglu_alpha, limit=a.swiglu_limit)
-        experts = GptOssExperts(r.num_experts, a.hidden_size, r.intermediate_size, bias=True, activation=act)
-        return SparseMoE(r, a.hidden_size, experts=experts)
+        experts = GptOssExperts(
+            num_experts=r.num_experts,
+            hidden_size=a.hidden_size,
+            intermediate_size=r.intermediate_size,
+            bias=True,
+            activation=act,
+        )
+        return SparseMoE(routing=r, hidden_size=a.hidden_size, experts=experts)
 
     def shard(self, tp: TensorParallel) -> ShardPlan:
         """The Llama shard (biased q|k|v, o_proj's bias added once), each layer's experts (shard_mlp) and the sink
@@ -82,7 +88,13 @@ class GptOssForCausalLM(MoeForCausalLM):
         column by column, so a rank's pairs are one span of 2n; down [E, I, H] splits by rows, its bias rank 0's."""
         old = layer.mlp.experts
         start, n = tp.span(old.intermediate_size)
-        layer.mlp.experts = GptOssExperts(old.num_experts, old.hidden_size, n, bias=True, activation=old.activation)
+        layer.mlp.experts = GptOssExperts(
+            num_experts=old.num_experts,
+            hidden_size=old.hidden_size,
+            intermediate_size=n,
+            bias=True,
+            activation=old.activation,
+        )
         name = f"{prefix}.experts"
         plan.sources[f"{name}.gate_up_proj"] = Source(2, ((2 * start, 2 * n),))
         plan.sources[f"{name}.gate_up_proj_bias"] = Source(1, ((2 * start, 2 * n),))

@@ -26,7 +26,7 @@ from engine.model.models.base import DecoderLM, DecoderShape
 from engine.model.sharding import ShardPlan, shard_attention, shard_gated_mlp, shard_vocab
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LlamaArgs(DecoderShape):
     """The shape of a Llama-style decoder and its options, read from a transformers config by the loader."""
 
@@ -210,12 +210,12 @@ class LlamaForCausalLM(DecoderLM):
         if fused is None:
             fused = kernels.use_fused_kernels(torch.device(device), dtype)
         self.rotary = RotaryEmbedding(
-            a.head_dim,
-            a.rope,
-            a.max_position_embeddings,
-            max_positions,
-            dtype,
-            device,
+            head_dim=a.head_dim,
+            rope=a.rope,
+            max_position_embeddings=a.max_position_embeddings,
+            max_positions=max_positions,
+            dtype=dtype,
+            device=device,
             fused=fused,
             partial=a.partial_rotary,
         )

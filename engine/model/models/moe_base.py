@@ -15,7 +15,7 @@ from engine.model.models.llama import LlamaArgs, LlamaForCausalLM
 from engine.model.sharding import ShardPlan, shard_experts
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MoeArgs(LlamaArgs):
     """A Llama decoder's shape plus its experts: `routing`, and which layers run it (`sparse_layers`)."""
 
@@ -55,7 +55,13 @@ def read_moe_args(
         raise UnsupportedModel(f"num_experts_per_tok={top_k} must be in 1..{num_experts}", param="model")
     if norm_topk_prob is None:
         norm_topk_prob = bool(config.get("norm_topk_prob", False))
-    routing = Routing(num_experts, top_k, config[expert_size_key], norm_topk_prob, shared_expert_size)
+    routing = Routing(
+        num_experts=num_experts,
+        top_k=top_k,
+        intermediate_size=config[expert_size_key],
+        norm_topk_prob=norm_topk_prob,
+        shared_expert_size=shared_expert_size,
+    )
     num_layers = config["num_hidden_layers"]
     sparse = tuple(range(num_layers)) if sparse_layers is None else sparse_layers
     return MoeArgs.from_config(config, names, qk_norm=qk_norm, routing=routing, sparse_layers=sparse)
@@ -70,7 +76,7 @@ class MoeForCausalLM(LlamaForCausalLM):
             self.model.layers[i].mlp = self.make_moe(args)
 
     def make_moe(self, a: MoeArgs) -> SparseMoE:
-        return SparseMoE(a.routing, a.hidden_size)
+        return SparseMoE(routing=a.routing, hidden_size=a.hidden_size)
 
     def shard_mlp(self, layer: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:
         if isinstance(layer.mlp, SparseMoE):

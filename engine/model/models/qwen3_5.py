@@ -45,7 +45,7 @@ LAYER_TYPES = ("linear_attention", "full_attention")
 MROPE_KEYS = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class HybridArgs(MoeArgs):
     layer_types: tuple[str, ...] = ()
     rotary_dim: int = 0  # the leading dims of each q / k head that rotate
@@ -102,13 +102,13 @@ def read_hybrid_args(
             raise UnsupportedModel(f"hidden_act {config['hidden_act']!r} is not supported", param="model")
         fields = vars(LlamaArgs.from_config(config, names))
     shape = DeltaNetShape(
-        config["hidden_size"],
-        config["linear_num_key_heads"],
-        config["linear_num_value_heads"],
-        config["linear_key_head_dim"],
-        config["linear_value_head_dim"],
-        config["linear_conv_kernel_dim"],
-        config.get("rms_norm_eps", 1e-6),
+        hidden_size=config["hidden_size"],
+        num_k_heads=config["linear_num_key_heads"],
+        num_v_heads=config["linear_num_value_heads"],
+        head_k_dim=config["linear_key_head_dim"],
+        head_v_dim=config["linear_value_head_dim"],
+        conv_kernel=config["linear_conv_kernel_dim"],
+        eps=config.get("rms_norm_eps", 1e-6),
     )
     if shape.num_v_heads % shape.num_k_heads:
         raise UnsupportedModel("linear_num_value_heads must be a multiple of linear_num_key_heads", param="model")
@@ -233,7 +233,7 @@ class Qwen3_5ForCausalLM(DecoderLM):
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
         a = self.args
         full = tuple(i for i, t in enumerate(a.layer_types) if t == "full_attention")
-        return [KVGroupSpec(full, a.num_kv_heads, a.head_dim)] if full else []
+        return [KVGroupSpec(layers=full, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim)] if full else []
 
     def shard(self, tp: TensorParallel) -> ShardPlan:
         """This rank's Gated DeltaNet heads, gated-attention heads, MLP or expert columns and vocabulary rows
@@ -270,7 +270,14 @@ class Qwen3_5ForCausalLM(DecoderLM):
     ) -> None:
         """The torch path on every device (FlashInfer's kernels are not wired for this family)."""
         a = self.args
-        self.rotary = RotaryEmbedding(a.rotary_dim, a.rope, a.max_position_embeddings, max_positions, dtype, device)
+        self.rotary = RotaryEmbedding(
+            head_dim=a.rotary_dim,
+            rope=a.rope,
+            max_position_embeddings=a.max_position_embeddings,
+            max_positions=max_positions,
+            dtype=dtype,
+            device=device,
+        )
 
     def forward(
         self,

@@ -62,7 +62,7 @@ class MtpHead(nn.Module):
         return name.removeprefix(PREFIX) if name.startswith(PREFIX) else None
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
-        return [KVGroupSpec((0,), self.args.num_kv_heads, self.args.head_dim)]
+        return [KVGroupSpec(layers=(0,), num_kv_heads=self.args.num_kv_heads, head_dim=self.args.head_dim)]
 
     def forward(
         self,

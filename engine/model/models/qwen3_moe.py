@@ -55,4 +55,4 @@ def shared_expert_moe(a: MoeArgs) -> SparseMoE:
     if a.routing.shared_expert_size:
         fields = {name: getattr(a, name) for name in LlamaArgs.__dataclass_fields__}
         shared = LlamaMLP(LlamaArgs(**{**fields, "intermediate_size": a.routing.shared_expert_size}))
-    return SparseMoE(a.routing, a.hidden_size, shared)
+    return SparseMoE(routing=a.routing, hidden_size=a.hidden_size, shared_expert=shared)

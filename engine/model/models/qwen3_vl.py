@@ -25,8 +25,8 @@ class HubLayoutExperts(StackedExperts):
 
     def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
         return {
-            "experts.gate_up_proj": Shard(f"{prefix}.gate_up_proj", transposed=None),
-            "experts.down_proj": Shard(f"{prefix}.down_proj", transposed=None),
+            "experts.gate_up_proj": Shard(param=f"{prefix}.gate_up_proj", transposed=None),
+            "experts.down_proj": Shard(param=f"{prefix}.down_proj", transposed=None),
         }
 
 
@@ -45,4 +45,10 @@ class Qwen3VLMoeForConditionalGeneration(QwenVisionLM, MoeForCausalLM):
 
     def make_moe(self, a: MoeArgs) -> SparseMoE:
         r = a.routing
-        return SparseMoE(r, a.hidden_size, experts=HubLayoutExperts(r.num_experts, a.hidden_size, r.intermediate_size))
+        return SparseMoE(
+            routing=r,
+            hidden_size=a.hidden_size,
+            experts=HubLayoutExperts(
+                num_experts=r.num_experts, hidden_size=a.hidden_size, intermediate_size=r.intermediate_size
+            ),
+        )

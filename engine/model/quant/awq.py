@@ -23,9 +23,9 @@ def unpack_awq_columns(packed: torch.Tensor) -> torch.Tensor:
 class AwqFormat(Int4Format):
     name = "awq"
     layouts = (
-        TensorLayout("qweight", torch.int32, dim=1, rows_per_entry=8),
-        TensorLayout("qzeros", torch.int32, dim=1, rows_per_entry=8),
-        TensorLayout("scales", torch.float32, dim=1),
+        TensorLayout(suffix="qweight", dtype=torch.int32, dim=1, rows_per_entry=8),
+        TensorLayout(suffix="qzeros", dtype=torch.int32, dim=1, rows_per_entry=8),
+        TensorLayout(suffix="scales", dtype=torch.float32, dim=1),
     )
 
     tensor_parallel = True

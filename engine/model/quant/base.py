@@ -24,7 +24,7 @@ from engine.model.quant.shards import quantized_sources
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TensorLayout:
     """One checkpoint tensor of a quantized linear, kept in `dtype` (a cast that loses nothing: fp16 scales go to
     float32). `dim`: the dimension along which stacked matrices (q|k|v) sit, with `rows_per_entry` output rows per
@@ -98,7 +98,13 @@ class CheckpointLinear(nn.Module):
     checkpoint_dtypes = True  # the loader keeps these parameters' dtypes instead of casting to the serving one
 
     def __init__(
-        self, fmt: QuantFormat, shards: dict[str, int], in_features: int, bias: bool, shapes: dict[str, tuple[int, ...]]
+        self,
+        *,
+        fmt: QuantFormat,
+        shards: dict[str, int],
+        in_features: int,
+        bias: bool,
+        shapes: dict[str, tuple[int, ...]],
     ) -> None:
         super().__init__()
         self.fmt, self.in_features, self.out_features = fmt, in_features, sum(shards.values())
@@ -142,15 +148,15 @@ class CheckpointLinear(nn.Module):
         for i, (name, (offset, size)) in enumerate(self.shard_offsets.items()):
             for layout in self.present:
                 if layout.dim is None:
-                    out[f"{name}.{layout.suffix}"] = Shard(f"{prefix}.{layout.suffix}", index=i)
+                    out[f"{name}.{layout.suffix}"] = Shard(param=f"{prefix}.{layout.suffix}", index=i)
                     continue
                 n = self._entries(layout, size)
                 out[f"{name}.{layout.suffix}"] = Shard(
-                    f"{prefix}.{layout.suffix}", offset=entries[layout.suffix], size=n, dim=layout.dim
+                    param=f"{prefix}.{layout.suffix}", offset=entries[layout.suffix], size=n, dim=layout.dim
                 )
                 entries[layout.suffix] += n
             if self.bias is not None:
-                out[f"{name}.bias"] = Shard(f"{prefix}.bias", offset=offset, size=size)
+                out[f"{name}.bias"] = Shard(param=f"{prefix}.bias", offset=offset, size=size)
         return out
 
     def tensor(self, suffix: str) -> torch.Tensor | None:
@@ -288,7 +294,7 @@ def _checkpoint_linear(
                 f"for a {in_features} -> {rows} linear",
                 param="model",
             )
-    linear = CheckpointLinear(fmt, shards, in_features, bias, tensors)
+    linear = CheckpointLinear(fmt=fmt, shards=shards, in_features=in_features, bias=bias, shapes=tensors)
     linear.matrix_sources = parts
     return linear
 

@@ -24,10 +24,10 @@ class PackedInt4Format(Int4Format):
     def __init__(self, group: int | None, symmetric: bool) -> None:
         self.group, self.symmetric = group, symmetric
         self.layouts = (
-            TensorLayout("weight_packed", torch.int32),
-            TensorLayout("weight_scale", torch.float32),
-            TensorLayout("weight_shape", torch.int64, dim=None),
-            TensorLayout("weight_zero_point", torch.int32, rows_per_entry=8, required=not symmetric),
+            TensorLayout(suffix="weight_packed", dtype=torch.int32),
+            TensorLayout(suffix="weight_scale", dtype=torch.float32),
+            TensorLayout(suffix="weight_shape", dtype=torch.int64, dim=None),
+            TensorLayout(suffix="weight_zero_point", dtype=torch.int32, rows_per_entry=8, required=not symmetric),
         )
 
     def input_axis(self, layout: TensorLayout) -> tuple[int, int] | None:

@@ -34,14 +34,16 @@ class Fp8Format(QuantFormat):
     def __init__(self, name: str, scale: str, strategy: str, block: tuple[int, int] | None = None) -> None:
         self.name, self.scale, self.strategy, self.block = name, scale, strategy, block
         scale_layout = {
-            "tensor": TensorLayout(scale, torch.float32, dim=None),
-            "channel": TensorLayout(scale, torch.float32, dim=0),
-            "block": TensorLayout(scale, torch.float32, dim=0, rows_per_entry=block[0] if block else 1, ragged=True),
+            "tensor": TensorLayout(suffix=scale, dtype=torch.float32, dim=None),
+            "channel": TensorLayout(suffix=scale, dtype=torch.float32, dim=0),
+            "block": TensorLayout(
+                suffix=scale, dtype=torch.float32, dim=0, rows_per_entry=block[0] if block else 1, ragged=True
+            ),
         }[strategy]
         self.layouts = (
-            TensorLayout("weight", torch.float8_e4m3fn),
+            TensorLayout(suffix="weight", dtype=torch.float8_e4m3fn),
             scale_layout,
-            TensorLayout("input_scale", torch.float32, dim=None, required=False),
+            TensorLayout(suffix="input_scale", dtype=torch.float32, dim=None, required=False),
         )
 
     @property
@@ -70,7 +72,13 @@ class Fp8Format(QuantFormat):
         if self.strategy == "block" and Fp8BlockLinear.fits(
             [size for _, size in linear.shard_offsets.values()], linear.in_features, self.block, device, dtype
         ):
-            module = Fp8BlockLinear(linear.weight.detach(), getattr(linear, self.scale).detach(), bias, dtype, device)
+            module = Fp8BlockLinear(
+                weight=linear.weight.detach(),
+                scale=getattr(linear, self.scale).detach(),
+                bias=bias,
+                dtype=dtype,
+                device=device,
+            )
             module.shard_offsets = linear.shard_offsets
             return module
         if self.strategy == "block" or not Fp8Linear.fits(tuple(linear.weight.shape), device, dtype):
@@ -85,7 +93,9 @@ class Fp8Format(QuantFormat):
                 )
                 self._said_dense = True
             return dense_linear(linear, self.dequantize(linear), dtype)
-        module = Fp8Linear(linear.weight.detach(), self.row_scale(linear), bias, dtype, device)
+        module = Fp8Linear(
+            weight=linear.weight.detach(), row_scale=self.row_scale(linear), bias=bias, dtype=dtype, device=device
+        )
         module.shard_offsets = linear.shard_offsets
         return module
 

@@ -36,6 +36,7 @@ class Fp8BlockLinear(nn.Module):
 
     def __init__(
         self,
+        *,
         weight: torch.Tensor,
         scale: torch.Tensor,
         bias: torch.Tensor | None,

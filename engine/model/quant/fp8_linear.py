@@ -33,6 +33,7 @@ class Fp8Linear(nn.Module):
 
     def __init__(
         self,
+        *,
         weight: torch.Tensor,
         row_scale: torch.Tensor,
         bias: torch.Tensor | None,

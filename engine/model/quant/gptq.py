@@ -15,10 +15,10 @@ from engine.model.quant.shards import input_positions
 class GptqFormat(Int4Format):
     name = "gptq"
     layouts = (
-        TensorLayout("qweight", torch.int32, dim=1),
-        TensorLayout("qzeros", torch.int32, dim=1, rows_per_entry=8),
-        TensorLayout("scales", torch.float32, dim=1),
-        TensorLayout("g_idx", torch.int32, dim=None, required=False),
+        TensorLayout(suffix="qweight", dtype=torch.int32, dim=1),
+        TensorLayout(suffix="qzeros", dtype=torch.int32, dim=1, rows_per_entry=8),
+        TensorLayout(suffix="scales", dtype=torch.float32, dim=1),
+        TensorLayout(suffix="g_idx", dtype=torch.int32, dim=None, required=False),
     )
 
     tensor_parallel = True

@@ -112,7 +112,12 @@ class Int4Format(QuantFormat):
         # The kernel computes (code - 8) * scale + zero: (code - z) * s is that with zero = (8 - z) * s.
         bias = None if linear.bias is None else linear.bias.detach()
         module = Int4Linear(
-            weights.codes, weights.scales, (8 - weights.zeros) * weights.scales, weights.group, bias, dtype
+            codes=weights.codes,
+            scale=weights.scales,
+            zero=(8 - weights.zeros) * weights.scales,
+            group=weights.group,
+            bias=bias,
+            dtype=dtype,
         )
         module.shard_offsets = linear.shard_offsets
         return module

@@ -18,7 +18,7 @@ class Gemma3Projector(nn.Module):
     """[images, patches_per_side^2, vision_hidden] -> [images, tokens_per_image, text_hidden]."""
 
     def __init__(
-        self, vision_hidden: int, text_hidden: int, patches_per_side: int, tokens_per_image: int, eps: float
+        self, *, vision_hidden: int, text_hidden: int, patches_per_side: int, tokens_per_image: int, eps: float
     ) -> None:
         super().__init__()
         side = math.isqrt(tokens_per_image)

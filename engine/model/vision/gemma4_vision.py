@@ -23,7 +23,7 @@ from engine.model.layers.rotary import full_width_rotary, rotate_pairs
 from engine.model.vision.attention import image_attention
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Gemma4VisionArgs:
     """vision_config's fields (transformers' Gemma4VisionConfig defaults where it is silent)."""
 

@@ -24,7 +24,7 @@ from engine.model.vision.attention import image_attention
 ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}  # hidden_act -> F.gelu's approximate
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QwenVisionArgs:
     """vision_config's fields (transformers' Qwen3VLVisionConfig defaults where it is silent)."""
 

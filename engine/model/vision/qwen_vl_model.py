@@ -16,7 +16,7 @@ from engine.model.vision.qwen_vl import QwenVisionArgs, QwenVisionTower
 from engine.model.vision.spec import PatchGrid, VisionSpec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QwenVision:
     """The vision tower's args, the image tokens and the text rotary's mrope sections."""
 
@@ -33,11 +33,11 @@ class QwenVision:
         text = config.get("text_config") or {}
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
         return cls(
-            QwenVisionArgs.from_config(config.get("vision_config") or {}),
-            config.get("image_token_id", 151655),
-            config.get("vision_start_token_id", 151652),
-            config.get("vision_end_token_id", 151653),
-            tuple(rope.get("mrope_section") or section),
+            tower=QwenVisionArgs.from_config(config.get("vision_config") or {}),
+            image_token_id=config.get("image_token_id", 151655),
+            vision_start_token_id=config.get("vision_start_token_id", 151652),
+            vision_end_token_id=config.get("vision_end_token_id", 151653),
+            mrope_section=tuple(rope.get("mrope_section") or section),
         )
 
 
@@ -85,13 +85,13 @@ class QwenVisionLM:
         super().init_rotary(max_positions, dtype, device, fused)
         a = self.args
         self.rotary = MultimodalRotary(
-            getattr(a, "rotary_dim", 0) or a.head_dim,
-            a.rope,
-            a.vision.mrope_section,
-            a.max_position_embeddings,
-            max_positions,
-            dtype,
-            device,
+            rotary_dim=getattr(a, "rotary_dim", 0) or a.head_dim,
+            rope=a.rope,
+            section=a.vision.mrope_section,
+            max_position_embeddings=a.max_position_embeddings,
+            max_positions=max_positions,
+            dtype=dtype,
+            device=device,
         )
         for module in self.modules():
             if getattr(module, "cos_sin_cache", None) is not None:
@@ -100,7 +100,14 @@ class QwenVisionLM:
     def vision_spec(self) -> VisionSpec:
         v = self.args.vision
         grid = PatchGrid(v.tower.patch_size, v.tower.temporal_patch_size, v.tower.spatial_merge_size)
-        return VisionSpec(v.image_token_id, None, None, v.vision_start_token_id, v.vision_end_token_id, grid=grid)
+        return VisionSpec(
+            image_token_id=v.image_token_id,
+            tokens_per_image=None,
+            image_size=None,
+            boi_token_id=v.vision_start_token_id,
+            eoi_token_id=v.vision_end_token_id,
+            grid=grid,
+        )
 
     def encode_images(self, pixels: list[torch.Tensor], grids: list[tuple[int, int, int]]) -> list[torch.Tensor]:
         """Each image's patches -> [tokens, hidden * (1 + deepstack layers)]: its tokens' embeddings, then the

@@ -18,7 +18,7 @@ from engine.model.layers.linear_post import linear_add, linear_gelu
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SiglipArgs:
     """vision_config's fields (transformers' SiglipVisionConfig defaults where it is silent)."""
 

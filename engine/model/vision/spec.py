@@ -25,7 +25,7 @@ class PooledPatches:
     kernel: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VisionSpec:
     """An image is a run of image_token_id tokens in the prompt (between boi and eoi): `tokens_per_image` of them
     for a tower that sees a fixed `image_size` square (Gemma 3), or as many as the image's merged patches (`grid`)

@@ -39,6 +39,7 @@ class GrammarCache:
 
     def __init__(
         self,
+        *,
         tokenizer: Any,
         vocab_size: int,
         stop_token_ids: list[int],

@@ -42,7 +42,7 @@ UNSUPPORTED_KEYWORDS = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StructuredSpec:
     """What the output must match. `value` is text: a JSON schema, a regex, an EBNF grammar, a JSON list of
     choices or a structural tag, as the kind says; `param` names the request field it came from (for errors).
@@ -92,13 +92,15 @@ class StructuredSpec:
         if not isinstance(schema, dict):
             raise InvalidRequest(f"{param} must be a JSON schema object, got {type(schema).__name__}", param=param)
         # Key order is kept: it is the order the properties are generated in.
-        return cls("json", json.dumps(schema, ensure_ascii=False), any_whitespace, param)
+        return cls(
+            kind="json", value=json.dumps(schema, ensure_ascii=False), any_whitespace=any_whitespace, param=param
+        )
 
     @classmethod
     def choice(cls, choices: Any, param: str) -> StructuredSpec:
         if not isinstance(choices, (list, tuple)):
             raise InvalidRequest(f"{param} must be a non-empty list of strings", param=param)
-        return cls("choice", json.dumps(list(choices), ensure_ascii=False), True, param)
+        return cls(kind="choice", value=json.dumps(list(choices), ensure_ascii=False), any_whitespace=True, param=param)
 
 
 def parse_json(text: str, param: str) -> Any:

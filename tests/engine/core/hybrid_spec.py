@@ -99,7 +99,7 @@ def oracle_engine(path: Path, answers: dict[tuple[int, ...], list[int]], k: int 
     from engine.config import SpeculativeConfig
 
     engine = tiny_engine(
-        path, speculative=SpeculativeConfig("ngram", num_speculative_tokens=k, disable_by_batch_size=256), **kw
+        path, speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=k, disable_by_batch_size=256), **kw
     )
     engine.speculator.proposer = Oracle(answers, k)
     return engine

@@ -11,7 +11,10 @@ from engine.core.scheduling.sequence import Sequence
 from engine.model.kv_spec import KVGroupSpec, kv_groups, layer_windows
 from tests.engine.core.engine_run import make_engine
 
-FULL, WIN = KVGroupSpec((0,), 2, 8), KVGroupSpec((1, 2), 2, 8, window=8)
+FULL, WIN = (
+    KVGroupSpec(layers=(0,), num_kv_heads=2, head_dim=8),
+    KVGroupSpec(layers=(1, 2), num_kv_heads=2, head_dim=8, window=8),
+)
 PS = 4
 
 
@@ -42,9 +45,12 @@ def test_layer_windows_as_transformers_reads_them(config, windows):
 
 def test_groups_in_order_of_first_layer():
     groups = kv_groups([16, None, 16, None], 2, 8)
-    assert groups == [KVGroupSpec((0, 2), 2, 8, 16), KVGroupSpec((1, 3), 2, 8, None)]
+    assert groups == [
+        KVGroupSpec(layers=(0, 2), num_kv_heads=2, head_dim=8, window=16),
+        KVGroupSpec(layers=(1, 3), num_kv_heads=2, head_dim=8, window=None),
+    ]
     assert [g.label for g in groups] == ["window(16):2x", "full:2x"]
-    assert kv_groups([None] * 4, 2, 8) == [KVGroupSpec((0, 1, 2, 3), 2, 8, None)]
+    assert kv_groups([None] * 4, 2, 8) == [KVGroupSpec(layers=(0, 1, 2, 3), num_kv_heads=2, head_dim=8, window=None)]
 
 
 def test_budget_split_across_groups():
@@ -60,7 +66,7 @@ def test_budget_split_across_groups():
 
 
 def _seq(tokens: list[int]) -> Sequence:
-    return Sequence(0, list(tokens), len(tokens))
+    return Sequence(seq_id=0, token_ids=list(tokens), num_prompt_tokens=len(tokens))
 
 
 def _run(kv: KVCacheManager, seq: Sequence, n: int) -> None:
@@ -70,7 +76,7 @@ def _run(kv: KVCacheManager, seq: Sequence, n: int) -> None:
 
 
 def test_window_pages_slide_out_and_come_back():
-    kv = KVCacheManager([FULL, WIN], [32, 32], PS)
+    kv = KVCacheManager(specs=[FULL, WIN], num_pages=[32, 32], page_size=PS)
     null = kv.null_pages[1]
     seq = _seq(list(range(10, 31)))
     _run(kv, seq, 20)
@@ -86,7 +92,7 @@ def test_window_pages_slide_out_and_come_back():
 
 
 def test_prefix_hit_shortened_to_what_the_window_group_holds():
-    kv = KVCacheManager([FULL, WIN], [16, 16], PS)
+    kv = KVCacheManager(specs=[FULL, WIN], num_pages=[16, 16], page_size=PS)
     seq = _seq(list(range(1, 22)))
     hashes = seq.hashes(5, PS)
     full = kv.allocators[0].allocate(5)
@@ -105,7 +111,7 @@ def test_prefix_hit_shortened_to_what_the_window_group_holds():
 
 
 def test_a_prompt_the_lead_window_dropped_is_not_shared():
-    kv = KVCacheManager([FULL, WIN], [32, 32], PS)
+    kv = KVCacheManager(specs=[FULL, WIN], num_pages=[32, 32], page_size=PS)
     lead, other = _seq(list(range(1, 30))), _seq(list(range(1, 30)))
     _run(kv, lead, 12)
     assert kv.share_prefix(lead, other, 3)  # at the lead's own position: the window pages are all there

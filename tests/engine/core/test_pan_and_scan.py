@@ -55,7 +55,14 @@ def _intake(path) -> tuple[ImageIntake, list[int]]:
     boi, image, eoi = tokenizer.convert_tokens_to_ids(
         [SPECIAL["boi_token"], SPECIAL["image_token"], SPECIAL["eoi_token"]]
     )
-    vision = VisionSpec(image, TOKENS, PAN_AND_SCAN["size"]["height"], boi, eoi, bidirectional=True)
+    vision = VisionSpec(
+        image_token_id=image,
+        tokens_per_image=TOKENS,
+        image_size=PAN_AND_SCAN["size"]["height"],
+        boi_token_id=boi,
+        eoi_token_id=eoi,
+        bidirectional=True,
+    )
     return ImageIntake(vision, str(path), tokenizer, max_chunk=512), tokenizer
 
 

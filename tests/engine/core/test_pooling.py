@@ -55,7 +55,7 @@ def reference(hf, prompt: list[int], method: str, normalize: bool, dimensions: i
 
 def embed_all(engine: LLMEngine, prompts: dict[str, list[int]], **kw) -> dict[str, PoolingOutput]:
     for rid, prompt in prompts.items():
-        engine.add(rid, engine.prepare(prompt, PoolingParams(engine.spec.pooling, **kw)))
+        engine.add(rid, engine.prepare(prompt, PoolingParams(config=engine.spec.pooling, **kw)))
     got = {}
     while engine.has_unfinished():
         for out in engine.step():
@@ -103,7 +103,7 @@ def test_embeddings_in_the_same_steps_as_generation_change_nothing(tiny_model_pa
         engine.add_request(r, prompt, params)
     engine.step()  # the generations' prompts run; now they decode
     for r, prompt in texts.items():
-        engine.add(r, engine.prepare(prompt, PoolingParams(engine.spec.pooling)))
+        engine.add(r, engine.prepare(prompt, PoolingParams(config=engine.spec.pooling)))
     tokens: dict[str, list[int]] = {r: [] for r in chats}
     embeddings, mixed_steps = {}, 0
     while engine.has_unfinished():
@@ -139,7 +139,7 @@ def test_last_token_pooling_shares_the_prefix_cache_and_mean_pooling_runs_every_
 def test_dimensions_shorten_only_a_matryoshka_model(tiny_model_path, tmp_path, hf):
     plain = make_engine(with_pooling(tiny_model_path, tmp_path / "plain", None), page_size=4)
     with pytest.raises(InvalidRequest) as err:
-        plain.prepare([5, 6, 7], PoolingParams(plain.spec.pooling, dimensions=16))
+        plain.prepare([5, 6, 7], PoolingParams(config=plain.spec.pooling, dimensions=16))
     assert err.value.param == "dimensions"
     listed = make_engine(
         with_pooling(tiny_model_path, tmp_path / "mrl", None, matryoshka_dimensions=[16, 32, 64]), page_size=4
@@ -150,17 +150,17 @@ def test_dimensions_shorten_only_a_matryoshka_model(tiny_model_path, tmp_path, h
     torch.testing.assert_close(torch.tensor(got), reference(hf, prompt, "last", True, 16), atol=ATOL, rtol=0)
     for bad in (8, 65):
         with pytest.raises(InvalidRequest, match="dimensions"):
-            listed.prepare(prompt, PoolingParams(listed.spec.pooling, dimensions=bad))
+            listed.prepare(prompt, PoolingParams(config=listed.spec.pooling, dimensions=bad))
 
 
 def test_an_input_longer_than_the_context_fails_unless_truncated(tiny_model_path, tmp_path, hf):
     engine = make_engine(with_pooling(tiny_model_path, tmp_path / "m", None), page_size=4, max_model_len=32)
     prompt = random_prompts(1, 33, 33, seed=6)[0]
     with pytest.raises(ContextTooLong):
-        engine.prepare(prompt, PoolingParams(engine.spec.pooling))
+        engine.prepare(prompt, PoolingParams(config=engine.spec.pooling))
     full = embed_all(engine, {"a": prompt[1:]})["a"]  # exactly the context: nothing has to follow an embedding
     cut = embed_all(engine, {"b": prompt}, truncate_prompt_tokens=32)["b"]
     assert cut.prompt_token_ids == prompt[1:]
     close(cut.embedding, full.embedding)
     with pytest.raises(InvalidRequest, match="truncate_prompt_tokens"):
-        engine.prepare(prompt, PoolingParams(engine.spec.pooling, truncate_prompt_tokens=33))
+        engine.prepare(prompt, PoolingParams(config=engine.spec.pooling, truncate_prompt_tokens=33))

@@ -20,8 +20,10 @@ _ids = count()
 
 def group(rid: str, prompt: list[int], max_tokens: int, n: int = 1, arrival: int = 0) -> SequenceGroup:
     params = SamplingParams(temperature=0.0 if n == 1 else 1.0, max_tokens=max_tokens, n=n)
-    seqs = [Sequence(next(_ids), list(prompt), len(prompt), index=i) for i in range(n)]
-    return SequenceGroup(rid, list(prompt), params, seqs, arrival)
+    seqs = [
+        Sequence(seq_id=next(_ids), token_ids=list(prompt), num_prompt_tokens=len(prompt), index=i) for i in range(n)
+    ]
+    return SequenceGroup(request_id=rid, prompt_token_ids=list(prompt), params=params, seqs=seqs, arrival=arrival)
 
 
 def fake_token(seq: Sequence) -> int:
@@ -34,9 +36,14 @@ class Driver:
     def __init__(
         self, num_pages: int, page_size: int = 4, max_num_seqs: int = 8, budget: int = 64, prefix_caching: bool = True
     ) -> None:
-        kv = KVCacheManager([KVGroupSpec((0,), 1, 8)], [num_pages], page_size, prefix_caching)
+        kv = KVCacheManager(
+            specs=[KVGroupSpec(layers=(0,), num_kv_heads=1, head_dim=8)],
+            num_pages=[num_pages],
+            page_size=page_size,
+            enable_prefix_caching=prefix_caching,
+        )
         self.alloc = kv.allocators[0]
-        self.sched = Scheduler(kv, max_num_seqs, budget)
+        self.sched = Scheduler(kv=kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
         self.page_size = page_size
         self.steps: list[SchedulerOutput] = []
         self.finished: list[SequenceGroup] = []

@@ -34,7 +34,7 @@ def encoder(request, tmp_path_factory, baked_model_path):
 
 def score_all(engine, prompts: dict[str, list[int]], activation: bool = True) -> dict[str, list[float]]:
     for rid, prompt in prompts.items():
-        params = PoolingParams(engine.spec.pooling, head=engine.spec.score_head, activation=activation)
+        params = PoolingParams(config=engine.spec.pooling, head=engine.spec.score_head, activation=activation)
         engine.add(rid, engine.prepare(prompt, params))
     got: dict[str, list[float]] = {}
     while engine.has_unfinished():
@@ -73,7 +73,9 @@ def test_a_shared_prefix_is_served_from_the_prefix_cache(encoder) -> None:
     query = random_prompts(1, 24, 24, seed=11)[0]
     docs = random_prompts(3, 3, 9, seed=12)
     score_all(engine, {"a": query + docs[0]})
-    engine.add("b", engine.prepare(query + docs[1], PoolingParams(engine.spec.pooling, head=engine.spec.score_head)))
+    engine.add(
+        "b", engine.prepare(query + docs[1], PoolingParams(config=engine.spec.pooling, head=engine.spec.score_head))
+    )
     outs = []
     while engine.has_unfinished():
         outs += engine.step()

@@ -17,7 +17,7 @@ TEXT = (
 )
 # Speculating at every batch size these tests run (the default turns it off above 4 decoding sequences).
 NGRAM = SpeculativeConfig(
-    "ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2, disable_by_batch_size=256
+    method="ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2, disable_by_batch_size=256
 )
 
 
@@ -172,7 +172,7 @@ def test_a_second_turn_reads_prefix_pages_that_hold_only_accepted_tokens(engines
 
 def test_a_large_batch_turns_speculation_off_for_the_step(baked_model_path, prompts):
     spec = make_engine(
-        baked_model_path, num_kv_pages=256, speculative=SpeculativeConfig("ngram", disable_by_batch_size=2)
+        baked_model_path, num_kv_pages=256, speculative=SpeculativeConfig(method="ngram", disable_by_batch_size=2)
     )
     run(spec, {f"r{i}": (prompts["repeat"], greedy(8)) for i in range(3)})
     stats = spec.stats()
@@ -182,7 +182,7 @@ def test_a_large_batch_turns_speculation_off_for_the_step(baked_model_path, prom
 def test_structured_requests_run_without_speculation_beside_those_that_speculate(engines, prompts, caplog):
     from engine.sample.structured.spec import StructuredSpec
 
-    regex = StructuredSpec("regex", r"(yes|no|maybe)! [a-z ]{4,12}\.", param="guided_regex")
+    regex = StructuredSpec(kind="regex", value=r"(yes|no|maybe)! [a-z ]{4,12}\.", param="guided_regex")
     requests = {"json": (prompts["repeat"], greedy(24, structured=regex)), "repeat": (prompts["repeat"], greedy(24))}
     with caplog.at_level("INFO", logger="engine.core.spec.speculator"):
         a, b, accepted = _both(engines, requests)

@@ -18,7 +18,7 @@ from tests.engine.core.engine_run import greedy, make_engine, run
 
 def _draft(path, **kw) -> SpeculativeConfig:
     return SpeculativeConfig(
-        "draft_model", model=str(path), num_speculative_tokens=3, **{"disable_by_batch_size": 256, **kw}
+        method="draft_model", model=str(path), num_speculative_tokens=3, **{"disable_by_batch_size": 256, **kw}
     )
 
 

@@ -20,7 +20,7 @@ from tests.engine.core.engine_run import greedy, make_engine, run
 
 def _eagle(path, **kw) -> SpeculativeConfig:
     return SpeculativeConfig(
-        "eagle3", model=str(path), num_speculative_tokens=3, **{"disable_by_batch_size": 256, **kw}
+        method="eagle3", model=str(path), num_speculative_tokens=3, **{"disable_by_batch_size": 256, **kw}
     )
 
 

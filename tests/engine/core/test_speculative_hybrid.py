@@ -94,7 +94,7 @@ def test_a_second_turn_hits_snapshots_taken_during_verifies_and_equals_a_cold_ru
 def test_ngram_on_a_hybrid_target_equals_plain_decoding(target, plain):
     requests, want = plain
     ngram = SpeculativeConfig(
-        "ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3, disable_by_batch_size=256
+        method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3, disable_by_batch_size=256
     )
     spec = tiny_engine(target, speculative=ngram)
     assert spec.speculator is not None
@@ -115,7 +115,7 @@ def test_a_draft_model_on_a_hybrid_target_equals_plain_decoding(target, plain, t
     spec = tiny_engine(
         target,
         speculative=SpeculativeConfig(
-            "draft_model", model=str(draft), num_speculative_tokens=3, disable_by_batch_size=256
+            method="draft_model", model=str(draft), num_speculative_tokens=3, disable_by_batch_size=256
         ),
     )
     assert tokens(run_checked(spec, requests)) == want

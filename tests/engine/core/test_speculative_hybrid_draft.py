@@ -17,7 +17,7 @@ from tests.engine.model.family_parity import tiny_engine
 
 def _self_draft(path, **kw) -> SpeculativeConfig:
     return SpeculativeConfig(
-        "draft_model", model=str(path), num_speculative_tokens=3, **{"disable_by_batch_size": 256, **kw}
+        method="draft_model", model=str(path), num_speculative_tokens=3, **{"disable_by_batch_size": 256, **kw}
     )
 
 

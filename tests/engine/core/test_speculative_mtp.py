@@ -18,7 +18,7 @@ from tests.engine.core.hybrid_spec import add_mtp_weights, hybrid_requests, run_
 from tests.engine.model.family_parity import load_family, tiny_engine
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
 
-MTP = SpeculativeConfig("mtp", num_speculative_tokens=3, disable_by_batch_size=256)
+MTP = SpeculativeConfig(method="mtp", num_speculative_tokens=3, disable_by_batch_size=256)
 
 
 @pytest.fixture(scope="module", params=["qwen3_5_text", "qwen3_next"])

@@ -40,7 +40,7 @@ def test_the_attribute_sets_name_real_fields() -> None:
     from engine.core.output.state import OutputState
     from engine.core.scheduling.sequence import Sequence
 
-    seq = Sequence(0, [1, 2], 2)
+    seq = Sequence(seq_id=0, token_ids=[1, 2], num_prompt_tokens=2)
     assert all(hasattr(seq, a) for a in KV_SIDE)
     assert all(hasattr(seq.output_state, a) for a in OUTPUT_SIDE - {"output_state"})
     assert isinstance(seq.output_state, OutputState)

@@ -132,7 +132,13 @@ def test_the_sink_module_is_the_one_the_attention_backend_plans() -> None:
     for window in (False, True):
         for kv in (BF16, FP8):
             jit_args, _ = sink_module_args(backend="fa2", q_dtype=BF16, kv_dtype=kv, head_dim=64, sliding_window=window)
-            module = AttentionModule("sink", 64, "bfloat16", str(kv).removeprefix("torch."), window)
+            module = AttentionModule(
+                kind="sink",
+                head_dim=64,
+                q_dtype="bfloat16",
+                kv_dtype=str(kv).removeprefix("torch."),
+                sliding_window=window,
+            )
             assert module.name() == jit_args[0] == uri("sink", 64, window=window, kv_dtype=kv)
 
 
@@ -145,14 +151,24 @@ def test_decode_kind_follows_the_q_heads_per_kv_head_of_every_tensor_parallel_si
     kinds = {
         m.kind
         for m in group_modules(
-            KVGroupSpec((0,), 8, 128), num_q_heads=32, dtype=BF16, kv_dtype=BF16, sinks=False, bidirectional=False
+            KVGroupSpec(layers=(0,), num_kv_heads=8, head_dim=128),
+            num_q_heads=32,
+            dtype=BF16,
+            kv_dtype=BF16,
+            sinks=False,
+            bidirectional=False,
         )
     }
     assert kinds == {"prefill"}
     kinds = {
         m.kind
         for m in group_modules(
-            KVGroupSpec((0,), 4, 128), num_q_heads=16, dtype=BF16, kv_dtype=BF16, sinks=True, bidirectional=False
+            KVGroupSpec(layers=(0,), num_kv_heads=4, head_dim=128),
+            num_q_heads=16,
+            dtype=BF16,
+            kv_dtype=BF16,
+            sinks=True,
+            bidirectional=False,
         )
     }
     assert kinds == {"prefill", "decode", "sink"}

@@ -106,11 +106,11 @@ class Pages:
             starts = [sum(len(t) for _, t in batch[:i]) for i in range(len(batch))]
             self.recurrent_plan.plan(
                 RecurrentStep(
-                    [(s, len(t)) for s, (_, t) in zip(starts, batch, strict=True)],
-                    slots,
-                    [],
-                    torch.tensor(slots),
-                    all(len(t) == 1 for _, t in batch),
+                    spans=[(s, len(t)) for s, (_, t) in zip(starts, batch, strict=True)],
+                    slots=slots,
+                    captures=[],
+                    slot_index=torch.tensor(slots),
+                    is_decode=all(len(t) == 1 for _, t in batch),
                 )
             )
         return self.forward(model, batch, positions, meta, **extra)

@@ -46,7 +46,13 @@ def checkpoint_linear(fmt, tensors: dict[str, torch.Tensor], in_features: int, o
     """One quantized linear holding `tensors` (a single checkpoint matrix), as the loader would fill it."""
     from engine.model.quant.base import CheckpointLinear
 
-    linear = CheckpointLinear(fmt, {"proj": out}, in_features, False, {k: tuple(v.shape) for k, v in tensors.items()})
+    linear = CheckpointLinear(
+        fmt=fmt,
+        shards={"proj": out},
+        in_features=in_features,
+        bias=False,
+        shapes={k: tuple(v.shape) for k, v in tensors.items()},
+    )
     for layout in linear.present:
         value = tensors[layout.suffix]
         value = value[None] if layout.dim is None else value
@@ -300,7 +306,7 @@ def fp8_stacked_linear(strategy: str, sizes: dict[str, int], in_features: int, s
         rows = scale.repeat_interleave(torch.tensor(list(sizes.values())), dim=0)
     fmt = Fp8Format("compressed-tensors fp8", "weight_scale", strategy)
     shapes = {"weight": tuple(w.shape), "weight_scale": (1,) if strategy == "tensor" else (w.shape[0], 1)}
-    linear = CheckpointLinear(fmt, sizes, in_features, False, shapes)
+    linear = CheckpointLinear(fmt=fmt, shards=sizes, in_features=in_features, bias=False, shapes=shapes)
     linear.weight = nn.Parameter((w / rows).to(torch.float8_e4m3fn), requires_grad=False)
     linear.weight_scale = nn.Parameter(scale, requires_grad=False)
     return fmt, linear

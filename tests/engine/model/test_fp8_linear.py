@@ -32,7 +32,12 @@ def test_fp8_linear_matches_the_dequantised_weight(strategy, row_wise):
     fmt, linear = fp8_stacked_linear(strategy, SIZES, 256)
     bias = torch.randn(linear.out_features)
     module = Fp8Linear(
-        linear.weight.detach(), fmt.row_scale(linear), bias, torch.bfloat16, torch.device("cpu"), row_wise=row_wise
+        weight=linear.weight.detach(),
+        row_scale=fmt.row_scale(linear),
+        bias=bias,
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+        row_wise=row_wise,
     )
     assert module.weight.dtype == FP8 and module.weight.data_ptr() != 0
     x = torch.randn(2, 7, 256)

@@ -98,7 +98,17 @@ def layers():
     with torch.no_grad():
         for name, p in hf.named_parameters():
             p.copy_(1 + 0.2 * torch.randn_like(p) if name == "norm.weight" else 0.3 * torch.randn_like(p))
-    ours = GatedDeltaNet(DeltaNetShape(64, 2, 4, 16, 8, 4, config.rms_norm_eps))
+    ours = GatedDeltaNet(
+        DeltaNetShape(
+            hidden_size=64,
+            num_k_heads=2,
+            num_v_heads=4,
+            head_k_dim=16,
+            head_v_dim=8,
+            conv_kernel=4,
+            eps=config.rms_norm_eps,
+        )
+    )
     ours.load_state_dict(hf.state_dict())
     return hf, ours.eval()
 
@@ -110,7 +120,13 @@ def states(ours: GatedDeltaNet, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def plan(spans: list[tuple[int, int]], captures=()) -> RecurrentStep:
     slots = list(range(len(spans)))
-    return RecurrentStep(spans, slots, list(captures), torch.tensor(slots), all(n == 1 for _, n in spans))
+    return RecurrentStep(
+        spans=spans,
+        slots=slots,
+        captures=list(captures),
+        slot_index=torch.tensor(slots),
+        is_decode=all(n == 1 for _, n in spans),
+    )
 
 
 def reference(hf, x: torch.Tensor) -> torch.Tensor:
@@ -159,7 +175,7 @@ def test_a_snapshot_inside_a_chunk_is_the_state_a_run_to_there_leaves(layers):
     with torch.no_grad():
         whole = ours(x, plan([(0, 70)], captures=[(0, 40, 1)]), conv, delta)
         # Slot 1 holds the snapshot: the last 30 rows run from it as a new sequence would from a prefix hit.
-        step = RecurrentStep([(0, 30)], [1], [], torch.tensor([1]), False)
+        step = RecurrentStep(spans=[(0, 30)], slots=[1], captures=[], slot_index=torch.tensor([1]), is_decode=False)
         rest = ours(x[40:], step, conv, delta)
     want = reference(hf, x)
     torch.testing.assert_close(whole, want, atol=ATOL, rtol=1e-4)
@@ -190,7 +206,14 @@ def prefilled_pools(ours: GatedDeltaNet, xs: list[torch.Tensor], slots: list[int
     for x, slot in zip(xs, slots, strict=True):
         conv[slot], delta[slot] = 0, 0
         with torch.no_grad():
-            ours(x[:-1], RecurrentStep([(0, len(x) - 1)], [slot], [], torch.tensor([slot]), False), conv, delta)
+            ours(
+                x[:-1],
+                RecurrentStep(
+                    spans=[(0, len(x) - 1)], slots=[slot], captures=[], slot_index=torch.tensor([slot]), is_decode=False
+                ),
+                conv,
+                delta,
+            )
     return conv, delta
 
 
@@ -211,7 +234,13 @@ def test_decode_in_any_slot_order_leaves_every_other_slot_untouched(layers, slot
     before = conv.clone(), delta.clone()
     rows = torch.stack([x[-1] for x in xs])
     if path == "cpu":
-        step = RecurrentStep([(i, 1) for i in range(len(slots))], slots, [], torch.tensor(slots), True)
+        step = RecurrentStep(
+            spans=[(i, 1) for i in range(len(slots))],
+            slots=slots,
+            captures=[],
+            slot_index=torch.tensor(slots),
+            is_decode=True,
+        )
     else:
         step, rows = RecurrentStep.graphed(torch.tensor([*slots, 10])), torch.cat([rows, torch.ones(1, 64)])
     with torch.no_grad():
@@ -231,7 +260,13 @@ def test_the_capture_safe_decode_equals_the_cpu_path(layers, slots):
     gen = torch.Generator().manual_seed(6)
     for _ in range(3):
         rows = torch.randn(len(slots), 64, generator=gen)
-        cpu = RecurrentStep([(i, 1) for i in range(len(slots))], slots, [], torch.tensor(slots), True)
+        cpu = RecurrentStep(
+            spans=[(i, 1) for i in range(len(slots))],
+            slots=slots,
+            captures=[],
+            slot_index=torch.tensor(slots),
+            is_decode=True,
+        )
         with torch.no_grad():
             want = ours(rows, cpu, *pools["cpu"])
             got = ours(rows, RecurrentStep.graphed(torch.tensor(slots)), *pools["indexed"])
@@ -255,7 +290,14 @@ def test_a_traced_decode_step_replays_on_other_slots(layers):
         return ours(x, RecurrentStep.graphed(index), conv_pool, state_pool)
 
     def cpu(x, index, conv_pool, state_pool):
-        return ours(x, RecurrentStep([(0, 1), (1, 1), (2, 1)], [1, 2, 3], [], index, True), conv_pool, state_pool)
+        return ours(
+            x,
+            RecurrentStep(
+                spans=[(0, 1), (1, 1), (2, 1)], slots=[1, 2, 3], captures=[], slot_index=index, is_decode=True
+            ),
+            conv_pool,
+            state_pool,
+        )
 
     x, slots = torch.randn(3, 64, generator=gen), torch.tensor([7, 0, 4])
     with torch.no_grad():

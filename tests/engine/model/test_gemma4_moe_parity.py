@@ -53,7 +53,10 @@ CONFIG = dict(
     top_k_experts=2,
     moe_intermediate_size=32,
 )
-GROUPS = [KVGroupSpec((0, 2), 2, 16, WINDOW, 1.0, None), KVGroupSpec((1, 3), 1, 32, None, 1.0, None)]
+GROUPS = [
+    KVGroupSpec(layers=(0, 2), num_kv_heads=2, head_dim=16, window=WINDOW, scale=1.0, soft_cap=None),
+    KVGroupSpec(layers=(1, 3), num_kv_heads=1, head_dim=32, window=None, scale=1.0, soft_cap=None),
+]
 
 
 def randomize(hf) -> None:

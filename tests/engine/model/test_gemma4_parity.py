@@ -55,8 +55,10 @@ CONFIG = dict(
 )
 # Layers 4 and 5 share KV: each reads the last earlier layer of its type (3 and 2).
 GROUPS = [
-    KVGroupSpec((0, 1, 3), 2, 16, WINDOW, 1.0, None, ((4, 3),)),
-    KVGroupSpec((2,), 1, 32, None, 1.0, None, ((5, 2),)),
+    KVGroupSpec(
+        layers=(0, 1, 3), num_kv_heads=2, head_dim=16, window=WINDOW, scale=1.0, soft_cap=None, readers=((4, 3),)
+    ),
+    KVGroupSpec(layers=(2,), num_kv_heads=1, head_dim=32, window=None, scale=1.0, soft_cap=None, readers=((5, 2),)),
 ]
 
 

@@ -47,9 +47,18 @@ GEMMA3_ROPE = {
     "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
 }
 GROUPS = {
-    "gemma2": [KVGroupSpec((0, 2), 2, 16, WINDOW, SCALE, 3.0), KVGroupSpec((1, 3), 2, 16, None, SCALE, 3.0)],
-    "gemma3": [KVGroupSpec((0, 1, 2, 3, 4, 6), 2, 16, WINDOW, SCALE), KVGroupSpec((5,), 2, 16, None, SCALE)],
-    "gemma3_mm": [KVGroupSpec((0, 1, 2, 3, 4, 6), 2, 16, WINDOW, SCALE), KVGroupSpec((5,), 2, 16, None, SCALE)],
+    "gemma2": [
+        KVGroupSpec(layers=(0, 2), num_kv_heads=2, head_dim=16, window=WINDOW, scale=SCALE, soft_cap=3.0),
+        KVGroupSpec(layers=(1, 3), num_kv_heads=2, head_dim=16, window=None, scale=SCALE, soft_cap=3.0),
+    ],
+    "gemma3": [
+        KVGroupSpec(layers=(0, 1, 2, 3, 4, 6), num_kv_heads=2, head_dim=16, window=WINDOW, scale=SCALE),
+        KVGroupSpec(layers=(5,), num_kv_heads=2, head_dim=16, window=None, scale=SCALE),
+    ],
+    "gemma3_mm": [
+        KVGroupSpec(layers=(0, 1, 2, 3, 4, 6), num_kv_heads=2, head_dim=16, window=WINDOW, scale=SCALE),
+        KVGroupSpec(layers=(5,), num_kv_heads=2, head_dim=16, window=None, scale=SCALE),
+    ],
 }
 
 

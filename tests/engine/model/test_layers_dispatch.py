@@ -197,7 +197,12 @@ def test_reserve_bytes_covers_a_hybrid_decode_s_gathered_states():
     from engine.model.layers.gated_deltanet import DeltaNetShape
 
     a = llama8b_args()
-    hybrid = SimpleNamespace(**vars(a), deltanet=DeltaNetShape(4096, 16, 32, 128, 128, 4, 1e-6))
+    hybrid = SimpleNamespace(
+        **vars(a),
+        deltanet=DeltaNetShape(
+            hidden_size=4096, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, conv_kernel=4, eps=1e-6
+        ),
+    )
     base = dict(max_num_batched_tokens=2048, max_num_seqs=64, max_pages_per_seq=512)
     state = 2 * 4 * 32 * 129 * 128
     for graphs, rows in ((False, 64), (True, 128)):

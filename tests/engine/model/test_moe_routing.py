@@ -51,7 +51,7 @@ def routers(
         config = tf.DeepseekV2Config(**shape, topk_method=method, norm_topk_prob=False)
         theirs = DeepseekV2TopkRouter(config)
     routing = read_grouped_routing(config.to_dict(), scoring=scoring, topk_method=method, norm_topk_prob=norm)
-    ours = SparseMoE(routing, experts)
+    ours = SparseMoE(routing=routing, hidden_size=experts)
     with torch.no_grad():
         for router in (theirs, ours.gate):
             router.weight.copy_(torch.eye(experts))

@@ -45,14 +45,31 @@ def test_the_torch_path_and_the_kernel_fallback_equal_transformers(rope):
     assert not torch.equal(want_q[..., :rotary_dim], q[..., :rotary_dim])
     assert torch.equal(want_q[..., rotary_dim:], q[..., rotary_dim:])  # the rest of each head passes through
 
-    table = RotaryEmbedding(HEAD_DIM, rope, 128, 128, torch.float32, torch.device("cpu"), partial=True)
+    table = RotaryEmbedding(
+        head_dim=HEAD_DIM,
+        rope=rope,
+        max_position_embeddings=128,
+        max_positions=128,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        partial=True,
+    )
     assert table.rotary_dim == rotary_dim
     cos, sin = table.lookup(POSITIONS)
     got_q, got_k = apply_rotary_(q.clone(), cos, sin), apply_rotary_(k.clone(), cos, sin)
     torch.testing.assert_close(got_q, want_q, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_k, want_k, atol=1e-5, rtol=1e-5)
 
-    fused = RotaryEmbedding(HEAD_DIM, rope, 128, 128, torch.float32, torch.device("cpu"), fused=True, partial=True)
+    fused = RotaryEmbedding(
+        head_dim=HEAD_DIM,
+        rope=rope,
+        max_position_embeddings=128,
+        max_positions=128,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        fused=True,
+        partial=True,
+    )
     assert fused.cos_sin_cache.shape == (128, rotary_dim)  # FlashInfer's kernel takes its rotary width from it
     got_q, got_k = q.clone(), k.clone()
     kernels.apply_rope_with_cos_sin_cache_inplace(POSITIONS, got_q, got_k, HEAD_DIM, fused.cos_sin_cache)
@@ -64,4 +81,11 @@ def test_a_rotary_not_built_partial_refuses_the_factor():
     """Llama's and the other references rotate the whole head: the factor is refused there, not half-applied."""
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
     with pytest.raises(UnsupportedModel, match="partial_rotary_factor != 1 is not supported"):
-        RotaryEmbedding(HEAD_DIM, rope, 128, 128, torch.float32, torch.device("cpu"))
+        RotaryEmbedding(
+            head_dim=HEAD_DIM,
+            rope=rope,
+            max_position_embeddings=128,
+            max_positions=128,
+            dtype=torch.float32,
+            device=torch.device("cpu"),
+        )

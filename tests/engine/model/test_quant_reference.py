@@ -88,7 +88,7 @@ def test_fp8_per_tensor_scales_each_stacked_matrix_by_its_own() -> None:
     weight = torch.randn(16, 32).to(torch.float8_e4m3fn)
     fmt = Fp8Format("compressed-tensors fp8", "weight_scale", "tensor")
     shapes = {"weight": (8, 32), "weight_scale": (1,)}
-    linear = CheckpointLinear(fmt, {"k_proj": 8, "v_proj": 8}, 32, False, shapes)
+    linear = CheckpointLinear(fmt=fmt, shards={"k_proj": 8, "v_proj": 8}, in_features=32, bias=False, shapes=shapes)
     linear.weight = nn.Parameter(weight, requires_grad=False)
     linear.weight_scale = nn.Parameter(torch.tensor([[0.5], [3.0]]), requires_grad=False)
     expected = weight.float() * torch.tensor([0.5] * 8 + [3.0] * 8)[:, None]

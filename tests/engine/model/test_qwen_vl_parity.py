@@ -76,7 +76,15 @@ def test_the_vision_tower_in_bfloat16_stays_near_float32_transformers(family):
 def _spans(tokens: list[int], files: list[bytes]) -> list[ImageSpan]:
     grids = hf_images(files)["image_grid_thw"].tolist() if files else []
     return [
-        ImageSpan(a, b, torch.empty(0), b"", tuple(g), (g[1] // 2, g[2] // 2), whole=False)
+        ImageSpan(
+            start=a,
+            end=b,
+            pixels=torch.empty(0),
+            digest=b"",
+            grid=tuple(g),
+            rope_grid=(g[1] // 2, g[2] // 2),
+            whole=False,
+        )
         for (a, b), g in zip(image_runs(tokens, IMAGE), grids, strict=True)
     ]
 

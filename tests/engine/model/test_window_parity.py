@@ -23,8 +23,11 @@ from tests.engine.model.family_parity import (
 )
 
 GROUPS = {
-    "qwen2_window": [KVGroupSpec((0,), 2, 16, None), KVGroupSpec((1, 2), 2, 16, WINDOW)],
-    "mistral_window": [KVGroupSpec((0, 1), 2, 16, 12)],
+    "qwen2_window": [
+        KVGroupSpec(layers=(0,), num_kv_heads=2, head_dim=16, window=None),
+        KVGroupSpec(layers=(1, 2), num_kv_heads=2, head_dim=16, window=WINDOW),
+    ],
+    "mistral_window": [KVGroupSpec(layers=(0, 1), num_kv_heads=2, head_dim=16, window=12)],
 }
 
 

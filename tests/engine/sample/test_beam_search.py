@@ -22,7 +22,7 @@ STEP3 = [
 
 def run(length_penalty: float, early_stopping: bool = False) -> BeamSearch:
     search = BeamSearch(
-        2, length_penalty=length_penalty, early_stopping=early_stopping, stop_token_ids={EOS}, max_tokens=3
+        width=2, length_penalty=length_penalty, early_stopping=early_stopping, stop_token_ids={EOS}, max_tokens=3
     )
     for cands in (STEP1, STEP2, STEP3):
         if search.done:
@@ -38,7 +38,7 @@ def test_beam_score_formula() -> None:
 
 
 def test_live_beams_and_parents_after_each_step() -> None:
-    search = BeamSearch(2, stop_token_ids={EOS})
+    search = BeamSearch(width=2, stop_token_ids={EOS})
     live = search.step(STEP1)
     assert [b.token_ids for b in live] == [[1], [2]]
     assert [b.finished for b in search.finished] == [True] and search.finished[0].token_ids == [EOS]
@@ -67,20 +67,20 @@ def test_length_penalty_0_ranks_by_the_raw_sum() -> None:
 
 
 def test_done_conditions() -> None:
-    search = BeamSearch(2, stop_token_ids={EOS})
+    search = BeamSearch(width=2, stop_token_ids={EOS})
     search.step(STEP1)
     assert not search.done  # one finished of two
     search.step(STEP2)
     # Two finished (worst -1.3); the best live beam scores -1.5 / 2 = -0.75, which could still win.
     assert not search.done
-    early = BeamSearch(2, early_stopping=True, stop_token_ids={EOS})
+    early = BeamSearch(width=2, early_stopping=True, stop_token_ids={EOS})
     early.step(STEP1)
     early.step(STEP2)
     assert early.done
 
 
 def test_max_tokens_finishes_the_live_beams() -> None:
-    search = BeamSearch(2, stop_token_ids={EOS}, max_tokens=2)
+    search = BeamSearch(width=2, stop_token_ids={EOS}, max_tokens=2)
     search.step(STEP1)
     search.step(STEP2)
     assert search.done and search.live == []
@@ -91,7 +91,7 @@ def test_max_tokens_finishes_the_live_beams() -> None:
 def test_with_width_finished_beams_only_finished_ones_come_back() -> None:
     # early_stopping: two beams end in the stop token by the second step; the live [5, 5] must not be returned
     # (transformers and vLLM return the finished hypotheses once there are width of them).
-    bs = BeamSearch(2, early_stopping=True, stop_token_ids={9}, max_tokens=10)
+    bs = BeamSearch(width=2, early_stopping=True, stop_token_ids={9}, max_tokens=10)
     bs.step([[(5, -0.1), (9, -0.5), (6, -0.6), (7, -3.0)]])
     bs.step([[(5, -0.05), (9, -0.2), (7, -4.0), (8, -4.1)], [(9, -5.0), (5, -6.0), (7, -7.0), (8, -8.0)]])
     assert bs.done and bs.live

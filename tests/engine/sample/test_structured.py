@@ -84,7 +84,7 @@ def test_default_model_follows_every_schema(smol) -> None:
     ],
 )
 def test_regex_outputs_full_match(tiny, pattern) -> None:
-    spec = StructuredSpec("regex", pattern, param="guided_regex")
+    spec = StructuredSpec(kind="regex", value=pattern, param="guided_regex")
     requests = {
         f"r{seed}": (PROMPTS[seed % 3], SamplingParams(temperature=1.0, seed=seed, max_tokens=40, structured=spec))
         for seed in range(6)
@@ -116,7 +116,10 @@ def test_ebnf_and_lark_grammars(tiny) -> None:
         requests[f"e{seed}"] = (
             PROMPTS[seed % 3],
             SamplingParams(
-                temperature=1.0, seed=seed, max_tokens=40, structured=StructuredSpec("grammar", ebnf, param="ebnf")
+                temperature=1.0,
+                seed=seed,
+                max_tokens=40,
+                structured=StructuredSpec(kind="grammar", value=ebnf, param="ebnf"),
             ),
         )
         requests[f"l{seed}"] = (
@@ -125,7 +128,7 @@ def test_ebnf_and_lark_grammars(tiny) -> None:
                 temperature=0.0 if seed == 0 else 1.0,
                 seed=seed,
                 max_tokens=60,
-                structured=StructuredSpec("grammar", lark, param="guided_grammar"),
+                structured=StructuredSpec(kind="grammar", value=lark, param="guided_grammar"),
             ),
         )
     for request_id, result in run(tiny, requests).items():
@@ -151,7 +154,7 @@ def test_structural_tags_new_and_legacy_formats(tiny) -> None:
             "content": {"type": "regex", "pattern": "[a-z]{1,5}=[0-9]"},
         },
     }
-    spec = StructuredSpec("structural_tag", json.dumps(tag), param="structured_outputs")
+    spec = StructuredSpec(kind="structural_tag", value=json.dumps(tag), param="structured_outputs")
     requests = {
         f"t{seed}": (PROMPTS[seed % 3], SamplingParams(temperature=1.0, seed=seed, max_tokens=60, structured=spec))
         for seed in range(3)
@@ -165,12 +168,12 @@ def test_structural_tags_new_and_legacy_formats(tiny) -> None:
         "triggers": ["<f>"],
         "structures": [{"begin": "<f>", "schema": point, "end": "</f>"}],
     }
-    assert tiny.grammars.get(StructuredSpec("structural_tag", json.dumps(legacy), param="s")) is not None
+    assert tiny.grammars.get(StructuredSpec(kind="structural_tag", value=json.dumps(legacy), param="s")) is not None
     with pytest.raises(InvalidRequest) as info:
         tiny.grammars.get(
             StructuredSpec(
-                "structural_tag",
-                '{"type": "structural_tag", "format": {"type": "nope"}}',
+                kind="structural_tag",
+                value='{"type": "structural_tag", "format": {"type": "nope"}}',
                 param="structured_outputs.structural_tag",
             )
         )
@@ -315,7 +318,7 @@ def test_a_bad_grammar_fails_only_its_own_request(tiny_model_path) -> None:
         ]
         tasks = [one("good", good), one("plain", plain)]
         tasks += [
-            one(f"bad{i}", SamplingParams(temperature=0.0, structured=StructuredSpec(k, v, param=p)))
+            one(f"bad{i}", SamplingParams(temperature=0.0, structured=StructuredSpec(kind=k, value=v, param=p)))
             for i, (k, v, p) in enumerate(bad)
         ]
         return await asyncio.gather(*tasks)
@@ -335,7 +338,7 @@ def test_a_bad_grammar_fails_only_its_own_request(tiny_model_path) -> None:
 
 
 def test_compile_failure_inside_the_engine_fails_that_request_alone(tiny) -> None:
-    bad = StructuredSpec("regex", "x{2,1}", param="regex")
+    bad = StructuredSpec(kind="regex", value="x{2,1}", param="regex")
     tiny.add_request("ok", PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
     try:
         tiny.add_request("bad", PROMPTS[1], SamplingParams(temperature=0.0, structured=bad))

@@ -49,16 +49,18 @@ def test_spec_checks_without_a_compiler() -> None:
         (lambda: StructuredSpec.json_schema("{not json", "guided_json"), "guided_json"),
         (lambda: StructuredSpec.json_schema([1, 2], "json_schema"), "json_schema"),
         (lambda: StructuredSpec.choice([], "guided_choice"), "guided_choice"),
-        (lambda: StructuredSpec("regex", "", param="regex"), "regex"),
+        (lambda: StructuredSpec(kind="regex", value="", param="regex"), "regex"),
         (
-            lambda: StructuredSpec("structural_tag", "{", param="structured_outputs.structural_tag"),
+            lambda: StructuredSpec(kind="structural_tag", value="{", param="structured_outputs.structural_tag"),
             "structured_outputs.structural_tag",
         ),
     ]:
         with pytest.raises(InvalidRequest) as info:
             make()
         assert info.value.param == param
-    assert StructuredSpec("regex", "a", param="x") == StructuredSpec("regex", "a", param="y")  # the cache key
+    assert StructuredSpec(kind="regex", value="a", param="x") == StructuredSpec(
+        kind="regex", value="a", param="y"
+    )  # the cache key
 
 
 def test_length_bounds_become_patterns_with_the_same_strings() -> None:
@@ -89,10 +91,10 @@ def test_length_bounds_become_patterns_with_the_same_strings() -> None:
 
 
 def test_compile_cache_is_bounded_and_shared(tokenizer) -> None:
-    cache = GrammarCache(tokenizer, len(tokenizer), [2], capacity=2)
-    specs = [StructuredSpec("regex", f"a{{{i}}}", param="regex") for i in range(1, 4)]
+    cache = GrammarCache(tokenizer=tokenizer, vocab_size=len(tokenizer), stop_token_ids=[2], capacity=2)
+    specs = [StructuredSpec(kind="regex", value=f"a{{{i}}}", param="regex") for i in range(1, 4)]
     first = cache.submit(specs[0])
-    assert cache.submit(StructuredSpec("regex", "a{1}", param="other")) is first
+    assert cache.submit(StructuredSpec(kind="regex", value="a{1}", param="other")) is first
     first.result()
     for spec in specs[1:]:
         cache.get(spec)

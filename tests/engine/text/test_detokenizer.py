@@ -45,7 +45,7 @@ TEXTS = [KOREAN_EMOJI, "Plain ASCII, with  two spaces.\nAnd a line.", "😀" * 5
 def test_one_token_at_a_time_equals_full_decode(tok, text: str) -> None:
     ids = encode(tok, text)
     assert len(ids) > len(text) // 4  # the multi-byte characters really are split across tokens
-    detok = Detokenizer(tok)
+    detok = Detokenizer(tokenizer=tok)
     deltas = stream(detok, ids)
     assert "".join(deltas) == tok.decode(ids) == text
     assert detok.output_text == text
@@ -55,7 +55,7 @@ def test_one_token_at_a_time_equals_full_decode(tok, text: str) -> None:
 def test_prompt_context_does_not_change_the_output(tok) -> None:
     prompt = encode(tok, "Translate: 안녕")
     ids = encode(tok, " 하세요 😀 ok")
-    detok = Detokenizer(tok, prompt_token_ids=prompt)
+    detok = Detokenizer(tokenizer=tok, prompt_token_ids=prompt)
     assert "".join(stream(detok, ids)) == tok.decode(ids)
 
 
@@ -70,13 +70,13 @@ def test_each_push_decodes_a_short_window_only(tok) -> None:
             return tok.decode(ids, **kw)
 
     ids = encode(tok, KOREAN_EMOJI * 6)
-    assert "".join(stream(Detokenizer(Counting()), ids)) == KOREAN_EMOJI * 6
+    assert "".join(stream(Detokenizer(tokenizer=Counting()), ids)) == KOREAN_EMOJI * 6
     assert max(calls) <= 8 < len(ids)
 
 
 def test_invalid_bytes_are_held_then_flushed(tok) -> None:
     lone_lead_byte = encode(tok, "안")[0]  # 0xEC: the first byte of a 3-byte character
-    detok = Detokenizer(tok)
+    detok = Detokenizer(tokenizer=tok)
     assert detok.push(encode(tok, "ab")).text == "ab"
     assert detok.push([lone_lead_byte]).text == ""
     assert detok.flush() == "\ufffd"
@@ -85,7 +85,7 @@ def test_invalid_bytes_are_held_then_flushed(tok) -> None:
 def test_stop_string_spanning_tokens_is_never_emitted(tok) -> None:
     text = "Hello world, this is the end of it. More text"
     ids = encode(tok, text)
-    detok = Detokenizer(tok, stop=["the end"])
+    detok = Detokenizer(tokenizer=tok, stop=["the end"])
     deltas = stream(detok, ids)
     assert detok.stopped == "the end"
     assert "".join(deltas) == detok.output_text == "Hello world, this is "
@@ -95,23 +95,23 @@ def test_stop_string_spanning_tokens_is_never_emitted(tok) -> None:
 
 def test_stop_string_inside_a_token_and_include_stop(tok) -> None:
     ids = encode(tok, "Hello world, again")
-    detok = Detokenizer(tok, stop=["lo wo"])
+    detok = Detokenizer(tokenizer=tok, stop=["lo wo"])
     assert "".join(stream(detok, ids)) == "Hel"
-    detok = Detokenizer(tok, stop=["xyz", "lo wo"], include_stop_str_in_output=True)
+    detok = Detokenizer(tokenizer=tok, stop=["xyz", "lo wo"], include_stop_str_in_output=True)
     deltas = stream(detok, ids)
     assert "".join(deltas) == "Hello wo"
     assert detok.stopped == "lo wo"
 
 
 def test_earliest_stop_string_wins(tok) -> None:
-    detok = Detokenizer(tok, stop=["world", "Hello"])
+    detok = Detokenizer(tokenizer=tok, stop=["world", "Hello"])
     assert "".join(stream(detok, encode(tok, "Say Hello world"))) == "Say "
     assert detok.stopped == "Hello"
 
 
 def test_stop_on_a_split_emoji(tok) -> None:
     ids = encode(tok, "좋아요 😀🎉 끝")
-    detok = Detokenizer(tok, stop=["🎉"])
+    detok = Detokenizer(tokenizer=tok, stop=["🎉"])
     deltas = stream(detok, ids)
     assert "".join(deltas) == "좋아요 😀"
     assert not any("\ufffd" in d for d in deltas)
@@ -119,7 +119,7 @@ def test_stop_on_a_split_emoji(tok) -> None:
 
 def test_text_that_may_begin_a_stop_is_held_then_flushed(tok) -> None:
     ids = encode(tok, "Wait for the end")
-    detok = Detokenizer(tok, stop=["the endless"])
+    detok = Detokenizer(tokenizer=tok, stop=["the endless"])
     deltas = [detok.push([t]).text for t in ids]
     assert "".join(deltas) == "Wait for "  # " the end" could still become the stop string
     assert detok.flush() == "the end"
@@ -128,8 +128,8 @@ def test_text_that_may_begin_a_stop_is_held_then_flushed(tok) -> None:
 
 def test_special_tokens(tok) -> None:
     ids = [1] + encode(tok, "hi there") + [2]
-    assert "".join(stream(Detokenizer(tok), ids)) == "hi there"
-    raw = Detokenizer(tok, skip_special_tokens=False)
+    assert "".join(stream(Detokenizer(tokenizer=tok), ids)) == "hi there"
+    raw = Detokenizer(tokenizer=tok, skip_special_tokens=False)
     expected = "<|im_start|>hi there<|im_end|>"
     assert "".join(stream(raw, ids)) == tok.decode(ids, skip_special_tokens=False) == expected
 
@@ -145,7 +145,7 @@ def test_token_text_and_bytes(tok) -> None:
 
 def test_before_min_tokens_a_stop_string_neither_matches_nor_holds(tok) -> None:
     ids = encode(tok, "the end, then the end again")
-    detok = Detokenizer(tok, stop=["the end"])
+    detok = Detokenizer(tokenizer=tok, stop=["the end"])
     early = "".join(detok.push([t], check_stop=False).text for t in ids[:4])
     assert early == tok.decode(ids[:4]) and detok.stopped is None  # released whole, "the end" included
     rest = stream(detok, ids[4:])
@@ -184,7 +184,7 @@ def test_added_tokens_keep_the_text_around_them(with_added, side: str, skip: boo
     assert {ref.convert_tokens_to_ids(t) for t in NOT_SPECIAL} <= set(ids)
     want = REASONING if skip else REASONING + "<|tool_sep|>"
     assert ref.decode(ids, skip_special_tokens=skip) == want
-    detok = Detokenizer(with_added[side], skip_special_tokens=skip)
+    detok = Detokenizer(tokenizer=with_added[side], skip_special_tokens=skip)
     assert "".join(stream(detok, ids)) == detok.output_text == want
 
 
@@ -206,6 +206,8 @@ def test_any_stream_joins_to_transformers_decode(with_added, prompt, pieces, chu
     ref = with_added["transformers"]
     # Each piece encoded on its own, so added tokens meet every kind of neighbour, split characters included.
     ids = [i for piece in pieces for i in encode(ref, piece)]
-    detok = Detokenizer(with_added[side], skip_special_tokens=skip, prompt_token_ids=encode(ref, "".join(prompt)))
+    detok = Detokenizer(
+        tokenizer=with_added[side], skip_special_tokens=skip, prompt_token_ids=encode(ref, "".join(prompt))
+    )
     deltas = [detok.push(ids[at : at + chunk]).text for at in range(0, len(ids), chunk)] + [detok.flush()]
     assert "".join(deltas) == detok.output_text == ref.decode(ids, skip_special_tokens=skip)

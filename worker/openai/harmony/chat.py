@@ -101,7 +101,12 @@ def harmony_chat(
     stops = sorted(set(params.stop_token_ids or ()) | set(encoding.stop_tokens_for_assistant_actions()))
     params = dataclasses.replace(params, structured=structured, stop_token_ids=stops)
     prompt = ChatPrompt(encoding.decode(ids), ids, plain)
-    return prompt, plan, HarmonyFormat(encoding, forced_ids, separate_reasoning), params
+    return (
+        prompt,
+        plan,
+        HarmonyFormat(encoding=encoding, forced=forced_ids, separate_reasoning=separate_reasoning),
+        params,
+    )
 
 
 def _response_format(fmt: Any) -> ResponseFormat | None:

@@ -27,7 +27,7 @@ log = logging.getLogger("worker")
 FUNCTIONS = "functions."
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HarmonyFormat:
     """How a gpt-oss request's answers are read: the encoding, and the tokens the prompt forced the answer to
     start with (they are the answer's own opening, so the parser reads them first)."""

@@ -38,7 +38,7 @@ return 0
 class RedisResponseStore:
     """ResponseStore's methods over a Redis server at `url`; entries expire `ttl_s` seconds after they are put."""
 
-    def __init__(self, url: str, max_entries: int, max_bytes: int, ttl_s: int, prefix: str = "llm-worker:") -> None:
+    def __init__(self, *, url: str, max_entries: int, max_bytes: int, ttl_s: int, prefix: str = "llm-worker:") -> None:
         import redis
 
         self.max_entries, self.max_bytes, self.ttl_s = max_entries, max_bytes, ttl_s

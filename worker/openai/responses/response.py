@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from worker.openai.runtime import Runtime
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ResponseCall:
     """A validated Responses request, ready to run."""
 

@@ -53,7 +53,16 @@ def prepare_response(body: Any, runtime: Runtime) -> ResponseCall:
         history = previous.context
     items = input_items(request.input, runtime.responses.item)
     chat = _chat_call(request, history + items, runtime, model, len(history))
-    return ResponseCall(runtime, request, chat, new_id("resp"), int(time.time()), model, items, history)
+    return ResponseCall(
+        runtime=runtime,
+        request=request,
+        chat=chat,
+        id=new_id("resp"),
+        created_at=int(time.time()),
+        model=model,
+        input_items=items,
+        history=history,
+    )
 
 
 def _chat_call(
@@ -115,7 +124,7 @@ def _text_format_spec(request: ResponsesRequest) -> StructuredSpec | None:
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return StructuredSpec("json_object", "", param="text.format")
+        return StructuredSpec(kind="json_object", value="", param="text.format")
     if not fmt.name:
         raise BadRequest("text.format.name is required for a json_schema format", param="text.format.name")
     if fmt.json_schema is None:

@@ -70,7 +70,7 @@ class JsonScanner:
         return None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CallRead:
     """What is known of a call so far."""
 
@@ -102,19 +102,19 @@ class CallReader:
             arguments = text[self._value_start : stop]
         end = self._outer.scan(text)
         if end is None:
-            return CallRead(self._name, arguments, None, False, self._outer.stopped)
+            return CallRead(name=self._name, arguments=arguments, end=None, valid=False, stopped=self._outer.stopped)
         try:
             obj = json.loads(text[:end])
         except ValueError:
-            return CallRead(self._name, arguments, end, False)
+            return CallRead(name=self._name, arguments=arguments, end=end, valid=False)
         if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)) or (
             self._needs_arguments and not any(k in obj for k in ARGUMENT_KEYS)
         ):
-            return CallRead(self._name, arguments, end, False)
+            return CallRead(name=self._name, arguments=arguments, end=end, valid=False)
         if self._value_start is None or not arguments:
             raw = next((obj[k] for k in ARGUMENT_KEYS if k in obj), {})
             arguments = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)
-        return CallRead(obj["name"], arguments, end, True)
+        return CallRead(name=obj["name"], arguments=arguments, end=end, valid=True)
 
     def _read_head(self, text: str) -> None:
         match = _HEAD.match(text)

@@ -38,7 +38,7 @@ from worker.openai.tools.plan import ToolPlan
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CallMarkup:
     """How one format writes a call: `begin` (with {name}) before the arguments, `end` after them."""
 
@@ -49,13 +49,23 @@ class CallMarkup:
     special_trigger: bool = False  # the trigger is a special token the grammar cannot offer in free text
 
 
-HERMES = CallMarkup('<tool_call>\n{{"name": {name}, "arguments": ', "}\n</tool_call>", "<tool_call>", "\n")
-LLAMA3 = CallMarkup('{{"name": {name}, "parameters": ', "}", '{"name": ', "; ")
-MISTRAL_V11 = CallMarkup("[TOOL_CALLS]{bare}[ARGS]", "", "[TOOL_CALLS]", "", special_trigger=True)
-MISTRAL_V3 = CallMarkup('{{"name": {name}, "arguments": ', "}", "[TOOL_CALLS]", ", ", special_trigger=True)
+HERMES = CallMarkup(
+    begin='<tool_call>\n{{"name": {name}, "arguments": ', end="}\n</tool_call>", trigger="<tool_call>", separator="\n"
+)
+LLAMA3 = CallMarkup(begin='{{"name": {name}, "parameters": ', end="}", trigger='{"name": ', separator="; ")
+MISTRAL_V11 = CallMarkup(
+    begin="[TOOL_CALLS]{bare}[ARGS]", end="", trigger="[TOOL_CALLS]", separator="", special_trigger=True
+)
+MISTRAL_V3 = CallMarkup(
+    begin='{{"name": {name}, "arguments": ', end="}", trigger="[TOOL_CALLS]", separator=", ", special_trigger=True
+)
 MISTRAL_V3_LIST = ("[TOOL_CALLS] [", "]")
-GEMMA4 = CallMarkup("<|tool_call>call:{bare}", "<tool_call|>", "<|tool_call>", "", special_trigger=True)
-QWEN3_CODER = CallMarkup("<tool_call>\n<function={bare}>\n", "</function>\n</tool_call>", "<tool_call>", "\n")
+GEMMA4 = CallMarkup(
+    begin="<|tool_call>call:{bare}", end="<tool_call|>", trigger="<|tool_call>", separator="", special_trigger=True
+)
+QWEN3_CODER = CallMarkup(
+    begin="<tool_call>\n<function={bare}>\n", end="</function>\n</tool_call>", trigger="<tool_call>", separator="\n"
+)
 # What a Qwen3-Coder string value may not hold: the parser ends a value there (a missing </parameter> forgiven).
 QWEN3_CODER_EXCLUDES = ["</function>", "</tool_call>"]
 
@@ -98,7 +108,7 @@ def tool_constraint(
     if reasoning is not None:
         fmt = {"type": "sequence", "elements": [thought(in_reasoning, reasoning), spacing(), fmt]}
     value = json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
-    return StructuredSpec("structural_tag", value, param="tools")
+    return StructuredSpec(kind="structural_tag", value=value, param="tools")
 
 
 def _begin(style: CallMarkup, tool: Tool) -> str:

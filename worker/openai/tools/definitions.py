@@ -17,7 +17,7 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CHOICES = ("none", "auto", "required")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Tool:
     """One function tool as the request defined it (`spec` is the request's dict, for the chat template)."""
 
@@ -66,7 +66,15 @@ def check_tools(tools: list[Any] | None) -> list[Tool]:
         strict = function.get("strict")
         if strict is not None and not isinstance(strict, bool):
             raise BadRequest(f"{where}.function.strict must be a boolean", param=f"{where}.function.strict")
-        out.append(Tool(name, description, parameters, strict, {"type": "function", "function": function}))
+        out.append(
+            Tool(
+                name=name,
+                description=description,
+                parameters=parameters,
+                strict=strict,
+                spec={"type": "function", "function": function},
+            )
+        )
     return out
 
 

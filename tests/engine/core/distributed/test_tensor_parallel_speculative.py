@@ -15,7 +15,7 @@ from tests.engine.core.hybrid_spec import hybrid_requests, hybrid_target, run_ch
 from tests.engine.model.family_parity import tiny_engine
 
 NGRAM = SpeculativeConfig(
-    "ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3, disable_by_batch_size=256
+    method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3, disable_by_batch_size=256
 )
 
 
@@ -49,11 +49,15 @@ def test_ngram_at_two_ranks_equals_one_rank_without_speculation(llama, hybrid):
 
 
 def test_a_hybrid_draft_at_two_ranks_is_exact_and_accepts_nearly_everything(hybrid):
-    draft = SpeculativeConfig("draft_model", model=str(hybrid), num_speculative_tokens=3, disable_by_batch_size=256)
+    draft = SpeculativeConfig(
+        method="draft_model", model=str(hybrid), num_speculative_tokens=3, disable_by_batch_size=256
+    )
     _check_against_one_rank(hybrid, draft, min_acceptance=0.9)
 
 
 def test_the_hidden_state_heads_are_refused_at_two_ranks_in_one_line(hybrid):
     with pytest.raises(StartupError, match="speculative method mtp does not run tensor-parallel") as info:
-        tiny_engine(hybrid, tensor_parallel_size=2, speculative=SpeculativeConfig("mtp", num_speculative_tokens=2))
+        tiny_engine(
+            hybrid, tensor_parallel_size=2, speculative=SpeculativeConfig(method="mtp", num_speculative_tokens=2)
+        )
     assert "\n" not in str(info.value)
