@@ -29,6 +29,7 @@ setup: $(VENV)/.installed
 lint: setup
 	$(PY) -m ruff format --check --quiet .
 	$(PY) -m ruff check --quiet .
+	$(PY) -m mypy
 
 # A real Redis for the tests of the shared response store (RESPONSE_STORE_URL); they skip, saying so, without it.
 redis-server:

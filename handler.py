@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ def _log_first_output() -> None:
         log.info("first output %.2f s after the process started", time.perf_counter() - STARTED_AT)
 
 
-async def handler(job: dict[str, Any]) -> AsyncIterator[Any]:
+async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
     """The production handler: every route of the local endpoint goes through it too."""
     from worker.jobs import close_when_cancelled, run_job
     from worker.openai.errors import error_body

@@ -143,7 +143,7 @@ def _copy_local(folder: Path, staging: Path) -> None:
         shutil.copy2(path, target)
 
 
-def _fetch_hub(source: Source, staging: Path, token: str | None) -> str | None:
+def _fetch_hub(source: Source, staging: Path, token: str | None) -> Fetched:
     def patterns() -> list[str]:
         return CONFIG_FILES + TOKENIZER_FILES + POOLING_FILES + _hub_weight_patterns(source.ref, source.revision, token)
 
@@ -218,6 +218,6 @@ def _convert_gguf(gguf: Path, staging: Path) -> None:
     # NOTE: the dequantized weights are plain tensors; dropping the GGUF quantization marker is what
     # lets save_pretrained write them as ordinary safetensors.
     model.config.__dict__.pop("quantization_config", None)
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # torch types unknown attributes as Tensor | Module
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)

@@ -28,7 +28,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 def _parse(value: str | None) -> dict | None:
     """SPECULATIVE_CONFIG as a JSON object, None when unset; BakeError in one line when it is not one."""
-    if not (value or "").strip():
+    if value is None or not value.strip():
         return None
     try:
         config = json.loads(value)
@@ -58,7 +58,7 @@ def check_mtp(value: str | None, model: Path) -> str | None:
         return None
     from safetensors import safe_open
 
-    names = set()
+    names: set[str] = set()
     for path in sorted(model.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
             names.update(name for name in f.keys() if name.startswith("mtp."))
@@ -90,7 +90,7 @@ def bake_speculative(
     return f"baked {method} {repo} into {out}"
 
 
-def _baked(out: Path) -> tuple[str, str] | None:
+def _baked(out: Path) -> tuple[str | None, str | None] | None:
     try:
         manifest = json.loads((out / MANIFEST).read_text())
     except (OSError, ValueError):

@@ -7,6 +7,7 @@ routes, which need to see it to abort the request.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -29,7 +30,7 @@ NO_KEY = (
 NO_KEY_ANTHROPIC = "x-api-key header is required"
 
 
-def error_response(exc: Exception, headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
+def error_response(exc: Exception, headers: Mapping[str, str] | None = None, path: str = "") -> JSONResponse:
     """The error answer for `exc`: OpenAI's error object, or Anthropic's on the Messages API's `path`s."""
     body = error_body(exc)
     status = exc.status if isinstance(exc, WorkerError) else status_of(body) or 500
@@ -102,7 +103,7 @@ class ApiKeyGuard:
         if scope["type"] == "http" and not path.rstrip("/").endswith("/health"):
             given = _given_key(dict(scope["headers"]))
             if not given:
-                refused = MissingApiKey(NO_KEY_ANTHROPIC if is_messages_route(path) else NO_KEY)
+                refused: WorkerError = MissingApiKey(NO_KEY_ANTHROPIC if is_messages_route(path) else NO_KEY)
             elif not secrets.compare_digest(given.encode("latin-1"), self.key):
                 refused = AuthenticationFailed("Incorrect API key provided.")
             else:

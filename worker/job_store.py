@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from worker.jobs import (
 )
 from worker.openai.errors import BadRequest
 
-Handler = Callable[[dict[str, Any]], AsyncIterator[Any]]
+Handler = Callable[[dict[str, Any]], AsyncGenerator[Any, None]]
 # Routes counted under their own name; a route that carries an id is counted under its template, anything else as
 # "unknown", so the counts stay a short list whatever clients send.
 NAMED_ROUTES = frozenset({*GENERATIONS, *SCORING, *ADAPTER_ROUTES, COMPACT, EMBEDDINGS, MODELS, COUNT_TOKENS})
@@ -115,7 +115,9 @@ class JobStore:
         self.running = 0
         self.turn = asyncio.Condition()  # notified when a running job ends
 
-    async def limited(self, job: dict[str, Any], started: Callable[[], None] | None = None) -> AsyncIterator[Any]:
+    async def limited(
+        self, job: dict[str, Any], started: Callable[[], None] | None = None
+    ) -> AsyncGenerator[Any, None]:
         """The handler's outputs for `job` once the engine takes another job, as RunPod's SDK would take it (the
         turn is held until the outputs end or are closed); `started` is called when the turn is taken."""
         async with self.turn:

@@ -7,7 +7,7 @@ before the first output, so a bad job yields exactly one OpenAI error object and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from contextlib import aclosing, contextmanager
 from typing import Any
 
@@ -68,7 +68,8 @@ EVENT_STREAMS = (RESPONSES, MESSAGES)
 ADAPTER_ROUTES = {LOAD: load_lora_adapter, UNLOAD: unload_lora_adapter}
 # Routes that generate: how each prepares a request (on a thread), answers it whole, and streams it.
 GENERATIONS: dict[
-    str, tuple[Callable[[Any, Runtime], Any], Callable[[Any], Awaitable[Any]], Callable[[Any], AsyncIterator[Any]]]
+    str,
+    tuple[Callable[[Any, Runtime], Any], Callable[[Any], Awaitable[Any]], Callable[[Any], AsyncGenerator[Any, None]]],
 ] = {
     CHAT: (prepare_chat, complete_chat, stream_chat),
     COMPLETIONS: (prepare_completion, complete, stream_completion),
@@ -77,10 +78,10 @@ GENERATIONS: dict[
 }
 
 
-async def run_job(job: Any, runtime: Runtime) -> AsyncIterator[Any]:
+async def run_job(job: Any, runtime: Runtime) -> AsyncGenerator[Any, None]:
     """Yield the outputs of one job (`{"id": ..., "input": {...}}`); failures become error objects."""
-    source: AsyncIterator[Any] | None = None
-    describe = error_body
+    source: AsyncGenerator[Any, None] | None = None
+    describe: Callable[[BaseException], dict[str, Any]] = error_body
     try:
         job_input = job.get("input") if isinstance(job, dict) else None
         if not isinstance(job_input, dict):
@@ -146,7 +147,7 @@ def normalize_route(route: Any) -> str:
     return path.removeprefix("/openai")
 
 
-async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[Any]:
+async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncGenerator[Any, None]:
     route = normalize_route(job_input.get("openai_route"))
     body = job_input.get("openai_input")
     body = {} if body is None else body
@@ -161,18 +162,18 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncIterator[
     elif route == COUNT_TOKENS:
         yield await count_message_tokens(body, runtime)
     elif route == COMPACT:
-        call = await asyncio.to_thread(prepare_compaction, body, runtime)
+        compaction = await asyncio.to_thread(prepare_compaction, body, runtime)
         with _client_names(RESPONSES):
-            yield await complete_compaction(call)
+            yield await complete_compaction(compaction)
     elif route in SCORING:
         prepare, run = SCORING[route]
         call = await asyncio.to_thread(prepare, body, runtime)
         with _client_names(route):
             yield await run(call)
     elif route == EMBEDDINGS:
-        call = await asyncio.to_thread(prepare_embeddings, body, runtime)
+        embedding = await asyncio.to_thread(prepare_embeddings, body, runtime)
         with _client_names(EMBEDDINGS):
-            yield await create_embeddings(call)
+            yield await create_embeddings(embedding)
     elif route.startswith(RESPONSES + "/"):
         method = str(job_input.get("openai_method") or "GET").upper()
         yield stored_response(runtime.responses, route[len(RESPONSES) + 1 :], method, body)
@@ -218,7 +219,7 @@ def _client_names(route: str) -> Iterator[None]:
         raise
 
 
-async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def _prepend(first: Any, rest: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
     try:
         yield first
         async for item in rest:

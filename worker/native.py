@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
@@ -79,8 +79,8 @@ def _prompt(
         if job.messages is None
         else take_images(job.messages, image_prompt is not None, runtime.settings)
     )
-    shown = {"images": len(images), "image_prompt": image_prompt}
-    if job.messages is None or job.tools is None:
+    shown: dict[str, Any] = {"images": len(images), "image_prompt": image_prompt}
+    if messages is None or job.tools is None:
         return _prompt_ids(job, runtime, messages, shown), None, params, images
     if runtime.tool_format == "harmony":
         # NOTE: harmony answers are read token by token (openai-harmony's parser); native jobs read text.
@@ -110,7 +110,7 @@ def _prompt_ids(job: NativeJob, runtime: Runtime, messages: list[Any] | None, sh
     return tokenizer.encode(job.prompt, add_special_tokens=True)
 
 
-async def run_native(raw: dict[str, Any], runtime: Runtime) -> AsyncIterator[dict[str, Any]]:
+async def run_native(raw: dict[str, Any], runtime: Runtime) -> AsyncGenerator[dict[str, Any], None]:
     """Yield the job's outputs; every check runs, and the engine request starts, before the first yield."""
     job = NativeJob.model_validate(raw)
     adapter = resolve_model(runtime, job.model)[1] if job.model is not None else None

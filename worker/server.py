@@ -17,7 +17,7 @@ import asyncio
 import functools
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -267,7 +267,7 @@ class ClientGone(Exception):
     """The HTTP client disconnected before its answer was ready."""
 
 
-async def _first_output(outputs: AsyncIterator[Any], request: Request | None) -> Any:
+async def _first_output(outputs: AsyncGenerator[Any, None], request: Request | None) -> Any:
     """The handler's first output (the whole answer when not streamed).
 
     NOTE: a non-streamed answer is only written at the end, so nothing else notices a client that leaves
@@ -287,7 +287,9 @@ async def _first_output(outputs: AsyncIterator[Any], request: Request | None) ->
             await asyncio.gather(pending, return_exceptions=True)
 
 
-async def _sse(first: Any, outputs: AsyncIterator[Any], events: bool, end: Callable[[str], None]) -> AsyncIterator[str]:
+async def _sse(
+    first: Any, outputs: AsyncGenerator[Any, None], events: bool, end: Callable[[str], None]
+) -> AsyncGenerator[str, None]:
     """The handler's yields as SSE text: raw text as is; lists of chunk objects (RAW_OPENAI_OUTPUT=0) encoded,
     as named events for the Responses and Messages APIs (`events`), which end without [DONE]. `end` counts the
     request as completed once all went out, as cancelled when its client left first."""
@@ -317,5 +319,5 @@ def serve(handler: Handler, settings: Settings, host: str = "127.0.0.1", port: i
         host=host,
         port=port,
         log_level="info",
-        timeout_graceful_shutdown=settings.shutdown_grace_s + 3,
+        timeout_graceful_shutdown=settings.shutdown_grace_s + 3,  # type: ignore[arg-type]  # typed int, takes float
     )

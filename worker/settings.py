@@ -44,9 +44,10 @@ class SpeculativeSettings(BaseModel):
     @property
     def lookup(self) -> tuple[int, int]:
         """(prompt_lookup_min, prompt_lookup_max) with the defaults filled in."""
-        if self.prompt_lookup_min is None and self.prompt_lookup_max is None:
-            return 2, 4
-        return self.prompt_lookup_min or self.prompt_lookup_max, self.prompt_lookup_max or self.prompt_lookup_min
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is None:
+            return (2, 4) if high is None else (high, high)
+        return low, low if high is None else high
 
     @model_validator(mode="after")
     def _check(self) -> SpeculativeSettings:

@@ -10,6 +10,7 @@ layers), with the reason for the start-up log.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,13 +23,13 @@ from engine.errors import StartupError
 log = logging.getLogger(__name__)
 
 
-def _flashinfer(device: torch.device, **kw: object) -> AttentionBackend:
+def _flashinfer(device: torch.device, **kw: Any) -> AttentionBackend:
     from engine.attention.flashinfer import FlashInferBackend
 
     return FlashInferBackend(device=device, **kw)
 
 
-BACKENDS = {"torch": TorchRefBackend, "flashinfer": _flashinfer}
+BACKENDS: dict[str, Callable[..., AttentionBackend]] = {"torch": TorchRefBackend, "flashinfer": _flashinfer}
 
 
 def resolve_backend(requested: str, device: torch.device | str, dtype: torch.dtype) -> tuple[str, str]:
@@ -74,7 +75,7 @@ def group_backends(name: str, head_dims: list[int], *, requested: str = "auto") 
     pages, unless flashinfer was asked for by name: then start-up stops, saying which group and why."""
     if name != "flashinfer":
         return [(name, None) for _ in head_dims]
-    choices = []
+    choices: list[tuple[str, str | None]] = []
     for index, head_dim in enumerate(head_dims):
         error = kernels.flashinfer_head_dim_error(head_dim)
         if error is not None and requested == "flashinfer":
@@ -87,7 +88,7 @@ def group_backends(name: str, head_dims: list[int], *, requested: str = "auto") 
     return choices
 
 
-def create_backend(name: str, device: torch.device | str, **kw: object) -> AttentionBackend:
+def create_backend(name: str, device: torch.device | str, **kw: Any) -> AttentionBackend:
     """The backend `name` (torch | flashinfer, as resolve_backend gives it) on `device`."""
     if name not in BACKENDS:
         raise StartupError(f"unknown attention backend {name!r} ({', '.join(BACKENDS)})", param="attention_backend")

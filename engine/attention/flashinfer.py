@@ -131,8 +131,8 @@ class FlashInferBackend:
             return self._run_with_sinks(q, k_cache, v_cache, sinks, k_scale, v_scale)
         if self._active is None:
             self._plan(q.shape[1], k_cache.shape[2], q.shape[2], q.dtype, kv_dtype=k_cache.dtype)
-        k_scale, v_scale = fp8_scales(k_cache, k_scale, v_scale)
-        return self._active.run(q=q, paged_kv_cache=(k_cache, v_cache), k_scale=k_scale, v_scale=v_scale)
+        scale_k, scale_v = fp8_scales(k_cache, k_scale, v_scale)
+        return self._active.run(q=q, paged_kv_cache=(k_cache, v_cache), k_scale=scale_k, v_scale=scale_v)
 
     def _run_with_sinks(
         self,

@@ -107,5 +107,5 @@ class FlashInferGraphDecode:
             raise ValueError("CUDA-graph decode has no sink attention: run a model with sink logits with enforce_eager")
         if q.stride(-1) != 1:
             q = q.contiguous()
-        k_scale, v_scale = fp8_scales(k_cache, k_scale, v_scale)
-        return self.wrapper.run(q=q, paged_kv_cache=(k_cache, v_cache), k_scale=k_scale, v_scale=v_scale)
+        scale_k, scale_v = fp8_scales(k_cache, k_scale, v_scale)
+        return self.wrapper.run(q=q, paged_kv_cache=(k_cache, v_cache), k_scale=scale_k, v_scale=scale_v)

@@ -159,6 +159,7 @@ class TorchRefBackend:
         k_scale: float = 1.0,
         v_scale: float = 1.0,
     ) -> None:
+        assert self._slots is not None, "write_kv runs after plan"
         write_slots(k, k_cache, self._slots, k_scale)
         write_slots(v, v_cache, self._slots, v_scale)
 
@@ -179,6 +180,7 @@ class TorchRefBackend:
             return self._run_decode(q, k_cache, v_cache, self._decodes[0], sinks, scales)
         out = torch.empty_like(q)
         for d in self._decodes:
+            assert d.rows is not None, "a decode group in a mixed batch names its rows"
             out.index_copy_(0, d.rows, self._run_decode(q.index_select(0, d.rows), k_cache, v_cache, d, sinks, scales))
         for p in self._prefills:
             out[p.rows] = self._run_prefill(q[p.rows], k_cache, v_cache, p, sinks, scales)

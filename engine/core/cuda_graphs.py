@@ -159,11 +159,13 @@ class CudaGraphRunner:
                 self.input_ids[b:bs].fill_(0)
                 self.positions[b:bs].fill_(0)
                 if recurrent is not None:
+                    assert self.state_pool is not None, "a hybrid model's graphs hold its state pool"
                     self.state_slots[:b].copy_(recurrent.slot_index)
                     self.state_slots[b:bs].fill_(self.state_pool.scratch)
                 g.graph.replay()
                 self.replays += 1
                 if recurrent is not None and recurrent.captures:
+                    assert self.state_pool is not None
                     self.state_pool.copy_slots([(recurrent.slots[i], dst) for i, _, dst in recurrent.captures])
                 return g.output[:b]
             self.eager_fallbacks += 1

@@ -56,8 +56,8 @@ def cpu_quota(root: Path = CGROUP_ROOT) -> float | None:
             return None if quota == "max" else int(quota) / int(period)
         for v1 in (root / "cpu", root / "cpu,cpuacct"):
             if (v1 / "cpu.cfs_quota_us").is_file():
-                quota = int((v1 / "cpu.cfs_quota_us").read_text())
-                return None if quota <= 0 else quota / int((v1 / "cpu.cfs_period_us").read_text())
+                cfs_quota = int((v1 / "cpu.cfs_quota_us").read_text())
+                return None if cfs_quota <= 0 else cfs_quota / int((v1 / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError, ZeroDivisionError):
         pass
     return None

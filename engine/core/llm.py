@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from engine.config import EngineConfig
 from engine.core.engine import LLMEngine
@@ -32,7 +33,7 @@ class FinalOutput:
 class LLM:
     """LLM(model_path, **EngineConfig fields); generate() runs every prompt to the end and returns in order."""
 
-    def __init__(self, model_path: str, **config: object) -> None:
+    def __init__(self, model_path: str, **config: Any) -> None:
         self.engine = LLMEngine(EngineConfig(model_path=model_path, **config))
         self.tokenizer = self.engine.tokenizer
         self._ids = 0

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import io
 import re
+from typing import TYPE_CHECKING
 
 from engine.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    import PIL.Image
 
 # Pixels in one image at most: checked on the size the file's header declares, before anything is decoded.
 MAX_PIXELS = 64 * 2**20
@@ -16,14 +20,14 @@ MAX_PIXELS = 64 * 2**20
 _OBJECT_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
 
 
-def decode_image(data: bytes, param: str = "image") -> PIL.Image.Image:  # noqa: F821
+def decode_image(data: bytes, param: str = "image") -> PIL.Image.Image:
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     # NOTE: our size check below is the one check. Pillow's own (a warning past 89 M pixels, an error past twice
     # that) would run inside Image.open, before the size can be read, and answer in its words; ours is lower.
     Image.MAX_IMAGE_PIXELS = None
     try:
-        image = Image.open(io.BytesIO(data))  # lazy: the header only
+        image: PIL.Image.Image = Image.open(io.BytesIO(data))  # lazy: the header only
     except UnidentifiedImageError:
         raise InvalidRequest(
             f"{param} is not an image in a format this worker reads (PNG, JPEG, GIF, WebP, BMP, TIFF, ...)", param=param
@@ -50,7 +54,7 @@ def _unreadable(exc: BaseException, param: str) -> InvalidRequest:
     return InvalidRequest(f"{param} is not an image Pillow can read ({reason})", param=param)
 
 
-def to_rgb(image: PIL.Image.Image) -> PIL.Image.Image:  # noqa: F821
+def to_rgb(image: PIL.Image.Image) -> PIL.Image.Image:
     """RGB, with any transparency composited onto a white background."""
     from PIL import Image
 

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.image.pixels import resize_and_normalise
+
+if TYPE_CHECKING:
+    import PIL.Image
 
 STANDARD_MEAN = (0.5, 0.5, 0.5)
 STANDARD_STD = (0.5, 0.5, 0.5)
@@ -68,7 +72,7 @@ def pan_and_scan_crops(height: int, width: int, config: GemmaImageConfig) -> lis
     return [(size_h * i, size_w * j, size_h, size_w) for i in range(crops_h) for j in range(crops_w)]
 
 
-def preprocess(image: PIL.Image.Image, config: GemmaImageConfig) -> np.ndarray:  # noqa: F821
+def preprocess(image: PIL.Image.Image, config: GemmaImageConfig) -> np.ndarray:
     """An RGB Pillow image (engine.image.decode) -> [1 + crops, 3, height, width] float32: the whole image, then
     its pan-and-scan crops when the config enables them."""
     from PIL import Image

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.errors import InvalidRequest
 from engine.image.pixels import resize_and_normalise
+
+if TYPE_CHECKING:
+    import PIL.Image
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the budgets transformers' processor accepts
 
@@ -76,7 +80,7 @@ def target_size(height: int, width: int, config: Gemma4ImageConfig) -> tuple[int
     return h, w
 
 
-def preprocess(image: PIL.Image.Image, config: Gemma4ImageConfig) -> Gemma4Image:  # noqa: F821
+def preprocess(image: PIL.Image.Image, config: Gemma4ImageConfig) -> Gemma4Image:
     """An RGB Pillow image (engine.image.decode) -> its patches and grid."""
     height, width = target_size(image.height, image.width, config)
     mean, std = (config.image_mean, config.image_std) if config.do_normalize else ((0.0,) * 3, (1.0,) * 3)

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.errors import InvalidRequest
 from engine.image.pixels import resize_and_normalise
+
+if TYPE_CHECKING:
+    import PIL.Image
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -90,7 +94,7 @@ def smart_resize(height: int, width: int, config: QwenVLImageConfig) -> tuple[in
     return h_bar, w_bar
 
 
-def preprocess(image: PIL.Image.Image, config: QwenVLImageConfig) -> QwenVLImage:  # noqa: F821
+def preprocess(image: PIL.Image.Image, config: QwenVLImageConfig) -> QwenVLImage:
     """An RGB Pillow image (engine.image.decode) -> its patches and grid."""
     height, width = smart_resize(image.height, image.width, config)
     pixels = resize_and_normalise(

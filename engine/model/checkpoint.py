@@ -153,7 +153,7 @@ def plan_copies(model: nn.Module, shapes: dict[str, tuple[int, ...]], tied: bool
             raise UnsupportedModel(f"unexpected tensor {name!r} in checkpoint", param="model")
         if ours in sources:
             shard = replace(shard, source=sources[ours])
-            shape = shard.source.shape(shape)
+            shape = sources[ours].shape(shape)
         if shard.transposed is None:
             as_is = tuple(replace(shard, transposed=False).view(params[shard.param].data).shape)
             shard = replace(shard, transposed=as_is != shape)

@@ -51,7 +51,7 @@ def process_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
         _apply_masks(out, [(i, rows[i]) for i in masked])
     bitmask = None
     if constrained:
-        bitmask = grammar_bitmask([rows[i].grammar for i in constrained], out.shape[1])
+        bitmask = grammar_bitmask([g for i in constrained if (g := rows[i].grammar) is not None], out.shape[1])
         apply_bitmask(out, bitmask, constrained)
     if penalised:
         apply_penalties(out, [(i, rows[i]) for i in penalised])

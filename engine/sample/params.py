@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from engine.errors import InvalidRequest
 from engine.sample.structured.spec import StructuredSpec
@@ -15,7 +15,7 @@ SAMPLING_EPS = 1e-5
 MAX_LOGPROBS = 20
 
 
-def _fail(param: str, message: str) -> None:
+def _fail(param: str, message: str) -> NoReturn:
     raise InvalidRequest(message, param=param)
 
 

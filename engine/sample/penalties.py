@@ -74,12 +74,14 @@ class PenaltyCounts:
         elif len(output) - n == 1:
             # Decode: one token, indexed by a Python int (no host list turned into a tensor).
             t = output[n]
+            assert self.delta is not None  # counted state has its deltas
             counts[t] += 1
             # float32 arithmetic, as the list-based code: count * frequency, then + presence.
             self.delta[t] = counts[t] * p.frequency_penalty + p.presence_penalty
             if self.seen is not None:
                 self.seen[t] = -1
         elif len(output) > n:
+            assert self.delta is not None  # counted state has its deltas
             new = torch.tensor(output[n:], dtype=torch.long, device=device)
             counts.index_put_((new,), torch.ones(new.numel(), device=device), accumulate=True)
             self.delta[new] = counts[new] * p.frequency_penalty + p.presence_penalty
@@ -133,7 +135,8 @@ def apply_penalties(out: torch.Tensor, rows: list[tuple[int, PenalisedRow]]) -> 
         picked, multiplied = (sub / penalty).view(torch.int32), (sub * penalty).view(torch.int32)
         picked ^= multiplied.bitwise_xor_(picked).bitwise_and_(sign)
         picked ^= bits
-        picked &= torch.stack([states[j].seen for j in rep])  # only the tokens seen in prompt or output change
+        # Only the tokens seen in prompt or output change.
+        picked &= torch.stack(_synced([states[j].seen for j in rep]))
         picked ^= bits
         if block is None:
             bits.copy_(picked)
@@ -141,7 +144,7 @@ def apply_penalties(out: torch.Tensor, rows: list[tuple[int, PenalisedRow]]) -> 
             out.index_copy_(0, block, picked.view(torch.float32))
     if any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params):
         # Tokens that do not occur subtract +0.0, which leaves every value (-0.0 included) as it was.
-        deltas = torch.stack([s.delta for s in states])
+        deltas = torch.stack(_synced([s.delta for s in states]))
         block = _block(out, [i for i, _ in rows])
         if block is None:
             out.sub_(deltas)
@@ -152,3 +155,10 @@ def apply_penalties(out: torch.Tensor, rows: list[tuple[int, PenalisedRow]]) -> 
 def _block(out: torch.Tensor, index: list[int]) -> torch.Tensor | None:
     """The rows `index` of `out` as an index tensor, or None when they are all of its rows in order."""
     return None if index == list(range(out.shape[0])) else torch.tensor(index, device=out.device)
+
+
+def _synced(tensors: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    """The tensors sync() built (`seen` where a repetition penalty asks for it, `delta` always)."""
+    built = [t for t in tensors if t is not None]
+    assert len(built) == len(tensors), "a penalty state read before sync"
+    return built

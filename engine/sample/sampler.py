@@ -80,10 +80,10 @@ class Sampler:
         chosen = (raw.gather(1, tokens[:, None]).squeeze(1) - lse).tolist()
         top = self._top_logprobs(raw, lse, rows)
         logprobs = [NAN] * len(token_ids)
-        tops = None if top is None else [[] for _ in token_ids]
+        tops: list[list[tuple[int, float]]] | None = None if top is None else [[] for _ in token_ids]
         for j, i in enumerate(need):
             logprobs[i] = chosen[j]
-            if tops is not None:
+            if tops is not None and top is not None:
                 tops[i] = top[j]
         return SamplerOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=tops)
 

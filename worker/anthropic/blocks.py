@@ -65,6 +65,7 @@ class ContentBlocks:
         elif kind == "thinking":
             block = {"type": "thinking", "thinking": "", "signature": ""}
         else:
+            assert call is not None, "a tool_use block opens on its call"
             # `caller` says who made the call: the model itself ("direct"); Anthropic's server tools are not run here.
             block = {
                 "type": "tool_use",

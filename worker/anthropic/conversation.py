@@ -71,7 +71,9 @@ def _user_turn(blocks: list[Any], where: str, called: set[str]) -> list[dict[str
 def _image_url(block: dict[str, Any], where: str) -> str:
     """An image block's source as chat's image URL: base64 data as a data: URL, a url source as it is."""
     source = block.get("source")
-    kind = source.get("type") if isinstance(source, dict) else None
+    if not isinstance(source, dict):
+        source = {}
+    kind = source.get("type")
     if kind == "base64" and isinstance(source.get("data"), str) and isinstance(source.get("media_type"), str):
         return f"data:{source['media_type']};base64,{source['data']}"
     if kind == "url" and isinstance(source.get("url"), str):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from worker.openai.generation import Collected, engine_request_id
 from worker.openai.protocol import ChatCompletionRequest
 from worker.openai.runtime import Runtime
 from worker.openai.stream_driver import run_to_end, stream_events
-from worker.openai.tools.events import ContentDelta
+from worker.openai.tools.events import ContentDelta, Event
 
 # Anthropic's default temperature (chat completions' default here is RunPod's 0.7).
 DEFAULT_TEMPERATURE = 1.0
@@ -153,7 +153,7 @@ class _Answer:
         self.result.add(output)
         events: list[dict[str, Any]] = []
         for delta in output.outputs:
-            read = self.reader.push(delta.text) if self.reader is not None else [ContentDelta(delta.text)]
+            read: list[Event] = self.reader.push(delta.text) if self.reader is not None else [ContentDelta(delta.text)]
             events += self.blocks.push(read)
         return events
 
@@ -235,7 +235,7 @@ async def complete_message(call: MessageCall) -> dict[str, Any]:
     return answer.finish()[1]
 
 
-def stream_message(call: MessageCall) -> AsyncIterator[dict[str, Any]]:
+def stream_message(call: MessageCall) -> AsyncGenerator[dict[str, Any], None]:
     """Anthropic's event stream: message_start and a ping, each content block started, filled and stopped,
     message_delta (the stop reason and usage), message_stop; a failure after the first event is an `error`
     event. The engine request starts before the first event, so a bad request raises instead of streaming."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,7 @@ def chat_call(request: ChatCompletionRequest, runtime: Runtime) -> ChatCall:
     params = openai_sampling_params(request, runtime.max_model_len, adapter)
     image_prompt = getattr(runtime.engine, "image_prompt", None)
     messages, images = take_images(request.messages, image_prompt is not None, runtime.settings)
+    output: OutputFormat | HarmonyFormat
     if runtime.tool_format == "harmony":  # gpt-oss: openai-harmony renders and reads, not a chat template
         prompt, plan, output, params = harmony_request(runtime.harmony, request, params)
     else:
@@ -179,7 +180,7 @@ def _finish_reason(reason: str | None, called: bool) -> str | None:
     return "tool_calls" if called and reason == "stop" else reason
 
 
-def stream_chat(call: ChatCall) -> AsyncIterator[dict[str, Any]]:
+def stream_chat(call: ChatCall) -> AsyncGenerator[dict[str, Any], None]:
     """`chat.completion.chunk` objects as OpenAI streams them: roles, deltas, one finish per choice, usage.
 
     The engine request starts before the first chunk, so a bad request raises from the first
@@ -218,8 +219,13 @@ class _ChatChunks:
         }
         if self.include_usage:
             # An opening (role) chunk comes before any token, as in vLLM: no completion tokens yet.
-            out["usage"] = _usage(self.last, 0 if opening else None) if self.continuous else None
+            out["usage"] = _usage(self._latest, 0 if opening else None) if self.continuous else None
         return out
+
+    @property
+    def _latest(self) -> RequestOutput:
+        assert self.last is not None, "usage is read once the stream has opened"
+        return self.last
 
     def opening(self, first: RequestOutput) -> list[dict[str, Any]]:
         call, request = self.call, self.call.request
@@ -262,7 +268,7 @@ class _ChatChunks:
                 "created": call.created,
                 "model": call.model,
                 "choices": [],
-                "usage": _usage(self.last, reasoning=thinking),
+                "usage": _usage(self._latest, reasoning=thinking),
             }
         ]
 

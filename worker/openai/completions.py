@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,7 +159,7 @@ class _Echo:
         return completion_logprobs(self.positions + list(generated), top, offsets, pieces)
 
 
-async def stream_completion(call: CompletionCall) -> AsyncIterator[dict[str, Any]]:
+async def stream_completion(call: CompletionCall) -> AsyncGenerator[dict[str, Any], None]:
     """`text_completion` chunks: text deltas per choice, a finish chunk per choice, then usage if asked.
 
     Every prompt's request starts before the first chunk, so a bad request raises from the first

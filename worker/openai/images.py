@@ -168,7 +168,7 @@ async def _check_host(url: str, ref: ImageRef, settings: Settings) -> None:
             param=ref.param,
         ) from None
     for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
         if not address.is_global or address.is_multicast:
             raise BadRequest(
                 f"the image's host {parts.hostname!r} is a private or loopback address, which the "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+from collections.abc import Sequence
 from typing import Any
 
 from engine.outputs import Logprob, PositionLogprobs
@@ -44,7 +45,7 @@ class TextOffsets:
 
 
 def completion_logprobs(
-    positions: list[PositionLogprobs | None],
+    positions: Sequence[PositionLogprobs | None],
     top: int,
     offsets: TextOffsets,
     pieces: list[tuple[str, bytes]] | None = None,
@@ -59,7 +60,11 @@ def completion_logprobs(
     top_logprobs: list[dict[str, float] | None] = []
     text_offset: list[int] = []
     for i, position in enumerate(positions):
-        text, raw = pieces[i] if pieces is not None else (position.chosen.token, position.chosen.token_bytes)
+        if pieces is not None:
+            text, raw = pieces[i]
+        else:
+            assert position is not None, "a position without logprobs comes with its pieces"
+            text, raw = position.chosen.token, position.chosen.token_bytes
         tokens.append(text)
         text_offset.append(offsets.advance(raw))
         if position is None:

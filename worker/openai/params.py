@@ -141,16 +141,16 @@ _NATIVE_STRUCTURED: dict[str, tuple[Any, Any]] = {
 
 # get_type_hints, not Field.type: sampling.py's annotations are strings (from __future__ import annotations).
 _HINTS = get_type_hints(SamplingParams)
+_NATIVE_FIELDS: dict[str, Any] = {
+    f.name: _NATIVE_OVERRIDES.get(f.name, (_HINTS[f.name], _default(f)))
+    for f in dataclasses.fields(SamplingParams)
+    if f.name not in ("structured", "adapter")
+} | _NATIVE_STRUCTURED
 NativeSamplingParams: type[BaseModel] = create_model(
     "NativeSamplingParams",
     __config__=ConfigDict(extra="forbid"),
     __doc__="`sampling_params` of a native job: vLLM's SamplingParams names; unknown names are a 400.",
-    **{
-        f.name: _NATIVE_OVERRIDES.get(f.name, (_HINTS[f.name], _default(f)))
-        for f in dataclasses.fields(SamplingParams)
-        if f.name not in ("structured", "adapter")
-    },
-    **_NATIVE_STRUCTURED,
+    **_NATIVE_FIELDS,
 )
 
 
@@ -170,7 +170,7 @@ def native_sampling_params(raw: Any, max_model_len: int, adapter: str | None = N
     return SamplingParams(**fields, adapter=adapter)
 
 
-def _native_structured(validated: BaseModel) -> Any:
+def _native_structured(validated: Any) -> Any:  # a NativeSamplingParams: its fields are made at import
     values = {name: getattr(validated, name) for name in _NATIVE_STRUCTURED if name != "guided_decoding"}
     if validated.guided_decoding is not None:
         if validated.structured_outputs is not None:

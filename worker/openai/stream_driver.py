@@ -8,7 +8,7 @@ where it has one (or raises, for the caller to frame, where it has none).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Protocol
 
 from engine.outputs import RequestOutput
@@ -42,7 +42,7 @@ async def stream_events(
     request_id: str,
     builder: EventBuilder,
     images: Callable[[], Awaitable[list[Any]]] | None = None,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     """Start the engine request, then yield `builder`'s events until the request ends or the stream is closed.
     images: reads the prompt's image files (fetching their URLs) before the request starts."""
     files = await images() if images is not None else None

@@ -9,7 +9,7 @@ a group is the SSE text of its chunks; without, a list of chunk objects.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -47,7 +47,7 @@ class BatchSize:
             self.current = min(self.current * self.growth, self.maximum)
 
 
-async def grouped(items: AsyncIterator[Any], sizes: BatchSize) -> AsyncIterator[list[Any]]:
+async def grouped(items: AsyncGenerator[Any, None], sizes: BatchSize) -> AsyncGenerator[list[Any], None]:
     """`items` in lists sized by `sizes`; the last list may be shorter."""
     batch: list[Any] = []
     async with aclosing(items):  # closing a stream early must reach the engine request under it
@@ -62,12 +62,12 @@ async def grouped(items: AsyncIterator[Any], sizes: BatchSize) -> AsyncIterator[
 
 
 async def openai_stream(
-    chunks: AsyncIterator[dict[str, Any]],
+    chunks: AsyncGenerator[dict[str, Any], None],
     raw: bool,
     sizes: BatchSize,
     events: bool = False,
     error: Callable[[BaseException], dict[str, Any]] = error_body,
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """Chunk objects as a job yields them: SSE text ending in [DONE] when `raw`, else lists of chunks.
 
     `events`: named events (the Responses and Messages APIs'), which end without [DONE]. An error after
@@ -76,7 +76,7 @@ async def openai_stream(
     """
     encode = sse_event if events else sse
 
-    async def items() -> AsyncIterator[Any]:
+    async def items() -> AsyncGenerator[Any, None]:
         try:
             async with aclosing(chunks):
                 async for chunk in chunks:

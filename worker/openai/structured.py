@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from engine.sample.structured.spec import StructuredSpec
@@ -19,7 +20,7 @@ from worker.openai.protocol import ResponseFormat, StructuredOutputs
 # guided_decoding_backend values that name the grammar engine this worker runs (vLLM's "auto" picks it too).
 BACKENDS = ("auto", "xgrammar")
 
-Builder = Callable[[], StructuredSpec]
+Builder = Callable[[], StructuredSpec | None]
 
 
 def structured_spec(
@@ -62,7 +63,7 @@ def structured_spec(
         ("json_schema", json_schema, lambda v, p: _schema(v, p, any_whitespace)),
     ):
         if value is not None:
-            found.append((param, lambda v=value, p=param, b=build: b(v, p)))
+            found.append((param, partial(build, value, param)))
     if not found:
         return None
     if len(found) > 1:
@@ -94,12 +95,12 @@ def _structured_outputs(so: StructuredOutputs, any_whitespace: bool) -> list[tup
         found.append(
             (f"{p}.json", lambda: _schema(so.json_, f"{p}.json", any_whitespace, so.disable_additional_properties))
         )
-    if so.regex is not None:
-        found.append((f"{p}.regex", lambda: StructuredSpec(kind="regex", value=so.regex, param=f"{p}.regex")))
+    if (regex := so.regex) is not None:
+        found.append((f"{p}.regex", lambda: StructuredSpec(kind="regex", value=regex, param=f"{p}.regex")))
     if so.choice is not None:
         found.append((f"{p}.choice", lambda: StructuredSpec.choice(so.choice, f"{p}.choice")))
-    if so.grammar is not None:
-        found.append((f"{p}.grammar", lambda: StructuredSpec(kind="grammar", value=so.grammar, param=f"{p}.grammar")))
+    if (grammar := so.grammar) is not None:
+        found.append((f"{p}.grammar", lambda: StructuredSpec(kind="grammar", value=grammar, param=f"{p}.grammar")))
     if so.json_object:
         found.append(
             (

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import wait
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -101,6 +102,7 @@ class RankSet:
         from engine.core.distributed.follower import follower_main
 
         size = config.tensor_parallel_size
+        assert isinstance(size, int), "tensor_parallel_size auto is resolved before the ranks start"
         self.size, self.device = size, device
         # Told (on the watchdog's thread) when a rank fails; AsyncEngine sets it to wake its loop.
         self.on_failure: Callable[[RankFailed], None] | None = None
@@ -149,7 +151,7 @@ class RankSet:
         alive = {p.sentinel: (r, p) for r, p in enumerate(self.processes, 1)}
         while alive:
             for sentinel in wait(list(alive)):
-                rank, process = alive.pop(sentinel)
+                rank, process = alive.pop(cast(int, sentinel))  # wait() returns the ready ones of those given
                 with self._reap:
                     process.join()
                 if self._closing:
@@ -179,6 +181,7 @@ class RankSet:
                 "of step and have been stopped"
             )
         )
+        assert self.failure is not None  # this one, or the one that came first
         return self.failure
 
     def check(self) -> None:

@@ -21,6 +21,7 @@ rows with the same values.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -63,9 +64,9 @@ def pack_step(
     input_ids: torch.Tensor,
     positions: torch.Tensor,
     metas: list[AttentionMetadata],
-    state_copies: list[tuple[int, int]] = (),
+    state_copies: Sequence[tuple[int, int]] = (),
     recurrent: RecurrentStep | None = None,
-    lora_runs: list[tuple[int | None, int]] = (),
+    lora_runs: Sequence[tuple[int | None, int]] = (),
     image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(header, payload) of one step; the payload is on the tensors' device. image_embeds: (rows, values), whose

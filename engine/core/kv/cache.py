@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict, deque
-from itertools import takewhile
 
 import torch
 
@@ -129,7 +128,9 @@ class PageAllocator:
                 page = self._free.popleft()
             else:
                 page, _ = self._evictable.popitem(last=False)
-                del self._cached[self._page_hash[page]]
+                digest = self._page_hash[page]
+                assert digest is not None, "an evictable page is a cached one"
+                del self._cached[digest]
                 self._page_hash[page] = None
             self.ref_counts[page] = 1
             pages.append(page)
@@ -168,7 +169,11 @@ class PageAllocator:
 
     def lookup(self, hashes: list[bytes]) -> list[int]:
         """The cached pages of the longest prefix of `hashes`, each with one more reference taken."""
-        pages = list(takewhile(lambda page: page is not None, self.probe(hashes)))
+        pages: list[int] = []
+        for page in self.probe(hashes):
+            if page is None:
+                break
+            pages.append(page)
         self.acquire(pages)
         return pages
 

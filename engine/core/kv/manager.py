@@ -42,6 +42,16 @@ class KVCacheManager:
         self.watermark = [n // 100 for n in num_pages]
 
     @property
+    def _slots(self) -> StateSlots:
+        assert self.state is not None, "only a hybrid model has recurrent-state slots"
+        return self.state
+
+    def _nulls(self, g: int, n: int) -> list[int]:
+        """n NULL pages of group g (a full-attention group has none, and is never asked for any)."""
+        null = self.null_pages[g]
+        return [] if null is None else [null] * n
+
+    @property
     def has_windows(self) -> bool:
         return any(null is not None for null in self.null_pages)
 
@@ -106,14 +116,14 @@ class KVCacheManager:
         """The sequence's state slot (zeros for one that starts now), and a snapshot slot for the last page
         boundary its next n tokens cross."""
         if seq.state_slot is None:
-            seq.state_slot = self.state.take()
+            seq.state_slot = self._slots.take()
         start = seq.num_computed_tokens
         boundary = (start + n) // self.page_size * self.page_size
         if seq.state_capture is not None:
-            self.state.release(seq.state_capture[1])
+            self._slots.release(seq.state_capture[1])
         seq.state_capture = None
         if boundary > start:
-            slot = self.state.take_snapshot()
+            slot = self._slots.take_snapshot()
             if slot is not None:
                 seq.state_capture = (boundary, slot)
 
@@ -160,7 +170,7 @@ class KVCacheManager:
         for g, first in enumerate(firsts):
             taken = lead.kv_pages[g][first:count]
             self.allocators[g].share(taken)
-            seq.kv_pages.append([self.null_pages[g]] * first + taken)
+            seq.kv_pages.append(self._nulls(g, first) + taken)
         seq.num_computed_tokens = count * ps
         return True
 
@@ -190,13 +200,13 @@ class KVCacheManager:
         if not count:
             return
         if snapshot is not None:
-            seq.state_slot = self.state.take(snapshot)
+            seq.state_slot = self._slots.take(snapshot)
         seq.kv_pages = []
         for g, spec in enumerate(self.specs):
             first = spec.first_needed_page(count * ps, ps)
-            taken = found[g][first:count]
+            taken = [page for page in found[g][first:count] if page is not None]  # all cached: see above
             self.allocators[g].acquire(taken)
-            seq.kv_pages.append([self.null_pages[g]] * first + taken)
+            seq.kv_pages.append(self._nulls(g, first) + taken)
         seq.num_computed_tokens = count * ps
 
     def commit(self, seq: Sequence, old: int, new: int) -> None:
@@ -227,21 +237,23 @@ class KVCacheManager:
     def _register_snapshot(self, seq: Sequence) -> None:
         """The state captured at a page boundary joins the prefix cache under that page's hash. Past the prompt a
         sequence keeps only its latest: an earlier decode boundary is of no use to a later turn."""
+        assert seq.state_capture is not None, "called for a sequence that captured its state"
         boundary, slot = seq.state_capture
         seq.state_capture = None
         if boundary > seq.num_computed_tokens:  # a speculative step's boundary among its rejected tokens
-            self.state.release(slot)
+            self._slots.release(slot)
             return
         h = seq.hashes(boundary // self.page_size, self.page_size)[-1]
-        self.state.register(h, slot)
+        self._slots.register(h, slot)
         if boundary > seq.num_prompt_tokens:
             if seq.state_snapshot is not None and seq.state_snapshot != h:
-                self.state.drop(seq.state_snapshot)
+                self._slots.drop(seq.state_snapshot)
             seq.state_snapshot = h
 
     def _slide(self, g: int, pages: list[int], first: int) -> None:
         """NULLs pages[:first]. The NULL pages of a list are always a prefix: walk back from `first`."""
         null, gone = self.null_pages[g], []
+        assert null is not None, "only a window group slides"
         i = first - 1
         while i >= 0 and pages[i] != null:
             gone.append(pages[i])

@@ -24,7 +24,7 @@ def window_caps(
 ) -> list[int | None]:
     """The most pages each group can use at once (None: a full-attention group, unbounded)."""
     chunk = -(-max_num_batched_tokens // page_size)
-    return [None if g.window is None else max_num_seqs * (g.window_pages(page_size) + 1) + chunk for g in groups]
+    return [None if (w := g.window_pages(page_size)) is None else max_num_seqs * (w + 1) + chunk for g in groups]
 
 
 def pages_for_budget(budget: int, sizes: list[int], caps: list[int | None]) -> int:
@@ -32,7 +32,7 @@ def pages_for_budget(budget: int, sizes: list[int], caps: list[int | None]) -> i
     count (a window group takes min(cap, n)). Groups whose cap is below n are held at their cap, in turns."""
     capped: set[int] = set()
     while True:
-        fixed = sum(caps[g] * sizes[g] for g in capped)
+        fixed = sum((caps[g] or 0) * sizes[g] for g in capped)  # the capped groups all have a cap
         rest = sum(size for g, size in enumerate(sizes) if g not in capped)
         if not rest:
             return max(c for c in caps if c is not None)
@@ -56,4 +56,4 @@ def pages_for_one_sequence(
     if any(cap is None for cap in caps):
         return full
     chunk = -(-max_num_batched_tokens // page_size)
-    return min(full, max(g.window_pages(page_size) + 1 for g in groups) + chunk)
+    return min(full, max((g.window_pages(page_size) or 0) + 1 for g in groups) + chunk)  # all windowed here

@@ -65,6 +65,7 @@ class StateSlots:
 
     def take(self, source: int | None = None) -> int:
         """A slot for a sequence, filled from `source` (a snapshot or a parent's slot; None: zeros)."""
+        slot: int | None
         if self._free_seq:
             slot = self._free_seq.pop()
         else:

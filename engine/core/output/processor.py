@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from engine.core.output.pooling import finish, fold
 from engine.core.scheduling.sequence import Sequence, SequenceGroup
@@ -63,14 +64,15 @@ class OutputProcessor:
         ((i, s),) = items
         seq, out, total = s.seq, s.seq.output_state, len(group.prompt_token_ids)
         end = s.start + s.num_tokens
-        out.pooled = fold(out.pooled, result.pooled[i], s.start, end, total, group.params.config.method)
+        out.pooled = fold(out.pooled, result.pooled[i], s.start, end, total, group.pooling.config.method)
         if end < total:
             return None
         seq.finish_reason = "stop"
         self.finished.append(seq)
+        assert out.pooled is not None, "the whole prompt is folded in"
         return PoolingOutput(
             request_id=group.request_id,
-            embedding=finish(out.pooled, group.params, total),
+            embedding=finish(out.pooled, group.pooling, total),
             prompt_token_ids=group.prompt_token_ids,
             num_cached_tokens=group.num_cached_tokens,
         )
@@ -103,15 +105,16 @@ class OutputProcessor:
             delta.text += more.text
             delta.token_ids += more.token_ids
             if delta.logprobs is not None:
-                delta.logprobs += more.logprobs
+                delta.logprobs += more.logprobs or []
             delta.finish_reason, delta.stop_reason = more.finish_reason, more.stop_reason
         return delta
 
     def _append(self, group: SequenceGroup, seq: Sequence, sample: Sample) -> CompletionDelta:
-        p = group.params
+        p = group.sampling
         token = sample.token_id
         seq.append(token, sample.logprob)
         out = seq.output_state
+        assert out.detokenizer is not None, "a sampling request's choices detokenize"
         if out.grammar is not None:
             out.grammar.accept(token)
         logprobs = None
@@ -154,6 +157,7 @@ class OutputProcessor:
         """Extends the live beams by the best candidates; a beam chosen twice forks (sharing its pages)."""
         old = group.seqs
         assert len(samples) == len(old), "beam search needs every live beam in the same step"
+        assert group.beam is not None
         live = group.beam.step([[(c.token_id, c.logprob) for c in samples[s.seq_id]] for s in old])
         reused: set[int] = set()
         seqs = []
@@ -178,7 +182,7 @@ class OutputProcessor:
 
     def _final(self, group: SequenceGroup) -> RequestOutput:
         """best_of and beam search: the n best choices, whole, in one output."""
-        p = group.params
+        p = group.sampling
         if group.beam is not None:
             choices = [self._beam_choice(group, i, beam) for i, beam in enumerate(group.beam.best(p.n))]
             generated = sum(len(d.token_ids) for d in choices)
@@ -198,15 +202,16 @@ class OutputProcessor:
         return self._request_output(group, choices, finished=True, generated=best)
 
     def _beam_choice(self, group: SequenceGroup, index: int, beam) -> CompletionDelta:
-        p = group.params
+        p = group.sampling
         tokens = list(beam.token_ids)
+        assert group.beam is not None
         stopped = bool(tokens) and tokens[-1] in group.beam.stop_token_ids
         by_stop_id = stopped and tokens[-1] in (p.stop_token_ids or ())
         shown = tokens[:-1] if stopped and not (by_stop_id and p.include_stop_str_in_output) else tokens
         detok = Detokenizer(
             tokenizer=self.tokenizer,
             skip_special_tokens=p.skip_special_tokens,
-            stop=p.stop,
+            stop=cast(list[str] | None, p.stop),  # SamplingParams turns a string into a list
             include_stop_str_in_output=p.include_stop_str_in_output,
             prompt_token_ids=group.prompt_token_ids,
         )
@@ -248,6 +253,7 @@ class OutputProcessor:
 
     def _store_prompt_logprobs(self, group: SequenceGroup, start: int, entries: list) -> None:
         prompt = group.prompt_token_ids
+        assert group.prompt_logprobs is not None, "asked for a request with prompt_logprobs"
         for offset, (logprob, top) in enumerate(entries):
             pos = start + 1 + offset
             group.prompt_logprobs[pos] = self._position(prompt[pos], logprob, top)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -144,7 +144,8 @@ def build_group(
         )
     if params.adapter is not None and params.adapter not in limits.adapters:  # unloaded since it was checked
         raise InvalidRequest(f"LoRA adapter {params.adapter!r} was unloaded", param="model")
-    salt = adapter_salt(limits.adapter_keys.get(params.adapter, params.adapter))
+    adapter = params.adapter
+    salt = adapter_salt(None if adapter is None else limits.adapter_keys.get(adapter, adapter))
     keys = tuple(span.key for span in request.images)
     beam = None
     if params.use_beam_search:
@@ -195,7 +196,7 @@ def build_group(
         eos_token_ids=set(eos_token_ids),
         bad_words_ids=bad_words,
         beam=beam,
-        adapter=limits.adapters.get(params.adapter),
+        adapter=None if params.adapter is None else limits.adapters.get(params.adapter),
         images=list(request.images),
     )
 
@@ -216,7 +217,7 @@ def _detokenizer(tokenizer: Any, params: SamplingParams, prompt: list[int]) -> D
     return Detokenizer(
         tokenizer=tokenizer,
         skip_special_tokens=params.skip_special_tokens,
-        stop=params.stop,
+        stop=cast(list[str] | None, params.stop),  # SamplingParams turns a string into a list
         include_stop_str_in_output=params.include_stop_str_in_output,
         prompt_token_ids=prompt,
     )

@@ -167,6 +167,18 @@ class SequenceGroup:
         return self.forked and all(s.finished for s in self.seqs)
 
     @property
+    def sampling(self) -> SamplingParams:
+        """The parameters of a request that samples (every one but an embedding request)."""
+        assert not isinstance(self.params, PoolingParams), "an embedding request samples nothing"
+        return self.params
+
+    @property
+    def pooling(self) -> PoolingParams:
+        """The parameters of an embedding request."""
+        assert isinstance(self.params, PoolingParams), "only an embedding request pools"
+        return self.params
+
+    @property
     def pools(self) -> bool:
         """An embedding request: its prompt's hidden states are pooled, nothing is sampled."""
         return isinstance(self.params, PoolingParams)
@@ -174,7 +186,7 @@ class SequenceGroup:
     @property
     def skips_prefix_cache(self) -> bool:
         """Every prompt row must run: for its prompt logprobs, or for a pooling that reads them all."""
-        return self.needs_prompt_logprobs or (self.pools and self.params.needs_every_row)
+        return self.needs_prompt_logprobs or (isinstance(self.params, PoolingParams) and self.params.needs_every_row)
 
     @property
     def needs_prompt_logprobs(self) -> bool:

@@ -75,7 +75,7 @@ class StepResult:
 def sampling_row(group: SequenceGroup, seq: Sequence) -> SamplingRow:
     """The sampler's view of one sequence this step."""
     return SamplingRow(
-        params=group.params,
+        params=group.sampling,
         prompt_token_ids=group.prompt_token_ids,
         output_token_ids=seq.output_token_ids,
         generator=seq.output_state.generator,

@@ -7,7 +7,7 @@ import logging
 from engine.config import SpeculativeConfig
 from engine.core.scheduling.step import SchedulerOutput, StepResult
 from engine.core.spec.ngram import NgramProposer
-from engine.core.spec.proposer import Target
+from engine.core.spec.proposer import Proposer, Target
 from engine.core.spec.speculator import Speculator
 from engine.errors import StartupError
 
@@ -47,6 +47,7 @@ def build_speculator(config: SpeculativeConfig | None, target: Target) -> Specul
     if config is None:
         return None
     check_config(config)
+    proposer: Proposer
     if config.method == "ngram":
         proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
     elif config.method == "eagle3":

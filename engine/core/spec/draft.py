@@ -59,6 +59,7 @@ class DraftModelProposer:
     def __init__(self, config: SpeculativeConfig, target: Target) -> None:
         self.num_tokens = config.num_speculative_tokens
         self.budget = target.max_num_batched_tokens
+        assert config.model is not None, "check_config: draft_model names its model"
         self.path = config.model
         self._check_tokenizer(target)
         self.model, self.spec = load_model(config.model, target.dtype, target.device)

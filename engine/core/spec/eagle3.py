@@ -30,6 +30,7 @@ class Eagle3Proposer(HeadProposer):
                 f"not on {type(target.model).__name__}",
                 param="speculative.method",
             )
+        assert config.model is not None, "check_config: eagle3 names its head"
         self.path = config.model
         head, layers = load_eagle3_head(config.model, target.model, target.dtype, target.device)
         target.model.aux_layers = layers

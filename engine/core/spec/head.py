@@ -16,6 +16,8 @@ after it) and says which of the step's hidden states are its features (features(
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from engine.attention import create_group_backends
@@ -49,8 +51,9 @@ class HeadProposer:
     name = "head"
     deterministic = True
 
-    def start(self, head: torch.nn.Module, args, num_tokens: int, num_pages: int, target: Target) -> None:
-        """Its KV pool and runner, once the subclass has loaded `head` (of shape `args`)."""
+    def start(self, head: Any, args, num_tokens: int, num_pages: int, target: Target) -> None:
+        """Its KV pool and runner, once the subclass has loaded `head` (of shape `args`): an nn.Module with the
+        family's kv_groups(), and the `features` and `carry` tensors above."""
         self.head, self.num_tokens, self.budget = head, num_tokens, target.max_num_batched_tokens
         groups = head.kv_groups({})
         self.pools = [
@@ -116,6 +119,7 @@ class HeadProposer:
                     step.scheduled.append(
                         ScheduledSeq(seq=head, group=shadow.group, start=head.num_computed_tokens, num_tokens=1)
                     )
+                    assert shadow.feature is not None, "a ready shadow has its next feature"
                     feeds.append(shadow.feature[None])
                     stepped.append((shadow, w))
             if step.scheduled:

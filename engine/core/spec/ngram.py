@@ -51,9 +51,9 @@ class NgramProposer:
                 ends[tuple(tokens[end - n : end])] = end
         index.size = max(index.size, length - 1)
         for n in range(min(hi, length - 1), lo - 1, -1):
-            end = ends.get(tuple(tokens[length - n :]))
-            if end is not None:
-                return tokens[end : min(end + k, length)]
+            found = ends.get(tuple(tokens[length - n :]))
+            if found is not None:
+                return tokens[found : min(found + k, length)]
         return []
 
     def retain(self, live: set[int]) -> None:

@@ -72,10 +72,12 @@ class Speculator:
             if why is not None:
                 self._say_once(why)
                 continue
+            max_tokens = group.sampling.max_tokens
+            assert max_tokens is not None, "filled in when the request was added"
             for seq in group.running:
                 limit = min(
                     self.config.num_speculative_tokens,
-                    group.params.max_tokens - len(seq.output_token_ids) - 1,
+                    max_tokens - len(seq.output_token_ids) - 1,
                     self.max_model_len - seq.num_tokens - 1,
                 )
                 if limit > 0:

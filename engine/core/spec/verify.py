@@ -53,12 +53,12 @@ def _verify(
     rows = [r for _, s in items for r in _rows(s)]
     raw = logits.float()
     processed = process_logits(raw, rows)
-    greedy = [j for j, (_, s) in enumerate(items) if s.group.params.greedy]
+    greedy = [j for j, (_, s) in enumerate(items) if s.group.sampling.greedy]
     argmax = processed.argmax(dim=-1).tolist() if greedy else []
     accepted: list[list[int]] = []
     for (_, s), start in zip(items, spans, strict=True):
         n = s.num_tokens
-        if s.group.params.greedy:
+        if s.group.sampling.greedy:
             accepted.append(accept_greedy(argmax[start : start + n], s.draft))
             continue
         mine = rows[start : start + n]
@@ -76,7 +76,7 @@ def _verify(
         for _ in toks:
             top = (
                 scored.top_logprobs[at]
-                if scored.top_logprobs is not None and s.group.params.logprobs is not None
+                if scored.top_logprobs is not None and s.group.sampling.logprobs is not None
                 else None
             )
             samples.append(Sample(scored.token_ids[at], scored.logprobs[at], top))

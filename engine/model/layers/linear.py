@@ -8,6 +8,7 @@ import logging
 import math
 import threading
 import time
+from typing import Any
 
 import torch
 from torch import nn
@@ -90,9 +91,7 @@ def pack_linears_for_cpu(model: nn.Module) -> threading.Event:
     if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
         done.set()
         return done
-    stacked = sum(
-        m.swap_expert_linears(_packable, PackedLinear) for m in model.modules() if hasattr(m, "swap_expert_linears")
-    )
+    stacked = sum(m.swap_expert_linears(_packable, PackedLinear) for m in _expert_stacks(model))
     targets = _linears(model, _packable)
     weights = sum(child.weight.numel() for _, _, child in targets)
     if weights <= PACK_IN_BACKGROUND_WEIGHTS:
@@ -227,5 +226,9 @@ def _swap_linears(model: nn.Module, select, make) -> int:
     for parent, name, child in targets:
         setattr(parent, name, make(child))
     # Modules that stack linears (MoE experts) swap each of theirs the same way.
-    stacked = [m for m in model.modules() if hasattr(m, "swap_expert_linears")]
-    return len(targets) + sum(m.swap_expert_linears(select, make) for m in stacked)
+    return len(targets) + sum(m.swap_expert_linears(select, make) for m in _expert_stacks(model))
+
+
+def _expert_stacks(model: nn.Module) -> list[Any]:
+    """The modules that stack linears (MoE experts), each with its own `swap_expert_linears(select, make)`."""
+    return [m for m in model.modules() if hasattr(m, "swap_expert_linears")]

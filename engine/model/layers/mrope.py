@@ -52,6 +52,7 @@ class MultimodalRotary(RotaryEmbedding):
         if positions.dim() == 1:
             return super().lookup(positions)
         index = self.axis.expand(1, positions.shape[1], -1)
+        assert self.cos is not None and self.sin is not None, "the unfused tables (fused rotary has cos_sin_cache)"
         cos = self.cos[positions].gather(0, index)[0]  # [T, half]: each frequency from its axis' position
         sin = self.sin[positions].gather(0, index)[0]
         return cos.unsqueeze(1), sin.unsqueeze(1)

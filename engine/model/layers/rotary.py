@@ -167,6 +167,7 @@ class RotaryEmbedding:
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [T, 1, rotary_dim / 2] for the step's positions (once per forward)."""
+        assert self.cos is not None and self.sin is not None, "the unfused tables (fused rotary has cos_sin_cache)"
         return self.cos.index_select(0, positions).unsqueeze(1), self.sin.index_select(0, positions).unsqueeze(1)
 
 

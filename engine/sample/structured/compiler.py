@@ -56,8 +56,8 @@ class GrammarCache:
         self._cache: OrderedDict[tuple, Future] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
-        self._compiler = None  # xgrammar.GrammarCompiler, built on the compile thread
-        self.tokenizer_info = None
+        self._compiler: Any = None  # xgrammar.GrammarCompiler, built on the compile thread
+        self.tokenizer_info: Any = None
         self.num_compiled = 0
 
     def submit(self, spec: StructuredSpec) -> Future:
@@ -119,7 +119,7 @@ def _grammar(spec: StructuredSpec, max_whitespace: int | None = JSON_MAX_WHITESP
 
     kind, value = spec.kind, spec.value
     # Whitespace between JSON tokens: bounded (or none at all when the spec allows none: xgrammar's compact form).
-    spacing = {
+    spacing: dict[str, Any] = {
         "any_whitespace": spec.any_whitespace,
         "max_whitespace_cnt": max_whitespace if spec.any_whitespace else None,
     }

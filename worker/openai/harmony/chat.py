@@ -77,11 +77,9 @@ def harmony_chat(
     plain = template_messages(messages)
     conv = conversation(plain, plan.tools if plan.active else [], reasoning_effort, _response_format(response_format))
     forced, structured = "", params.structured
-    mode = plan.choice.mode
+    mode, name = plan.choice.mode, plan.choice.name
     if mode == "required" and len(plan.tools) == 1:
         mode, name = "named", plan.tools[0].name
-    else:
-        name = plan.choice.name
     if mode in ("named", "required") and params.structured is not None:
         raise BadRequest(
             f"tool_choice {mode!r} constrains the answer to tool calls, which conflicts with the "

@@ -55,7 +55,7 @@ class OutputItems:
                 out.append(
                     self.event(
                         "response.function_call_arguments.delta",
-                        item_id=self.open["id"],
+                        item_id=self._item["id"],
                         output_index=len(self.items),
                         delta=e.fragment,
                     )
@@ -86,6 +86,7 @@ class OutputItems:
         elif kind == "reasoning":
             self.open = {"id": new_id("rs"), "type": "reasoning", "status": "in_progress", "summary": []}
         else:
+            assert call is not None, "a function_call item opens on its call"
             self.open = {
                 "id": new_id("fc"),
                 "type": "function_call",
@@ -102,7 +103,7 @@ class OutputItems:
 
     def _text(self, text: str, logprobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self.text += text
-        if self.open["type"] == "reasoning":
+        if self._item["type"] == "reasoning":
             return [self.event("response.reasoning_text.delta", **self._where(), delta=text)]
         self.logprobs += logprobs
         return [self.event("response.output_text.delta", **self._where(), delta=text, logprobs=logprobs)]
@@ -137,7 +138,13 @@ class OutputItems:
         return out
 
     def _where(self) -> dict[str, Any]:
-        return {"item_id": self.open["id"], "output_index": len(self.items), "content_index": 0}
+        return {"item_id": self._item["id"], "output_index": len(self.items), "content_index": 0}
+
+    @property
+    def _item(self) -> dict[str, Any]:
+        """The open item, where one must be open."""
+        assert self.open is not None, "no output item is open"
+        return self.open
 
 
 def _text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:

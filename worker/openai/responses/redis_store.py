@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from worker.openai.errors import StoreUnavailable
@@ -105,13 +105,14 @@ class RedisResponseStore:
 
     def _evict(self) -> None:
         """Entries past their TTL, then the oldest while a cap is exceeded."""
-        for rid in self._redis.zrangebyscore(self._keys["expiry"], "-inf", time.time()):
+        # NOTE: the client returns bytes (no decode_responses); redis-py types its replies far more broadly.
+        for rid in cast(list[bytes], self._redis.zrangebyscore(self._keys["expiry"], "-inf", time.time())):
             self._drop(rid.decode())
         while True:
             count, total = self._redis.zcard(self._keys["order"]), int(self._redis.get(self._keys["bytes"]) or 0)
             if count <= self.max_entries and total <= self.max_bytes:
                 return
-            oldest = self._redis.zrange(self._keys["order"], 0, 0)
+            oldest = cast(list[bytes], self._redis.zrange(self._keys["order"], 0, 0))
             if not oldest:
                 return
             self._drop(oldest[0].decode())

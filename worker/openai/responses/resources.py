@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.openai.errors import BadRequest, ResponseNotFound, RouteNotFound
 from worker.openai.responses.store import ResponseStore, StoredResponse
+
+if TYPE_CHECKING:
+    from worker.openai.responses.redis_store import RedisResponseStore
 
 
 class InputItemsQuery(BaseModel):
@@ -20,7 +23,7 @@ class InputItemsQuery(BaseModel):
     after: str | None = None
 
 
-def _stored(store: ResponseStore, response_id: str) -> StoredResponse:
+def _stored(store: ResponseStore | RedisResponseStore, response_id: str) -> StoredResponse:
     entry = store.get(response_id)
     if entry is None:
         raise _not_found(response_id)
@@ -35,7 +38,9 @@ def _not_found(response_id: str) -> ResponseNotFound:
     )
 
 
-def stored_response(store: ResponseStore, path: str, method: str, query: dict[str, Any]) -> dict[str, Any]:
+def stored_response(
+    store: ResponseStore | RedisResponseStore, path: str, method: str, query: dict[str, Any]
+) -> dict[str, Any]:
     """`path` is what follows /v1/responses/: `<id>` or `<id>/input_items`."""
     response_id, _, rest = path.partition("/")
     if rest == "input_items" and method == "GET":

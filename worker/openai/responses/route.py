@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from engine.outputs import RequestOutput
 from engine.sample.structured.spec import StructuredSpec
 from worker.openai.chat import ChatCall, chat_call, count_reasoning_tokens
+from worker.openai.chat_output import OutputFormat
 from worker.openai.errors import BadRequest, ResponseNotFound, error_body, status_of
 from worker.openai.generation import Collected, engine_request_id
 from worker.openai.models import resolve_model
@@ -87,9 +88,9 @@ def _chat_call(
     else:
         call = render(messages)
     if spec is not None and harmony:  # the chat layer built it from text.format: named as the client sent it
-        call.params = dataclasses.replace(
-            call.params, structured=dataclasses.replace(call.params.structured, param="text.format")
-        )
+        built = call.params.structured
+        assert built is not None, "the chat layer holds the answer to text.format"
+        call.params = dataclasses.replace(call.params, structured=dataclasses.replace(built, param="text.format"))
     elif spec is not None:
         if call.params.structured is not None:
             raise BadRequest(
@@ -97,6 +98,7 @@ def _chat_call(
                 f"{call.params.structured.param}",
                 param=call.params.structured.param,
             )
+        assert isinstance(call.output, OutputFormat), "harmony requests take the branch above"
         held = after_reasoning(spec, call.output.reasoning, call.output.in_reasoning, call.prompt.text)
         call.params = dataclasses.replace(call.params, structured=held)
     return call
@@ -104,7 +106,8 @@ def _chat_call(
 
 def _chat_response_format(request: ResponsesRequest) -> dict[str, Any]:
     """`text.format` as chat's response_format."""
-    fmt = request.text.format
+    fmt = request.text.format if request.text is not None else None
+    assert fmt is not None, "asked only for a request with text.format"
     if fmt.type == "json_object":
         return {"type": "json_object"}
     return {
@@ -238,7 +241,7 @@ async def complete_response(call: ResponseCall) -> dict[str, Any]:
     return answer.finish()[1]
 
 
-def stream_response(call: ResponseCall) -> AsyncIterator[dict[str, Any]]:
+def stream_response(call: ResponseCall) -> AsyncGenerator[dict[str, Any], None]:
     """OpenAI's event stream: created and in_progress, then each output item opened, filled (text, reasoning or
     call-argument deltas) and closed, then completed or incomplete; a failure after the first event is a
     `response.failed` event.

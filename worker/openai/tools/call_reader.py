@@ -112,7 +112,7 @@ class CallReader:
         ):
             return CallRead(name=self._name, arguments=arguments, end=end, valid=False)
         if self._value_start is None or not arguments:
-            raw = next((obj[k] for k in ARGUMENT_KEYS if k in obj), {})
+            raw: object = next((obj[k] for k in ARGUMENT_KEYS if k in obj), {})
             arguments = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)
         return CallRead(name=obj["name"], arguments=arguments, end=end, valid=True)
 

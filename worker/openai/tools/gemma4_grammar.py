@@ -73,7 +73,7 @@ def arguments_content(tool: Tool, index: int) -> dict[str, Any]:
     """The structural-tag content for one tool's arguments; an unenforceable schema is a 400 for a strict tool
     and any object for the others."""
     try:
-        grammar = arguments_grammar(tool.parameters, tool.strict)
+        grammar = arguments_grammar(tool.parameters, bool(tool.strict))
     except Unenforceable as exc:
         if tool.strict:
             param = f"tools[{index}].function.parameters"
