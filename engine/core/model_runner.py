@@ -398,7 +398,7 @@ class ModelRunner:
         if rows:
             owner_rows = torch.tensor(owners, device=logits.device)
             try:
-                self._draw(logits.index_select(0, owner_rows), rows, owners, items, result)
+                self._draw(logits.index_select(0, owner_rows), rows=rows, owners=owners, items=items, result=result)
             except Exception:
                 # One request's bad parameters must not fail the batch: retry each sequence alone.
                 for logits_row, (scheduled_index, _) in enumerate(items):
@@ -407,7 +407,7 @@ class ModelRunner:
                         continue
                     try:
                         alone = logits[logits_row : logits_row + 1].expand(len(mine), -1)
-                        self._draw(alone, mine, [logits_row] * len(mine), items, result)
+                        self._draw(alone, rows=mine, owners=[logits_row] * len(mine), items=items, result=result)
                     except Exception as exc:
                         result.errors[scheduled_index] = exc
         for logits_row, (scheduled_index, item) in enumerate(items):
@@ -420,6 +420,7 @@ class ModelRunner:
     def _draw(
         self,
         logits: torch.Tensor,
+        *,
         rows: list[SamplingRow],
         owners: list[int],
         items: list[tuple[int, ScheduledSeq]],
