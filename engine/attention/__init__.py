@@ -81,7 +81,7 @@ def group_backends(
     which group and why."""
     if name != "flashinfer":
         return [(name, None) for _ in head_dims]
-    choices = []
+    choices: list[tuple[str, str | None]] = []
     for index, head_dim in enumerate(head_dims):
         error = MLA_TORCH_ONLY if latent and latent[index] else kernels.flashinfer_head_dim_error(head_dim)
         if error is not None and requested == "flashinfer":
@@ -122,7 +122,7 @@ def create_group_backends(
             param="kv_cache_dtype",
         )
     choices = group_backends(name, [group.head_dim for group in groups], requested=requested, latent=latent)
-    backends = []
+    backends: list[AttentionBackend] = []
     for group, (chosen, why) in zip(groups, choices, strict=True):
         if group.latent is not None:
             log.log(

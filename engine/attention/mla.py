@@ -39,8 +39,10 @@ class TorchMLABackend(TorchRefBackend):
     ) -> None:
         """k: the step's latents [T, kv_lora_rank] into ckv `k_cache`; v: their rotary key parts [T, rope_dim] into
         kpe `v_cache` (views of one row store: view() flattens the page axes without a copy)."""
-        k_cache.view(-1, k_cache.shape[-1]).index_copy_(0, self._slots, k.reshape(-1, k_cache.shape[-1]))
-        v_cache.view(-1, v_cache.shape[-1]).index_copy_(0, self._slots, v.reshape(-1, v_cache.shape[-1]))
+        slots = self._slots
+        assert slots is not None, "plan() was not called"
+        k_cache.view(-1, k_cache.shape[-1]).index_copy_(0, slots, k.reshape(-1, k_cache.shape[-1]))
+        v_cache.view(-1, v_cache.shape[-1]).index_copy_(0, slots, v.reshape(-1, v_cache.shape[-1]))
 
     def run(
         self,
@@ -58,6 +60,7 @@ class TorchMLABackend(TorchRefBackend):
             return self._mla_decode(q, k_cache, v_cache, self._decodes[0])
         out = q.new_empty(*q.shape[:2], rank)
         for d in self._decodes:
+            assert d.rows is not None  # a bucket of some of the step's rows
             out.index_copy_(0, d.rows, self._mla_decode(q.index_select(0, d.rows), k_cache, v_cache, d))
         for p in self._prefills:
             out[p.rows] = self._mla_prefill(q[p.rows], k_cache, v_cache, p)
