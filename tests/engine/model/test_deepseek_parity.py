@@ -94,3 +94,18 @@ def test_yarn_mscale_scales_the_softmax_as_transformers():
     mscale = 0.1 * YARN["mscale_all_dim"] * torch.log(torch.tensor(YARN["factor"])).item() + 1.0
     assert mla_softmax_scale(qk, YARN) == pytest.approx(qk**-0.5 * mscale**2)
     assert mla_softmax_scale(qk, {"rope_type": "default"}) == qk**-0.5
+
+
+def test_deepseek_v3s_own_shape_holds_576_values_per_token_per_layer():
+    """transformers' DeepSeek-V3 defaults (the release's shape) on the meta device: 512 latent + 64 rotary values per
+    token in each of 61 layers, 68.6 KiB per token in bf16, where full K and V heads would take 32,768 values."""
+    from engine.core.kernel_plan import family_checkpoint
+    from engine.model.memory_plan import describe, plan_from_config
+
+    config, names = family_checkpoint("DeepseekV3ForCausalLM")
+    plan = plan_from_config(config, names, torch.bfloat16)
+    assert plan.groups[0].layers == 61 and plan.groups[0].latent_width == 576
+    assert plan.groups[0].bytes_per_token == 61 * 576 * 2
+    assert (
+        "KV 68.6 KiB per token over 61 layers (full attention, multi-head latent: 576 values" in describe(plan, 0.9)[1]
+    )
