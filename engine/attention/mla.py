@@ -7,6 +7,11 @@ value is the latent itself: the model folds W_UK into the query (q_latent = q_no
 [q_latent, q_pe] against [c, k_pe], and takes the output latent through W_UV_h (engine/model/layers/mla.py). The
 scale is the model's (1/sqrt(qk_nope + qk_rope), times DeepSeek's YaRN mscale squared), never 1/sqrt(row width).
 
+run_mla() takes the un-absorbed query and the head weights and returns every head's value: decode rows (and short
+chunks) in the absorbed form, a prefill chunk of many rows in the plain form (per head K = [c W_UK_h^T, k_pe],
+V = c W_UV_h^T, expanded from the gathered latents), which costs fewer multiplies there (plain_prefill()); the two
+are held equal by tests/engine/attention/test_mla.py.
+
 The pages are the pair (ckv [pages, page_size, kv_lora_rank], kpe [pages, page_size, rope_dim]), FlashInfer's
 BatchMLAPagedAttentionWrapper layout; FP8 pages are not served here (start-up refuses them).
 """
@@ -23,10 +28,43 @@ class TorchMLABackend(TorchRefBackend):
     """AttentionBackend over latent pages: write_kv(c, k_pe, ckv, kpe), run(q, ckv, kpe) with q [T, H, rank + rope]
     (the absorbed q_latent, then q_pe) -> the output latents [T, H, rank]."""
 
-    def __init__(self, device: torch.device | str = "cpu", *, scale: float | None = None, **_: object) -> None:
+    def __init__(
+        self,
+        device: torch.device | str = "cpu",
+        *,
+        scale: float | None = None,
+        plain_prefill: bool | None = None,
+        **_: object,
+    ) -> None:
         if scale is None:
             raise ValueError("multi-head latent attention needs the model's softmax scale")
         super().__init__(device, scale=scale)
+        self.plain_prefill = plain_prefill  # None: by cost (plain_prefill()); True / False: always / never
+
+    def run_mla(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        ckv: torch.Tensor,
+        kpe: torch.Tensor,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+    ) -> torch.Tensor:
+        """q_nope [T, H, nope], q_pe [T, H, rope] (rotated); w_uk [H, nope, rank], w_uv [H, v, rank] (kv_b_proj's
+        rows per head). Returns each head's attention value [T, H, v]."""
+        values = q_nope.new_empty(*q_nope.shape[:2], w_uv.shape[1])
+        for d in self._decodes:
+            rows = slice(None) if d.rows is None else d.rows
+            q = torch.cat((absorb(q_nope[rows], w_uk), q_pe[rows]), dim=-1)
+            values[rows] = expand(self._mla_decode(q, ckv, kpe, d), w_uv)
+        for p in self._prefills:
+            qn, qp = q_nope[p.rows], q_pe[p.rows]
+            if plain_prefill(qn.shape[0], ckv.shape[-1], w_uk.shape[1], w_uv.shape[1], self.plain_prefill):
+                values[p.rows] = self._plain_prefill(qn, qp, ckv, kpe, p, w_uk, w_uv)
+            else:
+                q = torch.cat((absorb(qn, w_uk), qp), dim=-1)
+                values[p.rows] = expand(self._mla_prefill(q, ckv, kpe, p), w_uv)
+        return values
 
     def write_kv(
         self,
@@ -93,3 +131,42 @@ class TorchMLABackend(TorchRefBackend):
             enable_gqa=True,
         )
         return out[0].transpose(0, 1)
+
+    def _plain_prefill(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        ckv: torch.Tensor,
+        kpe: torch.Tensor,
+        plan: _Prefill,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+    ) -> torch.Tensor:
+        """Every head's K and V expanded from the request's latents, then causal attention as transformers runs it."""
+        rows = self.latents(ckv, kpe, plan.slots)  # [L, rank + rope]
+        latent, k_pe = rows[:, : ckv.shape[-1]], rows[:, ckv.shape[-1] :]
+        heads = q_nope.shape[1]
+        k = torch.cat((latent @ w_uk.transpose(1, 2), k_pe.expand(heads, -1, -1)), dim=-1)  # [H, L, nope + rope]
+        v = latent @ w_uv.transpose(1, 2)  # [H, L, v]
+        q = torch.cat((q_nope, q_pe), dim=-1).transpose(0, 1)  # [H, T, nope + rope]
+        out = F.scaled_dot_product_attention(
+            q[None], k[None], v[None], attn_mask=plan.mask, is_causal=plan.mask is None, scale=self.scale
+        )
+        return out[0].transpose(0, 1)
+
+
+def absorb(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+    """q_latent [T, H, rank] = q_nope_h @ W_UK_h per head (w_uk [H, nope, rank])."""
+    return torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
+
+
+def expand(latent: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
+    """Each head's value [T, H, v] from its output latent [T, H, rank] (w_uv [H, v, rank])."""
+    return torch.bmm(latent.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
+
+
+def plain_prefill(rows: int, rank: int, nope: int, v: int, forced: bool | None) -> bool:
+    """Whether a prefill chunk of `rows` queries runs the plain form: per key, the absorbed form scores and sums
+    2 * rank + rope values per query, the plain one nope + rope + v but first expands the key's latent for every head
+    (rank * (nope + v)); plain wins when rows * (2 * rank - nope - v) > rank * (nope + v)."""
+    return forced if forced is not None else rows * (2 * rank - nope - v) > rank * (nope + v)

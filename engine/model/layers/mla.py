@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.attention.base import AttentionBackend
+from engine.attention.base import LatentAttentionBackend
 from engine.model.kv_spec import LatentKV
 from engine.model.layers.norm import RMSNorm
 from engine.model.layers.rotary import apply_rotary_
@@ -75,6 +75,15 @@ def mla_softmax_scale(qk_head_dim: int, rope: dict) -> float:
     return scale
 
 
+class HeadWeights(nn.Module):
+    """kv_b_proj's weight [H * (qk_nope + v), kv_lora_rank], read per head as W_UK_h and W_UV_h, never run as a
+    linear. Not an nn.Linear on purpose: int4, CPU packing and LoRA, which replace linears, leave it whole."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+
+
 class MLAttention(nn.Module):
     """DeepSeek's attention block with the hub's parameter names (q_proj or q_a_proj / q_a_layernorm / q_b_proj,
     kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj); forward takes the layer's (ckv, kpe) pages."""
@@ -95,7 +104,7 @@ class MLAttention(nn.Module):
             self.q_b_proj = nn.Linear(s.q_lora_rank, h * qk, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(s.hidden_size, s.kv_lora_rank + s.qk_rope_head_dim, bias=s.attention_bias)
         self.kv_a_layernorm = RMSNorm(s.kv_lora_rank, s.rms_norm_eps)
-        self.kv_b_proj = nn.Linear(s.kv_lora_rank, h * (s.qk_nope_head_dim + s.v_head_dim), bias=False)
+        self.kv_b_proj = HeadWeights(s.kv_lora_rank, h * (s.qk_nope_head_dim + s.v_head_dim))
         self.o_proj = nn.Linear(h * s.v_head_dim, s.hidden_size, bias=s.attention_bias)
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -120,7 +129,7 @@ class MLAttention(nn.Module):
         sin: torch.Tensor,
         ckv_cache: torch.Tensor,
         kpe_cache: torch.Tensor,
-        backend: AttentionBackend,
+        backend: LatentAttentionBackend,
     ) -> torch.Tensor:
         s, t = self.shape, x.shape[0]
         h, nope, rank = s.num_heads, s.qk_nope_head_dim, s.kv_lora_rank
@@ -128,10 +137,7 @@ class MLAttention(nn.Module):
         latent, k_pe = self.kv_a_proj_with_mqa(x).split([rank, s.qk_rope_head_dim], dim=-1)
         latent = self.kv_a_layernorm(latent.contiguous())
         q_pe, k_pe = self.rotate(q[..., nope:], cos, sin), self.rotate(k_pe.view(t, 1, -1), cos, sin)
-        w = self.kv_b_proj.weight.view(h, nope + s.v_head_dim, rank)
-        # NOTE: per head bmm over [H, T, *]: q_latent_h = q_nope_h @ W_UK_h, then the output latent @ W_UV_h^T.
-        q_latent = torch.bmm(q[..., :nope].transpose(0, 1), w[:, :nope]).transpose(0, 1)
+        w = self.kv_b_proj.weight.view(h, nope + s.v_head_dim, rank)  # per head W_UK_h rows, then W_UV_h rows
         backend.write_kv(latent, k_pe.view(t, -1), ckv_cache, kpe_cache)
-        out = backend.run(torch.cat((q_latent, q_pe), dim=-1), ckv_cache, kpe_cache)  # [T, H, rank]
-        values = torch.bmm(out.transpose(0, 1), w[:, nope:].transpose(1, 2)).transpose(0, 1)
+        values = backend.run_mla(q[..., :nope], q_pe, ckv_cache, kpe_cache, w[:, :nope], w[:, nope:])
         return self.o_proj(values.reshape(t, h * s.v_head_dim))

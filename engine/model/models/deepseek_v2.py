@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
 
-from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.attention.base import AttentionBackend, AttentionMetadata, LatentAttentionBackend
 from engine.errors import StartupError, UnsupportedModel
 from engine.model.kv_spec import KVGroupSpec, latent_group
 from engine.model.layers.mla import MLAShape, MLAttention, mla_softmax_scale
@@ -42,6 +43,10 @@ def read_deepseek_args(config: dict, names: set[str], routing: Routing, *, rope_
     """DeepseekArgs from a DeepSeek config and its routing; head_dim is the query head's width (nope + rope)."""
     if config.get("hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"hidden_act {config['hidden_act']!r} is not supported", param="model")
+    if config.get("quantization_config"):  # kv_b_proj is read per head as float W_UK and W_UV
+        raise UnsupportedModel(
+            "quantized multi-head latent attention (MLA) checkpoints are not supported yet", param="model"
+        )
     mla = MLAShape.read(config, rope_interleave=rope_interleave)
     first, freq = config.get("first_k_dense_replace") or 0, config.get("moe_layer_freq") or 1
     num_layers = config["num_hidden_layers"]
@@ -70,7 +75,7 @@ class DeepseekDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         rotary: tuple[torch.Tensor, torch.Tensor],
         caches: tuple[torch.Tensor, torch.Tensor],
-        backend: AttentionBackend,
+        backend: LatentAttentionBackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, h = h, self.input_layernorm(h)
@@ -156,7 +161,7 @@ class DeepseekV2ForCausalLM(DecoderLM):
         assert self.rotary is not None, "init_rotary() was not called"
         rotary = self.rotary.lookup(positions)
         h, residual = self.model.embed_tokens(input_ids), None
-        backends = self.layer_backends(backend, len(kv_caches))
+        backends = cast(list[LatentAttentionBackend], self.layer_backends(backend, len(kv_caches)))
         for layer, caches, b in zip(self.model.layers, kv_caches, backends, strict=True):
             h, residual = layer(h, residual, rotary, caches, b)
         assert residual is not None

@@ -1,7 +1,7 @@
 """Multi-head latent attention over latent pages (engine/attention/mla.py) with the absorbed weights equals the plain
 form (per head K = [c W_UK_h^T, k_pe], V = c W_UV_h^T, causal): prefills, a chunk after cached tokens, decode
-buckets of unequal lengths, over shuffled pages. An MLA group runs on the torch reference on every device, and
-start-up refuses FlashInfer by name and FP8 pages for it in one line."""
+buckets of unequal lengths, over shuffled pages; run_mla's plain prefill form equals it too. An MLA group runs on the
+torch reference on every device, and start-up refuses FlashInfer by name and FP8 pages for it in one line."""
 
 from __future__ import annotations
 
@@ -86,6 +86,31 @@ def test_absorbed_latent_attention_equals_the_plain_form_over_paged_latents() ->
     for batch in steps:
         values, plain = absorbed_step(backend, table, pools, lat, batch)
         torch.testing.assert_close(values, plain, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("plain", [True, False, None])
+def test_run_mla_takes_prefill_chunks_by_either_form_and_both_equal_the_plain_reference(plain) -> None:
+    """run_mla: decode rows absorbed, prefill chunks plain (True), absorbed (False) or by cost (None: the 30-row
+    prefill plain, the 5-row chunk absorbed); every head's value equals the plain form's."""
+    from engine.attention.mla import plain_prefill
+
+    assert plain_prefill(30, RANK, NOPE, V, None) and not plain_prefill(5, RANK, NOPE, V, None)
+    free = list(range(64))
+    random.Random(2).shuffle(free)
+    table = PageTable(4, free)
+    rows = torch.full((64, 4, RANK + ROPE), float("nan"))
+    ckv, kpe = rows[..., :RANK], rows[..., RANK:]
+    backend = TorchMLABackend("cpu", scale=SCALE, plain_prefill=plain)
+    lat = Latents(seed=3)
+    for batch in ([("a", 30), ("b", 1), ("c", 6)], [("a", 1), ("c", 5), ("b", 1)], [("a", 1), ("b", 1)]):
+        _, meta = table.step(batch)
+        backend.plan(meta)
+        news = [lat.new(rid, n) for rid, n in batch]
+        backend.write_kv(torch.cat([x[0] for x in news]), torch.cat([x[1] for x in news]), ckv, kpe)
+        q_nope, q_pe = torch.cat([x[2] for x in news]), torch.cat([x[3] for x in news])
+        values = backend.run_mla(q_nope, q_pe, ckv, kpe, lat.w_uk, lat.w_uv)
+        plain_values = torch.cat([lat.plain(rid, qn, qp) for (rid, _), (_, _, qn, qp) in zip(batch, news, strict=True)])
+        torch.testing.assert_close(values, plain_values, atol=1e-4, rtol=1e-4)
 
 
 def test_an_mla_group_runs_on_the_torch_reference_and_flashinfer_by_name_refuses_it(
