@@ -1,6 +1,7 @@
 """Tiny random-weight DeepSeek checkpoints with multi-head latent attention (MLA), saved by transformers in the hub
 layout: DeepSeek-V2-Lite's shape (q_proj, greedy softmax routing), a V2 with q_lora_rank, group_limited_greedy
-routing and YaRN with DeepSeek's mscale, and a V3 (sigmoid noaux_tc routing with a correction bias)."""
+routing and YaRN with DeepSeek's mscale, and V3s (sigmoid noaux_tc routing with a correction bias; rotary dims
+interleaved, or as halves with attention biases)."""
 
 from __future__ import annotations
 
@@ -43,8 +44,16 @@ CONFIGS = {
         rope_parameters=YARN,
     ),
     "deepseek_v3": dict(q_lora_rank=24, n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5),
+    # the rotary dims as halves (rotate_half) rather than interleaved pairs; attention biases
+    "deepseek_v3_halves": dict(
+        q_lora_rank=24, n_shared_experts=1, n_group=2, topk_group=1, rope_interleave=False, attention_bias=True
+    ),
 }
-MODEL_TYPES = {"deepseek_v2_lite": "deepseek_v2", "deepseek_v2_grouped": "deepseek_v2"}
+MODEL_TYPES = {
+    "deepseek_v2_lite": "deepseek_v2",
+    "deepseek_v2_grouped": "deepseek_v2",
+    "deepseek_v3_halves": "deepseek_v3",
+}
 
 
 def build_mla_checkpoint(kind: str, path):

@@ -109,3 +109,46 @@ def test_deepseek_v3s_own_shape_holds_576_values_per_token_per_layer():
     assert (
         "KV 68.6 KiB per token over 61 layers (full attention, multi-head latent: 576 values" in describe(plan, 0.9)[1]
     )
+
+
+def v2_config(**change) -> dict:
+    config = {
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "vocab_size": 128,
+        **MLA,
+        "num_hidden_layers": 5,
+        "q_lora_rank": None,
+        "n_shared_experts": 1,
+        "topk_method": "greedy",
+    }
+    return {**config, **change}
+
+
+def test_moe_layer_freq_picks_every_nth_layer_after_the_dense_ones():
+    """DeepSeek's own rule (transformers' ignores the key): layer i is sparse when i >= first_k_dense_replace and
+    i % moe_layer_freq == 0."""
+    from engine.model.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+    args = DeepseekV2ForCausalLM.read_args(v2_config(moe_layer_freq=2, first_k_dense_replace=1), set())
+    assert args.sparse_layers == (2, 4)
+    assert DeepseekV2ForCausalLM.read_args(v2_config(), set()).sparse_layers == (1, 2, 3, 4)
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"topk_method": "noaux_tc"}, "topk_method='noaux_tc'"),
+        ({"norm_topk_prob": True}, "norm_topk_prob=true"),
+        ({"quantization_config": {"quant_method": "fp8"}}, "quantized multi-head latent attention"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ],
+)
+def test_what_the_family_does_not_run_is_refused_in_one_line(change, named):
+    from engine.errors import UnsupportedModel
+    from engine.model.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+    with pytest.raises(UnsupportedModel, match=named):
+        DeepseekV2ForCausalLM.read_args(v2_config(**change), set())
