@@ -55,6 +55,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "Gemma3ForConditionalGeneration": ("gemma3", {"vision_config": {"image_size": 896, "patch_size": 14}}),
     "Gemma4ForCausalLM": ("gemma4_text", {}),
     "Gemma4ForConditionalGeneration": ("gemma4", {}),
+    "Glm4MoeLiteForCausalLM": ("glm4_moe_lite", {}),
     "Glm4MoeForCausalLM": ("glm4_moe", {"head_dim": 128}),  # GLM-4.5's (the default's 4096 / 96 heads is 42)
     "GptOssForCausalLM": ("gpt_oss", {}),
     "LlamaForCausalLM": ("llama", {}),

@@ -29,6 +29,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Gemma3ForConditionalGeneration": ("engine.model.models.gemma3", "Gemma3ForConditionalGeneration"),
     "Gemma4ForCausalLM": ("engine.model.models.gemma4", "Gemma4ForCausalLM"),
     "Gemma4ForConditionalGeneration": ("engine.model.models.gemma4_multimodal", "Gemma4ForConditionalGeneration"),
+    "Glm4MoeLiteForCausalLM": ("engine.model.models.deepseek_v2", "Glm4MoeLiteForCausalLM"),
     "Glm4MoeForCausalLM": ("engine.model.models.glm4_moe", "Glm4MoeForCausalLM"),
     "GptOssForCausalLM": ("engine.model.models.gpt_oss", "GptOssForCausalLM"),
     "LlamaForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),

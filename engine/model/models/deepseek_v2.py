@@ -2,7 +2,8 @@
 a decoder whose attention is multi-head latent attention over latent pages (engine/model/layers/mla.py) and whose
 layers from `first_k_dense_replace` on (every `moe_layer_freq`-th) are DeepSeek mixtures of experts with ungated
 shared experts (engine/model/layers/moe.py). V2 routes by softmax scores (greedy or group_limited_greedy); V3 by
-sigmoid scores with a choice-only correction bias over groups (noaux_tc), as GLM-4.5.
+sigmoid scores with a choice-only correction bias over groups (noaux_tc), as GLM-4.5. GLM-4.7-Flash
+(Glm4MoeLiteForCausalLM) is V3's decoder with its MoE layers listed in mlp_layer_types.
 """
 
 from __future__ import annotations
@@ -39,8 +40,16 @@ class DeepseekArgs(MoeArgs):
     mla: MLAShape
 
 
-def read_deepseek_args(config: dict, names: set[str], routing: Routing, *, rope_interleave: bool) -> DeepseekArgs:
-    """DeepseekArgs from a DeepSeek config and its routing; head_dim is the query head's width (nope + rope)."""
+def read_deepseek_args(
+    config: dict,
+    names: set[str],
+    routing: Routing,
+    *,
+    rope_interleave: bool,
+    sparse_layers: tuple[int, ...] | None = None,
+) -> DeepseekArgs:
+    """DeepseekArgs from a DeepSeek config and its routing; head_dim is the query head's width (nope + rope).
+    sparse_layers None: DeepSeek's rule (from first_k_dense_replace on, every moe_layer_freq-th layer)."""
     if config.get("hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"hidden_act {config['hidden_act']!r} is not supported", param="model")
     if config.get("quantization_config"):  # kv_b_proj is read per head as float W_UK and W_UV
@@ -54,7 +63,9 @@ def read_deepseek_args(config: dict, names: set[str], routing: Routing, *, rope_
         config,
         names,
         routing=routing,
-        sparse_layers=tuple(i for i in range(num_layers) if i >= first and i % freq == 0),
+        sparse_layers=tuple(i for i in range(num_layers) if i >= first and i % freq == 0)
+        if sparse_layers is None
+        else sparse_layers,
     ).__dict__
     return DeepseekArgs(**{**fields, "head_dim": mla.qk_head_dim, "num_kv_heads": mla.num_heads}, mla=mla)
 
@@ -177,3 +188,17 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     def read_args(cls, config: dict, names: set[str]) -> DeepseekArgs:
         routing = read_grouped_routing(config, scoring="sigmoid", topk_method="noaux_tc", norm_topk_prob=True)
         return read_deepseek_args(config, names, routing, rope_interleave=config.get("rope_interleave", True))
+
+
+class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):
+    """GLM-4.7-Flash: DeepSeek-V3's decoder whose MoE layers are the ones mlp_layer_types names "sparse" (default:
+    every layer after the first)."""
+
+    @classmethod
+    def read_args(cls, config: dict, names: set[str]) -> DeepseekArgs:
+        num_layers = config["num_hidden_layers"]
+        types = config.get("mlp_layer_types") or ["dense"] + ["sparse"] * (num_layers - 1)
+        routing = read_grouped_routing(config, scoring="sigmoid", topk_method="noaux_tc", norm_topk_prob=True)
+        sparse = tuple(i for i, kind in enumerate(types[:num_layers]) if kind == "sparse")
+        interleave = config.get("rope_interleave", True)
+        return read_deepseek_args(config, names, routing, rope_interleave=interleave, sparse_layers=sparse)

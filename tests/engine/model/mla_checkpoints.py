@@ -48,6 +48,8 @@ CONFIGS = {
     "deepseek_v3_halves": dict(
         q_lora_rank=24, n_shared_experts=1, n_group=2, topk_group=1, rope_interleave=False, attention_bias=True
     ),
+    # GLM-4.7-Flash: V3's decoder, its MoE layers named by mlp_layer_types
+    "glm4_moe_lite": dict(q_lora_rank=24, n_shared_experts=1, mlp_layer_types=["dense", "sparse", "sparse"]),
 }
 MODEL_TYPES = {
     "deepseek_v2_lite": "deepseek_v2",

@@ -1,7 +1,8 @@
 """DeepSeek-V2 / V3 (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM) against transformers on tiny random configs in
 float32: multi-head latent attention over latent pages with the absorbed weights, dense first layers, shared
 experts; V2-Lite's shape (q_proj, greedy softmax routing), a V2 with q_lora_rank, group_limited_greedy routing and
-YaRN with DeepSeek's mscale, and a V3 (sigmoid noaux_tc with a correction bias). Logits on several prompt lengths
+YaRN with DeepSeek's mscale, V3s (sigmoid noaux_tc with a correction bias; rotary pairs or halves) and GLM-4.7-Flash
+(V3's decoder, mlp_layer_types). Logits on several prompt lengths
 and decode steps; through the engine: batched equals solo, chunked prefill, a prefix-cache hit, preemption. The
 bake's check, the memory plan's latent bytes, and tensor parallelism refused in one line."""
 
