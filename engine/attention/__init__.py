@@ -4,7 +4,8 @@
 that does not import stops start-up with its cause rather than leaving the engine on the much slower torch
 reference; the torch backend runs there only when asked for. `group_backends` then gives each KV layer group the
 chosen backend, or the torch reference where FlashInfer has no kernel for the group's head size (Gemma 4's global
-layers), with the reason for the start-up log.
+layers), with the reason for the start-up log. A multi-head latent attention (MLA) group runs the torch reference's
+latent attention (engine/attention/mla.py) on every device: FlashInfer's MLA wrapper is not wired in yet.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 import torch
 
 from engine.attention.base import AttentionBackend
+from engine.attention.kv_quant import FP8
+from engine.attention.mla import TorchMLABackend
 from engine.attention.torch_ref import TorchRefBackend
 from engine.cuda import kernels
 from engine.errors import StartupError
@@ -30,6 +33,7 @@ def _flashinfer(device: torch.device, **kw: Any) -> AttentionBackend:
 
 
 BACKENDS: dict[str, Callable[..., AttentionBackend]] = {"torch": TorchRefBackend, "flashinfer": _flashinfer}
+MLA_TORCH_ONLY = "FlashInfer's multi-head latent attention (MLA) is not wired in yet; the torch reference runs it"
 
 
 def resolve_backend(requested: str, device: torch.device | str, dtype: torch.dtype) -> tuple[str, str]:
@@ -69,15 +73,18 @@ def resolve_backend(requested: str, device: torch.device | str, dtype: torch.dty
     return "flashinfer", "auto: CUDA" if requested == "auto" else "asked for"
 
 
-def group_backends(name: str, head_dims: list[int], *, requested: str = "auto") -> list[tuple[str, str | None]]:
-    """(backend name, why it is not `name` or None) for each KV layer group of these head sizes, where `name` is
-    resolve_backend's choice. A group FlashInfer cannot serve runs on the torch reference, which reads the same
-    pages, unless flashinfer was asked for by name: then start-up stops, saying which group and why."""
+def group_backends(
+    name: str, head_dims: list[int], *, requested: str = "auto", latent: list[bool] | None = None
+) -> list[tuple[str, str | None]]:
+    """(backend name, why it is not `name` or None) for each KV layer group of these head sizes (`latent`: which
+    are MLA groups), where `name` is resolve_backend's choice. A group FlashInfer cannot serve runs on the torch
+    reference, which reads the same pages, unless flashinfer was asked for by name: then start-up stops, saying
+    which group and why."""
     if name != "flashinfer":
         return [(name, None) for _ in head_dims]
     choices: list[tuple[str, str | None]] = []
     for index, head_dim in enumerate(head_dims):
-        error = kernels.flashinfer_head_dim_error(head_dim)
+        error = MLA_TORCH_ONLY if latent and latent[index] else kernels.flashinfer_head_dim_error(head_dim)
         if error is not None and requested == "flashinfer":
             raise StartupError(
                 f"KV layer group {index}: {error}; use attention_backend auto, which runs that group "
@@ -109,9 +116,24 @@ def create_group_backends(
     group FlashInfer cannot serve (group_backends), said once here."""
     from engine.cuda.setup import backend_kwargs
 
-    choices = group_backends(name, [group.head_dim for group in groups], requested=requested)
-    backends = []
+    latent = [group.latent is not None for group in groups]
+    if any(latent) and kv_dtype == FP8:
+        raise StartupError(
+            "kv_cache_dtype fp8 is not supported with multi-head latent attention (MLA) yet: use auto",
+            param="kv_cache_dtype",
+        )
+    choices = group_backends(name, [group.head_dim for group in groups], requested=requested, latent=latent)
+    backends: list[AttentionBackend] = []
     for group, (chosen, why) in zip(groups, choices, strict=True):
+        if group.latent is not None:
+            log.log(
+                logging.WARNING if why else logging.INFO,
+                "KV layer group %s (multi-head latent attention) runs on the torch attention backend%s",
+                group.label,
+                f": {why}" if why else "",
+            )
+            backends.append(TorchMLABackend(torch.device(device), **group.attention_extras()))
+            continue
         if why is not None:
             log.warning(
                 "KV layer group %s (head size %d) runs on the torch attention backend: %s",

@@ -66,3 +66,20 @@ class AttentionBackend(Protocol):
         k_scale, v_scale: FP8 pages hold K / k_scale and V / v_scale (the same scales write_kv was given).
         """
         ...
+
+
+class LatentAttentionBackend(AttentionBackend, Protocol):
+    """A multi-head latent attention (MLA) group's backend: write_kv(latent, k_pe, ckv, kpe) stores each token's
+    row, and run_mla() attends over those rows with the head weights (engine/attention/mla.py)."""
+
+    def run_mla(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        ckv: torch.Tensor,
+        kpe: torch.Tensor,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+    ) -> torch.Tensor:
+        """q_nope [T, H, nope], q_pe [T, H, rope]; w_uk [H, nope, rank], w_uv [H, v, rank]. Returns [T, H, v]."""
+        ...

@@ -48,11 +48,14 @@ KV_CACHE_DTYPES = ("auto", "fp8")  # KV_CACHE_DTYPE values with pages of their o
 # One config of each registered architecture: transformers' defaults for its model_type (the family's real head
 # sizes, windows, soft-caps and sinks), fixed where the defaults do not make a model the engine accepts.
 FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "DeepseekV2ForCausalLM": ("deepseek_v2", {"num_experts_per_tok": 6}),  # DeepSeek-V2's 6 of 64 (default None)
+    "DeepseekV3ForCausalLM": ("deepseek_v3", {}),
     "Gemma2ForCausalLM": ("gemma2", {}),
     "Gemma3ForCausalLM": ("gemma3_text", {}),
     "Gemma3ForConditionalGeneration": ("gemma3", {"vision_config": {"image_size": 896, "patch_size": 14}}),
     "Gemma4ForCausalLM": ("gemma4_text", {}),
     "Gemma4ForConditionalGeneration": ("gemma4", {}),
+    "Glm4MoeLiteForCausalLM": ("glm4_moe_lite", {}),
     "Glm4MoeForCausalLM": ("glm4_moe", {"head_dim": 128}),  # GLM-4.5's (the default's 4096 / 96 heads is 42)
     "GptOssForCausalLM": ("gpt_oss", {}),
     "LlamaForCausalLM": ("llama", {}),
@@ -139,7 +142,8 @@ def model_modules(
     vision = model.vision_spec() if hasattr(model, "vision_spec") else None
     sinks = has_sinks(model)  # warm-up plans the sink variant beside the plain kernels on every group
     found: set[AttentionModule] = set()
-    for group, (backend, why) in zip(groups, group_backends("flashinfer", [g.head_dim for g in groups]), strict=True):
+    choices = group_backends("flashinfer", [g.head_dim for g in groups], latent=[g.latent is not None for g in groups])
+    for group, (backend, why) in zip(groups, choices, strict=True):
         if backend != "flashinfer":
             if skipped is not None:
                 skipped.append(f"{architecture} {group.label}: {why}: its layers run on the {backend} backend")

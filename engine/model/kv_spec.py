@@ -3,7 +3,8 @@ them, engine/core sizes and fills the pages).
 
 Layers whose KV has the same shape and the same reach form one group: full attention (today's), or a sliding
 window of W tokens (a query at position i sees keys j with i - W < j <= i, as transformers masks it). Every
-group keeps the same page-table format; a window group only holds the pages its window reaches.
+group keeps the same page-table format; a window group only holds the pages its window reaches. A multi-head
+latent attention group (DeepSeek's MLA) holds per token the compressed latent and the rotary key part, not K and V.
 """
 
 from __future__ import annotations
@@ -14,13 +15,27 @@ from dataclasses import dataclass
 WINDOW_OFF_BY_DEFAULT = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 
 
+@dataclass(frozen=True)
+class LatentKV:
+    """What an MLA group's pages hold per token and layer: the compressed latent (`kv_lora_rank` values, which is
+    also the value) and the rotary key part (`rope_dim`), one row of `width` values shared by every query head."""
+
+    kv_lora_rank: int
+    rope_dim: int
+
+    @property
+    def width(self) -> int:
+        return self.kv_lora_rank + self.rope_dim
+
+
 @dataclass(frozen=True, kw_only=True)
 class KVGroupSpec:
     """The layers of one group (model layer indices, ascending), their KV shape and their window (None: full).
 
     scale and soft_cap are the attention extras the group's backend plans with (Gemma's query_pre_attn_scalar and
     attention logit soft-capping): None is 1/sqrt(head_dim) and no capping. readers: (layer, source) pairs of
-    layers that hold no pages and attend over a source layer's of this group (Gemma 4's shared KV).
+    layers that hold no pages and attend over a source layer's of this group (Gemma 4's shared KV). latent: an MLA
+    group's row (LatentKV), seen by the page table as one KV head of head_dim = latent.width.
     """
 
     layers: tuple[int, ...]
@@ -30,6 +45,12 @@ class KVGroupSpec:
     scale: float | None = None
     soft_cap: float | None = None
     readers: tuple[tuple[int, int], ...] = ()
+    latent: LatentKV | None = None
+
+    @property
+    def values_per_token(self) -> int:
+        """Values one layer of the group stores per token: K and V of every KV head, or an MLA row."""
+        return self.latent.width if self.latent is not None else 2 * self.num_kv_heads * self.head_dim
 
     def window_pages(self, page_size: int) -> int | None:
         """The most pages a sequence holds in this group between steps (None: unbounded, full attention)."""
@@ -48,6 +69,7 @@ class KVGroupSpec:
     @property
     def label(self) -> str:
         kind = "full" if self.window is None else f"window({self.window})"
+        kind = kind if self.latent is None else f"mla({self.latent.kv_lora_rank}+{self.latent.rope_dim})"
         shared = f"+{len(self.readers)}shared" if self.readers else ""
         return f"{kind}:{len(self.layers)}x{shared}"
 
@@ -107,6 +129,13 @@ def kv_groups(
     return groups
 
 
+def latent_group(num_layers: int, latent: LatentKV, scale: float) -> KVGroupSpec:
+    """The one KV group of an MLA model whose every layer attends over latent pages with softmax scale `scale`."""
+    return KVGroupSpec(
+        layers=tuple(range(num_layers)), num_kv_heads=1, head_dim=latent.width, scale=scale, latent=latent
+    )
+
+
 def describe_groups(groups: list[KVGroupSpec]) -> str:
     """e.g. "full:22x,window(4096):6x"."""
     return ",".join(g.label for g in groups)
@@ -116,6 +145,8 @@ def graphs_blocker(groups: list[KVGroupSpec]) -> str | None:
     """Why decode cannot replay CUDA graphs (they hold one page table, planned without a window); None: it can."""
     if len(groups) > 1:
         return "several KV layer groups"
+    if groups[0].latent is not None:
+        return "a multi-head latent attention (MLA) group, which the torch attention backend runs"
     if groups[0].scale is not None or groups[0].soft_cap is not None:
         return "an attention scale or soft-cap of the model's own"
     return "a sliding-window KV group" if groups[0].window is not None else None

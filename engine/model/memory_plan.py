@@ -34,11 +34,13 @@ PAGE_SIZE = 16  # EngineConfig's default: the decode graphs' page tables are siz
 
 @dataclass(frozen=True)
 class GroupKV:
-    """One KV layer group: its layers, bytes of K and V per token over them, and its window (None: full)."""
+    """One KV layer group: its layers, bytes of K and V per token over them, and its window (None: full);
+    latent_width: an MLA group's values per token and layer (0: K and V)."""
 
     layers: int
     bytes_per_token: int
     window: int | None
+    latent_width: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +99,12 @@ def plan_from_config(
             per_expert = stacked // experts.num_experts * elt
             scratch = max(scratch, per_expert * experts_at_a_time(experts.num_experts, per_expert))
     groups = tuple(
-        GroupKV(len(g.layers), 2 * len(g.layers) * g.num_kv_heads * g.head_dim * kv_elt, g.window)
+        GroupKV(
+            len(g.layers),
+            len(g.layers) * g.values_per_token * kv_elt,
+            g.window,
+            latent_width=g.latent.width if g.latent is not None else 0,
+        )
         for g in model.kv_groups(config)
     )
     pages_per_seq = -(-int(args.max_position_embeddings) // PAGE_SIZE)
@@ -128,6 +135,8 @@ def describe(plan: MemoryPlan, utilization: float) -> list[str]:
     ]
     for g in plan.groups:
         kind = "full attention" if g.window is None else f"window of {g.window} tokens"
+        if g.latent_width:
+            kind += f", multi-head latent: {g.latent_width} values per token per layer"
         lines.append(f"KV {g.bytes_per_token / 1024:.1f} KiB per token over {g.layers} layers ({kind})")
     for size in GPU_SIZES_GB:
         fits = plan.tokens_that_fit(size * GB, utilization)

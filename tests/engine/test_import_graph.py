@@ -87,6 +87,8 @@ FAMILY_BASES = {
     "engine.model.models.qwen3_moe": {"engine.model.models.llama"},
     "engine.model.models.olmoe": {"engine.model.models.llama"},
     "engine.model.models.glm4_moe": {"engine.model.models.llama"},
+    # DeepSeek's dense MLP and shared experts are the Llama gated MLP (its attention is layers/mla.py's).
+    "engine.model.models.deepseek_v2": {"engine.model.models.llama"},
     # An EAGLE-3 head is a one-layer Llama decoder with a wider qkv.
     "engine.model.models.eagle3": {"engine.model.models.llama"},
     # Qwen3-VL's text model is Qwen3's (its MoE Qwen3-MoE's) decoder.

@@ -12,7 +12,7 @@ from collections import OrderedDict, deque
 
 import torch
 
-from engine.model.kv_spec import KVGroupSpec
+from engine.model.kv_spec import KVGroupSpec, LatentKV
 
 
 def page_hash(parent: bytes | None, tokens: list[int], extra: bytes = b"") -> bytes:
@@ -66,6 +66,15 @@ class PagePool:
         cls, group: KVGroupSpec, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device | str
     ) -> PagePool:
         """The pool of one KV layer group; a window group's has one page more than its allocator: its NULL page."""
+        if group.latent is not None:
+            return LatentPagePool(
+                num_layers=len(group.layers),
+                num_pages=num_pages,
+                page_size=page_size,
+                latent=group.latent,
+                dtype=dtype,
+                device=device,
+            )
         window = group.window is not None
         return cls(
             num_layers=len(group.layers),
@@ -91,6 +100,28 @@ class PagePool:
         if src:
             device = self.data.device
             self.data[:, :, torch.tensor(dst, device=device)] = self.data[:, :, torch.tensor(src, device=device)]
+
+
+class LatentPagePool(PagePool):
+    """An MLA group's pages: per layer one [pages, page_size, kv_lora_rank + rope_dim] row store, seen as the pair
+    (ckv [pages, page_size, kv_lora_rank], kpe [pages, page_size, rope_dim]) that FlashInfer's MLA wrapper takes.
+
+    NOTE: one allocation shaped as PagePool's with a single K/V slot and head, so copy_pages and nbytes hold."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        latent: LatentKV,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.num_pages, self.page_size = num_pages, page_size
+        self.data = torch.empty((num_layers, 1, num_pages, page_size, 1, latent.width), dtype=dtype, device=device)
+        rank = latent.kv_lora_rank
+        self.kv_caches = [(layer[0, :, :, 0, :rank], layer[0, :, :, 0, rank:]) for layer in self.data]
 
 
 class PageAllocator:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from engine.core.kv.cache import PagePool
 from engine.model.kv_spec import KVGroupSpec
 
 
 def page_bytes(groups: list[KVGroupSpec], page_size: int, dtype: torch.dtype) -> list[int]:
-    """Bytes of one page of each group (K and V of every layer in it)."""
-    return [PagePool.bytes_per_page(len(g.layers), page_size, g.num_kv_heads, g.head_dim, dtype) for g in groups]
+    """Bytes of one page of each group (K and V, or an MLA group's latent rows, of every layer in it)."""
+    elt = torch.empty((), dtype=dtype).element_size()
+    return [len(g.layers) * page_size * g.values_per_token * elt for g in groups]
 
 
 def window_caps(

@@ -22,11 +22,14 @@ if TYPE_CHECKING:
 # worker's cold start does not pay for every family's module; callers that only ask which names are supported
 # (membership, sorted names) read the keys.
 ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "DeepseekV2ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV3ForCausalLM"),
     "Gemma2ForCausalLM": ("engine.model.models.gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("engine.model.models.gemma3", "Gemma3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("engine.model.models.gemma3", "Gemma3ForConditionalGeneration"),
     "Gemma4ForCausalLM": ("engine.model.models.gemma4", "Gemma4ForCausalLM"),
     "Gemma4ForConditionalGeneration": ("engine.model.models.gemma4_multimodal", "Gemma4ForConditionalGeneration"),
+    "Glm4MoeLiteForCausalLM": ("engine.model.models.deepseek_v2", "Glm4MoeLiteForCausalLM"),
     "Glm4MoeForCausalLM": ("engine.model.models.glm4_moe", "Glm4MoeForCausalLM"),
     "GptOssForCausalLM": ("engine.model.models.gpt_oss", "GptOssForCausalLM"),
     "LlamaForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
+from engine.attention.mla import TorchMLABackend
 from engine.attention.torch_ref import TorchRefBackend
 from engine.config import EngineConfig
 from engine.core.engine import LLMEngine
@@ -73,13 +74,18 @@ class Pages:
         self.table = PageTable(page_size, free)
         self.caches, self.backends = {}, {}
         for g in groups:
-            backend = TorchRefBackend("cpu", **g.attention_extras())
+            backend = (TorchMLABackend if g.latent else TorchRefBackend)("cpu", **g.attention_extras())
             shape = (num_pages, page_size, g.num_kv_heads, g.head_dim)
             for layer in g.layers:
-                self.caches[layer] = (
-                    torch.full(shape, float("nan")).to(dtype),
-                    torch.full(shape, float("nan")).to(dtype),
-                )
+                if g.latent is not None:  # one row store seen as (ckv, kpe), as LatentPagePool holds it
+                    rows = torch.full((num_pages, page_size, g.latent.width), float("nan")).to(dtype)
+                    rank = g.latent.kv_lora_rank
+                    self.caches[layer] = (rows[..., :rank], rows[..., rank:])
+                else:
+                    self.caches[layer] = (
+                        torch.full(shape, float("nan")).to(dtype),
+                        torch.full(shape, float("nan")).to(dtype),
+                    )
                 self.backends[layer] = backend
             for reader, source in g.readers:
                 self.caches[reader], self.backends[reader] = self.caches[source], backend

@@ -15,6 +15,7 @@ from engine.model.models import ARCHITECTURES, model_class
 
 ROOT = Path(__file__).resolve().parents[3]
 OTHER_FAMILIES = (
+    "deepseek_v2",
     "gemma_args",
     "gemma_base",
     "gemma_layers",
