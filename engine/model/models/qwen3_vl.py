@@ -43,6 +43,7 @@ class Qwen3VLMoeForConditionalGeneration(QwenVisionLM, MoeForCausalLM):
             qk_norm=True,
         )
 
-    def make_moe(self, a: MoeArgs) -> SparseMoE:
+    @classmethod
+    def make_moe(cls, a: MoeArgs) -> SparseMoE:
         r = a.routing
         return SparseMoE(r, a.hidden_size, experts=HubLayoutExperts(r.num_experts, a.hidden_size, r.intermediate_size))
