@@ -234,10 +234,20 @@ class LlamaForCausalLM(DecoderLM):
     ) -> None:
         """Builds the rotary tables once the weights live on their device, and chooses the kernels for good:
         fused (FlashInfer) when `fused`, or when None, on CUDA in fp16/bf16 with flashinfer importable."""
-        a = self.args
         if fused is None:
             fused = kernels.use_fused_kernels(torch.device(device), dtype)
-        self.rotary = RotaryEmbedding(
+        self.rotary = self.make_rotary(max_positions, dtype, device, fused)
+        self.fused_kernels = fused
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, LlamaMLP)):
+                module.fused = fused
+            elif isinstance(module, LlamaAttention):
+                module.cos_sin_cache = self.rotary.cos_sin_cache
+
+    def make_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool) -> RotaryEmbedding:
+        """The rotary tables; fused: FlashInfer's cos|sin table in place of torch's cos and sin."""
+        a = self.args
+        return RotaryEmbedding(
             a.head_dim,
             a.rope,
             a.max_position_embeddings,
@@ -247,12 +257,6 @@ class LlamaForCausalLM(DecoderLM):
             fused=fused,
             partial=a.partial_rotary,
         )
-        self.fused_kernels = fused
-        for module in self.modules():
-            if isinstance(module, (RMSNorm, LlamaMLP)):
-                module.fused = fused
-            elif isinstance(module, LlamaAttention):
-                module.cos_sin_cache = self.rotary.cos_sin_cache
 
     def forward(
         self,

@@ -47,6 +47,9 @@ MROPE_KEYS = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
 @dataclass
 class HybridArgs(MoeArgs):
+    """MoeArgs (routing None: a dense MLP on every layer) plus each layer's mixer, the rotary width and the DeltaNet's
+    shape."""
+
     layer_types: tuple[str, ...] = ()
     rotary_dim: int = 0  # the leading dims of each q / k head that rotate
     deltanet: DeltaNetShape | None = None
@@ -275,8 +278,11 @@ class Qwen3_5ForCausalLM(DecoderLM):
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
     ) -> None:
         """The torch path on every device (FlashInfer's kernels are not wired for this family)."""
+        self.rotary = self.make_rotary(max_positions, dtype, device, fused=False)
+
+    def make_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool) -> RotaryEmbedding:
         a = self.args
-        self.rotary = RotaryEmbedding(a.rotary_dim, a.rope, a.max_position_embeddings, max_positions, dtype, device)
+        return RotaryEmbedding(a.rotary_dim, a.rope, a.max_position_embeddings, max_positions, dtype, device)
 
     def forward(
         self,
