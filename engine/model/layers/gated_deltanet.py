@@ -62,20 +62,18 @@ class GatedRMSNorm(nn.Module):
         return (self.weight * normed * F.silu(gate.float())).to(x.dtype)
 
 
-class GatedDeltaNet(nn.Module):
+class DeltaNetCore(nn.Module):
+    """Gated DeltaNet from its projected inputs on: the conv, the gated delta rule, the gated norm and out_proj. A
+    subclass adds its input projections and `project` (GatedDeltaNet below: Qwen3.5's layout)."""
+
     def __init__(self, shape: DeltaNetShape) -> None:
         super().__init__()
         self.shape = s = shape
-        key_dim, value_dim = s.num_k_heads * s.head_k_dim, s.num_v_heads * s.head_v_dim
-        self.in_proj_qkv = nn.Linear(s.hidden_size, 2 * key_dim + value_dim, bias=False)
-        self.in_proj_z = nn.Linear(s.hidden_size, value_dim, bias=False)
-        self.in_proj_b = nn.Linear(s.hidden_size, s.num_v_heads, bias=False)
-        self.in_proj_a = nn.Linear(s.hidden_size, s.num_v_heads, bias=False)
         self.conv1d = nn.Conv1d(s.conv_dim, s.conv_dim, s.conv_kernel, groups=s.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(s.num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(s.num_v_heads))
         self.norm = GatedRMSNorm(s.head_v_dim, s.eps)
-        self.out_proj = nn.Linear(value_dim, s.hidden_size, bias=False)
+        self.out_proj = nn.Linear(s.num_v_heads * s.head_v_dim, s.hidden_size, bias=False)
 
     def forward(
         self, x: torch.Tensor, step: RecurrentStep, conv_pool: torch.Tensor, state_pool: torch.Tensor
@@ -117,7 +115,7 @@ class GatedDeltaNet(nn.Module):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q|k|v before the conv, z, b, a), each [tokens, ...] flat per head."""
-        return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+        raise NotImplementedError
 
     def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s, t = self.shape, qkv.shape[0]
@@ -274,3 +272,19 @@ class GatedDeltaNet(nn.Module):
             conv_pool[slot].copy_(window[:, -(s.conv_kernel - 1) :])
             delta_rule.store_(state_pool[slot], state)
         return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+
+class GatedDeltaNet(DeltaNetCore):
+    """Qwen3.5's Gated DeltaNet: q|k|v, z, b and a each from a projection of its own."""
+
+    def __init__(self, shape: DeltaNetShape) -> None:
+        super().__init__(shape)
+        s = shape
+        key_dim, value_dim = s.num_k_heads * s.head_k_dim, s.num_v_heads * s.head_v_dim
+        self.in_proj_qkv = nn.Linear(s.hidden_size, 2 * key_dim + value_dim, bias=False)
+        self.in_proj_z = nn.Linear(s.hidden_size, value_dim, bias=False)
+        self.in_proj_b = nn.Linear(s.hidden_size, s.num_v_heads, bias=False)
+        self.in_proj_a = nn.Linear(s.hidden_size, s.num_v_heads, bias=False)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)

@@ -22,9 +22,8 @@ from torch import nn
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import StartupError
 from engine.model.kv_spec import KVGroupSpec, kv_groups
-from engine.model.layers.linear import FusedLinear
 from engine.model.layers.norm import RMSNorm
-from engine.model.models.llama import LlamaArgs, LlamaForCausalLM
+from engine.model.models.llama import LlamaArgs, LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 # The fused projections' checkpoint shards: (fused module, shard) for each checkpoint matrix.
@@ -49,22 +48,29 @@ def aux_layers(config: dict, num_target_layers: int) -> tuple[int, ...]:
     return layers
 
 
+class Eagle3DecoderLayer(LlamaDecoderLayer):
+    """The head's one layer: its attention reads [embedding | feature] (2 x hidden wide); the feature has a norm of
+    its own (hidden_norm)."""
+
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__(args, LlamaAttention(args, input_size=2 * args.hidden_size), LlamaMLP(args))
+        self.hidden_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
 class Eagle3Head(LlamaForCausalLM):
-    """The head as a one-layer Llama: its layer's qkv reads 2 x hidden, plus fc, hidden_norm and d2t."""
+    """The head as a one-layer Llama (Eagle3DecoderLayer), plus fc, d2t and an lm_head over the draft vocabulary."""
 
     def __init__(self, args: LlamaArgs, target_hidden: int, draft_vocab: int, target_vocab: int) -> None:
-        super().__init__(args)
-        h = args.hidden_size
-        layer = self.model.layers[0]
-        q, kv = args.num_q_heads * args.head_dim, args.num_kv_heads * args.head_dim
-        layer.self_attn.qkv_proj = FusedLinear(2 * h, {"q_proj": q, "k_proj": kv, "v_proj": kv}, args.qkv_bias)
-        layer.hidden_norm = RMSNorm(h, args.rms_norm_eps)
-        self.fc = nn.Linear(3 * target_hidden, h, bias=False)
-        self.lm_head = nn.Linear(h, draft_vocab, bias=False)
+        super().__init__(args, head_vocab=draft_vocab)
+        self.fc = nn.Linear(3 * target_hidden, args.hidden_size, bias=False)
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
         self.target_vocab = target_vocab
         self.features: torch.Tensor | None = None  # set by the caller before each forward: a row per token
         self.prenorm: torch.Tensor | None = None  # each row's pre-norm output, after a forward
+
+    @classmethod
+    def make_layer(cls, args: LlamaArgs, index: int) -> Eagle3DecoderLayer:
+        return Eagle3DecoderLayer(args)
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
         return kv_groups([None], self.args.num_kv_heads, self.args.head_dim)

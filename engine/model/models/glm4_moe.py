@@ -39,7 +39,8 @@ class Glm4MoeForCausalLM(MoeForCausalLM):
             sparse_layers=tuple(range(first_sparse, config["num_hidden_layers"])),
         )
 
-    def make_moe(self, a: MoeArgs) -> SparseMoE:
+    @classmethod
+    def make_moe(cls, a: MoeArgs) -> SparseMoE:
         fields = {name: getattr(a, name) for name in LlamaArgs.__dataclass_fields__}
         shared = LlamaMLP(LlamaArgs(**{**fields, "intermediate_size": a.routing.shared_expert_size}))
         return SparseMoE(

@@ -50,18 +50,15 @@ class GptOssForCausalLM(MoeForCausalLM):
             raise UnsupportedModel("gpt-oss checkpoint lacks self_attn.sinks", param="model")
         fields = {name: getattr(args, name) for name in MoeArgs.__dataclass_fields__}
         fields["routing"] = Routing(**{**args.routing.__dict__, "router_bias": True})
+        fields["sinks"] = True
         return GptOssArgs(
             **fields,
             swiglu_alpha=float(config.get("swiglu_alpha", 1.702)),
             swiglu_limit=float(config.get("swiglu_limit", 7.0)),
         )
 
-    def __init__(self, args: GptOssArgs) -> None:
-        super().__init__(args)
-        for layer in self.model.layers:
-            layer.self_attn.sinks = nn.Parameter(torch.empty(args.num_q_heads))
-
-    def make_moe(self, a: GptOssArgs) -> SparseMoE:
+    @classmethod
+    def make_moe(cls, a: GptOssArgs) -> SparseMoE:
         r = a.routing
         act = partial(clamped_swiglu, alpha=a.swiglu_alpha, limit=a.swiglu_limit)
         experts = GptOssExperts(

@@ -36,6 +36,7 @@ class LlamaArgs(DecoderShape):
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rope
+    sinks: bool = False  # gpt-oss: a learned sink logit per q head
     tie_word_embeddings: bool = False
     vision: Any = None  # an image-text checkpoint's QwenVision (engine/model/vision/qwen_vl_model.py)
 
@@ -54,19 +55,29 @@ class LlamaArgs(DecoderShape):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, a: LlamaArgs) -> None:
+    """q|k|v in one projection, optional norms on q and k, rotary, paged attention, o_proj. `input_size`: the width
+    it reads, where that is not hidden_size (an EAGLE-3 head's layer reads two hidden states side by side)."""
+
+    def __init__(self, a: LlamaArgs, input_size: int | None = None) -> None:
         super().__init__()
         self.num_q, self.num_kv, self.head_dim = a.num_q_heads, a.num_kv_heads, a.head_dim
         q_size, kv_size = a.num_q_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        self.qkv_proj = FusedLinear(a.hidden_size, {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}, a.qkv_bias)
+        self.qkv_proj = FusedLinear(
+            input_size or a.hidden_size, {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}, a.qkv_bias
+        )
         self.o_proj = nn.Linear(q_size, a.hidden_size, bias=a.o_bias)
-        self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
-        self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
+        self.q_norm, self.k_norm = self.qk_norms(a)
         # Set by init_rotary() on the fused path: RoPE by FlashInfer from this float32 cos|sin table.
         self.cos_sin_cache: torch.Tensor | None = None
         # An FP8 KV cache holds K / k_scale and V / v_scale (the checkpoint's, set by the loader, or 1.0).
         self.k_scale, self.v_scale = 1.0, 1.0
-        self.sinks: nn.Parameter | None = None  # gpt-oss: a learned sink logit per q head
+        self.sinks = nn.Parameter(torch.empty(a.num_q_heads)) if a.sinks else None
+
+    def qk_norms(self, a: LlamaArgs) -> tuple[nn.Module | None, nn.Module | None]:
+        """The norms on q and k: Qwen3's RMSNorm over each head where the config has them, else none."""
+        if not a.qk_norm:
+            return None, None
+        return RMSNorm(a.head_dim, a.rms_norm_eps), RMSNorm(a.head_dim, a.rms_norm_eps)
 
     def forward(
         self,
@@ -125,10 +136,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, a: LlamaArgs) -> None:
+    """Pre-norm attention and MLP with a running residual; the attention and the MLP are the family's."""
+
+    def __init__(self, a: LlamaArgs, self_attn: nn.Module, mlp: nn.Module) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(a)
-        self.mlp = LlamaMLP(a)
+        self.self_attn = self_attn
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.tp: TensorParallel | None = None  # tensor-parallel: attention and MLP give partial sums to all-reduce
@@ -157,12 +170,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, a: LlamaArgs) -> None:
+    def __init__(self, a: LlamaArgs, layers: list[nn.Module]) -> None:
         super().__init__()
         # Given an empty weight, nn.Embedding skips its random init: that init, even on the meta device,
         # imports torch._dynamo (half a second of every cold start) and the loader overwrites it anyway.
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size, _weight=torch.empty(a.vocab_size, a.hidden_size))
-        self.layers = nn.ModuleList(LlamaDecoderLayer(a) for _ in range(a.num_layers))
+        self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
 
@@ -180,12 +193,27 @@ class LlamaForCausalLM(DecoderLM):
         a = self.args
         return kv_groups(layer_windows(config, a.num_layers), a.num_kv_heads, a.head_dim)
 
-    def __init__(self, args: LlamaArgs) -> None:
-        super().__init__(args, LlamaModel(args))
+    def __init__(self, args: LlamaArgs, head_vocab: int | None = None) -> None:
+        layers = [self.make_layer(args, i) for i in range(args.num_layers)]
+        super().__init__(args, LlamaModel(args, layers), head_vocab)
         self.rotary: RotaryEmbedding | None = None
         # Set by an EAGLE-3 proposer: the layers whose input each forward keeps, side by side, in aux_hidden.
         self.aux_layers: tuple[int, ...] = ()
         self.aux_hidden: torch.Tensor | None = None
+
+    # The layer builders a family overrides where its layers differ; they run before the module is set up, so they
+    # build from `args` alone.
+    @classmethod
+    def make_layer(cls, args: LlamaArgs, index: int) -> nn.Module:
+        return LlamaDecoderLayer(args, cls.make_attention(args), cls.make_mlp(args, index))
+
+    @classmethod
+    def make_attention(cls, args: LlamaArgs) -> nn.Module:
+        return LlamaAttention(args)
+
+    @classmethod
+    def make_mlp(cls, args: LlamaArgs, index: int) -> nn.Module:
+        return LlamaMLP(args)
 
     def shard(self, tp: TensorParallel) -> ShardPlan:
         """Shrinks this model (on the meta device) to rank tp.rank's heads, columns and vocabulary rows
@@ -206,10 +234,20 @@ class LlamaForCausalLM(DecoderLM):
     ) -> None:
         """Builds the rotary tables once the weights live on their device, and chooses the kernels for good:
         fused (FlashInfer) when `fused`, or when None, on CUDA in fp16/bf16 with flashinfer importable."""
-        a = self.args
         if fused is None:
             fused = kernels.use_fused_kernels(torch.device(device), dtype)
-        self.rotary = RotaryEmbedding(
+        self.rotary = self.make_rotary(max_positions, dtype, device, fused)
+        self.fused_kernels = fused
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, LlamaMLP)):
+                module.fused = fused
+            elif isinstance(module, LlamaAttention):
+                module.cos_sin_cache = self.rotary.cos_sin_cache
+
+    def make_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool) -> RotaryEmbedding:
+        """The rotary tables; fused: FlashInfer's cos|sin table in place of torch's cos and sin."""
+        a = self.args
+        return RotaryEmbedding(
             head_dim=a.head_dim,
             rope=a.rope,
             max_position_embeddings=a.max_position_embeddings,
@@ -219,12 +257,6 @@ class LlamaForCausalLM(DecoderLM):
             fused=fused,
             partial=a.partial_rotary,
         )
-        self.fused_kernels = fused
-        for module in self.modules():
-            if isinstance(module, (RMSNorm, LlamaMLP)):
-                module.fused = fused
-            elif isinstance(module, LlamaAttention):
-                module.cos_sin_cache = self.rotary.cos_sin_cache
 
     def forward(
         self,

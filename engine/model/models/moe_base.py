@@ -70,12 +70,12 @@ def read_moe_args(
 class MoeForCausalLM(LlamaForCausalLM):
     """A Llama decoder whose sparse layers' MLP is a SparseMoE (the family's routing)."""
 
-    def __init__(self, args: MoeArgs) -> None:
-        super().__init__(args)
-        for i in args.sparse_layers:
-            self.model.layers[i].mlp = self.make_moe(args)
+    @classmethod
+    def make_mlp(cls, args: MoeArgs, index: int) -> nn.Module:
+        return cls.make_moe(args) if index in args.sparse_layers else super().make_mlp(args, index)
 
-    def make_moe(self, a: MoeArgs) -> SparseMoE:
+    @classmethod
+    def make_moe(cls, a: MoeArgs) -> SparseMoE:
         return SparseMoE(routing=a.routing, hidden_size=a.hidden_size)
 
     def shard_mlp(self, layer: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:

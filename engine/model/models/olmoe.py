@@ -18,11 +18,14 @@ from engine.model.sharding import ShardPlan
 
 
 class OlmoeAttention(LlamaAttention):
+    """Llama attention with one RMSNorm over all of q's heads and one over all of k's, and q, k, v clipped."""
+
     def __init__(self, a: MoeArgs, clip_qkv: float | None) -> None:
         super().__init__(a)
-        self.q_norm = RMSNorm(a.num_q_heads * a.head_dim, a.rms_norm_eps)
-        self.k_norm = RMSNorm(a.num_kv_heads * a.head_dim, a.rms_norm_eps)
         self.clip_qkv = clip_qkv
+
+    def qk_norms(self, a: MoeArgs) -> tuple[RMSNorm, RMSNorm]:
+        return RMSNorm(a.num_q_heads * a.head_dim, a.rms_norm_eps), RMSNorm(a.num_kv_heads * a.head_dim, a.rms_norm_eps)
 
     def forward(
         self,
@@ -55,10 +58,9 @@ class OlmoeForCausalLM(MoeForCausalLM):
         args.clip_qkv = config.get("clip_qkv")
         return args
 
-    def __init__(self, args: MoeArgs) -> None:
-        super().__init__(args)
-        for layer in self.model.layers:
-            layer.self_attn = OlmoeAttention(args, args.clip_qkv)
+    @classmethod
+    def make_attention(cls, args: MoeArgs) -> OlmoeAttention:
+        return OlmoeAttention(args, args.clip_qkv)
 
     def shard(self, tp: TensorParallel) -> ShardPlan:
         """The Llama shard, and q / k norms over this rank's heads' columns that take their mean square over every

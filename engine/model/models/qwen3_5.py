@@ -19,7 +19,7 @@ from torch import nn
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import UnsupportedModel
 from engine.model.kv_spec import KVGroupSpec
-from engine.model.layers.gated_deltanet import DeltaNetShape, GatedDeltaNet
+from engine.model.layers.gated_deltanet import DeltaNetCore, DeltaNetShape, GatedDeltaNet
 from engine.model.layers.linear import FusedLinear
 from engine.model.layers.moe import SparseMoE
 from engine.model.layers.norm import GemmaRMSNorm
@@ -27,7 +27,7 @@ from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
 from engine.model.models.base import DecoderLM
-from engine.model.models.llama import LlamaArgs, LlamaAttention, LlamaMLP
+from engine.model.models.llama import LlamaArgs, LlamaMLP
 from engine.model.models.moe_base import MoeArgs, read_moe_args
 from engine.model.models.qwen3_moe import qwen_sparse_layers, shared_expert_moe
 from engine.model.sharding import (
@@ -47,6 +47,9 @@ MROPE_KEYS = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
 @dataclass(kw_only=True)
 class HybridArgs(MoeArgs):
+    """MoeArgs (routing None: a dense MLP on every layer) plus each layer's mixer, the rotary width and the DeltaNet's
+    shape."""
+
     layer_types: tuple[str, ...] = ()
     rotary_dim: int = 0  # the leading dims of each q / k head that rotate
     deltanet: DeltaNetShape | None = None
@@ -122,16 +125,23 @@ def read_hybrid_args(
     )
 
 
-class GatedAttention(LlamaAttention):
-    """Full attention whose q_proj rows are, per head, [query (head_dim) | output gate (head_dim)]."""
+class GatedAttention(nn.Module):
+    """Full attention over the paged KV cache whose q_proj rows are, per head, [query (head_dim) | output gate
+    (head_dim)]: zero-centred q / k norms, rotary on each head's first rotary_dim, attn * sigmoid(gate) into o_proj."""
 
-    def __init__(self, a: HybridArgs) -> None:
-        super().__init__(a)
-        q, kv = a.num_q_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        self.qkv_proj = FusedLinear(a.hidden_size, {"q_proj": 2 * q, "k_proj": kv, "v_proj": kv}, a.qkv_bias)
-        self.q_norm = GemmaRMSNorm(a.head_dim, a.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(a.head_dim, a.rms_norm_eps)
-        self.rotary_dim = a.rotary_dim
+    def __init__(self, args: HybridArgs) -> None:
+        super().__init__()
+        self.num_q, self.num_kv, self.head_dim = args.num_q_heads, args.num_kv_heads, args.head_dim
+        self.rotary_dim = args.rotary_dim
+        q_size, kv_size = args.num_q_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self.qkv_proj = FusedLinear(
+            args.hidden_size, {"q_proj": 2 * q_size, "k_proj": kv_size, "v_proj": kv_size}, args.qkv_bias
+        )
+        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_bias)
+        self.q_norm = GemmaRMSNorm(args.head_dim, args.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(args.head_dim, args.rms_norm_eps)
+        # An FP8 KV cache holds K / k_scale and V / v_scale (the checkpoint's, set by the loader, or 1.0).
+        self.k_scale, self.v_scale = 1.0, 1.0
 
     def forward(
         self,
@@ -144,8 +154,8 @@ class GatedAttention(LlamaAttention):
     ) -> torch.Tensor:
         t, hq, hk, d, r = x.shape[0], self.num_q, self.num_kv, self.head_dim, self.rotary_dim
         qkv = self.qkv_proj(x)
-        q_gate = qkv[:, : 2 * hq * d].view(t, hq, 2 * d)
-        q, gate = self.q_norm(q_gate[..., :d]), q_gate[..., d:].reshape(t, hq * d)
+        query_gate = qkv[:, : 2 * hq * d].view(t, hq, 2 * d)
+        q, gate = self.q_norm(query_gate[..., :d]), query_gate[..., d:].reshape(t, hq * d)
         k = self.k_norm(qkv[:, 2 * hq * d : (2 * hq + hk) * d].view(t, hk, d))
         v = qkv[:, (2 * hq + hk) * d :].view(t, hk, d)
         apply_rotary_(q[..., :r], cos, sin)
@@ -155,13 +165,12 @@ class GatedAttention(LlamaAttention):
         return self.o_proj(out.reshape(t, hq * d) * torch.sigmoid(gate))
 
 
-class FusedProjectionDeltaNet(GatedDeltaNet):
+class FusedProjectionDeltaNet(DeltaNetCore):
     """Qwen3-Next's Gated DeltaNet: q|k|v|z in one in_proj_qkvz and b|a in one in_proj_ba, both laid out per key
     head ([q_h, k_h, v of its value heads, z of its value heads]); split back into Qwen3.5's order at run time."""
 
     def __init__(self, shape: DeltaNetShape) -> None:
         super().__init__(shape)
-        del self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a
         s = shape
         self.in_proj_qkvz = nn.Linear(s.hidden_size, 2 * s.conv_dim - 2 * s.num_k_heads * s.head_k_dim, bias=False)
         self.in_proj_ba = nn.Linear(s.hidden_size, 2 * s.num_v_heads, bias=False)
@@ -176,16 +185,20 @@ class FusedProjectionDeltaNet(GatedDeltaNet):
 
 
 class HybridDecoderLayer(nn.Module):
-    def __init__(self, a: HybridArgs, index: int) -> None:
+    """A Gated DeltaNet (`linear_attn`) or gated attention (`self_attn`), then the SwiGLU MLP or, on a sparse layer,
+    the experts; zero-centred norms before each."""
+
+    def __init__(self, args: HybridArgs, index: int) -> None:
         super().__init__()
-        self.recurrent = a.layer_types[index] == "linear_attention"
+        self.recurrent = args.layer_types[index] == "linear_attention"
         if self.recurrent:
-            self.linear_attn = (FusedProjectionDeltaNet if a.fused_projections else GatedDeltaNet)(a.deltanet)
+            deltanet = FusedProjectionDeltaNet if args.fused_projections else GatedDeltaNet
+            self.linear_attn = deltanet(args.deltanet)
         else:
-            self.self_attn = GatedAttention(a)
-        self.mlp = LlamaMLP(a)
-        self.input_layernorm = GemmaRMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.post_attention_layernorm = GemmaRMSNorm(a.hidden_size, a.rms_norm_eps)
+            self.self_attn = GatedAttention(args)
+        self.mlp = shared_expert_moe(args) if index in args.sparse_layers else LlamaMLP(args)
+        self.input_layernorm = GemmaRMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(args.hidden_size, args.rms_norm_eps)
         self.tp: TensorParallel | None = None  # tensor-parallel: the mixer and the MLP give partial sums
 
     def forward(
@@ -207,11 +220,12 @@ class HybridDecoderLayer(nn.Module):
 
 
 class HybridModel(nn.Module):
-    def __init__(self, a: HybridArgs) -> None:
+    def __init__(self, args: HybridArgs) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size, _weight=torch.empty(a.vocab_size, a.hidden_size))
-        self.layers = nn.ModuleList(HybridDecoderLayer(a, i) for i in range(a.num_layers))
-        self.norm = GemmaRMSNorm(a.hidden_size, a.rms_norm_eps)
+        vocab, hidden = args.vocab_size, args.hidden_size
+        self.embed_tokens = nn.Embedding(vocab, hidden, _weight=torch.empty(vocab, hidden))
+        self.layers = nn.ModuleList(HybridDecoderLayer(args, i) for i in range(args.num_layers))
+        self.norm = GemmaRMSNorm(hidden, args.rms_norm_eps)
 
 
 class Qwen3_5ForCausalLM(DecoderLM):
@@ -223,12 +237,7 @@ class Qwen3_5ForCausalLM(DecoderLM):
 
     def __init__(self, args: HybridArgs) -> None:
         super().__init__(args, HybridModel(args))
-        for i in args.sparse_layers:
-            self.model.layers[i].mlp = self.make_moe(args)
         self.rotary: RotaryEmbedding | None = None
-
-    def make_moe(self, a: HybridArgs) -> SparseMoE:
-        return shared_expert_moe(a)
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
         a = self.args
@@ -269,8 +278,11 @@ class Qwen3_5ForCausalLM(DecoderLM):
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
     ) -> None:
         """The torch path on every device (FlashInfer's kernels are not wired for this family)."""
+        self.rotary = self.make_rotary(max_positions, dtype, device, fused=False)
+
+    def make_rotary(self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool) -> RotaryEmbedding:
         a = self.args
-        self.rotary = RotaryEmbedding(
+        return RotaryEmbedding(
             head_dim=a.rotary_dim,
             rope=a.rope,
             max_position_embeddings=a.max_position_embeddings,

@@ -48,9 +48,7 @@ class MtpHead(nn.Module):
         self.fc = nn.Linear(2 * h, h, bias=False)
         self.pre_fc_norm_embedding = GemmaRMSNorm(h, eps)
         self.pre_fc_norm_hidden = GemmaRMSNorm(h, eps)
-        self.layers = nn.ModuleList([HybridDecoderLayer(args, 0)])
-        if args.sparse_layers:
-            self.layers[0].mlp = target.make_moe(args)
+        self.layers = nn.ModuleList([HybridDecoderLayer(args, 0)])  # its experts where args.sparse_layers is (0,)
         self.norm = GemmaRMSNorm(h, eps)
         self._target = (target,)  # a tuple: shared, not a submodule (its weights are the target's to load)
         self.lora = None

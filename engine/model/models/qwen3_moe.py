@@ -44,7 +44,8 @@ class Qwen2MoeForCausalLM(MoeForCausalLM):
             sparse_layers=qwen_sparse_layers(config),
         )
 
-    def make_moe(self, a: MoeArgs) -> SparseMoE:
+    @classmethod
+    def make_moe(cls, a: MoeArgs) -> SparseMoE:
         return shared_expert_moe(a)
 
 

@@ -43,7 +43,8 @@ class Qwen3VLMoeForConditionalGeneration(QwenVisionLM, MoeForCausalLM):
             qk_norm=True,
         )
 
-    def make_moe(self, a: MoeArgs) -> SparseMoE:
+    @classmethod
+    def make_moe(cls, a: MoeArgs) -> SparseMoE:
         r = a.routing
         return SparseMoE(
             routing=r,

@@ -77,14 +77,13 @@ class QwenVisionLM:
         text = getattr(super(), "checkpoint_name", None)
         return text(name) if text is not None else name
 
-    def init_rotary(
-        self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
-    ) -> None:
-        """The family's set-up (fused norms and activations where it has them), then a multimodal rotary in torch:
-        FlashInfer's RoPE kernel takes 1-D positions only."""
-        super().init_rotary(max_positions, dtype, device, fused)
+    def make_rotary(
+        self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool
+    ) -> MultimodalRotary:
+        """A multimodal rotary in torch, whatever `fused` says of the family's other kernels: FlashInfer's RoPE
+        kernel takes 1-D positions only (the attention layers get no cos|sin table)."""
         a = self.args
-        self.rotary = MultimodalRotary(
+        return MultimodalRotary(
             rotary_dim=getattr(a, "rotary_dim", 0) or a.head_dim,
             rope=a.rope,
             section=a.vision.mrope_section,
@@ -93,9 +92,6 @@ class QwenVisionLM:
             dtype=dtype,
             device=device,
         )
-        for module in self.modules():
-            if getattr(module, "cos_sin_cache", None) is not None:
-                module.cos_sin_cache = None
 
     def vision_spec(self) -> VisionSpec:
         v = self.args.vision
