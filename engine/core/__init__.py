@@ -8,7 +8,6 @@
 | model_runner.py     | one scheduled step through the model: inputs, page table, forward, logits, sampling    |
 | cuda_graphs.py      | decode steps replayed from CUDA graphs                                                 |
 | device.py           | the device, the serving dtype and torch's CPU threads                                  |
-| describe.py         | what the engine reports it started with (the start-up line, /health)                   |
 | kernel_plan.py      | the FlashInfer modules a model needs (the image build precompiles them)                |
 | scheduling/         | requests in, sequences, the scheduler's plan for each step                             |
 | kv/                 | the paged KV cache, its manager, its sizing and the recurrent state slots              |

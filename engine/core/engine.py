@@ -12,7 +12,6 @@ from engine.attention import create_group_backends, resolve_backend
 from engine.attention.kv_quant import resolve_kv_dtype
 from engine.config import EngineConfig
 from engine.core.cuda_graphs import graphs_off_because
-from engine.core.describe import describe_engine
 from engine.core.device import resolve_device, resolve_dtype, size_thread_pool
 from engine.core.distributed.ranks import RankSet, rank_config
 from engine.core.images.intake import ImageIntake
@@ -33,6 +32,7 @@ from engine.cuda import linear_attention
 from engine.cuda import setup as cuda_setup
 from engine.errors import InvalidRequest, StartupError
 from engine.inputs import ImageData
+from engine.model.kv_spec import describe_groups
 from engine.model.layers.lora import LoadedAdapter
 from engine.model.loader import load_model
 from engine.outputs import RequestOutput
@@ -248,14 +248,13 @@ class LLMEngine:
 
     @property
     def limits(self) -> Limits:
-        c, m = self.config, self.spec
         return Limits(
-            vocab_size=m.vocab_size,
+            vocab_size=self.spec.vocab_size,
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=c.max_num_batched_tokens,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
             adapters=self.adapters,
-            hidden_size=m.hidden_size,
+            hidden_size=self.spec.hidden_size,
             adapter_keys=self.lora.keys if self.lora is not None else {},
         )
 
@@ -431,6 +430,32 @@ class LLMEngine:
             stats.update(self.speculator.stats())
         return stats
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, object]:
         """What the engine runs (model, backend, dtype, KV cache, limits), for the start-up line and /health."""
-        return describe_engine(self)
+        return {
+            "model": self.config.model_path,
+            "architecture": self.spec.architecture,
+            "backend": self.backend_name,
+            "backend_reason": self.backend_reason,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype_reason": self.dtype_reason,
+            "quantization": self.config.quantization,
+            "device": str(self.device),
+            "tensor_parallel_size": self.config.tensor_parallel_size,
+            "threads": self.threads,
+            "max_model_len": self.max_model_len,
+            "kv_pages": self.allocator.num_pages,
+            "kv_groups": describe_groups(self.spec.kv_groups),
+            "kv_pages_by_group": [allocator.num_pages for allocator in self.kv.allocators],
+            "page_size": self.pool.page_size,
+            "kv_bytes": sum(pool.nbytes for pool in self.pools),
+            "kv_dtype": str(self.kv_dtype).removeprefix("torch."),
+            "max_num_seqs": self.max_num_seqs,
+            # A hybrid model's recurrent-state pool: the sequences it holds (as many snapshot slots again), bytes.
+            "state_seqs": self.kv.state.num_seqs if self.kv.state is not None else None,
+            "state_bytes": self.state_pool.nbytes if self.state_pool is not None else 0,
+            "max_num_batched_tokens": self.config.max_num_batched_tokens,
+            "prefix_caching": self.config.enable_prefix_caching,
+            "adapters": list(self.adapters),
+            "speculative": self.speculator.describe() if self.speculator is not None else None,
+        }
