@@ -226,8 +226,12 @@ class AsyncEngine:
             ready = loop.create_future()
 
             def wake(_: object) -> None:
+                def settle() -> None:
+                    if not ready.done():
+                        ready.set_result(None)
+
                 try:
-                    loop.call_soon_threadsafe(lambda: ready.done() or ready.set_result(None))
+                    loop.call_soon_threadsafe(settle)
                 except RuntimeError:  # the caller's loop is closed
                     pass
 
@@ -292,7 +296,7 @@ class AsyncEngine:
         self._inbox.put(command)
         self._wake.set()
 
-    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+    def _deliver(self, request_id: str, item: RequestOutput | PoolingOutput | BaseException) -> None:
         target = self._streams.get(request_id)
         if target is None:
             return
@@ -352,8 +356,8 @@ class AsyncEngine:
                 continue
             for output in outputs:
                 self._deliver(output.request_id, output)
-            for request_id, exc in self.engine.pop_failures():
-                self._deliver(request_id, exc)
+            for request_id, error in self.engine.pop_failures():
+                self._deliver(request_id, error)
         for request_id in list(self._streams):
             self._deliver(request_id, RuntimeError("the engine shut down"))
         while not self._inbox.empty():  # adapter loads waiting for a step that will not come

@@ -20,6 +20,7 @@ from engine.core.kv.manager import KVCacheManager
 from engine.core.kv.plan import plan_cache
 from engine.core.kv.state_cache import StatePool, StateSlots
 from engine.core.model_runner import ModelRunner
+from engine.core.output.pooling import PoolingParams
 from engine.core.output.processor import OutputProcessor
 from engine.core.scheduling.grammar_wait import GrammarWait
 from engine.core.scheduling.requests import Limits, PreparedRequest, build_group, check_request
@@ -35,7 +36,7 @@ from engine.inputs import ImageData
 from engine.model.kv_spec import describe_groups
 from engine.model.layers.lora import LoadedAdapter
 from engine.model.loader import load_model
-from engine.outputs import RequestOutput
+from engine.outputs import PoolingOutput, RequestOutput
 from engine.sample.params import SamplingParams
 from engine.sample.sampler import Sampler
 from engine.sample.structured.compiler import GrammarCache
@@ -88,11 +89,12 @@ class LLMEngine:
         self.dtype, self.dtype_reason = resolve_dtype(config.dtype, self.device, config.quantization)
         self.threads = size_thread_pool(config.cpu_threads) if self.device.type == "cpu" else None
         torch.manual_seed(config.seed)
+        assert isinstance(config.tensor_parallel_size, int), "rank_config resolved 'auto' to a number"
         if config.tensor_parallel_size > 1:
             with timed(self.start_ms, "ranks"):
                 self.ranks = RankSet(config, self.device)
         with timed(self.start_ms, "weights"):
-            self.model, self.spec = load_model(
+            model, self.spec = load_model(
                 config.model_path,
                 self.dtype,
                 self.device,
@@ -100,6 +102,10 @@ class LLMEngine:
                 config.lora,
                 tp=self.ranks.tp if self.ranks is not None else None,
             )
+        # Every family is an nn.Module implementing CausalLM (engine.model.models.model_class): the narrowing makes
+        # self.model both, for the set-up that walks its modules and the runner that calls it.
+        assert isinstance(model, torch.nn.Module), "model_class returns nn.Module subclasses"
+        self.model = model
         self.lora = self.model.lora  # engine.model.layers.lora.LoraSet, or None
         self.adapters: dict[str, int] = self.lora.slots if self.lora is not None else {}
         with timed(self.start_ms, "tokenizer"):
@@ -144,11 +150,17 @@ class LLMEngine:
                 for g, n in zip(groups, num_pages, strict=True)
             ]
             recurrent = self.spec.recurrent
-            self.state_pool = StatePool(recurrent, 2 * plan.state_seqs, self.dtype, self.device) if recurrent else None
+            self.state_pool: StatePool | None = None
+            if recurrent is not None:
+                assert plan.state_seqs is not None, "plan_cache sizes the state pool of a model with recurrent layers"
+                self.state_pool = StatePool(recurrent, 2 * plan.state_seqs, self.dtype, self.device)
         if recurrent is not None:
             log.info("%s", linear_attention.describe(self.device))
         self.max_num_seqs = min(config.max_num_seqs, plan.state_seqs or config.max_num_seqs)
-        state = None if recurrent is None else StateSlots(plan.state_seqs, config.enable_prefix_caching)
+        state = None
+        if recurrent is not None:
+            assert plan.state_seqs is not None, "plan_cache sizes the state pool of a model with recurrent layers"
+            state = StateSlots(plan.state_seqs, config.enable_prefix_caching)
         self.kv = KVCacheManager(
             specs=groups,
             num_pages=num_pages,
@@ -259,7 +271,10 @@ class LLMEngine:
         )
 
     def prepare(
-        self, prompt_token_ids: list[int], params: SamplingParams, images: list[ImageData] | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | PoolingParams,
+        images: list[ImageData] | None = None,
     ) -> PreparedRequest:
         """Checks a request once (InvalidRequest / ContextTooLong), decodes its images, submits its grammar."""
         prompt_token_ids, decoded = self.images.expand(prompt_token_ids, list(images or ()))  # before its length counts
@@ -367,7 +382,7 @@ class LLMEngine:
             self.ranks.close()
 
     # ---- the step
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | PoolingOutput]:
         self._admit_compiled()
         proposals = self.speculator.propose(self.scheduler.running) if self.speculator is not None else None
         out = self.scheduler.schedule(proposals)
@@ -408,8 +423,8 @@ class LLMEngine:
         for group in done:
             self._groups.pop(group.request_id, None)
             self.scheduler.remove(group)
-        for group, exc in failed:
-            self._fail(group, exc)
+        for group, error in failed:
+            self._fail(group, error)
         if self.speculator is not None:
             self.speculator.settle(self.scheduler.running)
         return outputs

@@ -19,7 +19,7 @@ split across chunks: its encoding waits on the span until the last of it is pref
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
@@ -37,6 +37,10 @@ from engine.model.layers.lora import LoraSet
 from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec, RecurrentStep
 from engine.sample.logits_processor import SamplingRow, process_logits
 from engine.sample.sampler import Sampler, compute_logprobs
+
+if TYPE_CHECKING:
+    from engine.model.models import CausalLM
+    from engine.model.vision.spec import VisionSpec
 
 # Prompt-logprob rows are turned into [rows, vocab] logits this many at a time, to bound memory.
 PROMPT_LOGPROB_SLICE = 256
@@ -61,6 +65,15 @@ class Peers(Protocol):
     def send_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None) -> None: ...
 
     def send_settle(self, accepted: dict[int, int]) -> None: ...
+
+
+class VisionModel(Protocol):
+    """What the runner asks of a model with a vision tower (Gemma 3 and 4, Qwen-VL), beyond CausalLM: module
+    methods that torch's typing sees as `Tensor | Module` attributes."""
+
+    def vision_spec(self) -> VisionSpec: ...
+
+    def encode_images(self, pixels: list[torch.Tensor], grids: list[Any]) -> list[torch.Tensor]: ...
 
 
 @dataclass(kw_only=True)
@@ -107,6 +120,9 @@ class ModelRunner:
         self.page_size = pools[0].page_size
         self.state_pool = state_pool
         self.recurrent_plan = RecurrentPlan() if state_pool is not None else None
+        # One group's pools and backend serve every layer as they are; otherwise, one cache and backend per layer.
+        self.layer_caches: list[tuple[torch.Tensor, torch.Tensor]]
+        self.layer_backends: AttentionBackend | list[AttentionBackend | RecurrentPlan]
         if len(groups) == 1 and not groups[0].readers and recurrent is None:
             self.layer_caches = pools[0].kv_caches
             self.layer_backends = backends[0]
@@ -119,8 +135,11 @@ class ModelRunner:
             # A layer that shares KV attends over its source's pages with its source's backend.
             where.update({reader: where[source] for spec in groups for reader, source in spec.readers})
             caches = {layer: pools[group_index].kv_caches[slot] for layer, (group_index, slot) in where.items()}
-            layer_backends = {layer: backends[group_index] for layer, (group_index, _) in where.items()}
+            layer_backends: dict[int, AttentionBackend | RecurrentPlan] = {
+                layer: backends[group_index] for layer, (group_index, _) in where.items()
+            }
             if recurrent is not None:
+                assert state_pool is not None and self.recurrent_plan is not None, "a recurrent model has a state pool"
                 # A recurrent layer's "cache" is its (conv windows, delta states) slots; its "backend" the step plan.
                 caches.update(zip(recurrent.layers, state_pool.layer_states, strict=True))
                 layer_backends.update((layer, self.recurrent_plan) for layer in recurrent.layers)
@@ -128,7 +147,7 @@ class ModelRunner:
             self.layer_backends = [layer_backends[layer] for layer in range(len(caches))]
         self.num_tokens_run = 0  # tokens fed to the model over the runner's life (prefix hits are not)
         self.num_images_encoded = 0  # images through the vision tower over the runner's life
-        vision = model.vision_spec() if hasattr(model, "vision_spec") else None
+        vision = cast(VisionModel, model).vision_spec() if hasattr(model, "vision_spec") else None
         # Per KV group: do an image's tokens see each other both ways there (Gemma 4: on the windowed layers only)
         self.bidirectional = [vision is not None and vision.bidirectional_in(group.window) for group in groups]
         self.peers = peers
@@ -139,6 +158,8 @@ class ModelRunner:
         """CUDA only, once, before any request holds pages: warms the kernels up and captures decode graphs over this
         runner's caches, unless enforce_eager (why: the reason it is set, for the start-up log)."""
         hybrid = self.state_pool is not None  # its graphs take every layer's caches and backend (state slots too)
+        layer_backends = self.layer_backends if hybrid else None
+        assert layer_backends is None or isinstance(layer_backends, list), "a hybrid model has a backend per layer"
         self.graph_runner = prepare_cuda(
             self.model,
             self.backends[0],
@@ -148,7 +169,7 @@ class ModelRunner:
             max_model_len=max_model_len,
             enforce_eager=enforce_eager,
             why=why,
-            layer_backends=self.layer_backends if hybrid else None,
+            layer_backends=layer_backends,
             state_pool=self.state_pool,
         )
 
@@ -184,10 +205,11 @@ class ModelRunner:
                 positions=inputs.positions,
                 metas=metas,
                 recurrent=recurrent,
-                lora=self.model.lora,
+                lora=cast("LoraSet | None", self.model.lora),
                 **extra,
             )
         if recurrent is not None:
+            assert self.state_pool is not None and self.recurrent_plan is not None, "a recurrent step has its pool"
             self.state_pool.copy_slots(out.state_copies)
             self.recurrent_plan.plan(recurrent)
         if self.graph_runner is not None and not inputs.image_rows:  # (a step with images is a prefill: eager)
@@ -216,7 +238,7 @@ class ModelRunner:
         hidden_rows = torch.tensor([row for _, row in picked], device=self.device)
         # Greedy rows get the float32 argmax of a bf16 head (engine.model.layers.logits); sampled rows do
         # not need it, and at batch 64 it would cost a few percent of the step.
-        greedy = [logits_row for logits_row, (index, _) in enumerate(picked) if scheduled[index].group.params.greedy]
+        greedy = [logits_row for logits_row, (index, _) in enumerate(picked) if scheduled[index].group.sampling.greedy]
         logits = self._logits(
             hidden.index_select(0, hidden_rows), torch.tensor(greedy, dtype=torch.long, device=self.device)
         )
@@ -230,7 +252,7 @@ class ModelRunner:
     def _logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
         if self.peers is not None:
             self.peers.send_logits(hidden, exact_rows)
-        return self.model.compute_logits(hidden, exact_rows)
+        return cast("CausalLM", self.model).compute_logits(hidden, exact_rows)
 
     def _prepare(self, scheduled: list[ScheduledSeq]) -> StepInputs:
         """The step's flattened tokens and page tables (one per group), built in Python lists and turned into
@@ -284,8 +306,9 @@ class ModelRunner:
             if item.group.needs_prompt_logprobs and start < prompt_len - 1 and seq is item.group.seqs[0]:
                 prompt_rows.append((index, row, min(end, prompt_len - 1) - start))
         device = self.device
-        if self.model.lora is not None:
-            self.model.lora.plan.update(lora_runs, device)
+        lora = cast("LoraSet | None", self.model.lora)
+        if lora is not None:
+            lora.plan.update(lora_runs, device)
 
         def on_device(values: list[int], dtype: torch.dtype = torch.int32) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
@@ -320,14 +343,18 @@ class ModelRunner:
         """(rows, embeddings) of the step's image soft tokens: each image not yet encoded through the tower once."""
         todo = [span for span in {id(span): span for span, *_ in image_rows}.values() if span.encoded is None]
         if todo:
-            embeds = self.model.encode_images(
+            embeds = cast(VisionModel, self.model).encode_images(
                 [span.pixels.to(self.device) for span in todo], [span.grid for span in todo]
             )  # each [tokens, width]
             for span, embed in zip(todo, embeds, strict=True):
                 span.encoded = embed
             self.num_images_encoded += len(todo)
         rows = torch.cat([torch.arange(row, row + count) for _, row, _, count in image_rows]).to(self.device)
-        values = torch.cat([span.encoded[first : first + count] for span, _, first, count in image_rows])
+        pieces: list[torch.Tensor] = []
+        for span, _, first, count in image_rows:
+            assert span.encoded is not None, "each span of the step is encoded (above) until its last tokens"
+            pieces.append(span.encoded[first : first + count])
+        values = torch.cat(pieces)
         for span, _, first, count in image_rows:
             if first + count == span.end - span.start:  # its last tokens: the encoding is not needed again
                 span.encoded = None
@@ -340,6 +367,7 @@ class ModelRunner:
         row = 0
         for index, item in enumerate(scheduled):
             spans.append((row, item.num_tokens))
+            assert item.seq.state_slot is not None, "a hybrid model's running sequence holds a state slot"
             slots.append(item.seq.state_slot)
             if item.seq.state_capture is not None:
                 boundary, slot = item.seq.state_capture
@@ -431,7 +459,7 @@ class ModelRunner:
         samples: dict[int, list[Sample]] = {}
         for sampling_index, owner in enumerate(owners):
             wants_top = tops is not None and rows[sampling_index].params.logprobs is not None
-            top = tops[sampling_index] if wants_top else None
+            top = tops[sampling_index] if tops is not None and wants_top else None
             sample = Sample(out.token_ids[sampling_index], out.logprobs[sampling_index], top)
             samples.setdefault(items[owner][0], []).append(sample)
         result.samples.update(samples)
@@ -440,7 +468,9 @@ class ModelRunner:
         """The 2*width best next tokens of one beam, by logprob after masks and penalties."""
         row = self._row(item.group, item.seq)
         logprobs = torch.log_softmax(process_logits(logits, [row]), dim=-1)[0]
-        values, token_ids = logprobs.topk(min(2 * item.group.beam.width, logprobs.numel()))
+        beam = item.group.beam
+        assert beam is not None, "_sample asks for the candidates of beam groups only"
+        values, token_ids = logprobs.topk(min(2 * beam.width, logprobs.numel()))
         # A grammar can leave fewer allowed tokens than candidates asked for: masked ones never extend a beam.
         candidates = zip(token_ids.tolist(), values.tolist(), strict=True)
         return [Sample(token_id, logprob) for token_id, logprob in candidates if logprob != float("-inf")]
