@@ -34,7 +34,7 @@ def gpu_test_modules() -> list:
     """What tests/gpu plans, outside -m slow, read off its shapes (q heads / KV heads >= 4: tensor-core decode, which
     is the prefill module): attention (64 and 128, GQA 1 to 7, windows, sinks, Gemma's soft-cap at 256, FP8 pages),
     graphs and end-to-end on tiny Llamas of head size 64 (8/2 and 6/2 heads), the hybrid Qwen3.5 (64), a sliding
-    group of 256 beside the 512 one the torch backend takes."""
+    group of 256 beside the 512 one the torch backend takes, and FlashInfer's MLA kernel at DeepSeek's latent."""
     from engine.cuda.precompile import AttentionModule as M
 
     return [
@@ -53,6 +53,8 @@ def gpu_test_modules() -> list:
         # test_gpu_group_backends: a Gemma-4-like sliding group of 256 (4 q heads on 2) warmed up beside a 512 one
         M(kind="prefill", head_dim=256, q_dtype=BF16, kv_dtype=BF16, sliding_window=True),
         M(kind="decode", head_dim=256, q_dtype=BF16, kv_dtype=BF16, sliding_window=True),
+        # test_gpu_mla: DeepSeek's latent (512 + 64), prefill and decode in one module
+        M(kind="mla", head_dim=512, rope_dim=64, q_dtype=BF16, kv_dtype=BF16, sliding_window=False),
     ]
 
 

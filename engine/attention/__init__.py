@@ -4,8 +4,9 @@
 that does not import stops start-up with its cause rather than leaving the engine on the much slower torch
 reference; the torch backend runs there only when asked for. `group_backends` then gives each KV layer group the
 chosen backend, or the torch reference where FlashInfer has no kernel for the group's head size (Gemma 4's global
-layers), with the reason for the start-up log. A multi-head latent attention (MLA) group runs the torch reference's
-latent attention (engine/attention/mla.py) on every device: FlashInfer's MLA wrapper is not wired in yet.
+layers), with the reason for the start-up log. A multi-head latent attention (MLA) group gets FlashInfer's MLA paged
+attention (engine/attention/flashinfer_mla.py) where FlashInfer was chosen and serves its latent shape and the GPU,
+else the torch reference's latent attention (engine/attention/mla.py), said the same way.
 """
 
 from __future__ import annotations
@@ -32,8 +33,14 @@ def _flashinfer(device: torch.device, **kw: Any) -> AttentionBackend:
     return FlashInferBackend(device=device, **kw)
 
 
+def _flashinfer_mla(device: torch.device, **kw: Any) -> AttentionBackend:
+    from engine.attention.flashinfer_mla import FlashInferMLABackend
+
+    return FlashInferMLABackend(device=device, **kw)
+
+
 BACKENDS: dict[str, Callable[..., AttentionBackend]] = {"torch": TorchRefBackend, "flashinfer": _flashinfer}
-MLA_TORCH_ONLY = "FlashInfer's multi-head latent attention (MLA) is not wired in yet; the torch reference runs it"
+MLA_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {"torch": TorchMLABackend, "flashinfer": _flashinfer_mla}
 
 
 def resolve_backend(requested: str, device: torch.device | str, dtype: torch.dtype) -> tuple[str, str]:
@@ -74,17 +81,28 @@ def resolve_backend(requested: str, device: torch.device | str, dtype: torch.dty
 
 
 def group_backends(
-    name: str, head_dims: list[int], *, requested: str = "auto", latent: list[bool] | None = None
+    name: str,
+    head_dims: list[int],
+    *,
+    requested: str = "auto",
+    latent: list[tuple[int, int] | None] | None = None,
+    capability: tuple[int, int] | None = None,
 ) -> list[tuple[str, str | None]]:
-    """(backend name, why it is not `name` or None) for each KV layer group of these head sizes (`latent`: which
-    are MLA groups), where `name` is resolve_backend's choice. A group FlashInfer cannot serve runs on the torch
-    reference, which reads the same pages, unless flashinfer was asked for by name: then start-up stops, saying
-    which group and why."""
+    """(backend name, why it is not `name` or None) for each KV layer group of these head sizes, where `name` is
+    resolve_backend's choice (flashinfer: CUDA in fp16 or bf16). latent: each group's MLA row as (kv_lora_rank,
+    rope_dim), None for K and V pages; capability: the GPU's (None: not checked). A group FlashInfer cannot serve runs
+    on the torch reference, which reads the same pages, unless flashinfer was asked for by name: then start-up stops,
+    saying which group and why."""
     if name != "flashinfer":
         return [(name, None) for _ in head_dims]
     choices: list[tuple[str, str | None]] = []
     for index, head_dim in enumerate(head_dims):
-        error = MLA_TORCH_ONLY if latent and latent[index] else kernels.flashinfer_head_dim_error(head_dim)
+        row = latent[index] if latent else None
+        error = (
+            kernels.flashinfer_head_dim_error(head_dim)
+            if row is None
+            else kernels.flashinfer_mla_error(*row, capability=capability)
+        )
         if error is not None and requested == "flashinfer":
             raise StartupError(
                 f"KV layer group {index}: {error}; use attention_backend auto, which runs that group "
@@ -113,26 +131,41 @@ def create_group_backends(
     requested: str = "auto",
 ) -> list[AttentionBackend]:
     """One backend per KV layer group (a KVGroupSpec of the ModelSpec `spec`): `name`, or the torch reference for a
-    group FlashInfer cannot serve (group_backends), said once here."""
+    group FlashInfer cannot serve (group_backends), said once here; an MLA group's is MLA_BACKENDS' of that name."""
     from engine.cuda.setup import backend_kwargs
 
-    latent = [group.latent is not None for group in groups]
+    latent = [None if g.latent is None else (g.latent.kv_lora_rank, g.latent.rope_dim) for g in groups]
     if any(latent) and kv_dtype == FP8:
         raise StartupError(
             "kv_cache_dtype fp8 is not supported with multi-head latent attention (MLA) yet: use auto",
             param="kv_cache_dtype",
         )
-    choices = group_backends(name, [group.head_dim for group in groups], requested=requested, latent=latent)
+    device = torch.device(device)
+    mla_on_gpu = any(latent) and name == "flashinfer" and device.type == "cuda"
+    capability = torch.cuda.get_device_capability(device) if mla_on_gpu else None
+    choices = group_backends(
+        name, [group.head_dim for group in groups], requested=requested, latent=latent, capability=capability
+    )
     backends: list[AttentionBackend] = []
     for group, (chosen, why) in zip(groups, choices, strict=True):
         if group.latent is not None:
             log.log(
                 logging.WARNING if why else logging.INFO,
-                "KV layer group %s (multi-head latent attention) runs on the torch attention backend%s",
+                "KV layer group %s (multi-head latent attention) runs on the %s attention backend%s",
                 group.label,
+                chosen,
                 f": {why}" if why else "",
             )
-            backends.append(TorchMLABackend(torch.device(device), **group.attention_extras()))
+            backends.append(
+                MLA_BACKENDS[chosen](
+                    device,
+                    **group.attention_extras(),
+                    num_heads=spec.num_q_heads,
+                    kv_lora_rank=group.latent.kv_lora_rank,
+                    rope_dim=group.latent.rope_dim,
+                    dtype=dtype,
+                )
+            )
             continue
         if why is not None:
             log.warning(

@@ -13,7 +13,8 @@ V = c W_UV_h^T, expanded from the gathered latents), which costs fewer multiplie
 are held equal by tests/engine/attention/test_mla.py.
 
 The pages are the pair (ckv [pages, page_size, kv_lora_rank], kpe [pages, page_size, rope_dim]), FlashInfer's
-BatchMLAPagedAttentionWrapper layout; FP8 pages are not served here (start-up refuses them).
+BatchMLAPagedAttentionWrapper layout, which engine/attention/flashinfer_mla.py runs on CUDA for the shapes it serves;
+FP8 pages are not served here (start-up refuses them).
 """
 
 from __future__ import annotations
@@ -79,8 +80,7 @@ class TorchMLABackend(TorchRefBackend):
         kpe `v_cache` (views of one row store: view() flattens the page axes without a copy)."""
         slots = self._slots
         assert slots is not None, "plan() was not called"
-        k_cache.view(-1, k_cache.shape[-1]).index_copy_(0, slots, k.reshape(-1, k_cache.shape[-1]))
-        v_cache.view(-1, v_cache.shape[-1]).index_copy_(0, slots, v.reshape(-1, v_cache.shape[-1]))
+        write_latents(k, v, k_cache, v_cache, slots)
 
     def run(
         self,
@@ -153,6 +153,15 @@ class TorchMLABackend(TorchRefBackend):
             q[None], k[None], v[None], attn_mask=plan.mask, is_causal=plan.mask is None, scale=self.scale
         )
         return out[0].transpose(0, 1)
+
+
+def write_latents(
+    latent: torch.Tensor, k_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """Each new token's latent and rotary key part into flat pool `slots` of the ckv and kpe pages (views of one row
+    store: view() flattens the page axes without a copy)."""
+    ckv.view(-1, ckv.shape[-1]).index_copy_(0, slots, latent.reshape(-1, ckv.shape[-1]))
+    kpe.view(-1, kpe.shape[-1]).index_copy_(0, slots, k_pe.reshape(-1, kpe.shape[-1]))
 
 
 def absorb(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:

@@ -94,8 +94,12 @@ def decode_ratios(num_q_heads: int, num_kv_heads: int) -> set[int]:
 def group_modules(
     group: KVGroupSpec, *, num_q_heads: int, dtype: torch.dtype, kv_dtype: torch.dtype, sinks: bool, bidirectional: bool
 ) -> set[AttentionModule]:
-    """What one KV group's FlashInfer backend plans at warm-up and at run time (engine.attention.flashinfer)."""
+    """What one KV group's FlashInfer backend plans at warm-up and at run time (engine.attention.flashinfer; an MLA
+    group's: engine.attention.flashinfer_mla, one module for prefill and decode)."""
     q, kv = str(dtype).removeprefix("torch."), str(kv_dtype).removeprefix("torch.")
+    if group.latent is not None:
+        rank, rope = group.latent.kv_lora_rank, group.latent.rope_dim
+        return {AttentionModule(kind="mla", head_dim=rank, rope_dim=rope, q_dtype=q, kv_dtype=kv, sliding_window=False)}
     window, cap = group.window is not None, group.soft_cap is not None
     found = {
         AttentionModule(
@@ -129,7 +133,8 @@ def model_modules(
 ) -> set[AttentionModule]:
     """The attention modules of a model (its config.json and its checkpoint's tensor names): its KV groups and image
     spec as the model built on the meta device gives them (ModelSpec's sources); a group the engine runs on the torch
-    backend (a head size FlashInfer does not serve: engine.attention.group_backends) adds none (why: `skipped`)."""
+    backend (a head size or an MLA latent FlashInfer does not serve: engine.attention.group_backends) adds none (why:
+    `skipped`)."""
     architecture = (config.get("architectures") or ["<none>"])[0]
     cls = model_class(architecture)
     try:
@@ -142,7 +147,8 @@ def model_modules(
     vision = model.vision_spec() if hasattr(model, "vision_spec") else None
     sinks = has_sinks(model)  # warm-up plans the sink variant beside the plain kernels on every group
     found: set[AttentionModule] = set()
-    choices = group_backends("flashinfer", [g.head_dim for g in groups], latent=[g.latent is not None for g in groups])
+    latent = [None if g.latent is None else (g.latent.kv_lora_rank, g.latent.rope_dim) for g in groups]
+    choices = group_backends("flashinfer", [g.head_dim for g in groups], latent=latent)
     for group, (backend, why) in zip(groups, choices, strict=True):
         if backend != "flashinfer":
             if skipped is not None:
@@ -150,11 +156,16 @@ def model_modules(
             continue
         bidirectional = vision is not None and vision.bidirectional_in(group.window)
         for name in kv_cache_dtypes:
+            kv_dtype = resolve_kv_dtype(name, dtype)
+            if group.latent is not None and kv_dtype != dtype:
+                if skipped is not None:
+                    skipped.append(f"{architecture} {group.label}: kv_cache_dtype {name}: refused for MLA at start-up")
+                continue
             found |= group_modules(
                 group,
                 num_q_heads=args.num_q_heads,
                 dtype=dtype,
-                kv_dtype=resolve_kv_dtype(name, dtype),
+                kv_dtype=kv_dtype,
                 sinks=sinks,
                 bidirectional=bidirectional,
             )

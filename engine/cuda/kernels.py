@@ -35,6 +35,34 @@ def flashinfer_head_dim_error(head_dim: int) -> str | None:
     return f"FlashInfer 0.5.3's paged attention has no kernel for head size {head_dim} (it serves {sizes})"
 
 
+# The multi-head latent attention (MLA) kernel family and the latent shapes (kv_lora_rank, rope dim) the attention
+# backend sends to FlashInfer 0.5.3's BatchMLAPagedAttentionWrapper: FA2's (the one FlashInfer's MLA tests run, with
+# one module name on every GPU; "auto" would take FA3 on Hopper, a second build) at DeepSeek's 512 + 64, the only
+# shape its tests, and every released MLA model (DeepSeek V2 / V3 / R1, Kimi K2, GLM-4.7-Flash), use. Its tiles are
+# cut for it (HEAD_DIM_CKV / 128 and HEAD_DIM_KPE / 64 fragment loops in attention/mla.cuh), so another shape runs on
+# the torch reference, said at start-up. The kernel wants at least 92,672 bytes of shared memory per SM: sm_80 on.
+MLA_BACKEND = "fa2"
+FLASHINFER_MLA_SHAPES = ((512, 64),)
+MLA_MIN_CAPABILITY = (8, 0)
+
+
+def flashinfer_mla_error(kv_lora_rank: int, rope_dim: int, capability: tuple[int, int] | None = None) -> str | None:
+    """None when FlashInfer's MLA paged attention serves this latent (on a GPU of `capability` when given), else why
+    not (one line)."""
+    if (kv_lora_rank, rope_dim) not in FLASHINFER_MLA_SHAPES:
+        shapes = ", ".join(f"{rank} + {rope}" for rank, rope in FLASHINFER_MLA_SHAPES)
+        return (
+            f"FlashInfer 0.5.3's multi-head latent attention (MLA) has no kernel for a latent of {kv_lora_rank} + "
+            f"rope {rope_dim} (it serves {shapes})"
+        )
+    if capability is not None and tuple(capability) < MLA_MIN_CAPABILITY:
+        return (
+            f"FlashInfer 0.5.3's multi-head latent attention (MLA) needs sm_{''.join(map(str, MLA_MIN_CAPABILITY))} "
+            f"or newer (this GPU is sm_{''.join(map(str, capability))})"
+        )
+    return None
+
+
 def sink_module_args(
     *, backend: str, q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, sliding_window: bool
 ) -> tuple[list, dict]:

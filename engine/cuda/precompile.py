@@ -1,8 +1,9 @@
 """FlashInfer's JIT modules by name, built ahead of time without a GPU (nvcc is enough), all in one ninja.
 
 An AttentionModule is one paged-attention variant as the runtime wrappers JIT it (flashinfer 0.5.3's
-BatchPrefillWithPagedKVCacheWrapper.plan, BatchDecodeWithPagedKVCacheWrapper.plan, and the attention-sink prefill
-variant of engine.cuda.kernels.sink_module_args), so a worker finds each one built under FLASHINFER_WORKSPACE_BASE.
+BatchPrefillWithPagedKVCacheWrapper.plan, BatchDecodeWithPagedKVCacheWrapper.plan, the attention-sink prefill
+variant of engine.cuda.kernels.sink_module_args, and BatchMLAPagedAttentionWrapper.plan for multi-head latent
+attention), so a worker finds each one built under FLASHINFER_WORKSPACE_BASE.
 Which modules a model asks for is engine.core.kernel_plan's business (this package sits below the model).
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from engine.cuda.kernels import DEFAULT_PREFILL_BACKEND
+from engine.cuda.kernels import DEFAULT_PREFILL_BACKEND, MLA_BACKEND
 
 # NOTE: no FlashInfer sampling: it draws a batch from one generator, and a seeded request must get the same
 # tokens whatever shares its batch (engine.sample.sampler draws each row from its own).
@@ -34,8 +35,9 @@ class AttentionModule:
     """One FlashInfer attention module as the runtime asks for it.
 
     kind: "prefill" (FA2's paged prefill; the tensor-core decode plans the same module, and a custom mask is one of
-    its four compiled mask modes), "decode" (the CUDA-core decode, for fewer than 4 q heads per KV head) or "sink"
-    (the attention-sink prefill variant, gpt-oss; it serves decode steps too).
+    its four compiled mask modes), "decode" (the CUDA-core decode, for fewer than 4 q heads per KV head), "sink"
+    (the attention-sink prefill variant, gpt-oss; it serves decode steps too) or "mla" (multi-head latent attention's
+    paged kernel, prefill and decode: head_dim is the latent's kv_lora_rank, rope_dim its rotary part).
     """
 
     kind: str
@@ -44,6 +46,7 @@ class AttentionModule:
     kv_dtype: str  # q_dtype, or "float8_e4m3fn"
     sliding_window: bool
     soft_cap: bool = False
+    rope_dim: int = 0  # "mla" only
 
     def jit_spec(self) -> Any:
         """FlashInfer's JitSpec for this module; writes its generated sources (no compile). No RoPE in the kernel
@@ -52,6 +55,17 @@ class AttentionModule:
 
         q, kv = getattr(torch, self.q_dtype), getattr(torch, self.kv_dtype)
         d, window = self.head_dim, self.sliding_window
+        if self.kind == "mla":
+            return modules.gen_batch_mla_module(
+                backend=MLA_BACKEND,
+                dtype_q=q,
+                dtype_kv=kv,
+                dtype_o=q,
+                dtype_idx=torch.int32,
+                head_dim_ckv=d,
+                head_dim_kpe=self.rope_dim,
+                use_profiler=False,
+            )
         if self.kind == "sink":
             return modules.gen_batch_prefill_attention_sink_module(
                 backend=DEFAULT_PREFILL_BACKEND,
@@ -96,6 +110,17 @@ class AttentionModule:
 
         q, kv = getattr(torch, self.q_dtype), getattr(torch, self.kv_dtype)
         d, window = self.head_dim, self.sliding_window
+        if self.kind == "mla":
+            return modules.get_batch_mla_uri(
+                backend=MLA_BACKEND,
+                dtype_q=q,
+                dtype_kv=kv,
+                dtype_o=q,
+                dtype_idx=torch.int32,
+                head_dim_ckv=d,
+                head_dim_kpe=self.rope_dim,
+                use_profiler=False,
+            )
         if self.kind == "sink":
             return modules.get_batch_prefill_attention_sink_uri(
                 backend=DEFAULT_PREFILL_BACKEND,

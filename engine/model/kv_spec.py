@@ -146,7 +146,7 @@ def graphs_blocker(groups: list[KVGroupSpec]) -> str | None:
     if len(groups) > 1:
         return "several KV layer groups"
     if groups[0].latent is not None:
-        return "a multi-head latent attention (MLA) group, which the torch attention backend runs"
+        return "a multi-head latent attention (MLA) group (no MLA backend captures decode graphs yet)"
     if groups[0].scale is not None or groups[0].soft_cap is not None:
         return "an attention scale or soft-cap of the model's own"
     return "a sliding-window KV group" if groups[0].window is not None else None

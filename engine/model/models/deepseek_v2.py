@@ -156,7 +156,8 @@ class DeepseekV2ForCausalLM(DecoderLM):
     def init_rotary(
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
     ) -> None:
-        """The rotary tables over the qk_rope dims, always torch's (the latent attention runs on torch)."""
+        """The rotary tables over the qk_rope dims, always torch's (the MLA layer rotates q_pe and k_pe itself,
+        before either attention backend sees them)."""
         a = self.args
         self.rotary = RotaryEmbedding(
             head_dim=a.mla.qk_rope_head_dim,

@@ -1,7 +1,8 @@
 """Multi-head latent attention over latent pages (engine/attention/mla.py) with the absorbed weights equals the plain
 form (per head K = [c W_UK_h^T, k_pe], V = c W_UV_h^T, causal): prefills, a chunk after cached tokens, decode
-buckets of unequal lengths, over shuffled pages; run_mla's plain prefill form equals it too. An MLA group runs on the
-torch reference on every device, and start-up refuses FlashInfer by name and FP8 pages for it in one line."""
+buckets of unequal lengths, over shuffled pages; run_mla's plain prefill form equals it too. An MLA group of a latent
+FlashInfer does not serve runs on the torch reference, and start-up refuses FlashInfer by name for it, and FP8 pages for
+any MLA group, in one line."""
 
 from __future__ import annotations
 
@@ -113,14 +114,14 @@ def test_run_mla_takes_prefill_chunks_by_either_form_and_both_equal_the_plain_re
         torch.testing.assert_close(values, plain_values, atol=1e-4, rtol=1e-4)
 
 
-def test_an_mla_group_runs_on_the_torch_reference_and_flashinfer_by_name_refuses_it(
+def test_an_mla_group_flashinfer_does_not_serve_runs_on_the_torch_reference_and_flashinfer_by_name_refuses_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     group = latent_group(3, LatentKV(RANK, ROPE), scale=SCALE)
-    (choice,) = group_backends("flashinfer", [group.head_dim], latent=[True])
+    (choice,) = group_backends("flashinfer", [group.head_dim], latent=[(RANK, ROPE)])
     assert choice[0] == "torch" and "MLA" in choice[1]
-    with pytest.raises(StartupError, match="KV layer group 0: FlashInfer's multi-head latent attention") as err:
-        group_backends("flashinfer", [group.head_dim], requested="flashinfer", latent=[True])
+    with pytest.raises(StartupError, match="KV layer group 0: FlashInfer 0.5.3's multi-head latent attention") as err:
+        group_backends("flashinfer", [group.head_dim], requested="flashinfer", latent=[(RANK, ROPE)])
     assert err.value.param == "attention_backend"
     spec = SimpleNamespace(num_q_heads=H)
     with caplog.at_level(logging.INFO, logger="engine.attention"):

@@ -172,3 +172,57 @@ def test_decode_kind_follows_the_q_heads_per_kv_head_of_every_tensor_parallel_si
         )
     }
     assert kinds == {"prefill", "decode", "sink"}
+
+
+def mla_uri(kv_lora_rank: int = 512, rope_dim: int = 64) -> str:
+    """The module BatchMLAPagedAttentionWrapper.plan builds, in its own positional order (get_batch_mla_module's
+    backend, q, kv, o dtypes, index dtype, head_dim_ckv, head_dim_kpe, use_profiler), on FA2."""
+    from flashinfer.jit.attention import modules
+
+    return modules.get_batch_mla_uri("fa2", BF16, BF16, BF16, torch.int32, kv_lora_rank, rope_dim, False)
+
+
+def test_mla_families_ask_for_flashinfers_mla_module_with_pages_in_the_model_dtype_only() -> None:
+    from engine.core.kernel_plan import all_family_modules
+    from engine.cuda.precompile import AttentionModule
+
+    skipped: list[str] = []
+    modules = all_family_modules(skipped)
+    mla = {m for m in modules if m.kind == "mla"}
+    assert {m.name() for m in mla} == {mla_uri()}  # DeepSeek V2 / V3 and GLM-4.7-Flash: one module, 512 + 64
+    assert mla == {
+        AttentionModule(
+            kind="mla", head_dim=512, rope_dim=64, q_dtype="bfloat16", kv_dtype="bfloat16", sliding_window=False
+        )
+    }
+    for architecture in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM"):
+        assert any(s.startswith(architecture) and "fp8" in s and "MLA" in s for s in skipped), skipped
+
+
+def test_an_mla_latent_flashinfer_does_not_serve_adds_no_module() -> None:
+    """A tiny DeepSeek-V2 (a latent of 32 + 16) runs on the torch reference: nothing to build, the reason said."""
+    import transformers
+
+    from engine.core.kernel_plan import model_modules
+
+    config = transformers.AutoConfig.for_model(
+        "deepseek_v2",
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+    )
+    with torch.device("meta"):
+        names = set(transformers.DeepseekV2ForCausalLM(config).state_dict())
+    skipped: list[str] = []
+    found = model_modules({**config.to_dict(), "architectures": ["DeepseekV2ForCausalLM"]}, names, skipped=skipped)
+    assert not any(m.kind == "mla" for m in found)
+    assert any("latent of 32 + rope 16" in s and "torch backend" in s for s in skipped), skipped

@@ -31,6 +31,7 @@ LIBRARIES = ("flashinfer", "fla", "causal_conv1d")
 # torch's calls that run only on a GPU, as the engine writes them (torch and torch.nn.functional as F everywhere).
 TORCH_CUDA_CALLS = {"torch._scaled_mm": "torch._scaled_mm", "F.scaled_mm": "torch.nn.functional.scaled_mm"}
 PREFILL, DECODE = "flashinfer.BatchPrefillWithPagedKVCacheWrapper", "flashinfer.BatchDecodeWithPagedKVCacheWrapper"
+MLA = "flashinfer.mla.BatchMLAPagedAttentionWrapper"
 # Calls on FlashInfer wrapper objects, whose class the source does not say: the receiver as written, per file.
 WRAPPER_RECEIVERS = {
     "engine/attention/flashinfer.py": {
@@ -40,6 +41,7 @@ WRAPPER_RECEIVERS = {
         "self._active": (PREFILL, DECODE),
     },
     "engine/attention/flashinfer_graph.py": {"self.wrapper": (DECODE,)},
+    "engine/attention/flashinfer_mla.py": {"self._wrapper": (MLA,)},
 }
 WRAPPER_METHODS = ("plan", "run", "begin_forward", "forward", "reset_workspace_buffer", "end_forward")
 # Calls that must be found, so that a change in how the engine imports these cannot make the test pass on nothing.
@@ -58,6 +60,11 @@ EXPECTED = {
     f"{PREFILL}.run",
     f"{DECODE}.plan",
     f"{DECODE}.run",
+    MLA,
+    f"{MLA}.plan",
+    f"{MLA}.run",
+    "flashinfer.jit.attention.modules.gen_batch_mla_module",
+    "flashinfer.jit.attention.modules.get_batch_mla_uri",
     *TORCH_CUDA_CALLS.values(),
 }
 
