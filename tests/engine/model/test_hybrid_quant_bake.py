@@ -95,9 +95,10 @@ def test_inputs_in_partial_groups_fail_the_check(tmp_path):
     """Group 96 over 256 inputs: neither the format's writers nor torch's int4 kernels take a partial last group."""
     write_hybrid_quantized("ct_int4_g32", "qwen3_5_text", tmp_path)
     rewrite(tmp_path, change_config=lambda qc: qc["config_groups"]["group_0"]["weights"].update(group_size=96))
+    # The first such linear the model holds is named: the DeltaNet's out_proj and in_proj_qkv both take 256 inputs.
     refused(
         tmp_path,
-        r"^compressed-tensors pack-quantized: model\.layers\.0\.linear_attn\.in_proj_qkv has 256 "
+        r"^compressed-tensors pack-quantized: model\.layers\.0\.linear_attn\.(out_proj|in_proj_qkv) has 256 "
         r"inputs, not whole groups of 96$",
     )
 
