@@ -83,9 +83,19 @@ class Settings(BaseModel):
     custom_chat_template: str | None = Field(None, alias="CUSTOM_CHAT_TEMPLATE")
 
     # Tool calls and reasoning: the formats are read from the chat template unless these name one
-    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral", "gemma4", "qwen3_coder", "generic"] = Field(
-        "auto", alias="TOOL_CALL_PARSER"
-    )
+    tool_call_parser: Literal[
+        "auto",
+        "hermes",
+        "llama3_json",
+        "mistral",
+        "gemma4",
+        "qwen3_coder",
+        "glm45",
+        "glm47",
+        "deepseek_v3",
+        "deepseek_v31",
+        "generic",
+    ] = Field("auto", alias="TOOL_CALL_PARSER")
     reasoning_parser: Literal["auto", "qwen3", "deepseek_r1", "gemma4", "none"] = Field(
         "auto", alias="REASONING_PARSER"
     )

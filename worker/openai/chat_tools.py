@@ -61,7 +61,13 @@ def render_with_tools(
         schemas=plan.schemas,
         forced=plan.active and plan.choice.mode in ("required", "named"),
     )
-    constraint = tool_constraint(plan, template, reasoning_first(reasoning, prompt.text), in_reasoning)
+    constraint = tool_constraint(
+        plan,
+        template,
+        reasoning_first(reasoning, prompt.text),
+        in_reasoning,
+        special_trigger=plan.active and plan.keeps_special_tokens(runtime.tokenizer),
+    )
     return prompt, plan, output, constraint
 
 

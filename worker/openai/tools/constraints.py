@@ -6,11 +6,15 @@ xgrammar structural tag (engine.sample.structured runs it).
 - "auto": free text until the format's call opening (`<tool_call>`, `{"name": `), then calls only (one with
   parallel_tool_calls false) until the answer ends: text after calls is no part of the answer anyway.
   Mistral's `[TOOL_CALLS]` is a special token the grammar cannot offer, so Mistral's "auto" stays free
-  unless a tool is `strict` (then the opening is spelled out in plain tokens). So is Gemma 4's `<|tool_call>`.
+  unless a tool is `strict` (then the opening is spelled out in plain tokens). So is Gemma 4's `<|tool_call>`, and
+  any format's opening that the model's vocabulary makes a special token (read from the tokenizer: GLM's).
 
 Gemma 4's arguments are not JSON: they are held to a grammar of their own (worker/openai/tools/gemma4_grammar.py).
 Qwen3-Coder's (Qwen3.5's) `<parameter=KEY>\nVALUE\n</parameter>` blocks are held to the schema by xgrammar's own
-qwen_xml style: the listed parameters only, in the schema's order, every required one, each value of its type.
+qwen_xml style: the listed parameters only, in the schema's order, every required one, each value of its type;
+GLM's `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>` pairs by its glm_xml style. DeepSeek's calls (V3's and
+R1's ```json blocks, V3.1's bare JSON) sit in one `<｜tool▁calls▁begin｜>...<｜tool▁calls▁end｜>` block, as
+Mistral v0.3's sit in one list.
 NOTE: Gemma 4's markup (`<|tool_call>`, the `<|"|>` quote) is special tokens in its vocabulary, which grammars
 never offer (engine.sample.structured.compiler blanks special tokens): a forced call is spelled out in plain
 tokens, which the parser reads the same but which the model saw no calls written in.
@@ -47,6 +51,9 @@ class CallMarkup:
     trigger: str  # the text that opens any call (a prefix of every `begin`)
     separator: str  # between consecutive calls
     special_trigger: bool = False  # the trigger is a special token the grammar cannot offer in free text
+    wrap: tuple[str, str] | None = None  # markup around all the calls (its opening starts with the trigger)
+    style: str | None = None  # xgrammar's style for arguments that are not JSON (qwen_xml, glm_xml)
+    excludes: tuple[str, ...] = ()  # what a string value may not hold (the parser ends a value there)
 
 
 HERMES = CallMarkup(
@@ -57,42 +64,86 @@ MISTRAL_V11 = CallMarkup(
     begin="[TOOL_CALLS]{bare}[ARGS]", end="", trigger="[TOOL_CALLS]", separator="", special_trigger=True
 )
 MISTRAL_V3 = CallMarkup(
-    begin='{{"name": {name}, "arguments": ', end="}", trigger="[TOOL_CALLS]", separator=", ", special_trigger=True
+    begin='{{"name": {name}, "arguments": ',
+    end="}",
+    trigger="[TOOL_CALLS]",
+    separator=", ",
+    special_trigger=True,
+    wrap=("[TOOL_CALLS] [", "]"),
 )
-MISTRAL_V3_LIST = ("[TOOL_CALLS] [", "]")
 GEMMA4 = CallMarkup(
     begin="<|tool_call>call:{bare}", end="<tool_call|>", trigger="<|tool_call>", separator="", special_trigger=True
 )
+# A Qwen3-Coder string value may not hold </function> or </tool_call>: the parser ends a value there.
 QWEN3_CODER = CallMarkup(
-    begin="<tool_call>\n<function={bare}>\n", end="</function>\n</tool_call>", trigger="<tool_call>", separator="\n"
+    begin="<tool_call>\n<function={bare}>\n",
+    end="</function>\n</tool_call>",
+    trigger="<tool_call>",
+    separator="\n",
+    style="qwen_xml",
+    excludes=("</function>", "</tool_call>"),
 )
-# What a Qwen3-Coder string value may not hold: the parser ends a value there (a missing </parameter> forgiven).
-QWEN3_CODER_EXCLUDES = ["</function>", "</tool_call>"]
+# GLM-4.5's (4.6's, 4.7's) `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>` pairs: xgrammar's glm_xml style.
+GLM4_MOE = CallMarkup(
+    begin="<tool_call>{bare}",
+    end="</tool_call>",
+    trigger="<tool_call>",
+    separator="\n",
+    style="glm_xml",
+    excludes=("</tool_call>",),
+)
+_DS_CALLS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+DEEPSEEK_V3 = CallMarkup(
+    begin="<｜tool▁call▁begin｜>function<｜tool▁sep｜>{bare}\n```json\n",
+    end="\n```<｜tool▁call▁end｜>",
+    trigger=_DS_CALLS[0],
+    separator="\n",
+    wrap=_DS_CALLS,
+)
+DEEPSEEK_V31 = CallMarkup(
+    begin="<｜tool▁call▁begin｜>{bare}<｜tool▁sep｜>",
+    end="<｜tool▁call▁end｜>",
+    trigger=_DS_CALLS[0],
+    separator="",
+    wrap=_DS_CALLS,
+)
+_STYLES = {
+    "hermes": HERMES,
+    "generic": HERMES,
+    "llama3_json": LLAMA3,
+    "gemma4": GEMMA4,
+    "qwen3_coder": QWEN3_CODER,
+    "glm45": GLM4_MOE,
+    "glm47": GLM4_MOE,
+    "deepseek_v3": DEEPSEEK_V3,
+    "deepseek_v31": DEEPSEEK_V31,
+}
 
 
 def markup(plan: ToolPlan, template: str) -> CallMarkup:
-    if plan.format in ("hermes", "generic"):
-        return HERMES
-    if plan.format == "llama3_json":
-        return LLAMA3
-    if plan.format == "gemma4":
-        return GEMMA4
-    if plan.format == "qwen3_coder":
-        return QWEN3_CODER
+    if plan.format in _STYLES:
+        return _STYLES[plan.format]
     return MISTRAL_V11 if "[ARGS]" in template else MISTRAL_V3
 
 
 def tool_constraint(
-    plan: ToolPlan, template: str, reasoning: str | None = None, in_reasoning: bool = False
+    plan: ToolPlan,
+    template: str,
+    reasoning: str | None = None,
+    in_reasoning: bool = False,
+    special_trigger: bool = False,
 ) -> StructuredSpec | None:
     """The constraint for a request's tool calls, or None when decoding stays free. `reasoning` is the reasoning
-    parser when the answer may think before it calls (None when the prompt closed the reasoning)."""
+    parser when the answer may think before it calls (None when the prompt closed the reasoning); `special_trigger`:
+    the model's vocabulary makes the format's opening a special token (GLM's <tool_call> may be one), which "auto"'s
+    grammar could not offer."""
     mode = plan.choice.mode
     if not plan.active:
         return None
     style = markup(plan, template)
     tools = [(i, t) for i, t in enumerate(plan.tools) if mode != "named" or t.name == plan.choice.name]
-    if mode == "auto" and style.special_trigger and not any(t.strict for _, t in tools):
+    special = style.special_trigger or special_trigger
+    if mode == "auto" and special and not any(t.strict for _, t in tools):
         return None
     once = mode == "named" or not plan.parallel
     specs = [(_begin(style, tool), _content(style, tool, i)) for i, tool in tools]
@@ -120,13 +171,13 @@ def _content(style: CallMarkup, tool: Tool, index: int) -> dict[str, Any]:
     `<parameter=KEY>` blocks (xgrammar's qwen_xml style: the schema's properties in its order, values typed)."""
     if style is GEMMA4:
         return arguments_content(tool, index)
-    if style is QWEN3_CODER:
+    if style.style is not None:
         return {
             "type": "json_schema",
             "json_schema": _schema(tool, index),
-            "style": "qwen_xml",
+            "style": style.style,
             "max_whitespace_cnt": JSON_MAX_WHITESPACE,
-            "excludes": QWEN3_CODER_EXCLUDES,
+            "excludes": list(style.excludes),
         }
     return {"type": "json_schema", "json_schema": _schema(tool, index), "max_whitespace_cnt": JSON_MAX_WHITESPACE}
 
@@ -140,7 +191,7 @@ def _calls(
 ) -> dict[str, Any]:
     """One call or more (one when `once`) in the style's markup. `opened`: the trigger was already written, so the
     first call starts after it."""
-    if style is MISTRAL_V3:  # the calls are objects in one list after the trigger
+    if style.wrap is not None:  # the calls in one block opened by the trigger (Mistral v3's list, DeepSeek's)
         objects = [_tag(begin, arguments, style.end) for begin, arguments in tools]
         listed = {
             "type": "tags_with_separator",
@@ -149,7 +200,7 @@ def _calls(
             "at_least_one": True,
             "stop_after_first": once,
         }
-        begin, end = MISTRAL_V3_LIST
+        begin, end = style.wrap
         return {"type": "tag", "begin": begin[len(style.trigger) :] if opened else begin, "content": listed, "end": end}
     whole = [_tag(begin, arguments, style.end) for begin, arguments in tools]
     separated = {

@@ -8,8 +8,10 @@ import re
 from pathlib import Path
 
 from worker.openai.harmony.encoding import HARMONY_MODEL_TYPES
+from worker.openai.tools.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from worker.openai.tools.gemma4 import Gemma4Parser
 from worker.openai.tools.generic import GenericParser
+from worker.openai.tools.glm4_moe import Glm4MoeParser, Glm47Parser
 from worker.openai.tools.hermes import HermesParser
 from worker.openai.tools.llama3_json import Llama3JsonParser
 from worker.openai.tools.mistral import MistralParser
@@ -17,14 +19,29 @@ from worker.openai.tools.parser import ToolParser
 from worker.openai.tools.qwen3_coder import Qwen3CoderParser
 
 PARSERS: dict[str, type[ToolParser]] = {
-    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser, Gemma4Parser, Qwen3CoderParser, GenericParser)
+    p.name: p
+    for p in (
+        HermesParser,
+        Llama3JsonParser,
+        MistralParser,
+        Gemma4Parser,
+        Qwen3CoderParser,
+        Glm4MoeParser,
+        Glm47Parser,
+        DeepSeekV3Parser,
+        DeepSeekV31Parser,
+        GenericParser,
+    )
 }
 # Markup each family's template writes when it shows tools or calls, most specific first (Qwen3.5's and
-# Qwen3-Coder's templates write <tool_call> too, around <function=...> and <parameter=...>).
+# Qwen3-Coder's templates write <tool_call> too, around <function=...> and <parameter=...>; GLM's around
+# <arg_key>). DeepSeek's V3 / R1 templates show the arguments in a ```json block, V3.1's bare (deepseek_v31).
 _MARKERS = (
+    ("tool▁calls▁begin｜>", "deepseek"),
     ("[TOOL_CALLS]", "mistral"),
     ("<|tool_call>", "gemma4"),
     ("<parameter=", "qwen3_coder"),
+    ("<arg_key>", "glm45"),
     ("<tool_call>", "hermes"),
     ("<|python_tag|>", "llama3_json"),
     ("dictionary of argument name and its value", "llama3_json"),
@@ -43,6 +60,8 @@ _FAMILIES = {
     "qwen3_5": "qwen3_coder",
     "qwen3_5_moe": "qwen3_coder",
     "qwen3_5_text": "qwen3_coder",
+    "glm4_moe": "glm45",
+    "glm4_moe_lite": "glm45",
 }
 _USES_TOOLS = re.compile(r"\btools\b")
 
@@ -63,10 +82,15 @@ def pick_format(template: str | None, model_type: str | None, override: str | No
     text = template or ""
     for marker, name in _MARKERS:
         if marker in text:
-            return name
+            return _deepseek(text) if name == "deepseek" else name
     if _USES_TOOLS.search(text):
         return _FAMILIES.get(model_type or "", "generic")
     return "generic"
+
+
+def _deepseek(template: str) -> str:
+    """V3's and R1's calls (a ```json block after the name's line) or V3.1's (bare JSON after the separator)."""
+    return "deepseek_v3" if "```json" in template else "deepseek_v31"
 
 
 def model_type(model_path: str) -> str | None:
