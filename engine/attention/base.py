@@ -32,6 +32,31 @@ class AttentionMetadata:
     bidirectional: list[list[tuple[int, int]]] | None = None
 
 
+def warmup_steps(page_size: int, device: torch.device) -> tuple[AttentionMetadata, AttentionMetadata]:
+    """A backend's warm-up: one request's prefill of page_size + 1 tokens over pages 0 and 1 (the second partly
+    filled), then its decode of one more token, so a JIT build happens at start-up rather than on a request."""
+    n = page_size + 1
+    prefill = AttentionMetadata(
+        qo_indptr=torch.tensor([0, n], dtype=torch.int32, device=device),
+        kv_indptr=torch.tensor([0, 2], dtype=torch.int32, device=device),
+        kv_indices=torch.tensor([0, 1], dtype=torch.int32, device=device),
+        kv_last_page_len=torch.tensor([1], dtype=torch.int32, device=device),
+        slot_mapping=torch.arange(n, device=device),
+        page_size=page_size,
+        is_decode=False,
+    )
+    decode = AttentionMetadata(
+        qo_indptr=torch.tensor([0, 1], dtype=torch.int32, device=device),
+        kv_indptr=prefill.kv_indptr,
+        kv_indices=prefill.kv_indices,
+        kv_last_page_len=torch.tensor([2], dtype=torch.int32, device=device),
+        slot_mapping=torch.tensor([n], device=device),
+        page_size=page_size,
+        is_decode=True,
+    )
+    return prefill, decode
+
+
 class AttentionBackend(Protocol):
     """plan() once per step, then write_kv() and run() once per layer."""
 

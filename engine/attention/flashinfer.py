@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from engine.attention.base import AttentionMetadata
+from engine.attention.base import AttentionMetadata, warmup_steps
 from engine.attention.flashinfer_graph import FlashInferGraphDecode, use_tensor_core_decode
 from engine.attention.kv_quant import fp8_scales, is_fp8, write_kv_slots
 from engine.attention.masks import prefill_mask
@@ -289,28 +289,10 @@ class FlashInferBackend:
         num_q_heads, num_kv_heads, head_dim, dtype = self.shape
         if None in self.shape:
             raise ValueError("warmup() needs num_q_heads, num_kv_heads, head_dim and dtype at construction")
-        dev, i32 = self.device, torch.int32
+        dev = self.device
         cache = torch.zeros(2, 2, page_size, num_kv_heads, head_dim, dtype=self.kv_dtype, device=dev)
         k_cache, v_cache = cache[0], cache[1]
-        n = page_size + 1  # two pages, the second partly filled
-        prefill = AttentionMetadata(
-            qo_indptr=torch.tensor([0, n], dtype=i32, device=dev),
-            kv_indptr=torch.tensor([0, 2], dtype=i32, device=dev),
-            kv_indices=torch.tensor([0, 1], dtype=i32, device=dev),
-            kv_last_page_len=torch.tensor([1], dtype=i32, device=dev),
-            slot_mapping=torch.arange(n, device=dev),
-            page_size=page_size,
-            is_decode=False,
-        )
-        decode = AttentionMetadata(
-            qo_indptr=torch.tensor([0, 1], dtype=i32, device=dev),
-            kv_indptr=prefill.kv_indptr,
-            kv_indices=prefill.kv_indices,
-            kv_last_page_len=torch.tensor([2], dtype=i32, device=dev),
-            slot_mapping=torch.tensor([n], device=dev),
-            page_size=page_size,
-            is_decode=True,
-        )
+        prefill, decode = warmup_steps(page_size, dev)
         for meta in (prefill, decode):
             t = meta.slot_mapping.numel()
             q = torch.randn(t, num_q_heads, head_dim, dtype=dtype, device=dev)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.base import AttentionMetadata
+from engine.attention.base import AttentionMetadata, warmup_steps
 from engine.attention.mla import absorb, expand, write_latents
 from engine.cuda.kernels import HALF_DTYPES, MLA_BACKEND
 
@@ -161,29 +161,11 @@ class FlashInferMLABackend:
         """Runs one tiny prefill and one decode on scratch pages, so the JIT build happens now, not on a request."""
         if sinks:
             raise ValueError("attention sinks with multi-head latent attention are not implemented")
-        dev, i32 = self.device, torch.int32
+        dev = self.device
         rank, width = self.kv_lora_rank, self.kv_lora_rank + self.rope_dim
         rows = torch.zeros(2, page_size, width, dtype=self.dtype, device=dev)
         ckv, kpe = rows[..., :rank], rows[..., rank:]
-        n = page_size + 1  # two pages, the second partly filled
-        prefill = AttentionMetadata(
-            qo_indptr=torch.tensor([0, n], dtype=i32, device=dev),
-            kv_indptr=torch.tensor([0, 2], dtype=i32, device=dev),
-            kv_indices=torch.tensor([0, 1], dtype=i32, device=dev),
-            kv_last_page_len=torch.tensor([1], dtype=i32, device=dev),
-            slot_mapping=torch.arange(n, device=dev),
-            page_size=page_size,
-            is_decode=False,
-        )
-        decode = AttentionMetadata(
-            qo_indptr=torch.tensor([0, 1], dtype=i32, device=dev),
-            kv_indptr=prefill.kv_indptr,
-            kv_indices=prefill.kv_indices,
-            kv_last_page_len=torch.tensor([2], dtype=i32, device=dev),
-            slot_mapping=torch.tensor([n], device=dev),
-            page_size=page_size,
-            is_decode=True,
-        )
+        prefill, decode = warmup_steps(page_size, dev)
         for meta in (prefill, decode):
             t = meta.slot_mapping.numel()
             latent = torch.randn(t, width, dtype=self.dtype, device=dev)
