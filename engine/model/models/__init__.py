@@ -52,6 +52,14 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3_5MoeForConditionalGeneration": ("engine.model.models.qwen3_5", "Qwen3_5MoeForConditionalGeneration"),
 }
 
+# Architectures people deploy that the engine knows it cannot run yet -> what is missing, for the one-line refusal
+# (a bake fails with it rather than with the list of supported names).
+NOT_BUILT: dict[str, str] = {
+    "DeepseekV32ForCausalLM": "DeepSeek sparse attention (the lightning indexer: index_n_heads, index_topk)",
+    "GlmMoeDsaForCausalLM": "DeepSeek sparse attention (the lightning indexer: index_n_heads, index_topk)",
+    "DeepseekV4ForCausalLM": "DeepSeek-V4's compressed sparse attention and hyper-connections (compress_rates)",
+}
+
 
 class CausalLM(Protocol):
     """What the engine asks of a model family.
@@ -95,8 +103,18 @@ def model_class(architecture: str) -> type[nn.Module]:
     try:
         module, name = ARCHITECTURES[architecture]
     except KeyError:
+        refuse_not_built(architecture)
         supported = ", ".join(sorted(ARCHITECTURES))
         raise UnsupportedModel(
             f"architecture {architecture!r} is not supported (supported: {supported})", param="model"
         ) from None
     return getattr(importlib.import_module(module), name)
+
+
+def refuse_not_built(architecture: str) -> None:
+    """UnsupportedModel naming what the engine lacks, for an architecture in NOT_BUILT."""
+    if architecture in NOT_BUILT:
+        raise UnsupportedModel(
+            f"architecture {architecture!r} is not supported yet: {NOT_BUILT[architecture]} is not built",
+            param="model",
+        )
