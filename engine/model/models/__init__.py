@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 ARCHITECTURES: dict[str, tuple[str, str]] = {
     "DeepseekV2ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV3ForCausalLM"),
+    "Exaone4ForCausalLM": ("engine.model.models.olmo2", "Exaone4ForCausalLM"),
     "Gemma2ForCausalLM": ("engine.model.models.gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("engine.model.models.gemma3", "Gemma3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("engine.model.models.gemma3", "Gemma3ForConditionalGeneration"),
@@ -37,6 +38,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "LlamaForSequenceClassification": ("engine.model.models.llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     "MixtralForCausalLM": ("engine.model.models.mixtral", "MixtralForCausalLM"),
+    "Olmo2ForCausalLM": ("engine.model.models.olmo2", "Olmo2ForCausalLM"),
+    "Olmo3ForCausalLM": ("engine.model.models.olmo2", "Olmo2ForCausalLM"),
     "OlmoeForCausalLM": ("engine.model.models.olmoe", "OlmoeForCausalLM"),
     "Qwen2ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     "Qwen2MoeForCausalLM": ("engine.model.models.qwen3_moe", "Qwen2MoeForCausalLM"),
@@ -50,6 +53,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3_5ForConditionalGeneration": ("engine.model.models.qwen3_5", "Qwen3_5ForConditionalGeneration"),
     "Qwen3_5MoeForCausalLM": ("engine.model.models.qwen3_5", "Qwen3_5MoeForCausalLM"),
     "Qwen3_5MoeForConditionalGeneration": ("engine.model.models.qwen3_5", "Qwen3_5MoeForConditionalGeneration"),
+    "SeedOssForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
+    "SmolLM3ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
 }
 
 # Architectures people deploy that the engine knows it cannot run yet -> what is missing, for the one-line refusal

@@ -26,6 +26,7 @@ OTHER_FAMILIES = (
     "glm4_moe",
     "gpt_oss",
     "mixtral",
+    "olmo2",
     "olmoe",
     "qwen3_moe",
 )
