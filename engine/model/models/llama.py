@@ -37,6 +37,8 @@ class LlamaArgs(DecoderShape):
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rope
     no_rope_layers: tuple[int, ...] = ()  # SmolLM3, EXAONE 4: the layers whose q and k take no rotary
+    embedding_multiplier: float = 1.0  # Granite: the token embeddings scaled by it
+    residual_multiplier: float = 1.0  # Granite: each block's output scaled by it before it joins the residual stream
     sinks: bool = False  # gpt-oss: a learned sink logit per q head
     tie_word_embeddings: bool = False
     vision: Any = None  # an image-text checkpoint's QwenVision (engine/model/vision/qwen_vl_model.py)
@@ -157,6 +159,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.tp: TensorParallel | None = None  # tensor-parallel: attention and MLP give partial sums to all-reduce
+        self.residual_multiplier = a.residual_multiplier
 
     def forward(
         self,
@@ -173,12 +176,15 @@ class LlamaDecoderLayer(nn.Module):
             residual, h = h, self.input_layernorm(h)
         else:
             h, residual = self.input_layernorm.add_forward(h, residual)
-        h = self.self_attn(h, positions, cos, sin, k_cache, v_cache, backend)
+        h = self.block_output(self.self_attn(h, positions, cos, sin, k_cache, v_cache, backend))
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.block_output(self.mlp(h)), residual
+
+    def block_output(self, h: torch.Tensor) -> torch.Tensor:
+        """An attention or MLP block's output as it joins the stream: all-reduced (tensor-parallel), scaled."""
         if self.tp is not None:
             h = self.tp.all_reduce(h)
-        h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        h = self.mlp(h)
-        return (h if self.tp is None else self.tp.all_reduce(h)), residual
+        return h if self.residual_multiplier == 1.0 else h * self.residual_multiplier
 
 
 class LlamaModel(nn.Module):
@@ -285,6 +291,8 @@ class LlamaForCausalLM(DecoderLM):
         (the deepstack features) is added to the rows after one of the first layers."""
         rotaries = self.layer_rotaries(positions)
         h = self.model.embed_tokens(input_ids)
+        if self.args.embedding_multiplier != 1.0:
+            h = h * self.args.embedding_multiplier
         rows, deepstack = None, ()
         if image_embeds is not None:
             rows, values = image_embeds

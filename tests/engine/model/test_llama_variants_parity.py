@@ -1,7 +1,8 @@
 """The decoders that differ from Llama by a mechanism or two, against transformers on tiny random configs in float32:
 Seed-OSS (attention biases), SmolLM3 (no rotary on some layers), OLMo 2 (norms after attention and MLP, q / k norm
 over the whole projection), OLMo 3 (OLMo 2 with sliding windows), EXAONE 4 (OLMo 2's norm placement, q / k norm
-per head, sliding windows with rotary only on the sliding layers). Logits on several prompt lengths and over decode
+per head, sliding windows with rotary only on the sliding layers), Granite (embedding, residual, attention and logits
+multipliers). Logits on several prompt lengths and over decode
 steps (one prompt past every window), and greedy equal through the engine: batched, from the prefix cache, alone.
 """
 
@@ -52,6 +53,10 @@ VARIANTS = {
             },
         },
         "Olmo3ForCausalLM",
+    ),
+    "granite": (
+        {"embedding_multiplier": 6.0, "residual_multiplier": 0.3, "attention_multiplier": 0.05, "logits_scaling": 4.0},
+        "GraniteForCausalLM",
     ),
     "exaone4": ({"sliding_window": WINDOW, "sliding_window_pattern": 2}, "Exaone4ForCausalLM"),
 }

@@ -25,6 +25,7 @@ OTHER_FAMILIES = (
     "gemma4_moe",
     "glm4_moe",
     "gpt_oss",
+    "granite",
     "mixtral",
     "olmo2",
     "olmoe",
