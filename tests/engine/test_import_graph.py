@@ -87,6 +87,8 @@ FAMILY_BASES = {
     "engine.model.models.qwen3_moe": {"engine.model.models.llama"},
     # OLMoE's attention is OLMo 2's (one norm over each whole q and k projection).
     "engine.model.models.olmoe": {"engine.model.models.llama", "engine.model.models.olmo2"},
+    # Phi-3 / Phi-4 is the Llama decoder with fused checkpoint tensors and partial rotary.
+    "engine.model.models.phi3": {"engine.model.models.llama"},
     # Granite is the Llama decoder with four scalars.
     "engine.model.models.granite": {"engine.model.models.llama"},
     # OLMo 2 / 3 and EXAONE 4 are Llama decoders with their norms after attention and MLP.

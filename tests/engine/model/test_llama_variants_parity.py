@@ -1,19 +1,22 @@
 """The decoders that differ from Llama by a mechanism or two, against transformers on tiny random configs in float32:
 Seed-OSS (attention biases), SmolLM3 (no rotary on some layers), OLMo 2 (norms after attention and MLP, q / k norm
-over the whole projection), OLMo 3 (OLMo 2 with sliding windows), EXAONE 4 (OLMo 2's norm placement, q / k norm
-per head, sliding windows with rotary only on the sliding layers), Granite (embedding, residual, attention and logits
-multipliers). Logits on several prompt lengths and over decode
-steps (one prompt past every window), and greedy equal through the engine: batched, from the prefix cache, alone.
+over the whole projection), OLMo 3 (OLMo 2 with sliding windows and a YaRN rope on its full-attention layers),
+EXAONE 4 (OLMo 2's norm placement, q / k norm per head, sliding windows with rotary only on the sliding layers),
+Granite (embedding, residual, attention and logits multipliers), Phi-3 / Phi-4 (fused q|k|v and gate|up tensors;
+Phi-4-mini's partial rotary). Logits on several prompt lengths and over decode steps (one prompt past every window),
+and greedy equal through the engine: batched, from the prefix cache, alone.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from engine.errors import UnsupportedModel
 from engine.model.folder_check import check_model_folder
 from tests.engine.model.family_parity import check_engine_greedy, check_prefill_and_decode, load_family
 
@@ -58,6 +61,8 @@ VARIANTS = {
         {"embedding_multiplier": 6.0, "residual_multiplier": 0.3, "attention_multiplier": 0.05, "logits_scaling": 4.0},
         "GraniteForCausalLM",
     ),
+    "phi3": ({"sliding_window": WINDOW}, "Phi3ForCausalLM"),
+    "phi3_partial": ({"partial_rotary_factor": 0.5}, "Phi3ForCausalLM"),
     "exaone4": ({"sliding_window": WINDOW, "sliding_window_pattern": 2}, "Exaone4ForCausalLM"),
 }
 
@@ -67,7 +72,7 @@ def build_variant(model_type: str, path: Path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     extra, architecture = VARIANTS[model_type]
-    config = AutoConfig.for_model(model_type, **COMMON, **extra)
+    config = AutoConfig.for_model(model_type.removesuffix("_partial"), **COMMON, **extra)
     config.architectures = [architecture]
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
@@ -106,3 +111,17 @@ def test_smollm3_reads_its_no_rope_layers():
     assert read_no_rope_layers(config) == (3, 7)
     assert read_no_rope_layers({**config, "no_rope_layers": [1, 0, 1, 1, 1, 1, 1, 0]}) == (1, 7)
     assert read_no_rope_layers({**config, "model_type": "llama"}) == ()
+
+
+def test_a_longrope_phi_fails_the_bake_in_one_line(tmp_path, baked_model_path):
+    """Phi-4-mini's long-context rope is not run: the bake's folder check says so, as start-up would."""
+    build_variant("phi3", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    short, long = [1.0] * (COMMON["head_dim"] // 2), [4.0] * (COMMON["head_dim"] // 2)
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short, "long_factor": long}
+    config.update(rope_parameters=rope, original_max_position_embeddings=64)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModel, match="longrope"):
+        load_family(tmp_path, baked_model_path)
+    with pytest.raises(UnsupportedModel, match="longrope"):
+        check_model_folder(tmp_path)

@@ -28,6 +28,7 @@ OTHER_FAMILIES = (
     "granite",
     "mixtral",
     "olmo2",
+    "phi3",
     "olmoe",
     "qwen3_moe",
 )
