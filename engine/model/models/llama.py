@@ -21,7 +21,7 @@ from engine.model.layers.activation import silu_and_mul
 from engine.model.layers.linear import FusedLinear
 from engine.model.layers.norm import RMSNorm
 from engine.model.layers.parallel import TensorParallel
-from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_, rope_parameters
+from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_, pairs_as_halves, rope_parameters
 from engine.model.models.base import DecoderLM, DecoderShape
 from engine.model.sharding import ShardPlan, shard_attention, shard_gated_mlp, shard_vocab
 
@@ -37,6 +37,7 @@ class LlamaArgs(DecoderShape):
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rope
     no_rope_layers: tuple[int, ...] = ()  # SmolLM3, EXAONE 4: the layers whose q and k take no rotary
+    rope_interleaved: bool = False  # ERNIE 4.5: the rotary pairs are (x0, x1), (x2, x3), ... (GPT-J style)
     embedding_multiplier: float = 1.0  # Granite: the token embeddings scaled by it
     residual_multiplier: float = 1.0  # Granite: each block's output scaled by it before it joins the residual stream
     sinks: bool = False  # gpt-oss: a learned sink logit per q head
@@ -75,6 +76,7 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.num_q, self.num_kv, self.head_dim = a.num_q_heads, a.num_kv_heads, a.head_dim
         self.rotates = rotates  # false: a no-position layer (SmolLM3's every fourth, EXAONE 4's global ones)
+        self.interleaved = a.rope_interleaved
         q_size, kv_size = a.num_q_heads * a.head_dim, a.num_kv_heads * a.head_dim
         self.qkv_proj = FusedLinear(
             input_size or a.hidden_size, {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}, a.qkv_bias
@@ -109,11 +111,13 @@ class LlamaAttention(nn.Module):
         v = qkv[:, (hq + hk) * d :].view(t, hk, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotates and self.interleaved:
+            q, k = pairs_as_halves(q), pairs_as_halves(k)
         if not self.rotates:
             pass
         elif self.cos_sin_cache is not None:
             kernels.apply_rope_with_cos_sin_cache_inplace(positions, q, k, d, self.cos_sin_cache)
-        elif self.q_norm is None:  # q and k sit side by side in each qkv row: one rotation covers both
+        elif self.q_norm is None and not self.interleaved:  # q and k side by side in each row: one rotation for both
             qk = apply_rotary_(qkv[:, : (hq + hk) * d].view(t, hq + hk, d), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]
         else:
@@ -205,7 +209,13 @@ class LlamaForCausalLM(DecoderLM):
         if config.get("hidden_act", "silu") != "silu":
             raise UnsupportedModel(f"hidden_act {config['hidden_act']!r} is not supported", param="model")
         qk_norm = (config.get("architectures") or [""])[0] in ("Qwen3ForCausalLM", "Qwen3ForSequenceClassification")
-        return LlamaArgs.from_config(config, names, qk_norm=qk_norm, no_rope_layers=read_no_rope_layers(config))
+        return LlamaArgs.from_config(
+            config,
+            names,
+            qk_norm=qk_norm,
+            no_rope_layers=read_no_rope_layers(config),
+            rope_interleaved=config.get("model_type") == "ernie4_5",
+        )
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
         a = self.args

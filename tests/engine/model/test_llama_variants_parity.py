@@ -3,8 +3,9 @@ Seed-OSS (attention biases), SmolLM3 (no rotary on some layers), OLMo 2 (norms a
 over the whole projection), OLMo 3 (OLMo 2 with sliding windows and a YaRN rope on its full-attention layers),
 EXAONE 4 (OLMo 2's norm placement, q / k norm per head, sliding windows with rotary only on the sliding layers),
 Granite (embedding, residual, attention and logits multipliers), Phi-3 / Phi-4 (fused q|k|v and gate|up tensors;
-Phi-4-mini's partial rotary). Logits on several prompt lengths and over decode steps (one prompt past every window),
-and greedy equal through the engine: batched, from the prefix cache, alone.
+Phi-4-mini's partial rotary), ERNIE 4.5 (interleaved rotary pairs, biases). Logits on several prompt lengths and over
+decode steps (one prompt past every window), and greedy equal through the engine: batched, from the prefix cache,
+alone.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ VARIANTS = {
     ),
     "phi3": ({"sliding_window": WINDOW}, "Phi3ForCausalLM"),
     "phi3_partial": ({"partial_rotary_factor": 0.5}, "Phi3ForCausalLM"),
+    "ernie4_5": ({"use_bias": True}, "Ernie4_5ForCausalLM"),
     "exaone4": ({"sliding_window": WINDOW, "sliding_window_pattern": 2}, "Exaone4ForCausalLM"),
 }
 
