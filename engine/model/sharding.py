@@ -23,6 +23,7 @@ from torch import nn
 from engine.errors import StartupError, UnsupportedModel
 from engine.model.checkpoint import Source
 from engine.model.layers.linear import FusedLinear
+from engine.model.layers.mla import MLAttention
 from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
 
 # The architectures whose families shard (each has a TP=2 parity test); others are refused at start-up. An
@@ -150,7 +151,7 @@ def shard_attention(attn: nn.Module, prefix: str, tp: TensorParallel, plan: Shar
     attn.num_q, attn.num_kv = nq, nk
 
 
-def shard_mla(attn: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> nn.Module:
+def shard_mla(attn: MLAttention, prefix: str, tp: TensorParallel, plan: ShardPlan) -> MLAttention:
     """A multi-head latent attention (engine/model/layers/mla.py) -> a new one over this rank's heads: their rows of
     q_proj or q_b_proj and of kv_b_proj (W_UK_h, W_UV_h), o_proj row-parallel. q_a_proj, kv_a_proj_with_mqa and their
     norms stay whole: every rank writes the same latent and rotary key, so its pages are full, not a part."""
@@ -160,7 +161,7 @@ def shard_mla(attn: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan)
     plan.column(f"{prefix}.{'q_proj' if s.q_lora_rank is None else 'q_b_proj'}", h0 * qk, nh * qk, bias=False)
     plan.sources[f"{prefix}.kv_b_proj.weight"] = Source(0, ((h0 * kv_rows, nh * kv_rows),))
     plan.row(f"{prefix}.o_proj", h0 * s.v_head_dim, nh * s.v_head_dim, bias=s.attention_bias)
-    return type(attn)(replace(s, num_heads=nh))
+    return MLAttention(replace(s, num_heads=nh))
 
 
 def shard_gated_mlp(mlp: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:

@@ -151,6 +151,7 @@ class DeepseekV2ForCausalLM(DecoderLM):
         vocabulary rows (engine/model/sharding.py); returns what the loader reads for it."""
         plan = ShardPlan()
         for i, layer in enumerate(self.model.layers):
+            assert isinstance(layer, DeepseekDecoderLayer)
             prefix = f"model.layers.{i}"
             layer.self_attn = shard_mla(layer.self_attn, f"{prefix}.self_attn", tp, plan)
             if isinstance(layer.mlp, SparseMoE):
