@@ -21,7 +21,11 @@ MLA_KINDS = ("deepseek_v3", "glm4_moe_lite")
 def build_target(kind: str, path: Path, baked_model_path: Path, **change):
     """A tiny random `kind` checkpoint at `path` (config `change`d) with the baked model's tokenizer; returns the
     transformers model."""
-    hf = build_mla_checkpoint(kind, path, **change) if kind in MLA_KINDS else build_moe_checkpoint(kind, "hub", path, **change)
+    hf = (
+        build_mla_checkpoint(kind, path, **change)
+        if kind in MLA_KINDS
+        else build_moe_checkpoint(kind, "hub", path, **change)
+    )
     load_family(path, baked_model_path)
     return hf
 
