@@ -8,9 +8,9 @@ or bake."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
-from torch import nn
 
 from engine.config import SpeculativeConfig
 from engine.core.scheduling.step import StepResult
@@ -19,7 +19,7 @@ from engine.core.spec.proposer import Target
 from engine.errors import StartupError
 from engine.model.checkpoint import safetensors_files, tensor_shapes
 from engine.model.loader import load_part, read_config
-from engine.model.models.next_n_mtp import next_n_head, next_n_prefix
+from engine.model.models.next_n_mtp import NextNHead, next_n_head, next_n_prefix
 from engine.model.models.qwen3_5_mtp import PREFIX, MtpHead, has_experts, head_args
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class MtpProposer(HeadProposer):
 
     def __init__(self, config: SpeculativeConfig, target: Target) -> None:
         model, names = target.model, checkpoint_names(target.model_path)
+        head: MtpHead | NextNHead
         if not hasattr(model, "recurrent_spec"):  # DeepSeek and GLM: the next-n layer
             head, prefix = self._next_n_head(model, names, target.model_path), next_n_prefix(model.args.num_layers)
         elif f"{PREFIX}fc.weight" in names:
@@ -49,7 +50,7 @@ class MtpProposer(HeadProposer):
             )
         load_part(head, target.model_path, prefix, target.dtype, target.device)
         head.eval().requires_grad_(False)
-        if hasattr(head, "share_kernels"):
+        if isinstance(head, NextNHead):
             head.share_kernels()
         num_pages = config.draft_kv_pages or target.num_pages
         self.start(head, head.args, config.num_speculative_tokens, num_pages, target)
@@ -58,7 +59,7 @@ class MtpProposer(HeadProposer):
         )
 
     @staticmethod
-    def _qwen_head(model: nn.Module, names: set[str]) -> nn.Module:
+    def _qwen_head(model: Any, names: set[str]) -> MtpHead:
         experts = has_experts(names)
         if experts and model.args.routing is None:
             raise StartupError("the model's MTP layer has experts but the model has none", param="speculative.method")
@@ -66,7 +67,7 @@ class MtpProposer(HeadProposer):
             return MtpHead(head_args(model.args, experts), model)
 
     @staticmethod
-    def _next_n_head(model: nn.Module, names: set[str], model_path: str) -> nn.Module:
+    def _next_n_head(model: Any, names: set[str], model_path: str) -> NextNHead:
         layers = read_config(model_path).get("num_nextn_predict_layers") or 1
         if layers > 1:
             log.warning("num_nextn_predict_layers=%d: the first next-n layer makes every guess", layers)

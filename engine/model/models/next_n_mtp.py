@@ -16,6 +16,8 @@ before each forward and reads `carry` after it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -50,7 +52,7 @@ class NextNHead(nn.Module):
     model.layers.{n}.); `target` is the model whose rotary, and embedding or lm_head where the layer has none, it
     shares. A family's subclass builds its layer and runs it."""
 
-    def __init__(self, *, args, target: nn.Module, experts: bool, own_embed: bool, own_head: bool) -> None:
+    def __init__(self, *, args: Any, target: Any, experts: bool, own_embed: bool, own_head: bool) -> None:
         super().__init__()
         h, eps = args.hidden_size, args.rms_norm_eps
         self.args = args
@@ -63,13 +65,13 @@ class NextNHead(nn.Module):
         self.embed_tokens = (
             nn.Embedding(args.vocab_size, h, _weight=torch.empty(args.vocab_size, h)) if own_embed else None
         )
-        self._target = (target,)  # a tuple: shared, not a submodule (its weights are the target's to load)
+        self._target: tuple[Any] = (target,)  # a tuple: shared, not a submodule (its weights are the target's to load)
         self.lora = None
         self.features: torch.Tensor | None = None  # set by the caller before each forward: a row per token
         self.carry: torch.Tensor | None = None  # each row's output before shared_head.norm, after a forward
 
     @classmethod
-    def make_layer(cls, args, family: type, experts: bool) -> nn.Module:
+    def make_layer(cls, args: Any, family: Any, experts: bool) -> nn.Module:
         raise NotImplementedError
 
     def decode(
@@ -129,10 +131,12 @@ class DeepseekNextN(NextNHead):
     """DeepSeek-V3 / R1 and GLM-4.7-Flash: an MLA layer over latent pages of its own."""
 
     @classmethod
-    def make_layer(cls, args, family: type, experts: bool) -> nn.Module:
+    def make_layer(cls, args: Any, family: Any, experts: bool) -> nn.Module:
         return DeepseekDecoderLayer(args, make_moe(args) if experts else LlamaMLP(args))
 
-    def decode(self, x, positions, caches, b):
+    def decode(
+        self, x: torch.Tensor, positions: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor], b: AttentionBackend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.layer(x, None, self._target[0].rotary.lookup(positions), caches, b)
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
@@ -144,11 +148,13 @@ class Glm4MoeNextN(NextNHead):
     """GLM-4.5 / 4.6 / 4.7: a Llama-attention layer (partial rotary) over K/V pages of its own."""
 
     @classmethod
-    def make_layer(cls, args, family: type, experts: bool) -> nn.Module:
+    def make_layer(cls, args: Any, family: Any, experts: bool) -> nn.Module:
         mlp = family.make_moe(args) if experts else LlamaMLP(args)
         return LlamaDecoderLayer(args, family.make_attention(args), mlp)
 
-    def decode(self, x, positions, caches, b):
+    def decode(
+        self, x: torch.Tensor, positions: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor], b: AttentionBackend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         rotary = self._target[0].rotary
         cos, sin = (None, None) if rotary.cos is None else rotary.lookup(positions)
         return self.layer(x, None, positions, cos, sin, *caches, b)
@@ -157,7 +163,7 @@ class Glm4MoeNextN(NextNHead):
         return [KVGroupSpec(layers=(0,), num_kv_heads=self.args.num_kv_heads, head_dim=self.args.head_dim)]
 
 
-def next_n_head(target: nn.Module, names: set[str]) -> NextNHead:
+def next_n_head(target: Any, names: set[str]) -> NextNHead:
     """The target's next-n head, built (on the current device) from its checkpoint's tensor `names`; StartupError in
     one line for a family that has none the engine runs, or a checkpoint without the layer."""
     if isinstance(target, DeepseekV2ForCausalLM):
