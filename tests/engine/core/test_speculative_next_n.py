@@ -2,8 +2,8 @@
 model.layers.{n}.* tensors added to tiny checkpoints): the head's guesses equal a plain-torch reference of it (enorm,
 hnorm, eh_proj and shared_head written out here, its decoder layer transformers' layer of the family with the next-n
 weights) fed transformers' final hidden states; greedy output token for token as without speculation, with guesses
-accepted, at k = 1 and 2, batched beside beam search and n=2; a checkpoint without the layer fails the start in one
-line."""
+accepted, at k = 1 and 2, batched beside beam search and n=2, and under preemption; a checkpoint without the layer
+fails the start in one line."""
 
 from __future__ import annotations
 
@@ -97,6 +97,11 @@ def test_greedy_equals_without_speculation_with_guesses_accepted(kind, tmp_path,
         head = spec.speculator.proposer
         assert head.kv.num_free == [a.num_pages for a in head.kv.allocators]  # every head page given back
         head.kv.check()
+    # Preempted and recomputed on a small pool.
+    picked = {r: requests[r] for r in ("p0", "p1", "p2", "loop")}
+    tight = tiny_engine(tmp_path, speculative=mtp(2), max_num_seqs=4, num_kv_pages=20, enable_prefix_caching=False)
+    assert tokens(run_checked(tight, picked)) == {r: want[r] for r in picked}
+    assert tight.scheduler.num_preemptions > 0 and tight.stats()["spec_accepted_tokens"] > 0
 
 
 def test_a_checkpoint_without_the_next_n_layer_fails_the_start_in_one_line(tmp_path, baked_model_path):
