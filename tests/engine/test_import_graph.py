@@ -80,7 +80,12 @@ ENGINE_PACKAGES = ("core", "model", "attention", "sample", "text", "image", "cud
 FAMILIES = "engine.model.models."
 # Family files and what they build on: models/base.py and models/moe_base.py, the blocks of layers/, and no other
 # family's file but these (family -> family files it extends, with why).
-SHARED_MODEL_FILES = {"engine.model.models", "engine.model.models.base", "engine.model.models.moe_base"}
+SHARED_MODEL_FILES = {
+    "engine.model.models",
+    "engine.model.models.base",
+    "engine.model.models.moe_base",
+    "engine.model.models.mtp_base",
+}
 FAMILY_BASES = {
     # The Llama decoder is the dense decoder the Llama-attention MoE decoders extend.
     "engine.model.models.moe_base": {"engine.model.models.llama"},

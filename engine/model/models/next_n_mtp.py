@@ -10,8 +10,7 @@ output row before that norm (the residual stream, as vLLM carries it). The embed
 where the checkpoint stores them, else the target's; the rotary tables are the target's. Of num_nextn_predict_layers
 only the first is read: it makes every guess.
 
-The head runs on the engine's ModelRunner like any model: the caller sets `features` (one row per input token)
-before each forward and reads `carry` after it.
+The head runs on the engine's ModelRunner as engine/model/models/mtp_base.py says.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.attention.base import AttentionBackend
 from engine.errors import StartupError
 from engine.model.kv_spec import KVGroupSpec, latent_group
 from engine.model.layers.mla import mla_softmax_scale
@@ -29,6 +28,7 @@ from engine.model.layers.norm import RMSNorm
 from engine.model.models.deepseek_v2 import DeepseekDecoderLayer, DeepseekV2ForCausalLM, make_moe
 from engine.model.models.glm4_moe import Glm4MoeForCausalLM
 from engine.model.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP
+from engine.model.models.mtp_base import MtpHeadBase
 
 MARKER = "eh_proj.weight"  # the tensor that says a checkpoint ships the layer
 
@@ -47,15 +47,14 @@ class SharedHead(nn.Module):
         self.head = nn.Linear(hidden_size, vocab_size, bias=False) if vocab_size else None
 
 
-class NextNHead(nn.Module):
+class NextNHead(MtpHeadBase):
     """enorm, hnorm, eh_proj, the decoder layer (`layer`), shared_head and maybe embed_tokens (the hub's names less
     model.layers.{n}.); `target` is the model whose rotary, and embedding or lm_head where the layer has none, it
-    shares. A family's subclass builds its layer and runs it."""
+    shares. A family's subclass builds its layer and runs it (decode(): the layer's output plus its residual)."""
 
     def __init__(self, *, args: Any, target: Any, experts: bool, own_embed: bool, own_head: bool) -> None:
-        super().__init__()
+        super().__init__(args, target)
         h, eps = args.hidden_size, args.rms_norm_eps
-        self.args = args
         self.prefix = next_n_prefix(args.num_layers)
         self.enorm = RMSNorm(h, eps)
         self.hnorm = RMSNorm(h, eps)
@@ -65,19 +64,9 @@ class NextNHead(nn.Module):
         self.embed_tokens = (
             nn.Embedding(args.vocab_size, h, _weight=torch.empty(args.vocab_size, h)) if own_embed else None
         )
-        self._target: tuple[Any] = (target,)  # a tuple: shared, not a submodule (its weights are the target's to load)
-        self.lora = None
-        self.features: torch.Tensor | None = None  # set by the caller before each forward: a row per token
-        self.carry: torch.Tensor | None = None  # each row's output before shared_head.norm, after a forward
 
     @classmethod
     def make_layer(cls, args: Any, family: Any, experts: bool) -> nn.Module:
-        raise NotImplementedError
-
-    def decode(
-        self, x: torch.Tensor, positions: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor], b: AttentionBackend
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer on x: (its output, the residual stream)."""
         raise NotImplementedError
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
@@ -103,27 +92,16 @@ class NextNHead(nn.Module):
             elif isinstance(module, LlamaAttention):
                 module.cos_sin_cache = target.rotary.cos_sin_cache
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        backend: AttentionBackend | list[AttentionBackend],
-    ) -> torch.Tensor:
-        assert self.features is not None, "features are set before each forward"
-        target = self._target[0]
-        embed = self.embed_tokens if self.embed_tokens is not None else target.model.embed_tokens
-        embeds = self.enorm(embed(input_ids))
-        x = self.eh_proj(torch.cat([embeds, self.hnorm(self.features.to(embeds.dtype))], dim=-1))
-        h, residual = self.decode(x, positions, kv_caches[0], backend[0] if isinstance(backend, list) else backend)
-        self.carry = h + residual
-        return self.carry
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().embed(input_ids) if self.embed_tokens is None else self.embed_tokens(input_ids)
+
+    def join(self, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(features)], dim=-1))
 
     def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
         x = self.shared_head.norm(hidden)
         if self.shared_head.head is None:
-            return self._target[0].compute_logits(x, exact_rows)
+            return super().compute_logits(x, exact_rows)
         return self.shared_head.head(x).float()
 
 
@@ -136,8 +114,9 @@ class DeepseekNextN(NextNHead):
 
     def decode(
         self, x: torch.Tensor, positions: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor], b: AttentionBackend
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.layer(x, None, self._target[0].rotary.lookup(positions), caches, b)
+    ) -> torch.Tensor:
+        h, residual = self.layer(x, None, self._target[0].rotary.lookup(positions), caches, b)
+        return h + residual
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
         mla = self.args.mla
@@ -154,10 +133,11 @@ class Glm4MoeNextN(NextNHead):
 
     def decode(
         self, x: torch.Tensor, positions: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor], b: AttentionBackend
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor:
         rotary = self._target[0].rotary
         cos, sin = (None, None) if rotary.cos is None else rotary.lookup(positions)
-        return self.layer(x, None, positions, cos, sin, *caches, b)
+        h, residual = self.layer(x, None, positions, cos, sin, *caches, b)
+        return h + residual
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
         return [KVGroupSpec(layers=(0,), num_kv_heads=self.args.num_kv_heads, head_dim=self.args.head_dim)]
