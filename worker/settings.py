@@ -59,7 +59,9 @@ class SpeculativeSettings(BaseModel):
             what = "draft model" if self.method == "draft_model" else "EAGLE-3 head"
             raise ValueError(f'method "{self.method}" needs the {what}\'s folder as "model"')
         if self.method == "mtp" and self.model:
-            raise ValueError('method "mtp" reads the model\'s own MTP weights (mtp.*): leave "model" unset')
+            raise ValueError(
+                'method "mtp" reads the model\'s own MTP head (mtp.* or a next-n layer): leave "model" unset'
+            )
         return self
 
 
