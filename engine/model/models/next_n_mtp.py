@@ -129,7 +129,7 @@ class Glm4MoeNextN(NextNHead):
     @classmethod
     def make_layer(cls, args: Any, family: Any, experts: bool) -> nn.Module:
         mlp = family.make_moe(args) if experts else LlamaMLP(args)
-        return LlamaDecoderLayer(args, family.make_attention(args), mlp)
+        return LlamaDecoderLayer(args, family.make_attention(args, args.num_layers), mlp)  # the hub's layer index
 
     def decode(
         self, x: torch.Tensor, positions: torch.Tensor, caches: tuple[torch.Tensor, torch.Tensor], b: AttentionBackend
