@@ -46,6 +46,8 @@ SHARDED_ARCHITECTURES = (
     "Olmo3ForCausalLM",
     "Exaone4ForCausalLM",
     "GraniteForCausalLM",
+    "GraniteMoeForCausalLM",
+    "GraniteMoeSharedForCausalLM",
     "Phi3ForCausalLM",
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",

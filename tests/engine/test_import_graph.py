@@ -95,7 +95,7 @@ FAMILY_BASES = {
     # Phi-3 / Phi-4 is the Llama decoder with fused checkpoint tensors and partial rotary.
     "engine.model.models.phi3": {"engine.model.models.llama"},
     # Granite is the Llama decoder with four scalars.
-    "engine.model.models.granite": {"engine.model.models.llama"},
+    "engine.model.models.granite": {"engine.model.models.llama", "engine.model.models.moe_base"},
     # OLMo 2 / 3 and EXAONE 4 are Llama decoders with their norms after attention and MLP.
     "engine.model.models.olmo2": {"engine.model.models.llama"},
     "engine.model.models.glm4_moe": {"engine.model.models.llama"},

@@ -34,6 +34,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Glm4MoeLiteForCausalLM": ("engine.model.models.deepseek_v2", "Glm4MoeLiteForCausalLM"),
     "Glm4MoeForCausalLM": ("engine.model.models.glm4_moe", "Glm4MoeForCausalLM"),
     "GraniteForCausalLM": ("engine.model.models.granite", "GraniteForCausalLM"),
+    "GraniteMoeForCausalLM": ("engine.model.models.granite", "GraniteMoeForCausalLM"),
+    "GraniteMoeSharedForCausalLM": ("engine.model.models.granite", "GraniteMoeForCausalLM"),
     "GptOssForCausalLM": ("engine.model.models.gpt_oss", "GptOssForCausalLM"),
     "LlamaForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     # Cross-encoders: the decoder plus a score head (engine/model/classifier.py attaches it)

@@ -1,47 +1,83 @@
-"""IBM Granite 3.x dense (GraniteForCausalLM): the Llama decoder with four scalars. The token embeddings are scaled
-by embedding_multiplier, each attention and MLP output by residual_multiplier before it joins the residual stream,
-the attention scores by attention_multiplier (in place of 1/sqrt(head_dim)), and the logits divided by
-logits_scaling.
+"""IBM Granite 3.x: dense (GraniteForCausalLM) and mixture-of-experts (GraniteMoeForCausalLM, and
+GraniteMoeSharedForCausalLM with a shared MLP beside the experts). The Llama decoder with Granite's four scalars
+(LlamaArgs: embedding, residual and attention multipliers, logits scaling); the MoE routes by a softmax over the
+chosen k. Hub checkpoints name the MoE `block_sparse_moe` with `router.layer`, its experts stacked as `input_linear`
+(gate|up) and `output_linear` (down), the shared MLP `shared_mlp` (the same two names); transformers 5 writes
+`router` and `experts.gate_up_proj` / `experts.down_proj`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import re
 
-import torch
+from engine.model.checkpoint import Source
+from engine.model.layers.moe import SparseMoE
+from engine.model.layers.parallel import TensorParallel
+from engine.model.models.llama import LlamaArgs, LlamaForCausalLM, LlamaMLP
+from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args
+from engine.model.sharding import ShardPlan
 
-from engine.model.kv_spec import KVGroupSpec, kv_groups, layer_windows
-from engine.model.models.llama import LlamaArgs, LlamaForCausalLM
+_RENAMES = (
+    (re.compile(r"\.block_sparse_moe\.router(\.layer)?\."), ".mlp.gate."),
+    (re.compile(r"\.block_sparse_moe\.(input_linear\.weight|experts\.gate_up_proj)$"), ".mlp.experts.gate_up_proj"),
+    (re.compile(r"\.block_sparse_moe\.(output_linear\.weight|experts\.down_proj)$"), ".mlp.experts.down_proj"),
+    (re.compile(r"\.shared_mlp\.input_linear\."), ".mlp.shared_experts.gate_up_proj."),
+    (re.compile(r"\.shared_mlp\.output_linear\."), ".mlp.shared_experts.down_proj."),
+)
 
 
-@dataclass(kw_only=True)
-class GraniteArgs(LlamaArgs):
-    attention_multiplier: float | None = None  # the softmax scale (None: 1/sqrt(head_dim))
-    logits_scaling: float = 1.0
+def granite_scalars(config: dict) -> dict:
+    scale = config.get("attention_multiplier")
+    return {
+        "embedding_multiplier": float(config.get("embedding_multiplier", 1.0)),
+        "residual_multiplier": float(config.get("residual_multiplier", 1.0)),
+        "attention_multiplier": None if scale is None else float(scale),
+        "logits_scaling": float(config.get("logits_scaling", 1.0)),
+    }
 
 
 class GraniteForCausalLM(LlamaForCausalLM):
-    args: GraniteArgs
+    @classmethod
+    def read_args(cls, config: dict, names: set[str]) -> LlamaArgs:
+        return dataclasses.replace(super().read_args(config, names), **granite_scalars(config))
+
+
+class GraniteMoeForCausalLM(MoeForCausalLM):
+    @classmethod
+    def read_args(cls, config: dict, names: set[str]) -> MoeArgs:
+        args = read_moe_args(
+            config,
+            names,
+            expert_size_key="intermediate_size",
+            norm_topk_prob=True,
+            shared_expert_size=config.get("shared_intermediate_size") or 0,
+        )
+        return dataclasses.replace(args, **granite_scalars(config))
 
     @classmethod
-    def read_args(cls, config: dict, names: set[str]) -> GraniteArgs:
-        args = super().read_args(config, names)
-        scale = config.get("attention_multiplier")
-        return GraniteArgs(
-            **{
-                **args.__dict__,
-                "embedding_multiplier": float(config.get("embedding_multiplier", 1.0)),
-                "residual_multiplier": float(config.get("residual_multiplier", 1.0)),
-            },
-            attention_multiplier=None if scale is None else float(scale),
-            logits_scaling=float(config.get("logits_scaling", 1.0)),
-        )
+    def make_moe(cls, a: MoeArgs) -> SparseMoE:
+        """The routed experts and, where the config has one, the ungated shared MLP beside them."""
+        assert a.routing is not None
+        shared = None
+        if a.routing.shared_expert_size:
+            fields = {name: getattr(a, name) for name in LlamaArgs.__dataclass_fields__}
+            shared = LlamaMLP(LlamaArgs(**{**fields, "intermediate_size": a.routing.shared_expert_size}))
+        return SparseMoE(routing=a.routing, hidden_size=a.hidden_size, shared_experts=shared)
 
-    def kv_groups(self, config: dict) -> list[KVGroupSpec]:
-        a = self.args
-        windows = layer_windows(config, a.num_layers)
-        return kv_groups(windows, a.num_kv_heads, a.head_dim, scale=a.attention_multiplier)
+    def shard(self, tp: TensorParallel) -> ShardPlan:
+        """The MoE shard, and this rank's columns of gate and of up in the shared MLP's fused input_linear."""
+        plan = super().shard(tp)
+        assert self.args.routing is not None
+        shared = self.args.routing.shared_expert_size
+        if shared:
+            start, size = tp.span(shared)
+            for i in self.args.sparse_layers:
+                gate_up = f"model.layers.{i}.mlp.shared_experts.gate_up_proj.weight"
+                plan.sources[gate_up] = Source(0, ((start, size), (shared + start, size)))
+        return plan
 
-    def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
-        logits = self.head_logits(hidden, exact_rows)
-        return logits if self.args.logits_scaling == 1.0 else logits / self.args.logits_scaling
+    def checkpoint_name(self, name: str) -> str:
+        for pattern, ours in _RENAMES:
+            name = pattern.sub(ours, name)
+        return name

@@ -41,8 +41,13 @@ class LlamaArgs(DecoderShape):
     # Ministral 3 (llama_4_scaling_beta, original_max_position_embeddings): queries scaled by
     # 1 + beta * log(1 + floor(position / original_max)) past the original context
     query_scaling: tuple[float, int] | None = None
-    embedding_multiplier: float = 1.0  # Granite: the token embeddings scaled by it
-    residual_multiplier: float = 1.0  # Granite: each block's output scaled by it before it joins the residual stream
+    # Granite's scalars: the token embeddings scaled by embedding_multiplier, each block's output by
+    # residual_multiplier before it joins the residual stream, the scores by attention_multiplier (None:
+    # 1/sqrt(head_dim)), the logits divided by logits_scaling
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
     sinks: bool = False  # gpt-oss: a learned sink logit per q head
     tie_word_embeddings: bool = False
     vision: Any = None  # an image-text checkpoint's QwenVision (engine/model/vision/qwen_vl_model.py)
@@ -237,7 +242,11 @@ class LlamaForCausalLM(DecoderLM):
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
         a = self.args
-        return kv_groups(layer_windows(config, a.num_layers), a.num_kv_heads, a.head_dim)
+        return kv_groups(layer_windows(config, a.num_layers), a.num_kv_heads, a.head_dim, scale=a.attention_multiplier)
+
+    def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.head_logits(hidden, exact_rows)
+        return logits if self.args.logits_scaling == 1.0 else logits / self.args.logits_scaling
 
     def __init__(self, args: LlamaArgs, head_vocab: int | None = None) -> None:
         layers = [self.make_layer(args, i) for i in range(args.num_layers)]

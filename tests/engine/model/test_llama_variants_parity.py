@@ -2,9 +2,9 @@
 Seed-OSS (attention biases), SmolLM3 (no rotary on some layers), OLMo 2 (norms after attention and MLP, q / k norm
 over the whole projection), OLMo 3 (OLMo 2 with sliding windows and a YaRN rope on its full-attention layers),
 EXAONE 4 (OLMo 2's norm placement, q / k norm per head, sliding windows with rotary only on the sliding layers),
-Granite (embedding, residual, attention and logits multipliers), Phi-3 / Phi-4 (fused q|k|v and gate|up tensors;
-Phi-4-mini's partial rotary), ERNIE 4.5 (interleaved rotary pairs, biases), Ministral 3 (YaRN, queries scaled past
-the original context). Logits on several prompt lengths and over
+Granite dense and MoE (embedding, residual, attention and logits multipliers; a shared MLP; the hub's names),
+Phi-3 / Phi-4 (fused q|k|v and gate|up tensors; Phi-4-mini's partial rotary), ERNIE 4.5 (interleaved rotary pairs,
+biases), Ministral 3 (YaRN, queries scaled past the original context). Logits on several prompt lengths and over
 decode steps (one prompt past every window), and greedy equal through the engine: batched, from the prefix cache,
 alone.
 """
@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from engine.errors import UnsupportedModel
 from engine.model.folder_check import check_model_folder
@@ -38,6 +39,13 @@ COMMON = dict(
     eos_token_id=2,
 )
 WINDOW = 8
+GRANITE = {"embedding_multiplier": 6.0, "residual_multiplier": 0.3, "attention_multiplier": 0.05, "logits_scaling": 4.0}
+# The hub's names of a Granite MoE checkpoint, where transformers 5 writes its own.
+GRANITE_HUB_NAMES = {
+    ".block_sparse_moe.router.weight": ".block_sparse_moe.router.layer.weight",
+    ".block_sparse_moe.experts.gate_up_proj": ".block_sparse_moe.input_linear.weight",
+    ".block_sparse_moe.experts.down_proj": ".block_sparse_moe.output_linear.weight",
+}
 # model_type -> (the config's own keys, the architecture)
 VARIANTS = {
     "seed_oss": ({"attention_bias": True, "attention_out_bias": False}, "SeedOssForCausalLM"),
@@ -59,13 +67,15 @@ VARIANTS = {
         },
         "Olmo3ForCausalLM",
     ),
-    "granite": (
-        {"embedding_multiplier": 6.0, "residual_multiplier": 0.3, "attention_multiplier": 0.05, "logits_scaling": 4.0},
-        "GraniteForCausalLM",
-    ),
+    "granite": (GRANITE, "GraniteForCausalLM"),
     "phi3": ({"sliding_window": WINDOW}, "Phi3ForCausalLM"),
     "phi3_partial": ({"partial_rotary_factor": 0.5}, "Phi3ForCausalLM"),
     "ernie4_5": ({"use_bias": True}, "Ernie4_5ForCausalLM"),
+    "granitemoe": ({**GRANITE, "num_local_experts": 4, "num_experts_per_tok": 2}, "GraniteMoeForCausalLM"),
+    "granitemoeshared": (
+        {**GRANITE, "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 48},
+        "GraniteMoeSharedForCausalLM",
+    ),
     "ministral3": (
         {
             "sliding_window": 4 * WINDOW,
@@ -101,6 +111,11 @@ def build_variant(model_type: str, path: Path):
             if name.endswith("bias") or "norm" in name:
                 param.add_(torch.randn_like(param) * 0.2)
     hf.save_pretrained(path)
+    if model_type == "granitemoeshared":  # the hub's names, which the engine reads as it reads transformers 5's
+        tensors = load_file(path / "model.safetensors")
+        for theirs, hub in GRANITE_HUB_NAMES.items():
+            tensors = {(k.replace(theirs, hub) if k.endswith(theirs) else k): v for k, v in tensors.items()}
+        save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     return hf
 
 

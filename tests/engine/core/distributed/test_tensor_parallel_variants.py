@@ -1,9 +1,10 @@
 """TENSOR_PARALLEL_SIZE=2 on the CPU (gloo, two processes) for the decoders that differ from Llama by a mechanism or
 two (tests/engine/model/test_llama_variants_parity.py): Seed-OSS's biases, SmolLM3's no-rotary layers, OLMo 2's norms
 after each block with q / k norms over the whole projection (a mean square over every rank's heads), OLMo 3's rope
-per layer type, EXAONE 4's per-head norms and no-rotary global layers, Granite's multipliers, Phi-3's fused q|k|v
-and gate|up checkpoint tensors (each rank reads its heads' rows of each part), ERNIE 4.5's interleaved rotary. The
-prompt's log-probabilities and greedy answers against one rank and transformers."""
+per layer type, EXAONE 4's per-head norms and no-rotary global layers, Granite's multipliers (and its MoE with a
+shared MLP, from the hub's names), Phi-3's fused q|k|v and gate|up checkpoint tensors (each rank reads its heads'
+rows of each part), ERNIE 4.5's interleaved rotary, Ministral 3's query scaling. The prompt's log-probabilities and
+greedy answers against one rank and transformers."""
 
 from __future__ import annotations
 
@@ -14,7 +15,18 @@ from tests.engine.core.distributed.tp_models import check_split_answers, child_p
 from tests.engine.core.engine_run import make_engine
 from tests.engine.model.test_llama_variants_parity import build_variant
 
-KINDS = ("seed_oss", "smollm3", "olmo2", "olmo3", "exaone4", "granite", "phi3", "ernie4_5", "ministral3")
+KINDS = (
+    "seed_oss",
+    "smollm3",
+    "olmo2",
+    "olmo3",
+    "exaone4",
+    "granite",
+    "phi3",
+    "ernie4_5",
+    "ministral3",
+    "granitemoeshared",
+)
 
 
 @pytest.mark.parametrize("kind", KINDS)
