@@ -94,6 +94,8 @@ FAMILY_BASES = {
     "engine.model.models.olmoe": {"engine.model.models.llama", "engine.model.models.olmo2"},
     # Phi-3 / Phi-4 is the Llama decoder with fused checkpoint tensors and partial rotary.
     "engine.model.models.phi3": {"engine.model.models.llama"},
+    # ERNIE 4.5 MoE is ERNIE 4.5's (the Llama) decoder with DeepSeek-style routing.
+    "engine.model.models.ernie4_5_moe": {"engine.model.models.llama", "engine.model.models.moe_base"},
     # Granite is the Llama decoder with four scalars.
     "engine.model.models.granite": {"engine.model.models.llama", "engine.model.models.moe_base"},
     # OLMo 2 / 3 and EXAONE 4 are Llama decoders with their norms after attention and MLP.

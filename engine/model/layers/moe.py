@@ -196,10 +196,13 @@ class SparseMoE(nn.Module):
         shared_expert: nn.Module | None = None,
         experts: StackedExperts | None = None,
         shared_experts: nn.Module | None = None,
+        gate: ScoreLinear | None = None,
     ) -> None:
         super().__init__()
         self.routing = routing
-        if routing.choice_bias:
+        if gate is not None:  # a family's own router (ERNIE 4.5 stores its correction bias [1, E])
+            self.gate = gate
+        elif routing.choice_bias:
             self.gate: ScoreLinear = BiasedChoiceRouter(hidden_size, routing.num_experts)
         else:
             self.gate = ScoreLinear(hidden_size, routing.num_experts, bias=routing.router_bias)

@@ -25,6 +25,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "DeepseekV2ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV3ForCausalLM"),
     "Ernie4_5ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
+    "Ernie4_5_MoeForCausalLM": ("engine.model.models.ernie4_5_moe", "Ernie4_5_MoeForCausalLM"),
     "Exaone4ForCausalLM": ("engine.model.models.olmo2", "Exaone4ForCausalLM"),
     "Gemma2ForCausalLM": ("engine.model.models.gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("engine.model.models.gemma3", "Gemma3ForCausalLM"),

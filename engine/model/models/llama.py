@@ -236,7 +236,7 @@ class LlamaForCausalLM(DecoderLM):
             names,
             qk_norm=qk_norm,
             no_rope_layers=read_no_rope_layers(config),
-            rope_interleaved=config.get("model_type") == "ernie4_5",
+            rope_interleaved=config.get("model_type") in ("ernie4_5", "ernie4_5_moe"),
             query_scaling=read_query_scaling(config),
         )
 

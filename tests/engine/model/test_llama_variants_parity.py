@@ -3,10 +3,10 @@ Seed-OSS (attention biases), SmolLM3 (no rotary on some layers), OLMo 2 (norms a
 over the whole projection), OLMo 3 (OLMo 2 with sliding windows and a YaRN rope on its full-attention layers),
 EXAONE 4 (OLMo 2's norm placement, q / k norm per head, sliding windows with rotary only on the sliding layers),
 Granite dense and MoE (embedding, residual, attention and logits multipliers; a shared MLP; the hub's names),
-Phi-3 / Phi-4 (fused q|k|v and gate|up tensors; Phi-4-mini's partial rotary), ERNIE 4.5 (interleaved rotary pairs,
-biases), Ministral 3 (YaRN, queries scaled past the original context). Logits on several prompt lengths and over
-decode steps (one prompt past every window), and greedy equal through the engine: batched, from the prefix cache,
-alone.
+Phi-3 / Phi-4 (fused q|k|v and gate|up tensors; Phi-4-mini's partial rotary), ERNIE 4.5 dense and MoE (interleaved
+rotary pairs, biases; a choice-only correction bias), Ministral 3 (YaRN, queries scaled past the original context).
+Logits on several prompt lengths and over decode steps (one prompt past every window), and greedy equal through the
+engine: batched, from the prefix cache, alone.
 """
 
 from __future__ import annotations
@@ -71,6 +71,17 @@ VARIANTS = {
     "phi3": ({"sliding_window": WINDOW}, "Phi3ForCausalLM"),
     "phi3_partial": ({"partial_rotary_factor": 0.5}, "Phi3ForCausalLM"),
     "ernie4_5": ({"use_bias": True}, "Ernie4_5ForCausalLM"),
+    "ernie4_5_moe": (
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "moe_num_shared_experts": 1,
+            "moe_layer_start_index": 1,
+            "moe_layer_interval": 1,
+        },
+        "Ernie4_5_MoeForCausalLM",
+    ),
     "granitemoe": ({**GRANITE, "num_local_experts": 4, "num_experts_per_tok": 2}, "GraniteMoeForCausalLM"),
     "granitemoeshared": (
         {**GRANITE, "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 48},
@@ -108,7 +119,7 @@ def build_variant(model_type: str, path: Path):
     hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     with torch.no_grad():  # biases and norm weights away from their init, so that a dropped one shows
         for name, param in hf.named_parameters():
-            if name.endswith("bias") or "norm" in name:
+            if name.endswith("bias") or "norm" in name or "correction" in name:
                 param.add_(torch.randn_like(param) * 0.2)
     hf.save_pretrained(path)
     if model_type == "granitemoeshared":  # the hub's names, which the engine reads as it reads transformers 5's
