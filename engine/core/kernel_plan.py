@@ -50,6 +50,9 @@ KV_CACHE_DTYPES = ("auto", "fp8")  # KV_CACHE_DTYPE values with pages of their o
 FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "DeepseekV2ForCausalLM": ("deepseek_v2", {"num_experts_per_tok": 6}),  # DeepSeek-V2's 6 of 64 (default None)
     "DeepseekV3ForCausalLM": ("deepseek_v3", {}),
+    "Ernie4_5ForCausalLM": ("ernie4_5", {}),
+    "Ernie4_5_MoeForCausalLM": ("ernie4_5_moe", {}),
+    "Exaone4ForCausalLM": ("exaone4", {}),
     "Gemma2ForCausalLM": ("gemma2", {}),
     "Gemma3ForCausalLM": ("gemma3_text", {}),
     "Gemma3ForConditionalGeneration": ("gemma3", {"vision_config": {"image_size": 896, "patch_size": 14}}),
@@ -58,11 +61,18 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "Glm4MoeLiteForCausalLM": ("glm4_moe_lite", {}),
     "Glm4MoeForCausalLM": ("glm4_moe", {"head_dim": 128}),  # GLM-4.5's (the default's 4096 / 96 heads is 42)
     "GptOssForCausalLM": ("gpt_oss", {}),
+    "GraniteForCausalLM": ("granite", {}),
+    "GraniteMoeForCausalLM": ("granitemoe", {}),
+    "GraniteMoeSharedForCausalLM": ("granitemoeshared", {}),
     "LlamaForCausalLM": ("llama", {}),
     "LlamaForSequenceClassification": ("llama", {}),
+    "Ministral3ForCausalLM": ("ministral3", {}),
     "MistralForCausalLM": ("mistral", {}),
     "MixtralForCausalLM": ("mixtral", {}),
+    "Olmo2ForCausalLM": ("olmo2", {}),
+    "Olmo3ForCausalLM": ("olmo3", {}),
     "OlmoeForCausalLM": ("olmoe", {}),
+    "Phi3ForCausalLM": ("phi3", {}),
     "Qwen2ForCausalLM": ("qwen2", {}),
     "Qwen2MoeForCausalLM": ("qwen2_moe", {}),
     "Qwen3ForCausalLM": ("qwen3", {}),
@@ -78,6 +88,8 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         "qwen3_5_moe",
         {"text_config": {"intermediate_size": 512}, "vision_config": {"out_hidden_size": 2048}},
     ),
+    "SeedOssForCausalLM": ("seed_oss", {}),
+    "SmolLM3ForCausalLM": ("smollm3", {}),
 }
 
 
