@@ -42,15 +42,16 @@ def deepseek_fp8_config(block: tuple[int, int] = FP8_BLOCK) -> dict:
     return {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": list(block)}
 
 
-def write_mla_quantized(kind: str, family: str, path: Path):
-    """The tiny `family` (mla_checkpoints.CONFIGS) saved in `kind`'s format ("fp8_block": DeepSeek's own, or a
-    quant_writers.WRITERS kind); returns the transformers model holding the weights it stands for (float32)."""
-    hf = build_mla_checkpoint(family, path, **(INT4_SIZES if kind in INT4 else {}))
+def write_mla_quantized(kind: str, family: str, path: Path, block: tuple[int, int] = FP8_BLOCK, **sizes: object):
+    """The tiny `family` (mla_checkpoints.CONFIGS, with `sizes` changed) saved in `kind`'s format ("fp8_block":
+    DeepSeek's own, in blocks of `block`, or a quant_writers.WRITERS kind); returns the transformers model holding
+    the weights it stands for (float32)."""
+    hf = build_mla_checkpoint(family, path, **{**(INT4_SIZES if kind in INT4 else {}), **sizes})
     tensors = load_file(path / "model.safetensors")
     state = hf.state_dict()
     for name in [n for n in tensors if QUANTIZED.search(n)]:
         w = tensors.pop(name).float()
-        quantized, reference = fp8_block_tensors(w, FP8_BLOCK) if kind == "fp8_block" else WRITERS[kind](w)
+        quantized, reference = fp8_block_tensors(w, block) if kind == "fp8_block" else WRITERS[kind](w)
         module = name.removesuffix(".weight")
         tensors.update({f"{module}.{k}": v.contiguous() for k, v in quantized.items()})
         with torch.no_grad():
@@ -59,7 +60,7 @@ def write_mla_quantized(kind: str, family: str, path: Path):
     config = json.loads((path / "config.json").read_text())
     routers = sorted(n.removesuffix(".weight") for n in tensors if re.search(r"\.mlp\.gate\.weight$", n))
     config["quantization_config"] = (
-        deepseek_fp8_config() if kind == "fp8_block" else quantization_config(kind, tuple(routers))
+        deepseek_fp8_config(block) if kind == "fp8_block" else quantization_config(kind, tuple(routers))
     )
     (path / "config.json").write_text(json.dumps(config))
     return hf
