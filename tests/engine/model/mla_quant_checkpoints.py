@@ -2,12 +2,12 @@
 DeepSeek-V3 / R1's own FP8 release (and GLM-4.7-Flash-FP8's): `quant_method: fp8`, e4m3 weights with a
 weight_scale_inv per block on every projection of the decoder (q_a_proj / q_b_proj or q_proj, kv_a_proj_with_mqa,
 kv_b_proj, o_proj, the dense MLPs, shared experts and every routed expert), the routers and their correction bias,
-the norms, embeddings and lm_head in float; compressed-tensors FP8 (per channel) and AutoAWQ's int4 on the same
-projections. The tiny FP8 blocks are 32 x 24 so that no width is a whole number of them (partial edge blocks on rows
-and columns, rows and columns told apart); int4 needs inputs in whole groups of 128, so its models are wider.
+the norms, embeddings and lm_head in float; compressed-tensors FP8 (per channel) and W4A16, AutoAWQ's and
+AutoGPTQ's int4 on the same projections. The tiny FP8 blocks are 32 x 24 so that no width is a whole number of them
+(partial edge blocks on rows and columns, rows and columns told apart); int4 needs inputs in whole groups of 128,
+so its models are wider.
 
-The writer returns the transformers model holding the float32 weights the checkpoint stands for.
-"""
+The writer returns the transformers model holding the float32 weights the checkpoint stands for."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ INT4_SIZES = dict(
     intermediate_size=128,
     moe_intermediate_size=128,
 )
-INT4 = ("awq", "gptq")
+INT4 = ("awq", "gptq", "ct_int4")
 QUANTIZED = re.compile(
     r"\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$"
 )

@@ -1,9 +1,9 @@
 """Quantized multi-head latent attention (MLA) checkpoints: DeepSeek-V3 / R1's own block FP8 release format on tiny
-random DeepSeek-V3 (q_lora_rank, MoE layers), V2-Lite (q_proj) and GLM-4.7-Flash models with partial edge blocks,
-compressed-tensors FP8 and AutoAWQ int4 on a V3. kv_b_proj is dequantised exactly once at load into the per-head
-W_UK / W_UV (vLLM's way); every other projection and expert stays in its checkpoint format. Logits over prompt
-lengths and decode steps equal transformers running the weights the checkpoint stands for; greedy through the
-engine batched and alone; the bake through `python -m builder` and its `--plan`."""
+random DeepSeek-V3 (q_lora_rank, MoE layers), V2-Lite (q_proj) and GLM-4.7-Flash models with partial edge blocks;
+compressed-tensors FP8 and W4A16, AutoAWQ and AutoGPTQ int4 on a V3. kv_b_proj is dequantised exactly once at load
+into the per-head W_UK / W_UV (vLLM's way); every other projection and expert stays in its checkpoint format. Logits
+over prompt lengths and decode steps equal transformers running the weights the checkpoint stands for; greedy
+through the engine batched and alone; the bake through `python -m builder` and its `--plan`."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from tests.engine.model.family_parity import (
     load_family,
     tiny_engine,
 )
-from tests.engine.model.mla_quant_checkpoints import FP8_BLOCK, dequantize_blocks, write_mla_quantized
+from tests.engine.model.mla_quant_checkpoints import FP8_BLOCK, INT4, dequantize_blocks, write_mla_quantized
 from tests.engine.model.test_hybrid_bake import _with_tokenizer
 
 CASES = [
@@ -38,6 +38,8 @@ CASES = [
     "fp8_block/glm4_moe_lite",
     "ct_fp8/deepseek_v3",
     "awq/deepseek_v3",
+    "gptq/deepseek_v3",
+    "ct_int4/deepseek_v3",
 ]
 ENGINE_CASES = ["fp8_block/deepseek_v3", "fp8_block/deepseek_v2_lite", "fp8_block/glm4_moe_lite", "awq/deepseek_v3"]
 ATOL = 2e-4  # float32: the int4 kernel's (code - 8) * s + (8 - z) * s rounds apart from (code - z) * s
@@ -72,7 +74,7 @@ def test_kv_b_proj_is_dequantised_exactly_into_the_head_weights(mla_quant):
 def test_every_other_projection_serves_its_checkpoint_weight_and_routers_stay_float(mla_quant):
     """q / kv_a / o and each MLP's and expert's projections compute the weight the checkpoint stands for (AWQ's
     through the int4 kernel where its rows allow); the routers are float32 ScoreLinears."""
-    int4 = mla_quant.kind == "awq"
+    int4 = mla_quant.kind in INT4
     for ours, theirs in zip(mla_quant.model.model.layers, mla_quant.hf.model.layers, strict=True):
         names = ["q_proj"] if mla_quant.family == "deepseek_v2_lite" else ["q_a_proj", "q_b_proj"]
         pairs = [(getattr(ours.self_attn, n), getattr(theirs.self_attn, n).weight) for n in [*names, "o_proj"]]
