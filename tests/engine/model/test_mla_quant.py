@@ -20,13 +20,14 @@ from engine.model.layers.linear import Int4Linear
 from engine.model.layers.mla import HeadWeights
 from engine.model.layers.moe import SparseMoE
 from engine.model.layers.routing import ScoreLinear
-from engine.model.loader import check_checkpoint
+from engine.model.loader import check_checkpoint, load_model
 from tests.engine.model.family_parity import (
     check_engine_greedy,
     check_prefill_and_decode,
     greedy,
     hf_greedy,
     load_family,
+    mixed_prompts,
     tiny_engine,
 )
 from tests.engine.model.mla_quant_checkpoints import FP8_BLOCK, INT4, dequantize_blocks, write_mla_quantized
@@ -130,3 +131,15 @@ def test_a_kv_b_proj_scale_of_the_wrong_shape_fails_the_bake_in_one_line(tmp_pat
         UnsupportedModel, match=r"^fp8: model\.layers\.1\.self_attn\.kv_b_proj\.weight_scale_inv has sh"
     ):
         check_checkpoint(str(tmp_path))
+
+
+@pytest.mark.parametrize("mla_quant", ["fp8_block/glm4_moe_lite"], indirect=True)
+def test_bfloat16_on_cpu_holds_kv_b_proj_in_bfloat16_and_serves(mla_quant):
+    """bfloat16 (the CPU default): kv_b_proj is the exact dequantised weight rounded once to bfloat16, and the engine
+    serves greedy requests to the end."""
+    model, _ = load_model(str(mla_quant.path), torch.bfloat16, torch.device("cpu"))
+    for ours, theirs in zip(model.model.layers, mla_quant.hf.model.layers, strict=True):
+        weight = ours.self_attn.kv_b_proj.weight
+        assert torch.equal(weight, theirs.self_attn.kv_b_proj.weight.detach().bfloat16())
+    out = greedy(tiny_engine(mla_quant.path, dtype="bfloat16"), mixed_prompts(), max_tokens=6)
+    assert all(len(tokens) == 6 for tokens in out.values())
