@@ -15,7 +15,7 @@ def check_model_folder(folder: Path) -> str:
     built from its config as start-up builds it: rotary, KV groups, KV scales). Returns the architecture."""
     from engine.model.classifier import refuse_encoder
     from engine.model.loader import check_checkpoint
-    from engine.model.models import ARCHITECTURES
+    from engine.model.models import ARCHITECTURES, refuse_not_built
 
     config_path = folder / "config.json"
     if not config_path.is_file():
@@ -23,6 +23,7 @@ def check_model_folder(folder: Path) -> str:
     archs = json.loads(config_path.read_text()).get("architectures") or []
     for arch in archs:
         refuse_encoder(arch)
+        refuse_not_built(arch)
     supported = [a for a in archs if a in ARCHITECTURES]
     if not supported:
         raise UnsupportedModel(

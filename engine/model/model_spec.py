@@ -24,7 +24,7 @@ class ModelSpec:
 
     architecture: str
     num_layers: int
-    num_q_heads: int
+    num_q_heads: int  # this rank's, under tensor parallelism (the heads its attention backends run)
     num_kv_heads: int
     head_dim: int
     hidden_size: int
@@ -61,7 +61,7 @@ def start_spec(
     return ModelSpec(
         architecture=config["architectures"][0],
         num_layers=args.num_layers,
-        num_q_heads=args.num_q_heads,
+        num_q_heads=args.num_q_heads if tp is None else tp.span(args.num_q_heads)[1],
         num_kv_heads=args.num_kv_heads,
         head_dim=args.head_dim,
         hidden_size=args.hidden_size,
@@ -85,10 +85,11 @@ def _pooling(model_path: str, config: dict, classifier: Classifier | None) -> Po
 
 
 def _rank_groups(groups: list[KVGroupSpec], tp: TensorParallel | None) -> list[KVGroupSpec]:
-    """The KV groups as one rank holds them: its KV heads (the page tables are every rank's)."""
+    """The KV groups as one rank holds them: its KV heads (the page tables are every rank's); an MLA group's latent
+    row whole (every rank's heads read the same latent)."""
     if tp is None:
         return groups
-    return [replace(g, num_kv_heads=tp.kv_heads(g.num_kv_heads)[1]) for g in groups]
+    return [g if g.latent is not None else replace(g, num_kv_heads=tp.kv_heads(g.num_kv_heads)[1]) for g in groups]
 
 
 def _eos_token_ids(config: dict, model_path: str) -> set[int]:

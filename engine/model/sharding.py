@@ -5,6 +5,8 @@ Column-parallel (q|k|v and gate|up: this rank's heads and intermediate columns),
 the matching input columns, the block's output all-reduced by the decoder layer), vocab-parallel (the embedding's
 and the lm_head's rows, the logits gathered on rank 0). KV heads are split too, or, with fewer KV heads than ranks,
 each rank keeps the one its query heads read. A row-parallel bias is added once: by rank 0, zeroed elsewhere.
+Multi-head latent attention splits its query heads with their kv_b_proj rows; the latent and the rotary key are
+every head's, so each rank computes them whole and holds the same latent pages.
 Gated DeltaNet layers split by head as attention does: a rank holds whole key heads with their value heads. A
 quantized checkpoint's packed tensors follow their float weight's slice in whole words, groups and blocks
 (quant/shards.py). A LoRA adapter's matrices split with the weight they adapt (ShardPlan.lora_part).
@@ -21,6 +23,7 @@ from torch import nn
 from engine.errors import StartupError, UnsupportedModel
 from engine.model.checkpoint import Source
 from engine.model.layers.linear import FusedLinear
+from engine.model.layers.mla import MLAttention
 from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
 
 # The architectures whose families shard (each has a TP=2 parity test); others are refused at start-up. An
@@ -35,6 +38,17 @@ SHARDED_ARCHITECTURES = (
     "MixtralForCausalLM",
     "OlmoeForCausalLM",
     "Glm4MoeForCausalLM",
+    "SeedOssForCausalLM",
+    "SmolLM3ForCausalLM",
+    "Ernie4_5ForCausalLM",
+    "Olmo2ForCausalLM",
+    "Olmo3ForCausalLM",
+    "Exaone4ForCausalLM",
+    "GraniteForCausalLM",
+    "Phi3ForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "Glm4MoeLiteForCausalLM",
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
     "Gemma4ForCausalLM",
@@ -143,6 +157,19 @@ def shard_attention(attn: nn.Module, prefix: str, tp: TensorParallel, plan: Shar
     attn.o_proj = nn.Linear(nq * d, hidden, bias=o_bias)
     plan.row(f"{prefix}.o_proj", q0 * d, nq * d, o_bias)
     attn.num_q, attn.num_kv = nq, nk
+
+
+def shard_mla(attn: MLAttention, prefix: str, tp: TensorParallel, plan: ShardPlan) -> MLAttention:
+    """A multi-head latent attention (engine/model/layers/mla.py) -> a new one over this rank's heads: their rows of
+    q_proj or q_b_proj and of kv_b_proj (W_UK_h, W_UV_h), o_proj row-parallel. q_a_proj, kv_a_proj_with_mqa and their
+    norms stay whole: every rank writes the same latent and rotary key, so its pages are full, not a part."""
+    s = attn.shape
+    h0, nh = tp.span(s.num_heads)
+    qk, kv_rows = s.qk_head_dim, s.qk_nope_head_dim + s.v_head_dim
+    plan.column(f"{prefix}.{'q_proj' if s.q_lora_rank is None else 'q_b_proj'}", h0 * qk, nh * qk, bias=False)
+    plan.sources[f"{prefix}.kv_b_proj.weight"] = Source(0, ((h0 * kv_rows, nh * kv_rows),))
+    plan.row(f"{prefix}.o_proj", h0 * s.v_head_dim, nh * s.v_head_dim, bias=s.attention_bias)
+    return MLAttention(replace(s, num_heads=nh))
 
 
 def shard_gated_mlp(mlp: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:

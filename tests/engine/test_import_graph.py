@@ -85,7 +85,14 @@ FAMILY_BASES = {
     # The Llama decoder is the dense decoder the Llama-attention MoE decoders extend.
     "engine.model.models.moe_base": {"engine.model.models.llama"},
     "engine.model.models.qwen3_moe": {"engine.model.models.llama"},
-    "engine.model.models.olmoe": {"engine.model.models.llama"},
+    # OLMoE's attention is OLMo 2's (one norm over each whole q and k projection).
+    "engine.model.models.olmoe": {"engine.model.models.llama", "engine.model.models.olmo2"},
+    # Phi-3 / Phi-4 is the Llama decoder with fused checkpoint tensors and partial rotary.
+    "engine.model.models.phi3": {"engine.model.models.llama"},
+    # Granite is the Llama decoder with four scalars.
+    "engine.model.models.granite": {"engine.model.models.llama"},
+    # OLMo 2 / 3 and EXAONE 4 are Llama decoders with their norms after attention and MLP.
+    "engine.model.models.olmo2": {"engine.model.models.llama"},
     "engine.model.models.glm4_moe": {"engine.model.models.llama"},
     # DeepSeek's dense MLP and shared experts are the Llama gated MLP (its attention is layers/mla.py's).
     "engine.model.models.deepseek_v2": {"engine.model.models.llama"},

@@ -1,8 +1,9 @@
 """FlashInfer's multi-head latent attention (engine/attention/flashinfer_mla.py) against the torch reference
 (engine/attention/mla.py) on the same latent pages, on the GPU: DeepSeek's latent (512 + 64) with 16 heads in
 bfloat16, prefills of several lengths, a chunk after cached tokens, a prefix-cache hit, decode batches of unequal
-lengths, run_mla() (W_UK absorbed before the kernel, W_UV after) and run() on absorbed queries; a long prefill against
-the reference's plain form; and the engine's choice of it for such a group on CUDA, warm-up included."""
+lengths, run_mla() (W_UK absorbed before the kernel, W_UV after) and run() on absorbed queries; the head counts of one
+tensor-parallel rank; a long prefill against the reference's plain form; and the engine's choice of it for such a
+group on CUDA, warm-up included."""
 
 from __future__ import annotations
 
@@ -21,7 +22,15 @@ SCALE = (NOPE + ROPE) ** -0.5
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 
-def run_steps(steps, *, page_size: int, dtype=torch.bfloat16, shares=(), plain_prefill: bool | None = None) -> None:
+def run_steps(
+    steps,
+    *,
+    page_size: int,
+    dtype=torch.bfloat16,
+    shares=(),
+    plain_prefill: bool | None = None,
+    num_heads: int = H,
+) -> None:
     """Each step: (request, new tokens). Both backends write their own pages and attend; every head's values (and the
     output latents of run()) and the pages must agree. shares: (before step index, src, dst, pages) prefix hits."""
     from engine.attention.flashinfer_mla import FlashInferMLABackend
@@ -35,9 +44,11 @@ def run_steps(steps, *, page_size: int, dtype=torch.bfloat16, shares=(), plain_p
     random.Random(0).shuffle(free)
     table = PageTable(page_size, free)
     rows = {name: torch.full((256, page_size, RANK + ROPE), 7.0, dtype=dtype, device="cuda") for name in ("ref", "fi")}
-    fi = FlashInferMLABackend(device="cuda", num_heads=H, kv_lora_rank=RANK, rope_dim=ROPE, dtype=dtype, scale=SCALE)
+    fi = FlashInferMLABackend(
+        device="cuda", num_heads=num_heads, kv_lora_rank=RANK, rope_dim=ROPE, dtype=dtype, scale=SCALE
+    )
     ref = TorchMLABackend("cuda", scale=SCALE, plain_prefill=plain_prefill)
-    w_uk, w_uv = randn(H, NOPE, RANK, std=RANK**-0.5), randn(H, V, RANK, std=RANK**-0.5)
+    w_uk, w_uv = randn(num_heads, NOPE, RANK, std=RANK**-0.5), randn(num_heads, V, RANK, std=RANK**-0.5)
     for index, step in enumerate(steps):
         for at, src, dst, pages in shares:
             if at == index:
@@ -46,7 +57,7 @@ def run_steps(steps, *, page_size: int, dtype=torch.bfloat16, shares=(), plain_p
         _, meta = table.step(step, device="cuda")
         t = sum(n for _, n in step)
         latent, k_pe = randn(t, RANK), randn(t, ROPE)
-        q_nope, q_pe = randn(t, H, NOPE), randn(t, H, ROPE)
+        q_nope, q_pe = randn(t, num_heads, NOPE), randn(t, num_heads, ROPE)
         q = torch.cat((absorb(q_nope, w_uk), q_pe), dim=-1)
         values, latents = {}, {}
         for name, backend in (("ref", ref), ("fi", fi)):
@@ -55,8 +66,8 @@ def run_steps(steps, *, page_size: int, dtype=torch.bfloat16, shares=(), plain_p
             backend.write_kv(latent, k_pe, ckv, kpe)
             values[name] = backend.run_mla(q_nope, q_pe, ckv, kpe, w_uk, w_uv)
             latents[name] = backend.run(q, ckv, kpe)
-        assert values["fi"].shape == (t, H, V) and values["fi"].dtype == dtype
-        assert latents["fi"].shape == (t, H, RANK)
+        assert values["fi"].shape == (t, num_heads, V) and values["fi"].dtype == dtype
+        assert latents["fi"].shape == (t, num_heads, RANK)
         assert torch.isfinite(values["fi"]).all()
         tol = TOL[dtype]
         torch.testing.assert_close(values["fi"], values["ref"], atol=tol, rtol=tol)
@@ -79,6 +90,14 @@ def test_a_chunk_after_cached_tokens_beside_decode_rows_and_a_prefix_hit():
         [("c", 1), ("a", 1), ("b", 1)] + [(f"d{i}", 1) for i in range(4)],
     ]
     run_steps(steps, page_size=16, shares=[(2, "a", "c", 2)])
+
+
+# One tensor-parallel rank's heads (its pages hold whole latent rows): 16 heads at TP=8 (DeepSeek-V2-Lite), 20 at TP=4
+# and TP=2, 64 at TP=8, 128 at TP=2 (DeepSeek-V3).
+@pytest.mark.parametrize("num_heads", [2, 5, 10, 8, 64])
+def test_the_head_counts_of_a_tensor_parallel_rank(num_heads):
+    steps = [[("a", 37), ("b", 1), ("c", 70)], [("a", 1), ("b", 1), ("c", 1)]]
+    run_steps(steps, page_size=16, num_heads=num_heads)
 
 
 def test_a_long_prefill_against_the_references_plain_form():

@@ -5,7 +5,8 @@ kv_b_proj [H * (qk_nope + v), kv_lora_rank] holds, per head h, W_UK_h (its first
 v rows after them). The query's no-position part is folded into latent space (q_latent = q_nope @ W_UK_h), so the
 scores against the cached latent c equal q_nope . (W_UK_h c), transformers' k_nope; the attention output is a
 latent per head, taken to the head's value by W_UV_h. The backend (engine/attention/mla.py) sees multi-query
-attention with one KV row of kv_lora_rank + qk_rope values per token.
+attention with one KV row of kv_lora_rank + qk_rope values per token. A tensor-parallel rank's layer holds its heads
+(engine/model/sharding.py's shard_mla) and writes the same whole rows as every other rank.
 """
 
 from __future__ import annotations

@@ -191,6 +191,13 @@ def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return x
 
 
+def pairs_as_halves(x: torch.Tensor) -> torch.Tensor:
+    """x [..., head_dim] with its rotary pairs (x0, x1), (x2, x3), ... (GPT-J's interleaved layout) laid out as
+    halves, a copy: rotate_half's rotation of it is the interleaved rotation, permuted. Applied alike to q and k, the
+    permutation leaves every score as it was."""
+    return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
+
+
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pieces: int = 1) -> torch.Tensor:
     """x * cos + rotate_half(x) * sin, rotate_half taken within each of `pieces` equal parts of the last dimension
     (a 2-D rotary turns one part by each axis), out of place, in cos's dtype where it is wider than x's; cos and sin

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 ARCHITECTURES: dict[str, tuple[str, str]] = {
     "DeepseekV2ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV3ForCausalLM"),
+    "Ernie4_5ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
+    "Exaone4ForCausalLM": ("engine.model.models.olmo2", "Exaone4ForCausalLM"),
     "Gemma2ForCausalLM": ("engine.model.models.gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("engine.model.models.gemma3", "Gemma3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("engine.model.models.gemma3", "Gemma3ForConditionalGeneration"),
@@ -31,13 +33,17 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Gemma4ForConditionalGeneration": ("engine.model.models.gemma4_multimodal", "Gemma4ForConditionalGeneration"),
     "Glm4MoeLiteForCausalLM": ("engine.model.models.deepseek_v2", "Glm4MoeLiteForCausalLM"),
     "Glm4MoeForCausalLM": ("engine.model.models.glm4_moe", "Glm4MoeForCausalLM"),
+    "GraniteForCausalLM": ("engine.model.models.granite", "GraniteForCausalLM"),
     "GptOssForCausalLM": ("engine.model.models.gpt_oss", "GptOssForCausalLM"),
     "LlamaForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     # Cross-encoders: the decoder plus a score head (engine/model/classifier.py attaches it)
     "LlamaForSequenceClassification": ("engine.model.models.llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     "MixtralForCausalLM": ("engine.model.models.mixtral", "MixtralForCausalLM"),
+    "Olmo2ForCausalLM": ("engine.model.models.olmo2", "Olmo2ForCausalLM"),
+    "Olmo3ForCausalLM": ("engine.model.models.olmo2", "Olmo2ForCausalLM"),
     "OlmoeForCausalLM": ("engine.model.models.olmoe", "OlmoeForCausalLM"),
+    "Phi3ForCausalLM": ("engine.model.models.phi3", "Phi3ForCausalLM"),
     "Qwen2ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     "Qwen2MoeForCausalLM": ("engine.model.models.qwen3_moe", "Qwen2MoeForCausalLM"),
     "Qwen3ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
@@ -50,6 +56,16 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3_5ForConditionalGeneration": ("engine.model.models.qwen3_5", "Qwen3_5ForConditionalGeneration"),
     "Qwen3_5MoeForCausalLM": ("engine.model.models.qwen3_5", "Qwen3_5MoeForCausalLM"),
     "Qwen3_5MoeForConditionalGeneration": ("engine.model.models.qwen3_5", "Qwen3_5MoeForConditionalGeneration"),
+    "SeedOssForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
+    "SmolLM3ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
+}
+
+# Architectures people deploy that the engine knows it cannot run yet -> what is missing, for the one-line refusal
+# (a bake fails with it rather than with the list of supported names).
+NOT_BUILT: dict[str, str] = {
+    "DeepseekV32ForCausalLM": "DeepSeek sparse attention (the lightning indexer: index_n_heads, index_topk)",
+    "GlmMoeDsaForCausalLM": "DeepSeek sparse attention (the lightning indexer: index_n_heads, index_topk)",
+    "DeepseekV4ForCausalLM": "DeepSeek-V4's compressed sparse attention and hyper-connections (compress_rates)",
 }
 
 
@@ -95,8 +111,18 @@ def model_class(architecture: str) -> type[nn.Module]:
     try:
         module, name = ARCHITECTURES[architecture]
     except KeyError:
+        refuse_not_built(architecture)
         supported = ", ".join(sorted(ARCHITECTURES))
         raise UnsupportedModel(
             f"architecture {architecture!r} is not supported (supported: {supported})", param="model"
         ) from None
     return getattr(importlib.import_module(module), name)
+
+
+def refuse_not_built(architecture: str) -> None:
+    """UnsupportedModel naming what the engine lacks, for an architecture in NOT_BUILT."""
+    if architecture in NOT_BUILT:
+        raise UnsupportedModel(
+            f"architecture {architecture!r} is not supported yet: {NOT_BUILT[architecture]} is not built",
+            param="model",
+        )

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata, LatentAttentionBackend
-from engine.errors import StartupError, UnsupportedModel
+from engine.errors import UnsupportedModel
 from engine.model.kv_spec import KVGroupSpec, latent_group
 from engine.model.layers.mla import MLAShape, MLAttention, mla_softmax_scale
 from engine.model.layers.moe import SparseMoE
@@ -27,7 +27,7 @@ from engine.model.layers.routing import Routing, read_grouped_routing
 from engine.model.models.base import DecoderLM
 from engine.model.models.llama import LlamaArgs, LlamaMLP
 from engine.model.models.moe_base import MoeArgs
-from engine.model.sharding import ShardPlan
+from engine.model.sharding import ShardPlan, shard_experts, shard_gated_mlp, shard_mla, shard_vocab
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
@@ -75,6 +75,7 @@ class DeepseekDecoderLayer(nn.Module):
         self.mlp = mlp
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.tp: TensorParallel | None = None  # tensor-parallel: attention and MLP give partial sums to all-reduce
 
     def forward(
         self,
@@ -89,8 +90,11 @@ class DeepseekDecoderLayer(nn.Module):
         else:
             h, residual = self.input_layernorm.add_forward(h, residual)
         h = self.self_attn(h, *rotary, *caches, backend)
+        if self.tp is not None:
+            h = self.tp.all_reduce(h)
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h), residual
+        h = self.mlp(h)
+        return (h if self.tp is None else self.tp.all_reduce(h)), residual
 
 
 class DeepseekModel(nn.Module):
@@ -139,10 +143,20 @@ class DeepseekV2ForCausalLM(DecoderLM):
         return [latent_group(self.args.num_layers, mla.latent, mla_softmax_scale(mla.qk_head_dim, self.args.rope))]
 
     def shard(self, tp: TensorParallel) -> ShardPlan:
-        raise StartupError(
-            f"tensor_parallel_size={tp.size}: multi-head latent attention (MLA) does not run tensor-parallel yet",
-            param="tensor_parallel_size",
-        )
+        """Shrinks this model (on the meta device) to rank tp.rank's attention heads, MLP and expert columns and
+        vocabulary rows (engine/model/sharding.py); returns what the loader reads for it."""
+        plan = ShardPlan()
+        for i, layer in enumerate(self.model.layers):
+            assert isinstance(layer, DeepseekDecoderLayer)
+            prefix = f"model.layers.{i}"
+            layer.self_attn = shard_mla(layer.self_attn, f"{prefix}.self_attn", tp, plan)
+            if isinstance(layer.mlp, SparseMoE):
+                shard_experts(layer.mlp, f"{prefix}.mlp", tp, plan)
+            else:
+                shard_gated_mlp(layer.mlp, f"{prefix}.mlp", tp, plan)
+            layer.tp = tp
+        shard_vocab(self, tp, plan)
+        return plan
 
     def checkpoint_name(self, name: str) -> str | None:
         """The hub's next-n prediction (MTP) layers, stored as model.layers.{num_hidden_layers + i}, are not read."""

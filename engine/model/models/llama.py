@@ -21,7 +21,7 @@ from engine.model.layers.activation import silu_and_mul
 from engine.model.layers.linear import FusedLinear
 from engine.model.layers.norm import RMSNorm
 from engine.model.layers.parallel import TensorParallel
-from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_, rope_parameters
+from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_, pairs_as_halves, rope_parameters
 from engine.model.models.base import DecoderLM, DecoderShape
 from engine.model.sharding import ShardPlan, shard_attention, shard_gated_mlp, shard_vocab
 
@@ -36,6 +36,10 @@ class LlamaArgs(DecoderShape):
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rope
+    no_rope_layers: tuple[int, ...] = ()  # SmolLM3, EXAONE 4: the layers whose q and k take no rotary
+    rope_interleaved: bool = False  # ERNIE 4.5: the rotary pairs are (x0, x1), (x2, x3), ... (GPT-J style)
+    embedding_multiplier: float = 1.0  # Granite: the token embeddings scaled by it
+    residual_multiplier: float = 1.0  # Granite: each block's output scaled by it before it joins the residual stream
     sinks: bool = False  # gpt-oss: a learned sink logit per q head
     tie_word_embeddings: bool = False
     vision: Any = None  # an image-text checkpoint's QwenVision (engine/model/vision/qwen_vl_model.py)
@@ -54,13 +58,25 @@ class LlamaArgs(DecoderShape):
         )
 
 
+def read_no_rope_layers(config: dict) -> tuple[int, ...]:
+    """SmolLM3's layers without rotary: no_rope_layers[i] is 0 for them (transformers' default when the list is
+    absent: every no_rope_layer_interval-th layer)."""
+    if config.get("model_type") != "smollm3":
+        return ()
+    num_layers, interval = config["num_hidden_layers"], config.get("no_rope_layer_interval") or 4
+    uses_rope = config.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(num_layers)]
+    return tuple(i for i, rope in enumerate(uses_rope[:num_layers]) if not rope)
+
+
 class LlamaAttention(nn.Module):
     """q|k|v in one projection, optional norms on q and k, rotary, paged attention, o_proj. `input_size`: the width
     it reads, where that is not hidden_size (an EAGLE-3 head's layer reads two hidden states side by side)."""
 
-    def __init__(self, a: LlamaArgs, input_size: int | None = None) -> None:
+    def __init__(self, a: LlamaArgs, input_size: int | None = None, *, rotates: bool = True) -> None:
         super().__init__()
         self.num_q, self.num_kv, self.head_dim = a.num_q_heads, a.num_kv_heads, a.head_dim
+        self.rotates = rotates  # false: a no-position layer (SmolLM3's every fourth, EXAONE 4's global ones)
+        self.interleaved = a.rope_interleaved
         q_size, kv_size = a.num_q_heads * a.head_dim, a.num_kv_heads * a.head_dim
         self.qkv_proj = FusedLinear(
             input_size or a.hidden_size, {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}, a.qkv_bias
@@ -91,19 +107,21 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         t, hq, hk, d = x.shape[0], self.num_q, self.num_kv, self.head_dim
         qkv = self.qkv_proj(x)
+        q, k = qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)
         v = qkv[:, (hq + hk) * d :].view(t, hk, d)
-        if self.cos_sin_cache is not None:
-            q, k = qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)
-            if self.q_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotates and self.interleaved:
+            q, k = pairs_as_halves(q), pairs_as_halves(k)
+        if not self.rotates:
+            pass
+        elif self.cos_sin_cache is not None:
             kernels.apply_rope_with_cos_sin_cache_inplace(positions, q, k, d, self.cos_sin_cache)
-        elif self.q_norm is None:
-            # q and k sit side by side in each qkv row: one rotation covers both.
+        elif self.q_norm is None and not self.interleaved:  # q and k side by side in each row: one rotation for both
             qk = apply_rotary_(qkv[:, : (hq + hk) * d].view(t, hq + hk, d), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]
         else:
-            q = apply_rotary_(self.q_norm(qkv[:, : hq * d].view(t, hq, d)), cos, sin)
-            k = apply_rotary_(self.k_norm(qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)), cos, sin)
+            q, k = apply_rotary_(q, cos, sin), apply_rotary_(k, cos, sin)
         return self.attend(q, k, v, k_cache, v_cache, backend)
 
     def attend(
@@ -145,6 +163,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.tp: TensorParallel | None = None  # tensor-parallel: attention and MLP give partial sums to all-reduce
+        self.residual_multiplier = a.residual_multiplier
 
     def forward(
         self,
@@ -161,12 +180,15 @@ class LlamaDecoderLayer(nn.Module):
             residual, h = h, self.input_layernorm(h)
         else:
             h, residual = self.input_layernorm.add_forward(h, residual)
-        h = self.self_attn(h, positions, cos, sin, k_cache, v_cache, backend)
+        h = self.block_output(self.self_attn(h, positions, cos, sin, k_cache, v_cache, backend))
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.block_output(self.mlp(h)), residual
+
+    def block_output(self, h: torch.Tensor) -> torch.Tensor:
+        """An attention or MLP block's output as it joins the stream: all-reduced (tensor-parallel), scaled."""
         if self.tp is not None:
             h = self.tp.all_reduce(h)
-        h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        h = self.mlp(h)
-        return (h if self.tp is None else self.tp.all_reduce(h)), residual
+        return h if self.residual_multiplier == 1.0 else h * self.residual_multiplier
 
 
 class LlamaModel(nn.Module):
@@ -187,7 +209,13 @@ class LlamaForCausalLM(DecoderLM):
         if config.get("hidden_act", "silu") != "silu":
             raise UnsupportedModel(f"hidden_act {config['hidden_act']!r} is not supported", param="model")
         qk_norm = (config.get("architectures") or [""])[0] in ("Qwen3ForCausalLM", "Qwen3ForSequenceClassification")
-        return LlamaArgs.from_config(config, names, qk_norm=qk_norm)
+        return LlamaArgs.from_config(
+            config,
+            names,
+            qk_norm=qk_norm,
+            no_rope_layers=read_no_rope_layers(config),
+            rope_interleaved=config.get("model_type") == "ernie4_5",
+        )
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
         a = self.args
@@ -205,11 +233,11 @@ class LlamaForCausalLM(DecoderLM):
     # build from `args` alone.
     @classmethod
     def make_layer(cls, args: LlamaArgs, index: int) -> nn.Module:
-        return LlamaDecoderLayer(args, cls.make_attention(args), cls.make_mlp(args, index))
+        return LlamaDecoderLayer(args, cls.make_attention(args, index), cls.make_mlp(args, index))
 
     @classmethod
-    def make_attention(cls, args: LlamaArgs) -> nn.Module:
-        return LlamaAttention(args)
+    def make_attention(cls, args: LlamaArgs, index: int) -> nn.Module:
+        return LlamaAttention(args, rotates=index not in args.no_rope_layers)
 
     @classmethod
     def make_mlp(cls, args: LlamaArgs, index: int) -> nn.Module:
@@ -271,11 +299,10 @@ class LlamaForCausalLM(DecoderLM):
         planned for the step with that group's page table and window). image_embeds: (rows, values) of an image's
         tokens (Qwen3-VL): the first hidden_size columns replace the rows' embeddings, each further hidden_size
         (the deepstack features) is added to the rows after one of the first layers."""
-        assert self.rotary is not None, "init_rotary() was not called"
-        # A multimodal rotary keeps torch tables even where the other kernels are fused (FlashInfer's RoPE takes
-        # 1-D positions only).
-        cos, sin = (None, None) if self.rotary.cos is None else self.rotary.lookup(positions)
+        rotaries = self.layer_rotaries(positions)
         h = self.model.embed_tokens(input_ids)
+        if self.args.embedding_multiplier != 1.0:
+            h = h * self.args.embedding_multiplier
         rows, deepstack = None, ()
         if image_embeds is not None:
             rows, values = image_embeds
@@ -288,10 +315,19 @@ class LlamaForCausalLM(DecoderLM):
         for i, (layer, (k_cache, v_cache), b) in enumerate(zip(self.model.layers, kv_caches, backends, strict=True)):
             if i in self.aux_layers:  # an EAGLE-3 head reads the residual stream entering these layers
                 captured[i] = h if residual is None else h + residual
-            h, residual = layer(h, residual, positions, cos, sin, k_cache, v_cache, b)
+            h, residual = layer(h, residual, positions, *rotaries[i], k_cache, v_cache, b)
             if i < len(deepstack):  # the layer's output is h + residual: adding to h adds to it
                 h = h.index_add(0, rows, deepstack[i])
         if captured:  # side by side in the head's order, which need not be the layers' order
             self.aux_hidden = torch.cat([captured[i] for i in self.aux_layers], dim=-1)
         h, _ = self.model.norm.add_forward(h, residual)
         return h
+
+    def layer_rotaries(self, positions: torch.Tensor) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """Each layer's (cos, sin) at `positions`; (None, None) where FlashInfer's RoPE reads the attention's own
+        cos|sin table. One table serves every layer here (a family with a rope per layer type overrides this)."""
+        assert self.rotary is not None, "init_rotary() was not called"
+        # A multimodal rotary keeps torch tables even where the other kernels are fused (FlashInfer's RoPE takes
+        # 1-D positions only).
+        cos_sin = (None, None) if self.rotary.cos is None else self.rotary.lookup(positions)
+        return [cos_sin] * len(self.model.layers)

@@ -4,7 +4,7 @@ experts; V2-Lite's shape (q_proj, greedy softmax routing), a V2 with q_lora_rank
 YaRN with DeepSeek's mscale, V3s (sigmoid noaux_tc with a correction bias; rotary pairs or halves) and GLM-4.7-Flash
 (V3's decoder, mlp_layer_types). Logits on several prompt lengths
 and decode steps; through the engine: batched equals solo, chunked prefill, a prefix-cache hit, preemption. The
-bake's check, the memory plan's latent bytes, and tensor parallelism refused in one line."""
+bake's check and the tensor-parallel sizes it lists, and the memory plan's latent bytes."""
 
 from __future__ import annotations
 
@@ -63,13 +63,15 @@ def test_preempted_requests_recompute_the_same_answers(deepseek):
     check_preemption(deepseek.path)
 
 
-def test_the_bake_check_passes_and_tensor_parallelism_is_refused_in_one_line(deepseek):
+def test_the_bake_check_passes_and_lists_the_tensor_parallel_sizes_that_split_the_heads(deepseek):
+    """Up to one head per rank (tests/engine/core/distributed/test_tensor_parallel_mla.py runs TP=2); more ranks than
+    heads are refused in one line."""
     from engine.model.loader import shard_refusal, tensor_parallel_sizes
 
     assert check_model_folder(deepseek.path) == deepseek.hf.config.architectures[0]
-    assert tensor_parallel_sizes(str(deepseek.path)) == [1]
-    why = shard_refusal(str(deepseek.path), 2)
-    assert why.startswith(f"tensor_parallel_size=2: {deepseek.hf.config.architectures[0]} does not run tensor-parallel")
+    assert tensor_parallel_sizes(str(deepseek.path)) == [1, 2, 4]
+    why = shard_refusal(str(deepseek.path), 8)
+    assert why == "tensor_parallel_size=8 does not divide the model's 4 attention heads"
 
 
 def test_the_memory_plan_counts_latent_bytes_per_token(deepseek):

@@ -25,7 +25,10 @@ OTHER_FAMILIES = (
     "gemma4_moe",
     "glm4_moe",
     "gpt_oss",
+    "granite",
     "mixtral",
+    "olmo2",
+    "phi3",
     "olmoe",
     "qwen3_moe",
 )
@@ -57,3 +60,27 @@ def test_every_registered_architecture_resolves_to_its_class() -> None:
 def test_an_unknown_architecture_names_the_supported_ones() -> None:
     with pytest.raises(UnsupportedModel, match="BertModel.*LlamaForCausalLM"):
         model_class("BertModel")
+
+
+@pytest.mark.parametrize(
+    "model_type, missing",
+    [
+        ("deepseek_v32", "DeepSeek sparse attention"),
+        ("glm_moe_dsa", "DeepSeek sparse attention"),
+        ("deepseek_v4", "compressed sparse attention"),
+    ],
+)
+def test_a_family_not_built_yet_fails_the_folder_check_naming_what_is_missing(tmp_path, model_type, missing) -> None:
+    """DeepSeek V3.2 / GLM-5 / V4 configs as transformers writes them: the bake's folder check fails in one line that
+    says what the engine lacks, not with the list of supported architectures."""
+    from transformers import AutoConfig
+
+    from engine.model.folder_check import check_model_folder
+
+    config = AutoConfig.for_model(model_type)
+    config.architectures = [f"{type(config).__name__.removesuffix('Config')}ForCausalLM"]
+    config.save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModel) as refused:
+        check_model_folder(tmp_path)
+    assert missing in str(refused.value) and "supported:" not in str(refused.value)
+    assert "\n" not in str(refused.value)

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from worker.openai.tools.call_reader import CallRead
 from worker.openai.tools.events import Event
-from worker.openai.tools.parser import ToolParser, held_prefix
-from worker.openai.tools.qwen3_coder_values import is_text, parameter_schema, schema_types, typed_value
+from worker.openai.tools.qwen3_coder_values import is_text, schema_types, typed_value
+from worker.openai.tools.xml_arguments import XmlArgumentsParser
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -33,14 +31,9 @@ KEY = "<arg_key>"
 KEY_END = "</arg_key>"
 VALUE = "<arg_value>"
 VALUE_END = "</arg_value>"
-VALUE_ENDS = (VALUE_END, CLOSE)  # where a value ends (the first of them)
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _KEY_TEXT = re.compile(r"[^<>\n]{1,256}")
 _MAX_HEAD = 300  # past this without the end of a name or a key, it is no call
-
-
-def _escaped(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
 def glm_value(raw: str, schema: Any) -> str:
@@ -54,26 +47,20 @@ def glm_value(raw: str, schema: Any) -> str:
         return json.dumps(raw, ensure_ascii=False)
 
 
-class Glm4MoeParser(ToolParser):
+class Glm4MoeParser(XmlArgumentsParser):
     name: ClassVar[str] = "glm45"
     openers: ClassVar[tuple[str, ...]] = (OPEN,)
+    value_end: ClassVar[str] = VALUE_END
+    value_ends: ClassVar[tuple[str, ...]] = (VALUE_END, CLOSE)
+    value_end_prefixes: ClassVar[tuple[str, ...]] = value_ends
+    value_phases: ClassVar[tuple[str, ...]] = ("value", "text")  # before `<arg_value>`, and after it
 
-    def __init__(
-        self,
-        parallel: bool = True,
-        max_calls: int | None = None,
-        schemas: Mapping[str, Any] | None = None,
-        *,
-        forced: bool = False,
-    ) -> None:
-        super().__init__(parallel, max_calls, schemas, forced=forced)
-        self._new_arguments()
+    def is_string(self, schema: Any) -> bool:
+        """A string only where the schema says so: an unlisted parameter's value is typed at its end."""
+        return bool(schema_types(schema)) and is_text(schema)
 
-    def _new_arguments(self) -> None:
-        self._json = "{"  # the open call's arguments JSON as fixed so far
-        self._members = 0
-        self._schema: Any = None  # the open value's schema
-        self._text = False  # the open value is a string (streamed as it comes)
+    def typed(self, raw: str, schema: Any) -> str:
+        return glm_value(raw, schema)
 
     def enter(self, opener: str) -> None:
         self.consume(len(OPEN))
@@ -87,7 +74,7 @@ class Glm4MoeParser(ToolParser):
         if self.phase == "value":
             return self._value_open(final, events)
         if self.phase == "text":
-            return self._value(final, events)
+            return self.read_value(final, events)
         if self.past_opener(OPEN, final):
             self.phase = "name"
             return True
@@ -106,8 +93,8 @@ class Glm4MoeParser(ToolParser):
             return self.end_at(CLOSE, final, events)
         self.consume(min(ends))
         self.start_call(name, events)
-        self._new_arguments()
-        self.stream_arguments(self._json, events)
+        self.new_arguments()
+        self.stream_arguments(self.arguments, events)
         self.phase = "body"
         return True
 
@@ -134,13 +121,7 @@ class Glm4MoeParser(ToolParser):
         if not _KEY_TEXT.fullmatch(key):
             return self.end_at(CLOSE, final, events)
         self.consume(at + len(KEY_END))
-        assert self._call is not None
-        self._schema = parameter_schema(self.schemas, self._call.name, key)
-        self._text = bool(schema_types(self._schema)) and is_text(self._schema)
-        self._json += (", " if self._members else "") + json.dumps(key, ensure_ascii=False) + ": "
-        self._json += '"' if self._text else ""
-        self._members += 1
-        self.stream_arguments(self._json, events)
+        self.open_member(key, events)
         self.phase = "value"
         return True
 
@@ -154,43 +135,6 @@ class Glm4MoeParser(ToolParser):
         if not final and VALUE.startswith(self.buffer):
             return False
         return self.end_at(CLOSE, final, events)  # no value: the call ends with what it had
-
-    def _value(self, final: bool, events: list[Event]) -> bool:
-        found = [(at, end) for end in VALUE_ENDS if (at := self.buffer.find(end)) >= 0]
-        if found:
-            at, end = min(found)
-            self._end_value(self.consume(at), events)
-            if end == VALUE_END:
-                self.consume(len(end))
-            self.phase = "body"
-            return True
-        if final:  # cut short: the value is what was written, less any beginning of its closing markup
-            rest = self.consume(len(self.buffer))
-            self._end_value(rest[: len(rest) - held_prefix(rest, VALUE_ENDS)], events)
-            self.phase = "body"
-            return True
-        if self._text:  # a string streams as it comes, all but what may still be its closing markup
-            ready = len(self.buffer) - held_prefix(self.buffer, VALUE_ENDS)
-            if ready:
-                self._json += _escaped(self.consume(ready))
-                self.stream_arguments(self._json, events)
-        return False
-
-    def _end_value(self, rest: str, events: list[Event]) -> None:
-        if self._text:
-            self._json += _escaped(rest) + '"'
-        else:
-            self._json += glm_value(rest, self._schema)
-        self._text = False
-        self.stream_arguments(self._json, events)
-
-    def close_call(self, read: CallRead | None, events: list[Event]) -> None:
-        if self._call is not None:  # the arguments close, whatever was cut short
-            if self.phase in ("value", "text"):
-                self._end_value("", events)
-                self.phase = "body"
-            self.stream_arguments(self._json + "}", events)
-        super().close_call(read, events)
 
 
 class Glm47Parser(Glm4MoeParser):

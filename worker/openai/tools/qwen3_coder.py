@@ -18,15 +18,11 @@ with what it had (a valid object).
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from worker.openai.tools.call_reader import CallRead
 from worker.openai.tools.events import Event
-from worker.openai.tools.parser import ToolParser, held_prefix
-from worker.openai.tools.qwen3_coder_values import is_text, parameter_schema, typed_value
+from worker.openai.tools.xml_arguments import XmlArgumentsParser
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -34,39 +30,25 @@ FUNCTION = "<function="
 FUNCTION_END = "</function>"
 PARAMETER = "<parameter="
 PARAMETER_END = "</parameter>"
-# Where a value ends (the first of them); what may begin one, a newline before included, is held back.
-VALUE_ENDS = (PARAMETER_END, FUNCTION_END, CLOSE)
-_HELD = VALUE_ENDS + tuple("\n" + end for end in VALUE_ENDS)
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _KEY = re.compile(r"[^<>\n]{1,256}")
 _MAX_TAG = 300  # past this without its `>`, a tag is no tag
 
 
-def _escaped(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)[1:-1]
-
-
-class Qwen3CoderParser(ToolParser):
+class Qwen3CoderParser(XmlArgumentsParser):
     name: ClassVar[str] = "qwen3_coder"
     openers: ClassVar[tuple[str, ...]] = (OPEN,)
+    value_end: ClassVar[str] = PARAMETER_END
+    value_ends: ClassVar[tuple[str, ...]] = (PARAMETER_END, FUNCTION_END, CLOSE)
+    # what may begin a value's end, the newline before it included
+    value_end_prefixes: ClassVar[tuple[str, ...]] = value_ends + tuple("\n" + end for end in value_ends)
 
-    def __init__(
-        self,
-        parallel: bool = True,
-        max_calls: int | None = None,
-        schemas: Mapping[str, Any] | None = None,
-        *,
-        forced: bool = False,
-    ) -> None:
-        super().__init__(parallel, max_calls, schemas, forced=forced)
-        self._new_arguments()
+    def new_arguments(self) -> None:
+        super().new_arguments()
+        self.value_opened = False  # the open value's leading newline was read
 
-    def _new_arguments(self) -> None:
-        self._json = "{"  # the open call's arguments JSON as fixed so far
-        self._members = 0
-        self._schema: Any = None  # the open parameter's schema
-        self._text = False  # the open parameter's value is a string (streamed as it comes)
-        self._opened = False  # the open value's leading newline was read
+    def trimmed(self, raw: str) -> str:
+        return raw.removesuffix("\n")
 
     def enter(self, opener: str) -> None:
         self.consume(len(OPEN))
@@ -111,8 +93,8 @@ class Qwen3CoderParser(ToolParser):
         if name is None or not _NAME.fullmatch(name):
             return self.end_at(CLOSE, final, events)
         self.start_call(name, events)
-        self._new_arguments()
-        self.stream_arguments(self._json, events)
+        self.new_arguments()
+        self.stream_arguments(self.arguments, events)
         self.phase = "body"
         return True
 
@@ -134,57 +116,16 @@ class Qwen3CoderParser(ToolParser):
             return False
         if key is None or not _KEY.fullmatch(key):
             return self.end_at(CLOSE, final, events)  # the markup broke off: the call ends with what it had
-        assert self._call is not None
-        self._schema = parameter_schema(self.schemas, self._call.name, key)
-        self._text = is_text(self._schema)
-        self._json += (", " if self._members else "") + json.dumps(key, ensure_ascii=False) + ": "
-        self._json += '"' if self._text else ""
-        self._members += 1
-        self._opened = False  # the value's leading newline is not read yet
-        self.stream_arguments(self._json, events)
+        self.open_member(key, events)
+        self.value_opened = False  # the value's leading newline is not read yet
         self.phase = "value"
         return True
 
     def _value(self, final: bool, events: list[Event]) -> bool:
-        if not self._opened:
+        if not self.value_opened:
             if not self.buffer:
                 return False
             if self.buffer.startswith("\n"):
                 self.consume(1)
-            self._opened = True
-        found = [(at, end) for end in VALUE_ENDS if (at := self.buffer.find(end)) >= 0]
-        if found:
-            at, end = min(found)
-            self._end_value(self.consume(at), events)
-            if end == PARAMETER_END:
-                self.consume(len(end))
-            self.phase = "body"
-            return True
-        if final:  # cut short: the value is what was written, less any beginning of its closing markup
-            rest = self.consume(len(self.buffer))
-            self._end_value(rest[: len(rest) - held_prefix(rest, VALUE_ENDS)], events)
-            self.phase = "body"
-            return True
-        if self._text:  # a string streams as it comes, all but what may still be its closing markup
-            ready = len(self.buffer) - held_prefix(self.buffer, _HELD)
-            if ready:
-                self._json += _escaped(self.consume(ready))
-                self.stream_arguments(self._json, events)
-        return False
-
-    def _end_value(self, rest: str, events: list[Event]) -> None:
-        rest = rest.removesuffix("\n")
-        if self._text:
-            self._json += _escaped(rest) + '"'
-        else:
-            self._json += typed_value(rest, self._schema)
-        self._text = False
-        self.stream_arguments(self._json, events)
-
-    def close_call(self, read: CallRead | None, events: list[Event]) -> None:
-        if self._call is not None:  # the arguments close, whatever was cut short
-            if self.phase == "value":
-                self._end_value("", events)
-                self.phase = "body"
-            self.stream_arguments(self._json + "}", events)
-        super().close_call(read, events)
+            self.value_opened = True
+        return self.read_value(final, events)
