@@ -1,6 +1,6 @@
 """SPECULATIVE_CONFIG at bake time: the draft model or EAGLE-3 head its `model` names on the hub, baked into
 BASE_PATH/speculative beside the model and checked against it, so that a worker without the hub starts with it;
-for method mtp, a check that the baked model ships the head (nothing to fetch).
+for method mtp, a check that the baked model ships the head (mtp.* or a next-n layer; nothing to fetch).
 
 A draft model is baked as the model is (builder/bake.py) and must share the model's tokenizer; an EAGLE-3 head
 (config.json and its safetensors) must read hidden states of the model's size, from layers it has, over its
@@ -51,23 +51,30 @@ def speculative_repo(value: str | None) -> tuple[str, str] | None:
 
 
 def check_mtp(value: str | None, model: Path) -> str | None:
-    """With SPECULATIVE_CONFIG's method "mtp" there is nothing to fetch: the baked model must ship the head (mtp.*
-    tensors). What it found, None for another method; BakeError in one line when the model has no head."""
+    """With SPECULATIVE_CONFIG's method "mtp" there is nothing to fetch: the baked model must ship the head, as
+    Qwen3.5 / Qwen3-Next's mtp.* tensors or DeepSeek-V3 / GLM-4.5's next-n prediction layer (model.layers.{n}.*, n
+    the decoder's num_hidden_layers). What it found, None for another method; BakeError in one line when the model
+    has neither."""
     config = _parse(value)
     if config is None or config.get("method") != "mtp":
         return None
     from safetensors import safe_open
 
+    text = json.loads((model / "config.json").read_text())
+    next_n = f"model.layers.{(text.get('text_config') or text).get('num_hidden_layers')}."
     names: set[str] = set()
     for path in sorted(model.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
-            names.update(name for name in f.keys() if name.startswith("mtp."))
-    if "mtp.fc.weight" not in names:
-        raise BakeError(
-            f"SPECULATIVE_CONFIG method mtp needs the multi-token-prediction weights (mtp.*) that "
-            f"Qwen3.5 and Qwen3-Next checkpoints ship; the model baked in {model} has none"
-        )
-    return f"mtp: the model baked in {model} ships its head ({len(names)} mtp.* tensors)"
+            names.update(name for name in f.keys() if name.startswith(("mtp.", next_n)))
+    if "mtp.fc.weight" in names:
+        return f"mtp: the model baked in {model} ships its head ({len(names)} mtp.* tensors)"
+    if f"{next_n}eh_proj.weight" in names:
+        return f"mtp: the model baked in {model} ships its next-n prediction layer ({len(names)} {next_n}* tensors)"
+    raise BakeError(
+        f"SPECULATIVE_CONFIG method mtp needs the multi-token-prediction weights that Qwen3.5 and Qwen3-Next (mtp.*) "
+        f"or DeepSeek-V3 and GLM-4.5 ({next_n}eh_proj, a next-n prediction layer) checkpoints ship; the model baked "
+        f"in {model} has none"
+    )
 
 
 def bake_speculative(

@@ -88,7 +88,8 @@ class SpeculativeConfig:
     of the model verifies them (engine/core/spec/)."""
 
     # "ngram" (prompt lookup) | "draft_model" (a smaller model with the same tokenizer) | "eagle3" (a head reading the
-    # target's hidden states) | "mtp" (the multi-token-prediction head a Qwen3.5 / Qwen3-Next checkpoint ships)
+    # target's hidden states) | "mtp" (the multi-token-prediction head a Qwen3.5 / Qwen3-Next checkpoint ships, or the
+    # next-n layer of a DeepSeek-V3 / GLM-4.5 one)
     method: str
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4  # ngram: the longest suffix looked up in the prompt and output so far

@@ -59,7 +59,9 @@ class SpeculativeSettings(BaseModel):
             what = "draft model" if self.method == "draft_model" else "EAGLE-3 head"
             raise ValueError(f'method "{self.method}" needs the {what}\'s folder as "model"')
         if self.method == "mtp" and self.model:
-            raise ValueError('method "mtp" reads the model\'s own MTP weights (mtp.*): leave "model" unset')
+            raise ValueError(
+                'method "mtp" reads the model\'s own MTP head (mtp.* or a next-n layer): leave "model" unset'
+            )
         return self
 
 
@@ -90,13 +92,14 @@ class Settings(BaseModel):
         "mistral",
         "gemma4",
         "qwen3_coder",
+        "seed_oss",
         "glm45",
         "glm47",
         "deepseek_v3",
         "deepseek_v31",
         "generic",
     ] = Field("auto", alias="TOOL_CALL_PARSER")
-    reasoning_parser: Literal["auto", "qwen3", "deepseek_r1", "gemma4", "none"] = Field(
+    reasoning_parser: Literal["auto", "qwen3", "deepseek_r1", "gemma4", "seed_oss", "none"] = Field(
         "auto", alias="REASONING_PARSER"
     )
     # An answer ends at its call past this many (a small model can call on until the context is full).

@@ -39,6 +39,7 @@ SHARDED_ARCHITECTURES = (
     "OlmoeForCausalLM",
     "Glm4MoeForCausalLM",
     "SeedOssForCausalLM",
+    "Ministral3ForCausalLM",
     "SmolLM3ForCausalLM",
     "Ernie4_5ForCausalLM",
     "Olmo2ForCausalLM",

@@ -159,3 +159,33 @@ def test_mtp_fetches_nothing_and_needs_the_models_own_head(tmp_path, baked_model
     result = run_baker("--if-missing", "--out", str(base / "model"), env={"SPECULATIVE_CONFIG": config})
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0 and "has none" in result.stderr, result.stderr
+
+
+def test_mtp_takes_the_next_n_layer_deepseek_and_glm_checkpoints_ship(tmp_path, baked_model_path) -> None:
+    """Method mtp on GLM-4.5 / DeepSeek-V3: a checkpoint with its next-n prediction layer (model.layers.{n}.*) bakes
+    with the layer kept; a DeepSeek-V3 one without it fails the bake in one line."""
+    from safetensors import safe_open
+
+    from tests.engine.core.next_n_spec import add_random_next_n, build_target
+
+    config = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+    hf = build_target("glm4_moe", tmp_path / "glm", baked_model_path)
+    add_random_next_n(tmp_path / "glm", hf, own=False)
+    result = run_baker(
+        "--model", str(tmp_path / "glm"), "--out", str(tmp_path / "out"), env={"SPECULATIVE_CONFIG": config}
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ships its next-n prediction layer" in result.stdout
+    names = set()
+    for path in (tmp_path / "out").glob("*.safetensors"):
+        with safe_open(str(path), framework="pt") as f:
+            names.update(f.keys())
+    n = hf.config.num_hidden_layers
+    assert f"model.layers.{n}.eh_proj.weight" in names and f"model.layers.{n}.self_attn.q_proj.weight" in names
+    build_target("deepseek_v3", tmp_path / "plain", baked_model_path)
+    result = run_baker(
+        "--model", str(tmp_path / "plain"), "--out", str(tmp_path / "out2"), env={"SPECULATIVE_CONFIG": config}
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0 and "has none" in result.stderr, result.stderr
+    assert f"model.layers.{n}.eh_proj" in result.stderr

@@ -80,7 +80,12 @@ ENGINE_PACKAGES = ("core", "model", "attention", "sample", "text", "image", "cud
 FAMILIES = "engine.model.models."
 # Family files and what they build on: models/base.py and models/moe_base.py, the blocks of layers/, and no other
 # family's file but these (family -> family files it extends, with why).
-SHARED_MODEL_FILES = {"engine.model.models", "engine.model.models.base", "engine.model.models.moe_base"}
+SHARED_MODEL_FILES = {
+    "engine.model.models",
+    "engine.model.models.base",
+    "engine.model.models.moe_base",
+    "engine.model.models.mtp_base",
+}
 FAMILY_BASES = {
     # The Llama decoder is the dense decoder the Llama-attention MoE decoders extend.
     "engine.model.models.moe_base": {"engine.model.models.llama"},
@@ -108,6 +113,13 @@ FAMILY_BASES = {
     "engine.model.models.qwen3_5": {"engine.model.models.llama", "engine.model.models.qwen3_moe"},
     # The MTP head of a Qwen3.5 / Qwen3-Next checkpoint is one more full-attention layer of that family.
     "engine.model.models.qwen3_5_mtp": {"engine.model.models.qwen3_5"},
+    # The next-n head of a DeepSeek-V3 / GLM-4.5 checkpoint is one more decoder layer of that family (DeepSeek's MLA
+    # layer, GLM-4.5's Llama-attention one, their experts or the Llama MLP).
+    "engine.model.models.next_n_mtp": {
+        "engine.model.models.deepseek_v2",
+        "engine.model.models.glm4_moe",
+        "engine.model.models.llama",
+    },
     # One Gemma decoder (gemma_args / gemma_layers / gemma_base) that each generation configures.
     "engine.model.models.gemma_layers": {"engine.model.models.gemma_args", "engine.model.models.gemma4_moe"},
     "engine.model.models.gemma_base": {"engine.model.models.gemma_args", "engine.model.models.gemma_layers"},

@@ -61,3 +61,6 @@ GLM45 = _read("glm4.5.jinja")
 # DeepSeek V3.1: calls as <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>...
 # <｜tool▁calls▁end｜>; the generation prompt opens <think> with thinking=true, closes it otherwise. Trimmed.
 DEEPSEEK_V31 = _read("deepseek-v3.1.jinja")
+# Seed-OSS-style calls, written for these tests from vLLM's seed_oss parser (not the release's template): Qwen3-Coder's
+# <function=NAME> / <parameter=KEY>VALUE</parameter> inside <seed:tool_call> ... </seed:tool_call>; no thinking.
+SEED_OSS = _read("seed-oss.jinja")

@@ -1,7 +1,8 @@
-"""GLM's and DeepSeek V3.1's tool calls end to end: the default model served with each family's template as the
-request's own (`chat_template`), through the official openai client. Forced calls ("required", a named tool) come
-out in the family's markup, held to it by the grammar, and are read back as calls whose arguments validate against
-the schema, whole and streamed alike, whatever the model (which never saw these formats) would write unconstrained."""
+"""GLM's, DeepSeek V3.1's and Seed-OSS's tool calls end to end: the default model served with each family's
+template as the request's own (`chat_template`), through the official openai client. Forced calls ("required", a
+named tool) come out in the family's markup, held to it by the grammar, and are read back as calls whose arguments
+validate against the schema, whole and streamed alike, whatever the model (which never saw these formats) would
+write unconstrained."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 
 import jsonschema
 import pytest
-from family_templates import DEEPSEEK_V31, GLM45
+from family_templates import DEEPSEEK_V31, GLM45, SEED_OSS
 from openai_schema import validate
 
 WEATHER = {
@@ -44,6 +45,7 @@ ASK = [{"role": "user", "content": "What will the weather be in Paris for the ne
 BODIES = {
     "glm45": {"chat_template": GLM45, "chat_template_kwargs": {"enable_thinking": False}},
     "deepseek_v31": {"chat_template": DEEPSEEK_V31},
+    "seed_oss": {"chat_template": SEED_OSS},
 }
 
 

@@ -124,7 +124,9 @@ def test_speculative_config_is_json_as_vllms_and_a_bad_one_is_one_line() -> None
         '{"method": "ngram", "num_speculative_tokens": 0}': "num_speculative_tokens: Input should be greater",
         '{"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}': "prompt_lookup_min (5) is above",
         '{"method": "draft_model"}': 'needs the draft model\'s folder as "model"',
-        '{"method": "mtp", "model": "head"}': 'reads the model\'s own MTP weights (mtp.*): leave "model" unset',
+        '{"method": "mtp", "model": "head"}': (
+            'reads the model\'s own MTP head (mtp.* or a next-n layer): leave "model" unset'
+        ),
         '{"method": "ngram", "num_speculative_token": 4}': "num_speculative_token: Extra inputs are not permitted",
     }
     for value, message in bad.items():

@@ -32,7 +32,8 @@ class Tags:
 
 THINK = Tags("<think>", "</think>")
 CHANNEL = Tags("<|channel>", "<channel|>", "thought\n")
-TAGS = {"qwen3": THINK, "deepseek_r1": THINK, "gemma4": CHANNEL}
+SEED_THINK = Tags("<seed:think>", "</seed:think>")
+TAGS = {"qwen3": THINK, "deepseek_r1": THINK, "gemma4": CHANNEL, "seed_oss": SEED_THINK}
 KINDS = tuple(TAGS)
 OPEN, CLOSE = THINK.open, THINK.close
 _GEMMA4_MARKER = CHANNEL.open + "thought"
@@ -54,6 +55,8 @@ def pick_reasoning(template: str | None, override: str | None) -> str | None:
         return None if override == "none" else override
     if template and _GEMMA4_MARKER in template:
         return "gemma4"
+    if template and SEED_THINK.open in template:
+        return "seed_oss"
     if not template or OPEN not in template:
         return None
     return "deepseek_r1" if "<｜Assistant｜>" in template else "qwen3"

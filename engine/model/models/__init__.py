@@ -39,6 +39,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     # Cross-encoders: the decoder plus a score head (engine/model/classifier.py attaches it)
     "LlamaForSequenceClassification": ("engine.model.models.llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
+    "Ministral3ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     "MixtralForCausalLM": ("engine.model.models.mixtral", "MixtralForCausalLM"),
     "Olmo2ForCausalLM": ("engine.model.models.olmo2", "Olmo2ForCausalLM"),
     "Olmo3ForCausalLM": ("engine.model.models.olmo2", "Olmo2ForCausalLM"),

@@ -159,7 +159,8 @@ class DeepseekV2ForCausalLM(DecoderLM):
         return plan
 
     def checkpoint_name(self, name: str) -> str | None:
-        """The hub's next-n prediction (MTP) layers, stored as model.layers.{num_hidden_layers + i}, are not read."""
+        """The hub's next-n prediction (MTP) layers, stored as model.layers.{num_hidden_layers + i}, are not read
+        here: speculative method mtp reads the first as its head (engine/model/models/next_n_mtp.py)."""
         layer = _LAYER.match(name)
         return None if layer is not None and int(layer.group(1)) >= self.args.num_layers else name
 

@@ -52,6 +52,6 @@ class Glm4MoeForCausalLM(MoeForCausalLM):
     def checkpoint_name(self, name: str) -> str | None:
         """The hub checkpoints' next-n prediction layers (num_nextn_predict_layers of them, stored as
         model.layers.{num_hidden_layers + i}: a decoder layer with eh_proj, enorm, hnorm and a shared head) are not
-        read: the engine does not run them as MTP heads yet, and the decoder never reads them."""
+        read here: speculative method mtp reads the first as its head (engine/model/models/next_n_mtp.py)."""
         layer = _LAYER.match(name)
         return None if layer is not None and int(layer.group(1)) >= self.args.num_layers else name

@@ -38,6 +38,9 @@ class LlamaArgs(DecoderShape):
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rope
     no_rope_layers: tuple[int, ...] = ()  # SmolLM3, EXAONE 4: the layers whose q and k take no rotary
     rope_interleaved: bool = False  # ERNIE 4.5: the rotary pairs are (x0, x1), (x2, x3), ... (GPT-J style)
+    # Ministral 3 (llama_4_scaling_beta, original_max_position_embeddings): queries scaled by
+    # 1 + beta * log(1 + floor(position / original_max)) past the original context
+    query_scaling: tuple[float, int] | None = None
     embedding_multiplier: float = 1.0  # Granite: the token embeddings scaled by it
     residual_multiplier: float = 1.0  # Granite: each block's output scaled by it before it joins the residual stream
     sinks: bool = False  # gpt-oss: a learned sink logit per q head
@@ -68,6 +71,15 @@ def read_no_rope_layers(config: dict) -> tuple[int, ...]:
     return tuple(i for i, rope in enumerate(uses_rope[:num_layers]) if not rope)
 
 
+def read_query_scaling(config: dict) -> tuple[float, int] | None:
+    """Ministral 3's (beta, original context) from its rope parameters' llama_4_scaling_beta; None without it."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    beta = rope.get("llama_4_scaling_beta")
+    if not beta:
+        return None
+    return float(beta), int(rope.get("original_max_position_embeddings") or config["max_position_embeddings"])
+
+
 class LlamaAttention(nn.Module):
     """q|k|v in one projection, optional norms on q and k, rotary, paged attention, o_proj. `input_size`: the width
     it reads, where that is not hidden_size (an EAGLE-3 head's layer reads two hidden states side by side)."""
@@ -77,6 +89,7 @@ class LlamaAttention(nn.Module):
         self.num_q, self.num_kv, self.head_dim = a.num_q_heads, a.num_kv_heads, a.head_dim
         self.rotates = rotates  # false: a no-position layer (SmolLM3's every fourth, EXAONE 4's global ones)
         self.interleaved = a.rope_interleaved
+        self.query_scaling = a.query_scaling
         q_size, kv_size = a.num_q_heads * a.head_dim, a.num_kv_heads * a.head_dim
         self.qkv_proj = FusedLinear(
             input_size or a.hidden_size, {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}, a.qkv_bias
@@ -122,6 +135,10 @@ class LlamaAttention(nn.Module):
             q, k = qk[:, :hq], qk[:, hq:]
         else:
             q, k = apply_rotary_(q, cos, sin), apply_rotary_(k, cos, sin)
+        if self.query_scaling is not None:
+            beta, original = self.query_scaling
+            scale = 1 + beta * torch.log1p(torch.div(positions, original, rounding_mode="floor").float())
+            q = q * scale.to(q.dtype)[:, None, None]
         return self.attend(q, k, v, k_cache, v_cache, backend)
 
     def attend(
@@ -215,6 +232,7 @@ class LlamaForCausalLM(DecoderLM):
             qk_norm=qk_norm,
             no_rope_layers=read_no_rope_layers(config),
             rope_interleaved=config.get("model_type") == "ernie4_5",
+            query_scaling=read_query_scaling(config),
         )
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:

@@ -58,14 +58,14 @@ MODEL_TYPES = {
 }
 
 
-def build_mla_checkpoint(kind: str, path, **sizes: object):
-    """Saves a random-weight `kind` (with `sizes` changed) to path (save_pretrained's layout) and returns the
+def build_mla_checkpoint(kind: str, path, **change):
+    """Saves a random-weight `kind` (its config `change`d) to path (save_pretrained's layout) and returns the
     transformers model (float32, eager)."""
     import transformers as tf
 
     # NOTE: no head_dim: DeepSeek's configs set it to qk_rope_head_dim, which a V3 config's kwargs would override.
     tiny = {k: v for k, v in TINY.items() if k != "head_dim"}
-    config = tf.AutoConfig.for_model(MODEL_TYPES.get(kind, kind), **{**tiny, **MLA, **CONFIGS[kind], **sizes})
+    config = tf.AutoConfig.for_model(MODEL_TYPES.get(kind, kind), **{**tiny, **MLA, **CONFIGS[kind], **change})
     config.tie_word_embeddings = False
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()

@@ -47,12 +47,13 @@ CONFIGS = {
 MODEL_TYPES = {"glm4_moe_grouped": "glm4_moe"}
 
 
-def build_moe_checkpoint(kind: str, layout: str, path):
-    """Saves a random-weight `kind` to path in `layout` and returns the transformers model (float32, eager)."""
+def build_moe_checkpoint(kind: str, layout: str, path, **change):
+    """Saves a random-weight `kind` (its config `change`d) to path in `layout` and returns the transformers model
+    (float32, eager)."""
     import transformers as tf
 
     config = tf.AutoConfig.for_model(
-        MODEL_TYPES.get(kind, kind), **{**TINY, **MOE, **CONFIGS[kind]}, tie_word_embeddings=False
+        MODEL_TYPES.get(kind, kind), **{**TINY, **MOE, **CONFIGS[kind], **change}, tie_word_embeddings=False
     )
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()

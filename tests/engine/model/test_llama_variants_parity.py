@@ -3,7 +3,8 @@ Seed-OSS (attention biases), SmolLM3 (no rotary on some layers), OLMo 2 (norms a
 over the whole projection), OLMo 3 (OLMo 2 with sliding windows and a YaRN rope on its full-attention layers),
 EXAONE 4 (OLMo 2's norm placement, q / k norm per head, sliding windows with rotary only on the sliding layers),
 Granite (embedding, residual, attention and logits multipliers), Phi-3 / Phi-4 (fused q|k|v and gate|up tensors;
-Phi-4-mini's partial rotary), ERNIE 4.5 (interleaved rotary pairs, biases). Logits on several prompt lengths and over
+Phi-4-mini's partial rotary), ERNIE 4.5 (interleaved rotary pairs, biases), Ministral 3 (YaRN, queries scaled past
+the original context). Logits on several prompt lengths and over
 decode steps (one prompt past every window), and greedy equal through the engine: batched, from the prefix cache,
 alone.
 """
@@ -65,6 +66,23 @@ VARIANTS = {
     "phi3": ({"sliding_window": WINDOW}, "Phi3ForCausalLM"),
     "phi3_partial": ({"partial_rotary_factor": 0.5}, "Phi3ForCausalLM"),
     "ernie4_5": ({"use_bias": True}, "Ernie4_5ForCausalLM"),
+    "ministral3": (
+        {
+            "sliding_window": 4 * WINDOW,
+            "rope_parameters": {  # queries scaled past 16 positions (Ministral 3's 16k, shrunk)
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.1,
+            },
+        },
+        "Ministral3ForCausalLM",
+    ),
     "exaone4": ({"sliding_window": WINDOW, "sliding_window_pattern": 2}, "Exaone4ForCausalLM"),
 }
 

@@ -83,6 +83,15 @@ QWEN3_CODER = CallMarkup(
     style="qwen_xml",
     excludes=("</function>", "</tool_call>"),
 )
+# Seed-OSS: Qwen3-Coder's function and parameters inside <seed:tool_call>.
+SEED_OSS = CallMarkup(
+    begin="<seed:tool_call>\n<function={bare}>\n",
+    end="</function>\n</seed:tool_call>",
+    trigger="<seed:tool_call>",
+    separator="\n",
+    style="qwen_xml",
+    excludes=("</function>", "</seed:tool_call>"),
+)
 # GLM-4.5's (4.6's, 4.7's) `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>` pairs: xgrammar's glm_xml style.
 GLM4_MOE = CallMarkup(
     begin="<tool_call>{bare}",
@@ -113,6 +122,7 @@ _STYLES = {
     "llama3_json": LLAMA3,
     "gemma4": GEMMA4,
     "qwen3_coder": QWEN3_CODER,
+    "seed_oss": SEED_OSS,
     "glm45": GLM4_MOE,
     "glm47": GLM4_MOE,
     "deepseek_v3": DEEPSEEK_V3,

@@ -26,6 +26,8 @@ from worker.openai.tools.xml_arguments import XmlArgumentsParser
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
+SEED_OPEN = "<seed:tool_call>"
+SEED_CLOSE = "</seed:tool_call>"
 FUNCTION = "<function="
 FUNCTION_END = "</function>"
 PARAMETER = "<parameter="
@@ -37,6 +39,8 @@ _MAX_TAG = 300  # past this without its `>`, a tag is no tag
 
 class Qwen3CoderParser(XmlArgumentsParser):
     name: ClassVar[str] = "qwen3_coder"
+    call_open: ClassVar[str] = OPEN
+    call_close: ClassVar[str] = CLOSE
     openers: ClassVar[tuple[str, ...]] = (OPEN,)
     value_end: ClassVar[str] = PARAMETER_END
     value_ends: ClassVar[tuple[str, ...]] = (PARAMETER_END, FUNCTION_END, CLOSE)
@@ -51,7 +55,7 @@ class Qwen3CoderParser(XmlArgumentsParser):
         return raw.removesuffix("\n")
 
     def enter(self, opener: str) -> None:
-        self.consume(len(OPEN))
+        self.consume(len(self.call_open))
         self.phase = "function"
 
     def step_calls(self, final: bool, events: list[Event]) -> bool:
@@ -62,8 +66,8 @@ class Qwen3CoderParser(XmlArgumentsParser):
         if self.phase == "value":
             return self._value(final, events)
         if self.phase == "close":
-            return self.past_close(CLOSE, final)
-        if self.past_opener(OPEN, final):
+            return self.past_close(self.call_close, final)
+        if self.past_opener(self.call_open, final):
             self.phase = "function"
             return True
         return False
@@ -91,7 +95,7 @@ class Qwen3CoderParser(XmlArgumentsParser):
         if name == "":
             return False
         if name is None or not _NAME.fullmatch(name):
-            return self.end_at(CLOSE, final, events)
+            return self.end_at(self.call_close, final, events)
         self.start_call(name, events)
         self.new_arguments()
         self.stream_arguments(self.arguments, events)
@@ -103,7 +107,7 @@ class Qwen3CoderParser(XmlArgumentsParser):
         self.skip_space()
         if not self.buffer:
             return False
-        for end, phase in ((FUNCTION_END, "close"), (CLOSE, "between")):
+        for end, phase in ((FUNCTION_END, "close"), (self.call_close, "between")):
             if self.buffer.startswith(end):
                 self.consume(len(end))
                 self.close_call(None, events)
@@ -115,7 +119,7 @@ class Qwen3CoderParser(XmlArgumentsParser):
         if key == "":
             return False
         if key is None or not _KEY.fullmatch(key):
-            return self.end_at(CLOSE, final, events)  # the markup broke off: the call ends with what it had
+            return self.end_at(self.call_close, final, events)  # the markup broke off: the call ends with what it had
         self.open_member(key, events)
         self.value_opened = False  # the value's leading newline is not read yet
         self.phase = "value"
@@ -129,3 +133,15 @@ class Qwen3CoderParser(XmlArgumentsParser):
                 self.consume(1)
             self.value_opened = True
         return self.read_value(final, events)
+
+
+class SeedOssParser(Qwen3CoderParser):
+    """`seed_oss`: Seed-OSS's calls, Qwen3-Coder's `<function=...>` / `<parameter=...>` inside
+    `<seed:tool_call>` ... `</seed:tool_call>` (vLLM's parser of that name)."""
+
+    name: ClassVar[str] = "seed_oss"
+    call_open: ClassVar[str] = SEED_OPEN
+    call_close: ClassVar[str] = SEED_CLOSE
+    openers: ClassVar[tuple[str, ...]] = (SEED_OPEN,)
+    value_ends: ClassVar[tuple[str, ...]] = (PARAMETER_END, FUNCTION_END, SEED_CLOSE)
+    value_end_prefixes: ClassVar[tuple[str, ...]] = value_ends + tuple("\n" + end for end in value_ends)

@@ -16,7 +16,7 @@ from worker.openai.tools.hermes import HermesParser
 from worker.openai.tools.llama3_json import Llama3JsonParser
 from worker.openai.tools.mistral import MistralParser
 from worker.openai.tools.parser import ToolParser
-from worker.openai.tools.qwen3_coder import Qwen3CoderParser
+from worker.openai.tools.qwen3_coder import Qwen3CoderParser, SeedOssParser
 
 PARSERS: dict[str, type[ToolParser]] = {
     p.name: p
@@ -26,6 +26,7 @@ PARSERS: dict[str, type[ToolParser]] = {
         MistralParser,
         Gemma4Parser,
         Qwen3CoderParser,
+        SeedOssParser,
         Glm4MoeParser,
         Glm47Parser,
         DeepSeekV3Parser,
@@ -34,9 +35,11 @@ PARSERS: dict[str, type[ToolParser]] = {
     )
 }
 # Markup each family's template writes when it shows tools or calls, most specific first (Qwen3.5's and
-# Qwen3-Coder's templates write <tool_call> too, around <function=...> and <parameter=...>; GLM's around
+# Qwen3-Coder's templates write <tool_call> too, around <function=...> and <parameter=...>, Seed-OSS's the same
+# inside <seed:tool_call>; GLM's around
 # <arg_key>). DeepSeek's V3 / R1 templates show the arguments in a ```json block, V3.1's bare (deepseek_v31).
 _MARKERS = (
+    ("<seed:tool_call>", "seed_oss"),
     ("tool▁calls▁begin｜>", "deepseek"),
     ("[TOOL_CALLS]", "mistral"),
     ("<|tool_call>", "gemma4"),
@@ -62,6 +65,7 @@ _FAMILIES = {
     "qwen3_5_text": "qwen3_coder",
     "glm4_moe": "glm45",
     "glm4_moe_lite": "glm45",
+    "seed_oss": "seed_oss",
 }
 _USES_TOOLS = re.compile(r"\btools\b")
 

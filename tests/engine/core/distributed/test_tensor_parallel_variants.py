@@ -14,7 +14,7 @@ from tests.engine.core.distributed.tp_models import check_split_answers, child_p
 from tests.engine.core.engine_run import make_engine
 from tests.engine.model.test_llama_variants_parity import build_variant
 
-KINDS = ("seed_oss", "smollm3", "olmo2", "olmo3", "exaone4", "granite", "phi3", "ernie4_5")
+KINDS = ("seed_oss", "smollm3", "olmo2", "olmo3", "exaone4", "granite", "phi3", "ernie4_5", "ministral3")
 
 
 @pytest.mark.parametrize("kind", KINDS)
