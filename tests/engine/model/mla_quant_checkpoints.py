@@ -33,7 +33,7 @@ INT4_SIZES = dict(
 )
 INT4 = ("awq", "gptq", "ct_int4")
 QUANTIZED = re.compile(
-    r"\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$"
+    r"\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj|gate_proj|up_proj|down_proj|eh_proj)\.weight$"
 )
 
 
@@ -47,15 +47,22 @@ def write_mla_quantized(kind: str, family: str, path: Path, block: tuple[int, in
     DeepSeek's own, in blocks of `block`, or a quant_writers.WRITERS kind); returns the transformers model holding
     the weights it stands for (float32)."""
     hf = build_mla_checkpoint(family, path, **{**(INT4_SIZES if kind in INT4 else {}), **sizes})
+    quantize_folder(kind, path, hf.state_dict(), block)
+    return hf
+
+
+def quantize_folder(kind: str, path: Path, state: dict[str, torch.Tensor] | None, block: tuple[int, int]) -> None:
+    """Rewrites the checkpoint at `path` in `kind`'s format (a next-n layer's projections and eh_proj too); `state`:
+    the transformers model's tensors, set to the weights the checkpoint now stands for."""
     tensors = load_file(path / "model.safetensors")
-    state = hf.state_dict()
     for name in [n for n in tensors if QUANTIZED.search(n)]:
         w = tensors.pop(name).float()
         quantized, reference = fp8_block_tensors(w, block) if kind == "fp8_block" else WRITERS[kind](w)
         module = name.removesuffix(".weight")
         tensors.update({f"{module}.{k}": v.contiguous() for k, v in quantized.items()})
-        with torch.no_grad():
-            reference_slot(state, name).copy_(reference)
+        if state is not None:
+            with torch.no_grad():
+                reference_slot(state, name).copy_(reference)
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((path / "config.json").read_text())
     routers = sorted(n.removesuffix(".weight") for n in tensors if re.search(r"\.mlp\.gate\.weight$", n))
@@ -63,7 +70,6 @@ def write_mla_quantized(kind: str, family: str, path: Path, block: tuple[int, in
         deepseek_fp8_config(block) if kind == "fp8_block" else quantization_config(kind, tuple(routers))
     )
     (path / "config.json").write_text(json.dumps(config))
-    return hf
 
 
 def dequantize_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:

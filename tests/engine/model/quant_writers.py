@@ -184,7 +184,7 @@ def fp8_block_tensors(w: torch.Tensor, block: tuple[int, int] = (128, 128)) -> t
     padded = torch.zeros(rows * br, cols * bc)
     padded[:n, :k] = w
     blocks = padded.view(rows, br, cols, bc)
-    scale = blocks.abs().amax((1, 3)) / 448
+    scale = (blocks.abs().amax((1, 3)) / 448).clamp(min=1e-12)  # an all-zero block (0 / 0) would be NaN
     weight = (blocks / scale[:, None, :, None]).view(rows * br, cols * bc)[:n, :k].to(torch.float8_e4m3fn)
     back = _dequantize_fp8_weight(weight, scale, list(block), torch.float32).float()
     return {"weight": weight, "weight_scale_inv": scale}, back

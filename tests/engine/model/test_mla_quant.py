@@ -30,7 +30,13 @@ from tests.engine.model.family_parity import (
     mixed_prompts,
     tiny_engine,
 )
-from tests.engine.model.mla_quant_checkpoints import FP8_BLOCK, INT4, dequantize_blocks, write_mla_quantized
+from tests.engine.model.mla_quant_checkpoints import (
+    FP8_BLOCK,
+    INT4,
+    dequantize_blocks,
+    quantize_folder,
+    write_mla_quantized,
+)
 from tests.engine.model.test_hybrid_bake import _with_tokenizer
 
 CASES = [
@@ -143,3 +149,26 @@ def test_bfloat16_on_cpu_holds_kv_b_proj_in_bfloat16_and_serves(mla_quant):
         assert torch.equal(weight, theirs.self_attn.kv_b_proj.weight.detach().bfloat16())
     out = greedy(tiny_engine(mla_quant.path, dtype="bfloat16"), mixed_prompts(), max_tokens=6)
     assert all(len(tokens) == 6 for tokens in out.values())
+
+
+def test_deepseeks_fp8_next_n_layer_serves_as_the_mtp_head(tmp_path, baked_model_path):
+    """DeepSeek-V3's FP8 release quantizes its next-n layer too (eh_proj, the layer's MLA and experts): the `mtp` head
+    loads it, its kv_b_proj dequantised as the target's, and its guesses, a copy of the target's layer on shifted
+    tokens, are accepted while the output stays the target's own."""
+    from engine.config import SpeculativeConfig
+    from tests.engine.core.hybrid_spec import hybrid_requests, run_checked, tokens
+    from tests.engine.core.next_n_spec import add_agreeing_next_n, build_target
+    from tests.engine.core.test_speculative_next_n import ONE_LAYER
+
+    hf = build_target("deepseek_v3", tmp_path, baked_model_path, **ONE_LAYER["deepseek_v3"])
+    add_agreeing_next_n(tmp_path, hf)
+    quantize_folder("fp8_block", tmp_path, None, FP8_BLOCK)
+    assert "model.layers.1.self_attn.kv_b_proj.weight_scale_inv" in load_file(tmp_path / "model.safetensors")
+    requests = hybrid_requests()
+    want = tokens(run_checked(tiny_engine(tmp_path), requests))
+    spec = tiny_engine(tmp_path, speculative=SpeculativeConfig(method="mtp", num_speculative_tokens=2))
+    assert tokens(run_checked(spec, requests)) == want
+    stats = spec.stats()
+    assert 0 < stats["spec_accepted_tokens"] < stats["spec_proposed_tokens"], stats
+    heads = [m for m in spec.speculator.proposer.head.modules() if isinstance(m, HeadWeights)]
+    assert heads and all(h.weight.dtype == torch.float32 for h in heads)
