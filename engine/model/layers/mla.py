@@ -78,11 +78,15 @@ def mla_softmax_scale(qk_head_dim: int, rope: dict) -> float:
 
 class HeadWeights(nn.Module):
     """kv_b_proj's weight [H * (qk_nope + v), kv_lora_rank], read per head as W_UK_h and W_UV_h, never run as a
-    linear. Not an nn.Linear on purpose: int4, CPU packing and LoRA, which replace linears, leave it whole."""
+    linear. Not an nn.Linear on purpose: int4, CPU packing and LoRA, which replace linears, leave it whole. A
+    quantized checkpoint's kv_b_proj is dequantised once at load into `weight` (quant/base.py's to_serving)."""
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, weight: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.in_features, self.out_features = in_features, out_features
+        if weight is None:
+            weight = torch.empty(out_features, in_features)
+        self.weight = nn.Parameter(weight, requires_grad=False)
 
 
 class MLAttention(nn.Module):

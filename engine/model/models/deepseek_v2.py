@@ -52,10 +52,6 @@ def read_deepseek_args(
     sparse_layers None: DeepSeek's rule (from first_k_dense_replace on, every moe_layer_freq-th layer)."""
     if config.get("hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"hidden_act {config['hidden_act']!r} is not supported", param="model")
-    if config.get("quantization_config"):  # kv_b_proj is read per head as float W_UK and W_UV
-        raise UnsupportedModel(
-            "quantized multi-head latent attention (MLA) checkpoints are not supported yet", param="model"
-        )
     mla = MLAShape.read(config, rope_interleave=rope_interleave)
     first, freq = config.get("first_k_dense_replace") or 0, config.get("moe_layer_freq") or 1
     num_layers = config["num_hidden_layers"]

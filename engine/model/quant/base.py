@@ -16,6 +16,7 @@ from torch import nn
 
 from engine.errors import StartupError, UnsupportedModel
 from engine.model.checkpoint import Shard, Source, shard_targets
+from engine.model.layers.mla import HeadWeights
 from engine.model.layers.moe import StackedExperts
 from engine.model.layers.routing import ScoreLinear
 from engine.model.quant.shards import quantized_sources
@@ -93,7 +94,8 @@ class QuantFormat:
 
 class CheckpointLinear(nn.Module):
     """A linear as the checkpoint stores it: one parameter per tensor of the format, stacked over its matrices
-    (q|k|v, gate|up) as the layout says. `shards`: checkpoint module name -> output rows, in stacking order."""
+    (q|k|v, gate|up) as the layout says. `shards`: checkpoint module name -> output rows, in stacking order.
+    `head_weights`: it stands for an MLA layer's kv_b_proj (HeadWeights), served as its dequantised weight."""
 
     checkpoint_dtypes = True  # the loader keeps these parameters' dtypes instead of casting to the serving one
 
@@ -105,9 +107,11 @@ class CheckpointLinear(nn.Module):
         in_features: int,
         bias: bool,
         shapes: dict[str, tuple[int, ...]],
+        head_weights: bool = False,
     ) -> None:
         super().__init__()
         self.fmt, self.in_features, self.out_features = fmt, in_features, sum(shards.values())
+        self.head_weights = head_weights
         self.shard_offsets: dict[str, tuple[int, int]] = {}
         # A tensor-parallel rank's part of each matrix's float weight (quant/shards.py); empty: all of them.
         self.matrix_sources: dict[str, Source] = {}
@@ -194,25 +198,32 @@ def dense_linear(linear: CheckpointLinear, weight: torch.Tensor, dtype: torch.dt
 
 def swap_quantized_linears(model: nn.Module, fmt: QuantFormat, shapes: dict[str, tuple[int, ...]]) -> int:
     """Replaces each Linear whose checkpoint matrices carry the format's marker tensor with a CheckpointLinear,
-    and so each expert projection (swap_quantized_experts); those the checkpoint left in float (an ignored
+    and so each expert projection (swap_quantized_experts) and MLA's kv_b_proj (HeadWeights, dequantised at load
+    as vLLM does: the absorbed attention reads it per head); those the checkpoint left in float (an ignored
     lm_head, a router) stay. Returns how many."""
     rename = getattr(model, "checkpoint_name", lambda n: n)
     ours = {rename(n): s for n, s in shapes.items()}
     swapped = swap_quantized_experts(model, fmt, ours)
     for prefix, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
-            if not isinstance(child, nn.Linear):
+            if not isinstance(child, nn.Linear | HeadWeights):
                 continue
             base = f"{prefix}." if prefix else ""
             offsets = getattr(child, "shard_offsets", None)
             shards = {n: size for n, (_, size) in offsets.items()} if offsets else {name: child.out_features}
             if f"{base}{next(iter(shards))}.{fmt.marker}" not in ours:
                 continue
-            setattr(
-                parent,
-                name,
-                _checkpoint_linear(model, fmt, ours, base, shards, child.in_features, child.bias is not None),
+            linear = _checkpoint_linear(
+                model,
+                fmt,
+                ours,
+                base,
+                shards,
+                child.in_features,
+                bias=getattr(child, "bias", None) is not None,
+                head_weights=isinstance(child, HeadWeights),
             )
+            setattr(parent, name, linear)
             swapped += 1
     if not swapped:
         raise UnsupportedModel(
@@ -269,6 +280,7 @@ def _checkpoint_linear(
     shards: dict[str, int],
     in_features: int,
     bias: bool = False,
+    head_weights: bool = False,
 ) -> CheckpointLinear:
     """A CheckpointLinear for the checkpoint matrices `base` + each shard name, shaped after the first one's, whose
     tensors must be the format's for that matrix (its siblings are then held to it by the checkpoint's plan). In a
@@ -294,7 +306,9 @@ def _checkpoint_linear(
                 f"for a {in_features} -> {rows} linear",
                 param="model",
             )
-    linear = CheckpointLinear(fmt=fmt, shards=shards, in_features=in_features, bias=bias, shapes=tensors)
+    linear = CheckpointLinear(
+        fmt=fmt, shards=shards, in_features=in_features, bias=bias, shapes=tensors, head_weights=head_weights
+    )
     linear.matrix_sources = parts
     return linear
 
@@ -313,8 +327,12 @@ def refuse_unswapped(fmt: QuantFormat, model: nn.Module, ours: dict[str, tuple[i
 
 
 def to_serving(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
-    """Replaces each loaded CheckpointLinear with its format's serving module."""
+    """Replaces each loaded CheckpointLinear with its format's serving module (MLA's kv_b_proj: HeadWeights holding
+    its exact dequantised weight in `dtype`)."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, CheckpointLinear):
+            if isinstance(child, CheckpointLinear) and child.head_weights:
+                weight = child.fmt.dequantize(child).to(dtype)
+                setattr(parent, name, HeadWeights(child.in_features, child.out_features, weight=weight))
+            elif isinstance(child, CheckpointLinear):
                 setattr(parent, name, child.fmt.serving_module(child, dtype, device))

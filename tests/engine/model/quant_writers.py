@@ -174,19 +174,19 @@ def compressed_fp8_tensor_tensors(w: torch.Tensor) -> tuple[dict, torch.Tensor]:
     return {**packed, "input_scale": torch.tensor([0.02])}, back
 
 
-def fp8_block_tensors(w: torch.Tensor, block: int = 128) -> tuple[dict, torch.Tensor]:
-    """The hub's block-wise FP8: weight_scale_inv per block (a partial last block where the rows or columns are
-    not a multiple, as a 64-row K projection has); the reference is transformers' own dequantiser."""
+def fp8_block_tensors(w: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[dict, torch.Tensor]:
+    """The hub's block-wise FP8: weight_scale_inv per [rows, columns] block (a partial last block where the rows or
+    columns are not a multiple, as a 64-row K projection has); the reference is transformers' own dequantiser."""
     from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
 
     n, k = w.shape
-    rows, cols = -(-n // block), -(-k // block)
-    padded = torch.zeros(rows * block, cols * block)
+    (br, bc), rows, cols = block, -(-n // block[0]), -(-k // block[1])
+    padded = torch.zeros(rows * br, cols * bc)
     padded[:n, :k] = w
-    blocks = padded.view(rows, block, cols, block)
-    scale = blocks.abs().amax((1, 3)) / 448
-    weight = (blocks / scale[:, None, :, None]).view(rows * block, cols * block)[:n, :k].to(torch.float8_e4m3fn)
-    back = _dequantize_fp8_weight(weight, scale, [block, block], torch.float32).float()
+    blocks = padded.view(rows, br, cols, bc)
+    scale = (blocks.abs().amax((1, 3)) / 448).clamp(min=1e-12)  # an all-zero block (0 / 0) would be NaN
+    weight = (blocks / scale[:, None, :, None]).view(rows * br, cols * bc)[:n, :k].to(torch.float8_e4m3fn)
+    back = _dequantize_fp8_weight(weight, scale, list(block), torch.float32).float()
     return {"weight": weight, "weight_scale_inv": scale}, back
 
 

@@ -145,7 +145,6 @@ def test_moe_layer_freq_picks_every_nth_layer_after_the_dense_ones():
     [
         ({"topk_method": "noaux_tc"}, "topk_method='noaux_tc'"),
         ({"norm_topk_prob": True}, "norm_topk_prob=true"),
-        ({"quantization_config": {"quant_method": "fp8"}}, "quantized multi-head latent attention"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ],
 )
