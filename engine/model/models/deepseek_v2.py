@@ -25,8 +25,8 @@ from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.rotary import RotaryEmbedding
 from engine.model.layers.routing import Routing, read_grouped_routing
 from engine.model.models.base import DecoderLM
-from engine.model.models.llama import LlamaArgs, LlamaMLP
-from engine.model.models.moe_base import MoeArgs
+from engine.model.models.llama import LlamaMLP
+from engine.model.models.moe_base import MoeArgs, shared_mlp
 from engine.model.sharding import ShardPlan, shard_experts, shard_gated_mlp, shard_mla, shard_vocab
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
@@ -111,11 +111,7 @@ def make_moe(a: DeepseekArgs) -> SparseMoE:
     """The routed experts and, beside them, n_shared_experts * moe_intermediate_size of ungated shared MLP."""
     routing = a.routing
     assert routing is not None
-    fields = {name: getattr(a, name) for name in LlamaArgs.__dataclass_fields__}
-    shared = LlamaMLP(LlamaArgs(**{**fields, "intermediate_size": routing.shared_expert_size}))
-    return SparseMoE(
-        routing=routing, hidden_size=a.hidden_size, shared_experts=shared if routing.shared_expert_size else None
-    )
+    return SparseMoE(routing=routing, hidden_size=a.hidden_size, shared_experts=shared_mlp(a))
 
 
 class DeepseekV2ForCausalLM(DecoderLM):

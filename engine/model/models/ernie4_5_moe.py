@@ -13,8 +13,8 @@ from torch import nn
 
 from engine.model.layers.moe import SparseMoE
 from engine.model.layers.routing import BiasedChoiceRouter, read_grouped_routing
-from engine.model.models.llama import LlamaArgs, LlamaForCausalLM, LlamaMLP
-from engine.model.models.moe_base import MoeArgs, MoeForCausalLM
+from engine.model.models.llama import LlamaForCausalLM
+from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, shared_mlp
 
 
 class ErnieRouter(BiasedChoiceRouter):
@@ -51,12 +51,8 @@ class Ernie4_5_MoeForCausalLM(MoeForCausalLM):
     @classmethod
     def make_moe(cls, a: MoeArgs) -> SparseMoE:
         assert a.routing is not None
-        shared = None
-        if a.routing.shared_expert_size:
-            fields = {name: getattr(a, name) for name in LlamaArgs.__dataclass_fields__}
-            shared = LlamaMLP(LlamaArgs(**{**fields, "intermediate_size": a.routing.shared_expert_size}))
         gate = ErnieRouter(a.hidden_size, a.routing.num_experts)
-        return SparseMoE(routing=a.routing, hidden_size=a.hidden_size, shared_experts=shared, gate=gate)
+        return SparseMoE(routing=a.routing, hidden_size=a.hidden_size, shared_experts=shared_mlp(a), gate=gate)
 
     def checkpoint_name(self, name: str) -> str:
         """moe_statics' correction bias (transformers 5: under mlp.gate; the hub: beside it) -> the router's."""

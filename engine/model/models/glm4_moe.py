@@ -12,8 +12,7 @@ from engine.errors import UnsupportedModel
 from engine.model.layers.moe import SparseMoE
 from engine.model.layers.rotary import rope_parameters
 from engine.model.layers.routing import read_grouped_routing
-from engine.model.models.llama import LlamaArgs, LlamaMLP
-from engine.model.models.moe_base import MoeArgs, MoeForCausalLM
+from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, shared_mlp
 
 # transformers' Glm4MoeConfig defaults for keys a config.json may leave out.
 PARTIAL_ROTARY_FACTOR = 0.5
@@ -41,13 +40,7 @@ class Glm4MoeForCausalLM(MoeForCausalLM):
 
     @classmethod
     def make_moe(cls, a: MoeArgs) -> SparseMoE:
-        fields = {name: getattr(a, name) for name in LlamaArgs.__dataclass_fields__}
-        shared = LlamaMLP(LlamaArgs(**{**fields, "intermediate_size": a.routing.shared_expert_size}))
-        return SparseMoE(
-            routing=a.routing,
-            hidden_size=a.hidden_size,
-            shared_experts=shared if a.routing.shared_expert_size else None,
-        )
+        return SparseMoE(routing=a.routing, hidden_size=a.hidden_size, shared_experts=shared_mlp(a))
 
     def checkpoint_name(self, name: str) -> str | None:
         """The hub checkpoints' next-n prediction layers (num_nextn_predict_layers of them, stored as

@@ -14,8 +14,8 @@ import re
 from engine.model.checkpoint import Source
 from engine.model.layers.moe import SparseMoE
 from engine.model.layers.parallel import TensorParallel
-from engine.model.models.llama import LlamaArgs, LlamaForCausalLM, LlamaMLP
-from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args
+from engine.model.models.llama import LlamaArgs, LlamaForCausalLM
+from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args, shared_mlp
 from engine.model.sharding import ShardPlan
 
 _RENAMES = (
@@ -59,11 +59,7 @@ class GraniteMoeForCausalLM(MoeForCausalLM):
     def make_moe(cls, a: MoeArgs) -> SparseMoE:
         """The routed experts and, where the config has one, the ungated shared MLP beside them."""
         assert a.routing is not None
-        shared = None
-        if a.routing.shared_expert_size:
-            fields = {name: getattr(a, name) for name in LlamaArgs.__dataclass_fields__}
-            shared = LlamaMLP(LlamaArgs(**{**fields, "intermediate_size": a.routing.shared_expert_size}))
-        return SparseMoE(routing=a.routing, hidden_size=a.hidden_size, shared_experts=shared)
+        return SparseMoE(routing=a.routing, hidden_size=a.hidden_size, shared_experts=shared_mlp(a))
 
     def shard(self, tp: TensorParallel) -> ShardPlan:
         """The MoE shard, and this rank's columns of gate and of up in the shared MLP's fused input_linear."""

@@ -113,6 +113,13 @@ class LlamaAttention(nn.Module):
             return None, None
         return RMSNorm(a.head_dim, a.rms_norm_eps), RMSNorm(a.head_dim, a.rms_norm_eps)
 
+    def normalize(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q and k [T, heads, head_dim] through their norms before rotary (Qwen3's: each head on its own)."""
+        assert self.q_norm is not None and self.k_norm is not None
+        return self.q_norm(q), self.k_norm(k), v
+
     def forward(
         self,
         x: torch.Tensor,
@@ -128,7 +135,7 @@ class LlamaAttention(nn.Module):
         q, k = qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)
         v = qkv[:, (hq + hk) * d :].view(t, hk, d)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k, v = self.normalize(q, k, v)
         if self.rotates and self.interleaved:
             q, k = pairs_as_halves(q), pairs_as_halves(k)
         if not self.rotates:

@@ -11,7 +11,7 @@ from engine.errors import UnsupportedModel
 from engine.model.layers.moe import SparseMoE
 from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.routing import Routing, check_routing
-from engine.model.models.llama import LlamaArgs, LlamaForCausalLM
+from engine.model.models.llama import LlamaArgs, LlamaForCausalLM, LlamaMLP
 from engine.model.sharding import ShardPlan, shard_experts
 
 
@@ -83,3 +83,13 @@ class MoeForCausalLM(LlamaForCausalLM):
             shard_experts(layer.mlp, prefix, tp, plan)
         else:
             super().shard_mlp(layer, prefix, tp, plan)
+
+
+def shared_mlp(a: MoeArgs) -> LlamaMLP | None:
+    """The gated MLP of routing.shared_expert_size beside the experts (a shared expert, with the decoder's other
+    options), or None where the routing has none."""
+    assert a.routing is not None
+    if not a.routing.shared_expert_size:
+        return None
+    fields = {name: getattr(a, name) for name in LlamaArgs.__dataclass_fields__}
+    return LlamaMLP(LlamaArgs(**{**fields, "intermediate_size": a.routing.shared_expert_size}))

@@ -16,12 +16,11 @@ import torch
 from torch import nn
 
 from engine.attention.base import AttentionBackend
-from engine.cuda import kernels
 from engine.errors import UnsupportedModel
 from engine.model.checkpoint import Source
 from engine.model.layers.norm import RMSNorm
 from engine.model.layers.parallel import ParallelRMSNorm, TensorParallel
-from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_, rope_parameters
+from engine.model.layers.rotary import RotaryEmbedding, rope_parameters
 from engine.model.models.llama import LlamaArgs, LlamaAttention, LlamaForCausalLM
 from engine.model.sharding import ShardPlan
 
@@ -37,30 +36,17 @@ class OlmoAttention(LlamaAttention):
     def qk_norms(self, a: LlamaArgs) -> tuple[RMSNorm, RMSNorm]:
         return RMSNorm(a.num_q_heads * a.head_dim, a.rms_norm_eps), RMSNorm(a.num_kv_heads * a.head_dim, a.rms_norm_eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        cos: torch.Tensor | None,
-        sin: torch.Tensor | None,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        backend: AttentionBackend,
-    ) -> torch.Tensor:
-        t, hq, hk, d = x.shape[0], self.num_q, self.num_kv, self.head_dim
-        q, k, v = self.qkv_proj(x).split([hq * d, hk * d, hk * d], dim=-1)
+    def normalize(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One norm over each token's whole q and one over its whole k, then q, k, v clipped where clip_qkv is set."""
         assert self.q_norm is not None and self.k_norm is not None
-        q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
+        t = q.shape[0]
+        q, k = self.q_norm(q.reshape(t, -1)).view_as(q), self.k_norm(k.reshape(t, -1)).view_as(k)
         if self.clip_qkv is not None:
             c = self.clip_qkv
             q, k, v = q.clamp_(-c, c), k.clamp_(-c, c), v.clamp(-c, c)
-        q, k, v = q.view(t, hq, d), k.view(t, hk, d), v.reshape(t, hk, d)
-        if self.cos_sin_cache is not None:
-            kernels.apply_rope_with_cos_sin_cache_inplace(positions, q, k, d, self.cos_sin_cache)
-        else:
-            assert cos is not None and sin is not None
-            q, k = apply_rotary_(q, cos, sin), apply_rotary_(k, cos, sin)
-        return self.attend(q, k, v, k_cache, v_cache, backend)
+        return q, k, v
 
 
 def shard_whole_qk_norms(model: LlamaForCausalLM, tp: TensorParallel, plan: ShardPlan) -> None:

@@ -6,8 +6,7 @@ with a sigmoid gate), on moe_base.py. Which layers are sparse follows transforme
 from __future__ import annotations
 
 from engine.model.layers.moe import SparseMoE
-from engine.model.models.llama import LlamaArgs, LlamaMLP
-from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args
+from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args, shared_mlp
 
 
 def qwen_sparse_layers(config: dict) -> tuple[int, ...]:
@@ -52,8 +51,4 @@ class Qwen2MoeForCausalLM(MoeForCausalLM):
 def shared_expert_moe(a: MoeArgs) -> SparseMoE:
     """Qwen's MoE block: the routed experts and, when the config has one, a SwiGLU shared expert of its own width
     under a sigmoid gate (Qwen2-MoE, Qwen3-Next, Qwen3.5-MoE)."""
-    shared = None
-    if a.routing.shared_expert_size:
-        fields = {name: getattr(a, name) for name in LlamaArgs.__dataclass_fields__}
-        shared = LlamaMLP(LlamaArgs(**{**fields, "intermediate_size": a.routing.shared_expert_size}))
-    return SparseMoE(routing=a.routing, hidden_size=a.hidden_size, shared_expert=shared)
+    return SparseMoE(routing=a.routing, hidden_size=a.hidden_size, shared_expert=shared_mlp(a))
