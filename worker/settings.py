@@ -90,6 +90,8 @@ class Settings(BaseModel):
         "hermes",
         "llama3_json",
         "mistral",
+        "granite",
+        "phi4_mini_json",
         "gemma4",
         "qwen3_coder",
         "seed_oss",

@@ -64,3 +64,6 @@ DEEPSEEK_V31 = _read("deepseek-v3.1.jinja")
 # Seed-OSS-style calls, written for these tests from vLLM's seed_oss parser (not the release's template): Qwen3-Coder's
 # <function=NAME> / <parameter=KEY>VALUE</parameter> inside <seed:tool_call> ... </seed:tool_call>; no thinking.
 SEED_OSS = _read("seed-oss.jinja")
+# Granite-3.0-style calls, written for these tests from vLLM's granite parser (not the release's template): the tools
+# as JSON under available_tools, calls as <|tool_call|> and a JSON list of {"name", "arguments"}.
+GRANITE30 = _read("granite-3.0.jinja")

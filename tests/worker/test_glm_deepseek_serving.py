@@ -1,4 +1,4 @@
-"""GLM's, DeepSeek V3.1's and Seed-OSS's tool calls end to end: the default model served with each family's
+"""GLM's, DeepSeek V3.1's, Seed-OSS's and Granite's tool calls end to end: the default model served with each family's
 template as the request's own (`chat_template`), through the official openai client. Forced calls ("required", a
 named tool) come out in the family's markup, held to it by the grammar, and are read back as calls whose arguments
 validate against the schema, whole and streamed alike, whatever the model (which never saw these formats) would
@@ -10,7 +10,7 @@ import json
 
 import jsonschema
 import pytest
-from family_templates import DEEPSEEK_V31, GLM45, SEED_OSS
+from family_templates import DEEPSEEK_V31, GLM45, GRANITE30, SEED_OSS
 from openai_schema import validate
 
 WEATHER = {
@@ -46,6 +46,7 @@ BODIES = {
     "glm45": {"chat_template": GLM45, "chat_template_kwargs": {"enable_thinking": False}},
     "deepseek_v31": {"chat_template": DEEPSEEK_V31},
     "seed_oss": {"chat_template": SEED_OSS},
+    "granite": {"chat_template": GRANITE30},
 }
 
 

@@ -71,6 +71,16 @@ MISTRAL_V3 = CallMarkup(
     special_trigger=True,
     wrap=("[TOOL_CALLS] [", "]"),
 )
+
+
+# Granite 3.x: a JSON list of calls after <|tool_call|> (3.0) or <tool_call> (3.1 on); Phi-4-mini's after functools.
+def json_list(opener: str) -> CallMarkup:
+    return CallMarkup(
+        begin='{{"name": {name}, "arguments": ', end="}", trigger=opener, separator=", ", wrap=(opener + "[", "]")
+    )
+
+
+PHI4_MINI = json_list("functools")
 GEMMA4 = CallMarkup(
     begin="<|tool_call>call:{bare}", end="<tool_call|>", trigger="<|tool_call>", separator="", special_trigger=True
 )
@@ -123,6 +133,7 @@ _STYLES = {
     "gemma4": GEMMA4,
     "qwen3_coder": QWEN3_CODER,
     "seed_oss": SEED_OSS,
+    "phi4_mini_json": PHI4_MINI,
     "glm45": GLM4_MOE,
     "glm47": GLM4_MOE,
     "deepseek_v3": DEEPSEEK_V3,
@@ -133,6 +144,8 @@ _STYLES = {
 def markup(plan: ToolPlan, template: str) -> CallMarkup:
     if plan.format in _STYLES:
         return _STYLES[plan.format]
+    if plan.format == "granite":
+        return json_list("<|tool_call|>" if "<|tool_call|>" in template else "<tool_call>")
     return MISTRAL_V11 if "[ARGS]" in template else MISTRAL_V3
 
 

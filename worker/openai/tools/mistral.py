@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from worker.openai.tools.call_reader import JsonScanner
 from worker.openai.tools.events import Event
-from worker.openai.tools.parser import ToolParser, held_prefix
+from worker.openai.tools.parser import ToolParser
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -26,6 +26,7 @@ _MAX_NAME = 200  # past this without [ARGS], it is not a name
 class MistralParser(ToolParser):
     name: ClassVar[str] = "mistral"
     openers: ClassVar[tuple[str, ...]] = (TOOL_CALLS,)
+    named_calls: ClassVar[bool] = True  # `name[ARGS]{...}` after the opener (v11) as well as a JSON list
 
     def __init__(
         self,
@@ -39,7 +40,7 @@ class MistralParser(ToolParser):
         self._value = JsonScanner()  # the arguments object of a `name[ARGS]{...}` call
 
     def enter(self, opener: str) -> None:
-        self.consume(len(TOOL_CALLS))
+        self.consume(len(opener))
         self.phase = "opened"
 
     def step_calls(self, final: bool, events: list[Event]) -> bool:
@@ -50,8 +51,13 @@ class MistralParser(ToolParser):
             if self.buffer.startswith("["):
                 self.consume(1)
                 self.phase = "list"
-            else:
+            elif self.named_calls:
                 self.phase = "name"
+            else:  # no list after the opener: the markup was no call
+                self.consume(len(self.buffer))
+                self.close_call(None, events)
+                self.phase = "between"
+                return False
             return True
         if self.phase == "list":
             return self._list(final, events)
@@ -126,15 +132,33 @@ class MistralParser(ToolParser):
 
     def _between(self, final: bool) -> bool:
         self.skip_space()
-        if self.buffer.startswith(TOOL_CALLS):
-            self.consume(len(TOOL_CALLS))
+        at, opener = self.find_opener()
+        if at == 0:
+            self.consume(len(opener))
             self.phase = "opened"
             return True
-        if not self.buffer or (TOOL_CALLS.startswith(self.buffer) and not final):
+        if not self.buffer or (self.held(self.buffer) == len(self.buffer) and not final):
             return False
-        at = self.buffer.find(TOOL_CALLS)
-        if at >= 0:
+        if at > 0:
             self.consume(at)
             return True
-        self.consume(len(self.buffer) - (0 if final else held_prefix(self.buffer, (TOOL_CALLS,))))
+        self.consume(len(self.buffer) - (0 if final else self.held(self.buffer)))
         return False
+
+
+class GraniteParser(MistralParser):
+    """`granite`: IBM Granite 3.x's calls, a JSON list of {"name", "arguments"} objects after `<|tool_call|>`
+    (Granite 3.0, a special token) or `<tool_call>` (3.1 on), as vLLM's parser of that name reads them."""
+
+    name: ClassVar[str] = "granite"
+    openers: ClassVar[tuple[str, ...]] = ("<|tool_call|>", "<tool_call>")
+    named_calls: ClassVar[bool] = False
+
+
+class Phi4MiniParser(MistralParser):
+    """`phi4_mini_json`: Phi-4-mini's calls, `functools[` and a JSON list of {"name", "arguments"} objects `]`, as
+    vLLM's parser of that name reads them."""
+
+    name: ClassVar[str] = "phi4_mini_json"
+    openers: ClassVar[tuple[str, ...]] = ("functools",)
+    named_calls: ClassVar[bool] = False

@@ -14,7 +14,7 @@ from worker.openai.tools.generic import GenericParser
 from worker.openai.tools.glm4_moe import Glm4MoeParser, Glm47Parser
 from worker.openai.tools.hermes import HermesParser
 from worker.openai.tools.llama3_json import Llama3JsonParser
-from worker.openai.tools.mistral import MistralParser
+from worker.openai.tools.mistral import GraniteParser, MistralParser, Phi4MiniParser
 from worker.openai.tools.parser import ToolParser
 from worker.openai.tools.qwen3_coder import Qwen3CoderParser, SeedOssParser
 
@@ -24,6 +24,8 @@ PARSERS: dict[str, type[ToolParser]] = {
         HermesParser,
         Llama3JsonParser,
         MistralParser,
+        GraniteParser,
+        Phi4MiniParser,
         Gemma4Parser,
         Qwen3CoderParser,
         SeedOssParser,
@@ -42,6 +44,8 @@ _MARKERS = (
     ("<seed:tool_call>", "seed_oss"),
     ("tool▁calls▁begin｜>", "deepseek"),
     ("[TOOL_CALLS]", "mistral"),
+    ("<|tool_call|>", "granite"),
+    ("<|tool|>", "phi4_mini_json"),
     ("<|tool_call>", "gemma4"),
     ("<parameter=", "qwen3_coder"),
     ("<arg_key>", "glm45"),
@@ -66,7 +70,11 @@ _FAMILIES = {
     "glm4_moe": "glm45",
     "glm4_moe_lite": "glm45",
     "seed_oss": "seed_oss",
+    "phi3": "phi4_mini_json",
 }
+# Families whose own format wins over the markup a template shows (Granite 3.1's templates write <tool_call>, which
+# would read as Hermes', around a JSON list of calls).
+_FAMILY_FIRST = {"granite": "granite", "granitemoe": "granite", "granitemoeshared": "granite"}
 _USES_TOOLS = re.compile(r"\btools\b")
 
 
@@ -84,6 +92,8 @@ def pick_format(template: str | None, model_type: str | None, override: str | No
     if model_type in HARMONY_MODEL_TYPES:  # gpt-oss: its calls, reasoning and prompt are harmony's
         return "harmony"
     text = template or ""
+    if model_type in _FAMILY_FIRST and _USES_TOOLS.search(text):
+        return _FAMILY_FIRST[model_type]
     for marker, name in _MARKERS:
         if marker in text:
             return _deepseek(text) if name == "deepseek" else name
