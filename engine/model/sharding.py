@@ -42,6 +42,7 @@ SHARDED_ARCHITECTURES = (
     "Ministral3ForCausalLM",
     "SmolLM3ForCausalLM",
     "Ernie4_5ForCausalLM",
+    "Ernie4_5_MoeForCausalLM",
     "Olmo2ForCausalLM",
     "Olmo3ForCausalLM",
     "Exaone4ForCausalLM",
