@@ -2,9 +2,9 @@
 two (tests/engine/model/test_llama_variants_parity.py): Seed-OSS's biases, SmolLM3's no-rotary layers, OLMo 2's norms
 after each block with q / k norms over the whole projection (a mean square over every rank's heads), OLMo 3's rope
 per layer type, EXAONE 4's per-head norms and no-rotary global layers, Granite's multipliers (and its MoE with a
-shared MLP, from the hub's names; ERNIE's MoE), Phi-3's fused q|k|v and gate|up checkpoint tensors (each rank reads its heads'
-rows of each part), ERNIE 4.5's interleaved rotary, Ministral 3's query scaling. The prompt's log-probabilities and
-greedy answers against one rank and transformers."""
+shared MLP, from the hub's names), Phi-3's fused q|k|v and gate|up checkpoint tensors (each rank reads its heads'
+rows of each part), ERNIE 4.5's interleaved rotary and its MoE, Ministral 3's query scaling. The prompt's
+log-probabilities and greedy answers against one rank and transformers."""
 
 from __future__ import annotations
 
