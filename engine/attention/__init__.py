@@ -135,17 +135,13 @@ def create_group_backends(
     from engine.cuda.setup import backend_kwargs
 
     latent = [None if g.latent is None else (g.latent.kv_lora_rank, g.latent.rope_dim) for g in groups]
-    if any(latent) and kv_dtype == FP8:
-        raise StartupError(
-            "kv_cache_dtype fp8 is not supported with multi-head latent attention (MLA) yet: use auto",
-            param="kv_cache_dtype",
-        )
     device = torch.device(device)
     mla_on_gpu = any(latent) and name == "flashinfer" and device.type == "cuda"
     capability = torch.cuda.get_device_capability(device) if mla_on_gpu else None
     choices = group_backends(
         name, [group.head_dim for group in groups], requested=requested, latent=latent, capability=capability
     )
+    refuse_fp8_latent_pages(groups, [chosen for chosen, _ in choices], kv_dtype)
     backends: list[AttentionBackend] = []
     for group, (chosen, why) in zip(groups, choices, strict=True):
         if group.latent is not None:
@@ -180,3 +176,14 @@ def create_group_backends(
             )
         )
     return backends
+
+
+def refuse_fp8_latent_pages(groups: list[Any], chosen: list[str], kv_dtype: torch.dtype) -> None:
+    """StartupError where FP8 pages would meet FlashInfer's MLA (its pages here are bf16 / fp16); the torch
+    reference runs MLA over FP8 pages."""
+    if kv_dtype == FP8 and any(g.latent is not None and c == "flashinfer" for g, c in zip(groups, chosen, strict=True)):
+        raise StartupError(
+            "kv_cache_dtype fp8 with multi-head latent attention (MLA) runs on the torch attention backend only "
+            "(FlashInfer's MLA pages here are bf16 / fp16): use auto, or ATTENTION_BACKEND=torch",
+            param="kv_cache_dtype",
+        )

@@ -13,8 +13,9 @@ V = c W_UV_h^T, expanded from the gathered latents), which costs fewer multiplie
 are held equal by tests/engine/attention/test_mla.py.
 
 The pages are the pair (ckv [pages, page_size, kv_lora_rank], kpe [pages, page_size, rope_dim]), FlashInfer's
-BatchMLAPagedAttentionWrapper layout, which engine/attention/flashinfer_mla.py runs on CUDA for the shapes it serves;
-FP8 pages are not served here (start-up refuses them).
+BatchMLAPagedAttentionWrapper layout, which engine/attention/flashinfer_mla.py runs on CUDA for the shapes it serves.
+FP8 pages (KV_CACHE_DTYPE=fp8) hold each latent and rotary key value in e4m3 at scale 1 (the latent is RMS-normed,
+so its values sit well inside +-448; anything beyond saturates), cast back to the query's dtype when gathered.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.attention.kv_quant import FP8, FP8_MAX, dequantize, is_fp8
 from engine.attention.torch_ref import TorchRefBackend, _Decode, _Prefill
 
 
@@ -104,23 +106,24 @@ class TorchMLABackend(TorchRefBackend):
             out[p.rows] = self._mla_prefill(q[p.rows], k_cache, v_cache, p)
         return out
 
-    def latents(self, ckv: torch.Tensor, kpe: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """The rows [c, k_pe] of flat pool `slots` (any shape) as [*slots.shape, rank + rope], in one tensor."""
+    def latents(self, ckv: torch.Tensor, kpe: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The rows [c, k_pe] of flat pool `slots` (any shape) as [*slots.shape, rank + rope] in `dtype` (FP8 pages
+        cast back), in one tensor."""
         flat = slots.reshape(-1)
-        c = ckv.view(-1, ckv.shape[-1]).index_select(0, flat)
-        pe = kpe.view(-1, kpe.shape[-1]).index_select(0, flat)
+        c = dequantize(ckv.view(-1, ckv.shape[-1]).index_select(0, flat), dtype)
+        pe = dequantize(kpe.view(-1, kpe.shape[-1]).index_select(0, flat), dtype)
         return torch.cat((c, pe), dim=-1).view(*slots.shape, -1)
 
     def _mla_decode(self, q: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor, plan: _Decode) -> torch.Tensor:
         b, h, _ = q.shape
-        k = self.latents(ckv, kpe, plan.slots)[:, None]  # [B, 1, L, rank + rope]: one KV head for every q head
+        k = self.latents(ckv, kpe, plan.slots, q.dtype)[:, None]  # [B, 1, L, rank + rope]: one KV head for all
         out = F.scaled_dot_product_attention(
             q[:, None], k, k[..., : ckv.shape[-1]], attn_mask=plan.mask, scale=self.scale
         )  # the heads are the query rows of the one KV head: [B, 1, H, rank]
         return out.view(b, h, -1)
 
     def _mla_prefill(self, q: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor, plan: _Prefill) -> torch.Tensor:
-        k = self.latents(ckv, kpe, plan.slots)[None, None]  # [1, 1, L, rank + rope]
+        k = self.latents(ckv, kpe, plan.slots, q.dtype)[None, None]  # [1, 1, L, rank + rope]
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None],
             k,
@@ -143,7 +146,7 @@ class TorchMLABackend(TorchRefBackend):
         w_uv: torch.Tensor,
     ) -> torch.Tensor:
         """Every head's K and V expanded from the request's latents, then causal attention as transformers runs it."""
-        rows = self.latents(ckv, kpe, plan.slots)  # [L, rank + rope]
+        rows = self.latents(ckv, kpe, plan.slots, q_nope.dtype)  # [L, rank + rope]
         latent, k_pe = rows[:, : ckv.shape[-1]], rows[:, ckv.shape[-1] :]
         heads = q_nope.shape[1]
         k = torch.cat((latent @ w_uk.transpose(1, 2), k_pe.expand(heads, -1, -1)), dim=-1)  # [H, L, nope + rope]
@@ -159,9 +162,14 @@ def write_latents(
     latent: torch.Tensor, k_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor, slots: torch.Tensor
 ) -> None:
     """Each new token's latent and rotary key part into flat pool `slots` of the ckv and kpe pages (views of one row
-    store: view() flattens the page axes without a copy)."""
-    ckv.view(-1, ckv.shape[-1]).index_copy_(0, slots, latent.reshape(-1, ckv.shape[-1]))
-    kpe.view(-1, kpe.shape[-1]).index_copy_(0, slots, k_pe.reshape(-1, kpe.shape[-1]))
+    store: view() flattens the page axes without a copy); FP8 pages take them saturated at +-448."""
+    for rows, cache in ((latent, ckv), (k_pe, kpe)):
+        flat, rows = cache.view(-1, cache.shape[-1]), rows.reshape(-1, cache.shape[-1])
+        if is_fp8(cache):  # torch has no index_copy_ for float8 on CPU: the same bytes through uint8 views
+            fp8 = rows.float().clamp(-FP8_MAX, FP8_MAX).to(FP8)
+            flat.view(torch.uint8).index_copy_(0, slots, fp8.view(torch.uint8))
+        else:
+            flat.index_copy_(0, slots, rows)
 
 
 def absorb(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:

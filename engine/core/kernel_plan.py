@@ -171,7 +171,7 @@ def model_modules(
             kv_dtype = resolve_kv_dtype(name, dtype)
             if group.latent is not None and kv_dtype != dtype:
                 if skipped is not None:
-                    skipped.append(f"{architecture} {group.label}: kv_cache_dtype {name}: refused for MLA at start-up")
+                    skipped.append(f"{architecture} {group.label}: kv_cache_dtype {name}: FlashInfer's MLA refuses it")
                 continue
             found |= group_modules(
                 group,

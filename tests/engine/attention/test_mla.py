@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.attention import create_group_backends, group_backends
+from engine.attention import create_group_backends, group_backends, refuse_fp8_latent_pages
 from engine.attention.kv_quant import FP8
 from engine.attention.mla import TorchMLABackend
 from engine.errors import StartupError
@@ -130,6 +130,11 @@ def test_an_mla_group_flashinfer_does_not_serve_runs_on_the_torch_reference_and_
         )
     assert isinstance(backend, TorchMLABackend) and backend.scale == SCALE
     assert "multi-head latent attention) runs on the torch attention backend" in caplog.text
-    with pytest.raises(StartupError, match="fp8 is not supported with multi-head latent attention") as err:
-        create_group_backends("torch", [group], "cpu", spec=spec, dtype=torch.bfloat16, kv_dtype=FP8)
+    (fp8,) = create_group_backends("torch", [group], "cpu", spec=spec, dtype=torch.bfloat16, kv_dtype=FP8)
+    assert isinstance(fp8, TorchMLABackend)  # the torch reference runs MLA over FP8 pages
+    with pytest.raises(
+        StartupError, match="fp8 with multi-head latent attention .* torch attention backend only"
+    ) as err:
+        refuse_fp8_latent_pages([group], ["flashinfer"], FP8)
     assert err.value.param == "kv_cache_dtype"
+    refuse_fp8_latent_pages([group], ["flashinfer"], torch.bfloat16)

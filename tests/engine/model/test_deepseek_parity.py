@@ -84,11 +84,12 @@ def test_the_memory_plan_counts_latent_bytes_per_token(deepseek):
     assert f"multi-head latent: {width} values per token per layer" in describe(plan, 0.9)[1]
 
 
-def test_fp8_pages_are_refused_for_mla(deepseek):
-    from engine.errors import StartupError
-
-    with pytest.raises(StartupError, match="fp8 is not supported with multi-head latent attention"):
-        tiny_engine(deepseek.path, kv_cache_dtype="fp8")
+def test_fp8_latent_pages_hold_half_the_bytes_and_preempt_alike(deepseek):
+    """KV_CACHE_DTYPE=fp8: the latent pages take one byte a value (FlashInfer's MLA refuses them: test_mla.py);
+    preemption recomputes what it dropped into the same tokens (their fidelity: test_kv_fp8_fidelity.py)."""
+    fp8, full = tiny_engine(deepseek.path, kv_cache_dtype="fp8"), tiny_engine(deepseek.path)
+    assert fp8.pools[0].data.element_size() == 1 and full.pools[0].data.element_size() == 4
+    check_preemption(deepseek.path, kv_cache_dtype="fp8")
 
 
 def test_yarn_mscale_scales_the_softmax_as_transformers():
