@@ -64,3 +64,13 @@ def tokenizer(baked_model_path: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(baked_model_path))
+
+
+@pytest.fixture(scope="module")
+def grammars(tokenizer):
+    """A grammar cache over the baked model's tokenizer, for the tests that match call markup against a grammar."""
+    from engine.sample.structured.compiler import GrammarCache
+
+    cache = GrammarCache(tokenizer=tokenizer, vocab_size=len(tokenizer), stop_token_ids=[tokenizer.eos_token_id])
+    yield cache
+    cache.shutdown()

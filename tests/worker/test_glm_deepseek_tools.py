@@ -11,7 +11,6 @@ import jsonschema
 import pytest
 from family_templates import DEEPSEEK_R1, DEEPSEEK_V31, GEMMA4, GLM45, LLAMA31, MISTRAL_V3, QWEN3, QWEN25, QWEN35
 
-from engine.sample.structured.compiler import GrammarCache
 from worker.openai.chat_template import render_chat, template_messages
 from worker.openai.reasoning import pick_reasoning, reasoning_first, starts_in_reasoning
 from worker.openai.tools.constraints import tool_constraint
@@ -281,13 +280,6 @@ def test_the_glm_template_renders_tools_and_a_call_in_the_history(tokenizer) -> 
     assert (
         Glm4MoeParser.parse(written, schemas=plan.schemas)[1][0].arguments == '{"city": "Paris", "at": {"lat": 48.8}}'
     )
-
-
-@pytest.fixture(scope="module")
-def grammars(tokenizer):
-    cache = GrammarCache(tokenizer=tokenizer, vocab_size=len(tokenizer), stop_token_ids=[tokenizer.eos_token_id])
-    yield cache
-    cache.shutdown()
 
 
 W_GLM, T_GLM = glm("get_weather", city="Paris", days="3"), glm("get_time", tz="CET")

@@ -11,7 +11,6 @@ import jsonschema
 import pytest
 from family_templates import QWEN25
 
-from engine.sample.structured.compiler import GrammarCache
 from worker.openai.tools.constraints import tool_constraint
 from worker.openai.tools.definitions import ToolChoice, check_tools
 from worker.openai.tools.events import ContentDelta, fold_calls, fold_text
@@ -71,13 +70,6 @@ def test_auto_picks_them_from_the_template_or_the_family() -> None:
     phi4_mini = "{% if m.tools %}<|system|>{{ m.content }}<|tool|>{{ m.tools }}<|/tool|><|end|>{% endif %}"
     assert pick_format(phi4_mini, "phi3") == "phi4_mini_json"
     assert pick_format(QWEN25, "qwen2") == "hermes"  # the others keep theirs
-
-
-@pytest.fixture(scope="module")
-def grammars(tokenizer):
-    cache = GrammarCache(tokenizer=tokenizer, vocab_size=len(tokenizer), stop_token_ids=[tokenizer.eos_token_id])
-    yield cache
-    cache.shutdown()
 
 
 @pytest.mark.parametrize(

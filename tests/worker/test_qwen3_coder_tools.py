@@ -10,7 +10,6 @@ import jsonschema
 import pytest
 from family_templates import QWEN3, QWEN35
 
-from engine.sample.structured.compiler import GrammarCache
 from worker.openai.chat_template import render_chat, template_messages
 from worker.openai.protocol import ChatCompletionRequest
 from worker.openai.reasoning import pick_reasoning, starts_in_reasoning
@@ -247,13 +246,6 @@ def test_the_qwen35_template_picks_the_parser_and_renders_tools_and_a_second_tur
         tokenizer, shown, chat_template=QWEN35, tools=tools, template_kwargs={"enable_thinking": False}
     ).text
     assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") and not starts_in_reasoning("qwen3", off)
-
-
-@pytest.fixture(scope="module")
-def grammars(tokenizer):
-    cache = GrammarCache(tokenizer=tokenizer, vocab_size=len(tokenizer), stop_token_ids=[tokenizer.eos_token_id])
-    yield cache
-    cache.shutdown()
 
 
 W, T = block("get_weather", city="Paris", days="3"), block("get_time", tz="CET")

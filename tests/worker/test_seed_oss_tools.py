@@ -9,7 +9,6 @@ import json
 import jsonschema
 import pytest
 
-from engine.sample.structured.compiler import GrammarCache
 from worker.openai.reasoning import ReasoningParser, pick_reasoning, starts_in_reasoning
 from worker.openai.tools.constraints import tool_constraint
 from worker.openai.tools.definitions import ToolChoice, check_tools
@@ -94,13 +93,6 @@ def test_reasoning_splits_at_the_seed_think_tags() -> None:
     reasoning = "".join(p.text for p in pieces if p.part == "reasoning")
     content = "".join(p.text for p in pieces if p.part == "content")
     assert (reasoning, content) == ("Paris is in France.", "It is sunny.")
-
-
-@pytest.fixture(scope="module")
-def grammars(tokenizer):
-    cache = GrammarCache(tokenizer=tokenizer, vocab_size=len(tokenizer), stop_token_ids=[tokenizer.eos_token_id])
-    yield cache
-    cache.shutdown()
 
 
 @pytest.mark.parametrize(

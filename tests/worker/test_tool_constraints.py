@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from engine.sample.structured.compiler import GrammarCache
 from worker.openai.errors import BadRequest
 from worker.openai.tools.constraints import tool_constraint
 from worker.openai.tools.definitions import ToolChoice, check_tools
@@ -41,13 +40,6 @@ H_W, H_T = f"<tool_call>\n{W}\n</tool_call>", f"<tool_call>\n{T}\n</tool_call>"
 L_W, L_T = W.replace("arguments", "parameters"), T.replace("arguments", "parameters")
 G_W = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
 G_T = '<|tool_call>call:get_time{tz:<|"|>CET<|"|>}<tool_call|>'
-
-
-@pytest.fixture(scope="module")
-def grammars(tokenizer):
-    cache = GrammarCache(tokenizer=tokenizer, vocab_size=len(tokenizer), stop_token_ids=[tokenizer.eos_token_id])
-    yield cache
-    cache.shutdown()
 
 
 def _matches(grammars, tokenizer, spec, text: str) -> bool:
