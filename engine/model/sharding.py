@@ -83,6 +83,13 @@ class ShardPlan:
         if bias:
             self.sources[f"{name}.bias"] = Source(0, ((start, size),))
 
+    def fused_column(self, name: str, spans: list[tuple[int, int]], bias: bool) -> None:
+        """A FusedLinear `name` a checkpoint may store fused under its own name (Phi-3's qkv_proj and gate_up_proj,
+        Granite's shared input_linear): this rank's rows of each piece, `spans` in the whole tensor's rows."""
+        self.sources[f"{name}.weight"] = Source(0, tuple(spans))
+        if bias:
+            self.sources[f"{name}.bias"] = Source(0, tuple(spans))
+
     def row(self, name: str, start: int, size: int, bias: bool) -> None:
         self.sources[f"{name}.weight"] = Source(1, ((start, size),))
         if bias:
@@ -157,6 +164,9 @@ def shard_attention(attn: nn.Module, prefix: str, tp: TensorParallel, plan: Shar
     plan.column(f"{prefix}.q_proj", q0 * qd, nq * qd, bias)
     for name in kv:
         plan.column(f"{prefix}.{name}", k0 * d, nk * d, bias)
+    q_rows, kv_rows = attn.num_q * qd, attn.num_kv * d  # the whole model's, before this rank's below
+    kv_spans = [(q_rows + i * kv_rows + k0 * d, nk * d) for i in range(len(kv))]
+    plan.fused_column(f"{prefix}.qkv_proj", [(q0 * qd, nq * qd), *kv_spans], bias)
     o_bias = attn.o_proj.bias is not None
     attn.o_proj = nn.Linear(nq * d, hidden, bias=o_bias)
     plan.row(f"{prefix}.o_proj", q0 * d, nq * d, o_bias)
@@ -184,6 +194,7 @@ def shard_gated_mlp(mlp: nn.Module, prefix: str, tp: TensorParallel, plan: Shard
     mlp.gate_up_proj = FusedLinear(hidden, {"gate_proj": n, "up_proj": n}, up_bias)
     for name in ("gate_proj", "up_proj"):
         plan.column(f"{prefix}.{name}", start, n, up_bias)
+    plan.fused_column(f"{prefix}.gate_up_proj", [(start, n), (width + start, n)], up_bias)
     mlp.down_proj = nn.Linear(n, hidden, bias=bias)
     plan.row(f"{prefix}.down_proj", start, n, bias)
 

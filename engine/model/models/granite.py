@@ -11,12 +11,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from engine.model.checkpoint import Source
 from engine.model.layers.moe import SparseMoE
-from engine.model.layers.parallel import TensorParallel
 from engine.model.models.llama import LlamaArgs, LlamaForCausalLM
 from engine.model.models.moe_base import MoeArgs, MoeForCausalLM, read_moe_args, shared_mlp
-from engine.model.sharding import ShardPlan
 
 _RENAMES = (
     (re.compile(r"\.block_sparse_moe\.router(\.layer)?\."), ".mlp.gate."),
@@ -60,18 +57,6 @@ class GraniteMoeForCausalLM(MoeForCausalLM):
         """The routed experts and, where the config has one, the ungated shared MLP beside them."""
         assert a.routing is not None
         return SparseMoE(routing=a.routing, hidden_size=a.hidden_size, shared_experts=shared_mlp(a))
-
-    def shard(self, tp: TensorParallel) -> ShardPlan:
-        """The MoE shard, and this rank's columns of gate and of up in the shared MLP's fused input_linear."""
-        plan = super().shard(tp)
-        assert self.args.routing is not None
-        shared = self.args.routing.shared_expert_size
-        if shared:
-            start, size = tp.span(shared)
-            for i in self.args.sparse_layers:
-                gate_up = f"model.layers.{i}.mlp.shared_experts.gate_up_proj.weight"
-                plan.sources[gate_up] = Source(0, ((start, size), (shared + start, size)))
-        return plan
 
     def checkpoint_name(self, name: str) -> str:
         for pattern, ours in _RENAMES:
