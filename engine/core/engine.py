@@ -101,6 +101,7 @@ class LLMEngine:
                 config.quantization,
                 config.lora,
                 tp=self.ranks.tp if self.ranks is not None else None,
+                max_model_len=config.max_model_len,
             )
         # Every family is an nn.Module implementing CausalLM (engine.model.models.model_class): the narrowing makes
         # self.model both, for the set-up that walks its modules and the runner that calls it.

@@ -73,6 +73,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "Olmo3ForCausalLM": ("olmo3", {}),
     "OlmoeForCausalLM": ("olmoe", {}),
     "Phi3ForCausalLM": ("phi3", {}),
+    "PhimoeForCausalLM": ("phimoe", {}),
     "Qwen2ForCausalLM": ("qwen2", {}),
     "Qwen2MoeForCausalLM": ("qwen2_moe", {}),
     "Qwen3ForCausalLM": ("qwen3", {}),

@@ -37,12 +37,15 @@ def load_model(
     quantization: str | None = None,
     lora: LoraConfig | None = None,
     tp: TensorParallel | None = None,
+    max_model_len: int | None = None,
 ) -> tuple[CausalLM, ModelSpec]:
     """Reads config.json and the safetensors shards under model_path; returns the model (eval, on device).
 
     quantization "int4": the decoder layers' linears become 4-bit weight-only (CPU); embeddings, norms
     and lm_head stay in `dtype`. lora: its adapters wrap the projections they target (model.lora). tp: load
     only rank tp.rank's shard (engine/model/sharding.py); its KV groups then hold that rank's KV heads.
+    max_model_len: the longest sequence served (None: the model's max_position_embeddings), the length of the rotary
+    tables and what LongRoPE picks its factors by.
     """
     if dtype not in SUPPORTED_DTYPES:
         raise UnsupportedModel(f"dtype {dtype} is not supported (float32, bfloat16, float16)", param="dtype")
@@ -80,9 +83,9 @@ def load_model(
     if device.type == "cpu" and dtype == torch.bfloat16:
         # Set once every bf16 linear is packed for oneDNN (a large model's are packed after this returns).
         model.cpu_packing = pack_linears_for_cpu(model)
-    spec = start_spec(
-        model, config, model_path, dtype=dtype, device=device, tp=tp, max_positions=model.args.max_position_embeddings
-    )
+    limit = model.args.max_position_embeddings
+    max_positions = min(max_model_len or limit, limit)
+    spec = start_spec(model, config, model_path, dtype=dtype, device=device, tp=tp, max_positions=max_positions)
     if model.classifier is not None:
         spec.score_head = head_weight(model, model.classifier, model_path)
     model.eval().requires_grad_(False)

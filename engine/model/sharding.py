@@ -50,6 +50,7 @@ SHARDED_ARCHITECTURES = (
     "GraniteMoeForCausalLM",
     "GraniteMoeSharedForCausalLM",
     "Phi3ForCausalLM",
+    "PhimoeForCausalLM",
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
     "Glm4MoeLiteForCausalLM",
@@ -205,8 +206,11 @@ def shard_vocab(model: nn.Module, tp: TensorParallel, plan: ShardPlan) -> None:
     start, n = tp.span(vocab)
     model.model.embed_tokens = VocabParallelEmbedding(n, hidden, start, tp)
     plan.sources["model.embed_tokens.weight"] = Source(0, ((start, n),))
-    model.lm_head = nn.Linear(hidden, n, bias=False)
+    head_bias = model.lm_head.bias is not None
+    model.lm_head = nn.Linear(hidden, n, bias=head_bias)
     plan.sources["lm_head.weight"] = Source(0, ((start, n),))
+    if head_bias:
+        plan.sources["lm_head.bias"] = Source(0, ((start, n),))
     model.tp = tp
 
 

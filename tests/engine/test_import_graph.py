@@ -94,6 +94,13 @@ FAMILY_BASES = {
     "engine.model.models.olmoe": {"engine.model.models.llama", "engine.model.models.olmo2"},
     # Phi-3 / Phi-4 is the Llama decoder with fused checkpoint tensors and partial rotary.
     "engine.model.models.phi3": {"engine.model.models.llama"},
+    # Phi-3.5-MoE is Mixtral's decoder (its hub names) with LayerNorm, sparsemixer routing and Phi-3's LongRoPE.
+    "engine.model.models.phimoe": {
+        "engine.model.models.llama",
+        "engine.model.models.moe_base",
+        "engine.model.models.mixtral",
+        "engine.model.models.phi3",
+    },
     # ERNIE 4.5 MoE is ERNIE 4.5's (the Llama) decoder with DeepSeek-style routing.
     "engine.model.models.ernie4_5_moe": {"engine.model.models.llama", "engine.model.models.moe_base"},
     # Granite is the Llama decoder with four scalars.

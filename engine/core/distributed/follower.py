@@ -61,7 +61,9 @@ class Follower:
         self.config, self.tp, self.commands, self.device = config, tp, commands, device
         torch.manual_seed(config.seed)
         self.dtype, _ = resolve_dtype(config.dtype, device, config.quantization)
-        self.model, self.spec = load_model(config.model_path, self.dtype, device, lora=config.lora, tp=tp)
+        self.model, self.spec = load_model(
+            config.model_path, self.dtype, device, lora=config.lora, tp=tp, max_model_len=config.max_model_len
+        )
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
         self.backend_name, _ = resolve_backend(config.attention_backend, device, self.dtype)
         self.runner: ModelRunner | None = None

@@ -62,7 +62,9 @@ class DraftModelProposer:
         assert config.model is not None, "check_config: draft_model names its model"
         self.path = config.model
         self._check_tokenizer(target)
-        self.model, self.spec = load_model(config.model, target.dtype, target.device)
+        self.model, self.spec = load_model(
+            config.model, target.dtype, target.device, max_model_len=target.max_model_len
+        )
         # Every token id the model reads must be one the draft reads, and every one it proposes one the model has.
         least = min(len(target.tokenizer), target.vocab_size)
         if not least <= self.spec.vocab_size <= target.vocab_size:

@@ -18,10 +18,14 @@ TIE_STEPS = 2
 
 
 def refine_near_max(
-    logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor | None = None
+    logits: torch.Tensor,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    rows: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`logits` (= hidden @ weight.T rounded to hidden's dtype) in float32, the entries near the maximum of each
-    row in `rows` (all rows: None) recomputed from `hidden` and `weight` [vocab, hidden] in float32."""
+    """`logits` (= hidden @ weight.T + bias rounded to hidden's dtype) in float32, the entries near the maximum of
+    each row in `rows` (all rows: None) recomputed from `hidden`, `weight` [vocab, hidden] and `bias` in float32."""
     out = logits.float()
     if logits.dtype == torch.float32 or (rows is not None and rows.numel() == 0):
         return out
@@ -32,5 +36,6 @@ def refine_near_max(
     r, cols = (picked >= top - TIE_STEPS * step).nonzero(as_tuple=True)
     if rows is not None:
         r = rows.index_select(0, r)
-    out[r, cols] = torch.einsum("nh,nh->n", weight.index_select(0, cols).float(), hidden.index_select(0, r).float())
+    exact = torch.einsum("nh,nh->n", weight.index_select(0, cols).float(), hidden.index_select(0, r).float())
+    out[r, cols] = exact if bias is None else exact + bias.index_select(0, cols).float()
     return out

@@ -24,7 +24,15 @@ from torch import nn
 
 from engine.model.checkpoint import Shard
 from engine.model.layers.activation import silu_and_mul
-from engine.model.layers.routing import BiasedChoiceRouter, Routing, ScoreLinear, grouped_top_k, softmax_top_k
+from engine.model.layers.routing import (
+    SPARSEMIXER,
+    BiasedChoiceRouter,
+    Routing,
+    ScoreLinear,
+    grouped_top_k,
+    softmax_top_k,
+    sparsemixer_top2,
+)
 
 
 class StackedExperts(nn.Module):
@@ -215,9 +223,12 @@ class SparseMoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(expert ids [T, k], routing weights [T, k] in x's dtype), as transformers computes them: a float32
-        softmax over all experts, top-k, renormalised when norm_topk_prob; or DeepSeek's grouped_top_k."""
+        softmax over all experts, top-k, renormalised when norm_topk_prob; DeepSeek's grouped_top_k; or
+        Phi-3.5-MoE's sparsemixer."""
         r = self.routing
-        if r.grouped:
+        if r.scoring == SPARSEMIXER:
+            ids, weights = sparsemixer_top2(self.gate(x), r.jitter_eps)
+        elif r.grouped:
             ids, weights = grouped_top_k(self.gate(x), r, getattr(self.gate, "e_score_correction_bias", None))
         else:
             ids, weights = softmax_top_k(self.gate(x), r.top_k, r.norm_topk_prob)

@@ -1,4 +1,5 @@
-"""RMSNorm computed as transformers does, switched to FlashInfer's fused kernels on CUDA (engine.cuda.kernels)."""
+"""RMSNorm computed as transformers does, switched to FlashInfer's fused kernels on CUDA (engine.cuda.kernels);
+Gemma's RMSNorm; LayerNorm for the decoders that use it in RMSNorm's place."""
 
 from __future__ import annotations
 
@@ -60,3 +61,22 @@ class GemmaRMSNorm(nn.Module):
         if self.weight is not None:
             normed.mul_(self.offset + self.weight.float())
         return normed.to(x.dtype)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with weight and bias (Phi-3.5-MoE's norms), with RMSNorm's interface for the pre-norm decoder:
+    forward and add_forward, computed as torch's layer_norm in the input's dtype, as transformers does."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (norm(x + residual), x + residual); x may be overwritten."""
+        residual = x.add_(residual)
+        return self.forward(residual), residual

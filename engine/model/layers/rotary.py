@@ -1,4 +1,5 @@
-"""Rotary position embedding with transformers' rope types (default, linear, dynamic, llama3, yarn, proportional).
+"""Rotary position embedding with transformers' rope types (default, linear, dynamic, llama3, yarn, proportional,
+longrope).
 
 On CUDA with a half dtype the model switches to FlashInfer's RoPE kernel once, at init_rotary(); the torch code
 here is the CPU path.
@@ -32,8 +33,11 @@ def rope_parameters(config: dict) -> dict:
     return rope
 
 
-def rope_inv_freq(head_dim: int, rope: dict, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and the cos/sin scale for one of transformers' rope types (float32, CPU)."""
+def rope_inv_freq(
+    head_dim: int, rope: dict, max_position_embeddings: int, max_positions: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and the cos/sin scale for one of transformers' rope types (float32, CPU). max_positions:
+    the longest sequence served (LongRoPE picks its factors by it; None: max_position_embeddings)."""
     rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
     base = float(rope.get("rope_theta", 10000.0))
     if rope_type == "proportional":
@@ -51,6 +55,8 @@ def rope_inv_freq(head_dim: int, rope: dict, max_position_embeddings: int) -> tu
         return _llama3_inv_freq(inv_freq, rope), 1.0
     if rope_type == "yarn":
         return _yarn_inv_freq(head_dim, base, rope, max_position_embeddings)
+    if rope_type == "longrope":
+        return _longrope_inv_freq(head_dim, base, rope, max_position_embeddings, max_positions)
     raise UnsupportedModel(f"rope type {rope_type!r} is not supported", param="model")
 
 
@@ -106,6 +112,35 @@ def _yarn_inv_freq(head_dim: int, base: float, rope: dict, max_pos: int) -> tupl
     return inv_freq, float(attention_factor)
 
 
+def _longrope_inv_freq(
+    head_dim: int, base: float, rope: dict, max_pos: int, max_positions: int | None
+) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Phi-3, Phi-3.5-MoE, Phi-4-mini): per-frequency divisors, `long_factor` for a context past
+    original_max_position_embeddings, `short_factor` within it; the scale `long_mscale` / `short_mscale` where the
+    config gives them, else sqrt(1 + log(factor) / log(original)).
+
+    NOTE: transformers picks the factors per forward call by the longest position in it, so a sequence changes
+    factors as it grows past the original context while its cached keys keep the old ones. Here, as in vLLM, one set
+    serves every position: the long factors when the served context (max_positions) is past the original, else the
+    short. Within the original context with a served context inside it, and for a prompt past it with a served
+    context past it, both give transformers' values; a short prompt served with a long context is rotated by the
+    long factors."""
+    original = int(rope["original_max_position_embeddings"])
+    for key in ("short_factor", "long_factor"):
+        if len(rope[key]) != head_dim // 2:
+            raise UnsupportedModel(
+                f"longrope factors give {len(rope[key])} frequencies for a rotary width of {head_dim}", param="model"
+            )
+    long = (max_positions or max_pos) > original
+    factors = torch.tensor(rope["long_factor" if long else "short_factor"], dtype=torch.float32)
+    factor = rope.get("factor") or max_pos / original
+    scale = rope.get("long_mscale" if long else "short_mscale") or rope.get("attention_factor")
+    if scale is None:
+        scale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    return 1.0 / (factors * base**exponents), float(scale)
+
+
 def partial_rotary(head_dim: int, rope: dict) -> tuple[int, dict]:
     """(rotary_dim, the rope without its factor) for transformers' partial rotary as GLM-4.5 applies it: the first
     head_dim * partial_rotary_factor dims of each head rotate (rotate_half within them), at frequencies computed
@@ -151,7 +186,7 @@ class RotaryEmbedding:
         if partial:
             self.rotary_dim, rope = partial_rotary(head_dim, rope)
             head_dim = self.rotary_dim
-        inv_freq, scale = rope_inv_freq(head_dim, rope, max_position_embeddings)
+        inv_freq, scale = rope_inv_freq(head_dim, rope, max_position_embeddings, max_positions)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]
         if rope.get("rope_type", rope.get("type")) == "dynamic" and max_positions > max_position_embeddings:

@@ -2,7 +2,8 @@
 config, and the two schemes the MoE layer runs (moe.py). A softmax over all experts and its top k (Qwen, Mixtral,
 OLMoE, gpt-oss, Gemma 4); DeepSeek's (grouped_top_k, DeepSeek-V3 / GLM-4.5): sigmoid or softmax scores, a correction
 bias that steers the choice but not the weights, top-k within the best expert groups, and a scaling factor on the
-routed experts' weights. Both are capture-safe: fixed shapes, no host sync. The routers are ScoreLinear projections,
+routed experts' weights; Phi-3.5-MoE's sparsemixer (two experts, each weighed by a softmax over the scores near its
+own). All are capture-safe: fixed shapes, no host sync. The routers are ScoreLinear projections,
 left in float by int4, LoRA and the quantized formats.
 """
 
@@ -31,6 +32,7 @@ UNSUPPORTED_ROUTING: dict[str, tuple] = {
 # DeepSeek's top-k methods -> how a group of experts is scored for the choice of groups.
 GROUP_SCORES = {"noaux_tc": "top2_sum", "group_limited_greedy": "max", "greedy": None}
 SCORING_FUNCS = ("softmax", "sigmoid")
+SPARSEMIXER = "sparsemixer"  # Routing.scoring of Phi-3.5-MoE (sparsemixer_top2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,12 +60,13 @@ class Routing:
     top_k_groups: int = 1
     choice_bias: bool = False
     scaling_factor: float = 1.0
+    jitter_eps: float = 0.0  # sparsemixer: the relative distance from the best score within which experts compete
 
     @property
     def grouped(self) -> bool:
         """Whether DeepSeek's routing (grouped_top_k) runs rather than a softmax top-k."""
         return (
-            self.scoring != "softmax" or self.group_score is not None or self.choice_bias or self.scaling_factor != 1.0
+            self.scoring == "sigmoid" or self.group_score is not None or self.choice_bias or self.scaling_factor != 1.0
         )
 
 
@@ -163,6 +166,23 @@ def grouped_top_k(
     if r.norm_topk_prob:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
     return ids, weights * r.scaling_factor
+
+
+def sparsemixer_top2(logits: torch.Tensor, jitter_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(expert ids [T, 2], float32 weights [T, 2]) as Phi-3.5-MoE's sparsemixer routes at inference: the best
+    expert, weighed by its share of a softmax over the experts whose scores lie within 2 * jitter_eps (relative to
+    the larger magnitude) of it; then the best of the others, weighed alike among the others near it. Unlike a
+    top-k softmax the two weights need not sum to 1."""
+    scores = logits.float()
+    first = scores.argmax(dim=-1, keepdim=True)
+    rest = scores.scatter(-1, first, float("-inf"))
+    second = rest.argmax(dim=-1, keepdim=True)
+    weights = []
+    for candidates, best in ((scores, first), (rest, second)):
+        top = candidates.gather(-1, best)
+        far = (top - scores) / scores.abs().clamp(min=top) > 2 * jitter_eps
+        weights.append(torch.softmax(candidates.masked_fill(far, float("-inf")), dim=-1).gather(-1, best))
+    return torch.cat((first, second), dim=-1), torch.cat(weights, dim=-1)
 
 
 class ScoreLinear(nn.Module):

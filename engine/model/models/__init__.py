@@ -48,6 +48,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Olmo3ForCausalLM": ("engine.model.models.olmo2", "Olmo2ForCausalLM"),
     "OlmoeForCausalLM": ("engine.model.models.olmoe", "OlmoeForCausalLM"),
     "Phi3ForCausalLM": ("engine.model.models.phi3", "Phi3ForCausalLM"),
+    "PhimoeForCausalLM": ("engine.model.models.phimoe", "PhimoeForCausalLM"),
     "Qwen2ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     "Qwen2MoeForCausalLM": ("engine.model.models.qwen3_moe", "Qwen2MoeForCausalLM"),
     "Qwen3ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),

@@ -48,12 +48,13 @@ class DecoderShape:
 class DecoderLM(nn.Module):
     """The parts of a CausalLM (engine.model.models.CausalLM) that do not depend on the family."""
 
-    def __init__(self, args: Any, model: nn.Module, head_vocab: int | None = None) -> None:
-        """head_vocab: the lm_head's rows where they are not the embedding's (an EAGLE-3 head's draft vocabulary)."""
+    def __init__(self, args: Any, model: nn.Module, head_vocab: int | None = None, head_bias: bool = False) -> None:
+        """head_vocab: the lm_head's rows where they are not the embedding's (an EAGLE-3 head's draft vocabulary);
+        head_bias: the lm_head has a bias (Phi-3.5-MoE)."""
         super().__init__()
         self.args = args
         self.model = model
-        self.lm_head = nn.Linear(args.hidden_size, head_vocab or args.vocab_size, bias=False)
+        self.lm_head = nn.Linear(args.hidden_size, head_vocab or args.vocab_size, bias=head_bias)
         self.fused_kernels = False  # FlashInfer's norm / RoPE / activation kernels, where the family has them
         self.lora = None  # engine.model.layers.lora.LoraSet once adapters are attached
         # The lm_head's rows as loaded (kept by the loader before a CPU packing replaces the Linear): where the
@@ -75,7 +76,7 @@ class DecoderLM(nn.Module):
         logits = (
             logits.float()
             if self.head_weight is None
-            else refine_near_max(logits, hidden, self.head_weight, exact_rows)
+            else refine_near_max(logits, hidden, self.head_weight, exact_rows, bias=self.lm_head.bias)
         )
         return logits if self.tp is None else self.tp.gather_vocab(logits)
 

@@ -49,6 +49,7 @@ class LlamaArgs(DecoderShape):
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
     sinks: bool = False  # gpt-oss: a learned sink logit per q head
+    head_bias: bool = False  # Phi-3.5-MoE: the lm_head has a bias
     tie_word_embeddings: bool = False
     vision: Any = None  # an image-text checkpoint's QwenVision (engine/model/vision/qwen_vl_model.py)
 
@@ -62,6 +63,7 @@ class LlamaArgs(DecoderShape):
             qkv_bias=any(n.endswith("self_attn.q_proj.bias") for n in names),
             o_bias=any(n.endswith("self_attn.o_proj.bias") for n in names),
             mlp_bias=any(n.endswith("mlp.gate_proj.bias") for n in names),
+            head_bias="lm_head.bias" in names,
             **extra,
         )
 
@@ -257,7 +259,7 @@ class LlamaForCausalLM(DecoderLM):
 
     def __init__(self, args: LlamaArgs, head_vocab: int | None = None) -> None:
         layers = [self.make_layer(args, i) for i in range(args.num_layers)]
-        super().__init__(args, LlamaModel(args, layers), head_vocab)
+        super().__init__(args, LlamaModel(args, layers), head_vocab, head_bias=args.head_bias)
         self.rotary: RotaryEmbedding | None = None
         # Set by an EAGLE-3 proposer: the layers whose input each forward keeps, side by side, in aux_hidden.
         self.aux_layers: tuple[int, ...] = ()

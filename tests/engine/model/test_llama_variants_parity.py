@@ -4,7 +4,9 @@ over the whole projection), OLMo 3 (OLMo 2 with sliding windows and a YaRN rope 
 EXAONE 4 (OLMo 2's norm placement, q / k norm per head, sliding windows with rotary only on the sliding layers),
 Granite dense and MoE (embedding, residual, attention and logits multipliers; a shared MLP; the hub's names),
 Phi-3 / Phi-4 (fused q|k|v and gate|up tensors; Phi-4-mini's partial rotary), ERNIE 4.5 dense and MoE (interleaved
-rotary pairs, biases; a choice-only correction bias), Ministral 3 (YaRN, queries scaled past the original context).
+rotary pairs, biases; a choice-only correction bias), Ministral 3 (YaRN, queries scaled past the original context),
+Phi-3.5-MoE (LayerNorm, biases on the attention and the lm_head, sparsemixer routing), and LongRoPE (Phi-4-mini's with
+partial rotary, Phi-3.5-MoE's with its own scales) served within and past the original context.
 Logits on several prompt lengths and over decode steps (one prompt past every window), and greedy equal through the
 engine: batched, from the prefix cache, alone.
 """
@@ -39,6 +41,14 @@ COMMON = dict(
     eos_token_id=2,
 )
 WINDOW = 8
+# Phi-3.5-MoE's biases everywhere; a jitter wide enough that sparsemixer's masks leave several experts competing.
+PHIMOE = {
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "attention_bias": True,
+    "lm_head_bias": True,
+    "router_jitter_noise": 0.3,
+}
 GRANITE = {"embedding_multiplier": 6.0, "residual_multiplier": 0.3, "attention_multiplier": 0.05, "logits_scaling": 4.0}
 # The hub's names of a Granite MoE checkpoint, where transformers 5 writes its own.
 GRANITE_HUB_NAMES = {
@@ -105,6 +115,43 @@ VARIANTS = {
         "Ministral3ForCausalLM",
     ),
     "exaone4": ({"sliding_window": WINDOW, "sliding_window_pattern": 2}, "Exaone4ForCausalLM"),
+    "phimoe": (PHIMOE, "PhimoeForCausalLM"),
+}
+# LongRoPE as Phi-4-mini (partial rotary) and Phi-3.5-MoE (its own scales) write it, shrunk: an original context of
+# ORIGINAL positions in COMMON's 256.
+ORIGINAL = 64
+LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "original_max_position_embeddings": ORIGINAL,
+}
+LONGROPE_VARIANTS = {
+    "phi3_longrope": (
+        {
+            "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": ORIGINAL,  # Phi3Config's own field, which its rope reads
+            "rope_parameters": {
+                **LONGROPE,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0 + 0.3 * i for i in range(6)],
+                "long_factor": [2.0 + 1.5 * i for i in range(6)],
+            },
+        },
+        "Phi3ForCausalLM",
+    ),
+    "phimoe_longrope": (
+        {
+            **PHIMOE,
+            "rope_parameters": {
+                **LONGROPE,
+                "short_factor": [1.0 + 0.2 * i for i in range(8)],
+                "long_factor": [3.0 + i for i in range(8)],
+                "short_mscale": 1.1,
+                "long_mscale": 1.3,
+            },
+        },
+        "PhimoeForCausalLM",
+    ),
 }
 
 
@@ -112,8 +159,8 @@ def build_variant(model_type: str, path: Path):
     """A tiny random checkpoint of model_type saved at path; returns transformers' float32 model."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    extra, architecture = VARIANTS[model_type]
-    config = AutoConfig.for_model(model_type.removesuffix("_partial"), **COMMON, **extra)
+    extra, architecture = {**VARIANTS, **LONGROPE_VARIANTS}[model_type]
+    config = AutoConfig.for_model(model_type.split("_partial")[0].split("_longrope")[0], **COMMON, **extra)
     config.architectures = [architecture]
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
@@ -159,15 +206,37 @@ def test_smollm3_reads_its_no_rope_layers():
     assert read_no_rope_layers({**config, "model_type": "llama"}) == ()
 
 
-def test_a_longrope_phi_fails_the_bake_in_one_line(tmp_path, baked_model_path):
-    """Phi-4-mini's long-context rope is not run: the bake's folder check says so, as start-up would."""
-    build_variant("phi3", tmp_path)
+@pytest.mark.parametrize("kind", sorted(LONGROPE_VARIANTS))
+def test_longrope_within_the_original_context_matches_transformers(kind, tmp_path, baked_model_path):
+    """Served within the original context, the short factors and scale: transformers' values at every length it
+    reaches, batched, from the prefix cache and alone."""
+    hf = build_variant(kind, tmp_path)
+    model, spec = load_family(tmp_path, baked_model_path, max_model_len=ORIGINAL)
+    check_prefill_and_decode(model, spec, hf, lengths=(1, 7, 40), decode_steps=6)
+    check_engine_greedy(tmp_path, hf, max_model_len=ORIGINAL)
+    assert check_model_folder(tmp_path) == hf.config.architectures[0]
+
+
+def test_longrope_past_the_original_context_matches_transformers(tmp_path, baked_model_path):
+    """Served past the original context, the long factors and scale: transformers' values for prompts past it."""
+    hf = build_variant("phi3_longrope", tmp_path)
+    model, spec = load_family(tmp_path, baked_model_path)
+    check_prefill_and_decode(model, spec, hf, lengths=(ORIGINAL + 1, ORIGINAL + 20), decode_steps=4)
+
+
+def test_longrope_factors_of_the_wrong_width_fail_the_bake_in_one_line(tmp_path, baked_model_path):
+    build_variant("phi3_longrope", tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    short, long = [1.0] * (COMMON["head_dim"] // 2), [4.0] * (COMMON["head_dim"] // 2)
-    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short, "long_factor": long}
-    config.update(rope_parameters=rope, original_max_position_embeddings=64)
+    config["rope_parameters"]["long_factor"] = [1.0] * 8  # 6 frequencies rotate (12 of the 16 dims)
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModel, match="longrope"):
-        load_family(tmp_path, baked_model_path)
-    with pytest.raises(UnsupportedModel, match="longrope"):
-        check_model_folder(tmp_path)
+    for load in (lambda: load_family(tmp_path, baked_model_path), lambda: check_model_folder(tmp_path)):
+        with pytest.raises(UnsupportedModel, match="longrope factors give 8 frequencies for a rotary width of 12"):
+            load()
+
+
+def test_the_first_phi3_releases_rope_names_read_as_longrope():
+    from engine.model.models.phi3 import phi_rope
+
+    config = {"rope_scaling": {"type": "su", "short_factor": [1.0], "long_factor": [2.0]}, "rope_theta": 1e4}
+    rope = phi_rope({**config, "original_max_position_embeddings": 4096})
+    assert rope["rope_type"] == "longrope" and rope["original_max_position_embeddings"] == 4096

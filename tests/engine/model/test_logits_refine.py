@@ -50,3 +50,16 @@ def test_float32_logits_are_returned_as_they_are():
     hidden, weight = tied_head()
     logits = hidden[None].float() @ weight.T.float()
     assert torch.equal(refine_near_max(logits, hidden[None].float(), weight.float()), logits)
+
+
+def test_a_head_bias_counts_in_the_recomputed_entries():
+    """Phi-3.5-MoE's lm_head has a bias: the entries near the maximum are recomputed with it, in float32."""
+    hidden, weight = tied_head()
+    bias = torch.zeros(16, dtype=torch.bfloat16)
+    bias[3] = 0.03125  # float32: row 3 scores 20.03125, row 7 20.04 - 0.0625: row 3 wins
+    bias[7] = -0.0625
+    rounded = torch.nn.functional.linear(hidden[None], weight, bias)
+    exact = hidden[None].float() @ weight.T.float() + bias.float()
+    refined = refine_near_max(rounded, hidden[None], weight, bias=bias)
+    assert int(refined.argmax()) == int(exact.argmax()) == 3
+    torch.testing.assert_close(refined[0, [3, 7]], exact[0, [3, 7]])

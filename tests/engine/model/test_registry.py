@@ -30,6 +30,7 @@ OTHER_FAMILIES = (
     "mixtral",
     "olmo2",
     "phi3",
+    "phimoe",
     "olmoe",
     "qwen3_moe",
 )

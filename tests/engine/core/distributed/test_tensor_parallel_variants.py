@@ -3,7 +3,8 @@ two (tests/engine/model/test_llama_variants_parity.py): Seed-OSS's biases, SmolL
 after each block with q / k norms over the whole projection (a mean square over every rank's heads), OLMo 3's rope
 per layer type, EXAONE 4's per-head norms and no-rotary global layers, Granite's multipliers (and its MoE with a
 shared MLP, from the hub's names), Phi-3's fused q|k|v and gate|up checkpoint tensors (each rank reads its heads'
-rows of each part), ERNIE 4.5's interleaved rotary and its MoE, Ministral 3's query scaling. The prompt's
+rows of each part), ERNIE 4.5's interleaved rotary and its MoE, Ministral 3's query scaling, Phi-3.5-MoE's LayerNorms
+and lm_head bias (each rank's vocabulary rows of it). The prompt's
 log-probabilities and greedy answers against one rank and transformers."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ KINDS = (
     "ministral3",
     "granitemoeshared",
     "ernie4_5_moe",
+    "phimoe",
 )
 
 
