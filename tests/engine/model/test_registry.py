@@ -31,6 +31,7 @@ OTHER_FAMILIES = (
     "olmo2",
     "phi3",
     "olmoe",
+    "qwen2_5_vl",
     "qwen3_moe",
 )
 
