@@ -1,8 +1,8 @@
 """Image input benchmark (CPU): per family (Gemma 3's SigLIP, Qwen3-VL's vision transformer with its 2-D rotary,
-merger and deepstack, Gemma 4's tower), a random-weight image-text model of a realistic tower width
-(bench/vision/families.py), in one run:
+merger and deepstack, Qwen2.5-VL's windowed one, Gemma 4's tower), a random-weight image-text model of a realistic
+tower width (bench/vision/families.py), in one run:
 
-    python -m bench.vision [--family gemma3,qwen3_vl,gemma4] [--dtype bfloat16] [--tower-layers 4] [--repeat 3]
+    python -m bench.vision [--family gemma3,qwen3_vl,qwen2_5_vl,gemma4] [--dtype bfloat16] [--tower-layers 4]
 
 1. images per second through the vision tower and its projector / merger / embedder, ours (engine/model/vision/,
    loaded as the engine serves it: in --dtype, its bf16 linears packed for oneDNN on a CPU that has bf16) against

@@ -1,4 +1,4 @@
-"""The three image-text families the benchmark runs, each a random-weight transformers model of a realistic tower
+"""The image-text families the benchmark runs, each a random-weight transformers model of a realistic tower
 width with a small text model, saved in the hub layout with its processor settings: how to build it, how to feed
 the same images to our tower and to transformers', and the prompt an image takes."""
 
@@ -156,6 +156,62 @@ def qwen3_vl_inputs(batch: int, dtype: torch.dtype):
     return (patches, grids), {"pixel_values": torch.cat(patches), "image_grid_thw": torch.tensor(grids)}
 
 
+def build_qwen2_5_vl(args, folder: Path):
+    """Qwen2.5-VL 3B's vision tower width (1280, 16 heads, 14-pixel patches merged 2x2, windows of 112 pixels, every
+    eighth block over the whole image, the last one at least); a Qwen2 text model of 1024 wide."""
+    import transformers as tf
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    depth = args.tower_layers
+    vision = dict(
+        depth=depth,
+        hidden_size=1280,
+        intermediate_size=3420,
+        num_heads=16,
+        patch_size=14,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+        out_hidden_size=1024,
+        window_size=112,
+        fullatt_block_indexes=sorted({i for i in range(depth) if i % 8 == 7} | {depth - 1}),
+    )
+    text = dict(
+        vocab_size=49152,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=args.text_layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+        tie_word_embeddings=True,
+    )
+    config = tf.AutoConfig.for_model(
+        "qwen2_5_vl",
+        text_config=text,
+        vision_config=vision,
+        image_token_id=IMAGE,
+        vision_start_token_id=START,
+        vision_end_token_id=END,
+        video_token_id=START - 1,
+    )
+    model = _random(tf.Qwen2_5_VLForConditionalGeneration, config, args.torch_dtype)
+    # 252 x 252 pixels at most: a 300 x 400 picture becomes 14 x 20 patches (70 soft tokens)
+    processor = Qwen2VLImageProcessorPil(
+        patch_size=14, temporal_patch_size=2, merge_size=2, size={"shortest_edge": 56 * 56, "longest_edge": 252 * 252}
+    )
+    _finish(model, folder, "Qwen2_5_VLForConditionalGeneration", processor)
+    return model
+
+
+def qwen2_5_vl_inputs(batch: int, dtype: torch.dtype):
+    """Images of 252 x 252 pixels: 18 x 18 patches (81 soft tokens) each, in windows of 4 x 4 merged patches (the
+    last row and column of windows cut short)."""
+    patches = [torch.randn(324, 3 * 2 * 14 * 14, dtype=dtype) for _ in range(batch)]
+    grids = [(1, 18, 18)] * batch
+    return (patches, grids), {"pixel_values": torch.cat(patches), "image_grid_thw": torch.tensor(grids)}
+
+
 def build_gemma4(args, folder: Path):
     """Gemma 4's own vision tower width (768, 12 heads of 64, 16-pixel patches pooled 3x3); a small Gemma 4 text
     model (per-layer inputs, a window of 512, a global layer of its own head size)."""
@@ -225,6 +281,7 @@ def gemma4_inputs(batch: int, dtype: torch.dtype):
 FAMILIES = {
     "gemma3": Family("gemma3", build_gemma3, gemma3_inputs, [START] + [IMAGE] * GEMMA3_TOKENS + [END]),
     "qwen3_vl": Family("qwen3_vl", build_qwen3_vl, qwen3_vl_inputs, [START, IMAGE, END]),
+    "qwen2_5_vl": Family("qwen2_5_vl", build_qwen2_5_vl, qwen2_5_vl_inputs, [START, IMAGE, END]),
     "gemma4": Family("gemma4", build_gemma4, gemma4_inputs, [START, IMAGE, END]),
 }
 

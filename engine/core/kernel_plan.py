@@ -80,6 +80,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "Qwen3ForSequenceClassification": ("qwen3", {}),
     "Qwen3MoeForCausalLM": ("qwen3_moe", {}),
     "Qwen3NextForCausalLM": ("qwen3_next", {}),
+    "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", {"vision_config": {"out_hidden_size": 8192}}),  # 72B
     "Qwen3VLForConditionalGeneration": ("qwen3_vl", {"vision_config": {"out_hidden_size": 4096}}),
     "Qwen3VLMoeForConditionalGeneration": ("qwen3_vl_moe", {"vision_config": {"out_hidden_size": 2048}}),
     "Qwen3_5ForCausalLM": ("qwen3_5_text", {}),

@@ -63,6 +63,7 @@ SHARDED_ARCHITECTURES = (
     "GptOssForCausalLM",
     "Gemma3ForConditionalGeneration",
     "Gemma4ForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
     "Qwen3VLForConditionalGeneration",
     "Qwen3VLMoeForConditionalGeneration",
     "Qwen3_5ForConditionalGeneration",

@@ -112,6 +112,8 @@ FAMILY_BASES = {
     "engine.model.models.deepseek_v2": {"engine.model.models.llama"},
     # An EAGLE-3 head is a one-layer Llama decoder with a wider qkv.
     "engine.model.models.eagle3": {"engine.model.models.llama"},
+    # Qwen2.5-VL's text model is Qwen2's, the Llama decoder.
+    "engine.model.models.qwen2_5_vl": {"engine.model.models.llama"},
     # Qwen3-VL's text model is Qwen3's (its MoE Qwen3-MoE's) decoder.
     "engine.model.models.qwen3_vl": {
         "engine.model.models.llama",

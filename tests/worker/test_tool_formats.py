@@ -49,6 +49,9 @@ def test_the_format_comes_from_the_template_then_the_family_then_generic(tokeniz
     assert pick_format(tokenizer.chat_template, "llama") == "generic" and pick_format(DEEPSEEK_R1, "qwen2") == "generic"
     # A template that takes tools with markup of its own: the family decides.
     assert pick_format("{% for t in tools %}{{ t | tojson }}{% endfor %}", "qwen3") == "hermes"
+    # Qwen2.5-VL (olmOCR-2 too): its tokenizer's template is Qwen2.5's; one that shows tools otherwise, the family's
+    assert pick_format(QWEN25, "qwen2_5_vl") == "hermes"
+    assert pick_format("{% for t in tools %}{{ t | tojson }}{% endfor %}", "qwen2_5_vl") == "hermes"
     assert pick_format(QWEN25, "qwen2", "mistral") == "mistral" and pick_format(QWEN25, "qwen2", "auto") == "hermes"
     # Gemma 4: by its template's <|tool_call> markup, or by the family when the template shows tools otherwise.
     assert pick_format(GEMMA4, "gemma4_text") == "gemma4" and pick_format(GEMMA4, None) == "gemma4"

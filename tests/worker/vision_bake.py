@@ -1,8 +1,10 @@
 """Tiny random image-text models baked by the real builder for serving tests: the default model's tokenizer with
 the family's image tokens added (special) and its chat template; a Gemma3ForConditionalGeneration (a 56-pixel
-SigLIP tower whose 16 patches pool to 4 soft tokens), a Qwen3VLForConditionalGeneration (8-pixel patches merged
-2x2, a pixel budget of 1024 to 4096) and a Gemma4ForConditionalGeneration (8-pixel patches pooled 2x2, a budget of
-70 soft tokens); each with a preprocessor_config.json; and image files to send them."""
+SigLIP tower whose 16 patches pool to 4 soft tokens), a Qwen3VLForConditionalGeneration or a
+Qwen2_5_VLForConditionalGeneration (8-pixel patches merged 2x2, a pixel budget of 1024 to 4096; Qwen2.5-VL's tower
+in windows of 2x2 merged patches, its second block over the whole image) and a Gemma4ForConditionalGeneration
+(8-pixel patches pooled 2x2, a budget of 70 soft tokens); each with a preprocessor_config.json; and image files to
+send them."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from family_templates import GEMMA3, GEMMA4, QWEN3_VL
+from family_templates import GEMMA3, GEMMA4, QWEN2_5_VL, QWEN3_VL
 from local_worker import ROOT
 
 IMAGE_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
@@ -104,13 +106,30 @@ def bake_vision_model(baked: Path, root: Path) -> Path:
     return _bake(source, root)
 
 
-def bake_qwen_vl_model(baked: Path, root: Path) -> Path:
+QWEN_VL_TOWERS = {  # model_type -> (served name, template, vision_config beyond the common one, architecture)
+    "qwen3_vl": (
+        "tiny-qwen3-vl",
+        QWEN3_VL,
+        dict(depth=1, num_position_embeddings=16, deepstack_visual_indexes=[0]),
+        "Qwen3VLForConditionalGeneration",
+    ),
+    "qwen2_5_vl": (
+        "tiny-qwen2.5-vl",
+        QWEN2_5_VL,
+        dict(depth=2, window_size=32, fullatt_block_indexes=[1]),
+        "Qwen2_5_VLForConditionalGeneration",
+    ),
+}
+
+
+def bake_qwen_vl_model(baked: Path, root: Path, model_type: str = "qwen3_vl") -> Path:
     import torch
     import transformers as tf
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    source = root / "tiny-qwen3-vl"
-    tokenizer = _tokenizer(baked, source, QWEN_IMAGE_TOKENS, QWEN3_VL)
+    name, template, tower, architecture = QWEN_VL_TOWERS[model_type]
+    source = root / name
+    tokenizer = _tokenizer(baked, source, QWEN_IMAGE_TOKENS, template)
     start, image, end = tokenizer.convert_tokens_to_ids(list(QWEN_IMAGE_TOKENS))
     text = dict(
         vocab_size=len(tokenizer),
@@ -126,7 +145,6 @@ def bake_qwen_vl_model(baked: Path, root: Path) -> Path:
         eos_token_id=tokenizer.eos_token_id,
     )
     vision = dict(
-        depth=1,
         hidden_size=16,
         intermediate_size=32,
         num_heads=2,
@@ -134,11 +152,10 @@ def bake_qwen_vl_model(baked: Path, root: Path) -> Path:
         spatial_merge_size=2,
         temporal_patch_size=2,
         out_hidden_size=32,
-        num_position_embeddings=16,
-        deepstack_visual_indexes=[0],
+        **tower,
     )
     config = tf.AutoConfig.for_model(
-        "qwen3_vl",
+        model_type,
         text_config=text,
         vision_config=vision,
         image_token_id=image,
@@ -147,11 +164,11 @@ def bake_qwen_vl_model(baked: Path, root: Path) -> Path:
         tie_word_embeddings=False,
     )
     torch.manual_seed(0)
-    model = tf.Qwen3VLForConditionalGeneration(config)
+    model = getattr(tf, architecture)(config)
     with torch.no_grad():  # an image must move the answer's logprobs visibly
         for p in model.model.visual.merger.parameters():
             p.normal_(0, 1.0)
-    model.config.architectures = ["Qwen3VLForConditionalGeneration"]
+    model.config.architectures = [architecture]
     model.save_pretrained(str(source))
     Qwen2VLImageProcessorPil(
         patch_size=8, temporal_patch_size=2, merge_size=2, size={"shortest_edge": 1024, "longest_edge": 4096}

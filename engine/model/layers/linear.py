@@ -50,16 +50,16 @@ class PatchKernelLinear(nn.Linear):
     embedding): one matrix over the flattened patch (channels outermost), held as a Linear so that a bf16 CPU packs
     it with the others; the checkpoint's kernel [out, in, *kernel] is loaded as its rows."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel: tuple[int, ...]) -> None:
-        super().__init__(in_channels * math.prod(kernel), out_channels)
+    def __init__(self, in_channels: int, out_channels: int, kernel: tuple[int, ...], bias: bool = True) -> None:
+        super().__init__(in_channels * math.prod(kernel), out_channels, bias=bias)
         self.kernel_shape = (out_channels, in_channels, *kernel)
 
     def checkpoint_shards(self, prefix: str) -> dict[str, Shard]:
         name = prefix.rsplit(".", 1)[-1]
-        return {
-            f"{name}.weight": Shard(param=f"{prefix}.weight", shape=self.kernel_shape),
-            f"{name}.bias": Shard(param=f"{prefix}.bias"),
-        }
+        shards = {f"{name}.weight": Shard(param=f"{prefix}.weight", shape=self.kernel_shape)}
+        if self.bias is not None:
+            shards[f"{name}.bias"] = Shard(param=f"{prefix}.bias")
+        return shards
 
 
 class PackedLinear(nn.Module):

@@ -1,7 +1,8 @@
-"""Multimodal rotary positions (Qwen3-VL, Qwen3.5): a token has a temporal, a row and a column position, and each
-rotary frequency reads one of them. Interleaved sections (transformers' Qwen3VLTextRotaryEmbedding): frequency j
-reads the row position when j % 3 == 1 and j < 3 * section[1], the column one when j % 3 == 2 and
-j < 3 * section[2], else the temporal one.
+"""Multimodal rotary positions (Qwen2.5-VL, Qwen3-VL, Qwen3.5): a token has a temporal, a row and a column position,
+and each rotary frequency reads one of them. Interleaved sections (transformers' Qwen3VLTextRotaryEmbedding):
+frequency j reads the row position when j % 3 == 1 and j < 3 * section[1], the column one when j % 3 == 2 and
+j < 3 * section[2], else the temporal one. Contiguous sections (Qwen2.5-VL's Qwen2_5_VLRotaryEmbedding): the first
+section[0] frequencies read the temporal position, the next section[1] the row, the next section[2] the column.
 
 Text tokens have all three positions equal, so a step without image tokens passes plain 1-D positions and the
 tables read as ordinary rotary; a step with image tokens passes [3, tokens].
@@ -24,6 +25,7 @@ class MultimodalRotary(RotaryEmbedding):
         rotary_dim: int,
         rope: dict,
         section: tuple[int, ...],
+        interleaved: bool = True,
         max_position_embeddings: int,
         max_positions: int,
         dtype: torch.dtype,
@@ -44,8 +46,13 @@ class MultimodalRotary(RotaryEmbedding):
             raise UnsupportedModel(f"mrope_section {list(section)} must be three numbers (t, h, w)", param="model")
         j = torch.arange(half)
         axis = torch.zeros(half, dtype=torch.long)
-        axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
-        axis[(j % 3 == 2) & (j < 3 * section[2])] = 2
+        if interleaved:
+            axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
+            axis[(j % 3 == 2) & (j < 3 * section[2])] = 2
+        else:
+            # transformers cycles t, h, w over the sections it splits the frequencies into (a fourth would read t)
+            bounds = torch.tensor(section).cumsum(0)
+            axis = (torch.bucketize(j, bounds, right=True) % 3).long()
         self.axis = axis.to(device)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -55,6 +55,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3ForSequenceClassification": ("engine.model.models.llama", "LlamaForCausalLM"),
     "Qwen3MoeForCausalLM": ("engine.model.models.qwen3_moe", "Qwen3MoeForCausalLM"),
     "Qwen3NextForCausalLM": ("engine.model.models.qwen3_5", "Qwen3NextForCausalLM"),
+    "Qwen2_5_VLForConditionalGeneration": ("engine.model.models.qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
     "Qwen3VLForConditionalGeneration": ("engine.model.models.qwen3_vl", "Qwen3VLForConditionalGeneration"),
     "Qwen3VLMoeForConditionalGeneration": ("engine.model.models.qwen3_vl", "Qwen3VLMoeForConditionalGeneration"),
     "Qwen3_5ForCausalLM": ("engine.model.models.qwen3_5", "Qwen3_5ForCausalLM"),

@@ -87,11 +87,13 @@ class QwenVisionArgs:
 
 
 class VisionAttention(nn.Module):
-    def __init__(self, a: QwenVisionArgs) -> None:
+    """qkv (with bias), 2-D rotary on q and k, attention within each run of `lengths` patches, proj."""
+
+    def __init__(self, hidden_size: int, num_heads: int) -> None:
         super().__init__()
-        self.num_heads, self.head_dim = a.num_heads, a.head_dim
-        self.qkv = nn.Linear(a.hidden_size, 3 * a.hidden_size)
-        self.proj = nn.Linear(a.hidden_size, a.hidden_size)
+        self.num_heads, self.head_dim = num_heads, hidden_size // num_heads
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.proj = nn.Linear(hidden_size, hidden_size)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int], residual: torch.Tensor
@@ -120,7 +122,7 @@ class VisionBlock(nn.Module):
         super().__init__()
         self.norm1 = nn.LayerNorm(a.hidden_size, eps=1e-6)
         self.norm2 = nn.LayerNorm(a.hidden_size, eps=1e-6)
-        self.attn = VisionAttention(a)
+        self.attn = VisionAttention(a.hidden_size, a.num_heads)
         self.mlp = VisionMLP(a)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]) -> torch.Tensor:
@@ -171,11 +173,14 @@ class QwenVisionTower(nn.Module):
         lengths = [t * h * w for t, h, w in grids]
         if any(t != 1 for t, _, _ in grids):
             raise ValueError("the vision tower takes images (one frame each), not videos")
+        a = self.args
         dtype = self.pos_embed.weight.dtype  # the model's (a packed linear has no weight)
         x = self.patch_embed.proj(torch.cat(patches).to(dtype))
         positions = {grid: self._positions(grid[1], grid[2]) for grid in dict.fromkeys(grids)}
         x = x + torch.cat([positions[grid] for grid in grids]).to(dtype)
-        cos, sin = self._rotary(grids, x.device)
+        cos, sin = vision_rotary(
+            grids, head_dim=a.head_dim, theta=a.rope_theta, merge=a.spatial_merge_size, device=x.device
+        )
         deepstack = []
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, lengths)
@@ -183,11 +188,6 @@ class QwenVisionTower(nn.Module):
                 deepstack.append(self.deepstack_merger_list[self.args.deepstack_visual_indexes.index(i)](x))
         merged = torch.cat([self.merger(x), *deepstack], dim=-1)
         return list(merged.split([n // self.args.spatial_merge_size**2 for n in lengths]))
-
-    def _block_order(self, grid: torch.Tensor) -> torch.Tensor:
-        """[h, w, ...] -> [h * w, ...] listed 2x2 merge block by block, as the patches are."""
-        h, w, m = grid.shape[0], grid.shape[1], self.args.spatial_merge_size
-        return grid.reshape(h // m, m, w // m, m, -1).transpose(1, 2).reshape(h * w, -1)
 
     def _positions(self, h: int, w: int) -> torch.Tensor:
         """The learned square of positions resampled to h x w (bilinear, corners aligned), in float32."""
@@ -203,21 +203,28 @@ class QwenVisionTower(nn.Module):
         c0, c1, fc = taps(w)
         rows = table[r0].float() * (1 - fr) + table[r1].float() * fr  # [h, side, hidden]
         grid = rows[:, c0] * (1 - fc).transpose(0, 1) + rows[:, c1] * fc.transpose(0, 1)
-        return self._block_order(grid)
+        return block_order(grid, self.args.spatial_merge_size)
 
-    def _rotary(self, grids: list[tuple[int, int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [patches, 1, 1, head_dim] in float32 for rotate_pairs: a patch's row angles, then its column
-        angles."""
-        quarter = self.args.head_dim // 2
-        inv_freq = 1.0 / (
-            self.args.rope_theta ** (torch.arange(0, quarter, 2, dtype=torch.float32, device=device) / quarter)
+
+def block_order(grid: torch.Tensor, merge: int) -> torch.Tensor:
+    """[h, w, ...] -> [h * w, ...] listed merge x merge block by block, as the patches are."""
+    h, w = grid.shape[0], grid.shape[1]
+    return grid.reshape(h // merge, merge, w // merge, merge, -1).transpose(1, 2).reshape(h * w, -1)
+
+
+def vision_rotary(
+    grids: list[tuple[int, int, int]], *, head_dim: int, theta: float, merge: int, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [patches, 1, 1, head_dim] in float32 for rotate_pairs: a patch's row angles, then its column
+    angles (Qwen2-VL's 2-D rotary, which every Qwen-VL tower since keeps)."""
+    quarter = head_dim // 2
+    inv_freq = 1.0 / (theta ** (torch.arange(0, quarter, 2, dtype=torch.float32, device=device) / quarter))
+    coords = []
+    for _, h, w in grids:
+        hw = torch.stack(
+            torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij"), dim=-1
         )
-        coords = []
-        for _, h, w in grids:
-            hw = torch.stack(
-                torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij"), dim=-1
-            )
-            coords.append(self._block_order(hw))
-        angles = (torch.cat(coords)[:, :, None].float() * inv_freq).flatten(1)  # [patches, row | column]
-        cos, sin = full_width_rotary(angles[:, None])
-        return cos[:, None, None], sin[:, None, None]
+        coords.append(block_order(hw, merge))
+    angles = (torch.cat(coords)[:, :, None].float() * inv_freq).flatten(1)  # [patches, row | column]
+    cos, sin = full_width_rotary(angles[:, None])
+    return cos[:, None, None], sin[:, None, None]

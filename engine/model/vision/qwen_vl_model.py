@@ -1,12 +1,13 @@
-"""A Qwen image-text checkpoint (Qwen3-VL, Qwen3.5; dense and MoE) around its text decoder: text_config read by the
-decoder's family, model.language_model.* renamed to model.*, model.visual.* the vision tower
-(engine/model/vision/qwen_vl.py), the image tokens from the top of config.json, and multimodal rotary positions
-(engine/model/layers/mrope.py) with the config's mrope_section."""
+"""A Qwen image-text checkpoint (Qwen2.5-VL, Qwen3-VL, Qwen3.5; dense and MoE) around its text decoder: text_config
+read by the decoder's family, model.language_model.* renamed to model.*, model.visual.* (or the older releases'
+visual.*) the vision tower (engine/model/vision/qwen_vl.py, qwen2_5_vl.py: the family's TOWER), the image tokens
+from the top of config.json, and multimodal rotary positions (engine/model/layers/mrope.py) with the config's
+mrope_section."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -15,25 +16,30 @@ from engine.model.layers.mrope import MultimodalRotary
 from engine.model.vision.qwen_vl import QwenVisionArgs, QwenVisionTower
 from engine.model.vision.spec import PatchGrid, VisionSpec
 
+if TYPE_CHECKING:
+    from engine.model.vision.qwen2_5_vl import Qwen2_5VisionArgs
+
 
 @dataclass(frozen=True, kw_only=True)
 class QwenVision:
     """The vision tower's args, the image tokens and the text rotary's mrope sections."""
 
-    tower: QwenVisionArgs
+    tower: QwenVisionArgs | Qwen2_5VisionArgs
     image_token_id: int
     vision_start_token_id: int
     vision_end_token_id: int
     mrope_section: tuple[int, ...]
 
     @classmethod
-    def from_config(cls, config: dict, section: tuple[int, ...]) -> QwenVision:
+    def from_config(
+        cls, config: dict, section: tuple[int, ...], tower: type[QwenVisionArgs | Qwen2_5VisionArgs]
+    ) -> QwenVision:
         """config.json's top level (Qwen3VLConfig's token defaults where it is silent); `section` where the text
-        config gives no mrope_section (the family's transformers default)."""
-        text = config.get("text_config") or {}
+        config gives no mrope_section (the family's transformers default); `tower` the family's vision args."""
+        text = config.get("text_config") or config  # the older releases keep the text model's fields at the top
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
         return cls(
-            tower=QwenVisionArgs.from_config(config.get("vision_config") or {}),
+            tower=tower.from_config(config.get("vision_config") or {}),
             image_token_id=config.get("image_token_id", 151655),
             vision_start_token_id=config.get("vision_start_token_id", 151652),
             vision_end_token_id=config.get("vision_end_token_id", 151653),
@@ -46,13 +52,17 @@ class QwenVisionLM:
     takes image_embeds (rows, [tokens, hidden * (1 + deepstack layers)])."""
 
     MROPE_SECTION: tuple[int, ...] = (24, 20, 20)  # Qwen3-VL's; Qwen3.5 overrides it
+    MROPE_INTERLEAVED = True  # Qwen3-VL's and Qwen3.5's frequencies; Qwen2.5-VL's take contiguous sections
+    TOWER: tuple[type, type] = (QwenVisionArgs, QwenVisionTower)  # the family's vision args and tower
     TOWER_MODULES = ("visual",)  # rank 0's alone at tensor_parallel_size > 1 (engine/model/loader.py)
     args: Any
 
     @classmethod
     def read_args(cls, config: dict, names: set[str]) -> Any:
-        args = cls.read_text_args(dict(config.get("text_config") or {}), names)
-        args.vision = QwenVision.from_config(config, cls.MROPE_SECTION)
+        # the decoder's options read off its own tensors (Qwen2.5-VL's tower has MLP biases its decoder has not)
+        text_names = {n for n in names if not n.startswith(("visual.", "model.visual."))}
+        args = cls.read_text_args(dict(config.get("text_config") or {}), text_names)
+        args.vision = QwenVision.from_config(config, cls.MROPE_SECTION, cls.TOWER[0])
         if args.vision.tower.out_hidden_size != args.hidden_size:
             raise UnsupportedModel(
                 f"vision_config.out_hidden_size {args.vision.tower.out_hidden_size} is not the "
@@ -67,7 +77,7 @@ class QwenVisionLM:
 
     def __init__(self, args: Any) -> None:
         super().__init__(args)
-        self.visual = QwenVisionTower(args.vision.tower)
+        self.visual = self.TOWER[1](args.vision.tower)
 
     def checkpoint_name(self, name: str) -> str | None:
         if name.startswith("model.visual."):
@@ -87,6 +97,7 @@ class QwenVisionLM:
             rotary_dim=getattr(a, "rotary_dim", 0) or a.head_dim,
             rope=a.rope,
             section=a.vision.mrope_section,
+            interleaved=self.MROPE_INTERLEAVED,
             max_position_embeddings=a.max_position_embeddings,
             max_positions=max_positions,
             dtype=dtype,

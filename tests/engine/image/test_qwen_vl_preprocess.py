@@ -1,7 +1,7 @@
 """Qwen-VL image preprocessing (engine/image/qwen_vl.py) held to transformers' own Qwen2VLImageProcessorPil, value
 for value: random images of many sizes and aspect ratios (below the pixel floor, above the ceiling, thin strips,
-odd sides), under Qwen2-VL's defaults and a Qwen3-VL / Qwen3.5-style config (16-pixel patches, mean 0.5), and an
-RGBA image through the same RGB conversion."""
+odd sides), under Qwen2-VL's defaults, Qwen2.5-VL's preprocessor_config.json (top-level min_pixels / max_pixels) and
+a Qwen3-VL / Qwen3.5-style config (16-pixel patches, mean 0.5), and an RGBA image through the same RGB conversion."""
 
 from __future__ import annotations
 
@@ -15,6 +15,15 @@ from engine.image.qwen_vl import QwenVLImageConfig, preprocess, smart_resize
 PIL = pytest.importorskip("PIL.Image")
 CONFIGS = {
     "qwen2_vl": {},
+    "qwen2_5_vl": {  # Qwen2.5-VL-7B-Instruct's and olmOCR-2's preprocessor_config.json
+        "min_pixels": 3136,
+        "max_pixels": 12845056,
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+    },
     "qwen3_vl": {
         "patch_size": 16,
         "temporal_patch_size": 2,

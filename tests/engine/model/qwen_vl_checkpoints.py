@@ -57,7 +57,16 @@ HYBRID = dict(
     linear_value_head_dim=8,
     linear_conv_kernel_dim=4,
 )
+# Qwen2.5-VL's tower: no learned positions, windows of 2x2 merge units (32 pixels), block 1 over the whole image
+WINDOWED = dict(
+    {k: v for k, v in VISION.items() if k != "num_position_embeddings"}, window_size=32, fullatt_block_indexes=[1]
+)
 FAMILIES = {  # model_type -> (architecture, text config, rope with its mrope sections)
+    "qwen2_5_vl": (
+        "Qwen2_5_VLForConditionalGeneration",
+        TEXT,
+        {"rope_theta": 10000.0, "mrope_section": [2, 3, 3], "rope_type": "default"},
+    ),
     "qwen3_vl": (
         "Qwen3VLForConditionalGeneration",
         TEXT,
@@ -93,6 +102,8 @@ def build_qwen_vl(model_type: str, path: Path, baked: Path):
 
     arch, text, rope = FAMILIES[model_type]
     vision = {**VISION, **({"deepstack_visual_indexes": [0, 1]} if model_type.startswith("qwen3_vl") else {})}
+    if model_type == "qwen2_5_vl":
+        vision = WINDOWED
     config = tf.AutoConfig.for_model(
         model_type, text_config={**text, "rope_parameters": rope}, vision_config=vision, **TOKENS
     )

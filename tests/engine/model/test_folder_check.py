@@ -99,3 +99,14 @@ def test_an_mrope_section_start_up_refuses_fails_the_check(tmp_path: Path, baked
 
 def test_the_default_model_passes_the_check(baked_model_path: Path) -> None:
     assert check_model_folder(baked_model_path) == "LlamaForCausalLM"
+
+
+@pytest.mark.parametrize("layout", ["transformers5", "hub_release"])
+def test_a_qwen2_5_vl_folder_in_either_layout_passes_the_check(tmp_path: Path, baked_model_path: Path, layout) -> None:
+    from tests.engine.model.test_qwen2_5_vl_parity import release_layout
+
+    build_qwen_vl("qwen2_5_vl", tmp_path, baked_model_path)
+    if layout == "hub_release":
+        release_layout(tmp_path)
+    with_tokenizer(tmp_path, baked_model_path)
+    assert check_model_folder(tmp_path) == "Qwen2_5_VLForConditionalGeneration"

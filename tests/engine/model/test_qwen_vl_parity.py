@@ -1,4 +1,4 @@
-"""Qwen3-VL's and Qwen3.5's image input against transformers in float32 on tiny random checkpoints
+"""Qwen2.5-VL's, Qwen3-VL's and Qwen3.5's image input against transformers in float32 on tiny random checkpoints
 (qwen_vl_checkpoints.py): the vision tower (deepstack features where the family has them), prompt logits with one
 and with two images of different sizes (3-D rotary positions, the text after an image shifted), decode after them,
 and through the engine greedy answers batched (chunked prefill that cuts an image's span) equal to each alone and to
@@ -32,11 +32,12 @@ from tests.engine.model.vision_checkpoints import image_file, images
 
 ATOL = 1e-4
 FILES = [image_file(40, 90, 1), image_file(120, 60, 2, "JPEG")]  # 12 and 10 soft tokens
-# the tower's batch: two images of one size (attended in one call) and one of another
-TOWER_FILES = FILES + [image_file(40, 90, 3)]
+# the tower's batch: two images of one size (attended in one call) and one of another; Qwen2.5-VL's windows of 2x2
+# merge units cut the first two short (grids of 6x2 and 2x5 units) and tile the last (4x4 units) whole
+TOWER_FILES = FILES + [image_file(40, 90, 3), image_file(64, 64, 4)]
 
 
-@pytest.fixture(scope="module", params=["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"])
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"])
 def family(request, tmp_path_factory, baked_model_path):
     path = tmp_path_factory.mktemp(request.param)
     hf = build_qwen_vl(request.param, path, baked_model_path)

@@ -32,6 +32,7 @@ OTHER_FAMILIES = (
     "phi3",
     "phimoe",
     "olmoe",
+    "qwen2_5_vl",
     "qwen3_moe",
 )
 

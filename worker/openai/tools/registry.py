@@ -57,6 +57,7 @@ _MARKERS = (
 _FAMILIES = {
     "qwen2": "hermes",
     "qwen2_moe": "hermes",
+    "qwen2_5_vl": "hermes",
     "qwen3": "hermes",
     "qwen3_moe": "hermes",
     "llama": "llama3_json",

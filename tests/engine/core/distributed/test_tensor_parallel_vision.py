@@ -1,10 +1,11 @@
-"""TENSOR_PARALLEL_SIZE=2 on the CPU (gloo, two processes) for image-text checkpoints, tiny random float32: Qwen3-VL
-dense and MoE (3-D positions, deepstack features; the MoE's experts in the hub's [E, in, out] layout), Qwen3.5 dense
-and MoE (the hybrid decoder) and Gemma 3 (an image's tokens see each other both ways). Rank 0 alone holds the vision
-tower and sends each step's image rows and embeddings. Against one rank: the prompt's log-probabilities and greedy
-answers of a prompt with one image and one with two of different sizes, batched with a text-only request over
-chunked prefill (a Qwen image cut across chunks, still encoded once); a prefix-cache hit of the same image equal to
-the cold run; the other rank reads no tower weight; no rank is left behind."""
+"""TENSOR_PARALLEL_SIZE=2 on the CPU (gloo, two processes) for image-text checkpoints, tiny random float32: Qwen2.5-VL
+(the windowed tower, contiguous 3-D rotary sections), Qwen3-VL dense and MoE (3-D positions, deepstack features; the
+MoE's experts in the hub's [E, in, out] layout), Qwen3.5 dense and MoE (the hybrid decoder) and Gemma 3 (an image's
+tokens see each other both ways). Rank 0 alone holds the vision tower and sends each step's image rows and
+embeddings. Against one rank: the prompt's log-probabilities and greedy answers of a prompt with one image and one
+with two of different sizes, batched with a text-only request over chunked prefill (a Qwen image cut across chunks,
+still encoded once); a prefix-cache hit of the same image equal to the cold run; the other rank reads no tower weight;
+no rank is left behind."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ ATOL = 2e-4  # log-probabilities, float32: the ranks sum the same products in an
 FILES = [image_file(40, 90, 1), image_file(120, 60, 2, "JPEG")]  # Qwen: 12 and 10 soft tokens; Gemma 3: 16 each
 # family -> (its checkpoint module, the step budget: a Qwen image is cut across chunks, a Gemma 3 one never is)
 FAMILIES = {
+    "qwen2_5_vl": (qwen_vl_checkpoints, 8),
     "qwen3_vl": (qwen_vl_checkpoints, 8),
     "qwen3_vl_moe": (qwen_vl_checkpoints, 8),
     "qwen3_5": (qwen_vl_checkpoints, 8),
