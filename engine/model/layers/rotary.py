@@ -7,12 +7,15 @@ here is the CPU path.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 
 from engine.cuda import kernels
 from engine.errors import UnsupportedModel
+
+log = logging.getLogger(__name__)
 
 
 def rope_parameters(config: dict) -> dict:
@@ -131,8 +134,15 @@ def _longrope_inv_freq(
             raise UnsupportedModel(
                 f"longrope factors give {len(rope[key])} frequencies for a rotary width of {head_dim}", param="model"
             )
-    long = (max_positions or max_pos) > original
+    served = max_positions or max_pos
+    long = served > original
     factors = torch.tensor(rope["long_factor" if long else "short_factor"], dtype=torch.float32)
+    log.info(
+        "LongRoPE: the %s factors for a served context of %d (original %d)",
+        "long" if long else "short",
+        served,
+        original,
+    )
     factor = rope.get("factor") or max_pos / original
     scale = rope.get("long_mscale" if long else "short_mscale") or rope.get("attention_factor")
     if scale is None:
