@@ -349,12 +349,13 @@ class ModelRunner:
             for span, embed in zip(todo, embeds, strict=True):
                 span.encoded = embed
             self.num_images_encoded += len(todo)
-        rows = torch.cat([torch.arange(row, row + count) for _, row, _, count in image_rows]).to(self.device)
-        pieces: list[torch.Tensor] = []
-        for span, _, first, count in image_rows:
+        offsets, pieces = [], []
+        for span, row, first, count in image_rows:
             assert span.encoded is not None, "each span of the step is encoded (above) until its last tokens"
-            pieces.append(span.encoded[first : first + count])
-        values = torch.cat(pieces)
+            at, features = span.features(first, count)  # (a span's break tokens keep their own embeddings)
+            offsets.append(row + at)
+            pieces.append(span.encoded[features.to(span.encoded.device)])
+        rows, values = torch.cat(offsets).to(self.device), torch.cat(pieces)
         for span, _, first, count in image_rows:
             if first + count == span.end - span.start:  # its last tokens: the encoding is not needed again
                 span.encoded = None

@@ -201,7 +201,10 @@ def _build_on_meta(
 
 
 def _tied(config: dict, shapes: dict[str, tuple[int, ...]]) -> bool:
-    return bool(config.get("tie_word_embeddings")) or "lm_head.weight" not in shapes
+    # (language_model.lm_head.weight: an image-text checkpoint of transformers 4's layout, Mistral 3's)
+    return bool(config.get("tie_word_embeddings")) or not {"lm_head.weight", "language_model.lm_head.weight"} & set(
+        shapes
+    )
 
 
 def read_config(model_path: str) -> dict:

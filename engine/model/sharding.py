@@ -62,6 +62,7 @@ SHARDED_ARCHITECTURES = (
     "GptOssForCausalLM",
     "Gemma3ForConditionalGeneration",
     "Gemma4ForConditionalGeneration",
+    "Mistral3ForConditionalGeneration",
     "Qwen3VLForConditionalGeneration",
     "Qwen3VLMoeForConditionalGeneration",
     "Qwen3_5ForConditionalGeneration",
