@@ -54,6 +54,9 @@ GEMMA3 = _read("gemma3.jinja")
 # Qwen3-VL's (Qwen/Qwen3-VL-*-Instruct): an image part as <|vision_start|><|image_pad|><|vision_end|>, whose pad the
 # processor (here the engine) widens to the image's soft tokens. Trimmed to text and image parts.
 QWEN3_VL = _read("qwen3-vl.jinja")
+# Mistral Small 3.1 / 3.2's (Mistral 3): [INST] turns, an image part as [IMG], which the processor (here the engine)
+# widens to the image's rows of [IMG] each closed by [IMG_BREAK], the last by [IMG_END]. Trimmed to text and images.
+MISTRAL3 = _read("mistral3.jinja")
 # GLM-4.5 / 4.6 (GLM-4.7's writes the same calls without newlines): tools as JSON in <tools>, calls as
 # <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>, results in <|observation|>;
 # enable_thinking=false closes an empty <think></think> in the prompt. Trimmed to text.
