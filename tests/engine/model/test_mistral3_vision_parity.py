@@ -27,6 +27,7 @@ from tests.engine.model.mistral3_checkpoint import (
     layout,
     prompt_with,
 )
+from tests.engine.model.vision_bf16 import bf16_tower, check_bf16_tower
 from tests.engine.model.vision_checkpoints import hf_greedy, image_file, images
 
 ATOL = 1e-4
@@ -182,3 +183,14 @@ def test_a_prompt_whose_layout_is_not_the_image_is_refused(vision):
     with pytest.raises(InvalidRequest):
         _spans(vision, wrong, FILES[:1])
     assert layout((32, 64)) == tokens[5:41]
+
+
+def test_the_tower_in_bfloat16_stays_near_float32_transformers(vision):
+    """The CPU product path: the tower's and projector's linears packed (vision_bf16.py); two images of one size
+    (attended in one call) and one of another."""
+    files = [*FILES, image_file(90, 40, 3)]
+    _, spans = _spans(vision, [IMAGE] * len(files), files)
+    model = bf16_tower(vision.path, "vision_tower")
+    ours = model.encode_images([s.pixels for s in spans], [s.grid for s in spans])
+    inputs = dict(hf_inputs(files))
+    check_bf16_tower(ours, vision.hf, lambda hf, x: list(hf.model.get_image_features(**x).pooler_output), inputs)
