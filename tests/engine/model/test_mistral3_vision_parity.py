@@ -194,3 +194,20 @@ def test_the_tower_in_bfloat16_stays_near_float32_transformers(vision):
     ours = model.encode_images([s.pixels for s in spans], [s.grid for s in spans])
     inputs = dict(hf_inputs(files))
     check_bf16_tower(ours, vision.hf, lambda hf, x: list(hf.model.get_image_features(**x).pooler_output), inputs)
+
+
+def test_a_head_of_its_own_is_read_where_the_text_config_unties_it(vision, tmp_path, baked_model_path):
+    """Mistral3Config's top level defaults to tie_word_embeddings; a checkpoint whose text_config says false keeps
+    its own lm_head (the logits stay transformers')."""
+    import json
+
+    for f in vision.path.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["tie_word_embeddings"] = True
+    config["text_config"]["tie_word_embeddings"] = False
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model, spec = load_family(tmp_path, baked_model_path)
+    tokens = prompt_with([], seed=3, lead=9)
+    logits = Pages(spec.kv_groups).run(model, [("r", tokens)])
+    torch.testing.assert_close(logits, hf_logits(vision.hf, tokens, []), atol=ATOL, rtol=1e-4)
