@@ -68,6 +68,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "LlamaForSequenceClassification": ("llama", {}),
     "Ministral3ForCausalLM": ("ministral3", {}),
     "MistralForCausalLM": ("mistral", {}),
+    "Mistral3ForConditionalGeneration": ("mistral3", {}),
     "MixtralForCausalLM": ("mixtral", {}),
     "Olmo2ForCausalLM": ("olmo2", {}),
     "Olmo3ForCausalLM": ("olmo3", {}),

@@ -197,7 +197,8 @@ class ModelRunner:
         metas = inputs.metas
         recurrent = None if self.state_pool is None else self._recurrent_step(out.scheduled, metas[0].is_decode)
         # (the other ranks get the image embeddings too)
-        extra = {"image_embeds": self._encode_images(inputs.image_rows)} if inputs.image_rows else {}
+        embeds = self._encode_images(inputs.image_rows) if inputs.image_rows else None
+        extra = {"image_embeds": embeds} if embeds is not None else {}
         if self.peers is not None:
             self.peers.send_step(
                 out,
@@ -339,9 +340,15 @@ class ModelRunner:
             image_rows=image_rows,
         )
 
-    def _encode_images(self, image_rows: list[tuple[ImageSpan, int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows, embeddings) of the step's image soft tokens: each image not yet encoded through the tower once."""
-        todo = [span for span in {id(span): span for span, *_ in image_rows}.values() if span.encoded is None]
+    def _encode_images(
+        self, image_rows: list[tuple[ImageSpan, int, int, int]]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows, embeddings) of the step's image soft tokens: each image not yet encoded through the tower once.
+        None where the step's image tokens take no feature (a chunk of an image's break and end tokens alone)."""
+        # (a span's break tokens keep their own embeddings: only its other tokens take features)
+        wanted = [(span, row, first, count, *span.features(first, count)) for span, row, first, count in image_rows]
+        wanted = [w for w in wanted if len(w[-1])]
+        todo = [span for span in {id(w[0]): w[0] for w in wanted}.values() if span.encoded is None]
         if todo:
             embeds = cast(VisionModel, self.model).encode_images(
                 [span.pixels.to(self.device) for span in todo], [span.grid for span in todo]
@@ -349,16 +356,15 @@ class ModelRunner:
             for span, embed in zip(todo, embeds, strict=True):
                 span.encoded = embed
             self.num_images_encoded += len(todo)
-        rows = torch.cat([torch.arange(row, row + count) for _, row, _, count in image_rows]).to(self.device)
-        pieces: list[torch.Tensor] = []
-        for span, _, first, count in image_rows:
+        offsets, pieces = [], []
+        for span, row, _, _, at, features in wanted:
             assert span.encoded is not None, "each span of the step is encoded (above) until its last tokens"
-            pieces.append(span.encoded[first : first + count])
-        values = torch.cat(pieces)
+            offsets.append(row + at)
+            pieces.append(span.encoded[features.to(span.encoded.device)])
         for span, _, first, count in image_rows:
             if first + count == span.end - span.start:  # its last tokens: the encoding is not needed again
                 span.encoded = None
-        return rows, values
+        return (torch.cat(offsets).to(self.device), torch.cat(pieces)) if pieces else None
 
     def _recurrent_step(self, scheduled: list[ScheduledSeq], is_decode: bool) -> RecurrentStep:
         spans: list[tuple[int, int]] = []  # (first row, rows) of each sequence

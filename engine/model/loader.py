@@ -204,7 +204,14 @@ def _build_on_meta(
 
 
 def _tied(config: dict, shapes: dict[str, tuple[int, ...]]) -> bool:
-    return bool(config.get("tie_word_embeddings")) or "lm_head.weight" not in shapes
+    """The lm_head is the embedding's: the checkpoint has none, or config.json ties them and an image-text config's
+    text_config does not say otherwise (transformers 4's rule; Mistral3Config's top level defaults to tied while its
+    checkpoints carry their own head)."""
+    # (language_model.lm_head.weight: an image-text checkpoint of transformers 4's layout, Mistral 3's)
+    if not {"lm_head.weight", "language_model.lm_head.weight"} & set(shapes):
+        return True
+    text = config.get("text_config") or {}
+    return bool(config.get("tie_word_embeddings")) and text.get("tie_word_embeddings") is not False
 
 
 def read_config(model_path: str) -> dict:

@@ -64,6 +64,7 @@ SHARDED_ARCHITECTURES = (
     "Gemma3ForConditionalGeneration",
     "Gemma4ForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration",
+    "Mistral3ForConditionalGeneration",
     "Qwen3VLForConditionalGeneration",
     "Qwen3VLMoeForConditionalGeneration",
     "Qwen3_5ForConditionalGeneration",

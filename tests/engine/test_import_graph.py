@@ -120,6 +120,8 @@ FAMILY_BASES = {
         "engine.model.models.moe_base",
         "engine.model.models.qwen3_moe",
     },
+    # Mistral 3's text model is the Llama decoder (Mistral / Ministral 3) with the Pixtral tower beside it.
+    "engine.model.models.mistral3": {"engine.model.models.llama"},
     # The hybrid decoders' full-attention layer and MLP are the Llama ones, their routing Qwen's MoE rule.
     "engine.model.models.qwen3_5": {"engine.model.models.llama", "engine.model.models.qwen3_moe"},
     # The MTP head of a Qwen3.5 / Qwen3-Next checkpoint is one more full-attention layer of that family.

@@ -56,6 +56,9 @@ GEMMA3 = _read("gemma3.jinja")
 QWEN3_VL = _read("qwen3-vl.jinja")
 # Qwen2.5-VL's (Qwen/Qwen2.5-VL-*-Instruct chat_template.json): Qwen3-VL's image part after a default system turn.
 QWEN2_5_VL = _read("qwen2.5-vl.jinja")
+# Mistral Small 3.1 / 3.2's (Mistral 3): [INST] turns, an image part as [IMG], which the processor (here the engine)
+# widens to the image's rows of [IMG] each closed by [IMG_BREAK], the last by [IMG_END]. Trimmed to text and images.
+MISTRAL3 = _read("mistral3.jinja")
 # GLM-4.5 / 4.6 (GLM-4.7's writes the same calls without newlines): tools as JSON in <tools>, calls as
 # <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>, results in <|observation|>;
 # enable_thinking=false closes an empty <think></think> in the prompt. Trimmed to text.

@@ -2,9 +2,9 @@
 the family's image tokens added (special) and its chat template; a Gemma3ForConditionalGeneration (a 56-pixel
 SigLIP tower whose 16 patches pool to 4 soft tokens), a Qwen3VLForConditionalGeneration or a
 Qwen2_5_VLForConditionalGeneration (8-pixel patches merged 2x2, a pixel budget of 1024 to 4096; Qwen2.5-VL's tower
-in windows of 2x2 merged patches, its second block over the whole image) and a Gemma4ForConditionalGeneration
-(8-pixel patches pooled 2x2, a budget of 70 soft tokens); each with a preprocessor_config.json; and image files to
-send them."""
+in windows of 2x2 merged patches, its second block over the whole image), a Gemma4ForConditionalGeneration (8-pixel
+patches pooled 2x2, a budget of 70 soft tokens) and a Mistral3ForConditionalGeneration (a Pixtral tower of 4-pixel
+patches merged 2x2, a longest edge of 64); each with a preprocessor_config.json; and image files to send them."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from family_templates import GEMMA3, GEMMA4, QWEN2_5_VL, QWEN3_VL
+from family_templates import GEMMA3, GEMMA4, MISTRAL3, QWEN2_5_VL, QWEN3_VL
 from local_worker import ROOT
 
 IMAGE_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
 SIZE, TOKENS = 56, 4
 QWEN_IMAGE_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 GEMMA4_IMAGE_TOKENS = ("<|image>", "<|image|>", "<image|>")
+MISTRAL3_IMAGE_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
 
 
 def _tokenizer(baked: Path, source: Path, image_tokens: tuple[str, ...], template: str):
@@ -233,6 +234,53 @@ def bake_gemma4_vision_model(baked: Path, root: Path) -> Path:
     return _bake(source, root)
 
 
+def bake_mistral3_model(baked: Path, root: Path) -> Path:
+    import torch
+    import transformers as tf
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+    source = root / "tiny-mistral3"
+    tokenizer = _tokenizer(baked, source, MISTRAL3_IMAGE_TOKENS, MISTRAL3)
+    text = dict(
+        model_type="mistral",
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    vision = dict(
+        model_type="pixtral",
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=64,
+        patch_size=4,
+        hidden_act="silu",
+    )
+    config = tf.Mistral3Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),  # the break and end tokens: the tokenizer's
+        spatial_merge_size=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = tf.Mistral3ForConditionalGeneration(config)
+    with torch.no_grad():  # an image must move the answer's logprobs visibly
+        model.model.multi_modal_projector.linear_2.weight.normal_(0, 1.0)
+    model.config.architectures = ["Mistral3ForConditionalGeneration"]
+    model.save_pretrained(str(source))
+    PixtralImageProcessorPil(size={"longest_edge": 64}, patch_size=4).save_pretrained(str(source))
+    return _bake(source, root)
+
+
 def png(width: int, height: int, colour: tuple[int, int, int], fmt: str = "PNG") -> bytes:
     from PIL import Image, ImageDraw
 
@@ -272,15 +320,15 @@ def ask(url: str, text: str = "What is in the picture?") -> list[dict]:
     ]
 
 
-def check_whole_and_streamed(sdk, model: str, url: str, image_tokens: int) -> None:
+def check_whole_and_streamed(sdk, model: str, url: str, image_tokens: int, around: int = 2) -> None:
     """A chat turn with the image at `url` answers, streamed equal to whole, its prompt counting image_tokens more
-    than the same text alone (the image's own tokens and the two that open and close it)."""
+    than the same text alone (the image's own tokens and the `around` tokens that open and close it)."""
     plain = sdk.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "What is in the picture?"}], max_tokens=8, temperature=0
     )
     whole = sdk.chat.completions.create(model=model, messages=ask(url), max_tokens=8, temperature=0)
     assert whole.choices[0].finish_reason == "length" and whole.choices[0].message.content
-    assert whole.usage.prompt_tokens == plain.usage.prompt_tokens + image_tokens + 2
+    assert whole.usage.prompt_tokens == plain.usage.prompt_tokens + image_tokens + around
     chunks = list(
         sdk.chat.completions.create(
             model=model,

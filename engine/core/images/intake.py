@@ -7,7 +7,8 @@ pan and scan, expand() adds a span per crop of a wide or tall image (pan_and_sca
 each crop as one more image. A patch-grid tower (Qwen-VL) takes as many as the image's merged patches, a pooled-patch
 tower (Gemma 4) as many as its pooled patches: the prompt may hold one placeholder token per image, which expand()
 widens to the image's count (transformers' Qwen3VLProcessor and Gemma4Processor do this), so usage and max_model_len
-count the image's tokens."""
+count the image's tokens. Pixtral's (Mistral 3) widens it to rows of image tokens with a break token after each
+(broken_rows.py): the span covers them all, and only its image tokens take the tower's features."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.core.images.broken_rows import BrokenRowsPrompt
 from engine.core.images.pan_and_scan import PanAndScanPrompt
 from engine.errors import InvalidRequest, NoImageInput, StartupError
-from engine.image import gemma, gemma4, qwen_vl
+from engine.image import gemma, gemma4, pixtral, qwen_vl
 from engine.image.decode import decode_image
 from engine.inputs import ImageData, ImagePrompt
-from engine.model.vision.spec import VisionSpec
+from engine.model.vision.spec import BrokenRows, VisionSpec
 
 log = logging.getLogger(__name__)
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
@@ -41,12 +43,24 @@ class ImageSpan:
     digest: bytes  # of the preprocessed pixels: the same picture hits the prefix cache, another one does not
     grid: tuple[int, ...] | None = None
     rope_grid: tuple[int, int] | None = None  # its tokens' rows and columns (3-D positions); None: 1-D positions
+    # Pixtral's: rows of this many feature tokens, each followed by a token that keeps its own embedding (a break)
+    break_every: int | None = None
     whole: bool = True  # a chunk never ends inside it (its tokens see each other both ways)
     encoded: torch.Tensor | None = None  # the tower's output while a chunk has prefilled only part of the span
 
     @property
     def key(self) -> tuple[int, int, bytes]:
         return self.start, self.end, self.digest
+
+    def features(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Of its tokens [first, first + count): the offsets from `first` of those that take a feature of the tower's
+        output, and those features' rows in it."""
+        tokens = torch.arange(first, first + count)
+        if self.break_every is None:
+            return tokens - first, tokens
+        width = self.break_every + 1
+        kept = tokens[tokens % width != self.break_every]
+        return kept - first, kept // width * self.break_every + kept % width
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,8 +93,12 @@ class ImageIntake:
         self.vision, self.max_chunk = vision, max_chunk
         self.prompt: ImagePrompt | None = None
         self.pan_and_scan: PanAndScanPrompt | None = None
+        self.broken_rows: BrokenRowsPrompt | None = None
         self.refusal = "this model takes no image input"
         if vision is None:
+            return
+        if vision.rows is not None:
+            self._init_broken_rows(vision, model_path, tokenizer)
             return
         ids = [vision.boi_token_id, vision.image_token_id, vision.eoi_token_id]
         boi, image, eoi = tokenizer.convert_ids_to_tokens(ids)
@@ -128,6 +146,41 @@ class ImageIntake:
                 tokens_per_image=vision.tokens_per_image,
             )
 
+    def _init_broken_rows(self, vision: VisionSpec, model_path: str, tokenizer: object) -> None:
+        """Pixtral's layout: the break and end tokens the processor names, as the tokenizer spells them."""
+        raw = read_processor_config(model_path)
+        processor = _processor_json(model_path)
+        names = (processor.get("image_break_token") or "[IMG_BREAK]", processor.get("image_end_token") or "[IMG_END]")
+        brk, end = tokenizer.convert_tokens_to_ids(list(names))
+        # (a tokenizer may answer its unknown token's id for a name it lacks: only a round trip names the token)
+        brk, end = (
+            i if i is not None and tokenizer.convert_ids_to_tokens(i) == n else None
+            for i, n in zip((brk, end), names, strict=True)
+        )
+        rows = vision.rows
+        rows = BrokenRows(
+            patch_size=rows.patch_size,
+            merge_size=rows.merge_size,
+            break_token_id=rows.break_token_id if brk is None else brk,
+            end_token_id=rows.end_token_id if end is None else end,
+        )
+        ids = [vision.image_token_id, rows.break_token_id, rows.end_token_id]
+        tokens = tokenizer.convert_ids_to_tokens(ids)
+        if None in tokens:
+            missing = ", ".join(str(i) for i, t in zip(ids, tokens, strict=True) if t is None)
+            self.refusal = f"this model takes no image input (its tokenizer has no token {missing})"
+            log.warning("%s", self.refusal)
+            self.vision = None
+            return
+        self.broken_rows = BrokenRowsPrompt(rows, vision.image_token_id)
+        self.config = pixtral.PixtralImageConfig.from_dict(raw, rows.patch_size * rows.merge_size)
+        self.prompt = ImagePrompt(tokens[0], tokens[0], None)  # the processor widens its one image token
+
+    def _runs(self, prompt: list[int]) -> list[tuple[int, int]]:
+        if self.broken_rows is not None:
+            return self.broken_rows.runs(prompt)
+        return image_runs(prompt, self.vision.image_token_id)
+
     def expand(self, prompt: list[int], images: list[ImageData]) -> tuple[list[int], list[DecodedImage]]:
         """Decodes the images; the prompt with each one-token placeholder widened to its image's soft tokens
         (a patch-grid tower's), or each span followed by its image's pan-and-scan crops' (the decoded images then
@@ -138,7 +191,7 @@ class ImageIntake:
             return prompt, []
         parts = [self._decode(image) for image in images]  # each: the image, then its crops
         decoded = [part for image in parts for part in image]
-        runs = image_runs(prompt, self.vision.image_token_id)
+        runs = self._runs(prompt)
         if len(runs) != len(parts):  # (a count that does not match is spans()' error; a prompt widened already runs)
             return prompt, decoded
         if self.vision.tokens_per_image is not None:
@@ -147,8 +200,13 @@ class ImageIntake:
             return self.pan_and_scan.widen(prompt, runs, [len(image) - 1 for image in parts]), decoded
         out, last = [], 0
         for (start, end), image in zip(runs, decoded, strict=True):
-            width = image.tokens if end - start == 1 else end - start
-            out += prompt[last:start] + [self.vision.image_token_id] * width
+            if end - start > 1:
+                widened = prompt[start:end]
+            elif self.broken_rows is not None:
+                widened = self.broken_rows.layout(image.grid)
+            else:
+                widened = [self.vision.image_token_id] * image.tokens
+            out += prompt[last:start] + widened
             last = end
         return out + prompt[last:], decoded
 
@@ -156,7 +214,7 @@ class ImageIntake:
         """The prompt's image spans with their images; InvalidRequest naming the image when they do not match."""
         if self.vision is None:
             return []
-        runs = image_runs(prompt, self.vision.image_token_id)
+        runs = self._runs(prompt)
         if len(runs) != len(decoded):
             raise InvalidRequest(
                 f"the prompt has {len(runs)} image placeholders for {len(decoded)} images: write "
@@ -178,6 +236,11 @@ class ImageIntake:
                     f"({self.max_chunk}) lets one step prefill",
                     param=image.param,
                 )
+            if self.broken_rows is not None and prompt[start:end] != self.broken_rows.layout(image.grid):
+                raise InvalidRequest(
+                    f"{image.param}: its placeholder is not the image's rows of image and break tokens",
+                    param=image.param,
+                )
             rope = None if grid is None else (image.grid[1] // grid.merge_size, image.grid[2] // grid.merge_size)
             spans.append(
                 ImageSpan(
@@ -187,6 +250,7 @@ class ImageIntake:
                     digest=image.digest,
                     grid=image.grid,
                     rope_grid=rope,
+                    break_every=None if self.broken_rows is None else image.grid[1],
                     whole=self.vision.bidirectional,
                 )
             )
@@ -195,6 +259,9 @@ class ImageIntake:
     def _decode(self, image: ImageData) -> list[DecodedImage]:
         """The image preprocessed for the tower, then its pan-and-scan crops (Gemma 3's, when the config asks)."""
         picture = decode_image(image.data, image.param)
+        if self.broken_rows is not None:
+            out = pixtral.preprocess(picture, self.config)
+            return [self._hashed(torch.from_numpy(out.pixel_values), out.grid, out.num_tokens, image.param)]
         if self.vision.grid is not None or self.vision.pooled is not None:  # a token count that follows the image
             merged = self.vision.grid is not None  # Qwen-VL: patches merged; Gemma 4: patches pooled
             try:
@@ -213,6 +280,15 @@ class ImageIntake:
         digest = hashlib.blake2b(pixels.numpy().tobytes(), digest_size=16)
         digest.update(repr(grid).encode())  # two grids of the same pixel count are two pictures
         return DecodedImage(pixels=pixels, grid=grid, tokens=tokens, digest=digest.digest(), param=param)
+
+
+def _processor_json(model_path: str) -> dict:
+    """processor_config.json's top level (the processor's own settings, its image tokens' names); {} without it."""
+    path = os.path.join(model_path, "processor_config.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
 
 
 def _qwen_config(raw: dict, vision: VisionSpec) -> qwen_vl.QwenVLImageConfig:

@@ -43,6 +43,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "LlamaForSequenceClassification": ("engine.model.models.llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     "Ministral3ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
+    "Mistral3ForConditionalGeneration": ("engine.model.models.mistral3", "Mistral3ForConditionalGeneration"),
     "MixtralForCausalLM": ("engine.model.models.mixtral", "MixtralForCausalLM"),
     "Olmo2ForCausalLM": ("engine.model.models.olmo2", "Olmo2ForCausalLM"),
     "Olmo3ForCausalLM": ("engine.model.models.olmo2", "Olmo2ForCausalLM"),

@@ -1,11 +1,12 @@
 """TENSOR_PARALLEL_SIZE=2 on the CPU (gloo, two processes) for image-text checkpoints, tiny random float32: Qwen2.5-VL
 (the windowed tower, contiguous 3-D rotary sections), Qwen3-VL dense and MoE (3-D positions, deepstack features; the
-MoE's experts in the hub's [E, in, out] layout), Qwen3.5 dense and MoE (the hybrid decoder) and Gemma 3 (an image's
-tokens see each other both ways). Rank 0 alone holds the vision tower and sends each step's image rows and
-embeddings. Against one rank: the prompt's log-probabilities and greedy answers of a prompt with one image and one
-with two of different sizes, batched with a text-only request over chunked prefill (a Qwen image cut across chunks,
-still encoded once); a prefix-cache hit of the same image equal to the cold run; the other rank reads no tower weight;
-no rank is left behind."""
+MoE's experts in the hub's [E, in, out] layout), Qwen3.5 dense and MoE (the hybrid decoder), Gemma 3 (an image's
+tokens see each other both ways) and Mistral 3 (Pixtral's rows of image tokens with a break token after each, cut
+across chunks). Rank 0 alone holds the vision tower and sends each step's image rows and embeddings. Against one
+rank: the prompt's log-probabilities and greedy answers of a prompt with one image and one with two of different
+sizes, batched with a text-only request over chunked prefill (a Qwen image cut across chunks, still encoded once); a
+prefix-cache hit of the same image equal to the cold run; the other rank reads no tower weight; no rank is left
+behind."""
 
 from __future__ import annotations
 
@@ -18,12 +19,16 @@ from engine.model.layers.parallel import TensorParallel
 from engine.model.loader import load_model
 from engine.sample.params import SamplingParams
 from tests.engine.core.distributed.tp_models import child_pids
-from tests.engine.model import qwen_vl_checkpoints, vision_checkpoints
+from tests.engine.model import mistral3_checkpoint, qwen_vl_checkpoints, vision_checkpoints
 from tests.engine.model.family_parity import tiny_engine
 from tests.engine.model.vision_checkpoints import image_file, images
 
 ATOL = 2e-4  # log-probabilities, float32: the ranks sum the same products in another order
 FILES = [image_file(40, 90, 1), image_file(120, 60, 2, "JPEG")]  # Qwen: 12 and 10 soft tokens; Gemma 3: 16 each
+# Mistral 3's prompts for the first n FILES: one image token each, as its chat template writes them
+MISTRAL3 = SimpleNamespace(
+    prompt_with=lambda n, seed=0, lead=5: mistral3_checkpoint.prompt_with(FILES[:n], seed=seed, lead=lead, widen=False)
+)
 # family -> (its checkpoint module, the step budget: a Qwen image is cut across chunks, a Gemma 3 one never is)
 FAMILIES = {
     "qwen2_5_vl": (qwen_vl_checkpoints, 8),
@@ -32,6 +37,7 @@ FAMILIES = {
     "qwen3_5": (qwen_vl_checkpoints, 8),
     "qwen3_5_moe": (qwen_vl_checkpoints, 8),
     "gemma3": (vision_checkpoints, 24),
+    "mistral3": (MISTRAL3, 8),
 }
 
 
@@ -42,6 +48,8 @@ def tp_vision(request, tmp_path_factory, baked_model_path):
     path = tmp_path_factory.mktemp(request.param)
     if checkpoints is qwen_vl_checkpoints:
         checkpoints.build_qwen_vl(request.param, path, baked_model_path)
+    elif checkpoints is MISTRAL3:
+        mistral3_checkpoint.build_mistral3(path, baked_model_path)
     else:
         checkpoints.build_vision_model(path, baked_model_path)
     before = child_pids()

@@ -1,0 +1,49 @@
+"""A tiny Mistral 3 image-text model baked by the builder (vision_bake.py) answers chat requests with image parts
+through the local endpoint and the official openai client: the template's [IMG] widened to the image's rows of [IMG]
+each closed by [IMG_BREAK], the last by [IMG_END] (usage counts them exactly), whole and streamed alike, the image
+moving the answer's logprobs, the same image in a later turn served from the prefix cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from local_worker import LocalWorker, start_worker, stop_worker
+from vision_bake import (
+    ask,
+    bake_mistral3_model,
+    check_image_moves_the_answer,
+    check_whole_and_streamed,
+    data_url,
+    png,
+)
+
+RED, BLUE = png(60, 60, (200, 30, 30)), png(30, 70, (20, 40, 220), "JPEG")
+RED_TOKENS = 72  # 60x60 -> 64x64 pixels: 8 rows of 8 merged patches, each row closed by a break (the last: end)
+NAME = "tiny-mistral3"
+
+
+@pytest.fixture(scope="module")
+def mistral3_worker(baked_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorker]:
+    root = tmp_path_factory.mktemp("mistral3-vision")
+    out = bake_mistral3_model(baked_model_path, root)
+    w = start_worker(out, root / "worker.log", MAX_MODEL_LEN="512", MAX_IMAGES_PER_REQUEST="2")
+    yield w
+    stop_worker(w)
+
+
+def test_an_image_part_whole_and_streamed_counts_its_tokens(mistral3_worker: LocalWorker) -> None:
+    # (the template's one [IMG] is replaced by the layout: nothing opens or closes it besides)
+    check_whole_and_streamed(mistral3_worker.client(), NAME, data_url(RED), RED_TOKENS, around=0)
+
+
+def test_the_image_moves_the_answer_and_a_later_turn_hits_the_cache(mistral3_worker: LocalWorker) -> None:
+    check_image_moves_the_answer(
+        mistral3_worker.client(),
+        NAME,
+        lambda url: ask(url, "Describe it."),
+        data_url(RED),
+        data_url(BLUE, "image/jpeg"),
+        RED_TOKENS,
+    )
