@@ -44,6 +44,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     "Ministral3ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     "MixtralForCausalLM": ("engine.model.models.mixtral", "MixtralForCausalLM"),
+    "NemotronHForCausalLM": ("engine.model.models.nemotron_h", "NemotronHForCausalLM"),
     "Olmo2ForCausalLM": ("engine.model.models.olmo2", "Olmo2ForCausalLM"),
     "Olmo3ForCausalLM": ("engine.model.models.olmo2", "Olmo2ForCausalLM"),
     "OlmoeForCausalLM": ("engine.model.models.olmoe", "OlmoeForCausalLM"),
