@@ -69,6 +69,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "Ministral3ForCausalLM": ("ministral3", {}),
     "MistralForCausalLM": ("mistral", {}),
     "MixtralForCausalLM": ("mixtral", {}),
+    "NemotronHForCausalLM": ("nemotron_h", {}),
     "Olmo2ForCausalLM": ("olmo2", {}),
     "Olmo3ForCausalLM": ("olmo3", {}),
     "OlmoeForCausalLM": ("olmoe", {}),
