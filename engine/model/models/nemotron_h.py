@@ -56,7 +56,9 @@ def read_layer_types(config: dict) -> tuple[str, ...]:
         pattern = config.get("hybrid_override_pattern") or ""
         unknown = sorted(set(pattern) - set(PATTERN))
         if unknown or not pattern:
-            raise UnsupportedModel(f"hybrid_override_pattern {pattern!r} has blocks other than M, *, - and E")
+            raise UnsupportedModel(
+                f"hybrid_override_pattern {pattern!r} has blocks other than M, *, - and E", param="model"
+            )
         types = [PATTERN[c] for c in pattern]
     unknown = sorted(set(types) - set(PATTERN.values()))
     if unknown:
@@ -188,6 +190,8 @@ class NemotronHModel(nn.Module):
 
 
 class NemotronHForCausalLM(DecoderLM):
+    mtp_refusal = "Nemotron-H's multi-token-prediction layers (mtp.*) are not built"
+
     @classmethod
     def read_args(cls, config: dict, names: set[str]) -> NemotronHArgs:
         return read_nemotron_h_args(config, names)

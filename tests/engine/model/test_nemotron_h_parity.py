@@ -111,3 +111,12 @@ def test_the_state_pool_and_the_pages_share_one_budget(nemotron):
     assert info["state_seqs"] == engine.max_num_seqs == engine.limits.max_num_seqs == 10
     assert info["state_bytes"] + info["kv_bytes"] <= budget
     assert info["kv_bytes"] > budget // 3
+
+
+def test_speculative_mtp_is_refused_in_one_line(nemotron):
+    from engine.config import SpeculativeConfig
+    from engine.errors import StartupError
+
+    with pytest.raises(StartupError, match="multi-token-prediction layers") as err:
+        tiny_engine(nemotron.path, speculative=SpeculativeConfig(method="mtp", num_speculative_tokens=1))
+    assert "\n" not in str(err.value)
