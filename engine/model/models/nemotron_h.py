@@ -4,8 +4,10 @@ engine's state pool), attention (`*`: GQA over the paged KV cache with no positi
 relu^2 MLP (`-`) or a mixture of relu^2 experts (`E`: DeepSeek-V3's sigmoid routing with a correction bias over
 expert groups, scaled, plus a relu^2 shared expert), as hybrid_override_pattern (or layers_block_type) lists them.
 
-The engine numbers the layers that hold a cache (attention pages or a state slot) on their own: MLP and MoE blocks
-hold none, so the KV group's and the recurrent spec's layer indices count only the `M` and `*` blocks.
+Tensor-parallel, each rank holds whole Mamba2 groups (their heads and states), attention heads, and columns of the
+MLP and of every expert (engine/model/sharding.py). The engine numbers the layers that hold a cache (attention
+pages or a state slot) on their own: MLP and MoE blocks hold none, so the KV group's and the recurrent spec's layer
+indices count only the `M` and `*` blocks.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from engine.model.layers.activation import relu_squared
 from engine.model.layers.mamba2 import Mamba2Mixer, Mamba2Shape
 from engine.model.layers.moe import SparseMoE, StackedExperts
 from engine.model.layers.norm import RMSNorm
+from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec
 from engine.model.layers.routing import read_grouped_routing
 from engine.model.models.base import DecoderLM
 from engine.model.models.llama import LlamaAttention
 from engine.model.models.moe_base import MoeArgs
+from engine.model.sharding import ShardPlan, shard_attention, shard_experts, shard_gated_mlp, shard_mamba2, shard_vocab
 
 PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 CACHED = ("linear_attention", "full_attention")
@@ -160,6 +164,7 @@ class NemotronHBlock(nn.Module):
             self.mixer = ReluSquaredMLP(a.hidden_size, a.intermediate_size, a.mlp_bias)
         else:
             self.mixer = relu_squared_moe(a)
+        self.tp: TensorParallel | None = None  # tensor-parallel: the mixer gives a partial sum to all-reduce
 
     def forward(
         self,
@@ -177,7 +182,7 @@ class NemotronHBlock(nn.Module):
             x = self.mixer(x, positions, None, None, *cache, backend)
         else:
             x = self.mixer(x)
-        return h + x
+        return h + (x if self.tp is None else self.tp.all_reduce(x))
 
 
 class NemotronHModel(nn.Module):
@@ -208,8 +213,28 @@ class NemotronHForCausalLM(DecoderLM):
         layers = self.args.cache_index("linear_attention")
         if not layers:
             return None
-        conv, state = self.args.mamba.state_shapes()
+        # A shard's mixers hold its groups' heads only: the slots are sized from a mixer, not from the config.
+        mixer = next(layer.mixer for layer in self.model.layers if layer.kind == "linear_attention")
+        conv, state = mixer.shape.state_shapes()
         return RecurrentSpec(layers, conv, state)
+
+    def shard(self, tp: TensorParallel) -> ShardPlan:
+        """This rank's Mamba2 groups, attention heads, MLP and expert columns and vocabulary rows
+        (engine/model/sharding.py)."""
+        plan = ShardPlan()
+        for i, layer in enumerate(self.model.layers):
+            prefix = f"model.layers.{i}.mixer"
+            if layer.kind == "linear_attention":
+                layer.mixer = shard_mamba2(layer.mixer, prefix, tp, plan)
+            elif layer.kind == "full_attention":
+                shard_attention(layer.mixer, prefix, tp, plan)
+            elif layer.kind == "mlp":
+                shard_gated_mlp(layer.mixer, prefix, tp, plan)
+            else:
+                shard_experts(layer.mixer, prefix, tp, plan)
+            layer.tp = tp
+        shard_vocab(self, tp, plan)
+        return plan
 
     def init_rotary(
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None

@@ -1,6 +1,6 @@
 """What the bake keeps and refuses of a Nemotron-H checkpoint: the hub layout (backbone.*, per-expert tensors) bakes
 and serves transformers' tokens; what the engine does not run (another MLP activation, latent MoE projections, a
-block letter it does not know, tensor parallelism) fails in one line naming it."""
+block letter it does not know, a tensor-parallel size that cuts the Mamba2 groups) fails in one line naming it."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def test_what_the_engine_does_not_run_fails_the_check_in_one_line(change, match,
     assert "\n" not in str(err.value)
 
 
-def test_tensor_parallelism_is_refused_in_one_line(tmp_path):
+def test_a_tensor_parallel_size_that_cuts_the_mamba2_groups_is_refused_in_one_line(tmp_path):
     build_nemotron_h_checkpoint(tmp_path)
-    why = shard_refusal(str(tmp_path), 2)
-    assert why is not None and "NemotronHForCausalLM does not run tensor-parallel" in why and "\n" not in why
+    assert shard_refusal(str(tmp_path), 2) is None
+    why = shard_refusal(str(tmp_path), 4)
+    assert why == "tensor_parallel_size=4 does not divide the model's 2 Mamba2 groups"
