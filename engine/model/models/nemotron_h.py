@@ -84,6 +84,13 @@ def read_nemotron_h_args(config: dict, names: set[str]) -> NemotronHArgs:
     for key, runs in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
         if config.get(key, runs) != runs:
             raise UnsupportedModel(f"{key} {config[key]!r} is not supported (this family runs {runs!r})", param="model")
+    quant = (config.get("quantization_config") or {}).get("quant_method")
+    if quant:
+        raise UnsupportedModel(
+            f"quantization_config quant_method={quant!r}: quantized Nemotron-H checkpoints are not served yet (its "
+            "Mamba2 projections and non-gated experts are untested quantized)",
+            param="model",
+        )
     if config.get("moe_latent_size"):
         raise UnsupportedModel("moe_latent_size (latent MoE projections) is not supported", param="model")
     layer_types = read_layer_types(config)

@@ -1,6 +1,7 @@
 """What the bake keeps and refuses of a Nemotron-H checkpoint: the hub layout (backbone.*, per-expert tensors) bakes
 and serves transformers' tokens; what the engine does not run (another MLP activation, latent MoE projections, a
-block letter it does not know, a tensor-parallel size that cuts the Mamba2 groups) fails in one line naming it."""
+quantized checkpoint, a block letter it does not know, a tensor-parallel size that cuts the Mamba2 groups) fails in
+one line naming it."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def test_the_hub_layout_bakes_and_serves_transformers_tokens(tmp_path, baked_mod
     [
         ({"mlp_hidden_act": "silu"}, "mlp_hidden_act 'silu' is not supported"),
         ({"moe_latent_size": 32}, "moe_latent_size"),
+        ({"quantization_config": {"quant_method": "fp8"}}, "quantized Nemotron-H checkpoints are not served yet"),
         ({"layers_block_type": None, "hybrid_override_pattern": "ME*M-X"}, "blocks other than M, \\*, - and E"),
     ],
 )
