@@ -223,7 +223,7 @@ class NemotronHForCausalLM(DecoderLM):
         # A shard's mixers hold its groups' heads only: the slots are sized from a mixer, not from the config.
         mixer = next(layer.mixer for layer in self.model.layers if layer.kind == "linear_attention")
         conv, state = mixer.shape.state_shapes()
-        return RecurrentSpec(layers, conv, state)
+        return RecurrentSpec(layers, conv, state, kind="mamba2")
 
     def shard(self, tp: TensorParallel) -> ShardPlan:
         """This rank's Mamba2 groups, attention heads, MLP and expert columns and vocabulary rows
