@@ -1,7 +1,8 @@
 """The Mamba2 mixer on CUDA (engine/model/layers/mamba2.py): causal_conv1d's kernels with the conv bias against the
 torch conv on the same GPU, and the whole layer (its torch SSD on CUDA, with either conv) against the CPU float32
 path on the same inputs: a 37-token prefill over several scan chunks, then decode steps in any slot order, rows and
-pools alike. The causal_conv1d tests skip where the package does not import (it builds with nvcc)."""
+pools alike; a decode step replayed from a CUDA graph on other slots, and a tiny Nemotron-H served with graphs as
+eagerly. The causal_conv1d tests skip where the package does not import (it builds with nvcc)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,54 @@ def test_the_layer_on_cuda_equals_the_cpu_path(monkeypatch, dtype, fused):
     got = run(cuda, prompt.to("cuda", dtype), tokens.to("cuda", dtype), dtype)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=tol(dtype) * 20, rtol=tol(dtype) * 20)
+
+
+def test_a_mamba2_decode_step_replays_from_a_graph_on_other_slots():
+    """One decode step captured over a static slot buffer (padding rows on the scratch slot) and replayed on other
+    slots gives the eager step's rows and pools, bit for bit."""
+    torch.manual_seed(0)
+    layer, scratch = Mamba2Mixer(SHAPE).to("cuda", torch.bfloat16).eval(), 9
+    conv_shape, state_shape = SHAPE.state_shapes()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    conv = torch.randn(10, *conv_shape, device="cuda", generator=gen).to(torch.bfloat16)
+    state = torch.randn(10, *state_shape, device="cuda", generator=gen)
+    x = torch.zeros(4, 64, device="cuda", dtype=torch.bfloat16)  # static, as the graph runner's buffers
+    index = torch.full((4,), scratch, device="cuda")
+    step = RecurrentStep.graphed(index)
+    with torch.inference_mode():
+        for _ in range(2):  # warm-up outside the graph
+            layer(x, step, conv, state)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layer(x, step, conv, state)
+        want_conv, want_state = conv.clone(), state.clone()
+        for slots in ([2, 7, 0], [0, 1, 2, 3], [5]):
+            rows = torch.randn(len(slots), 64, device="cuda", generator=gen).to(torch.bfloat16)
+            want = layer(rows, RecurrentStep.graphed(torch.tensor(slots, device="cuda")), want_conv, want_state)
+            x[: len(slots)].copy_(rows)
+            index[: len(slots)].copy_(torch.tensor(slots))
+            index[len(slots) :].fill_(scratch)  # padding rows: the scratch slot
+            graph.replay()
+            torch.testing.assert_close(out[: len(slots)], want, atol=0, rtol=0)
+    held = list(range(scratch))
+    assert torch.equal(conv[held], want_conv[held]) and torch.equal(state[held], want_state[held])
+
+
+def test_a_nemotron_h_model_decodes_under_cuda_graphs_as_eagerly(tmp_path):
+    """A tiny random Nemotron-H (Mamba2, attention of 8 q / 2 kv heads of 64, relu^2 MLP and experts) served with
+    graphs gives the eager engine's tokens; second turns hit snapshots that replayed decode steps took."""
+    from bench.gpu.random_model import save_word_tokenizer
+    from tests.engine.model.mamba_checkpoints import build_nemotron_h_checkpoint
+    from tests.gpu.test_gpu_hybrid_graphs import serve
+
+    path = tmp_path / "nemotron_h"
+    build_nemotron_h_checkpoint(path, head_dim=64, num_attention_heads=8, num_key_value_heads=2)
+    save_word_tokenizer(path, 128)
+    eager_first, eager_second, eager_replays = serve(path, enforce_eager=True)
+    first, second, replays = serve(path, enforce_eager=False)
+    assert eager_replays == 0 and replays > 0, "decode steps did not replay CUDA graphs"
+    assert first == eager_first
+    assert second == eager_second
+    for r, (_, cached) in second.items():
+        assert cached > int(r[1:]) and cached % 16 == 0, (r, cached)
