@@ -55,6 +55,7 @@ class NemotronHArgs(MoeArgs):
 
 
 def read_layer_types(config: dict) -> tuple[str, ...]:
+    """Each block's mixer: layers_block_type as transformers 5 writes it, or the hub's hybrid_override_pattern."""
     types = config.get("layers_block_type") or config.get("layer_types")
     if not types:
         pattern = config.get("hybrid_override_pattern") or ""
@@ -114,8 +115,8 @@ def read_nemotron_h_args(config: dict, names: set[str]) -> NemotronHArgs:
     routing = None
     if "moe" in layer_types:
         routing = read_grouped_routing(config, scoring="sigmoid", topk_method="noaux_tc", norm_topk_prob=True)
-        shared = (config.get("n_shared_experts") or 0) and config.get("moe_shared_expert_intermediate_size", 0)
-        routing = replace(routing, shared_expert_size=shared or 0)
+        # NOTE: transformers builds the shared expert whatever n_shared_experts says, this wide.
+        routing = replace(routing, shared_expert_size=config["moe_shared_expert_intermediate_size"])
     config = {**config, "num_hidden_layers": len(layer_types), "rms_norm_eps": config.get("layer_norm_epsilon", 1e-5)}
     args = MoeArgs.from_config(config, names, routing=routing)
     fields = {name: getattr(args, name) for name in MoeArgs.__dataclass_fields__}
