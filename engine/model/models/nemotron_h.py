@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import cast
 
 import torch
 from torch import nn
@@ -212,6 +213,10 @@ class NemotronHForCausalLM(DecoderLM):
     def __init__(self, args: NemotronHArgs) -> None:
         super().__init__(args, NemotronHModel(args))
 
+    @property
+    def blocks(self) -> list[NemotronHBlock]:
+        return [cast(NemotronHBlock, block) for block in cast(NemotronHModel, self.model).layers]
+
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
         a = self.args
         full = a.cache_index("full_attention")
@@ -222,7 +227,7 @@ class NemotronHForCausalLM(DecoderLM):
         if not layers:
             return None
         # A shard's mixers hold its groups' heads only: the slots are sized from a mixer, not from the config.
-        mixer = next(layer.mixer for layer in self.model.layers if layer.kind == "linear_attention")
+        mixer = next(b.mixer for b in self.blocks if isinstance(b.mixer, Mamba2Mixer))
         conv, state = mixer.shape.state_shapes()
         return RecurrentSpec(layers, conv, state, kind="mamba2")
 
@@ -230,7 +235,7 @@ class NemotronHForCausalLM(DecoderLM):
         """This rank's Mamba2 groups, attention heads, MLP and expert columns and vocabulary rows
         (engine/model/sharding.py)."""
         plan = ShardPlan()
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(self.blocks):
             prefix = f"model.layers.{i}.mixer"
             if layer.kind == "linear_attention":
                 layer.mixer = shard_mamba2(layer.mixer, prefix, tp, plan)
@@ -269,13 +274,16 @@ class NemotronHForCausalLM(DecoderLM):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        backend: list[AttentionBackend | RecurrentPlan],
+        backend: AttentionBackend | list[AttentionBackend | RecurrentPlan],
     ) -> torch.Tensor:
         """kv_caches / backend: one per block that holds a cache, in order (an attention block's K/V pages and its
         group's backend, a Mamba2 block's (conv windows, SSM states) slots and the step's RecurrentPlan)."""
-        h = self.model.embed_tokens(input_ids)
-        caches, backends = iter(kv_caches), iter(self.layer_backends(backend, len(kv_caches)))
-        for layer in self.model.layers:
+        model = cast(NemotronHModel, self.model)
+        h = model.embed_tokens(input_ids)
+        # One backend for all: a model whose cached blocks are all attention (no state slots), in one KV group.
+        caches = iter(kv_caches)
+        backends = iter(backend if isinstance(backend, list) else [backend] * len(kv_caches))
+        for layer in self.blocks:
             cached = layer.kind in CACHED
             h = layer(h, positions, next(caches) if cached else None, next(backends) if cached else None)
-        return self.model.norm(h)
+        return model.norm(h)

@@ -120,3 +120,12 @@ def test_speculative_mtp_is_refused_in_one_line(nemotron):
     with pytest.raises(StartupError, match="multi-token-prediction layers") as err:
         tiny_engine(nemotron.path, speculative=SpeculativeConfig(method="mtp", num_speculative_tokens=1))
     assert "\n" not in str(err.value)
+
+
+def test_a_stack_without_mamba2_blocks_serves_transformers_tokens(tmp_path, baked_model_path):
+    """Attention, MLP and MoE blocks only: no state pool, one KV group whose backend serves every cached block."""
+    hf = build_nemotron_h_checkpoint(tmp_path, hybrid_override_pattern="*-E*", layers_block_type=None)
+    model, spec = load_family(tmp_path, baked_model_path)
+    assert spec.recurrent is None and [g.layers for g in spec.kv_groups] == [(0, 1)]
+    check_prefill_and_decode(model, spec, hf, lengths=(3, 17), decode_steps=2)
+    check_engine_greedy(tmp_path, hf, max_tokens=4)
