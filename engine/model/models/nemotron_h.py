@@ -118,7 +118,12 @@ def read_nemotron_h_args(config: dict, names: set[str]) -> NemotronHArgs:
         routing = read_grouped_routing(config, scoring="sigmoid", topk_method="noaux_tc", norm_topk_prob=True)
         # NOTE: transformers builds the shared expert whatever n_shared_experts says, this wide.
         routing = replace(routing, shared_expert_size=config["moe_shared_expert_intermediate_size"])
-    config = {**config, "num_hidden_layers": len(layer_types), "rms_norm_eps": config.get("layer_norm_epsilon", 1e-5)}
+    config = {
+        **config,
+        "num_hidden_layers": len(layer_types),
+        "rms_norm_eps": config.get("layer_norm_epsilon", 1e-5),
+        "head_dim": config.get("head_dim") or config.get("attention_head_dim"),  # the hub's first releases' name
+    }
     args = MoeArgs.from_config(config, names, routing=routing)
     fields = {name: getattr(args, name) for name in MoeArgs.__dataclass_fields__}
     fields.update(
