@@ -156,7 +156,7 @@ class LLMEngine:
                 assert plan.state_seqs is not None, "plan_cache sizes the state pool of a model with recurrent layers"
                 self.state_pool = StatePool(recurrent, 2 * plan.state_seqs, self.dtype, self.device)
         if recurrent is not None:
-            log.info("%s", linear_attention.describe(self.device))
+            log.info("%s", linear_attention.describe(self.device, recurrent.kind))
         self.max_num_seqs = min(config.max_num_seqs, plan.state_seqs or config.max_num_seqs)
         state = None
         if recurrent is not None:

@@ -70,6 +70,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "MistralForCausalLM": ("mistral", {}),
     "Mistral3ForConditionalGeneration": ("mistral3", {}),
     "MixtralForCausalLM": ("mixtral", {}),
+    "NemotronHForCausalLM": ("nemotron_h", {}),
     "Olmo2ForCausalLM": ("olmo2", {}),
     "Olmo3ForCausalLM": ("olmo3", {}),
     "OlmoeForCausalLM": ("olmoe", {}),

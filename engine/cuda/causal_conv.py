@@ -1,8 +1,9 @@
-"""Gated DeltaNet's causal depthwise conv on CUDA through the optional `causal_conv1d` package (Dao-AILab's CUDA
-kernels): causal_conv1d_update for decode, in place on the pool's slots through conv_state_indices, and
-causal_conv1d_fn for prefill, from a sequence's conv window. It is not in the requirements (its PyPI release is
-source-only and builds with nvcc); where it does not import, lacks conv_state_indices, or gives other numbers than
-torch on the GPU at hand (probed once per device), the layer's torch conv runs instead, which is capture-safe too.
+"""The recurrent layers' causal depthwise conv (Gated DeltaNet's; Mamba2's, with a bias) on CUDA through the
+optional `causal_conv1d` package (Dao-AILab's CUDA kernels): causal_conv1d_update for decode, in place on the pool's
+slots through conv_state_indices, and causal_conv1d_fn for prefill, from a sequence's conv window. It is not in the
+requirements (its PyPI release is source-only and builds with nvcc); where it does not import, lacks
+conv_state_indices, or gives other numbers than torch on the GPU at hand (probed once per device), the layer's torch
+conv runs instead, which is capture-safe too.
 """
 
 from __future__ import annotations
@@ -68,20 +69,34 @@ def probe_error(index: int) -> str | None:
     return None if fine else "causal_conv1d gives other numbers than torch on this GPU"
 
 
-def update(x: torch.Tensor, conv_pool: torch.Tensor, weight: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def update(
+    x: torch.Tensor,
+    conv_pool: torch.Tensor,
+    weight: torch.Tensor,
+    index: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One token of each of B sequences: x [B, dim]; conv_pool [slots, dim, K - 1] (x's dtype), whose windows at
-    `index` [B] are read and shifted by x in place; weight [dim, K]. Returns SiLU(conv) [B, dim]."""
+    `index` [B] are read and shifted by x in place; weight [dim, K]; bias [dim] or None. Returns SiLU(conv) [B, dim]."""
     from causal_conv1d import causal_conv1d_update
 
     return causal_conv1d_update(
-        x=x, conv_state=conv_pool, weight=weight, activation="silu", conv_state_indices=index.to(torch.int32)
+        x=x,
+        conv_state=conv_pool,
+        weight=weight,
+        bias=bias,
+        activation="silu",
+        conv_state_indices=index.to(torch.int32),
     )
 
 
-def prefill(x: torch.Tensor, before: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """One sequence's rows x [T, dim] after its window `before` [dim, K - 1]. Returns SiLU(conv) [T, dim]; the
-    caller keeps the new window (the kernel takes initial states only channel-last, hence the transposes)."""
+def prefill(
+    x: torch.Tensor, before: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One sequence's rows x [T, dim] after its window `before` [dim, K - 1] (bias [dim] or None). Returns SiLU(conv)
+    [T, dim]; the caller keeps the new window (the kernel takes initial states only channel-last, hence the
+    transposes)."""
     from causal_conv1d import causal_conv1d_fn
 
     initial = before.to(x.dtype).t().contiguous().t()[None]  # [1, dim, K - 1], channels innermost
-    return causal_conv1d_fn(x=x.t()[None], weight=weight, initial_states=initial, activation="silu")[0].t()
+    return causal_conv1d_fn(x=x.t()[None], weight=weight, bias=bias, initial_states=initial, activation="silu")[0].t()

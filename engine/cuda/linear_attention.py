@@ -29,8 +29,11 @@ def fla_runs(device: torch.device) -> bool:
     return device.type == "cuda" and fla_import_error() is None
 
 
-def describe(device: torch.device) -> str:
-    """For the start-up log: which gated delta rule and which conv a hybrid model runs on `device`."""
+def describe(device: torch.device, kind: str = "gated_deltanet") -> str:
+    """For the start-up log: which gated delta rule (kind "gated_deltanet") or SSD scan ("mamba2") and which conv a
+    hybrid model runs on `device`."""
+    if kind == "mamba2":  # no pinned library has the SSD's kernels (mamba_ssm is not a dependency)
+        return f"Mamba2: SSD scan in torch (float32, on every device); {causal_conv.describe(device)}"
     if fla_runs(device):
         rule = (
             "delta rule through fla (chunk_gated_delta_rule for prefill, fused_recurrent_gated_delta_rule for decode)"

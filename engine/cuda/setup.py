@@ -67,8 +67,9 @@ def reserve_bytes(
       prompt_logprobs slice);
     - with graphs: a FlashInfer wrapper per captured size, its page-table buffers (int32, up to
       max_pages_per_seq per row) and the graphs' shared pool (activations of the largest size);
-    - a hybrid model's decode (args.deltanet): each row's float32 delta-rule state gathered and stepped into a new
-      one, one layer at a time, eagerly and in the graphs' pool;
+    - a hybrid model's decode (args.deltanet, args.mamba): each row's float32 recurrent state gathered and stepped
+      into a new one, one layer at a time, eagerly and in the graphs' pool; a Mamba2 prefill's float32 scan per
+      token (B and C per head, a chunk's scores and decays, x dt and y: engine.model.layers.ssd.chunked);
     - SLACK_BYTES for cuBLAS workspaces and fragmentation.
     The attention workspace and the weights are not in it: they exist before the budget is measured.
     """
@@ -87,6 +88,12 @@ def reserve_bytes(
     if shape is not None:
         rows = max_num_seqs + (graph_batch_sizes(max_num_seqs)[-1] if graphs else 0)
         total += rows * 2 * 4 * shape.num_v_heads * (shape.head_k_dim + 1) * shape.head_v_dim  # (delta_rule.step_)
+    mamba = getattr(args, "mamba", None)
+    if mamba is not None:
+        rows = max_num_seqs + (graph_batch_sizes(max_num_seqs)[-1] if graphs else 0)
+        total += rows * 2 * 4 * mamba.num_heads * mamba.head_dim * mamba.state_size  # (ssd.step_)
+        scan = 4 * mamba.num_heads * (2 * mamba.state_size + 2 * mamba.chunk_size + 3 * mamba.head_dim)
+        total += max_num_batched_tokens * scan
     return total + SLACK_BYTES
 
 

@@ -5,8 +5,9 @@ The model is built on the meta device (no weights are read). Weights count in DT
 serves every format today except int4 (AWQ, GPTQ: tinygemm) and FP8 (per tensor or channel on sm89+, block-wise
 on Hopper), which stay quantized: for those the figure is an upper bound. MXFP4 experts stay MXFP4 (17 bits per 32
 weights), plus the few experts a step dequantises at a time (engine/model/quant/mxfp4_packed.py). A sliding-window group
-holds at most its window per sequence, so it costs a fixed max_num_seqs * window tokens' worth; full-attention
-groups share the rest.
+holds at most its window per sequence, so it costs a fixed max_num_seqs * window tokens' worth; a hybrid model's
+recurrent-state pool (Gated DeltaNet, Mamba2) takes two slots a sequence, at most half of what is left, as
+engine/core/kv/plan.py sizes it; full-attention groups share the rest.
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ class MemoryPlan:
     reserve_bytes: int  # activations, sampler, graphs and slack (engine.cuda.setup.reserve_bytes)
     max_num_seqs: int
     scratch_bytes: int = 0  # packed MXFP4 experts: those a step dequantises at a time
+    state_slot_bytes: int = 0  # one recurrent-state slot over every recurrent layer (0: none)
+    state_layers: int = 0
+
+    def state_pool_bytes(self, budget: int) -> int:
+        """The state pool a KV budget of `budget` bytes gives (engine/core/kv/state_cache.py's sizing: two slots a
+        sequence, max_num_seqs or fewer so that they take at most half, and its zero and scratch slots)."""
+        if not self.state_slot_bytes:
+            return 0
+        seqs = max(1, min(self.max_num_seqs, budget // 2 // (2 * self.state_slot_bytes)))
+        return (2 * seqs + 2) * self.state_slot_bytes
 
     @property
     def full_bytes_per_token(self) -> int:
@@ -65,6 +76,7 @@ class MemoryPlan:
         not fit. A model without full-attention layers is bounded by its windows alone: -1 (unbounded)."""
         budget = int(gpu_bytes * utilization) - self.weight_bytes - self.reserve_bytes - self.scratch_bytes
         budget -= CONTEXT_BYTES
+        budget -= self.state_pool_bytes(budget)
         budget -= self.window_bytes
         if budget <= 0:
             return 0
@@ -107,6 +119,7 @@ def plan_from_config(
         )
         for g in model.kv_groups(config)
     )
+    recurrent = model.recurrent_spec() if hasattr(model, "recurrent_spec") else None
     pages_per_seq = -(-int(args.max_position_embeddings) // PAGE_SIZE)
     reserve = reserve_bytes(
         args,
@@ -117,7 +130,13 @@ def plan_from_config(
         graphs=True,
     )
     return MemoryPlan(
-        weight_bytes=weights, groups=groups, reserve_bytes=reserve, max_num_seqs=max_num_seqs, scratch_bytes=scratch
+        weight_bytes=weights,
+        groups=groups,
+        reserve_bytes=reserve,
+        max_num_seqs=max_num_seqs,
+        scratch_bytes=scratch,
+        state_slot_bytes=recurrent.slot_bytes(dtype) if recurrent is not None else 0,
+        state_layers=len(recurrent.layers) if recurrent is not None else 0,
     )
 
 
@@ -138,6 +157,11 @@ def describe(plan: MemoryPlan, utilization: float) -> list[str]:
         if g.latent_width:
             kind += f", multi-head latent: {g.latent_width} values per token per layer"
         lines.append(f"KV {g.bytes_per_token / 1024:.1f} KiB per token over {g.layers} layers ({kind})")
+    if plan.state_slot_bytes:
+        lines.append(
+            f"recurrent state {2 * plan.state_slot_bytes / 2**20:.2f} MiB per sequence over {plan.state_layers} "
+            "layers (its slot and one for prefix snapshots), from the same budget as the pages"
+        )
     for size in GPU_SIZES_GB:
         fits = plan.tokens_that_fit(size * GB, utilization)
         text = "weights do not fit" if fits == 0 else ("windows only" if fits < 0 else f"{fits:,} tokens of context")

@@ -60,6 +60,7 @@ SHARDED_ARCHITECTURES = (
     "Qwen3_5ForCausalLM",
     "Qwen3_5MoeForCausalLM",
     "Qwen3NextForCausalLM",
+    "NemotronHForCausalLM",
     "GptOssForCausalLM",
     "Gemma3ForConditionalGeneration",
     "Gemma4ForConditionalGeneration",
@@ -143,6 +144,9 @@ def shard_refusal(architecture: str, args: Any, size: int) -> str | None:
     if deltanet is not None:  # each rank holds whole Gated DeltaNet heads and their states
         counts["linear-attention key heads"] = deltanet.num_k_heads
         counts["linear-attention value heads"] = deltanet.num_v_heads
+    mamba = getattr(args, "mamba", None)
+    if mamba is not None:  # each rank holds whole Mamba2 groups (their heads, B, C and gated-norm groups)
+        counts["Mamba2 groups"] = mamba.n_groups
     for what, n in counts.items():
         if n % size:
             return f"tensor_parallel_size={size} does not divide the model's {n} {what}"
@@ -190,10 +194,19 @@ def shard_mla(attn: MLAttention, prefix: str, tp: TensorParallel, plan: ShardPla
 
 
 def shard_gated_mlp(mlp: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> None:
-    """A gate|up + down MLP (gate_up_proj: FusedLinear of gate_proj and up_proj) -> this rank's columns."""
+    """A gate|up + down MLP (gate_up_proj: FusedLinear of gate_proj and up_proj) -> this rank's columns; a
+    non-gated one (up_proj, down_proj: Nemotron-H's relu^2) alike."""
     hidden, width = mlp.down_proj.out_features, mlp.down_proj.in_features
     start, n = tp.span(width)
-    bias, up_bias = mlp.down_proj.bias is not None, mlp.gate_up_proj.bias is not None
+    bias = mlp.down_proj.bias is not None
+    if not hasattr(mlp, "gate_up_proj"):
+        up_bias = mlp.up_proj.bias is not None
+        mlp.up_proj = nn.Linear(hidden, n, bias=up_bias)
+        plan.column(f"{prefix}.up_proj", start, n, up_bias)
+        mlp.down_proj = nn.Linear(n, hidden, bias=bias)
+        plan.row(f"{prefix}.down_proj", start, n, bias)
+        return
+    up_bias = mlp.gate_up_proj.bias is not None
     mlp.gate_up_proj = FusedLinear(hidden, {"gate_proj": n, "up_proj": n}, up_bias)
     for name in ("gate_proj", "up_proj"):
         plan.column(f"{prefix}.{name}", start, n, up_bias)
@@ -247,10 +260,15 @@ def shard_expert_stack(old: nn.Module, name: str, tp: TensorParallel, plan: Shar
         for proj in ("gate_proj", "up_proj"):
             plan.sources[f"{name}.{e}.{proj}.weight"] = Source(0, ((start, n),))
         plan.sources[f"{name}.{e}.down_proj.weight"] = Source(1, ((start, n),))
-    plan.sources[f"{name}.gate_up_proj"] = Source(1, ((start, n), (width + start, n)), 2 * width)
+    up = ((start, n), (width + start, n)) if old.gated else ((start, n),)
+    plan.sources[f"{name}.gate_up_proj"] = Source(1, up, (2 if old.gated else 1) * width)
     plan.sources[f"{name}.down_proj"] = Source(2, ((start, n),), width)
     return type(old)(
-        num_experts=old.num_experts, hidden_size=old.hidden_size, intermediate_size=n, activation=old.activation
+        num_experts=old.num_experts,
+        hidden_size=old.hidden_size,
+        intermediate_size=n,
+        activation=old.activation,
+        gated=old.gated,
     )
 
 
@@ -278,4 +296,28 @@ def shard_deltanet(layer: nn.Module, prefix: str, tp: TensorParallel, plan: Shar
     for name in ("dt_bias", "A_log"):
         plan.sources[f"{prefix}.{name}"] = Source(0, ((v0, nv),))
     plan.sources[f"{prefix}.out_proj.weight"] = Source(1, ((v0 * dv, nv * dv),))
+    return shard
+
+
+def shard_mamba2(layer: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> nn.Module:
+    """A Mamba2 mixer -> a new one over this rank's groups (a contiguous span, with their heads): in_proj's z, x, B,
+    C and dt rows and the conv's x, B and C channels by group; dt_bias, A_log and D by head; the gated norm's groups
+    (each normalised on its own, so a rank's are whole); out_proj row-parallel. Its state slots hold these heads."""
+    s = layer.shape
+    g0, ng = tp.span(s.n_groups)
+    per = s.num_heads // s.n_groups
+    h0, nh = g0 * per, ng * per
+    p, n, inner, bc = s.head_dim, s.state_size, s.inner, s.n_groups * s.state_size
+    shard = type(layer)(replace(s, num_heads=nh, n_groups=ng))
+    xbc = ((h0 * p, nh * p), (inner + g0 * n, ng * n), (inner + bc + g0 * n, ng * n))
+    in_proj = ((h0 * p, nh * p), *((inner + a, b) for a, b in xbc), (inner + s.conv_dim + h0, nh))
+    bias = s.proj_bias
+    plan.fused_column(f"{prefix}.in_proj", list(in_proj), bias)
+    plan.sources[f"{prefix}.conv1d.weight"] = Source(0, xbc)
+    if s.conv_bias:
+        plan.sources[f"{prefix}.conv1d.bias"] = Source(0, xbc)
+    for name in ("dt_bias", "A_log", "D"):
+        plan.sources[f"{prefix}.{name}"] = Source(0, ((h0, nh),))
+    plan.sources[f"{prefix}.norm.weight"] = Source(0, ((h0 * p, nh * p),))
+    plan.row(f"{prefix}.out_proj", h0 * p, nh * p, bias)
     return shard

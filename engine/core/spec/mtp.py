@@ -38,6 +38,9 @@ class MtpProposer(HeadProposer):
     def __init__(self, config: SpeculativeConfig, target: Target) -> None:
         model, names = target.model, checkpoint_names(target.model_path)
         head: MtpHead | NextNHead
+        refusal = getattr(model, "mtp_refusal", None)  # a family whose MTP layers the engine does not build
+        if refusal is not None:
+            raise StartupError(f"speculative method mtp: {refusal}", param="speculative.method")
         if not hasattr(model, "recurrent_spec"):  # DeepSeek and GLM: the next-n layer
             head, prefix = self._next_n_head(model, names, target.model_path), next_n_prefix(model.args.num_layers)
         elif f"{PREFIX}fc.weight" in names:

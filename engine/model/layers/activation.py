@@ -1,4 +1,4 @@
-"""The gated MLP's activation in torch (engine.cuda.kernels has FlashInfer's fused one)."""
+"""The MLP activations in torch (engine.cuda.kernels has FlashInfer's fused SwiGLU)."""
 
 from __future__ import annotations
 
@@ -23,3 +23,8 @@ def clamped_swiglu(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
     (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)."""
     gate, up = x[..., ::2].clamp(max=limit), x[..., 1::2].clamp(-limit, limit)
     return (up + 1).mul_(gate * torch.sigmoid(gate * alpha))
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)^2 (transformers' relu2): Nemotron-H's non-gated MLP and experts."""
+    return F.relu(x).square()

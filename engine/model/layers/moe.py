@@ -4,7 +4,8 @@ expert where the family has one: Qwen2-MoE; ungated shared experts beside the ro
 
 Experts are stacked weights, gate|up fused [E, 2I, H] and down [E, H, I] (transformers 5's in-memory layout),
 with optional biases and the family's activation (gpt-oss: clamped SwiGLU over interleaved gate/up, biased
-router); the per-expert hub tensors (`experts.{i}.gate_proj.weight`, ...) load into slices of them. Tokens are sorted by
+router; Nemotron-H: non-gated experts, up [E, I, H] and relu^2); the per-expert hub tensors
+(`experts.{i}.gate_proj.weight`, ...) load into slices of them. Tokens are sorted by
 expert so that each active expert runs one matmul over exactly the tokens routed to it.
 
 Two ways to run the sorted tokens, chosen in grouped_mm_runs(): one grouped matmul per projection over all experts
@@ -37,7 +38,8 @@ from engine.model.layers.routing import (
 
 class StackedExperts(nn.Module):
     """E experts' gated MLPs as two stacked weights (and biases, where the family has them); forward runs each
-    expert on the tokens routed to it. `activation` maps the gate_up output [T, 2I] to [T, I]."""
+    expert on the tokens routed to it. `activation` maps the gate_up output [T, 2I] to [T, I]. gated False: the
+    first weight is up alone [E, I, H] (still named gate_up_proj) and `activation` maps [T, I] to [T, I]."""
 
     def __init__(
         self,
@@ -47,14 +49,16 @@ class StackedExperts(nn.Module):
         intermediate_size: int,
         bias: bool = False,
         activation: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul,
+        gated: bool = True,
     ) -> None:
         super().__init__()
         # activation: on the fused gate|up output: SwiGLU, GeGLU (Gemma 4), or gpt-oss's clamped SwiGLU
         self.num_experts, self.intermediate_size, self.activation = num_experts, intermediate_size, activation
-        self.hidden_size = hidden_size
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.hidden_size, self.gated = hidden_size, gated
+        width = (2 if gated else 1) * intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, width, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
-        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size)) if bias else None
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, width)) if bias else None
         self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden_size)) if bias else None
         # Set by use_expert_linears (int4, CPU bf16 packing, quantized checkpoints): each expert's (gate_up, down).
         self.linears: nn.ModuleList | None = None
@@ -78,9 +82,12 @@ class StackedExperts(nn.Module):
             return shards
         n, shards = self.intermediate_size, {}
         for e in range(self.num_experts):
+            shards[f"experts.{e}.down_proj.weight"] = Shard(param=f"{prefix}.down_proj", index=e)
+            if not self.gated:
+                shards[f"experts.{e}.up_proj.weight"] = Shard(param=f"{prefix}.gate_up_proj", index=e)
+                continue
             shards[f"experts.{e}.gate_proj.weight"] = Shard(param=f"{prefix}.gate_up_proj", index=e, offset=0, size=n)
             shards[f"experts.{e}.up_proj.weight"] = Shard(param=f"{prefix}.gate_up_proj", index=e, offset=n, size=n)
-            shards[f"experts.{e}.down_proj.weight"] = Shard(param=f"{prefix}.down_proj", index=e)
         return shards
 
     def swap_expert_linears(self, select: Callable[[nn.Linear], bool], make: Callable[[nn.Linear], nn.Module]) -> int:

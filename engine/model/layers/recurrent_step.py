@@ -20,12 +20,14 @@ Replay = Callable[[int, "tuple[int, int] | None"], None]
 @dataclass(frozen=True)
 class RecurrentSpec:
     """The model's recurrent layers (model layer indices, ascending) and one slot's state shapes per layer:
-    the conv window [conv_dim, K - 1] (in the model dtype) and the delta-rule state [Hv, Dk + 1, Dv] (float32, as
-    engine.model.layers.delta_rule.step_ keeps it)."""
+    the conv window [conv_dim, K - 1] (in the model dtype) and the recurrent state in float32: Gated DeltaNet's
+    [Hv, Dk + 1, Dv] (as engine.model.layers.delta_rule.step_ keeps it) or Mamba2's [H, P, N]. `kind` names the
+    layer ("gated_deltanet" or "mamba2"), for the start-up log."""
 
     layers: tuple[int, ...]
     conv_shape: tuple[int, int]
     state_shape: tuple[int, int, int]
+    kind: str = "gated_deltanet"
 
     def slot_bytes(self, dtype: torch.dtype) -> int:
         """Bytes of one sequence's state across every recurrent layer."""
@@ -35,7 +37,7 @@ class RecurrentSpec:
 
     @property
     def label(self) -> str:
-        return f"recurrent:{len(self.layers)}x"
+        return f"recurrent:{self.kind}:{len(self.layers)}x"
 
 
 @dataclass(kw_only=True)

@@ -45,6 +45,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Ministral3ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     "Mistral3ForConditionalGeneration": ("engine.model.models.mistral3", "Mistral3ForConditionalGeneration"),
     "MixtralForCausalLM": ("engine.model.models.mixtral", "MixtralForCausalLM"),
+    "NemotronHForCausalLM": ("engine.model.models.nemotron_h", "NemotronHForCausalLM"),
     "Olmo2ForCausalLM": ("engine.model.models.olmo2", "Olmo2ForCausalLM"),
     "Olmo3ForCausalLM": ("engine.model.models.olmo2", "Olmo2ForCausalLM"),
     "OlmoeForCausalLM": ("engine.model.models.olmoe", "OlmoeForCausalLM"),

@@ -1,5 +1,6 @@
-"""Speculation on tiny hybrid (Gated DeltaNet) targets: their checkpoints with the baked tokenizer, an oracle proposer
-that knows the plain answer and errs where told, and the requests the hybrid speculative tests send."""
+"""Speculation on tiny hybrid (Gated DeltaNet, Mamba2) targets: their checkpoints with the baked tokenizer, an
+oracle proposer that knows the plain answer and errs where told, and the requests the hybrid speculative tests
+send."""
 
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ from engine.sample.params import SamplingParams
 from tests.engine.core.engine_run import greedy, run
 from tests.engine.model.family_parity import load_family, tiny_engine
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
+from tests.engine.model.mamba_checkpoints import build_nemotron_h_checkpoint
 
 
 def hybrid_target(kind: str, path: Path, baked_model_path: Path, mtp: bool = False, **change) -> Path:
     """A tiny random `kind` checkpoint at `path` (config `change`d) with the baked model's tokenizer (and random mtp.*
-    tensors)."""
-    hf = build_hybrid_checkpoint(kind, path, **change)
+    tensors). kind "nemotron_h": a Nemotron-H checkpoint (Mamba2 state slots)."""
+    hf = (
+        build_nemotron_h_checkpoint(path, **change)
+        if kind == "nemotron_h"
+        else build_hybrid_checkpoint(kind, path, **change)
+    )
     load_family(path, baked_model_path)
     if mtp:
         add_mtp_weights(path, hf)
@@ -118,14 +124,14 @@ def check_snapshots(engine: LLMEngine, reference: LLMEngine) -> int:
     after them (one that saw a rejected token would not: its hash is of the accepted tokens, which the reference
     has); returns how many were compared. (Beams that were dropped leave snapshots the reference never saw.)"""
     pool, ref = engine.state_pool, reference.state_pool
+    # A delta-rule slot holds S / c and log c (two forms of one state); a Mamba2 slot holds its state as it is.
+    state = (lambda held: held) if engine.spec.architecture == "NemotronHForCausalLM" else materialise
     compared = 0
     for h, slot in engine.kv.state._snapshots.items():
         other = reference.kv.state._snapshots.get(h)
         if other is None:
             continue
-        torch.testing.assert_close(
-            materialise(pool.delta[:, slot]), materialise(ref.delta[:, other]), atol=1e-4, rtol=1e-4
-        )
+        torch.testing.assert_close(state(pool.delta[:, slot]), state(ref.delta[:, other]), atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(pool.conv[:, slot], ref.conv[:, other], atol=1e-4, rtol=1e-4)
         compared += 1
     return compared

@@ -1,7 +1,7 @@
 """Every family's decode step held to CUDA graph capture's rules on the CPU (tests/engine/model/capture_guard.py):
 no host sync, no shape that depends on tensor values. MoE (GLM-4.5's grouped sigmoid routing too), sliding windows,
-sinks, shared KV, FP8 pages, LoRA and hybrid models' Gated DeltaNet (on the step a CUDA graph captures, each row's
-state slot a tensor only) included. A model whose step breaks the rules must say why
+sinks, shared KV, FP8 pages, LoRA and hybrid models' Gated DeltaNet and Mamba2 (on the step a CUDA graph captures,
+each row's state slot a tensor only) included. A model whose step breaks the rules must say why
 (engine.model.capture.capture_blocker), so that the engine runs it eagerly; every family here in float32 with stacked
 experts must need no such reason."""
 
@@ -23,6 +23,7 @@ from tests.engine.model.capture_guard import CaptureGuard, CaptureRefused
 from tests.engine.model.family_parity import Pages
 from tests.engine.model.gpt_oss_checkpoints import build_gpt_oss
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
+from tests.engine.model.mamba_checkpoints import build_nemotron_h_checkpoint
 from tests.engine.model.moe_checkpoints import build_moe_checkpoint
 from tests.engine.model.test_gemma4_moe_parity import CONFIG as GEMMA4_MOE
 from tests.engine.model.test_gemma4_moe_parity import randomize
@@ -58,6 +59,7 @@ BUILDERS = {
     "gpt_oss": lambda p: build_gpt_oss(p, "float"),
     "gpt_oss_mxfp4": lambda p: build_gpt_oss(p, "mxfp4"),
     **{kind: (lambda p, k=kind: build_hybrid_checkpoint(k, p)) for kind in ("qwen3_5_text", "qwen3_next")},
+    "nemotron_h": build_nemotron_h_checkpoint,
 }
 
 

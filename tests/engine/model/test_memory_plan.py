@@ -1,7 +1,8 @@
 """The memory plan (engine.model.memory_plan) against hand arithmetic on the shapes users ask about: Llama-3.1-8B,
 Qwen3-30B-A3B, gpt-oss-120b (its experts in bf16, and as MXFP4 as the GPU path serves them), and a
 Gemma 4 shape with sliding and global layers of their own head sizes (its weights against transformers' own
-parameter count); `python -m builder --plan` prints it for the baked model."""
+parameter count), Nemotron 3 Nano's Mamba2 states beside its pages; `python -m builder --plan` prints it for the
+baked model."""
 
 from __future__ import annotations
 
@@ -189,6 +190,44 @@ def test_gemma4_shape_with_global_layers_of_their_own():
     sliding, full = 2 * 50 * 16 * 256 * BF16, 2 * 10 * 4 * 512 * BF16  # k-as-v: V pages still hold the keys
     assert sorted((g.bytes_per_token, g.window) for g in plan.groups) == sorted([(sliding, 1024), (full, None)])
     assert plan.tokens_that_fit(80 * GB, 0.9) == fits(plan, 80)
+
+
+# Nemotron 3 Nano's shape (52 blocks: 23 Mamba2, 23 MoE, 6 attention), from transformers' config defaults otherwise.
+NEMOTRON_NANO = dict(
+    architectures=["NemotronHForCausalLM"],
+    model_type="nemotron_h",
+    hidden_size=2688,
+    num_attention_heads=32,
+    num_key_value_heads=2,
+    head_dim=128,
+    mamba_num_heads=64,
+    mamba_head_dim=64,
+    n_groups=8,
+    ssm_state_size=128,
+    conv_kernel=4,
+    chunk_size=128,
+    n_routed_experts=128,
+    num_experts_per_tok=6,
+    moe_intermediate_size=1856,
+    moe_shared_expert_intermediate_size=3712,
+    n_group=1,
+    topk_group=1,
+    intermediate_size=1856,
+    vocab_size=131072,
+    max_position_embeddings=262144,
+    hybrid_override_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+)
+
+
+def test_nemotron_nano_counts_its_mamba2_states_in_the_same_budget_as_its_pages():
+    plan = plan_from_config(NEMOTRON_NANO, {"backbone.layers.0.mixer.conv1d.bias"}, torch.bfloat16)
+    conv_dim = 64 * 64 + 2 * 8 * 128
+    slot = 23 * (conv_dim * 3 * BF16 + 64 * 64 * 128 * 4)  # conv windows in bf16, SSM states in float32
+    assert plan.state_slot_bytes == slot and plan.state_layers == 23
+    assert plan.full_bytes_per_token == 2 * 6 * 2 * 128 * BF16
+    budget = int(80 * GB * 0.9) - plan.weight_bytes - plan.reserve_bytes - CONTEXT_BYTES
+    seqs = min(256, budget // 2 // (2 * slot))  # two slots a sequence, at most half the budget
+    assert plan.tokens_that_fit(80 * GB, 0.9) == (budget - (2 * seqs + 2) * slot) // plan.full_bytes_per_token > 0
 
 
 @pytest.mark.parametrize("env", [{}, {"KV_CACHE_DTYPE": "fp8"}])

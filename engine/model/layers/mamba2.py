@@ -1,0 +1,198 @@
+"""The Mamba2 mixer (Nemotron-H's `M` layers) over a step's flattened sequences and their recurrent-state slots.
+
+in_proj -> (gate z, x|B|C, dt); a causal depthwise conv1d (window K, with bias) and SiLU over x|B|C; dt =
+softplus(dt + dt_bias) clamped to time_step_limit; the SSD (engine.model.layers.ssd) with A = -exp(A_log) per head
+and B, C shared by the heads of each of n_groups; + D x; RMSNorm of y * SiLU(z) over each group's channels
+(transformers' MambaRMSNormGated); out_proj. Parameter names follow the hub's `mixer.*`.
+
+Each sequence carries the slot contract Gated DeltaNet's does (engine/model/layers/recurrent_step.py): its conv
+window [conv_dim, K - 1] in the model dtype and its SSM state [H, P, N] in float32, read from the slots a step gives
+and written back, captured at page boundaries and replayed after a speculative verify, so prefix snapshots,
+preemption, forks and speculative decoding need nothing of their own. On CUDA the conv runs causal_conv1d where it
+runs (engine/cuda/causal_conv.py); the SSD runs the torch rule on every device (no pinned library has its kernel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.cuda import causal_conv
+from engine.model.layers import ssd
+from engine.model.layers.recurrent_step import RecurrentStep, Replay
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mamba2Shape:
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    n_groups: int
+    state_size: int
+    conv_kernel: int
+    chunk_size: int
+    eps: float
+    conv_bias: bool = True
+    proj_bias: bool = False
+    dt_limit: tuple[float, float] = (0.0, float("inf"))
+
+    @property
+    def inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.inner + 2 * self.n_groups * self.state_size
+
+    def state_shapes(self) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        """One sequence's (conv window, SSM state) shapes."""
+        return (self.conv_dim, self.conv_kernel - 1), (self.num_heads, self.head_dim, self.state_size)
+
+
+class GroupGatedRMSNorm(nn.Module):
+    """RMSNorm of x * SiLU(gate) over each of `groups` equal parts of the channels, in float32, as transformers'
+    MambaRMSNormGated (norm_before_gate=False)."""
+
+    def __init__(self, dim: int, groups: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.groups, self.eps = groups, eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        h = (x.float() * F.silu(gate.float())).unflatten(-1, (self.groups, -1))
+        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
+        return (self.weight.float() * h).to(gate.dtype)
+
+
+class Mamba2Mixer(nn.Module):
+    """The mixer of one Mamba2 layer; forward reads and writes the sequences' state slots."""
+
+    def __init__(self, shape: Mamba2Shape) -> None:
+        super().__init__()
+        self.shape = s = shape
+        self.in_proj = nn.Linear(s.hidden_size, s.inner + s.conv_dim + s.num_heads, bias=s.proj_bias)
+        self.conv1d = nn.Conv1d(s.conv_dim, s.conv_dim, s.conv_kernel, groups=s.conv_dim, bias=s.conv_bias)
+        self.dt_bias = nn.Parameter(torch.ones(s.num_heads))
+        self.A_log = nn.Parameter(torch.zeros(s.num_heads))
+        self.D = nn.Parameter(torch.ones(s.num_heads))
+        self.norm = GroupGatedRMSNorm(s.inner, s.n_groups, s.eps)
+        self.out_proj = nn.Linear(s.inner, s.hidden_size, bias=s.proj_bias)
+
+    def forward(
+        self, x: torch.Tensor, step: RecurrentStep, conv_pool: torch.Tensor, state_pool: torch.Tensor
+    ) -> torch.Tensor:
+        """x [tokens, hidden]: the step's sequences one after another (step.spans); conv_pool [slots, conv_dim, K - 1]
+        and state_pool [slots, H, P, N] are this layer's state slots, read and written at step.slots."""
+        s = self.shape
+        z, xbc, dt = self.in_proj(x).split([s.inner, s.conv_dim, s.num_heads], dim=-1)
+        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*s.dt_limit)
+        if step.is_decode:
+            y = self._decode(xbc, dt, step.slot_index, conv_pool, state_pool)
+            for i, _, dst in step.captures:  # a decode row's snapshot is its state after the step
+                conv_pool[dst].copy_(conv_pool[step.slots[i]])
+                state_pool[dst].copy_(state_pool[step.slots[i]])
+        else:
+            y = torch.empty(x.shape[0], s.num_heads, s.head_dim, dtype=torch.float32, device=x.device)
+            for i, ((start, length), slot) in enumerate(zip(step.spans, step.slots, strict=True)):
+                rows = slice(start, start + length)
+                capture = step.capture_of(i)
+                if i in step.verify:  # outputs from the state, which settle() advances by the accepted rows
+                    y[rows] = self._prefill(xbc[rows], dt[rows], slot, None, conv_pool, state_pool, write=False)
+                    step.pending.append((i, self._replay(xbc[rows], dt[rows], slot, conv_pool, state_pool)))
+                elif length == 1 and capture is None:
+                    index = torch.tensor([slot], device=x.device)
+                    y[rows] = self._decode(xbc[rows], dt[rows], index, conv_pool, state_pool)
+                else:
+                    y[rows] = self._prefill(xbc[rows], dt[rows], slot, capture, conv_pool, state_pool)
+        return self.out_proj(self.norm(y.flatten(1), z))
+
+    def _fused_conv(self, x: torch.Tensor, conv_pool: torch.Tensor) -> bool:
+        s = self.shape
+        return (
+            causal_conv.runs(x.device)
+            and causal_conv.supports(s.conv_dim, s.conv_kernel)
+            and conv_pool.dtype == x.dtype
+        )
+
+    def _ssm_inputs(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, H, P], B and C [T, G, N] of the conv's output."""
+        s, t = self.shape, xbc.shape[0]
+        xs, b, c = xbc.split([s.inner, s.n_groups * s.state_size, s.n_groups * s.state_size], dim=-1)
+        return xs.reshape(t, s.num_heads, s.head_dim), b.reshape(t, s.n_groups, -1), c.reshape(t, s.n_groups, -1)
+
+    def _skip(self, y: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+        return y + xs.float() * self.D.float()[:, None]
+
+    def _decode(
+        self,
+        xbc: torch.Tensor,
+        dt: torch.Tensor,
+        index: torch.Tensor,
+        conv_pool: torch.Tensor,
+        state_pool: torch.Tensor,
+    ) -> torch.Tensor:
+        """One token of each of R sequences, their states at `index` (a long tensor on the device): gathered, stepped
+        and scattered back, with no host sync (a CUDA graph captures it). Returns y [R, H, P] float32."""
+        weight, bias = self.conv1d.weight[:, 0], self.conv1d.bias
+        if self._fused_conv(xbc, conv_pool):
+            xbc = causal_conv.update(xbc, conv_pool, weight, index, bias=bias)
+        else:  # the conv as a dot product of each window (its last K - 1 inputs, then this token) with the kernel
+            window = torch.cat([conv_pool.index_select(0, index).to(xbc.dtype), xbc[:, :, None]], dim=2)
+            conv_pool.index_copy_(0, index, window[:, :, 1:].to(conv_pool.dtype))
+            out = (window * weight).sum(-1)
+            xbc = F.silu(out if bias is None else out + bias)
+        xs, b, c = self._ssm_inputs(xbc)
+        states = state_pool.index_select(0, index)
+        y = ssd.step_(xs, dt, -self.A_log.float().exp(), b, c, states)
+        state_pool.index_copy_(0, index, states)
+        return self._skip(y, xs)
+
+    def _replay(
+        self, xbc: torch.Tensor, dt: torch.Tensor, slot: int, conv_pool: torch.Tensor, state_pool: torch.Tensor
+    ) -> Replay:
+        """Advances `slot` by the first n of these rows (a verify's accepted ones), capture as in _prefill."""
+
+        def replay(n: int, capture: tuple[int, int] | None) -> None:
+            self._prefill(xbc[:n], dt[:n], slot, capture, conv_pool, state_pool)
+
+        return replay
+
+    def _prefill(
+        self,
+        xbc: torch.Tensor,
+        dt: torch.Tensor,
+        slot: int,
+        capture: tuple[int, int] | None,
+        conv_pool: torch.Tensor,
+        state_pool: torch.Tensor,
+        write: bool = True,
+    ) -> torch.Tensor:
+        """One sequence's rows from its state in `slot`, chunked; capture (rows, dst): dst gets the state after
+        that many rows (the scan then runs in two parts, from the state between them). write False: the slot keeps
+        the state it had. Returns y [T, H, P] float32."""
+        s, length = self.shape, xbc.shape[0]
+        weight, bias = self.conv1d.weight[:, 0], self.conv1d.bias
+        # The conv sees the sequence's last K - 1 inputs before this step, then this step's.
+        window = torch.cat([conv_pool[slot].to(xbc.dtype), xbc.t()], dim=1)
+        if self._fused_conv(xbc, conv_pool):
+            conv = causal_conv.prefill(xbc, conv_pool[slot], weight, bias=bias)
+        else:
+            conv = F.silu(F.conv1d(window[None], self.conv1d.weight, bias, groups=s.conv_dim)[0]).t()
+        xs, b, c = self._ssm_inputs(conv)
+        a = -self.A_log.float().exp()
+        cut = capture[0] if capture is not None else length
+        parts = [(0, cut), (cut, length)] if cut < length else [(0, length)]
+        state, outs = state_pool[slot].float(), []
+        for lo, hi in parts:
+            y, state = ssd.chunked(xs[lo:hi], dt[lo:hi], a, b[lo:hi], c[lo:hi], state, s.chunk_size)
+            outs.append(y)
+            if capture is not None and hi == cut:
+                conv_pool[capture[1]].copy_(window[:, cut : cut + s.conv_kernel - 1])
+                state_pool[capture[1]].copy_(state)
+        if write:
+            conv_pool[slot].copy_(window[:, -(s.conv_kernel - 1) :])
+            state_pool[slot].copy_(state)
+        return self._skip(torch.cat(outs) if len(outs) > 1 else outs[0], xs)

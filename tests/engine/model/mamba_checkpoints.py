@@ -1,0 +1,67 @@
+"""Tiny random-weight Nemotron-H checkpoints (nemotron_h) in the hub's layout (backbone.*, per-expert tensors): every
+block kind (Mamba2, attention, relu^2 MLP, MoE) in one stack, a Mamba2 chunk of 16 tokens so that prompts span
+several chunks and the conv window."""
+
+from __future__ import annotations
+
+import torch
+
+# M E * M - M: three Mamba2 blocks, one MoE, one attention, one MLP; 2 groups of 4 Mamba2 heads each.
+TINY_NEMOTRON_H = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+    mamba_num_heads=8,
+    mamba_head_dim=8,
+    n_groups=2,
+    ssm_state_size=16,
+    conv_kernel=4,
+    chunk_size=16,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    moe_shared_expert_intermediate_size=48,
+    n_group=2,
+    topk_group=1,
+    routed_scaling_factor=2.5,
+    hybrid_override_pattern="ME*M-M",
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+)
+
+
+def randomise(model) -> None:
+    """Weights larger than the default init (so that parity means something): norm scales near 1, slow decays
+    (A = -exp(A_log) near -0.05, dt near 0.3: a state remembers tens of tokens, so a lost one shows), a correction
+    bias that moves the expert choice."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("norm_f.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif "A_log" in name:
+                p.copy_(-3.0 + 0.5 * torch.randn_like(p))
+            elif "dt_bias" in name:
+                p.copy_(-1.0 + 0.3 * torch.randn_like(p))
+            elif name.endswith(".D"):
+                p.copy_(torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.15)
+        for name, b in model.named_buffers():
+            if "e_score_correction_bias" in name:
+                b.copy_(0.1 * torch.randn_like(b))
+
+
+def build_nemotron_h_checkpoint(path, **change):
+    """Saves a random-weight nemotron_h model to path and returns the transformers model (float32, eager)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.AutoConfig.for_model("nemotron_h", **{**TINY_NEMOTRON_H, **change})
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    randomise(model)
+    config.architectures = [type(model).__name__]
+    model.save_pretrained(path)
+    return model
