@@ -2,7 +2,8 @@
 image parts through the local endpoint and the official openai client: the template's
 <|vision_start|><|image_pad|><|vision_end|> widened to the image's merged patches (usage counts them exactly), whole
 and streamed alike, the image moving the answer's logprobs, the same image in a later turn served from the prefix
-cache; the Responses API's input_image too, and Anthropic's count_tokens counting the widened pad."""
+cache; the Responses API's input_image too, Anthropic's count_tokens counting the widened pad, and a native job's
+messages."""
 
 from __future__ import annotations
 
@@ -99,3 +100,14 @@ def test_count_tokens_counts_the_image_tokens(qwen_vl_worker: LocalWorker, name:
     assert counted.input_tokens == plain.input_tokens + RED_TOKENS + 2
     ran = claude.messages.create(model=name, max_tokens=2, messages=[{"role": "user", "content": content}])
     assert ran.usage.input_tokens == counted.input_tokens  # (no cache_control: every prompt token is input)
+
+
+def test_a_native_job_takes_image_parts(qwen_vl_worker: LocalWorker, name: str) -> None:
+    with qwen_vl_worker.http() as http:
+        body = {"input": {"messages": ask(data_url(RED)), "sampling_params": {"max_tokens": 6, "temperature": 0}}}
+        out = http.post("/v2/test-endpoint/runsync", json=body).json()
+    chat = qwen_vl_worker.client().chat.completions.create(
+        model=name, messages=ask(data_url(RED)), max_tokens=6, temperature=0
+    )
+    assert out["status"] == "COMPLETED", out
+    assert "".join(out["output"][0]["choices"][0]["tokens"]) == chat.choices[0].message.content
