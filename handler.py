@@ -1,6 +1,8 @@
 """RunPod Serverless entry point: one async generator handler over the in-process engine.
 
-    python handler.py                       on RunPod (RUNPOD_WEBHOOK_GET_JOB set): the serverless worker loop
+    python handler.py                       on RunPod (RUNPOD_WEBHOOK_GET_JOB set): the serverless worker loop;
+                                            on a load-balancing endpoint (PORT set): the worker's HTTP server
+                                            (worker/load_balancer.py)
     python handler.py --test_input '<json>' run one job locally (test_input.json when no JSON is given, or
                                             when started outside RunPod), print each output and the aggregate
     python handler.py --serve [--host H] [--port P]
@@ -149,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return True
 
-    on_runpod = settings.on_runpod or "--rp_serve_api" in rest
+    from worker.load_balancer import endpoint_type
+
+    endpoint = "queue" if "--rp_serve_api" in rest else endpoint_type(settings)
     if args.serve:
         imports = _import_in_background("uvicorn", "fastapi", "worker.server")
         if not start():
@@ -159,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
         serve(handler, settings, host=args.host, port=args.port)
         return 0
-    if args.test_input is not None or not on_runpod:
+    if args.test_input is not None or endpoint == "local":
         try:
             job_input = _load_test_input(args.test_input)
         except (OSError, ValueError, KeyError) as exc:
@@ -169,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return asyncio.run(run_test_job(job_input))
 
+    if endpoint == "load_balancer":
+        _import_in_background("fastapi", "worker.server")
+        from worker.load_balancer import serve_load_balancer
+
+        return serve_load_balancer(start, handler, settings)
     imports = _import_in_background("runpod")
     if not start():
         return 2

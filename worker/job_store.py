@@ -22,7 +22,7 @@ from worker.jobs import (
     SCORING,
     normalize_route,
 )
-from worker.openai.errors import BadRequest
+from worker.openai.errors import BadRequest, WorkerBusy, error_body
 
 Handler = Callable[[dict[str, Any]], AsyncGenerator[Any, None]]
 # Routes counted under their own name; a route that carries an id is counted under its template, anything else as
@@ -135,6 +135,18 @@ class JobStore:
             self.running -= 1
             async with self.turn:
                 self.turn.notify_all()
+
+    async def at_once(
+        self, job: dict[str, Any], started: Callable[[], None] | None = None
+    ) -> AsyncGenerator[Any, None]:
+        """limited() without the wait: a job past the limit gets WorkerBusy's error at once (a load-balancing
+        endpoint has no queue in front of it, and holding a request would only run it into RunPod's timeout)."""
+        if self.running >= self.limit(self.running):
+            yield error_body(WorkerBusy("The worker is running all the requests it can hold; retry shortly."))
+            return
+        async with contextlib.aclosing(self.limited(job, started)) as outputs:
+            async for output in outputs:
+                yield output
 
     def submit(self, job_input: Any) -> Job:
         job = Job(id=f"local-{uuid.uuid4().hex}", input=job_input)

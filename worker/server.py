@@ -44,6 +44,9 @@ JOB_PREFIXES = ("", "/v2/{endpoint_id}")
 DISCONNECT_POLL_S = 0.5
 # What a request answers once its client has gone (nobody reads it; nginx's "client closed request").
 CLIENT_CLOSED_REQUEST = 499
+# The Retry-After (seconds) of a refusal that a later try may not meet: the worker busy (429), starting or shutting
+# down (503).
+RETRY_AFTER_S = {429: 1, 503: 5}
 
 
 async def _json_body(request: Request) -> Any:
@@ -54,14 +57,23 @@ async def _json_body(request: Request) -> Any:
         raise BadRequest("We could not parse the JSON body of your request. The body must be valid JSON.") from None
 
 
-def create_app(handler: Handler, settings: Settings) -> FastAPI:
-    """The FastAPI app; `handler` is the production async generator handler."""
+def create_app(
+    handler: Handler,
+    settings: Settings,
+    *,
+    openai_prefixes: tuple[str, ...] = OPENAI_PREFIXES,
+    refuse_when_full: bool = False,
+) -> FastAPI:
+    """The FastAPI app; `handler` is the production async generator handler. A load-balancing worker
+    (worker/load_balancer.py) adds the bare /v1 prefix and refuses a generation request past its concurrency at once
+    (`refuse_when_full`) instead of queueing it."""
     app = FastAPI(title="RunPod LLM worker (local)", docs_url=None, redoc_url=None, openapi_url=None)
     from worker.runtime import current
 
     gauge = current().concurrency
     store = JobStore(handler, gauge.limit)
-    generate = store.limited  # generation routes take a slot, as RunPod's jobs do; reads do not
+    # Generation routes take a slot, as RunPod's jobs do; reads do not.
+    generate = store.at_once if refuse_when_full else store.limited
     openai_call = functools.partial(_openai_call, store=store)
     app.state.jobs = store
 
@@ -201,7 +213,7 @@ def create_app(handler: Handler, settings: Settings) -> FastAPI:
             }
         )
 
-    for prefix in OPENAI_PREFIXES:
+    for prefix in openai_prefixes:
         app.include_router(openai, prefix=prefix)
         app.include_router(openai_v2, prefix=prefix.removesuffix("/v1") + "/v2")
     for prefix in JOB_PREFIXES:
@@ -258,7 +270,10 @@ async def _openai_call(
     if is_error(first) or not (isinstance(body, dict) and body.get("stream") is True):
         end("failed" if is_error(first) else "completed")
         await outputs.aclose()
-        return JSONResponse(first, status_code=status_of(first) or 200, headers=headers)
+        status = status_of(first) or 200
+        if status in RETRY_AFTER_S:  # busy or shutting down: when to try again (this worker, or RunPod's next one)
+            headers = {**(headers or {}), "Retry-After": str(RETRY_AFTER_S[status])}
+        return JSONResponse(first, status_code=status, headers=headers)
     events = route in EVENT_STREAMS  # the Responses and Messages APIs stream named events
     return StreamingResponse(_sse(first, outputs, events, end), media_type="text/event-stream", headers=headers)
 

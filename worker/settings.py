@@ -178,6 +178,13 @@ class Settings(BaseModel):
     verify_model_sha256: bool = Field(False, alias="VERIFY_MODEL_SHA256")
     # Set by RunPod on its workers: `python handler.py` then runs the serverless loop, not a local test job
     runpod_webhook_get_job: str | None = Field(None, alias="RUNPOD_WEBHOOK_GET_JOB")
+    # Which kind of RunPod endpoint runs the image (worker/load_balancer.py). auto: a queue-based one where RunPod
+    # gives the worker its job URL (RUNPOD_WEBHOOK_GET_JOB), else a load-balancing one where PORT is set.
+    endpoint_type: Literal["auto", "queue", "load_balancer"] = Field("auto", alias="ENDPOINT_TYPE")
+    # A load-balancing worker's HTTP port, and the port of its /ping (default: PORT); RunPod sets both (80 unless the
+    # endpoint says otherwise).
+    port: int | None = Field(None, alias="PORT", ge=1, le=65535)
+    port_health: int | None = Field(None, alias="PORT_HEALTH", ge=1, le=65535)
 
     # Local endpoint
     api_key: str | None = Field(None, alias="RUNPOD_API_KEY")

@@ -87,6 +87,23 @@ class StoreUnavailable(WorkerError):
     code = "response_store_unavailable"
 
 
+class WorkerBusy(WorkerError):
+    """A load-balancing worker already holds all the requests it can run (429): nothing queues in front of it, so it
+    says so at once (with Retry-After) for the client to retry, rather than hold the request past RunPod's timeout."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "worker_busy"
+
+
+class WorkerStarting(WorkerError):
+    """A load-balancing worker whose model is still loading (503, with Retry-After)."""
+
+    status = 503
+    type = "server_error"
+    code = "worker_starting"
+
+
 class AuthenticationFailed(WorkerError):
     """A wrong API key on the local endpoint (401)."""
 
@@ -158,6 +175,8 @@ _STATUS_BY_CODE = {
     "unknown_url": 404,
     "response_not_found": 404,
     "worker_shutting_down": 503,
+    "worker_starting": 503,
+    "worker_busy": 429,
     "response_store_unavailable": 503,
     "request_too_large": 413,
     "method_not_allowed": 405,
