@@ -61,6 +61,7 @@ SHARDED_ARCHITECTURES = (
     "Qwen3_5MoeForCausalLM",
     "Qwen3NextForCausalLM",
     "NemotronHForCausalLM",
+    "FalconH1ForCausalLM",
     "GptOssForCausalLM",
     "Gemma3ForConditionalGeneration",
     "Gemma4ForConditionalGeneration",
