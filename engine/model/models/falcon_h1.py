@@ -222,7 +222,10 @@ class FalconH1ForCausalLM(LlamaForCausalLM):
         a = cast(FalconH1Args, self.args)
         h = cast(LlamaModel, self.model).embed_tokens(input_ids) * a.embedding_multiplier
         rotaries = self.layer_rotaries(positions)
+        captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
+            if i in self.aux_layers:  # an EAGLE-3 head reads the residual stream entering these layers
+                captured[i] = h
             h = layer(
                 h,
                 positions=positions,
@@ -232,4 +235,6 @@ class FalconH1ForCausalLM(LlamaForCausalLM):
                 state=kv_caches[2 * i + 1],
                 plan=cast(RecurrentPlan, backend[2 * i + 1]),
             )
+        if captured:  # side by side in the head's order
+            self.aux_hidden = torch.cat([captured[i] for i in self.aux_layers], dim=-1)
         return cast(LlamaModel, self.model).norm(h)

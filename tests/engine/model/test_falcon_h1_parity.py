@@ -6,23 +6,30 @@ mixer numbered as two caches; a multiplier left out shows."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from engine.config import SpeculativeConfig
 from engine.sample.params import SamplingParams
+from tests.engine.core.eagle3_heads import head_reference, write_head
 from tests.engine.core.engine_run import run
 from tests.engine.model.family_parity import (
     check_engine_greedy,
     check_preemption,
     check_prefill_and_decode,
+    greedy,
     hf_greedy,
     load_family,
     reference_logits,
     tiny_engine,
 )
 from tests.engine.model.mamba_checkpoints import build_falcon_h1_checkpoint
+
+# An EAGLE-3 head as wide as the tiny model (it shares its embedding)
+HEAD = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96)
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +105,30 @@ def test_forked_choices_each_continue_the_prompt_state(falcon):
         for i, (t, lp) in enumerate(zip(choice.token_ids, choice.logprobs, strict=True)):
             assert lp.chosen.token_id == t
             assert abs(lp.chosen.logprob - float(ref[len(prompt) - 1 + i, t])) < 1e-4
+
+
+def test_an_eagle3_head_reads_the_layers_transformers_gives(falcon, tmp_path):
+    """An EAGLE-3 head's guesses after a prompt equal the reference fed transformers' hidden states entering its
+    layers (the residual stream, embeddings times embedding_multiplier at layer 0), and greedy output is unchanged."""
+    from safetensors.torch import load_file
+
+    config = json.loads((falcon.path / "config.json").read_text())
+    write_head(tmp_path, config, draft_vocab=128, head=HEAD)
+    speculative = SpeculativeConfig(method="eagle3", model=str(tmp_path), num_speculative_tokens=3)
+    engine = tiny_engine(falcon.path, speculative=speculative)
+    prompt = torch.randint(3, 128, (23,), generator=torch.Generator().manual_seed(4)).tolist()
+    engine.add_request("r", prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    seq = engine._groups["r"].seqs[0]
+    while len(seq.token_ids) == len(prompt):  # the prefill, in chunks: the head catches up and guesses once
+        engine.step()
+    guesses = engine.speculator.proposer.propose([seq], [3])[0]
+    engine.abort("r")
+    with torch.no_grad():
+        out = falcon.hf(torch.tensor([prompt]), output_hidden_states=True)
+    features = torch.cat([out.hidden_states[i][0] for i in (2, 1, 0)], -1)  # EAGLE-3's (2, L // 2, L - 3)
+    next_token = int(out.logits[0, -1].argmax())
+    assert seq.token_ids[len(prompt)] == next_token
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    embed = falcon.hf.model.embed_tokens.weight
+    assert guesses == head_reference(tensors, embed, prompt + [next_token], features, 128, steps=3, head=HEAD)
+    assert greedy(engine, {"p": prompt}, 8) == greedy(tiny_engine(falcon.path), {"p": prompt}, 8)
