@@ -163,6 +163,8 @@ class FalconH1DecoderLayer(nn.Module):
 
 
 class FalconH1ForCausalLM(LlamaForCausalLM):
+    """The Llama decoder's embedding, rotary and head around Falcon-H1's layers; two caches a layer."""
+
     @classmethod
     def read_args(cls, config: dict, names: set[str]) -> FalconH1Args:
         return read_falcon_h1_args(config, names)
