@@ -53,6 +53,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "Ernie4_5ForCausalLM": ("ernie4_5", {}),
     "Ernie4_5_MoeForCausalLM": ("ernie4_5_moe", {}),
     "Exaone4ForCausalLM": ("exaone4", {}),
+    "FalconH1ForCausalLM": ("falcon_h1", {}),
     "Gemma2ForCausalLM": ("gemma2", {}),
     "Gemma3ForCausalLM": ("gemma3_text", {}),
     "Gemma3ForConditionalGeneration": ("gemma3", {"vision_config": {"image_size": 896, "patch_size": 14}}),

@@ -61,6 +61,7 @@ SHARDED_ARCHITECTURES = (
     "Qwen3_5MoeForCausalLM",
     "Qwen3NextForCausalLM",
     "NemotronHForCausalLM",
+    "FalconH1ForCausalLM",
     "GptOssForCausalLM",
     "Gemma3ForConditionalGeneration",
     "Gemma4ForConditionalGeneration",
@@ -318,6 +319,7 @@ def shard_mamba2(layer: nn.Module, prefix: str, tp: TensorParallel, plan: ShardP
         plan.sources[f"{prefix}.conv1d.bias"] = Source(0, xbc)
     for name in ("dt_bias", "A_log", "D"):
         plan.sources[f"{prefix}.{name}"] = Source(0, ((h0, nh),))
-    plan.sources[f"{prefix}.norm.weight"] = Source(0, ((h0 * p, nh * p),))
-    plan.row(f"{prefix}.out_proj", h0 * p, nh * p, bias)
+    if s.rms_norm:
+        plan.sources[f"{prefix}.norm.weight"] = Source(0, ((h0 * p, nh * p),))
+    plan.row(f"{prefix}.out_proj", h0 * p, nh * p, s.out_bias)
     return shard

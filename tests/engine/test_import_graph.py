@@ -126,6 +126,8 @@ FAMILY_BASES = {
     "engine.model.models.qwen3_5": {"engine.model.models.llama", "engine.model.models.qwen3_moe"},
     # Nemotron-H's attention block is the Llama attention without rotary (its args the MoE decoder's).
     "engine.model.models.nemotron_h": {"engine.model.models.llama"},
+    # Falcon-H1 is the Llama decoder (attention, rotary, head) with a Mamba2 mixer beside each attention.
+    "engine.model.models.falcon_h1": {"engine.model.models.llama"},
     # The MTP head of a Qwen3.5 / Qwen3-Next checkpoint is one more full-attention layer of that family.
     "engine.model.models.qwen3_5_mtp": {"engine.model.models.qwen3_5"},
     # The next-n head of a DeepSeek-V3 / GLM-4.5 checkpoint is one more decoder layer of that family (DeepSeek's MLA

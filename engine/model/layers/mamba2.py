@@ -3,7 +3,8 @@
 in_proj -> (gate z, x|B|C, dt); a causal depthwise conv1d (window K, with bias) and SiLU over x|B|C; dt =
 softplus(dt + dt_bias) clamped to time_step_limit; the SSD (engine.model.layers.ssd) with A = -exp(A_log) per head
 and B, C shared by the heads of each of n_groups; + D x; RMSNorm of y * SiLU(z) over each group's channels
-(transformers' MambaRMSNormGated); out_proj. Parameter names follow the hub's `mixer.*`.
+(transformers' MambaRMSNormGated); out_proj. Parameter names follow the hub's `mixer.*`. Falcon-H1's options: μP
+multipliers on in_proj's five parts, the norm before the gate (RMSNorm(y) * SiLU(z)) or no norm at all (y * SiLU(z)).
 
 Each sequence carries the slot contract Gated DeltaNet's does (engine/model/layers/recurrent_step.py): its conv
 window [conv_dim, K - 1] in the model dtype and its SSM state [H, P, N] in float32, read from the slots a step gives
@@ -14,6 +15,7 @@ runs (engine/cuda/causal_conv.py); the SSD runs the torch rule on every device (
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -36,8 +38,13 @@ class Mamba2Shape:
     chunk_size: int
     eps: float
     conv_bias: bool = True
-    proj_bias: bool = False
+    proj_bias: bool = False  # in_proj's
+    out_bias: bool = False
     dt_limit: tuple[float, float] = (0.0, float("inf"))
+    rms_norm: bool = True  # False (Falcon-H1's mamba_rms_norm off): y * SiLU(z), no norm and no norm weight
+    norm_before_gate: bool = False  # True: RMSNorm(y) * SiLU(z), in place of RMSNorm(y * SiLU(z))
+    # Falcon-H1's μP multipliers of in_proj's z, x, B, C and dt outputs (transformers' mup_vector)
+    proj_multipliers: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0)
 
     @property
     def inner(self) -> int:
@@ -52,19 +59,30 @@ class Mamba2Shape:
         return (self.conv_dim, self.conv_kernel - 1), (self.num_heads, self.head_dim, self.state_size)
 
 
+def read_dt_limit(config: dict) -> tuple[float, float]:
+    """time_step_limit as (low, high): transformers 5 writes infinity as {"__float__": "Infinity"}, the hub's configs
+    as a JSON Infinity; absent, no clamp."""
+    low, high = (
+        float(v["__float__"]) if isinstance(v, dict) else float(v)
+        for v in config.get("time_step_limit") or (0.0, math.inf)
+    )
+    return low, high
+
+
 class GroupGatedRMSNorm(nn.Module):
     """RMSNorm of x * SiLU(gate) over each of `groups` equal parts of the channels, in float32, as transformers'
-    MambaRMSNormGated (norm_before_gate=False)."""
+    MambaRMSNormGated; norm_before_gate: RMSNorm(x) * SiLU(gate) (Falcon-H1's FalconH1RMSNormGated)."""
 
-    def __init__(self, dim: int, groups: int, eps: float) -> None:
+    def __init__(self, dim: int, groups: int, eps: float, *, norm_before_gate: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.groups, self.eps = groups, eps
+        self.groups, self.eps, self.norm_before_gate = groups, eps, norm_before_gate
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        h = (x.float() * F.silu(gate.float())).unflatten(-1, (self.groups, -1))
-        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
-        return (self.weight.float() * h).to(gate.dtype)
+        g = F.silu(gate.float())
+        h = (x.float() if self.norm_before_gate else x.float() * g).unflatten(-1, (self.groups, -1))
+        h = self.weight.float() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
+        return (h * g if self.norm_before_gate else h).to(gate.dtype)
 
 
 class Mamba2Mixer(nn.Module):
@@ -78,8 +96,10 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(s.num_heads))
         self.A_log = nn.Parameter(torch.zeros(s.num_heads))
         self.D = nn.Parameter(torch.ones(s.num_heads))
-        self.norm = GroupGatedRMSNorm(s.inner, s.n_groups, s.eps)
-        self.out_proj = nn.Linear(s.inner, s.hidden_size, bias=s.proj_bias)
+        self.norm = (
+            GroupGatedRMSNorm(s.inner, s.n_groups, s.eps, norm_before_gate=s.norm_before_gate) if s.rms_norm else None
+        )
+        self.out_proj = nn.Linear(s.inner, s.hidden_size, bias=s.out_bias)
 
     def forward(
         self, x: torch.Tensor, step: RecurrentStep, conv_pool: torch.Tensor, state_pool: torch.Tensor
@@ -87,7 +107,7 @@ class Mamba2Mixer(nn.Module):
         """x [tokens, hidden]: the step's sequences one after another (step.spans); conv_pool [slots, conv_dim, K - 1]
         and state_pool [slots, H, P, N] are this layer's state slots, read and written at step.slots."""
         s = self.shape
-        z, xbc, dt = self.in_proj(x).split([s.inner, s.conv_dim, s.num_heads], dim=-1)
+        z, xbc, dt = self._project(x)
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*s.dt_limit)
         if step.is_decode:
             y = self._decode(xbc, dt, step.slot_index, conv_pool, state_pool)
@@ -107,7 +127,23 @@ class Mamba2Mixer(nn.Module):
                     y[rows] = self._decode(xbc[rows], dt[rows], index, conv_pool, state_pool)
                 else:
                     y[rows] = self._prefill(xbc[rows], dt[rows], slot, capture, conv_pool, state_pool)
-        return self.out_proj(self.norm(y.flatten(1), z))
+        return self.out_proj(self._gate(y.flatten(1), z))
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """in_proj's gate z, conv input x|B|C and dt, each part under its multiplier (Falcon-H1's μP)."""
+        s = self.shape
+        z, xbc, dt = self.in_proj(x).split([s.inner, s.conv_dim, s.num_heads], dim=-1)
+        if s.proj_multipliers == (1.0, 1.0, 1.0, 1.0, 1.0):
+            return z, xbc, dt
+        mz, mx, mb, mc, mdt = s.proj_multipliers
+        xs, b, c = xbc.split([s.inner, s.n_groups * s.state_size, s.n_groups * s.state_size], dim=-1)
+        return z * mz, torch.cat([xs * mx, b * mb, c * mc], dim=-1), dt * mdt
+
+    def _gate(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The scan's output y [T, inner] (float32) gated by SiLU(z), through the gated norm where there is one."""
+        if self.norm is None:
+            return (y * F.silu(z.float())).to(z.dtype)
+        return self.norm(y, z)
 
     def _fused_conv(self, x: torch.Tensor, conv_pool: torch.Tensor) -> bool:
         s = self.shape

@@ -27,6 +27,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Ernie4_5ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     "Ernie4_5_MoeForCausalLM": ("engine.model.models.ernie4_5_moe", "Ernie4_5_MoeForCausalLM"),
     "Exaone4ForCausalLM": ("engine.model.models.olmo2", "Exaone4ForCausalLM"),
+    "FalconH1ForCausalLM": ("engine.model.models.falcon_h1", "FalconH1ForCausalLM"),
     "Gemma2ForCausalLM": ("engine.model.models.gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("engine.model.models.gemma3", "Gemma3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("engine.model.models.gemma3", "Gemma3ForConditionalGeneration"),

@@ -14,12 +14,20 @@ HEAD = dict(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_
 
 
 def write_head(
-    folder: Path, target_config: dict, *, draft_vocab: int = 4096, seed: int = 0, std: float = 0.05, **config
+    folder: Path,
+    target_config: dict,
+    *,
+    draft_vocab: int = 4096,
+    seed: int = 0,
+    std: float = 0.05,
+    head: dict = HEAD,
+    **config,
 ) -> dict[str, torch.Tensor]:
-    """A random head for the target whose config.json is `target_config`; returns its tensors."""
+    """A random head of shape `head` (its hidden size the target's: it shares the target's embedding) for the target
+    whose config.json is `target_config`; returns its tensors."""
     gen = torch.Generator().manual_seed(seed)
     h, heads, kv, d, inter = (
-        HEAD[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
+        head[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
     )
     target_h, vocab = target_config["hidden_size"], target_config["vocab_size"]
 
@@ -57,7 +65,7 @@ def write_head(
         "max_position_embeddings": 2048,
         "hidden_act": "silu",
         "tie_word_embeddings": False,
-        **HEAD,
+        **head,
         **config,
     }
     (folder / "config.json").write_text(json.dumps(settings))
@@ -78,11 +86,17 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> t
 
 
 def head_reference(
-    t: dict[str, torch.Tensor], embed: torch.Tensor, tokens: list[int], features: torch.Tensor, vocab: int, steps: int
+    t: dict[str, torch.Tensor],
+    embed: torch.Tensor,
+    tokens: list[int],
+    features: torch.Tensor,
+    vocab: int,
+    steps: int,
+    head: dict = HEAD,
 ) -> list[int]:
     """The head's greedy guesses after a prompt: position p reads token p + 1 and feature p (fc of the target's
     captured states), then each guess's pre-norm row feeds the next position. Full causal attention, float32."""
-    heads, kv, d = HEAD["num_attention_heads"], HEAD["num_key_value_heads"], HEAD["head_dim"]
+    heads, kv, d = head["num_attention_heads"], head["num_key_value_heads"], head["head_dim"]
     feats = features @ t["fc.weight"].T
     ids = list(tokens[1:])
     guesses = []

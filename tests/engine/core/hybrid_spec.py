@@ -15,17 +15,14 @@ from engine.sample.params import SamplingParams
 from tests.engine.core.engine_run import greedy, run
 from tests.engine.model.family_parity import load_family, tiny_engine
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
-from tests.engine.model.mamba_checkpoints import build_nemotron_h_checkpoint
+from tests.engine.model.mamba_checkpoints import build_falcon_h1_checkpoint, build_nemotron_h_checkpoint
 
 
 def hybrid_target(kind: str, path: Path, baked_model_path: Path, mtp: bool = False, **change) -> Path:
     """A tiny random `kind` checkpoint at `path` (config `change`d) with the baked model's tokenizer (and random mtp.*
-    tensors). kind "nemotron_h": a Nemotron-H checkpoint (Mamba2 state slots)."""
-    hf = (
-        build_nemotron_h_checkpoint(path, **change)
-        if kind == "nemotron_h"
-        else build_hybrid_checkpoint(kind, path, **change)
-    )
+    tensors). kind "nemotron_h" or "falcon_h1": a Nemotron-H or Falcon-H1 checkpoint (Mamba2 state slots)."""
+    mamba = {"nemotron_h": build_nemotron_h_checkpoint, "falcon_h1": build_falcon_h1_checkpoint}
+    hf = mamba[kind](path, **change) if kind in mamba else build_hybrid_checkpoint(kind, path, **change)
     load_family(path, baked_model_path)
     if mtp:
         add_mtp_weights(path, hf)

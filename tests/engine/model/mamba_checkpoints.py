@@ -1,6 +1,7 @@
-"""Tiny random-weight Nemotron-H checkpoints (nemotron_h) in the hub's layout (backbone.*, per-expert tensors): every
-block kind (Mamba2, attention, relu^2 MLP, MoE) in one stack, a Mamba2 chunk of 16 tokens so that prompts span
-several chunks and the conv window."""
+"""Tiny random-weight Nemotron-H (nemotron_h, in the hub's layout: backbone.*, per-expert tensors: every block kind,
+Mamba2, attention, relu^2 MLP and MoE, in one stack) and Falcon-H1 (falcon_h1: attention and Mamba2 in every layer,
+every μP multiplier away from 1) checkpoints, with a Mamba2 chunk of 16 tokens so that prompts span several chunks
+and the conv window."""
 
 from __future__ import annotations
 
@@ -60,6 +61,52 @@ def build_nemotron_h_checkpoint(path, **change):
 
     torch.manual_seed(0)
     config = tf.AutoConfig.for_model("nemotron_h", **{**TINY_NEMOTRON_H, **change})
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    randomise(model)
+    config.architectures = [type(model).__name__]
+    model.save_pretrained(path)
+    return model
+
+
+# Attention and Mamba2 in each of 3 layers; 2 groups of 4 Mamba2 heads; every μP multiplier away from 1.
+TINY_FALCON_H1 = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=128,
+    mamba_d_ssm=64,
+    mamba_n_heads=8,
+    mamba_d_head=8,
+    mamba_n_groups=2,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_chunk_size=16,
+    mamba_rms_norm=True,
+    mamba_norm_before_gate=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    embedding_multiplier=1.7,
+    lm_head_multiplier=0.6,
+    mlp_multipliers=[1.3, 0.7],
+    key_multiplier=1.4,
+    attention_in_multiplier=0.8,
+    attention_out_multiplier=1.2,
+    ssm_multipliers=[0.9, 1.25, 0.8, 1.5, 0.6],
+    ssm_in_multiplier=1.1,
+    ssm_out_multiplier=0.75,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+)
+
+
+def build_falcon_h1_checkpoint(path, **change):
+    """Saves a random-weight falcon_h1 model to path and returns the transformers model (float32, eager)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.AutoConfig.for_model("falcon_h1", **{**TINY_FALCON_H1, **change})
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     randomise(model)
     config.architectures = [type(model).__name__]
