@@ -17,6 +17,7 @@ from torch import nn
 from engine.errors import UnsupportedModel
 from engine.model.layers.norm import LayerNorm
 from engine.model.layers.routing import SPARSEMIXER
+from engine.model.models.llama import LlamaArgs
 from engine.model.models.mixtral import MixtralForCausalLM
 from engine.model.models.moe_base import MoeArgs, read_moe_args
 from engine.model.models.phi3 import phi_rope
@@ -38,7 +39,7 @@ class PhimoeForCausalLM(MixtralForCausalLM):
         return args
 
     @classmethod
-    def make_layer(cls, args: MoeArgs, index: int) -> nn.Module:
+    def make_layer(cls, args: LlamaArgs, index: int) -> nn.Module:
         layer = super().make_layer(args, index)
         layer.input_layernorm = LayerNorm(args.hidden_size, args.rms_norm_eps)
         layer.post_attention_layernorm = LayerNorm(args.hidden_size, args.rms_norm_eps)
