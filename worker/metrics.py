@@ -1,7 +1,8 @@
 """The worker's Prometheus metrics under vLLM's names, in a registry of their own, served as text on /metrics.
 
-Request metrics come from the engine as each request's outputs arrive (engine/observer.py: once per output, never per
-token); the load gauges are read from the engine's stats when scraped, so serving pays nothing for them.
+Request metrics come from the engine as each request's outputs arrive (engine/core/request_clock.py: once per
+output, never per token); the load gauges are read from the engine's stats when scraped, so serving pays nothing
+for them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.observer import FinishedRequest
+from engine.outputs import FinishedRequest
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text exposition format
 # vLLM's buckets, so that dashboards built for vLLM read these as they read its own.

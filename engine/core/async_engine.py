@@ -14,11 +14,11 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.core.engine import EngineStats, LLMEngine
 from engine.core.output.pooling import PoolingParams
+from engine.core.request_clock import RequestClock
 from engine.core.scheduling.requests import PreparedRequest
 from engine.errors import InvalidRequest, RankFailed
 from engine.inputs import ImageData, ImagePrompt
-from engine.observer import RequestClock, RequestObserver
-from engine.outputs import PoolingOutput, RequestOutput
+from engine.outputs import PoolingOutput, RequestObserver, RequestOutput
 from engine.sample.params import SamplingParams
 
 log = logging.getLogger(__name__)

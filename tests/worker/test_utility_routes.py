@@ -33,10 +33,11 @@ def test_tokenize_a_prompt_equals_the_tokenizer(http, tokenizer, path, special) 
     assert plain["tokens"] == tokenizer(PROMPT)["input_ids"] and plain["token_strs"] is None
 
 
-def test_tokenize_chat_counts_what_a_chat_completion_runs(http, client, model_name) -> None:
+def test_tokenize_chat_counts_what_a_chat_completion_runs(http, client, model_name, tokenizer) -> None:
     completion = client.chat.completions.create(model=model_name, messages=Q, max_tokens=1, temperature=0)
-    counted = http.post("/tokenize", json={"model": model_name, "messages": Q}).json()
+    counted = http.post("/tokenize", json={"model": model_name, "messages": Q, "return_token_strs": True}).json()
     assert counted["count"] == completion.usage.prompt_tokens == len(counted["tokens"])
+    assert counted["token_strs"] == tokenizer.convert_ids_to_tokens(counted["tokens"])
     # vLLM's chat defaults: the generation prompt is added; without it the prompt is shorter.
     bare = http.post("/tokenize", json={"messages": Q, "add_generation_prompt": False}).json()
     assert bare["tokens"] == counted["tokens"][: bare["count"]] and bare["count"] < counted["count"]

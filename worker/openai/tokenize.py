@@ -67,13 +67,14 @@ def tokenize(body: Any, runtime: Runtime) -> dict[str, Any]:
     if "messages" in body and "prompt" in body:
         raise BadRequest("give either prompt or messages, not both", param="messages")
     if "messages" in body:
-        request: TokenizeChatRequest | TokenizeCompletionRequest = TokenizeChatRequest.model_validate(body)
-        tokens = _chat_tokens(request, runtime)
+        chat = TokenizeChatRequest.model_validate(body)
+        tokens, with_strings = _chat_tokens(chat, runtime), chat.return_token_strs
     else:
         request = TokenizeCompletionRequest.model_validate(body)
         _check_model(request.model, runtime)
         tokens = runtime.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
-    strings = runtime.tokenizer.convert_ids_to_tokens(tokens) if request.return_token_strs else None
+        with_strings = request.return_token_strs
+    strings = runtime.tokenizer.convert_ids_to_tokens(tokens) if with_strings else None
     return {"count": len(tokens), "max_model_len": runtime.max_model_len, "tokens": tokens, "token_strs": strings}
 
 
