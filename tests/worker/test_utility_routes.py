@@ -146,3 +146,26 @@ def test_metrics_public_opens_metrics_and_nothing_else() -> None:
     with TestClient(guarded) as open_client:
         assert [open_client.get(p).status_code for p in ("/metrics", "/openai/v1/metrics", "/health")] == [200] * 3
         assert open_client.get("/tokenize").status_code == 401
+
+
+def test_add_special_tokens_follows_the_tokenizers_template(baked_model_path, tmp_path) -> None:
+    """The baked tokenizer adds no special token to a prompt; one whose post-processor adds a BOS shows the flag."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers.processors import TemplateProcessing
+
+    from engine.text.tokenizer import Tokenizer
+    from worker.openai.tokenize import tokenize
+
+    backend = Backend.from_file(str(baked_model_path / "tokenizer.json"))
+    bos = backend.token_to_id("<|endoftext|>")
+    backend.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
+    backend.save(str(tmp_path / "tokenizer.json"))
+
+    class Served:
+        tokenizer = Tokenizer.from_folder(tmp_path)
+        max_model_len = 2048
+
+    plain = backend.encode(PROMPT, add_special_tokens=False).ids
+    with_bos = tokenize({"prompt": PROMPT}, Served())["tokens"]
+    assert with_bos == [bos, *plain]
+    assert tokenize({"prompt": PROMPT, "add_special_tokens": False}, Served())["tokens"] == plain
