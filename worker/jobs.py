@@ -35,7 +35,7 @@ from worker.openai.scoring import (
     refuse_generation,
 )
 from worker.openai.streaming import BatchSize, openai_stream
-from worker.openai.tokenize import DETOKENIZE_ROUTES, TOKENIZE_ROUTES, detokenize, tokenize
+from worker.openai.tokenize import DETOKENIZE_ROUTES, TOKENIZE_ROUTES, detokenize, prepare_tokenize, tokenize
 from worker.runtime import Runtime
 from worker.unicode_check import check_unicode
 
@@ -165,7 +165,7 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncGenerator
     elif route == COUNT_TOKENS:
         yield await count_message_tokens(body, runtime)
     elif route in TOKENIZE_ROUTES:
-        yield await asyncio.to_thread(tokenize, body, runtime)  # a long chat renders and tokenizes off the loop
+        yield await tokenize(await asyncio.to_thread(prepare_tokenize, body, runtime))  # renders off the loop
     elif route in DETOKENIZE_ROUTES:
         yield await asyncio.to_thread(detokenize, body, runtime)
     elif route in METRICS_ROUTES:

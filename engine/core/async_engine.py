@@ -115,7 +115,11 @@ class AsyncEngine:
 
     async def prompt_length(self, prompt_token_ids: list[int], images: list[ImageData]) -> int:
         """The prompt's length once each image placeholder is widened as generate() widens it; nothing runs."""
-        return len((await asyncio.to_thread(self.engine.images.expand, prompt_token_ids, images))[0])
+        return len(await self.widened_prompt(prompt_token_ids, images))
+
+    async def widened_prompt(self, prompt_token_ids: list[int], images: list[ImageData]) -> list[int]:
+        """The prompt's token ids with each image placeholder widened as generate() widens it; nothing runs."""
+        return (await asyncio.to_thread(self.engine.images.expand, prompt_token_ids, images))[0]
 
     def describe(self) -> dict:
         return self.engine.describe()

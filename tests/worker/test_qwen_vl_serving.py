@@ -99,3 +99,15 @@ def test_count_tokens_counts_the_image_tokens(qwen_vl_worker: LocalWorker, name:
     assert counted.input_tokens == plain.input_tokens + RED_TOKENS + 2
     ran = claude.messages.create(model=name, max_tokens=2, messages=[{"role": "user", "content": content}])
     assert ran.usage.input_tokens == counted.input_tokens  # (no cache_control: every prompt token is input)
+
+
+def test_tokenize_counts_the_image_tokens(qwen_vl_worker: LocalWorker, name: str) -> None:
+    """vLLM's /tokenize widens the image's pad as the engine does: its count is the chat completion's prompt."""
+    messages = ask(data_url(RED))
+    plain = [{"role": "user", "content": "What is in the picture?"}]
+    with qwen_vl_worker.http() as http:
+        counted = http.post("/tokenize", json={"model": name, "messages": messages}).json()
+        without = http.post("/tokenize", json={"model": name, "messages": plain}).json()
+    assert counted["count"] == len(counted["tokens"]) == without["count"] + RED_TOKENS + 2
+    ran = qwen_vl_worker.client().chat.completions.create(model=name, messages=messages, max_tokens=1)
+    assert ran.usage.prompt_tokens == counted["count"]

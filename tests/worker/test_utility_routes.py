@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 from openai_schema import validate
@@ -154,7 +156,7 @@ def test_add_special_tokens_follows_the_tokenizers_template(baked_model_path, tm
     from tokenizers.processors import TemplateProcessing
 
     from engine.text.tokenizer import Tokenizer
-    from worker.openai.tokenize import tokenize
+    from worker.openai.tokenize import prepare_tokenize, tokenize
 
     backend = Backend.from_file(str(baked_model_path / "tokenizer.json"))
     bos = backend.token_to_id("<|endoftext|>")
@@ -165,7 +167,9 @@ def test_add_special_tokens_follows_the_tokenizers_template(baked_model_path, tm
         tokenizer = Tokenizer.from_folder(tmp_path)
         max_model_len = 2048
 
+    def tokens(body: dict) -> list[int]:
+        return asyncio.run(tokenize(prepare_tokenize(body, Served())))["tokens"]
+
     plain = backend.encode(PROMPT, add_special_tokens=False).ids
-    with_bos = tokenize({"prompt": PROMPT}, Served())["tokens"]
-    assert with_bos == [bos, *plain]
-    assert tokenize({"prompt": PROMPT, "add_special_tokens": False}, Served())["tokens"] == plain
+    assert tokens({"prompt": PROMPT}) == [bos, *plain]
+    assert tokens({"prompt": PROMPT, "add_special_tokens": False}) == plain

@@ -1,13 +1,15 @@
 """POST /tokenize and /detokenize in vLLM's shapes: a prompt (or chat messages, rendered exactly as a chat completion
-renders them) to token ids and their count, and token ids back to text. Nothing runs on the engine."""
+renders them, images widened as the engine widens them) to token ids and their count, and token ids back to text.
+Nothing runs on the model."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from worker.openai.chat import chat_call
+from worker.openai.chat import ChatCall, chat_call
 from worker.openai.errors import BadRequest
 from worker.openai.models import resolve_model
 from worker.openai.protocol import ChatCompletionRequest
@@ -61,20 +63,45 @@ class DetokenizeRequest(BaseModel):
     tokens: list[StrictInt]
 
 
-def tokenize(body: Any, runtime: Runtime) -> dict[str, Any]:
-    """`{"count", "max_model_len", "tokens", "token_strs"}` for a prompt or for chat messages."""
+@dataclass(kw_only=True)
+class TokenizeCall:
+    """A validated /tokenize request: its prompt's token ids, and the chat whose images the engine widens."""
+
+    runtime: Runtime
+    tokens: list[int]
+    chat: ChatCall | None = None  # the chat form, when its messages hold images
+    with_strings: bool = False
+
+
+def prepare_tokenize(body: Any, runtime: Runtime) -> TokenizeCall:
+    """A prompt or chat messages to token ids (the chat rendered as a chat completion renders it)."""
     body = _object(body)
     if "messages" in body and "prompt" in body:
         raise BadRequest("give either prompt or messages, not both", param="messages")
     if "messages" in body:
         chat = TokenizeChatRequest.model_validate(body)
-        tokens, with_strings = _chat_tokens(chat, runtime), chat.return_token_strs
-    else:
-        request = TokenizeCompletionRequest.model_validate(body)
-        _check_model(request.model, runtime)
-        tokens = runtime.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
-        with_strings = request.return_token_strs
-    strings = runtime.tokenizer.convert_ids_to_tokens(tokens) if with_strings else None
+        fields = chat.model_dump(include=set(CHAT_FIELDS), exclude_none=True)
+        request = ChatCompletionRequest.model_validate({**fields, "model": chat.model or runtime.served_model_name})
+        call = chat_call(request, runtime)
+        return TokenizeCall(
+            runtime=runtime,
+            tokens=call.prompt.token_ids,
+            chat=call if call.prompt.images else None,
+            with_strings=bool(chat.return_token_strs),
+        )
+    prompt = TokenizeCompletionRequest.model_validate(body)
+    _check_model(prompt.model, runtime)
+    tokens = runtime.tokenizer.encode(prompt.prompt, add_special_tokens=prompt.add_special_tokens)
+    return TokenizeCall(runtime=runtime, tokens=tokens, with_strings=bool(prompt.return_token_strs))
+
+
+async def tokenize(call: TokenizeCall) -> dict[str, Any]:
+    """`{"count", "max_model_len", "tokens", "token_strs"}`; each image counts the tokens the engine widens its
+    placeholder to, as a chat completion's prompt does."""
+    runtime, tokens = call.runtime, call.tokens
+    if call.chat is not None:
+        tokens = await runtime.engine.widened_prompt(tokens, await call.chat.image_files())
+    strings = runtime.tokenizer.convert_ids_to_tokens(tokens) if call.with_strings else None
     return {"count": len(tokens), "max_model_len": runtime.max_model_len, "tokens": tokens, "token_strs": strings}
 
 
@@ -90,18 +117,6 @@ def detokenize(body: Any, runtime: Runtime) -> dict[str, Any]:
                 param=f"tokens.[{index}]",
             )
     return {"prompt": runtime.tokenizer.decode(request.tokens)}
-
-
-def _chat_tokens(request: TokenizeChatRequest, runtime: Runtime) -> list[int]:
-    fields = request.model_dump(include=set(CHAT_FIELDS), exclude_none=True)
-    chat = ChatCompletionRequest.model_validate({**fields, "model": request.model or runtime.served_model_name})
-    call = chat_call(chat, runtime)
-    if call.prompt.images:
-        raise BadRequest(
-            "/tokenize does not count images (their token count depends on the image); /v1/messages/count_tokens does",
-            param="messages",
-        )
-    return call.prompt.token_ids
 
 
 def _check_model(model: str | None, runtime: Runtime) -> None:
