@@ -28,6 +28,8 @@ LOCAL_ONLY = {
     "serverless job loop; unset, it runs one local test job (`--test_input`).",
     "MAX_REQUEST_MB": "Local endpoint only: a request body over this many MiB is refused with a 413 before it is "
     "read whole (at once when Content-Length says so). On RunPod the platform's own payload limits apply.",
+    "METRICS_PUBLIC": "Local endpoint only: `1` serves `/metrics` (Prometheus' text format) without the API key, as "
+    "`/health` is, for scrapers that carry none; by default it needs the key like every other route.",
 }
 # What the image's own settings are for (an ENV line the Dockerfile adds needs a line here).
 IMAGE_ENV_MEANING = {

@@ -1,8 +1,10 @@
-"""What the engine hands back per step: token deltas per choice, with logprobs and usage."""
+"""What the engine hands back per step: token deltas per choice, with logprobs and usage; and what it tells an
+observer (the worker's metrics) about each generation request."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass
@@ -81,3 +83,28 @@ class PoolingOutput:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+
+@dataclass(kw_only=True)
+class FinishedRequest:
+    """A generation request at its end: its token counts, how each choice ended, and how long it took."""
+
+    prompt_tokens: int
+    generation_tokens: int  # over all choices
+    finish_reasons: list[str]  # one per finished choice ("stop", "length", "abort"), one "abort" for a stream closed
+    seconds: float  # from generate() to the last output
+
+
+class RequestObserver(Protocol):
+    """Told about every generation request (not embeddings or scores) on the caller's thread, once per output that
+    reaches the caller, never per token (engine/core/request_clock.py times them)."""
+
+    def first_token(self, seconds: float) -> None:
+        """The first generated tokens arrived, `seconds` after generate() was called."""
+        ...
+
+    def next_tokens(self, seconds: float) -> None:
+        """More generated tokens arrived, `seconds` after the previous ones."""
+        ...
+
+    def finished(self, request: FinishedRequest) -> None: ...

@@ -88,19 +88,19 @@ class BodyLimit:
 
 
 class ApiKeyGuard:
-    """Every route but /health needs `Authorization: Bearer <key>`, or `x-api-key: <key>` as Anthropic's clients
-    send it.
+    """Every route but the `open_routes` (/health) needs `Authorization: Bearer <key>`, or `x-api-key: <key>` as
+    Anthropic's clients send it.
 
     NOTE: a plain ASGI middleware; FastAPI's @app.middleware("http") would hide a client's disconnect from
     the routes, which need to see it to abort the request.
     """
 
-    def __init__(self, app: Any, key: str) -> None:
-        self.app, self.key = app, key.encode()
+    def __init__(self, app: Any, key: str, open_routes: tuple[str, ...] = ("/health",)) -> None:
+        self.app, self.key, self.open_routes = app, key.encode(), open_routes
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
-        if scope["type"] == "http" and not path.rstrip("/").endswith("/health"):
+        if scope["type"] == "http" and not path.rstrip("/").endswith(self.open_routes):
             given = _given_key(dict(scope["headers"]))
             if not given:
                 refused: WorkerError = MissingApiKey(NO_KEY_ANTHROPIC if is_messages_route(path) else NO_KEY)

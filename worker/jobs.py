@@ -35,6 +35,7 @@ from worker.openai.scoring import (
     refuse_generation,
 )
 from worker.openai.streaming import BatchSize, openai_stream
+from worker.openai.tokenize import DETOKENIZE_ROUTES, TOKENIZE_ROUTES, detokenize, prepare_tokenize, tokenize
 from worker.runtime import Runtime
 from worker.unicode_check import check_unicode
 
@@ -62,6 +63,8 @@ SCORING: dict[str, tuple[Callable[[Any, Runtime], Any], Callable[[Any], Awaitabl
     "/score": (prepare_score, create_score),  # vLLM serves these without the version too
     "/rerank": (prepare_rerank, create_rerank),
 }
+# vLLM's Prometheus text (its server's /metrics), as a job's one output.
+METRICS_ROUTES = ("/metrics", "/v1/metrics")
 # Routes that stream named events (an SSE `event:` line per event, no [DONE] at the end).
 EVENT_STREAMS = (RESPONSES, MESSAGES)
 # vLLM's routes that load and unload LoRA adapters while serving (each answers one line of text).
@@ -161,6 +164,12 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncGenerator
         yield await ADAPTER_ROUTES[route](body, runtime)
     elif route == COUNT_TOKENS:
         yield await count_message_tokens(body, runtime)
+    elif route in TOKENIZE_ROUTES:
+        yield await tokenize(await asyncio.to_thread(prepare_tokenize, body, runtime))  # renders off the loop
+    elif route in DETOKENIZE_ROUTES:
+        yield await asyncio.to_thread(detokenize, body, runtime)
+    elif route in METRICS_ROUTES:
+        yield metrics_text(runtime)
     elif route == COMPACT:
         compaction = await asyncio.to_thread(prepare_compaction, body, runtime)
         with _client_names(RESPONSES):
@@ -204,9 +213,16 @@ async def _openai(job_input: dict[str, Any], runtime: Runtime) -> AsyncGenerator
         raise RouteNotFound(
             f"Unknown openai_route {route!r}: this worker serves {CHAT}, {COMPLETIONS}, "
             f"{RESPONSES}, {COMPACT}, {MESSAGES}, {COUNT_TOKENS}, {EMBEDDINGS}, {SCORE}, {RERANK}, "
-            f"{RERANK_V2} and {MODELS}",
+            f"{RERANK_V2}, {MODELS}, /tokenize, /detokenize and /metrics",
             param="openai_route",
         )
+
+
+def metrics_text(runtime: Runtime) -> str:
+    """Every metric in Prometheus' text format."""
+    if runtime.metrics is None:
+        raise RouteNotFound("this worker collects no metrics", param="openai_route")
+    return runtime.metrics.exposition()
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from typing import Any
 
 from worker.concurrency import ConcurrencyGauge
 from worker.lora_sources import startup_adapters
+from worker.metrics import Metrics
 from worker.model_cache import locate_model
 from worker.openai.errors import StoreUnavailable
 from worker.openai.harmony.encoding import harmony_encoding
@@ -40,6 +41,7 @@ class Runtime:
     created: int  # unix time the model was loaded, reported by /v1/models
     responses: ResponseStore | RedisResponseStore  # stored Responses API responses
     drain: Drain  # SIGTERM's grace period
+    metrics: Metrics | None = None  # what /metrics serves (None: a runtime built without them, in tests)
 
     @property
     def served_model_name(self) -> str:
@@ -144,18 +146,22 @@ def start(settings: Settings) -> Runtime:
         ),
         tensor_parallel_timeout_s=settings.tensor_parallel_timeout_s,
     )
+    model_names = accepted_model_names(settings)
+    metrics = Metrics(model_names[0])
     try:
-        engine = AsyncEngine(config, on_fatal=exit_on_fatal)
+        engine = AsyncEngine(config, on_fatal=exit_on_fatal, observer=metrics)
     except StartupError as exc:
         raise StartupError(_as_env_names(exc.message), param=exc.param) from None
+    metrics.watch(engine.stats, engine.describe()["kv_pages"])
     store = response_store(settings)
     runtime = Runtime(
         settings=settings,
         engine=engine,
-        model_names=accepted_model_names(settings),
+        model_names=model_names,
         created=int(time.time()),
         responses=store,
         drain=Drain(engine, settings.shutdown_grace_s),
+        metrics=metrics,
     )
     if runtime.tool_format == "harmony":
         runtime.harmony  # noqa: B018 -- loaded now, so a missing vocabulary fails the start, not a request

@@ -5,10 +5,12 @@
                                                                           (also under /v2/<endpoint_id>/)
     /v2/<endpoint_id>/{run, runsync, stream/<job_id>, status/<job_id>, cancel/<job_id>, health}
     /run, /runsync, /stream/<job_id>, ... and /health                     (the RunPod SDK's local paths)
+    /tokenize, /detokenize, /metrics                        (vLLM's own; also under the /openai/v1 prefixes)
 
 OpenAI routes wrap the request body into the job RunPod's platform would send
-(`{"openai_route": ..., "openai_input": ...}`) and stream the handler's SSE text back as it comes.
-When RUNPOD_API_KEY is set, every route except /health needs `Authorization: Bearer <key>` (or `x-api-key`).
+(`{"openai_route": ..., "openai_input": ...}`) and stream the handler's SSE text back as it comes; /health and
+/metrics read the worker's state directly. When RUNPOD_API_KEY is set, every route except /health (and /metrics
+with METRICS_PUBLIC=1) needs `Authorization: Bearer <key>` (or `x-api-key`).
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from worker.http_guards import ApiKeyGuard, BodyLimit, error_response
 from worker.job_store import Handler, JobStore, is_error, route_name
 from worker.jobs import ADAPTER_ROUTES, EVENT_STREAMS
 from worker.lora_routes import LOAD, UNLOAD
+from worker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from worker.openai.errors import (
     BadRequest,
     MethodNotAllowed,
     RouteNotFound,
+    WorkerError,
     status_of,
 )
 from worker.openai.streaming import SSE_DONE, sse, sse_event
@@ -78,7 +82,8 @@ def create_app(
     app.state.jobs = store
 
     if settings.api_key:
-        app.add_middleware(ApiKeyGuard, key=settings.api_key)
+        open_routes = ("/health", "/metrics") if settings.metrics_public else ("/health",)
+        app.add_middleware(ApiKeyGuard, key=settings.api_key, open_routes=open_routes)
     app.add_middleware(BodyLimit, max_bytes=int(settings.max_request_mb * 2**20))  # outermost: before the key check
 
     @app.exception_handler(BadRequest)
@@ -94,6 +99,26 @@ def create_app(
                 MethodNotAllowed(f"Method {request.method} is not allowed on {path}"), exc.headers, path
             )
         return error_response(RouteNotFound(f"Unknown route {request.method} {path}", param=None), path=path)
+
+    utility = APIRouter()  # vLLM's own routes, at the root as vLLM serves them and under the OpenAI prefixes
+
+    @utility.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return await openai_call(handler, "/tokenize", await _json_body(request), None)
+
+    @utility.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return await openai_call(handler, "/detokenize", await _json_body(request), None)
+
+    @utility.get("/metrics")
+    async def metrics() -> Response:
+        from worker.jobs import metrics_text
+        from worker.runtime import current
+
+        try:
+            return Response(metrics_text(current()), media_type=METRICS_CONTENT_TYPE)
+        except WorkerError as exc:
+            return error_response(exc)
 
     openai = APIRouter()
 
@@ -213,7 +238,9 @@ def create_app(
             }
         )
 
+    app.include_router(utility)
     for prefix in openai_prefixes:
+        app.include_router(utility, prefix=prefix)  # before `openai`, whose last route takes every other path
         app.include_router(openai, prefix=prefix)
         app.include_router(openai_v2, prefix=prefix.removesuffix("/v1") + "/v2")
     for prefix in JOB_PREFIXES:

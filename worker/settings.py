@@ -5,8 +5,8 @@ imports in a third of the time, and cold start is what serverless pays for. Empt
 unset, because RunPod templates often carry variables with blank values.
 
 `RUNPOD_API_KEY`, when set, is the key the local endpoint (`handler.py --serve`) requires as
-`Authorization: Bearer <key>` on every route except /health; clients configured for the hosted
-endpoint (api_key=RUNPOD_API_KEY) then work unchanged against the local one.
+`Authorization: Bearer <key>` on every route except /health (and /metrics with METRICS_PUBLIC); clients
+configured for the hosted endpoint (api_key=RUNPOD_API_KEY) then work unchanged against the local one.
 """
 
 from __future__ import annotations
@@ -190,6 +190,8 @@ class Settings(BaseModel):
     api_key: str | None = Field(None, alias="RUNPOD_API_KEY")
     # RunPod's own API refuses job payloads over 20 MB (/runsync; 10 MB for /run): the local one does the same.
     max_request_mb: float = Field(20.0, alias="MAX_REQUEST_MB", gt=0.0)
+    # Prometheus scrapers often carry no key: /metrics may be open as /health is.
+    metrics_public: bool = Field(False, alias="METRICS_PUBLIC")
 
     @field_validator("speculative_config")
     @classmethod

@@ -4,6 +4,7 @@
 |---------------------|----------------------------------------------------------------------------------------|
 | engine.py           | LLMEngine: add_request, step, abort; builds every collaborator at start-up             |
 | async_engine.py     | AsyncEngine: the engine on its own thread, asyncio callers streaming its outputs       |
+| request_clock.py    | a generation request timed as its outputs reach the caller, for an observer (metrics)  |
 | llm.py              | LLM: offline batch generation, as vLLM's LLM(...).generate                             |
 | model_runner.py     | one scheduled step through the model: inputs, page table, forward, logits, sampling    |
 | cuda_graphs.py      | decode steps replayed from CUDA graphs                                                 |

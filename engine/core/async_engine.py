@@ -14,10 +14,11 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.core.engine import EngineStats, LLMEngine
 from engine.core.output.pooling import PoolingParams
+from engine.core.request_clock import RequestClock
 from engine.core.scheduling.requests import PreparedRequest
 from engine.errors import InvalidRequest, RankFailed
 from engine.inputs import ImageData, ImagePrompt
-from engine.outputs import PoolingOutput, RequestOutput
+from engine.outputs import PoolingOutput, RequestObserver, RequestOutput
 from engine.sample.params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -61,9 +62,16 @@ Command = AddRequest | CallOnLoop | Abort | Fatal
 class AsyncEngine:
     """LLMEngine behind one background thread; asyncio callers stream RequestOutputs from generate()."""
 
-    def __init__(self, config: EngineConfig, on_fatal: Callable[[RankFailed], None] | None = None) -> None:
-        """on_fatal: called (on the engine's thread) once the engine has died, after its requests got the error."""
+    def __init__(
+        self,
+        config: EngineConfig,
+        on_fatal: Callable[[RankFailed], None] | None = None,
+        observer: RequestObserver | None = None,
+    ) -> None:
+        """on_fatal: called (on the engine's thread) once the engine has died, after its requests got the error.
+        observer: told each generation request's timing and token counts (the worker's metrics)."""
         self._on_fatal = on_fatal
+        self._observer = observer
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -107,7 +115,11 @@ class AsyncEngine:
 
     async def prompt_length(self, prompt_token_ids: list[int], images: list[ImageData]) -> int:
         """The prompt's length once each image placeholder is widened as generate() widens it; nothing runs."""
-        return len((await asyncio.to_thread(self.engine.images.expand, prompt_token_ids, images))[0])
+        return len(await self.widened_prompt(prompt_token_ids, images))
+
+    async def widened_prompt(self, prompt_token_ids: list[int], images: list[ImageData]) -> list[int]:
+        """The prompt's token ids with each image placeholder widened as generate() widens it; nothing runs."""
+        return (await asyncio.to_thread(self.engine.images.expand, prompt_token_ids, images))[0]
 
     def describe(self) -> dict:
         return self.engine.describe()
@@ -188,6 +200,8 @@ class AsyncEngine:
             raise self._refusal
         if request_id in self._streams:
             raise InvalidRequest(f"request id {request_id!r} is already running", param="request_id")
+        observer = self._observer if isinstance(params, SamplingParams) else None
+        clock = RequestClock(observer) if observer is not None else None
         if self.engine.spec.classifier is not None and isinstance(params, SamplingParams):
             raise InvalidRequest(
                 f"the model is a cross-encoder ({self.engine.spec.architecture}): it scores prompts "
@@ -202,14 +216,16 @@ class AsyncEngine:
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (loop, stream)
         self._post(AddRequest(request_id, request))
-        done = False
+        done = failed = False
         try:
             while True:
                 item = await stream.get()
                 if isinstance(item, BaseException):
-                    done = True
+                    done = failed = True
                     raise item
                 done = item.finished
+                if clock is not None:
+                    clock.arrived(item)
                 yield item
                 if done:
                     return
@@ -217,6 +233,8 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             if not done:
                 self._post(Abort(request_id))
+            if clock is not None and not failed:
+                clock.end()
 
     async def _compiled(self, future: Future) -> None:
         """Waits for the request's grammar (compiled on the engine's compile thread); raises InvalidRequest."""

@@ -111,3 +111,15 @@ def test_a_native_job_takes_image_parts(qwen_vl_worker: LocalWorker, name: str) 
     )
     assert out["status"] == "COMPLETED", out
     assert "".join(out["output"][0]["choices"][0]["tokens"]) == chat.choices[0].message.content
+
+
+def test_tokenize_counts_the_image_tokens(qwen_vl_worker: LocalWorker, name: str) -> None:
+    """vLLM's /tokenize widens the image's pad as the engine does: its count is the chat completion's prompt."""
+    messages = ask(data_url(RED))
+    plain = [{"role": "user", "content": "What is in the picture?"}]
+    with qwen_vl_worker.http() as http:
+        counted = http.post("/tokenize", json={"model": name, "messages": messages}).json()
+        without = http.post("/tokenize", json={"model": name, "messages": plain}).json()
+    assert counted["count"] == len(counted["tokens"]) == without["count"] + RED_TOKENS + 2
+    ran = qwen_vl_worker.client().chat.completions.create(model=name, messages=messages, max_tokens=1)
+    assert ran.usage.prompt_tokens == counted["count"]

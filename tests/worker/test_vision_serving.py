@@ -85,6 +85,14 @@ def test_an_image_part_whole_and_streamed(vision_worker: LocalWorker) -> None:
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
+def test_tokenize_counts_an_image_as_a_chat_completion_does(vision_worker: LocalWorker) -> None:
+    messages = ask(data_url(RED), detail="high")
+    whole = vision_worker.client().chat.completions.create(model=NAME, messages=messages, max_tokens=1)
+    with vision_worker.http() as http:
+        counted = http.post("/tokenize", json={"messages": messages, "return_token_strs": True}).json()
+    assert counted["count"] == len(counted["tokens"]) == len(counted["token_strs"]) == whole.usage.prompt_tokens
+
+
 def test_the_image_moves_the_answer_and_a_later_turn_hits_the_cache(vision_worker: LocalWorker) -> None:
     check_image_moves_the_answer(vision_worker.client(), NAME, ask, data_url(RED), data_url(BLUE, "image/jpeg"), TOKENS)
 
