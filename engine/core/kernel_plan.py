@@ -64,6 +64,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "GraniteForCausalLM": ("granite", {}),
     "GraniteMoeForCausalLM": ("granitemoe", {}),
     "GraniteMoeSharedForCausalLM": ("granitemoeshared", {}),
+    "GraniteMoeHybridForCausalLM": ("granitemoehybrid", {}),
     "LlamaForCausalLM": ("llama", {}),
     "LlamaForSequenceClassification": ("llama", {}),
     "Ministral3ForCausalLM": ("ministral3", {}),

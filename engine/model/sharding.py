@@ -49,6 +49,7 @@ SHARDED_ARCHITECTURES = (
     "GraniteForCausalLM",
     "GraniteMoeForCausalLM",
     "GraniteMoeSharedForCausalLM",
+    "GraniteMoeHybridForCausalLM",
     "Phi3ForCausalLM",
     "PhimoeForCausalLM",
     "DeepseekV2ForCausalLM",

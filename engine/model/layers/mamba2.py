@@ -52,6 +52,16 @@ class Mamba2Shape:
         return (self.conv_dim, self.conv_kernel - 1), (self.num_heads, self.head_dim, self.state_size)
 
 
+def read_time_step_limit(config: dict) -> tuple[float, float]:
+    """A config's time_step_limit (dt's clamp); transformers 5 writes infinity as {"__float__": "Infinity"}, the
+    hub's configs as a JSON Infinity."""
+    low, high = (
+        float(v["__float__"]) if isinstance(v, dict) else float(v)
+        for v in config.get("time_step_limit") or (0.0, float("inf"))
+    )
+    return low, high
+
+
 class GroupGatedRMSNorm(nn.Module):
     """RMSNorm of x * SiLU(gate) over each of `groups` equal parts of the channels, in float32, as transformers'
     MambaRMSNormGated (norm_before_gate=False)."""

@@ -12,7 +12,6 @@ indices count only the `M` and `*` blocks.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -23,7 +22,7 @@ from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import UnsupportedModel
 from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.activation import relu_squared
-from engine.model.layers.mamba2 import Mamba2Mixer, Mamba2Shape
+from engine.model.layers.mamba2 import Mamba2Mixer, Mamba2Shape, read_time_step_limit
 from engine.model.layers.moe import SparseMoE, StackedExperts
 from engine.model.layers.norm import RMSNorm
 from engine.model.layers.parallel import TensorParallel
@@ -72,15 +71,6 @@ def read_layer_types(config: dict) -> tuple[str, ...]:
     return tuple(types)
 
 
-def _time_step_limit(config: dict) -> tuple[float, float]:
-    # transformers 5 writes infinity as {"__float__": "Infinity"}; the hub's configs as a JSON Infinity
-    low, high = (
-        float(v["__float__"]) if isinstance(v, dict) else float(v)
-        for v in config.get("time_step_limit") or (0.0, math.inf)
-    )
-    return low, high
-
-
 def read_nemotron_h_args(config: dict, names: set[str]) -> NemotronHArgs:
     """NemotronHArgs from a nemotron_h config; UnsupportedModel in one line for what the engine does not run."""
     for key, runs in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
@@ -111,7 +101,7 @@ def read_nemotron_h_args(config: dict, names: set[str]) -> NemotronHArgs:
         eps=config.get("layer_norm_epsilon", 1e-5),
         conv_bias=any(n.endswith("mixer.conv1d.bias") for n in names),
         proj_bias=any(n.endswith("mixer.in_proj.bias") for n in names),
-        dt_limit=_time_step_limit(config),
+        dt_limit=read_time_step_limit(config),
     )
     routing = None
     if "moe" in layer_types:

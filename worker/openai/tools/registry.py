@@ -75,7 +75,12 @@ _FAMILIES = {
 }
 # Families whose own format wins over the markup a template shows (Granite 3.1's templates write <tool_call>, which
 # would read as Hermes', around a JSON list of calls).
-_FAMILY_FIRST = {"granite": "granite", "granitemoe": "granite", "granitemoeshared": "granite"}
+_FAMILY_FIRST = {
+    "granite": "granite",
+    "granitemoe": "granite",
+    "granitemoeshared": "granite",
+    "granitemoehybrid": "granite",
+}
 _USES_TOOLS = re.compile(r"\btools\b")
 
 
