@@ -1,5 +1,6 @@
 """TENSOR_PARALLEL_SIZE=2 on the CPU (gloo, two processes) for the hybrid families, Qwen3.5 dense and MoE, Qwen3-Next
-(fused DeltaNet projections) and Nemotron-H (Mamba2 groups, relu^2 MLP and experts), on tiny random float32
+(fused DeltaNet projections), Nemotron-H (Mamba2 groups, relu^2 MLP and experts) and Granite 4.0-H (Mamba2 groups,
+experts beside the shared MLP, rotary-free attention), on tiny random float32
 checkpoints: each rank holds its Gated DeltaNet heads or Mamba2 groups and their states in its own state pool, under
 the slot ids of rank 0's scheduler. Against one rank and transformers: the prompt's log-probabilities over chunked
 prefill (a 16-token step budget, prompts longer than one DeltaNet or Mamba2 chunk), greedy answers batched and
@@ -18,18 +19,23 @@ from tests.engine.core.distributed.tp_models import child_pids, copy_tokenizer
 from tests.engine.core.engine_run import run
 from tests.engine.model.family_parity import hf_greedy, mixed_prompts, reference_logits, tiny_engine
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
-from tests.engine.model.mamba_checkpoints import build_nemotron_h_checkpoint
+from tests.engine.model.mamba_checkpoints import build_granite_hybrid_checkpoint, build_nemotron_h_checkpoint
 
 ATOL = 2e-4  # log-probabilities, float32: the ranks sum the same products in another order
 VOCAB = 128
 
 
-@pytest.fixture(scope="module", params=["qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "nemotron_h"])
+@pytest.fixture(
+    scope="module",
+    params=["qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "nemotron_h", "granitemoehybrid"],
+)
 def tp_hybrid(request, tmp_path_factory, baked_model_path):
     """(transformers model, TP=1 engine, TP=2 engine, path) over one checkpoint."""
     path = tmp_path_factory.mktemp(request.param)
     if request.param == "nemotron_h":
         hf = build_nemotron_h_checkpoint(path)
+    elif request.param == "granitemoehybrid":
+        hf = build_granite_hybrid_checkpoint(path)
     else:
         hf = build_hybrid_checkpoint(request.param, path)
     copy_tokenizer(path, baked_model_path)
@@ -106,7 +112,7 @@ def test_a_size_that_cuts_the_recurrent_heads_is_refused(tp_hybrid):
     from engine.core.distributed.ranks import rank_config
 
     path = tp_hybrid[3]
-    mamba = tp_hybrid[1].spec.architecture == "NemotronHForCausalLM"
+    mamba = tp_hybrid[1].spec.recurrent.kind == "mamba2"
     what = "2 Mamba2 groups" if mamba else "2 linear-attention key heads"
     with pytest.raises(StartupError, match=f"tensor_parallel_size=4 does not divide the model's {what}"):
         rank_config(EngineConfig(model_path=str(path), tensor_parallel_size=4), torch.device("cpu"))
