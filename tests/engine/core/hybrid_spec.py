@@ -15,17 +15,18 @@ from engine.sample.params import SamplingParams
 from tests.engine.core.engine_run import greedy, run
 from tests.engine.model.family_parity import load_family, tiny_engine
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
-from tests.engine.model.mamba_checkpoints import build_nemotron_h_checkpoint
+from tests.engine.model.mamba_checkpoints import build_granite_hybrid_checkpoint, build_nemotron_h_checkpoint
 
 
 def hybrid_target(kind: str, path: Path, baked_model_path: Path, mtp: bool = False, **change) -> Path:
     """A tiny random `kind` checkpoint at `path` (config `change`d) with the baked model's tokenizer (and random mtp.*
-    tensors). kind "nemotron_h": a Nemotron-H checkpoint (Mamba2 state slots)."""
-    hf = (
-        build_nemotron_h_checkpoint(path, **change)
-        if kind == "nemotron_h"
-        else build_hybrid_checkpoint(kind, path, **change)
-    )
+    tensors). kind "nemotron_h" / "granitemoehybrid": a Nemotron-H / Granite 4.0-H checkpoint (Mamba2 state slots)."""
+    if kind == "nemotron_h":
+        hf = build_nemotron_h_checkpoint(path, **change)
+    elif kind == "granitemoehybrid":
+        hf = build_granite_hybrid_checkpoint(path, **change)
+    else:
+        hf = build_hybrid_checkpoint(kind, path, **change)
     load_family(path, baked_model_path)
     if mtp:
         add_mtp_weights(path, hf)
@@ -125,7 +126,7 @@ def check_snapshots(engine: LLMEngine, reference: LLMEngine) -> int:
     has); returns how many were compared. (Beams that were dropped leave snapshots the reference never saw.)"""
     pool, ref = engine.state_pool, reference.state_pool
     # A delta-rule slot holds S / c and log c (two forms of one state); a Mamba2 slot holds its state as it is.
-    state = (lambda held: held) if engine.spec.architecture == "NemotronHForCausalLM" else materialise
+    state = (lambda held: held) if engine.spec.recurrent.kind == "mamba2" else materialise
     compared = 0
     for h, slot in engine.kv.state._snapshots.items():
         other = reference.kv.state._snapshots.get(h)
