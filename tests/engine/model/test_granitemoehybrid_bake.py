@@ -38,6 +38,9 @@ def test_the_hub_layout_bakes_and_serves_transformers_tokens(tmp_path, baked_mod
     hf = build_granite_hybrid_checkpoint(src)
     copy_tokenizer(src, baked_model_path)
     assert "model.layers.0.block_sparse_moe.router.layer.weight" in load_file(src / "model.safetensors")
+    config = json.loads((src / "config.json").read_text())  # the hub's configs name the layer types so
+    config.update(layer_types=["mamba", "attention", "mamba", "mamba"], time_step_limit=[0.0, float("inf")])
+    (src / "config.json").write_text(json.dumps(config))
     manifest = bake(resolve(str(src), None), tmp_path / "baked")
     assert manifest["architecture"] == "GraniteMoeHybridForCausalLM"
     prompt = torch.randint(3, 128, (37,), generator=torch.Generator().manual_seed(1)).tolist()
