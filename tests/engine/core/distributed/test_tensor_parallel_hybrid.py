@@ -1,6 +1,6 @@
 """TENSOR_PARALLEL_SIZE=2 on the CPU (gloo, two processes) for the hybrid families, Qwen3.5 dense and MoE, Qwen3-Next
 (fused DeltaNet projections), Nemotron-H (Mamba2 groups, relu^2 MLP and experts) and Granite 4.0-H (Mamba2 groups,
-experts beside the shared MLP, rotary-free attention), on tiny random float32
+experts beside the shared MLP or that MLP alone, rotary-free attention), on tiny random float32
 checkpoints: each rank holds its Gated DeltaNet heads or Mamba2 groups and their states in its own state pool, under
 the slot ids of rank 0's scheduler. Against one rank and transformers: the prompt's log-probabilities over chunked
 prefill (a 16-token step budget, prompts longer than one DeltaNet or Mamba2 chunk), greedy answers batched and
@@ -27,15 +27,22 @@ VOCAB = 128
 
 @pytest.fixture(
     scope="module",
-    params=["qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "nemotron_h", "granitemoehybrid"],
+    params=[
+        "qwen3_5_text",
+        "qwen3_5_moe_text",
+        "qwen3_next",
+        "nemotron_h",
+        "granitemoehybrid",
+        "granitemoehybrid_dense",
+    ],
 )
 def tp_hybrid(request, tmp_path_factory, baked_model_path):
     """(transformers model, TP=1 engine, TP=2 engine, path) over one checkpoint."""
     path = tmp_path_factory.mktemp(request.param)
     if request.param == "nemotron_h":
         hf = build_nemotron_h_checkpoint(path)
-    elif request.param == "granitemoehybrid":
-        hf = build_granite_hybrid_checkpoint(path)
+    elif request.param.startswith("granitemoehybrid"):  # _dense: no experts, the shared MLP alone
+        hf = build_granite_hybrid_checkpoint(path, **({"num_local_experts": 0} if "dense" in request.param else {}))
     else:
         hf = build_hybrid_checkpoint(request.param, path)
     copy_tokenizer(path, baked_model_path)
