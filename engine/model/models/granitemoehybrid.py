@@ -6,8 +6,9 @@ norm -> mixer -> residual_multiplier x + residual; norm -> experts + shared MLP 
 num_local_experts is 0: Micro) -> residual_multiplier x + residual.
 
 Hub checkpoints name the mixers `mamba.*` and `self_attn.*`, the MoE as Granite 3's (`block_sparse_moe`,
-`shared_mlp`; engine/model/models/granite.py). Tensor-parallel, a rank holds whole Mamba2 groups, attention heads
-and columns of every expert and of the shared MLP (engine/model/sharding.py).
+`shared_mlp`; engine/model/models/granite.py). Tensor-parallel, a rank holds whole Mamba2 groups (or, with more ranks
+than groups, as the releases' one group, a part of its heads), attention heads and columns of every expert and of the
+shared MLP (engine/model/sharding.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the bake keeps and refuses of a Granite 4.0-H checkpoint: the hub layout (mamba.*, block_sparse_moe.*,
 shared_mlp.*) bakes and serves transformers' tokens, and so does transformers 5's MoE naming (router,
 experts.gate_up_proj); what the engine does not run (another activation, a quantized checkpoint, a layer type it does
-not know, a tensor-parallel size that cuts the Mamba2 groups) fails in one line naming it."""
+not know, more ranks than Mamba2 heads) fails in one line naming it."""
 
 from __future__ import annotations
 
@@ -79,8 +79,9 @@ def test_what_the_engine_does_not_run_fails_the_check_in_one_line(change, match,
     assert "\n" not in str(err.value)
 
 
-def test_a_tensor_parallel_size_that_cuts_the_mamba2_groups_is_refused_in_one_line(tmp_path):
-    build_granite_hybrid_checkpoint(tmp_path)
+def test_more_ranks_than_mamba2_groups_split_the_heads_and_too_many_are_refused_in_one_line(tmp_path):
+    """Granite 4.0-H's releases have one Mamba2 group: ranks split its heads, as many ranks as there are heads."""
+    build_granite_hybrid_checkpoint(tmp_path, mamba_n_groups=1, mamba_n_heads=2, mamba_d_head=32)
     assert shard_refusal(str(tmp_path), 2) is None
     why = shard_refusal(str(tmp_path), 4)
-    assert why == "tensor_parallel_size=4 does not divide the model's 2 Mamba2 groups"
+    assert why == "tensor_parallel_size=4 does not divide the model's 2 Mamba2 heads"

@@ -34,6 +34,7 @@ VOCAB = 128
         "nemotron_h",
         "granitemoehybrid",
         "granitemoehybrid_dense",
+        "granitemoehybrid_one_group",
     ],
 )
 def tp_hybrid(request, tmp_path_factory, baked_model_path):
@@ -41,8 +42,9 @@ def tp_hybrid(request, tmp_path_factory, baked_model_path):
     path = tmp_path_factory.mktemp(request.param)
     if request.param == "nemotron_h":
         hf = build_nemotron_h_checkpoint(path)
-    elif request.param.startswith("granitemoehybrid"):  # _dense: no experts, the shared MLP alone
-        hf = build_granite_hybrid_checkpoint(path, **({"num_local_experts": 0} if "dense" in request.param else {}))
+    elif request.param.startswith("granitemoehybrid"):  # _dense: no experts; _one_group: one Mamba2 group, as released
+        change = {"_dense": {"num_local_experts": 0}, "_one_group": {"mamba_n_groups": 1}}
+        hf = build_granite_hybrid_checkpoint(path, **change.get(request.param.removeprefix("granitemoehybrid"), {}))
     else:
         hf = build_hybrid_checkpoint(request.param, path)
     copy_tokenizer(path, baked_model_path)
@@ -61,9 +63,13 @@ def greedy(max_tokens: int, **kw) -> SamplingParams:
 
 
 def test_each_rank_holds_half_the_deltanet_heads(tp_hybrid):
-    _, one, two, _ = tp_hybrid
+    _, one, two, path = tp_hybrid
     assert two.spec.recurrent.state_shape[0] * 2 == one.spec.recurrent.state_shape[0]
-    assert two.spec.recurrent.conv_shape[0] * 2 == one.spec.recurrent.conv_shape[0]
+    if "one_group" in path.name:  # half the heads' x channels, the one group's B and C on both ranks
+        heads, head_dim, _ = one.spec.recurrent.state_shape
+        assert one.spec.recurrent.conv_shape[0] - two.spec.recurrent.conv_shape[0] == heads * head_dim // 2
+    else:
+        assert two.spec.recurrent.conv_shape[0] * 2 == one.spec.recurrent.conv_shape[0]
     assert two.state_pool.num_slots == one.state_pool.num_slots
 
 
@@ -117,9 +123,12 @@ def test_forked_choices_match_one_rank(tp_hybrid):
 
 def test_a_size_that_cuts_the_recurrent_heads_is_refused(tp_hybrid):
     from engine.core.distributed.ranks import rank_config
+    from engine.model.loader import shard_refusal
 
     path = tp_hybrid[3]
-    mamba = tp_hybrid[1].spec.recurrent.kind == "mamba2"
-    what = "2 Mamba2 groups" if mamba else "2 linear-attention key heads"
+    if tp_hybrid[1].spec.recurrent.kind == "mamba2":  # more ranks than groups split a group's heads
+        assert shard_refusal(str(path), 4) is None
+        return
+    what = "2 linear-attention key heads"
     with pytest.raises(StartupError, match=f"tensor_parallel_size=4 does not divide the model's {what}"):
         rank_config(EngineConfig(model_path=str(path), tensor_parallel_size=4), torch.device("cpu"))
