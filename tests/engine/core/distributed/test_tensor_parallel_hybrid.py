@@ -4,8 +4,8 @@ experts beside the shared MLP or that MLP alone, rotary-free attention), on tiny
 checkpoints: each rank holds its Gated DeltaNet heads or Mamba2 groups and their states in its own state pool, under
 the slot ids of rank 0's scheduler. Against one rank and transformers: the prompt's log-probabilities over chunked
 prefill (a 16-token step budget, prompts longer than one DeltaNet or Mamba2 chunk), greedy answers batched and
-alone, a prefix-cache hit from a state snapshot, forked choices; a size that does not divide the DeltaNet heads or
-the Mamba2 groups is refused in one line; no rank is left behind."""
+alone, a prefix-cache hit from a state snapshot, forked choices; a size that does not divide the DeltaNet heads is
+refused in one line, one past the Mamba2 groups splits a group's heads; no rank is left behind."""
 
 from __future__ import annotations
 
