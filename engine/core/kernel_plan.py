@@ -65,6 +65,11 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "GraniteForCausalLM": ("granite", {}),
     "GraniteMoeForCausalLM": ("granitemoe", {}),
     "GraniteMoeSharedForCausalLM": ("granitemoeshared", {}),
+    # Granite 4.0-H's mix (the default is all Mamba2: no attention to plan) and its 8 KV heads
+    "GraniteMoeHybridForCausalLM": (
+        "granitemoehybrid",
+        {"layer_types": (["mamba"] * 7 + ["attention"]) * 4, "num_key_value_heads": 8},
+    ),
     "LlamaForCausalLM": ("llama", {}),
     "LlamaForSequenceClassification": ("llama", {}),
     "Ministral3ForCausalLM": ("ministral3", {}),

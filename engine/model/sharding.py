@@ -23,6 +23,7 @@ from torch import nn
 from engine.errors import StartupError, UnsupportedModel
 from engine.model.checkpoint import Source
 from engine.model.layers.linear import FusedLinear
+from engine.model.layers.mamba2 import GroupSplit
 from engine.model.layers.mla import MLAttention
 from engine.model.layers.parallel import TensorParallel, VocabParallelEmbedding
 
@@ -49,6 +50,7 @@ SHARDED_ARCHITECTURES = (
     "GraniteForCausalLM",
     "GraniteMoeForCausalLM",
     "GraniteMoeSharedForCausalLM",
+    "GraniteMoeHybridForCausalLM",
     "Phi3ForCausalLM",
     "PhimoeForCausalLM",
     "DeepseekV2ForCausalLM",
@@ -146,11 +148,14 @@ def shard_refusal(architecture: str, args: Any, size: int) -> str | None:
         counts["linear-attention key heads"] = deltanet.num_k_heads
         counts["linear-attention value heads"] = deltanet.num_v_heads
     mamba = getattr(args, "mamba", None)
-    if mamba is not None:  # each rank holds whole Mamba2 groups (their heads, B, C and gated-norm groups)
-        counts["Mamba2 groups"] = mamba.n_groups
+    if mamba is not None and mamba.n_groups % size:  # more ranks than groups: each holds a part of one's heads
+        counts["Mamba2 heads"] = mamba.num_heads
     for what, n in counts.items():
         if n % size:
             return f"tensor_parallel_size={size} does not divide the model's {n} {what}"
+    if mamba is not None and mamba.n_groups % size and size % mamba.n_groups:
+        groups = mamba.n_groups
+        return f"tensor_parallel_size={size} neither divides nor is a multiple of the model's {groups} Mamba2 groups"
     # Every layer's KV heads (Gemma 4's global layers have their own count).
     for kv in sorted({args.num_kv_heads, *(kv for kv, _ in getattr(args, "layer_shapes", ()))}, reverse=True):
         if kv % size and size % kv:
@@ -303,13 +308,20 @@ def shard_deltanet(layer: nn.Module, prefix: str, tp: TensorParallel, plan: Shar
 def shard_mamba2(layer: nn.Module, prefix: str, tp: TensorParallel, plan: ShardPlan) -> nn.Module:
     """A Mamba2 mixer -> a new one over this rank's groups (a contiguous span, with their heads): in_proj's z, x, B,
     C and dt rows and the conv's x, B and C channels by group; dt_bias, A_log and D by head; the gated norm's groups
-    (each normalised on its own, so a rank's are whole); out_proj row-parallel. Its state slots hold these heads."""
+    (each normalised on its own, so a rank's are whole); out_proj row-parallel. Its state slots hold these heads.
+    With more ranks than groups, a rank holds an equal part of one group's heads and that group's B and C (the
+    group's ranks compute them alike), its gated norm summed across the ranks (GroupSplit)."""
     s = layer.shape
-    g0, ng = tp.span(s.n_groups)
-    per = s.num_heads // s.n_groups
-    h0, nh = g0 * per, ng * per
+    per, split = s.num_heads // s.n_groups, None
+    if s.n_groups % tp.size == 0:
+        g0, ng = tp.span(s.n_groups)
+        h0, nh = g0 * per, ng * per
+    else:  # more ranks than groups (Granite 4.0-H has one): a rank holds an equal part of one group's heads
+        h0, nh = tp.span(s.num_heads)
+        g0, ng = h0 // per, 1
+        split = GroupSplit(tp=tp, group=g0, groups=s.n_groups, width=per * s.head_dim)
     p, n, inner, bc = s.head_dim, s.state_size, s.inner, s.n_groups * s.state_size
-    shard = type(layer)(replace(s, num_heads=nh, n_groups=ng))
+    shard = type(layer)(replace(s, num_heads=nh, n_groups=ng), split=split)
     xbc = ((h0 * p, nh * p), (inner + g0 * n, ng * n), (inner + bc + g0 * n, ng * n))
     in_proj = ((h0 * p, nh * p), *((inner + a, b) for a, b in xbc), (inner + s.conv_dim + h0, nh))
     bias = s.proj_bias

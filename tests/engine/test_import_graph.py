@@ -105,6 +105,12 @@ FAMILY_BASES = {
     "engine.model.models.ernie4_5_moe": {"engine.model.models.llama", "engine.model.models.moe_base"},
     # Granite is the Llama decoder with four scalars.
     "engine.model.models.granite": {"engine.model.models.llama", "engine.model.models.moe_base"},
+    # Granite 4.0-H is Granite 3 MoE's decoder (its scalars, names and shared MLP) with Mamba2 beside attention.
+    "engine.model.models.granitemoehybrid": {
+        "engine.model.models.granite",
+        "engine.model.models.llama",
+        "engine.model.models.moe_base",
+    },
     # OLMo 2 / 3 and EXAONE 4 are Llama decoders with their norms after attention and MLP.
     "engine.model.models.olmo2": {"engine.model.models.llama"},
     "engine.model.models.glm4_moe": {"engine.model.models.llama"},

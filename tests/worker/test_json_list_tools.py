@@ -72,6 +72,20 @@ def test_auto_picks_them_from_the_template_or_the_family() -> None:
     assert pick_format(QWEN25, "qwen2") == "hermes"  # the others keep theirs
 
 
+def test_granite_4_h_calls_read_as_hermes() -> None:
+    """Granite 4.0-H's template asks for one JSON object in each <tool_call></tool_call> (Hermes'), not Granite 3's
+    list: auto picks hermes for its model_type, and that parser reads both of two calls."""
+    granite4 = (
+        "{% if tools %}You are provided with function signatures within <tools></tools> XML tags:\n<tools>{{ tools }}"
+        "</tools>\n\nFor each tool call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n{}\n</tool_call>{% endif %}"
+    )
+    assert pick_format(granite4, "granitemoehybrid") == "hermes"
+    text = f"<tool_call>\n{PARIS}\n</tool_call>\n<tool_call>\n{ROME}\n</tool_call>"
+    content, calls = PARSERS["hermes"].parse(text, schemas=SCHEMAS)
+    assert not content and [json.loads(c.arguments) for c in calls] == [{"city": "Paris", "days": 3}, {"city": "Rome"}]
+
+
 @pytest.mark.parametrize(
     "fmt,template,mode,text,accepted",
     [

@@ -24,6 +24,7 @@ from torch import nn
 
 from engine.cuda import causal_conv
 from engine.model.layers import ssd
+from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentStep, Replay
 
 
@@ -69,26 +70,50 @@ def read_dt_limit(config: dict) -> tuple[float, float]:
     return low, high
 
 
+@dataclass(frozen=True, kw_only=True)
+class GroupSplit:
+    """A tensor-parallel shard with more ranks than groups holds part of one group's heads: that group's index among
+    the model's `groups` and its whole width, over which the gated norm's mean is summed across the ranks."""
+
+    tp: TensorParallel
+    group: int
+    groups: int
+    width: int
+
+
 class GroupGatedRMSNorm(nn.Module):
     """RMSNorm of x * SiLU(gate) over each of `groups` equal parts of the channels, in float32, as transformers'
-    MambaRMSNormGated; norm_before_gate: RMSNorm(x) * SiLU(gate) (Falcon-H1's FalconH1RMSNormGated)."""
+    MambaRMSNormGated; norm_before_gate: RMSNorm(x) * SiLU(gate) (Falcon-H1's FalconH1RMSNormGated); with a
+    `split`, over one group shared with other ranks."""
 
-    def __init__(self, dim: int, groups: int, eps: float, *, norm_before_gate: bool = False) -> None:
+    def __init__(
+        self, dim: int, groups: int, eps: float, *, norm_before_gate: bool = False, split: GroupSplit | None = None
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.groups, self.eps, self.norm_before_gate = groups, eps, norm_before_gate
+        self.groups, self.eps, self.norm_before_gate, self.split = groups, eps, norm_before_gate, split
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         g = F.silu(gate.float())
-        h = (x.float() if self.norm_before_gate else x.float() * g).unflatten(-1, (self.groups, -1))
-        h = self.weight.float() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
+        h = x.float() if self.norm_before_gate else x.float() * g
+        if self.split is None:
+            h = h.unflatten(-1, (self.groups, -1))
+            h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
+        else:  # each rank adds its channels' squares to its group's column: every rank gets its group's sum
+            s = self.split
+            sums = h.new_zeros(h.shape[0], s.groups)
+            sums[:, s.group] = h.pow(2).sum(-1)
+            sums = s.tp.all_reduce(sums)
+            h = h * torch.rsqrt(sums[:, s.group : s.group + 1] / s.width + self.eps)
+        h = self.weight.float() * h
         return (h * g if self.norm_before_gate else h).to(gate.dtype)
 
 
 class Mamba2Mixer(nn.Module):
     """The mixer of one Mamba2 layer; forward reads and writes the sequences' state slots."""
 
-    def __init__(self, shape: Mamba2Shape) -> None:
+    def __init__(self, shape: Mamba2Shape, split: GroupSplit | None = None) -> None:
+        """split: a shard's part of one group shared with other ranks (engine/model/sharding.py)."""
         super().__init__()
         self.shape = s = shape
         self.in_proj = nn.Linear(s.hidden_size, s.inner + s.conv_dim + s.num_heads, bias=s.proj_bias)
@@ -97,7 +122,9 @@ class Mamba2Mixer(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(s.num_heads))
         self.D = nn.Parameter(torch.ones(s.num_heads))
         self.norm = (
-            GroupGatedRMSNorm(s.inner, s.n_groups, s.eps, norm_before_gate=s.norm_before_gate) if s.rms_norm else None
+            GroupGatedRMSNorm(s.inner, s.n_groups, s.eps, norm_before_gate=s.norm_before_gate, split=split)
+            if s.rms_norm
+            else None
         )
         self.out_proj = nn.Linear(s.inner, s.hidden_size, bias=s.out_bias)
 

@@ -38,6 +38,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GraniteForCausalLM": ("engine.model.models.granite", "GraniteForCausalLM"),
     "GraniteMoeForCausalLM": ("engine.model.models.granite", "GraniteMoeForCausalLM"),
     "GraniteMoeSharedForCausalLM": ("engine.model.models.granite", "GraniteMoeForCausalLM"),
+    "GraniteMoeHybridForCausalLM": ("engine.model.models.granitemoehybrid", "GraniteMoeHybridForCausalLM"),
     "GptOssForCausalLM": ("engine.model.models.gpt_oss", "GptOssForCausalLM"),
     "LlamaForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
     # Cross-encoders: the decoder plus a score head (engine/model/classifier.py attaches it)

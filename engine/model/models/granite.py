@@ -24,6 +24,13 @@ _RENAMES = (
 )
 
 
+def granite_moe_name(name: str) -> str:
+    """A Granite MoE checkpoint's name (the hub's or transformers 5's) as the engine's `mlp.*`."""
+    for pattern, ours in _RENAMES:
+        name = pattern.sub(ours, name)
+    return name
+
+
 def granite_scalars(config: dict) -> dict:
     scale = config.get("attention_multiplier")
     return {
@@ -59,6 +66,4 @@ class GraniteMoeForCausalLM(MoeForCausalLM):
         return SparseMoE(routing=a.routing, hidden_size=a.hidden_size, shared_experts=shared_mlp(a))
 
     def checkpoint_name(self, name: str) -> str:
-        for pattern, ours in _RENAMES:
-            name = pattern.sub(ours, name)
-        return name
+        return granite_moe_name(name)

@@ -15,13 +15,22 @@ from engine.sample.params import SamplingParams
 from tests.engine.core.engine_run import greedy, run
 from tests.engine.model.family_parity import load_family, tiny_engine
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
-from tests.engine.model.mamba_checkpoints import build_falcon_h1_checkpoint, build_nemotron_h_checkpoint
+from tests.engine.model.mamba_checkpoints import (
+    build_falcon_h1_checkpoint,
+    build_granite_hybrid_checkpoint,
+    build_nemotron_h_checkpoint,
+)
 
 
 def hybrid_target(kind: str, path: Path, baked_model_path: Path, mtp: bool = False, **change) -> Path:
     """A tiny random `kind` checkpoint at `path` (config `change`d) with the baked model's tokenizer (and random mtp.*
-    tensors). kind "nemotron_h" or "falcon_h1": a Nemotron-H or Falcon-H1 checkpoint (Mamba2 state slots)."""
-    mamba = {"nemotron_h": build_nemotron_h_checkpoint, "falcon_h1": build_falcon_h1_checkpoint}
+    tensors). kind "nemotron_h", "falcon_h1" or "granitemoehybrid": a Nemotron-H, Falcon-H1 or Granite 4.0-H checkpoint
+    (Mamba2 state slots)."""
+    mamba = {
+        "nemotron_h": build_nemotron_h_checkpoint,
+        "falcon_h1": build_falcon_h1_checkpoint,
+        "granitemoehybrid": build_granite_hybrid_checkpoint,
+    }
     hf = mamba[kind](path, **change) if kind in mamba else build_hybrid_checkpoint(kind, path, **change)
     load_family(path, baked_model_path)
     if mtp:
@@ -122,7 +131,7 @@ def check_snapshots(engine: LLMEngine, reference: LLMEngine) -> int:
     has); returns how many were compared. (Beams that were dropped leave snapshots the reference never saw.)"""
     pool, ref = engine.state_pool, reference.state_pool
     # A delta-rule slot holds S / c and log c (two forms of one state); a Mamba2 slot holds its state as it is.
-    state = (lambda held: held) if engine.spec.architecture == "NemotronHForCausalLM" else materialise
+    state = (lambda held: held) if engine.spec.recurrent.kind == "mamba2" else materialise
     compared = 0
     for h, slot in engine.kv.state._snapshots.items():
         other = reference.kv.state._snapshots.get(h)

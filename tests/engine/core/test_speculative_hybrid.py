@@ -1,9 +1,9 @@
-"""Speculative decoding on hybrid targets (Qwen3.5 / Qwen3-Next: Gated DeltaNet layers; Nemotron-H and Falcon-H1:
-Mamba2 layers; each with a recurrent state per sequence): greedy output token for token as without it. An oracle
-proposer that errs at every position of its proposals in turn makes every acceptance length happen, so the state after
-each verify must be exactly the one after the last accepted token; batched with beam search, n=2, max_tokens inside a
-proposal, under preemption, and a second turn that starts from a page-boundary snapshot taken during a verify. Then
-the real n-gram and draft-model proposers on a hybrid target."""
+"""Speculative decoding on hybrid targets (Qwen3.5 / Qwen3-Next: Gated DeltaNet layers; Nemotron-H, Falcon-H1 and
+Granite 4.0-H: Mamba2 layers; each with a recurrent state per sequence): greedy output token for token as without it.
+An oracle proposer that errs at every position of its proposals in turn makes every acceptance length happen, so the
+state after each verify must be exactly the one after the last accepted token; batched with beam search, n=2,
+max_tokens inside a proposal, under preemption, and a second turn that starts from a page-boundary snapshot taken
+during a verify. Then the real n-gram and draft-model proposers on a hybrid target."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.engine.core.hybrid_spec import (
 from tests.engine.model.family_parity import tiny_engine
 
 
-@pytest.fixture(scope="module", params=["qwen3_5_text", "qwen3_next", "nemotron_h", "falcon_h1"])
+@pytest.fixture(scope="module", params=["qwen3_5_text", "qwen3_next", "nemotron_h", "falcon_h1", "granitemoehybrid"])
 def target(request, tmp_path_factory, baked_model_path):
     return hybrid_target(request.param, tmp_path_factory.mktemp(request.param), baked_model_path)
 

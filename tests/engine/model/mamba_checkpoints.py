@@ -1,7 +1,8 @@
-"""Tiny random-weight Nemotron-H (nemotron_h, in the hub's layout: backbone.*, per-expert tensors: every block kind,
-Mamba2, attention, relu^2 MLP and MoE, in one stack) and Falcon-H1 (falcon_h1: attention and Mamba2 in every layer,
-every μP multiplier away from 1) checkpoints, with a Mamba2 chunk of 16 tokens so that prompts span several chunks
-and the conv window."""
+"""Tiny random-weight Mamba2 hybrids, with a Mamba2 chunk of 16 tokens so that prompts span several chunks and the
+conv window: Nemotron-H (nemotron_h, in the hub's layout: backbone.*, per-expert tensors) with every block kind
+(Mamba2, attention, relu^2 MLP, MoE) in one stack; Falcon-H1 (falcon_h1: attention and Mamba2 in every layer, every
+μP multiplier away from 1); Granite 4.0-H (granitemoehybrid: Mamba2 and attention mixers, experts and the shared
+MLP)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,49 @@ def build_falcon_h1_checkpoint(path, **change):
 
     torch.manual_seed(0)
     config = tf.AutoConfig.for_model("falcon_h1", **{**TINY_FALCON_H1, **change})
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    randomise(model)
+    config.architectures = [type(model).__name__]
+    model.save_pretrained(path)
+    return model
+
+
+# Granite 4.0-H: mamba attention mamba mamba, each with 4 experts and the shared MLP; Granite's four scalars away
+# from 1 (so that a lost one shows); 2 groups of 4 Mamba2 heads of 8.
+TINY_GRANITE_HYBRID = dict(
+    hidden_size=64,
+    intermediate_size=32,
+    shared_intermediate_size=48,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    num_hidden_layers=4,
+    layer_types=["mamba", "attention", "mamba", "mamba"],
+    mamba_n_heads=8,
+    mamba_d_head=8,
+    mamba_expand=1,
+    mamba_n_groups=2,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_chunk_size=16,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    embedding_multiplier=2.0,
+    residual_multiplier=0.6,
+    attention_multiplier=0.2,
+    logits_scaling=1.5,
+    position_embedding_type="nope",
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+)
+
+
+def build_granite_hybrid_checkpoint(path, **change):
+    """Saves a random-weight granitemoehybrid model to path and returns the transformers model (float32, eager)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.AutoConfig.for_model("granitemoehybrid", **{**TINY_GRANITE_HYBRID, **change})
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     randomise(model)
     config.architectures = [type(model).__name__]

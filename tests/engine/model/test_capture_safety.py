@@ -23,7 +23,11 @@ from tests.engine.model.capture_guard import CaptureGuard, CaptureRefused
 from tests.engine.model.family_parity import Pages
 from tests.engine.model.gpt_oss_checkpoints import build_gpt_oss
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
-from tests.engine.model.mamba_checkpoints import build_falcon_h1_checkpoint, build_nemotron_h_checkpoint
+from tests.engine.model.mamba_checkpoints import (
+    build_falcon_h1_checkpoint,
+    build_granite_hybrid_checkpoint,
+    build_nemotron_h_checkpoint,
+)
 from tests.engine.model.moe_checkpoints import build_moe_checkpoint
 from tests.engine.model.test_gemma4_moe_parity import CONFIG as GEMMA4_MOE
 from tests.engine.model.test_gemma4_moe_parity import randomize
@@ -61,6 +65,7 @@ BUILDERS = {
     **{kind: (lambda p, k=kind: build_hybrid_checkpoint(k, p)) for kind in ("qwen3_5_text", "qwen3_next")},
     "nemotron_h": build_nemotron_h_checkpoint,
     "falcon_h1": build_falcon_h1_checkpoint,
+    "granitemoehybrid": build_granite_hybrid_checkpoint,
 }
 
 

@@ -1,6 +1,6 @@
 """What the bake keeps and refuses of a Nemotron-H checkpoint: the hub layout (backbone.*, per-expert tensors) bakes
 and serves transformers' tokens; what the engine does not run (another MLP activation, latent MoE projections, a
-quantized checkpoint, a block letter it does not know, a tensor-parallel size that cuts the Mamba2 groups) fails in
+quantized checkpoint, a block letter it does not know, a tensor-parallel size that cuts the Mamba2 heads) fails in
 one line naming it."""
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ def test_what_the_engine_does_not_run_fails_the_check_in_one_line(change, match,
     assert "\n" not in str(err.value)
 
 
-def test_a_tensor_parallel_size_that_cuts_the_mamba2_groups_is_refused_in_one_line(tmp_path):
+def test_a_tensor_parallel_size_that_cuts_the_mamba2_heads_is_refused_in_one_line(tmp_path):
+    """Whole groups per rank (2), a part of one group's heads (4: more ranks than groups), never part of a head."""
     build_nemotron_h_checkpoint(tmp_path)
-    assert shard_refusal(str(tmp_path), 2) is None
+    assert shard_refusal(str(tmp_path), 2) is None and shard_refusal(str(tmp_path), 4) is None
+    build_nemotron_h_checkpoint(tmp_path, mamba_num_heads=2, mamba_head_dim=32)
     why = shard_refusal(str(tmp_path), 4)
-    assert why == "tensor_parallel_size=4 does not divide the model's 2 Mamba2 groups"
+    assert why == "tensor_parallel_size=4 does not divide the model's 2 Mamba2 heads"

@@ -28,6 +28,7 @@ OTHER_FAMILIES = (
     "glm4_moe",
     "gpt_oss",
     "granite",
+    "granitemoehybrid",
     "mistral3",
     "mixtral",
     "olmo2",

@@ -74,7 +74,8 @@ _FAMILIES = {
     "phi3": "phi4_mini_json",
 }
 # Families whose own format wins over the markup a template shows (Granite 3.1's templates write <tool_call>, which
-# would read as Hermes', around a JSON list of calls).
+# would read as Hermes', around a JSON list of calls). Granite 4.0-H (granitemoehybrid) is not one: its template asks
+# for Hermes' calls, one JSON object in each <tool_call></tool_call>.
 _FAMILY_FIRST = {"granite": "granite", "granitemoe": "granite", "granitemoeshared": "granite"}
 _USES_TOOLS = re.compile(r"\btools\b")
 

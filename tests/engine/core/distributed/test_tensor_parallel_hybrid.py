@@ -1,10 +1,12 @@
 """TENSOR_PARALLEL_SIZE=2 on the CPU (gloo, two processes) for the hybrid families, Qwen3.5 dense and MoE, Qwen3-Next
-(fused DeltaNet projections), Nemotron-H (Mamba2 groups, relu^2 MLP and experts) and Falcon-H1 (attention and Mamba2
-side by side in every layer), on tiny random float32 checkpoints: each rank holds its Gated DeltaNet heads or Mamba2
-groups and their states in its own state pool, under the slot ids of rank 0's scheduler. Against one rank and
-transformers: the prompt's log-probabilities over chunked prefill (a 16-token step budget, prompts longer than one
-DeltaNet or Mamba2 chunk), greedy answers batched and alone, a prefix-cache hit from a state snapshot, forked choices;
-a size that does not divide the DeltaNet heads or the Mamba2 groups is refused in one line; no rank is left behind."""
+(fused DeltaNet projections), Nemotron-H (Mamba2 groups, relu^2 MLP and experts), Falcon-H1 (attention and Mamba2
+side by side in every layer) and Granite 4.0-H (Mamba2 groups, experts beside the shared MLP or that MLP alone,
+rotary-free attention), on tiny random float32 checkpoints: each rank holds its Gated DeltaNet heads or Mamba2 groups
+and their states in its own state pool, under the slot ids of rank 0's scheduler. Against one rank and transformers:
+the prompt's log-probabilities over chunked prefill (a 16-token step budget, prompts longer than one DeltaNet or
+Mamba2 chunk), greedy answers batched and alone, a prefix-cache hit from a state snapshot, forked choices; a size that
+does not divide the DeltaNet heads is refused in one line, one past the Mamba2 groups splits a group's heads; no rank
+is left behind."""
 
 from __future__ import annotations
 
@@ -18,13 +20,29 @@ from tests.engine.core.distributed.tp_models import child_pids, copy_tokenizer
 from tests.engine.core.engine_run import run
 from tests.engine.model.family_parity import hf_greedy, mixed_prompts, reference_logits, tiny_engine
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
-from tests.engine.model.mamba_checkpoints import build_falcon_h1_checkpoint, build_nemotron_h_checkpoint
+from tests.engine.model.mamba_checkpoints import (
+    build_falcon_h1_checkpoint,
+    build_granite_hybrid_checkpoint,
+    build_nemotron_h_checkpoint,
+)
 
 ATOL = 2e-4  # log-probabilities, float32: the ranks sum the same products in another order
 VOCAB = 128
 
 
-@pytest.fixture(scope="module", params=["qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "nemotron_h", "falcon_h1"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        "qwen3_5_text",
+        "qwen3_5_moe_text",
+        "qwen3_next",
+        "nemotron_h",
+        "falcon_h1",
+        "granitemoehybrid",
+        "granitemoehybrid_dense",
+        "granitemoehybrid_one_group",
+    ],
+)
 def tp_hybrid(request, tmp_path_factory, baked_model_path):
     """(transformers model, TP=1 engine, TP=2 engine, path) over one checkpoint."""
     path = tmp_path_factory.mktemp(request.param)
@@ -32,6 +50,9 @@ def tp_hybrid(request, tmp_path_factory, baked_model_path):
         hf = build_nemotron_h_checkpoint(path)
     elif request.param == "falcon_h1":
         hf = build_falcon_h1_checkpoint(path)
+    elif request.param.startswith("granitemoehybrid"):  # _dense: no experts; _one_group: one Mamba2 group, as released
+        change = {"_dense": {"num_local_experts": 0}, "_one_group": {"mamba_n_groups": 1}}
+        hf = build_granite_hybrid_checkpoint(path, **change.get(request.param.removeprefix("granitemoehybrid"), {}))
     else:
         hf = build_hybrid_checkpoint(request.param, path)
     copy_tokenizer(path, baked_model_path)
@@ -50,9 +71,13 @@ def greedy(max_tokens: int, **kw) -> SamplingParams:
 
 
 def test_each_rank_holds_half_the_deltanet_heads(tp_hybrid):
-    _, one, two, _ = tp_hybrid
+    _, one, two, path = tp_hybrid
     assert two.spec.recurrent.state_shape[0] * 2 == one.spec.recurrent.state_shape[0]
-    assert two.spec.recurrent.conv_shape[0] * 2 == one.spec.recurrent.conv_shape[0]
+    if "one_group" in path.name:  # half the heads' x channels, the one group's B and C on both ranks
+        heads, head_dim, _ = one.spec.recurrent.state_shape
+        assert one.spec.recurrent.conv_shape[0] - two.spec.recurrent.conv_shape[0] == heads * head_dim // 2
+    else:
+        assert two.spec.recurrent.conv_shape[0] * 2 == one.spec.recurrent.conv_shape[0]
     assert two.state_pool.num_slots == one.state_pool.num_slots
 
 
@@ -106,9 +131,12 @@ def test_forked_choices_match_one_rank(tp_hybrid):
 
 def test_a_size_that_cuts_the_recurrent_heads_is_refused(tp_hybrid):
     from engine.core.distributed.ranks import rank_config
+    from engine.model.loader import shard_refusal
 
     path = tp_hybrid[3]
-    mamba = tp_hybrid[1].spec.architecture in ("NemotronHForCausalLM", "FalconH1ForCausalLM")
-    what = "2 Mamba2 groups" if mamba else "2 linear-attention key heads"
+    if tp_hybrid[1].spec.recurrent.kind == "mamba2":  # more ranks than groups split a group's heads
+        assert shard_refusal(str(path), 4) is None
+        return
+    what = "2 linear-attention key heads"
     with pytest.raises(StartupError, match=f"tensor_parallel_size=4 does not divide the model's {what}"):
         rank_config(EngineConfig(model_path=str(path), tensor_parallel_size=4), torch.device("cpu"))
