@@ -38,6 +38,7 @@ VOCAB = 128
         "qwen3_next",
         "nemotron_h",
         "falcon_h1",
+        "falcon_h1_one_group",
         "granitemoehybrid",
         "granitemoehybrid_dense",
         "granitemoehybrid_one_group",
@@ -48,8 +49,8 @@ def tp_hybrid(request, tmp_path_factory, baked_model_path):
     path = tmp_path_factory.mktemp(request.param)
     if request.param == "nemotron_h":
         hf = build_nemotron_h_checkpoint(path)
-    elif request.param == "falcon_h1":
-        hf = build_falcon_h1_checkpoint(path)
+    elif request.param.startswith("falcon_h1"):  # _one_group: each rank half the group, its norm before the gate
+        hf = build_falcon_h1_checkpoint(path, **({"mamba_n_groups": 1} if request.param.endswith("_one_group") else {}))
     elif request.param.startswith("granitemoehybrid"):  # _dense: no experts; _one_group: one Mamba2 group, as released
         change = {"_dense": {"num_local_experts": 0}, "_one_group": {"mamba_n_groups": 1}}
         hf = build_granite_hybrid_checkpoint(path, **change.get(request.param.removeprefix("granitemoehybrid"), {}))
