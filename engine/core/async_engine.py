@@ -148,6 +148,12 @@ class AsyncEngine:
         """One embedding request, run in the same batches as generation; raises its error instead."""
         if self.engine.spec.classifier is not None:
             raise InvalidRequest("the model is a cross-encoder: it gives scores, not embeddings", param="model")
+        if self.engine.spec.encoder and truncate_prompt_tokens is not None:
+            raise InvalidRequest(
+                "truncate_prompt_tokens keeps a prompt's last tokens, which would drop an encoder's leading [CLS] "
+                "token: send a shorter input",
+                param="truncate_prompt_tokens",
+            )
         params = PoolingParams(
             config=self.engine.spec.pooling, dimensions=dimensions, truncate_prompt_tokens=truncate_prompt_tokens
         )
@@ -155,6 +161,11 @@ class AsyncEngine:
             if isinstance(output, PoolingOutput):
                 return output
         raise RuntimeError(f"embedding request {request_id} ended without its embedding")
+
+    @property
+    def encoder(self) -> bool:
+        """A bidirectional encoder: it embeds, never generates or scores."""
+        return self.engine.spec.encoder
 
     @property
     def classifier(self):  # engine.model.classifier.Classifier | None
@@ -206,6 +217,11 @@ class AsyncEngine:
             raise InvalidRequest(
                 f"the model is a cross-encoder ({self.engine.spec.architecture}): it scores prompts "
                 "and does not generate text",
+                param="model",
+            )
+        if self.engine.spec.encoder and isinstance(params, SamplingParams):
+            raise InvalidRequest(
+                f"the model is an encoder ({self.engine.spec.architecture}): it only embeds (/v1/embeddings)",
                 param="model",
             )
         args = (prompt_token_ids, params, images)

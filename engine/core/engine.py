@@ -122,6 +122,13 @@ class LLMEngine:
                 f"{self.spec.max_position_embeddings}",
                 param="max_model_len",
             )
+        if self.spec.encoder and self.max_model_len > config.max_num_batched_tokens:
+            # NOTE: an encoder's prompt runs in one chunk (engine/model/models/bert.py): a longer one would never fit.
+            raise StartupError(
+                f"max_num_batched_tokens {config.max_num_batched_tokens} is below max_model_len {self.max_model_len}: "
+                "an encoder runs each prompt in one step",
+                param="max_num_batched_tokens",
+            )
 
     def _build_cache(self, config: EngineConfig) -> list[int]:
         """The attention backends, the KV page pools (and a hybrid model's state pool) from the memory left, their

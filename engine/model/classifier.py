@@ -26,7 +26,9 @@ from engine.errors import UnsupportedModel
 SUFFIX = "ForSequenceClassification"
 # The classifier architectures served (engine/model/models registers each on its decoder's class).
 CLASSIFIERS = ("LlamaForSequenceClassification", "Qwen3ForSequenceClassification")
-# Bidirectional encoders: the engine's attention is causal over a paged KV cache, so these are refused by name.
+# Bidirectional encoders: the ones engine/model/models/bert.py runs (ENCODER_MODELS) embed; any other is refused by
+# name (masked-LM and classification heads, and families whose layers differ: rotary, gated MLPs, ...).
+ENCODER_MODELS = ("BertModel", "RobertaModel", "XLMRobertaModel")
 ENCODERS = (
     "Bert",
     "Roberta",
@@ -56,10 +58,10 @@ class Classifier:
 
 def refuse_encoder(architecture: str) -> None:
     """One line for a bidirectional encoder, which the engine cannot run (nothing for any other architecture)."""
-    if any(architecture.startswith(name) for name in ENCODERS):
+    if architecture not in ENCODER_MODELS and any(architecture.startswith(name) for name in ENCODERS):
         raise UnsupportedModel(
-            f"architecture {architecture!r} is a bidirectional encoder (BERT-like): the engine runs "
-            "causal decoders only (embeddings, score and rerank from decoder checkpoints)",
+            f"architecture {architecture!r} is a bidirectional encoder (BERT-like) the engine does not run: "
+            f"of encoders it runs {', '.join(ENCODER_MODELS)} (embeddings only)",
             param="model",
         )
 

@@ -40,6 +40,7 @@ class ModelSpec:
     classifier: Classifier | None = None
     score_head: torch.Tensor | None = None
     vision: VisionSpec | None = None  # a model that takes images (None: text only)
+    encoder: bool = False  # a bidirectional encoder (BERT-like): it embeds, never generates
 
 
 def start_spec(
@@ -57,6 +58,7 @@ def start_spec(
     refuse at start (a rope type or partial rotary factor the rotary does not run, an mrope_section, a KV group).
     The score head is load_model's to add: it reads the weights."""
     args = model.args
+    encoder = bool(getattr(model, "encoder", False))
     model.init_rotary(max_positions, dtype, device)
     return ModelSpec(
         architecture=config["architectures"][0],
@@ -66,22 +68,35 @@ def start_spec(
         head_dim=args.head_dim,
         hidden_size=args.hidden_size,
         vocab_size=args.vocab_size,
-        max_position_embeddings=args.max_position_embeddings,
+        max_position_embeddings=_max_positions(model_path, args.max_position_embeddings, encoder),
         eos_token_ids=_eos_token_ids(config, model_path),
         dtype=dtype,
         kv_groups=_rank_groups(model.kv_groups(config), tp),
-        pooling=_pooling(model_path, config, model.classifier),
+        pooling=_pooling(model_path, config, model.classifier, encoder),
         recurrent=model.recurrent_spec() if hasattr(model, "recurrent_spec") else None,
         classifier=model.classifier,
         vision=model.vision_spec() if hasattr(model, "vision_spec") else None,
+        encoder=encoder,
     )
 
 
-def _pooling(model_path: str, config: dict, classifier: Classifier | None) -> PoolingConfig:
+def _pooling(model_path: str, config: dict, classifier: Classifier | None, encoder: bool) -> PoolingConfig:
     # A cross-encoder scores its last token's hidden state as it is (its head reads it unnormalised).
     if classifier is not None:
         return PoolingConfig(method="last", normalize=False, source="classifier")
-    return read_pooling(model_path, config)
+    return replace(read_pooling(model_path, config), whole_prompt=encoder)
+
+
+def _max_positions(model_path: str, limit: int, encoder: bool) -> int:
+    """The longest prompt served: an encoder's sentence_bert_config.json `max_seq_length` where it is below the
+    position table (sentence-transformers truncates there; here a longer prompt is refused unless the request
+    truncates it: truncate_prompt_tokens)."""
+    path = os.path.join(model_path, "sentence_bert_config.json")
+    if not encoder or not os.path.isfile(path):
+        return limit
+    with open(path) as f:
+        length = json.load(f).get("max_seq_length")
+    return min(limit, int(length)) if isinstance(length, int) and length > 0 else limit
 
 
 def _rank_groups(groups: list[KVGroupSpec], tp: TensorParallel | None) -> list[KVGroupSpec]:

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 
 from engine.errors import UnsupportedModel
+from engine.model.classifier import ENCODER_MODELS
 
 # sentence-transformers' pooling_mode_* flags -> the engine's method
 POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_lasttoken": "last"}
@@ -32,16 +33,20 @@ class PoolingConfig:
     source: str = "default"  # "sentence-transformers" when read from the model's modules.json
     matryoshka: bool = False  # the model may be shortened (dimensions)
     matryoshka_dimensions: tuple[int, ...] | None = None  # the sizes allowed, when the config lists them
+    # A bidirectional encoder's: every row sees the whole prompt, so it runs in one chunk and skips the prefix cache
+    whole_prompt: bool = False
 
 
 def read_pooling(model_path: str, config: dict) -> PoolingConfig:
-    """The folder's pooling; raises UnsupportedModel (one line) for a module or pooling mode the engine lacks."""
+    """The folder's pooling; raises UnsupportedModel (one line) for a module or pooling mode the engine lacks. An
+    encoder (BERT-like) without modules.json pools its CLS token and normalises, as vLLM does."""
     dims = config.get("matryoshka_dimensions")
     matryoshka = bool(dims) or bool(config.get("is_matryoshka"))
     allowed = tuple(int(d) for d in dims) if dims else None
     modules_path = os.path.join(model_path, "modules.json")
     if not os.path.isfile(modules_path):
-        return PoolingConfig(matryoshka=matryoshka, matryoshka_dimensions=allowed)
+        default = "cls" if (config.get("architectures") or [""])[0] in ENCODER_MODELS else "last"
+        return PoolingConfig(method=default, matryoshka=matryoshka, matryoshka_dimensions=allowed)
     with open(modules_path) as f:
         modules = json.load(f)
     method, normalize = None, False

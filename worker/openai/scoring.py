@@ -23,6 +23,7 @@ from worker.openai.generation import engine_request_id, response_id
 from worker.openai.models import resolve_model
 from worker.openai.runtime import Runtime
 
+EMBEDDINGS = "/v1/embeddings"
 SCORE = "/v1/score"
 RERANK = "/v1/rerank"
 RERANK_V2 = "/v2/rerank"
@@ -120,9 +121,10 @@ def check_cross_encoder(runtime: Runtime, route: str) -> None:
     """A 400 unless the served model is a single-label cross-encoder."""
     classifier = runtime.engine.classifier
     if classifier is None:
+        kind = "an encoder (embeddings only)" if getattr(runtime.engine, "encoder", False) else "a generative model"
         raise BadRequest(
             f"{route} needs a cross-encoder (a *ForSequenceClassification checkpoint or "
-            f"Qwen3-Reranker); `{runtime.served_model_name}` is a generative model",
+            f"Qwen3-Reranker); `{runtime.served_model_name}` is {kind}",
             param="model",
         )
     if classifier.num_labels != 1:
@@ -133,7 +135,13 @@ def check_cross_encoder(runtime: Runtime, route: str) -> None:
 
 
 def refuse_generation(runtime: Runtime, route: str) -> None:
-    """A 400 for a generation or embedding route on a cross-encoder, which only scores."""
+    """A 400 for a generation or embedding route on a cross-encoder, which only scores, and for any but
+    /v1/embeddings on an encoder (BERT-like), which only embeds."""
+    if getattr(runtime.engine, "encoder", False) and route != EMBEDDINGS:
+        raise BadRequest(
+            f"`{runtime.served_model_name}` is an encoder model: it only embeds ({EMBEDDINGS}), not {route}",
+            param="model",
+        )
     if runtime.engine.classifier is not None:
         raise BadRequest(
             f"`{runtime.served_model_name}` is a cross-encoder: it serves {SCORE}, {RERANK} and "

@@ -35,8 +35,9 @@ class PoolingParams:
 
     @property
     def needs_every_row(self) -> bool:
-        """Mean and CLS pooling read rows a prefix-cache hit would skip; the last token is always run."""
-        return self.config.method != "last"
+        """Mean and CLS pooling read rows a prefix-cache hit would skip; the last token is always run (an encoder's
+        rows each see the whole prompt: none may be skipped)."""
+        return self.config.method != "last" or self.config.whole_prompt
 
 
 def fold(

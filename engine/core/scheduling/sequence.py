@@ -144,7 +144,10 @@ class SequenceGroup:
     def whole_images(self, start: int, n: int) -> int:
         """The longest chunk <= n from `start` that ends outside every whole image span (a span's tokens see each
         other both ways, so a chunk never ends inside one; it may start inside one after a prefix hit). A causal
-        model's span may be cut: the runner keeps its image's encoding until the rest is prefilled."""
+        model's span may be cut: the runner keeps its image's encoding until the rest is prefilled. A bidirectional
+        encoder's prompt is one such span: it runs whole or waits."""
+        if isinstance(self.params, PoolingParams) and self.params.config.whole_prompt:
+            return n if start + n >= len(self.prompt_token_ids) else 0
         for span in self.images:
             if span.whole and span.start < start + n < span.end:
                 return max(0, span.start - start)

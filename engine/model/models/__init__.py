@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 # worker's cold start does not pay for every family's module; callers that only ask which names are supported
 # (membership, sorted names) read the keys.
 ARCHITECTURES: dict[str, tuple[str, str]] = {
+    # Bidirectional encoders: embeddings only (engine/model/models/bert.py)
+    "BertModel": ("engine.model.models.bert", "BertModel"),
+    "RobertaModel": ("engine.model.models.bert", "BertModel"),
+    "XLMRobertaModel": ("engine.model.models.bert", "BertModel"),
     "DeepseekV2ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV3ForCausalLM"),
     "Ernie4_5ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),

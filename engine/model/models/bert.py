@@ -1,0 +1,171 @@
+"""BERT-family bidirectional encoders (BertModel; RobertaModel and XLMRobertaModel, whose positions start at
+padding_idx + 1): absolute position and token-type embeddings, post-norm layers, GELU MLP. Embeddings only.
+
+Each sequence's rows attend to each other both ways; the scheduler runs an encoder's prompt in one chunk
+(PoolingConfig.whole_prompt), so a step's rows of a sequence are its whole prompt and attention needs no pages: the
+rows are split by the step's qo_indptr and attended within each sequence (torch SDPA, no mask). The KV group
+declared for the scheduler's sake is never written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention.base import AttentionBackend, AttentionMetadata
+from engine.errors import UnsupportedModel
+from engine.model.kv_spec import KVGroupSpec
+from engine.model.models.base import DecoderShape
+
+# The hub's names of a layer's tensors -> ours (layers.N.<ours>)
+LAYER_NAMES = {
+    "attention.self.query": "q_proj",
+    "attention.self.key": "k_proj",
+    "attention.self.value": "v_proj",
+    "attention.output.dense": "o_proj",
+    "attention.output.LayerNorm": "attn_norm",
+    "intermediate.dense": "up_proj",
+    "output.dense": "down_proj",
+    "output.LayerNorm": "mlp_norm",
+}
+# Heads and buffers a sentence-transformers or masked-LM folder may hold that embeddings never read
+SKIPPED = ("pooler.", "lm_head.", "cls.", "embeddings.position_ids")
+ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
+
+
+@dataclass(kw_only=True)
+class BertArgs(DecoderShape):
+    """The encoder's shape; max_position_embeddings is the positions usable (the table's rows less the offset)."""
+
+    type_vocab_size: int
+    position_offset: int  # RoBERTa / XLM-R: positions start at padding_idx + 1
+    position_rows: int
+    hidden_act: str
+
+
+class BertModel(nn.Module):
+    """A bidirectional encoder whose final hidden states are pooled into embeddings; it never generates."""
+
+    encoder = True
+
+    def __init__(self, args: BertArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.lora = None
+        self.fused_kernels = False
+        self.lm_head = None  # no vocabulary head: the loader finds none to keep
+        hidden = args.hidden_size
+        self.word_embeddings = nn.Embedding(args.vocab_size, hidden)
+        self.position_embeddings = nn.Embedding(args.position_rows, hidden)
+        self.token_type_embeddings = nn.Embedding(args.type_vocab_size, hidden)
+        self.embed_norm = nn.LayerNorm(hidden, eps=args.rms_norm_eps)
+        self.layers = nn.ModuleList([EncoderLayer(args) for _ in range(args.num_layers)])
+
+    @classmethod
+    def read_args(cls, config: dict, names: set[str]) -> BertArgs:
+        kind = config.get("position_embedding_type", "absolute")
+        if kind != "absolute":
+            raise UnsupportedModel(f"position_embedding_type {kind!r} is not supported (absolute)", param="model")
+        act = config.get("hidden_act", "gelu")
+        if act not in ACTIVATIONS:
+            raise UnsupportedModel(f"hidden_act {act!r} is not supported ({', '.join(ACTIVATIONS)})", param="model")
+        roberta = config["architectures"][0] in ("RobertaModel", "XLMRobertaModel")
+        offset = config.get("pad_token_id", 1) + 1 if roberta else 0
+        rows = config["max_position_embeddings"]
+        shape = DecoderShape.read({**config, "rms_norm_eps": config.get("layer_norm_eps", 1e-12)}, max_positions=rows)
+        shape["max_position_embeddings"] = rows - offset
+        return BertArgs(
+            **shape,
+            type_vocab_size=config.get("type_vocab_size", 2),
+            position_offset=offset,
+            position_rows=rows,
+            hidden_act=act,
+        )
+
+    @staticmethod
+    def checkpoint_name(name: str) -> str | None:
+        for prefix in ("bert.", "roberta."):
+            name = name.removeprefix(prefix)
+        if name.startswith(SKIPPED):
+            return None
+        if name.startswith("embeddings."):
+            return name.removeprefix("embeddings.").replace("LayerNorm", "embed_norm")
+        if name.startswith("encoder.layer."):
+            index, rest = name.removeprefix("encoder.layer.").split(".", 1)
+            module, param = rest.rsplit(".", 1)
+            if module in LAYER_NAMES:
+                return f"layers.{index}.{LAYER_NAMES[module]}.{param}"
+        return name
+
+    def kv_groups(self, config: dict) -> list[KVGroupSpec]:
+        a = self.args
+        return [KVGroupSpec(layers=tuple(range(a.num_layers)), num_kv_heads=a.num_kv_heads, head_dim=a.head_dim)]
+
+    def init_rotary(
+        self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
+    ) -> None:
+        pass  # absolute position embeddings: no rotary tables
+
+    def tie_weights(self) -> None:
+        pass  # no vocabulary head to tie
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: Any,
+        backend: AttentionBackend | list[AttentionBackend],
+    ) -> torch.Tensor:
+        """The step's final hidden states [tokens, hidden]; each sequence's rows are its whole prompt."""
+        types = torch.zeros_like(input_ids)  # one text: every token is segment 0
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(positions + self.args.position_offset)
+            + self.token_type_embeddings(types)
+        )
+        x = self.embed_norm(x)
+        bounds = meta.qo_indptr.tolist()
+        for layer in self.layers:
+            x = layer(x, bounds)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
+        raise RuntimeError("an encoder has no vocabulary head: it embeds and never samples")
+
+
+class EncoderLayer(nn.Module):
+    """Post-norm: x = LN(x + attention(x)); x = LN(x + MLP(x)), attention both ways within each sequence."""
+
+    def __init__(self, args: BertArgs) -> None:
+        super().__init__()
+        hidden, eps = args.hidden_size, args.rms_norm_eps
+        self.num_heads, self.head_dim = args.num_q_heads, args.head_dim
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim)
+        self.k_proj = nn.Linear(hidden, self.num_heads * self.head_dim)
+        self.v_proj = nn.Linear(hidden, self.num_heads * self.head_dim)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden)
+        self.attn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.up_proj = nn.Linear(hidden, args.intermediate_size)
+        self.down_proj = nn.Linear(args.intermediate_size, hidden)
+        self.mlp_norm = nn.LayerNorm(hidden, eps=eps)
+        self.act = ACTIVATIONS[args.hidden_act]
+
+    def forward(self, x: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+        x = self.attn_norm(x + self.o_proj(self.attend(x, bounds)))
+        return self.mlp_norm(x + self.down_proj(self.act(self.up_proj(x))))
+
+    def attend(self, x: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+        """Each sequence's rows bounds[i]:bounds[i+1] attend to one another, both ways."""
+        q, k, v = (
+            p(x).view(-1, self.num_heads, self.head_dim).transpose(0, 1)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        out = torch.empty_like(q)
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+            out[:, start:end] = F.scaled_dot_product_attention(q[:, start:end], k[:, start:end], v[:, start:end])
+        return out.transpose(0, 1).reshape(x.shape[0], -1)
