@@ -78,7 +78,12 @@ class Tokenizer:
 
         config_path = folder / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        return cls(Backend.from_file(str(folder / "tokenizer.json")), config, _chat_templates(folder, config))
+        backend = Backend.from_file(str(folder / "tokenizer.json"))
+        # NOTE: a tokenizer.json may carry padding and truncation (sentence-transformers' exports: fixed 128), which
+        # transformers turns off unless a call asks; on here they would pad every prompt and cut long ones silently.
+        backend.no_padding()
+        backend.no_truncation()
+        return cls(backend, config, _chat_templates(folder, config))
 
     def __len__(self) -> int:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
