@@ -93,3 +93,23 @@ def test_generation_on_an_encoder_is_a_400(encoder) -> None:
     assert "only embeds" in completion.value.message
     native = http.post("/runsync", json={"input": {"prompt": "Hi"}}).json()
     assert native["status"] == "FAILED" and "only embeds" in str(native["error"])
+
+
+def test_the_start_up_forward_pass_embeds_on_an_encoder(encoder) -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from engine.config import EngineConfig
+    from engine.core.async_engine import AsyncEngine
+    from engine.text.tokenizer import load_tokenizer
+    from worker.fitness import fitness_checks
+
+    _, _, path = encoder
+    engine = AsyncEngine(EngineConfig(model_path=path, dtype="float32", num_kv_pages=64))
+    try:
+        settings = SimpleNamespace(verify_model_sha256=False, model_path=path)
+        runtime = SimpleNamespace(engine=engine, tokenizer=load_tokenizer(path), settings=settings, max_model_len=256)
+        forward_pass = [c for c in fitness_checks(runtime) if c.__name__ == "one_token_forward_pass"]
+        asyncio.run(forward_pass[0]())  # a generation would raise: the encoder only embeds
+    finally:
+        engine.shutdown()

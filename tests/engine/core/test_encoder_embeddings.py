@@ -135,3 +135,31 @@ def test_step_budget_below_max_model_len_is_refused(tmp_path) -> None:
     folder, _ = tiny_encoder(tmp_path, "BertModel")
     with pytest.raises(StartupError, match="one step"):
         make_engine(folder, max_num_batched_tokens=64)
+
+
+def test_the_async_engine_embeds_and_refuses_the_rest(minilm) -> None:
+    import asyncio
+
+    from engine.config import EngineConfig
+    from engine.core.async_engine import AsyncEngine
+    from engine.errors import InvalidRequest
+    from engine.sample.params import SamplingParams
+
+    path, tokenizer, _ = minilm
+    engine = AsyncEngine(EngineConfig(model_path=path, dtype="float32", num_kv_pages=64))
+    prompt = tokenizer.encode("Hi")
+
+    async def generate() -> None:
+        async for _ in engine.generate(prompt, SamplingParams(max_tokens=1), "gen"):
+            pass
+
+    try:
+        assert engine.encoder and engine.classifier is None
+        assert len(asyncio.run(engine.embed(prompt, "e")).embedding) == 384
+        with pytest.raises(InvalidRequest, match="only embeds"):
+            asyncio.run(generate())
+        with pytest.raises(InvalidRequest, match="truncate_prompt_tokens") as err:
+            asyncio.run(engine.embed(prompt, "t", truncate_prompt_tokens=4))
+        assert "\n" not in str(err.value)
+    finally:
+        engine.shutdown()

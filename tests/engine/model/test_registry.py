@@ -64,8 +64,8 @@ def test_every_registered_architecture_resolves_to_its_class() -> None:
 
 
 def test_an_unknown_architecture_names_the_supported_ones() -> None:
-    with pytest.raises(UnsupportedModel, match="BertModel.*LlamaForCausalLM"):
-        model_class("BertModel")
+    with pytest.raises(UnsupportedModel, match="T5EncoderModel.*LlamaForCausalLM"):
+        model_class("T5EncoderModel")
 
 
 @pytest.mark.parametrize(
