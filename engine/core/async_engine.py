@@ -148,12 +148,6 @@ class AsyncEngine:
         """One embedding request, run in the same batches as generation; raises its error instead."""
         if self.engine.spec.classifier is not None:
             raise InvalidRequest("the model is a cross-encoder: it gives scores, not embeddings", param="model")
-        if self.engine.spec.encoder and truncate_prompt_tokens is not None:
-            raise InvalidRequest(
-                "truncate_prompt_tokens keeps a prompt's last tokens, which would drop an encoder's leading [CLS] "
-                "token: send a shorter input",
-                param="truncate_prompt_tokens",
-            )
         params = PoolingParams(
             config=self.engine.spec.pooling, dimensions=dimensions, truncate_prompt_tokens=truncate_prompt_tokens
         )

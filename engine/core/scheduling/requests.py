@@ -92,6 +92,12 @@ def check_pooling(prompt_token_ids: list[int], params: PoolingParams, limits: Li
         if dims > limits.hidden_size or (config.matryoshka_dimensions and dims not in config.matryoshka_dimensions):
             sizes = config.matryoshka_dimensions or f"1 to {limits.hidden_size}"
             raise InvalidRequest(f"dimensions {dims} is not one this model supports ({sizes})", param="dimensions")
+    if config.whole_prompt and params.truncate_prompt_tokens is not None:
+        raise InvalidRequest(
+            "truncate_prompt_tokens keeps a prompt's last tokens, which would drop an encoder's leading [CLS] "
+            "token: send a shorter input",
+            param="truncate_prompt_tokens",
+        )
     if params.truncate_prompt_tokens and params.truncate_prompt_tokens > limits.max_model_len:
         raise InvalidRequest(
             f"truncate_prompt_tokens {params.truncate_prompt_tokens} is above the model's maximum "
@@ -100,9 +106,10 @@ def check_pooling(prompt_token_ids: list[int], params: PoolingParams, limits: Li
         )
     prompt = _checked_tokens(prompt_token_ids, params.truncate_prompt_tokens, limits)
     if len(prompt) > limits.max_model_len:
+        remedy = "Shorten it." if config.whole_prompt else "Shorten it, or set truncate_prompt_tokens."
         raise ContextTooLong(
             f"This model's maximum context length is {limits.max_model_len} tokens. However, the "
-            f"input has {len(prompt)} tokens. Shorten it, or set truncate_prompt_tokens.",
+            f"input has {len(prompt)} tokens. {remedy}",
             param="prompt",
         )
     return prompt
