@@ -186,9 +186,10 @@ def graphs_off_because(
 ) -> str | None:
     """Why decode must run without CUDA graphs, or None. lora: a step's adapter grouping is Python control flow
     that a replayed graph would freeze; head: an EAGLE-3 or MTP head reads hidden states the graph does not keep;
-    ranks: tensor parallelism's collectives run outside any graph."""
+    ranks: tensor parallelism's collectives run outside any graph; an encoder never decodes."""
     return (
-        graphs_blocker(groups)
+        ("an encoder, which never decodes" if getattr(model, "encoder", False) else None)
+        or graphs_blocker(groups)
         or capture_blocker(model, device, dtype)
         or ("LoRA adapters" if lora else None)
         or ("a hidden-state head (EAGLE-3, MTP)" if head else None)

@@ -61,6 +61,10 @@ def load_model(
             f"{fmt.name}: leave QUANTIZATION unset",
             param="quantization",
         )
+    if quantization is not None and getattr(model, "encoder", False):
+        raise UnsupportedModel(
+            f"QUANTIZATION={quantization} does not quantize encoders: leave it unset", param="quantization"
+        )
     tied = _tied(config, shapes)
     _materialize(model, dtype, device)
     if tied:

@@ -163,3 +163,11 @@ def test_the_async_engine_embeds_and_refuses_the_rest(minilm) -> None:
         assert "\n" not in str(err.value)
     finally:
         engine.shutdown()
+
+
+def test_int4_on_an_encoder_is_refused_in_one_line(minilm) -> None:
+    from engine.errors import UnsupportedModel
+
+    with pytest.raises(UnsupportedModel, match="does not quantize encoders") as err:
+        make_engine(minilm[0], quantization="int4")
+    assert "\n" not in str(err.value)
