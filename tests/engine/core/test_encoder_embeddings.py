@@ -1,6 +1,7 @@
 """Encoder (BERT-like) embeddings in LLMEngine: all-MiniLM-L6-v2's real weights pooled as its sentence-transformers
 files say equal transformers' BertModel pooled the same way (mean over the mask, L2), alone or batched; tiny random
-BertModel and XLMRobertaModel configs equal transformers on several lengths; an over-long prompt is refused."""
+BertModel, RobertaModel and XLMRobertaModel configs equal transformers on several lengths; an over-long prompt is
+refused."""
 
 from __future__ import annotations
 
@@ -86,10 +87,11 @@ def test_minilm_prompt_over_max_seq_length_is_refused(minilm) -> None:
 
 
 def tiny_encoder(tmp_path, arch: str):
-    """A random tiny BertModel / XLMRobertaModel folder (saved by transformers) with the MiniLM tokenizer files."""
+    """A random tiny BertModel / RobertaModel / XLMRobertaModel folder (saved by transformers) with the MiniLM
+    tokenizer files."""
     import shutil
 
-    from transformers import BertConfig, BertModel, XLMRobertaConfig, XLMRobertaModel
+    from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel, XLMRobertaConfig, XLMRobertaModel
 
     torch.manual_seed(0)
     shape = dict(
@@ -102,6 +104,8 @@ def tiny_encoder(tmp_path, arch: str):
     )
     if arch == "BertModel":
         hf = BertModel(BertConfig(**shape))
+    elif arch == "RobertaModel":
+        hf = RobertaModel(RobertaConfig(**shape, pad_token_id=1))
     else:
         hf = XLMRobertaModel(XLMRobertaConfig(**shape, pad_token_id=1))
     hf = hf.eval()
@@ -112,10 +116,10 @@ def tiny_encoder(tmp_path, arch: str):
     return folder, hf
 
 
-@pytest.mark.parametrize("arch", ["BertModel", "XLMRobertaModel"])
+@pytest.mark.parametrize("arch", ["BertModel", "RobertaModel", "XLMRobertaModel"])
 def test_tiny_random_encoder_equals_transformers(tmp_path, arch) -> None:
     folder, hf = tiny_encoder(tmp_path, arch)
-    limit = 130 if arch == "BertModel" else 128  # XLM-R: positions from padding_idx + 1
+    limit = 130 if arch == "BertModel" else 128  # RoBERTa, XLM-R: positions from padding_idx + 1
     # A step's budget of one longest prompt: the batch's prompts wait for a step of their own, never split.
     engine = make_engine(folder, max_num_batched_tokens=limit)
     assert engine.spec.pooling.method == "cls"  # no modules.json: CLS, normalised (vLLM's default for encoders)
