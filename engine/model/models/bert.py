@@ -102,8 +102,9 @@ class BertModel(nn.Module):
         return name
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
-        a = self.args
-        return [KVGroupSpec(layers=tuple(range(a.num_layers)), num_kv_heads=a.num_kv_heads, head_dim=a.head_dim)]
+        # NOTE: the scheduler counts a prompt's tokens in pages; the smallest group (one layer, one KV head) keeps
+        # that bookkeeping while the pages, never written, take next to no memory.
+        return [KVGroupSpec(layers=(0,), num_kv_heads=1, head_dim=self.args.head_dim)]
 
     def init_rotary(
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
