@@ -1,6 +1,7 @@
 """/v1/embeddings on a worker baked from all-MiniLM-L6-v2's real weights (a BertModel): the official `openai` client
 (float and base64) equals sentence-transformers' recipe computed with transformers; a RunPod job and the plain route
-give the same vectors; `dimensions`, `truncate_prompt_tokens`, an over-long input and generation are clear 400s."""
+give the same vectors; `dimensions`, `truncate_prompt_tokens`, an over-long input, generation and score are clear
+400s."""
 
 from __future__ import annotations
 
@@ -93,6 +94,8 @@ def test_generation_on_an_encoder_is_a_400(encoder) -> None:
     assert "only embeds" in completion.value.message
     native = http.post("/runsync", json={"input": {"prompt": "Hi"}}).json()
     assert native["status"] == "FAILED" and "only embeds" in str(native["error"])
+    score = http.post("/openai/v1/score", json={"model": "minilm", "text_1": "a", "text_2": "b"})
+    assert score.status_code == 400 and "is an encoder (embeddings only)" in score.json()["error"]["message"]
 
 
 def test_the_start_up_forward_pass_embeds_on_an_encoder(encoder) -> None:
