@@ -35,7 +35,8 @@ def with_config(src: Path, dst: Path, **change: object) -> Path:
         ({"rope_parameters": PARTIAL_ROTARY}, "partial_rotary_factor != 1 is not supported"),
         # transformers 4's place for it (Phi-4-mini's config): transformers moves it into rope_parameters
         ({"partial_rotary_factor": 0.75}, "partial_rotary_factor != 1 is not supported"),
-        ({"rope_parameters": LONGROPE}, "rope type 'longrope' is not supported"),
+        # LongRoPE without its original context (a Phi-3 config carries it at the top level)
+        ({"rope_parameters": LONGROPE}, "rope type 'longrope' needs original_max_position_embeddings"),
     ],
     ids=["partial-rotary", "top-level-partial-rotary", "longrope"],
 )

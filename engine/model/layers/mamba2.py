@@ -87,7 +87,7 @@ class GroupGatedRMSNorm(nn.Module):
     `split`, over one group shared with other ranks."""
 
     def __init__(
-        self, dim: int, groups: int, eps: float, *, norm_before_gate: bool = False, split: GroupSplit | None = None
+        self, *, dim: int, groups: int, eps: float, norm_before_gate: bool = False, split: GroupSplit | None = None
     ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -122,7 +122,9 @@ class Mamba2Mixer(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(s.num_heads))
         self.D = nn.Parameter(torch.ones(s.num_heads))
         self.norm = (
-            GroupGatedRMSNorm(s.inner, s.n_groups, s.eps, norm_before_gate=s.norm_before_gate, split=split)
+            GroupGatedRMSNorm(
+                dim=s.inner, groups=s.n_groups, eps=s.eps, norm_before_gate=s.norm_before_gate, split=split
+            )
             if s.rms_norm
             else None
         )

@@ -128,6 +128,9 @@ def _longrope_inv_freq(
     short. Within the original context with a served context inside it, and for a prompt past it with a served
     context past it, both give transformers' values; a short prompt served with a long context is rotated by the
     long factors."""
+    missing = [k for k in ("short_factor", "long_factor", "original_max_position_embeddings") if not rope.get(k)]
+    if missing:
+        raise UnsupportedModel(f"rope type 'longrope' needs {' and '.join(missing)}", param="model")
     original = int(rope["original_max_position_embeddings"])
     for key in ("short_factor", "long_factor"):
         if len(rope[key]) != head_dim // 2:

@@ -71,7 +71,7 @@ def glm4_moe(tmp_path_factory):
         ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
         (
             {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
-            "rope type 'longrope' is not supported",
+            "rope type 'longrope' needs short_factor and long_factor and original_max_position_embeddings",
         ),
         (
             {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.1875}},
