@@ -90,6 +90,7 @@ class FinishedRequest:
     """A generation request at its end: its token counts, how each choice ended, and how long it took."""
 
     prompt_tokens: int
+    cached_tokens: int  # of the prompt, served from the prefix cache
     generation_tokens: int  # over all choices
     finish_reasons: list[str]  # one per finished choice ("stop", "length", "abort"), one "abort" for a stream closed
     seconds: float  # from generate() to the last output

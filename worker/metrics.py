@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from engine.outputs import FinishedRequest
@@ -36,6 +36,13 @@ class Metrics:
         )
         self.generation_tokens = Counter(
             "vllm:generation_tokens", "Generation tokens processed.", name, registry=registry
+        ).labels(model_name)
+        # vLLM's prefix-cache counters, in prompt tokens: queried (every prompt token) and found in the cache
+        self.prefix_cache_queries = Counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", name, registry=registry
+        ).labels(model_name)
+        self.prefix_cache_hits = Counter(
+            "vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", name, registry=registry
         ).labels(model_name)
         self.success = Counter(
             "vllm:request_success",
@@ -73,6 +80,8 @@ class Metrics:
 
     def finished(self, request: FinishedRequest) -> None:
         self.prompt_tokens.inc(request.prompt_tokens)
+        self.prefix_cache_queries.inc(request.prompt_tokens)
+        self.prefix_cache_hits.inc(request.cached_tokens)
         self.generation_tokens.inc(request.generation_tokens)
         for reason in request.finish_reasons:
             self.success.labels(self.model_name, reason).inc()
@@ -88,7 +97,8 @@ class Metrics:
 
 
 class EngineGauges(Collector):
-    """The engine's live load under vLLM's gauge names: requests running and waiting, the KV cache's use (0 to 1)."""
+    """The engine's live load under vLLM's names: requests running and waiting, the KV cache's use (0 to 1), and the
+    preemptions since start (a counter the engine keeps)."""
 
     def __init__(self, *, stats: Callable[[], Any], kv_pages: int, model_name: str) -> None:
         self.stats, self.kv_pages, self.model_name = stats, kv_pages, model_name
@@ -104,6 +114,11 @@ class EngineGauges(Collector):
             gauge = GaugeMetricFamily(name, help_text, labels=["model_name"])
             gauge.add_metric([self.model_name], value)
             yield gauge
+        preemptions = CounterMetricFamily(
+            "vllm:num_preemptions", "Requests preempted (their KV pages freed) since start.", labels=["model_name"]
+        )
+        preemptions.add_metric([self.model_name], stats["preemptions"])
+        yield preemptions
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

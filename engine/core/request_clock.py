@@ -36,6 +36,7 @@ class RequestClock:
         self.observer.finished(
             FinishedRequest(
                 prompt_tokens=0 if latest is None else latest.num_prompt_tokens or len(latest.prompt_token_ids),
+                cached_tokens=0 if latest is None else latest.num_cached_tokens,
                 generation_tokens=0 if latest is None else latest.num_generated_tokens,
                 finish_reasons=reasons,
                 seconds=time.perf_counter() - self.start,

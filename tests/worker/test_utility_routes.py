@@ -123,6 +123,25 @@ def test_metrics_move_with_a_completion(http, client, model_name) -> None:
     assert 0.0 <= after[("vllm:kv_cache_usage_perc", labels)] <= 1.0
 
 
+def test_metrics_count_prefix_cache_hits_and_preemptions(http, client, model_name) -> None:
+    """A prompt sent twice: the second finds its full pages in the prefix cache; the counters move by what usage says."""
+    labels = (("model_name", model_name),)
+    prompt = " ".join(f"Line {i} of a long shared preamble." for i in range(40))
+    client.completions.create(model=model_name, prompt=prompt, max_tokens=1, temperature=0)
+    before = _samples(http.get("/metrics").text)
+    second = client.completions.create(model=model_name, prompt=prompt, max_tokens=1, temperature=0)
+    after = _samples(http.get("/metrics").text)
+
+    def moved(name: str) -> float:
+        return after[(name, labels)] - before.get((name, labels), 0.0)
+
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0
+    assert moved("vllm:prefix_cache_queries_total") == second.usage.prompt_tokens
+    assert moved("vllm:prefix_cache_hits_total") == cached
+    assert ("vllm:num_preemptions_total", labels) in after  # the engine's count, read when scraped
+
+
 def test_metrics_need_the_api_key_unless_public(custom_worker) -> None:
     assert _error(httpx.get(custom_worker.url("/metrics")), 401)["message"].startswith("You didn't provide")
     assert _error(httpx.post(custom_worker.url("/tokenize"), json={"prompt": "x"}), 401)
