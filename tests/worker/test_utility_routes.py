@@ -124,7 +124,7 @@ def test_metrics_move_with_a_completion(http, client, model_name) -> None:
 
 
 def test_metrics_count_prefix_cache_hits_and_preemptions(http, client, model_name) -> None:
-    """A prompt sent twice: the second finds its full pages in the prefix cache; the counters move by what usage says."""
+    """A prompt sent twice: the second finds its full pages in the prefix cache; the counters move as usage says."""
     labels = (("model_name", model_name),)
     prompt = " ".join(f"Line {i} of a long shared preamble." for i in range(40))
     client.completions.create(model=model_name, prompt=prompt, max_tokens=1, temperature=0)
