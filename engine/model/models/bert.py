@@ -3,8 +3,8 @@ padding_idx + 1): absolute position and token-type embeddings, post-norm layers,
 
 Each sequence's rows attend to each other both ways; the scheduler runs an encoder's prompt in one chunk
 (PoolingConfig.whole_prompt), so a step's rows of a sequence are its whole prompt and attention needs no pages: the
-rows are split by the step's qo_indptr and attended within each sequence (engine.model.layers.encoder_attention). The KV group
-declared for the scheduler's sake is never written.
+rows are split by the step's qo_indptr and attended within each sequence (engine.model.layers.encoder_attention).
+The KV group declared for the scheduler's sake is never written.
 """
 
 from __future__ import annotations

@@ -61,7 +61,9 @@ def read_rope_thetas(config: dict) -> tuple[float, float]:
     rope = config.get("rope_parameters") or {}
     for kind, params in rope.items():
         if (params or {}).get("rope_type", "default") != "default":
-            raise UnsupportedModel(f"ModernBERT {kind} rope_type {params['rope_type']!r} is not supported", param="model")
+            raise UnsupportedModel(
+                f"ModernBERT {kind} rope_type {params['rope_type']!r} is not supported", param="model"
+            )
     global_theta = (rope.get("full_attention") or {}).get("rope_theta") or config.get("global_rope_theta") or 160000.0
     local_theta = (rope.get("sliding_attention") or {}).get("rope_theta")
     if local_theta is None:
@@ -94,7 +96,9 @@ class ModernBertModel(nn.Module):
     def read_args(cls, config: dict, names: set[str]) -> ModernBertArgs:
         act = config.get("hidden_activation", "gelu")
         if act not in ACTIVATIONS:
-            raise UnsupportedModel(f"hidden_activation {act!r} is not supported ({', '.join(ACTIVATIONS)})", param="model")
+            raise UnsupportedModel(
+                f"hidden_activation {act!r} is not supported ({', '.join(ACTIVATIONS)})", param="model"
+            )
         layers = config["num_hidden_layers"]
         every = config.get("global_attn_every_n_layers", 3)
         kinds = config.get("layer_types") or [
