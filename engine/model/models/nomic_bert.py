@@ -79,8 +79,9 @@ class NomicBertArgs(DecoderShape):
 
 
 def transformers_config(config: dict) -> dict:
-    """config.json in transformers' keys: a remote-code config renamed, refused in one line where it asks for an
-    option transformers' model does not have."""
+    """config.json in transformers' keys: a remote-code config renamed, its positions those it was trained on
+    (max_trained_positions: 2048 of nomic-embed's 8192), refused in one line where it asks for an option
+    transformers' model does not have."""
     for key, runs in REMOTE_OPTIONS.items():
         if key in config and config[key] != runs:
             raise UnsupportedModel(f"NomicBert {key}={config[key]!r} is not supported ({runs!r})", param="model")
@@ -88,6 +89,11 @@ def transformers_config(config: dict) -> dict:
     if act != "silu":
         raise UnsupportedModel(f"NomicBert hidden_act {act!r} is not supported (silu)", param="model")
     renamed = {REMOTE_KEYS.get(key, key): value for key, value in config.items()}
+    if config.get("max_trained_positions"):
+        # NOTE: as vLLM serves them: positions past the trained ones would need the dynamic NTK scaling
+        # (rotary_scaling_factor) that the remote code applies there, which transformers' model lacks.
+        limit = min(renamed.get("max_position_embeddings", 2048), config["max_trained_positions"])
+        renamed["max_position_embeddings"] = limit
     renamed["intermediate_size"] = renamed.get("intermediate_size") or 4 * renamed["hidden_size"]
     renamed.setdefault("rope_theta", 1000.0)  # NomicBertConfig's default base
     return renamed

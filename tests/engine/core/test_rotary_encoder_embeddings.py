@@ -1,8 +1,8 @@
 """ModernBERT and NomicBert embeddings in LLMEngine equal transformers' on tiny random float32 configs: the CLS row
 (no modules.json) and the mean over every row (sentence-transformers' files) on several prompt lengths, longer than
 ModernBERT's local window included, batched equal to solo; NomicBert's remote-code layout (the nomic-embed
-checkpoints' names and config keys) equals transformers' layout of the same weights; a remote-code option transformers'
-model lacks is refused in one line."""
+checkpoints' names and config keys) equals transformers' layout of the same weights and serves the positions it was
+trained on; a remote-code option transformers' model lacks is refused in one line."""
 
 from __future__ import annotations
 
@@ -80,6 +80,14 @@ def test_nomic_remote_code_layout_equals_transformers(tmp_path) -> None:
     for rid, prompt in prompts.items():
         want = torch.nn.functional.normalize(transformers_hidden(hf, prompt)[0], dim=-1)
         torch.testing.assert_close(torch.tensor(got[rid]), want, atol=1e-5, rtol=0)
+
+
+def test_nomic_remote_code_serves_the_positions_it_was_trained_on(tmp_path) -> None:
+    hf = build_encoder("NomicBertModel", tmp_path / "transformers")
+    write_nomic_remote_layout(hf, tmp_path / "remote")
+    config = json.loads((tmp_path / "remote" / "config.json").read_text())
+    (tmp_path / "remote" / "config.json").write_text(json.dumps({**config, "max_trained_positions": 128}))
+    assert make_engine(tmp_path / "remote", max_num_batched_tokens=MAX_POSITIONS).max_model_len == 128
 
 
 @pytest.mark.parametrize(("key", "value"), [("prenorm", True), ("rotary_emb_fraction", 0.5), ("qkv_proj_bias", True)])
