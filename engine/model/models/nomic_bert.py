@@ -88,7 +88,9 @@ def transformers_config(config: dict) -> dict:
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModel(f"NomicBert hidden_act {act!r} is not supported (silu)", param="model")
-    renamed = {REMOTE_KEYS.get(key, key): value for key, value in config.items()}
+    # A hub config written for both (nomic-embed-text-v1.5's today) says each thing twice: transformers' key wins.
+    renamed = {REMOTE_KEYS[key]: value for key, value in config.items() if key in REMOTE_KEYS}
+    renamed.update({key: value for key, value in config.items() if key not in REMOTE_KEYS})
     if config.get("max_trained_positions"):
         # NOTE: as vLLM serves them: positions past the trained ones would need the dynamic NTK scaling
         # (rotary_scaling_factor) that the remote code applies there, which transformers' model lacks.

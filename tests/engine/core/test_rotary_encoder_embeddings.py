@@ -82,12 +82,20 @@ def test_nomic_remote_code_layout_equals_transformers(tmp_path) -> None:
         torch.testing.assert_close(torch.tensor(got[rid]), want, atol=1e-5, rtol=0)
 
 
-def test_nomic_remote_code_serves_the_positions_it_was_trained_on(tmp_path) -> None:
+def test_nomic_serves_its_trained_positions_and_reads_transformers_keys_over_remote_ones(tmp_path) -> None:
     hf = build_encoder("NomicBertModel", tmp_path / "transformers")
     write_nomic_remote_layout(hf, tmp_path / "remote")
     config = json.loads((tmp_path / "remote" / "config.json").read_text())
     (tmp_path / "remote" / "config.json").write_text(json.dumps({**config, "max_trained_positions": 128}))
     assert make_engine(tmp_path / "remote", max_num_batched_tokens=MAX_POSITIONS).max_model_len == 128
+    # A config with both layouts' keys (nomic-embed-text-v1.5's): transformers' win wherever they differ
+    both = {**config, "n_positions": 8192, "max_position_embeddings": 192, "rotary_emb_base": 5.0}
+    (tmp_path / "remote" / "config.json").write_text(json.dumps({**both, "rope_parameters": hf.config.rope_parameters}))
+    engine = make_engine(tmp_path / "remote", max_num_batched_tokens=MAX_POSITIONS)
+    assert engine.max_model_len == 192
+    prompt = random_prompts()["131"]
+    want = torch.nn.functional.normalize(transformers_hidden(hf, prompt)[0], dim=-1)
+    torch.testing.assert_close(torch.tensor(embed_all(engine, {"a": prompt})["a"]), want, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(("key", "value"), [("prenorm", True), ("rotary_emb_fraction", 0.5), ("qkv_proj_bias", True)])
