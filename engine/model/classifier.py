@@ -26,9 +26,9 @@ from engine.errors import UnsupportedModel
 SUFFIX = "ForSequenceClassification"
 # The classifier architectures served (engine/model/models registers each on its decoder's class).
 CLASSIFIERS = ("LlamaForSequenceClassification", "Qwen3ForSequenceClassification")
-# Bidirectional encoders: the ones engine/model/models/bert.py runs (ENCODER_MODELS) embed; any other is refused by
-# name (masked-LM and classification heads, and families whose layers differ: rotary, gated MLPs, ...).
-ENCODER_MODELS = ("BertModel", "RobertaModel", "XLMRobertaModel")
+# Bidirectional encoders: the ones engine/model/models runs (ENCODER_MODELS: bert.py, modernbert.py, nomic_bert.py)
+# embed; any other is refused by name (masked-LM and classification heads, families not built yet).
+ENCODER_MODELS = ("BertModel", "RobertaModel", "XLMRobertaModel", "ModernBertModel", "NomicBertModel")
 ENCODERS = (
     "Bert",
     "Roberta",

@@ -1,6 +1,6 @@
 """The bake of cross-encoders: a *ForSequenceClassification checkpoint bakes as it is; Qwen3-Reranker's plain
 Qwen3ForCausalLM bakes as a reranker with HF_OVERRIDES (vLLM's keys), which the manifest records and a later
-`--if-missing` compares; a BERT encoder bakes, one the engine does not run (ModernBERT, NomicBert) and bad
+`--if-missing` compares; a BERT encoder bakes, one the engine does not run (DistilBERT, ELECTRA) and bad
 overrides fail in one line."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_an_encoder_bakes_and_one_not_built_fails_the_bake_in_one_line(tmp_path:
     source.mkdir()
     for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         (source / name).symlink_to(Path(get_model_path()) / name)
-    for arch in ("ModernBertModel", "NomicBertModel"):
+    for arch in ("DistilBertModel", "ElectraModel"):
         config = json.loads((Path(get_model_path()) / "config.json").read_text())
         (source / "config.json").write_text(json.dumps({**config, "architectures": [arch]}))
         with pytest.raises(BakeError) as err:

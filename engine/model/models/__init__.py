@@ -22,10 +22,12 @@ if TYPE_CHECKING:
 # worker's cold start does not pay for every family's module; callers that only ask which names are supported
 # (membership, sorted names) read the keys.
 ARCHITECTURES: dict[str, tuple[str, str]] = {
-    # Bidirectional encoders: embeddings only (engine/model/models/bert.py)
+    # Bidirectional encoders: embeddings only (bert.py, modernbert.py, nomic_bert.py)
     "BertModel": ("engine.model.models.bert", "BertModel"),
     "RobertaModel": ("engine.model.models.bert", "BertModel"),
     "XLMRobertaModel": ("engine.model.models.bert", "BertModel"),
+    "ModernBertModel": ("engine.model.models.modernbert", "ModernBertModel"),
+    "NomicBertModel": ("engine.model.models.nomic_bert", "NomicBertModel"),
     "DeepseekV2ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV3ForCausalLM"),
     "Ernie4_5ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),

@@ -3,8 +3,8 @@ padding_idx + 1): absolute position and token-type embeddings, post-norm layers,
 
 Each sequence's rows attend to each other both ways; the scheduler runs an encoder's prompt in one chunk
 (PoolingConfig.whole_prompt), so a step's rows of a sequence are its whole prompt and attention needs no pages: the
-rows are split by the step's qo_indptr and attended within each sequence (torch SDPA, no mask). The KV group
-declared for the scheduler's sake is never written.
+rows are split by the step's qo_indptr and attended within each sequence (engine.model.layers.encoder_attention).
+The KV group declared for the scheduler's sake is never written.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from torch import nn
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import UnsupportedModel
 from engine.model.kv_spec import KVGroupSpec
+from engine.model.layers.encoder_attention import attend_within_sequences
 from engine.model.models.base import DecoderShape
 
 # The hub's names of a layer's tensors -> ours (layers.N.<ours>)
@@ -166,7 +167,4 @@ class EncoderLayer(nn.Module):
             p(x).view(-1, self.num_heads, self.head_dim).transpose(0, 1)
             for p in (self.q_proj, self.k_proj, self.v_proj)
         )
-        out = torch.empty_like(q)
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-            out[:, start:end] = F.scaled_dot_product_attention(q[:, start:end], k[:, start:end], v[:, start:end])
-        return out.transpose(0, 1).reshape(x.shape[0], -1)
+        return attend_within_sequences(q, k, v, bounds)

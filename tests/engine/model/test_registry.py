@@ -31,6 +31,8 @@ OTHER_FAMILIES = (
     "granitemoehybrid",
     "mistral3",
     "mixtral",
+    "modernbert",
+    "nomic_bert",
     "olmo2",
     "phi3",
     "phimoe",
