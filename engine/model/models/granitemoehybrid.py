@@ -29,8 +29,8 @@ from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentPlan
 from engine.model.layers.rotary import RotaryEmbedding
 from engine.model.models.granite import granite_moe_name, granite_scalars
-from engine.model.models.hybrid_base import HybridArgs, HybridDecoderLM
 from engine.model.models.llama import LlamaArgs, LlamaAttention, LlamaMLP
+from engine.model.models.mamba2_base import Mamba2HybridArgs, Mamba2HybridLM
 from engine.model.models.moe_base import MoeArgs, read_moe_args, shared_mlp
 from engine.model.sharding import ShardPlan, shard_attention, shard_experts, shard_gated_mlp, shard_mamba2, shard_vocab
 
@@ -44,7 +44,7 @@ _DENSE_NAMES = (
 
 
 @dataclass(kw_only=True)
-class GraniteHybridArgs(HybridArgs):
+class GraniteHybridArgs(Mamba2HybridArgs):
     """Granite 3 MoE's args (routing None: no experts, intermediate_size the shared MLP's), each layer's mixer
     and the Mamba2 shape."""
 
@@ -169,7 +169,7 @@ class GraniteHybridModel(nn.Module):
         self.norm = RMSNorm(hidden, a.rms_norm_eps)
 
 
-class GraniteMoeHybridForCausalLM(HybridDecoderLM):
+class GraniteMoeHybridForCausalLM(Mamba2HybridLM):
     @classmethod
     def read_args(cls, config: dict, names: set[str]) -> GraniteHybridArgs:
         return read_granite_hybrid_args(config, names)

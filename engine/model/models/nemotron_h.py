@@ -27,8 +27,8 @@ from engine.model.layers.norm import RMSNorm
 from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentPlan
 from engine.model.layers.routing import read_grouped_routing
-from engine.model.models.hybrid_base import CACHED, HybridArgs, HybridDecoderLM
 from engine.model.models.llama import LlamaAttention
+from engine.model.models.mamba2_base import CACHED, Mamba2HybridArgs, Mamba2HybridLM
 from engine.model.models.moe_base import MoeArgs
 from engine.model.sharding import ShardPlan, shard_attention, shard_experts, shard_gated_mlp, shard_mamba2, shard_vocab
 
@@ -36,7 +36,7 @@ PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe
 
 
 @dataclass(kw_only=True)
-class NemotronHArgs(HybridArgs):
+class NemotronHArgs(Mamba2HybridArgs):
     """The decoder's shape, each block's mixer, the Mamba2 shape and the MoE routing (None: no `E` block)."""
 
 
@@ -185,7 +185,7 @@ class NemotronHModel(nn.Module):
         self.norm = RMSNorm(hidden, a.rms_norm_eps)
 
 
-class NemotronHForCausalLM(HybridDecoderLM):
+class NemotronHForCausalLM(Mamba2HybridLM):
     mtp_refusal = "Nemotron-H's multi-token-prediction layers (mtp.*) are not built"
 
     @classmethod

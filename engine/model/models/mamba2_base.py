@@ -17,7 +17,7 @@ CACHED = ("linear_attention", "full_attention")
 
 
 @dataclass(kw_only=True)
-class HybridArgs(MoeArgs):
+class Mamba2HybridArgs(MoeArgs):
     """A MoE decoder's args (routing None: no experts), each layer's kind (transformers 5's names: linear_attention
     is Mamba2) and the Mamba2 shape (None: no Mamba2 layer)."""
 
@@ -34,17 +34,17 @@ class HybridArgs(MoeArgs):
         return tuple(i for i, t in enumerate(cached) if t == kind)
 
 
-class HybridDecoderLM(DecoderLM):
-    """A DecoderLM over HybridArgs: its attention layers' one KV group and its Mamba2 layers' state slots."""
+class Mamba2HybridLM(DecoderLM):
+    """A DecoderLM over Mamba2HybridArgs: its attention layers' one KV group and its Mamba2 layers' state slots."""
 
     def kv_groups(self, config: dict) -> list[KVGroupSpec]:
-        a = cast(HybridArgs, self.args)
+        a = cast(Mamba2HybridArgs, self.args)
         full = a.cache_index("full_attention")
         spec = KVGroupSpec(layers=full, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, scale=a.attention_multiplier)
         return [spec] if full else []
 
     def recurrent_spec(self) -> RecurrentSpec | None:
-        layers = cast(HybridArgs, self.args).cache_index("linear_attention")
+        layers = cast(Mamba2HybridArgs, self.args).cache_index("linear_attention")
         if not layers:
             return None
         # A shard's mixers hold its groups' heads only: the slots are sized from a mixer, not from the config.
