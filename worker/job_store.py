@@ -125,6 +125,28 @@ class JobStore:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.turn.wait(), RECHECK_S)
             self.running += 1
+        async with contextlib.aclosing(self._on_turn(job, started)) as outputs:
+            async for output in outputs:
+                yield output
+
+    async def at_once(
+        self, job: dict[str, Any], started: Callable[[], None] | None = None
+    ) -> AsyncGenerator[Any, None]:
+        """limited() without the wait: a job past the limit gets WorkerBusy's error at once (a load-balancing
+        endpoint has no queue in front of it, and holding a request would only run it into RunPod's timeout)."""
+        # NOTE: the limit is asked once (each ask feeds the gauge's smoothing), and the turn taken with no await
+        # since, so no other job can take it in between.
+        if self.running >= self.limit(self.running):
+            yield error_body(WorkerBusy("The worker is running all the requests it can hold; retry shortly."))
+            return
+        self.running += 1
+        async with contextlib.aclosing(self._on_turn(job, started)) as outputs:
+            async for output in outputs:
+                yield output
+
+    async def _on_turn(self, job: dict[str, Any], started: Callable[[], None] | None) -> AsyncGenerator[Any, None]:
+        """The handler's outputs for `job` on a turn already taken; the turn is given back when they end or are
+        closed."""
         try:
             if started is not None:
                 started()
@@ -135,18 +157,6 @@ class JobStore:
             self.running -= 1
             async with self.turn:
                 self.turn.notify_all()
-
-    async def at_once(
-        self, job: dict[str, Any], started: Callable[[], None] | None = None
-    ) -> AsyncGenerator[Any, None]:
-        """limited() without the wait: a job past the limit gets WorkerBusy's error at once (a load-balancing
-        endpoint has no queue in front of it, and holding a request would only run it into RunPod's timeout)."""
-        if self.running >= self.limit(self.running):
-            yield error_body(WorkerBusy("The worker is running all the requests it can hold; retry shortly."))
-            return
-        async with contextlib.aclosing(self.limited(job, started)) as outputs:
-            async for output in outputs:
-                yield output
 
     def submit(self, job_input: Any) -> Job:
         job = Job(id=f"local-{uuid.uuid4().hex}", input=job_input)

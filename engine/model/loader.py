@@ -19,6 +19,7 @@ from engine.model.kv_scales import check_kv_cache_scheme, kv_scale_places, load_
 from engine.model.layers.linear import pack_linears_for_cpu, quantize_linears_int4
 from engine.model.layers.lora import attach_lora, target_shapes
 from engine.model.layers.parallel import TensorParallel
+from engine.model.layers.rotary import log_longrope_choice
 from engine.model.model_spec import ModelSpec, start_spec
 from engine.model.models import CausalLM, model_class
 from engine.model.quant.base import QuantFormat
@@ -90,6 +91,7 @@ def load_model(
     limit = model.args.max_position_embeddings
     max_positions = min(max_model_len or limit, limit)
     spec = start_spec(model, config, model_path, dtype=dtype, device=device, tp=tp, max_positions=max_positions)
+    log_longrope_choice(getattr(model.args, "rope", None) or {}, max_positions)
     if model.classifier is not None:
         spec.score_head = head_weight(model, model.classifier, model_path)
     model.eval().requires_grad_(False)

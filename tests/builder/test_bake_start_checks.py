@@ -4,13 +4,16 @@ spec), in one line naming the config key, and leaves nothing behind; a rope the 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from builder.__main__ import main as builder_main
+from engine.model.loader import load_model
 from tests.builder.test_bake import leftovers, tiny_folder
 
 PARTIAL_ROTARY = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}
@@ -62,3 +65,18 @@ def test_a_rope_the_engine_runs_still_bakes(tmp_path: Path, tiny_llama: Path) ->
     }
     source = with_config(tiny_llama, tmp_path / "src", rope_parameters=llama3, partial_rotary_factor=1.0)
     assert builder_main(["--model", str(source), "--out", str(tmp_path / "model")]) == 0
+
+
+def test_longrope_bakes_without_a_served_context_and_the_worker_names_its_own(
+    tmp_path: Path, tiny_llama: Path, caplog
+) -> None:
+    longrope = {**LONGROPE, "original_max_position_embeddings": 64}
+    source = with_config(tiny_llama, tmp_path / "src", rope_parameters=longrope)
+    out = tmp_path / "model"
+    with caplog.at_level(logging.INFO, logger="engine.model.layers.rotary"):
+        assert builder_main(["--model", str(source), "--out", str(out)]) == 0
+        # The bake's check builds the rotary for one position: the context the worker will serve is not its to say.
+        assert not [r for r in caplog.records if "LongRoPE" in r.getMessage()]
+        load_model(str(out), torch.float32, torch.device("cpu"), max_model_len=32)
+    lines = [r.getMessage() for r in caplog.records if "LongRoPE" in r.getMessage()]
+    assert lines == ["LongRoPE: the short factors for a served context of 32 (original 64)"]

@@ -3,11 +3,14 @@ same rule as RunPod's SDK sees it through its concurrency_modifier and its own j
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncGenerator, Iterator
+from typing import Any
 
 import pytest
 
-from worker.concurrency import ConcurrencyGauge, sdk_concurrency_modifier
+from worker.concurrency import SMOOTHING, ConcurrencyGauge, sdk_concurrency_modifier
+from worker.job_store import JobStore
 
 PAGES = 100
 
@@ -78,3 +81,21 @@ def test_the_sdk_sees_a_new_value_only_when_idle_or_preempting(sdk_jobs) -> None
     assert modifier(64) == 64
     stats.set(kv_pages_free=0, requests_running=3, requests_waiting=1, preemptions=1)
     assert modifier(64) == 4  # preempting: the SDK takes no job until the running ones are done
+
+
+def test_the_local_endpoint_feeds_the_gauge_one_sample_per_request_it_takes_at_once() -> None:
+    stats = Readings()
+    gauge = ConcurrencyGauge(stats, PAGES, max_num_seqs=256, max_concurrency=64)
+    stats.set(kv_pages_free=60, requests_running=4)
+    assert gauge.limit(4) == 10  # measured: 10 pages a request
+    stats.set(kv_pages_free=20, requests_running=4)  # now 20 a request: one sample moves the average a step
+
+    async def handler(job: dict[str, Any]) -> AsyncGenerator[Any, None]:
+        yield {"echo": job["input"]}
+
+    async def refused_or_run() -> list[Any]:
+        store = JobStore(handler, gauge.limit)
+        return [output async for output in store.at_once({"input": "hello"})]
+
+    assert asyncio.run(refused_or_run()) == [{"echo": "hello"}]
+    assert gauge.pages_per_request == pytest.approx(10 + SMOOTHING * (20 - 10))

@@ -137,21 +137,32 @@ def _longrope_inv_freq(
             raise UnsupportedModel(
                 f"longrope factors give {len(rope[key])} frequencies for a rotary width of {head_dim}", param="model"
             )
-    served = max_positions or max_pos
-    long = served > original
+    long = uses_long_factors(rope, max_positions or max_pos)
     factors = torch.tensor(rope["long_factor" if long else "short_factor"], dtype=torch.float32)
-    log.info(
-        "LongRoPE: the %s factors for a served context of %d (original %d)",
-        "long" if long else "short",
-        served,
-        original,
-    )
     factor = rope.get("factor") or max_pos / original
     scale = rope.get("long_mscale" if long else "short_mscale") or rope.get("attention_factor")
     if scale is None:
         scale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     return 1.0 / (factors * base**exponents), float(scale)
+
+
+def uses_long_factors(rope: dict, served: int) -> bool:
+    """LongRoPE's one set for a served context of `served` positions: the long factors past the original context."""
+    return served > int(rope["original_max_position_embeddings"])
+
+
+def log_longrope_choice(rope: dict, served: int) -> None:
+    """Says which LongRoPE factors the served context picks, once at start-up (nothing for another rope type). The
+    bake's check builds its tables for one position and says nothing: the worker's served context is its own."""
+    if rope.get("rope_type", rope.get("type")) != "longrope":
+        return
+    log.info(
+        "LongRoPE: the %s factors for a served context of %d (original %d)",
+        "long" if uses_long_factors(rope, served) else "short",
+        served,
+        int(rope["original_max_position_embeddings"]),
+    )
 
 
 def partial_rotary(head_dim: int, rope: dict) -> tuple[int, dict]:

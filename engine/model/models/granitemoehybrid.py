@@ -22,16 +22,15 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import UnsupportedModel
-from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.mamba2 import Mamba2Mixer, Mamba2Shape, read_dt_limit
 from engine.model.layers.moe import SparseMoE
 from engine.model.layers.norm import RMSNorm
 from engine.model.layers.parallel import TensorParallel
-from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec
+from engine.model.layers.recurrent_step import RecurrentPlan
 from engine.model.layers.rotary import RotaryEmbedding
-from engine.model.models.base import DecoderLM
 from engine.model.models.granite import granite_moe_name, granite_scalars
 from engine.model.models.llama import LlamaArgs, LlamaAttention, LlamaMLP
+from engine.model.models.mamba2_base import Mamba2HybridArgs, Mamba2HybridLM
 from engine.model.models.moe_base import MoeArgs, read_moe_args, shared_mlp
 from engine.model.sharding import ShardPlan, shard_attention, shard_experts, shard_gated_mlp, shard_mamba2, shard_vocab
 
@@ -45,19 +44,9 @@ _DENSE_NAMES = (
 
 
 @dataclass(kw_only=True)
-class GraniteHybridArgs(MoeArgs):
+class GraniteHybridArgs(Mamba2HybridArgs):
     """Granite 3 MoE's args (routing None: no experts, intermediate_size the shared MLP's), each layer's mixer
     and the Mamba2 shape."""
-
-    layer_types: tuple[str, ...] = ()
-    mamba: Mamba2Shape | None = None
-
-    @property
-    def activation_width(self) -> int:
-        return self.intermediate_size if self.routing is None else super().activation_width
-
-    def layers_of(self, kind: str) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.layer_types) if t == kind)
 
 
 def read_layer_types(config: dict) -> tuple[str, ...]:
@@ -180,7 +169,7 @@ class GraniteHybridModel(nn.Module):
         self.norm = RMSNorm(hidden, a.rms_norm_eps)
 
 
-class GraniteMoeHybridForCausalLM(DecoderLM):
+class GraniteMoeHybridForCausalLM(Mamba2HybridLM):
     @classmethod
     def read_args(cls, config: dict, names: set[str]) -> GraniteHybridArgs:
         return read_granite_hybrid_args(config, names)
@@ -192,20 +181,6 @@ class GraniteMoeHybridForCausalLM(DecoderLM):
     @property
     def layers(self) -> list[GraniteHybridLayer]:
         return [cast(GraniteHybridLayer, layer) for layer in cast(GraniteHybridModel, self.model).layers]
-
-    def kv_groups(self, config: dict) -> list[KVGroupSpec]:
-        a = self.args
-        full = a.layers_of("full_attention")
-        spec = KVGroupSpec(layers=full, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, scale=a.attention_multiplier)
-        return [spec] if full else []
-
-    def recurrent_spec(self) -> RecurrentSpec | None:
-        layers = self.args.layers_of("linear_attention")
-        if not layers:
-            return None
-        # A shard's mixers hold its groups' heads only: the slots are sized from a mixer, not from the config.
-        conv, state = self.layers[layers[0]].mamba.shape.state_shapes()
-        return RecurrentSpec(layers, conv, state, kind="mamba2")
 
     def shard(self, tp: TensorParallel) -> ShardPlan:
         """This rank's Mamba2 groups, attention heads, expert and shared-MLP columns and vocabulary rows

@@ -20,38 +20,24 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import UnsupportedModel
-from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.activation import relu_squared
 from engine.model.layers.mamba2 import Mamba2Mixer, Mamba2Shape, read_dt_limit
 from engine.model.layers.moe import SparseMoE, StackedExperts
 from engine.model.layers.norm import RMSNorm
 from engine.model.layers.parallel import TensorParallel
-from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec
+from engine.model.layers.recurrent_step import RecurrentPlan
 from engine.model.layers.routing import read_grouped_routing
-from engine.model.models.base import DecoderLM
 from engine.model.models.llama import LlamaAttention
+from engine.model.models.mamba2_base import CACHED, Mamba2HybridArgs, Mamba2HybridLM
 from engine.model.models.moe_base import MoeArgs
 from engine.model.sharding import ShardPlan, shard_attention, shard_experts, shard_gated_mlp, shard_mamba2, shard_vocab
 
 PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
-CACHED = ("linear_attention", "full_attention")
 
 
 @dataclass(kw_only=True)
-class NemotronHArgs(MoeArgs):
+class NemotronHArgs(Mamba2HybridArgs):
     """The decoder's shape, each block's mixer, the Mamba2 shape and the MoE routing (None: no `E` block)."""
-
-    layer_types: tuple[str, ...] = ()
-    mamba: Mamba2Shape | None = None
-
-    @property
-    def activation_width(self) -> int:
-        return self.intermediate_size if self.routing is None else super().activation_width
-
-    def cache_index(self, kind: str) -> tuple[int, ...]:
-        """The engine's indices (among the blocks that hold a cache) of the blocks of `kind`."""
-        cached = [t for t in self.layer_types if t in CACHED]
-        return tuple(i for i, t in enumerate(cached) if t == kind)
 
 
 def read_layer_types(config: dict) -> tuple[str, ...]:
@@ -199,7 +185,7 @@ class NemotronHModel(nn.Module):
         self.norm = RMSNorm(hidden, a.rms_norm_eps)
 
 
-class NemotronHForCausalLM(DecoderLM):
+class NemotronHForCausalLM(Mamba2HybridLM):
     mtp_refusal = "Nemotron-H's multi-token-prediction layers (mtp.*) are not built"
 
     @classmethod
@@ -212,20 +198,6 @@ class NemotronHForCausalLM(DecoderLM):
     @property
     def blocks(self) -> list[NemotronHBlock]:
         return [cast(NemotronHBlock, block) for block in cast(NemotronHModel, self.model).layers]
-
-    def kv_groups(self, config: dict) -> list[KVGroupSpec]:
-        a = self.args
-        full = a.cache_index("full_attention")
-        return [KVGroupSpec(layers=full, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim)] if full else []
-
-    def recurrent_spec(self) -> RecurrentSpec | None:
-        layers = self.args.cache_index("linear_attention")
-        if not layers:
-            return None
-        # A shard's mixers hold its groups' heads only: the slots are sized from a mixer, not from the config.
-        mixer = next(b.mixer for b in self.blocks if isinstance(b.mixer, Mamba2Mixer))
-        conv, state = mixer.shape.state_shapes()
-        return RecurrentSpec(layers, conv, state, kind="mamba2")
 
     def shard(self, tp: TensorParallel) -> ShardPlan:
         """This rank's Mamba2 groups, attention heads, MLP and expert columns and vocabulary rows

@@ -18,7 +18,7 @@ from engine.model.layers.activation import silu_and_mul
 from engine.model.layers.linear import FusedLinear, PatchKernelLinear
 from engine.model.layers.linear_post import linear_add, linear_gelu
 from engine.model.layers.norm import RMSNorm
-from engine.model.vision.qwen_vl import VisionAttention, vision_rotary
+from engine.model.vision.qwen_vl import VisionAttention, read_tower_fields, vision_rotary
 from engine.model.vision.windows import window_order
 
 
@@ -44,23 +44,10 @@ class Qwen2_5VisionArgs:
         act = raw.get("hidden_act") or "silu"
         if act != "silu":
             raise UnsupportedModel(f"vision_config.hidden_act {act!r} is not supported (silu)", param="model")
-        names = (
-            "depth",
-            "hidden_size",
-            "intermediate_size",
-            "num_heads",
-            "in_channels",
-            "patch_size",
-            "temporal_patch_size",
-            "spatial_merge_size",
-            "out_hidden_size",
-            "window_size",
-        )
-        fields = {k: raw[k] for k in names if raw.get(k) is not None}
+        fields = read_tower_fields(raw, "window_size")
         if raw.get("fullatt_block_indexes") is not None:
             fields["fullatt_block_indexes"] = tuple(raw["fullatt_block_indexes"])
-        theta = (raw.get("rope_parameters") or {}).get("rope_theta") or raw.get("rope_theta") or 10000.0
-        args = cls(**fields, rope_theta=float(theta))
+        args = cls(**fields)
         if args.hidden_size % args.num_heads or args.head_dim % 4 or args.window_side < 1:
             raise UnsupportedModel(
                 "vision_config: hidden_size / num_heads must be a multiple of 4 and window_size at least "

@@ -22,6 +22,26 @@ from engine.model.layers.rotary import full_width_rotary, rotate_pairs
 from engine.model.vision.attention import image_attention
 
 ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}  # hidden_act -> F.gelu's approximate
+# The vision_config fields every Qwen-VL tower (Qwen2.5-VL's, Qwen3-VL's, Qwen3.5's) reads under these names
+TOWER_FIELDS = (
+    "depth",
+    "hidden_size",
+    "intermediate_size",
+    "num_heads",
+    "in_channels",
+    "patch_size",
+    "temporal_patch_size",
+    "spatial_merge_size",
+    "out_hidden_size",
+)
+
+
+def read_tower_fields(raw: dict, *extra: str) -> dict:
+    """The tower's fields (and `extra` ones) that vision_config sets, the args' defaults standing for the rest, and
+    rope_theta (rope_parameters' first, then the top level's, else 10000)."""
+    fields = {k: raw[k] for k in (*TOWER_FIELDS, *extra) if raw.get(k) is not None}
+    theta = (raw.get("rope_parameters") or {}).get("rope_theta") or raw.get("rope_theta") or 10000.0
+    return {**fields, "rope_theta": float(theta)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,24 +69,9 @@ class QwenVisionArgs:
             raise UnsupportedModel(
                 f"vision_config.hidden_act {act!r} is not supported ({', '.join(ACTIVATIONS)})", param="model"
             )
-        names = (
-            "depth",
-            "hidden_size",
-            "intermediate_size",
-            "num_heads",
-            "in_channels",
-            "patch_size",
-            "temporal_patch_size",
-            "spatial_merge_size",
-            "out_hidden_size",
-            "num_position_embeddings",
-        )
-        fields = {k: raw[k] for k in names if raw.get(k) is not None}
-        theta = (raw.get("rope_parameters") or {}).get("rope_theta") or raw.get("rope_theta") or 10000.0
         args = cls(
-            **fields,
+            **read_tower_fields(raw, "num_position_embeddings"),
             deepstack_visual_indexes=tuple(raw.get("deepstack_visual_indexes") or ()),
-            rope_theta=float(theta),
             gelu=ACTIVATIONS[act],
         )
         side = round(args.num_position_embeddings**0.5)

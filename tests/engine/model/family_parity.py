@@ -1,6 +1,7 @@
 """What every model family's parity test does against transformers: load a tiny checkpoint with a tokenizer, run
 paged steps through each KV group's torch backend, compare logits on prompts and decode steps, and drive the
-engine greedily (batched, from the prefix cache, alone)."""
+engine greedily (batched, from the prefix cache, alone); for a family that carries a state per sequence, forked
+choices and a prefix hit from a state snapshot against transformers."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from engine.model.layers.recurrent_step import RecurrentPlan, RecurrentSpec, Rec
 from engine.model.loader import load_model
 from engine.sample.params import SamplingParams
 from tests.engine.conftest import TOKENIZER_FILES
+from tests.engine.core.engine_run import run
 from tests.paging import PageTable
 
 ATOL = 1e-4
@@ -215,3 +217,43 @@ def check_preemption(path: Path, vocab: int = 128, **kw) -> None:
     squeezed = greedy(tight, prompts, 12)
     assert tight.scheduler.num_preemptions > 0
     assert squeezed == roomy
+
+
+def check_forked_choices(family: SimpleNamespace, prompt_length: int = 19) -> None:
+    """A family that carries a state per sequence: n=2 sampled choices fork from one prefilled prompt, and every
+    sampled token's logprob is transformers' for that choice's own context (a shared or unforked state would give
+    the other choice's)."""
+    prompt = torch.randint(3, 128, (prompt_length,), generator=torch.Generator().manual_seed(8)).tolist()
+    params = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6, logprobs=0, ignore_eos=True)
+    got = run(tiny_engine(family.path), {"f": (prompt, params)})["f"]
+    assert got.choices[0].token_ids != got.choices[1].token_ids
+    for choice in got.choices.values():
+        tokens = prompt + choice.token_ids
+        ref = torch.log_softmax(reference_logits(family.hf, tokens), -1)
+        for i, (t, lp) in enumerate(zip(choice.token_ids, choice.logprobs, strict=True)):
+            assert lp.chosen.token_id == t
+            assert abs(lp.chosen.logprob - float(ref[len(prompt) - 1 + i, t])) < 1e-4
+
+
+def check_prefix_hit_from_snapshot(family: SimpleNamespace) -> None:
+    """A family that carries a state per sequence: a second turn repeating the first turn's 21 tokens and its answer
+    hits the cache up to the last page boundary that has a state snapshot (prefill's last, or the latest decode one),
+    and its tokens are a cold engine's and transformers', each with transformers' logprob (greedy tokens alone can
+    survive a lost state: an attention layer still sees the prefix)."""
+    gen = torch.Generator().manual_seed(7)
+    first = torch.randint(3, 128, (21,), generator=gen).tolist()
+    engine = tiny_engine(family.path)
+    params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=0, ignore_eos=True)
+    answer = run(engine, {"t1": (first, params)})["t1"].choices[0].token_ids
+    second = first + answer + torch.randint(3, 128, (9,), generator=gen).tolist()
+    warm = run(engine, {"t2": (second, params)})["t2"]
+    cold = run(tiny_engine(family.path), {"t2": (second, params)})["t2"]
+    assert warm.last.num_cached_tokens >= 24  # past the first prompt: a decode-time snapshot
+    assert warm.last.num_cached_tokens % 4 == 0
+    assert cold.last.num_cached_tokens == 0
+    tokens = warm.choices[0].token_ids
+    assert tokens == cold.choices[0].token_ids == hf_greedy(family.hf, second, 6)
+    ref = torch.log_softmax(reference_logits(family.hf, second + tokens), -1)
+    for i, (t, lp) in enumerate(zip(tokens, warm.choices[0].logprobs, strict=True)):
+        assert abs(lp.chosen.logprob - float(ref[len(second) - 1 + i, t])) < 1e-4
+    engine.kv.state.check([])

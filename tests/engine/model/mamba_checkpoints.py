@@ -56,19 +56,6 @@ def randomise(model) -> None:
                 b.copy_(0.1 * torch.randn_like(b))
 
 
-def build_nemotron_h_checkpoint(path, **change):
-    """Saves a random-weight nemotron_h model to path and returns the transformers model (float32, eager)."""
-    import transformers as tf
-
-    torch.manual_seed(0)
-    config = tf.AutoConfig.for_model("nemotron_h", **{**TINY_NEMOTRON_H, **change})
-    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
-    randomise(model)
-    config.architectures = [type(model).__name__]
-    model.save_pretrained(path)
-    return model
-
-
 # Attention and Mamba2 in each of 3 layers; 2 groups of 4 Mamba2 heads; every μP multiplier away from 1.
 TINY_FALCON_H1 = dict(
     hidden_size=64,
@@ -102,19 +89,6 @@ TINY_FALCON_H1 = dict(
 )
 
 
-def build_falcon_h1_checkpoint(path, **change):
-    """Saves a random-weight falcon_h1 model to path and returns the transformers model (float32, eager)."""
-    import transformers as tf
-
-    torch.manual_seed(0)
-    config = tf.AutoConfig.for_model("falcon_h1", **{**TINY_FALCON_H1, **change})
-    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
-    randomise(model)
-    config.architectures = [type(model).__name__]
-    model.save_pretrained(path)
-    return model
-
-
 # Granite 4.0-H: mamba attention mamba mamba, each with 4 experts and the shared MLP; Granite's four scalars away
 # from 1 (so that a lost one shows); 2 groups of 4 Mamba2 heads of 8.
 TINY_GRANITE_HYBRID = dict(
@@ -145,14 +119,30 @@ TINY_GRANITE_HYBRID = dict(
 )
 
 
-def build_granite_hybrid_checkpoint(path, **change):
-    """Saves a random-weight granitemoehybrid model to path and returns the transformers model (float32, eager)."""
+TINY = {"nemotron_h": TINY_NEMOTRON_H, "falcon_h1": TINY_FALCON_H1, "granitemoehybrid": TINY_GRANITE_HYBRID}
+
+
+def build_mamba_checkpoint(model_type: str, path, **change):
+    """Saves a random-weight model of `model_type` (TINY's config, `change` over it) to path and returns the
+    transformers model (float32, eager)."""
     import transformers as tf
 
     torch.manual_seed(0)
-    config = tf.AutoConfig.for_model("granitemoehybrid", **{**TINY_GRANITE_HYBRID, **change})
+    config = tf.AutoConfig.for_model(model_type, **{**TINY[model_type], **change})
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     randomise(model)
     config.architectures = [type(model).__name__]
     model.save_pretrained(path)
     return model
+
+
+def build_nemotron_h_checkpoint(path, **change):
+    return build_mamba_checkpoint("nemotron_h", path, **change)
+
+
+def build_falcon_h1_checkpoint(path, **change):
+    return build_mamba_checkpoint("falcon_h1", path, **change)
+
+
+def build_granite_hybrid_checkpoint(path, **change):
+    return build_mamba_checkpoint("granitemoehybrid", path, **change)

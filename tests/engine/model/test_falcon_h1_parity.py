@@ -7,7 +7,6 @@ mixer numbered as two caches; a multiplier left out shows."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,18 +14,21 @@ import torch
 from engine.config import SpeculativeConfig
 from engine.sample.params import SamplingParams
 from tests.engine.core.eagle3_heads import head_reference, write_head
-from tests.engine.core.engine_run import run
 from tests.engine.model.family_parity import (
     check_engine_greedy,
+    check_forked_choices,
     check_preemption,
     check_prefill_and_decode,
+    check_prefix_hit_from_snapshot,
     greedy,
-    hf_greedy,
     load_family,
-    reference_logits,
     tiny_engine,
 )
 from tests.engine.model.mamba_checkpoints import build_falcon_h1_checkpoint
+from tests.engine.model.mamba_family import (
+    check_state_slots,
+    load_mamba_family,
+)
 
 # An EAGLE-3 head as wide as the tiny model (it shares its embedding)
 HEAD = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96)
@@ -34,19 +36,14 @@ HEAD = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_d
 
 @pytest.fixture(scope="module")
 def falcon(tmp_path_factory, baked_model_path):
-    path = tmp_path_factory.mktemp("falcon_h1")
-    hf = build_falcon_h1_checkpoint(path)
-    model, spec = load_family(path, baked_model_path)
-    return SimpleNamespace(hf=hf, model=model, spec=spec, path=path)
+    return load_mamba_family("falcon_h1", tmp_path_factory, baked_model_path)
 
 
 def test_each_layer_holds_pages_and_a_state_slot(falcon):
     """Layer i's attention is cache 2i (its pages), its mixer cache 2i + 1 (its state slot)."""
     assert [g.layers for g in falcon.spec.kv_groups] == [(0, 2, 4)]
     assert falcon.spec.kv_groups[0].scale == pytest.approx(1.4 / 4)  # key_multiplier / sqrt(head_dim)
-    assert falcon.spec.recurrent.layers == (1, 3, 5)
-    assert falcon.spec.recurrent.state_shape == (8, 8, 16)  # heads, head_dim, d_state
-    assert falcon.spec.recurrent.conv_shape == (64 + 2 * 2 * 16, 3)
+    check_state_slots(falcon.spec, (1, 3, 5))
 
 
 def test_prefill_lengths_and_decode_match_transformers(falcon):
@@ -72,39 +69,11 @@ def test_preempted_and_recomputed_equals_uninterrupted(falcon):
 
 
 def test_a_prefix_hit_starts_from_the_snapshot_and_equals_a_cold_run(falcon):
-    """A second turn repeating the first turn and its answer hits the cache past the first prompt (a decode-time
-    state snapshot) and gives a cold run's tokens, each with transformers' logprob."""
-    gen = torch.Generator().manual_seed(7)
-    first = torch.randint(3, 128, (21,), generator=gen).tolist()
-    engine = tiny_engine(falcon.path)
-    params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=0, ignore_eos=True)
-    answer = run(engine, {"t1": (first, params)})["t1"].choices[0].token_ids
-    second = first + answer + torch.randint(3, 128, (9,), generator=gen).tolist()
-    warm = run(engine, {"t2": (second, params)})["t2"]
-    cold = run(tiny_engine(falcon.path), {"t2": (second, params)})["t2"]
-    assert warm.last.num_cached_tokens >= 24
-    assert cold.last.num_cached_tokens == 0
-    tokens = warm.choices[0].token_ids
-    assert tokens == cold.choices[0].token_ids == hf_greedy(falcon.hf, second, 6)
-    ref = torch.log_softmax(reference_logits(falcon.hf, second + tokens), -1)
-    for i, (t, lp) in enumerate(zip(tokens, warm.choices[0].logprobs, strict=True)):
-        assert abs(lp.chosen.logprob - float(ref[len(second) - 1 + i, t])) < 1e-4
-    engine.kv.state.check([])
+    check_prefix_hit_from_snapshot(falcon)
 
 
 def test_forked_choices_each_continue_the_prompt_state(falcon):
-    """n=2 sampled choices fork from one prefilled prompt: every sampled token's logprob is transformers' for that
-    choice's own context."""
-    prompt = torch.randint(3, 128, (19,), generator=torch.Generator().manual_seed(8)).tolist()
-    params = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6, logprobs=0, ignore_eos=True)
-    got = run(tiny_engine(falcon.path), {"f": (prompt, params)})["f"]
-    assert got.choices[0].token_ids != got.choices[1].token_ids
-    for choice in got.choices.values():
-        tokens = prompt + choice.token_ids
-        ref = torch.log_softmax(reference_logits(falcon.hf, tokens), -1)
-        for i, (t, lp) in enumerate(zip(choice.token_ids, choice.logprobs, strict=True)):
-            assert lp.chosen.token_id == t
-            assert abs(lp.chosen.logprob - float(ref[len(prompt) - 1 + i, t])) < 1e-4
+    check_forked_choices(falcon)
 
 
 def test_an_eagle3_head_reads_the_layers_transformers_gives(falcon, tmp_path):

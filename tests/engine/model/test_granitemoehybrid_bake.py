@@ -6,19 +6,15 @@ not know, more ranks than Mamba2 heads) fails in one line naming it."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from builder.bake import bake
-from builder.sources import resolve
-from engine.errors import UnsupportedModel
-from engine.model.loader import check_checkpoint, shard_refusal
-from tests.engine.conftest import TOKENIZER_FILES
+from engine.model.loader import shard_refusal
 from tests.engine.model.family_parity import greedy, hf_greedy, tiny_engine
 from tests.engine.model.mamba_checkpoints import build_granite_hybrid_checkpoint
+from tests.engine.model.mamba_family import check_bake_serves, check_refused_in_one_line, copy_tokenizer
 
 TRANSFORMERS_5_NAMES = (
     (".block_sparse_moe.router.layer.", ".block_sparse_moe.router."),
@@ -27,24 +23,16 @@ TRANSFORMERS_5_NAMES = (
 )
 
 
-def copy_tokenizer(src, baked_model_path) -> None:
-    for name in TOKENIZER_FILES:
-        if (baked_model_path / name).exists():
-            shutil.copy(baked_model_path / name, src / name)
-
-
 def test_the_hub_layout_bakes_and_serves_transformers_tokens(tmp_path, baked_model_path):
     src = tmp_path / "src"
     hf = build_granite_hybrid_checkpoint(src)
-    copy_tokenizer(src, baked_model_path)
     assert "model.layers.0.block_sparse_moe.router.layer.weight" in load_file(src / "model.safetensors")
     config = json.loads((src / "config.json").read_text())  # the hub's configs name the layer types so
     config.update(layer_types=["mamba", "attention", "mamba", "mamba"], time_step_limit=[0.0, float("inf")])
     (src / "config.json").write_text(json.dumps(config))
-    manifest = bake(resolve(str(src), None), tmp_path / "baked")
-    assert manifest["architecture"] == "GraniteMoeHybridForCausalLM"
-    prompt = torch.randint(3, 128, (37,), generator=torch.Generator().manual_seed(1)).tolist()
-    assert greedy(tiny_engine(tmp_path / "baked"), {"p": prompt}, 6)["p"] == hf_greedy(hf, prompt, 6)
+    check_bake_serves(
+        src, tmp_path / "baked", hf, baked_model_path=baked_model_path, architecture="GraniteMoeHybridForCausalLM"
+    )
 
 
 def test_transformers_5_moe_names_serve_transformers_tokens(tmp_path, baked_model_path):
@@ -71,12 +59,7 @@ def test_transformers_5_moe_names_serve_transformers_tokens(tmp_path, baked_mode
 )
 def test_what_the_engine_does_not_run_fails_the_check_in_one_line(change, match, tmp_path):
     build_granite_hybrid_checkpoint(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    config.update(change)
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModel, match=match) as err:
-        check_checkpoint(str(tmp_path))
-    assert "\n" not in str(err.value)
+    check_refused_in_one_line(tmp_path, change, match)
 
 
 def test_more_ranks_than_mamba2_groups_split_the_heads_and_too_many_are_refused_in_one_line(tmp_path):

@@ -16,11 +16,11 @@ from engine.sample.params import SamplingParams
 from tests.engine.core.engine_run import run
 from tests.engine.model.family_parity import (
     check_engine_greedy,
+    check_forked_choices,
     check_preemption,
     check_prefill_and_decode,
-    hf_greedy,
+    check_prefix_hit_from_snapshot,
     load_family,
-    reference_logits,
     tiny_engine,
 )
 from tests.engine.model.hybrid_checkpoints import build_hybrid_checkpoint
@@ -55,37 +55,11 @@ def test_preempted_and_recomputed_equals_uninterrupted(hybrid):
 
 
 def test_a_prefix_hit_starts_from_the_snapshot_and_equals_a_cold_run(hybrid):
-    """A second turn repeating the first turn's 21 tokens and its answer: its prompt hits the cache up to the last
-    page boundary that has a state snapshot (prefill's last boundary, or the latest decode one) and its tokens are
-    a cold engine's."""
-    gen = torch.Generator().manual_seed(7)
-    first = torch.randint(3, 128, (21,), generator=gen).tolist()
-    engine = tiny_engine(hybrid.path)
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    answer = run(engine, {"t1": (first, params)})["t1"].choices[0].token_ids
-    second = first + answer + torch.randint(3, 128, (9,), generator=gen).tolist()
-    warm = run(engine, {"t2": (second, params)})["t2"]
-    cold = run(tiny_engine(hybrid.path), {"t2": (second, params)})["t2"]
-    assert warm.last.num_cached_tokens >= 24  # past the first prompt: a decode-time snapshot
-    assert warm.last.num_cached_tokens % 4 == 0
-    assert cold.last.num_cached_tokens == 0
-    assert warm.choices[0].token_ids == cold.choices[0].token_ids == hf_greedy(hybrid.hf, second, 6)
-    engine.kv.state.check([])
+    check_prefix_hit_from_snapshot(hybrid)
 
 
 def test_forked_choices_each_continue_the_prompt_state(hybrid):
-    """n=2 sampled choices fork from one prefilled prompt: every sampled token's logprob is transformers' for that
-    choice's own context (a shared or unforked state would give the other choice's)."""
-    prompt = torch.randint(3, 128, (11,), generator=torch.Generator().manual_seed(8)).tolist()
-    params = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6, logprobs=0, ignore_eos=True)
-    got = run(tiny_engine(hybrid.path), {"f": (prompt, params)})["f"]
-    assert got.choices[0].token_ids != got.choices[1].token_ids
-    for choice in got.choices.values():
-        tokens = prompt + choice.token_ids
-        ref = torch.log_softmax(reference_logits(hybrid.hf, tokens), -1)
-        for i, (t, lp) in enumerate(zip(choice.token_ids, choice.logprobs, strict=True)):
-            assert lp.chosen.token_id == t
-            assert abs(lp.chosen.logprob - float(ref[len(prompt) - 1 + i, t])) < 1e-4
+    check_forked_choices(hybrid, prompt_length=11)
 
 
 @pytest.mark.parametrize("kind", ["qwen3_5_text"])

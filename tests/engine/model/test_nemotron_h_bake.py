@@ -5,31 +5,18 @@ one line naming it."""
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
-import torch
 
-from builder.bake import bake
-from builder.sources import resolve
-from engine.errors import UnsupportedModel
-from engine.model.loader import check_checkpoint, shard_refusal
-from tests.engine.conftest import TOKENIZER_FILES
-from tests.engine.model.family_parity import greedy, hf_greedy, tiny_engine
+from engine.model.loader import shard_refusal
 from tests.engine.model.mamba_checkpoints import build_nemotron_h_checkpoint
+from tests.engine.model.mamba_family import check_bake_serves, check_refused_in_one_line
 
 
 def test_the_hub_layout_bakes_and_serves_transformers_tokens(tmp_path, baked_model_path):
-    src = tmp_path / "src"
-    hf = build_nemotron_h_checkpoint(src)
-    for name in TOKENIZER_FILES:
-        if (baked_model_path / name).exists():
-            shutil.copy(baked_model_path / name, src / name)
-    manifest = bake(resolve(str(src), None), tmp_path / "baked")
-    assert manifest["architecture"] == "NemotronHForCausalLM"
-    prompt = torch.randint(3, 128, (37,), generator=torch.Generator().manual_seed(1)).tolist()
-    assert greedy(tiny_engine(tmp_path / "baked"), {"p": prompt}, 6)["p"] == hf_greedy(hf, prompt, 6)
+    hf = build_nemotron_h_checkpoint(tmp_path / "src")
+    check_bake_serves(
+        tmp_path / "src", tmp_path / "baked", hf, baked_model_path=baked_model_path, architecture="NemotronHForCausalLM"
+    )
 
 
 @pytest.mark.parametrize(
@@ -43,12 +30,7 @@ def test_the_hub_layout_bakes_and_serves_transformers_tokens(tmp_path, baked_mod
 )
 def test_what_the_engine_does_not_run_fails_the_check_in_one_line(change, match, tmp_path):
     build_nemotron_h_checkpoint(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    config.update(change)
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModel, match=match) as err:
-        check_checkpoint(str(tmp_path))
-    assert "\n" not in str(err.value)
+    check_refused_in_one_line(tmp_path, change, match)
 
 
 def test_a_tensor_parallel_size_that_cuts_the_mamba2_heads_is_refused_in_one_line(tmp_path):

@@ -6,39 +6,34 @@ from a page-boundary snapshot equal to a cold run; the state pool and the pages 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from engine.sample.params import SamplingParams
-from tests.engine.core.engine_run import run
 from tests.engine.model.family_parity import (
     check_engine_greedy,
+    check_forked_choices,
     check_preemption,
     check_prefill_and_decode,
-    hf_greedy,
+    check_prefix_hit_from_snapshot,
     load_family,
-    reference_logits,
     tiny_engine,
 )
 from tests.engine.model.mamba_checkpoints import build_nemotron_h_checkpoint
+from tests.engine.model.mamba_family import (
+    check_state_slots,
+    load_mamba_family,
+)
 
 
 @pytest.fixture(scope="module")
 def nemotron(tmp_path_factory, baked_model_path):
-    path = tmp_path_factory.mktemp("nemotron_h")
-    hf = build_nemotron_h_checkpoint(path)
-    model, spec = load_family(path, baked_model_path)
-    return SimpleNamespace(hf=hf, model=model, spec=spec, path=path)
+    return load_mamba_family("nemotron_h", tmp_path_factory, baked_model_path)
 
 
 def test_blocks_split_into_pages_state_and_neither(nemotron):
     """M E * M - M: the engine counts the blocks that hold a cache (M, *, M, M) on their own."""
     assert [g.layers for g in nemotron.spec.kv_groups] == [(1,)]
-    assert nemotron.spec.recurrent.layers == (0, 2, 3)
-    assert nemotron.spec.recurrent.state_shape == (8, 8, 16)  # heads, head_dim, d_state
-    assert nemotron.spec.recurrent.conv_shape == (64 + 2 * 2 * 16, 3)
+    check_state_slots(nemotron.spec, (0, 2, 3))
 
 
 def test_prefill_lengths_and_decode_match_transformers(nemotron):
@@ -55,41 +50,11 @@ def test_preempted_and_recomputed_equals_uninterrupted(nemotron):
 
 
 def test_a_prefix_hit_starts_from_the_snapshot_and_equals_a_cold_run(nemotron):
-    """A second turn repeating the first turn's 21 tokens and its answer: its prompt hits the cache up to the last
-    page boundary that has a state snapshot, and its tokens are a cold engine's and transformers', each with
-    transformers' logprob (greedy tokens alone can survive a lost state: the attention block still sees the prefix)."""
-    gen = torch.Generator().manual_seed(7)
-    first = torch.randint(3, 128, (21,), generator=gen).tolist()
-    engine = tiny_engine(nemotron.path)
-    params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=0, ignore_eos=True)
-    answer = run(engine, {"t1": (first, params)})["t1"].choices[0].token_ids
-    second = first + answer + torch.randint(3, 128, (9,), generator=gen).tolist()
-    warm = run(engine, {"t2": (second, params)})["t2"]
-    cold = run(tiny_engine(nemotron.path), {"t2": (second, params)})["t2"]
-    assert warm.last.num_cached_tokens >= 24  # past the first prompt: a decode-time snapshot
-    assert warm.last.num_cached_tokens % 4 == 0
-    assert cold.last.num_cached_tokens == 0
-    tokens = warm.choices[0].token_ids
-    assert tokens == cold.choices[0].token_ids == hf_greedy(nemotron.hf, second, 6)
-    ref = torch.log_softmax(reference_logits(nemotron.hf, second + tokens), -1)
-    for i, (t, lp) in enumerate(zip(tokens, warm.choices[0].logprobs, strict=True)):
-        assert abs(lp.chosen.logprob - float(ref[len(second) - 1 + i, t])) < 1e-4
-    engine.kv.state.check([])
+    check_prefix_hit_from_snapshot(nemotron)
 
 
 def test_forked_choices_each_continue_the_prompt_state(nemotron):
-    """n=2 sampled choices fork from one prefilled prompt: every sampled token's logprob is transformers' for that
-    choice's own context (a shared or unforked state would give the other choice's)."""
-    prompt = torch.randint(3, 128, (19,), generator=torch.Generator().manual_seed(8)).tolist()
-    params = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6, logprobs=0, ignore_eos=True)
-    got = run(tiny_engine(nemotron.path), {"f": (prompt, params)})["f"]
-    assert got.choices[0].token_ids != got.choices[1].token_ids
-    for choice in got.choices.values():
-        tokens = prompt + choice.token_ids
-        ref = torch.log_softmax(reference_logits(nemotron.hf, tokens), -1)
-        for i, (t, lp) in enumerate(zip(choice.token_ids, choice.logprobs, strict=True)):
-            assert lp.chosen.token_id == t
-            assert abs(lp.chosen.logprob - float(ref[len(prompt) - 1 + i, t])) < 1e-4
+    check_forked_choices(nemotron)
 
 
 def test_the_state_pool_and_the_pages_share_one_budget(nemotron):
