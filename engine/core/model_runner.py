@@ -87,6 +87,8 @@ class StepInputs:
     prompt_rows: list[tuple[int, int, int]]  # (scheduled index, first hidden row, rows) of prompt logprobs
     pooled_rows: list[tuple[int, int, int]]  # the same, of embedding requests' chunks
     image_rows: list[tuple[ImageSpan, int, int, int]]  # (span, first hidden row, first soft token, count)
+    # Each row's text of a pair (BERT's token_type_ids), for a model that reads them (None: it does not)
+    token_type_ids: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -152,6 +154,7 @@ class ModelRunner:
         self.bidirectional = [vision is not None and vision.bidirectional_in(group.window) for group in groups]
         self.peers = peers
         self.keep_hidden = keep_hidden
+        self.reads_token_types = bool(getattr(model, "reads_token_types", False))  # BERT: a pair's segments
         self.graph_runner: CudaGraphRunner | None = None  # set by capture_graphs (CUDA): decode steps replay
 
     def capture_graphs(self, *, max_num_seqs: int, max_model_len: int, enforce_eager: bool, why: str | None) -> None:
@@ -198,7 +201,9 @@ class ModelRunner:
         recurrent = None if self.state_pool is None else self._recurrent_step(out.scheduled, metas[0].is_decode)
         # (the other ranks get the image embeddings too)
         embeds = self._encode_images(inputs.image_rows) if inputs.image_rows else None
-        extra = {"image_embeds": embeds} if embeds is not None else {}
+        extra: dict[str, Any] = {"image_embeds": embeds} if embeds is not None else {}
+        if inputs.token_type_ids is not None:
+            extra["token_type_ids"] = inputs.token_type_ids
         if self.peers is not None:
             self.peers.send_step(
                 out,
@@ -332,6 +337,7 @@ class ModelRunner:
         ]
         return StepInputs(
             input_ids=on_device(token_ids, torch.long),
+            token_type_ids=on_device(self._token_types(scheduled), torch.long) if self.reads_token_types else None,
             positions=positions.tensor(device),
             metas=metas,
             sample_rows=sample_rows,
@@ -339,6 +345,16 @@ class ModelRunner:
             pooled_rows=pooled_rows,
             image_rows=image_rows,
         )
+
+    @staticmethod
+    def _token_types(scheduled: list[ScheduledSeq]) -> list[int]:
+        """Each row's segment of its text pair: a score request's token_type_ids, 0 for any other row."""
+        types: list[int] = []
+        for item in scheduled:
+            given = item.group.pooling.token_type_ids if item.group.pools else None
+            start, end = item.start, item.start + item.num_tokens
+            types += given[start:end] if given is not None else [0] * item.num_tokens
+        return types
 
     def _encode_images(
         self, image_rows: list[tuple[ImageSpan, int, int, int]]

@@ -26,6 +26,10 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "BertModel": ("engine.model.models.bert", "BertModel"),
     "RobertaModel": ("engine.model.models.bert", "BertModel"),
     "XLMRobertaModel": ("engine.model.models.bert", "BertModel"),
+    # Their cross-encoders: the encoder and its classification head (scores)
+    "BertForSequenceClassification": ("engine.model.models.bert", "BertModel"),
+    "RobertaForSequenceClassification": ("engine.model.models.bert", "BertModel"),
+    "XLMRobertaForSequenceClassification": ("engine.model.models.bert", "BertModel"),
     "DeepseekV2ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV3ForCausalLM"),
     "Ernie4_5ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),
