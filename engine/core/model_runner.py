@@ -278,6 +278,7 @@ class ModelRunner:
         pooled_rows: list[tuple[int, int, int]] = []
         spans: list[list[tuple[int, int]]] = []  # per request, the image spans its chunk prefills
         image_rows: list[tuple[ImageSpan, int, int, int]] = []
+        token_types: list[int] = []  # BERT's: each row's text of a pair (0: a row of anything but a score)
         for index, item in enumerate(scheduled):
             seq, start, end = item.seq, item.start, item.start + item.num_tokens
             num_pages = -(-end // page_size)
@@ -293,6 +294,8 @@ class ModelRunner:
             else:
                 token_ids += seq.token_ids[start:end]
             positions.add(item.group.images, start, end)
+            if self.reads_token_types:
+                token_types += item.group.pooling.segments(start, end) if item.group.pools else [0] * item.num_tokens
             qo_offsets.append(row + item.num_tokens)
             lora_runs.append((item.group.adapter, item.num_tokens))
             mine = [] if item.draft else [span for span in item.group.images if span.start < end and span.end > start]
@@ -337,7 +340,7 @@ class ModelRunner:
         ]
         return StepInputs(
             input_ids=on_device(token_ids, torch.long),
-            token_type_ids=on_device(self._token_types(scheduled), torch.long) if self.reads_token_types else None,
+            token_type_ids=on_device(token_types, torch.long) if self.reads_token_types else None,
             positions=positions.tensor(device),
             metas=metas,
             sample_rows=sample_rows,
@@ -345,16 +348,6 @@ class ModelRunner:
             pooled_rows=pooled_rows,
             image_rows=image_rows,
         )
-
-    @staticmethod
-    def _token_types(scheduled: list[ScheduledSeq]) -> list[int]:
-        """Each row's segment of its text pair: a score request's token_type_ids, 0 for any other row."""
-        types: list[int] = []
-        for item in scheduled:
-            given = item.group.pooling.token_type_ids if item.group.pools else None
-            start, end = item.start, item.start + item.num_tokens
-            types += given[start:end] if given is not None else [0] * item.num_tokens
-        return types
 
     def _encode_images(
         self, image_rows: list[tuple[ImageSpan, int, int, int]]

@@ -36,6 +36,10 @@ class PoolingParams:
     priority: int = 0
     structured: None = None
 
+    def segments(self, start: int, end: int) -> list[int]:
+        """The token_type_ids of prompt positions [start, end): 0 where the request gives none."""
+        return [0] * (end - start) if self.token_type_ids is None else self.token_type_ids[start:end]
+
     @property
     def needs_every_row(self) -> bool:
         """Mean and CLS pooling read rows a prefix-cache hit would skip; the last token is always run (an encoder's
