@@ -173,7 +173,8 @@ class ClassificationHead(nn.Module):
 
     def forward(self, first: torch.Tensor) -> torch.Tensor:
         """The labels' logits (float32) for one pooled hidden state [hidden]."""
-        x = first.to(self.dense.weight.dtype).unsqueeze(0)
+        # NOTE: the bias gives the serving dtype: a CPU bf16 model's linears are packed and hold no `weight`
+        x = first.to(self.dense.bias.dtype).unsqueeze(0)
         return self.out_proj(torch.tanh(self.dense(x)))[0].float()
 
 

@@ -81,6 +81,16 @@ def test_scores_equal_transformers_batched_and_alone(scorer) -> None:
     assert len({round(v[0], 6) for v in batched.values()}) == len(PAIRS)  # the scores do depend on the pair
 
 
+def test_bfloat16_on_the_cpu_scores_close_to_float32(scorer) -> None:
+    """bf16 linears are packed for oneDNN on a CPU, the head's among them."""
+    _, folder, _ = scorer
+    pairs = {str(i): encode_pair(folder, a, b) for i, (a, b) in enumerate(PAIRS)}
+    exact = score_all(engine_for(folder), pairs)
+    rounded = score_all(make_engine(folder, max_num_batched_tokens=130, max_num_seqs=8, dtype="bfloat16"), pairs)
+    for rid in pairs:
+        torch.testing.assert_close(torch.tensor(rounded[rid]), torch.tensor(exact[rid]), atol=0.02, rtol=0)
+
+
 def test_bert_reads_the_pairs_token_type_ids(scorer) -> None:
     kind, folder, _ = scorer
     engine = engine_for(folder)
