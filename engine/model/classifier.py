@@ -40,14 +40,6 @@ CLASSIFIERS = ("LlamaForSequenceClassification", "Qwen3ForSequenceClassification
 # Bidirectional encoders: the ones engine/model/models/bert.py runs (ENCODER_MODELS) embed, its classifiers score;
 # any other is refused by name (masked-LM and other heads, and families whose layers differ: rotary, gated MLPs, ...).
 ENCODER_MODELS = ("BertModel", "RobertaModel", "XLMRobertaModel")
-# sentence-transformers' activation names (torch.nn.modules classes) -> the engine's
-ACTIVATIONS = {
-    "torch.nn.modules.activation.Sigmoid": "sigmoid",
-    "torch.nn.modules.linear.Identity": "identity",
-    "torch.nn.modules.activation.Tanh": "tanh",
-}
-# A head maps the pooled final hidden state [hidden] (float32) to the labels' logits [num_labels] (float32)
-ScoreHead = Callable[[torch.Tensor], torch.Tensor]
 ENCODERS = (
     "Bert",
     "Roberta",
@@ -63,6 +55,15 @@ ENCODERS = (
     "JinaBert",
     "MPNet",
 )
+
+# sentence-transformers' activation names (torch.nn.modules classes) -> the engine's
+ACTIVATIONS = {
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.Tanh": "tanh",
+}
+# A head maps the pooled final hidden state [hidden] (float32) to the labels' logits [num_labels] (float32)
+ScoreHead = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,9 @@ def read_activation(config: dict) -> str:
     return ACTIVATIONS[named]
 
 
-def _encoder_classifier(architecture: str, config: dict, shapes: dict[str, tuple[int, ...]], activation: str):
+def _encoder_classifier(
+    architecture: str, config: dict, shapes: dict[str, tuple[int, ...]], activation: str
+) -> Classifier:
     # BERT: the pooler's dense and `classifier`; RoBERTa / XLM-R: `classifier.dense` and `classifier.out_proj`
     bert = architecture.startswith("Bert")
     needed = ("bert.pooler.dense.weight", "classifier.weight") if bert else ("classifier.out_proj.weight",)

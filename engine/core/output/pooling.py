@@ -61,7 +61,8 @@ def fold(
 
 def finish(acc: torch.Tensor, params: PoolingParams, total: int) -> list[float]:
     """The embedding: the mean taken, shortened to `dimensions`, then normalised when the model normalises; or a
-    cross-encoder's label scores, its head applied to the last token's hidden state."""
+    cross-encoder's label scores, its head applied to the pooled token's hidden state (a decoder's last, an
+    encoder's first)."""
     if params.head is not None:
         logits = params.head(acc.float())
         return (activate(logits, params.label_activation) if params.activation else logits).tolist()

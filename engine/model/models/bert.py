@@ -36,12 +36,12 @@ LAYER_NAMES = {
 }
 # Heads and buffers a sentence-transformers or masked-LM folder may hold that embeddings never read
 SKIPPED = ("pooler.", "lm_head.", "cls.", "embeddings.position_ids")
-# A cross-encoder's head: the hub's names (BERT's pooler and classifier; RoBERTa's classifier) -> ours
-HEAD_NAMES = {
-    "pooler.dense.": "classification_head.dense.",
+# A cross-encoder's head: the hub's names -> ours (BERT's pooler and classifier; RoBERTa's classifier, whose folders may
+# also hold a pooler its head never reads)
+BERT_HEAD = {"pooler.dense.": "classification_head.dense.", "classifier.": "classification_head.out_proj."}
+ROBERTA_HEAD = {
     "classifier.dense.": "classification_head.dense.",
     "classifier.out_proj.": "classification_head.out_proj.",
-    "classifier.": "classification_head.out_proj.",
 }
 ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -55,7 +55,7 @@ class BertArgs(DecoderShape):
     position_rows: int
     hidden_act: str
     num_labels: int = 0  # a cross-encoder's labels (0: an embedding model, no head)
-    token_types: bool = True  # BERT reads a pair's token_type_ids; RoBERTa and XLM-R's tokenizers give none
+    roberta: bool = False  # RoBERTa / XLM-R: its own head names, and no token_type_ids (their tokenizers give none)
 
 
 class BertModel(nn.Module):
@@ -75,7 +75,7 @@ class BertModel(nn.Module):
         self.token_type_embeddings = nn.Embedding(args.type_vocab_size, hidden)
         self.embed_norm = nn.LayerNorm(hidden, eps=args.rms_norm_eps)
         self.layers = nn.ModuleList([EncoderLayer(args) for _ in range(args.num_layers)])
-        self.reads_token_types = args.token_types and args.num_labels > 0
+        self.reads_token_types = args.num_labels > 0 and not args.roberta  # BERT's pair segments
         if args.num_labels:
             self.classification_head = ClassificationHead(hidden_size=hidden, num_labels=args.num_labels)
 
@@ -101,16 +101,17 @@ class BertModel(nn.Module):
             position_rows=rows,
             hidden_act=act,
             num_labels=labels if architecture.endswith("ForSequenceClassification") else 0,
-            token_types=not roberta,
+            roberta=roberta,
         )
 
     def checkpoint_name(self, name: str) -> str | None:
         for prefix in ("bert.", "roberta."):
             name = name.removeprefix(prefix)
         if self.args.num_labels:
-            head = next((hub for hub in HEAD_NAMES if name.startswith(hub)), None)
+            head_names = ROBERTA_HEAD if self.args.roberta else BERT_HEAD
+            head = next((hub for hub in head_names if name.startswith(hub)), None)
             if head is not None:
-                return HEAD_NAMES[head] + name.removeprefix(head)
+                return head_names[head] + name.removeprefix(head)
         if name.startswith(SKIPPED):
             return None
         if name.startswith("embeddings."):

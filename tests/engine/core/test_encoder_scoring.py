@@ -162,6 +162,23 @@ def test_the_activation_config_json_names_is_applied(tmp_path, activation, apply
     )
 
 
+def test_a_roberta_pooler_in_the_folder_is_not_read_as_the_head(tmp_path) -> None:
+    """Some XLM-R reranker folders also hold `roberta.pooler.*`, which their classification head never reads."""
+    from safetensors.torch import load_file, save_file
+
+    hf = build_encoder_cross_encoder("xlm-roberta", tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    prefix = next(name for name in weights if name.endswith("embeddings.word_embeddings.weight")).split(".")[0]
+    hidden = weights["classifier.dense.weight"].shape[0]
+    weights[f"{prefix}.pooler.dense.weight"] = torch.randn(hidden, hidden)
+    weights[f"{prefix}.pooler.dense.bias"] = torch.randn(hidden)
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    ids, types = encode_pair(tmp_path, *PAIRS[0])
+    got = score_all(engine_for(tmp_path), {"a": (ids, types)})["a"]
+    want = torch.sigmoid(encoder_reference_logits(hf, "xlm-roberta", ids, types))
+    torch.testing.assert_close(torch.tensor(got), want, atol=ATOL, rtol=0)
+
+
 def test_several_labels_are_softmaxed_as_vllm_does(tmp_path) -> None:
     hf = build_encoder_cross_encoder("xlm-roberta", tmp_path, num_labels=3)
     engine = engine_for(tmp_path)
