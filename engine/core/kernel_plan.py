@@ -50,6 +50,7 @@ KV_CACHE_DTYPES = ("auto", "fp8")  # KV_CACHE_DTYPE values with pages of their o
 FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     # The encoders attend through torch's SDPA; the step still plans the one-layer KV group they declare.
     "BertModel": ("bert", {}),
+    "BertForSequenceClassification": ("bert", {}),
     "DeepseekV2ForCausalLM": ("deepseek_v2", {"num_experts_per_tok": 6}),  # DeepSeek-V2's 6 of 64 (default None)
     "DeepseekV3ForCausalLM": ("deepseek_v3", {}),
     "Ernie4_5ForCausalLM": ("ernie4_5", {}),
@@ -88,6 +89,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "PhimoeForCausalLM": ("phimoe", {}),
     "Qwen2ForCausalLM": ("qwen2", {}),
     "RobertaModel": ("roberta", {}),
+    "RobertaForSequenceClassification": ("roberta", {}),
     "Qwen2MoeForCausalLM": ("qwen2_moe", {}),
     "Qwen3ForCausalLM": ("qwen3", {}),
     "Qwen3ForSequenceClassification": ("qwen3", {}),
@@ -106,6 +108,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "SeedOssForCausalLM": ("seed_oss", {}),
     "SmolLM3ForCausalLM": ("smollm3", {}),
     "XLMRobertaModel": ("xlm-roberta", {}),
+    "XLMRobertaForSequenceClassification": ("xlm-roberta", {}),
 }
 
 

@@ -87,6 +87,8 @@ class StepInputs:
     prompt_rows: list[tuple[int, int, int]]  # (scheduled index, first hidden row, rows) of prompt logprobs
     pooled_rows: list[tuple[int, int, int]]  # the same, of embedding requests' chunks
     image_rows: list[tuple[ImageSpan, int, int, int]]  # (span, first hidden row, first soft token, count)
+    # Each row's text of a pair (BERT's token_type_ids), for a model that reads them (None: it does not)
+    token_type_ids: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -152,6 +154,7 @@ class ModelRunner:
         self.bidirectional = [vision is not None and vision.bidirectional_in(group.window) for group in groups]
         self.peers = peers
         self.keep_hidden = keep_hidden
+        self.reads_token_types = bool(getattr(model, "reads_token_types", False))  # BERT: a pair's segments
         self.graph_runner: CudaGraphRunner | None = None  # set by capture_graphs (CUDA): decode steps replay
 
     def capture_graphs(self, *, max_num_seqs: int, max_model_len: int, enforce_eager: bool, why: str | None) -> None:
@@ -198,7 +201,9 @@ class ModelRunner:
         recurrent = None if self.state_pool is None else self._recurrent_step(out.scheduled, metas[0].is_decode)
         # (the other ranks get the image embeddings too)
         embeds = self._encode_images(inputs.image_rows) if inputs.image_rows else None
-        extra = {"image_embeds": embeds} if embeds is not None else {}
+        extra: dict[str, Any] = {"image_embeds": embeds} if embeds is not None else {}
+        if inputs.token_type_ids is not None:
+            extra["token_type_ids"] = inputs.token_type_ids
         if self.peers is not None:
             self.peers.send_step(
                 out,
@@ -273,6 +278,7 @@ class ModelRunner:
         pooled_rows: list[tuple[int, int, int]] = []
         spans: list[list[tuple[int, int]]] = []  # per request, the image spans its chunk prefills
         image_rows: list[tuple[ImageSpan, int, int, int]] = []
+        token_types: list[int] = []  # BERT's: each row's text of a pair (0: a row of anything but a score)
         for index, item in enumerate(scheduled):
             seq, start, end = item.seq, item.start, item.start + item.num_tokens
             num_pages = -(-end // page_size)
@@ -288,6 +294,8 @@ class ModelRunner:
             else:
                 token_ids += seq.token_ids[start:end]
             positions.add(item.group.images, start, end)
+            if self.reads_token_types:
+                token_types += item.group.pooling.segments(start, end) if item.group.pools else [0] * item.num_tokens
             qo_offsets.append(row + item.num_tokens)
             lora_runs.append((item.group.adapter, item.num_tokens))
             mine = [] if item.draft else [span for span in item.group.images if span.start < end and span.end > start]
@@ -332,6 +340,7 @@ class ModelRunner:
         ]
         return StepInputs(
             input_ids=on_device(token_ids, torch.long),
+            token_type_ids=on_device(token_types, torch.long) if self.reads_token_types else None,
             positions=positions.tensor(device),
             metas=metas,
             sample_rows=sample_rows,

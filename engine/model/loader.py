@@ -14,7 +14,7 @@ import torch
 from engine.config import LoraConfig
 from engine.errors import StartupError, UnsupportedModel
 from engine.model.checkpoint import load_weights, plan_copies, safetensors_files, tensor_shapes
-from engine.model.classifier import attach_score, check_tokens, head_weight, read_classifier
+from engine.model.classifier import attach_score, check_tokens, read_classifier, score_head
 from engine.model.kv_scales import check_kv_cache_scheme, kv_scale_places, load_kv_scales
 from engine.model.layers.linear import pack_linears_for_cpu, quantize_linears_int4
 from engine.model.layers.lora import attach_lora, target_shapes
@@ -93,7 +93,7 @@ def load_model(
     spec = start_spec(model, config, model_path, dtype=dtype, device=device, tp=tp, max_positions=max_positions)
     log_longrope_choice(getattr(model.args, "rope", None) or {}, max_positions)
     if model.classifier is not None:
-        spec.score_head = head_weight(model, model.classifier, model_path)
+        spec.score_head = score_head(model, model.classifier, model_path)
     model.eval().requires_grad_(False)
     return model, spec
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.model.classifier import Classifier
+from engine.model.classifier import Classifier, ScoreHead
 from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentSpec
@@ -36,9 +36,9 @@ class ModelSpec:
     pooling: PoolingConfig  # how an embedding request pools the final hidden states
     # A hybrid model's recurrent layers and their per-sequence state shapes (None: every layer attends over pages)
     recurrent: RecurrentSpec | None = None
-    # A cross-encoder's classifier and its head ([num_labels, hidden], float32): the model scores, never generates
+    # A cross-encoder's classifier and its head (pooled hidden -> logits): the model scores, never generates
     classifier: Classifier | None = None
-    score_head: torch.Tensor | None = None
+    score_head: ScoreHead | None = None
     vision: VisionSpec | None = None  # a model that takes images (None: text only)
     encoder: bool = False  # a bidirectional encoder (BERT-like): it embeds, never generates
 
@@ -81,9 +81,11 @@ def start_spec(
 
 
 def _pooling(model_path: str, config: dict, classifier: Classifier | None, encoder: bool) -> PoolingConfig:
-    # A cross-encoder scores its last token's hidden state as it is (its head reads it unnormalised).
+    # A cross-encoder scores its last token's hidden state as it is (its head reads it unnormalised); an encoder's
+    # its first token's, the whole prompt run at once.
     if classifier is not None:
-        return PoolingConfig(method="last", normalize=False, source="classifier")
+        method = "cls" if encoder else "last"
+        return PoolingConfig(method=method, normalize=False, source="classifier", whole_prompt=encoder)
     return replace(read_pooling(model_path, config), whole_prompt=encoder)
 
 

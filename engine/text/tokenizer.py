@@ -91,9 +91,11 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_pair(self, text: str, pair: str, add_special_tokens: bool = True) -> list[int]:
-        """Two texts as one sequence, joined by the tokenizer's pair template (transformers' `text_pair`)."""
-        return self.backend_tokenizer.encode(text, pair, add_special_tokens=add_special_tokens).ids
+    def encode_pair(self, text: str, pair: str, add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
+        """Two texts as one sequence, joined by the tokenizer's pair template (transformers' `text_pair`): the ids
+        and each one's text (token_type_ids: 0 for the first, 1 for the second, as the template says)."""
+        encoding = self.backend_tokenizer.encode(text, pair, add_special_tokens=add_special_tokens)
+        return encoding.ids, encoding.type_ids
 
     def decode(
         self,

@@ -1,7 +1,8 @@
 """/v1/score, /v1/rerank and /v2/rerank through the local endpoint (httpx: the OpenAI SDK has no rerank) and as
-RunPod jobs, on tiny random cross-encoders baked by the builder: a Qwen3ForSequenceClassification and
-Qwen3-Reranker's yes/no layout. Scores equal transformers' for the same pairs (tokenized by transformers as
-`tokenizer(text, text_pair)`); bad input, score on a chat model and chat on a cross-encoder are clear errors."""
+RunPod jobs, on tiny random cross-encoders baked by the builder: a Qwen3ForSequenceClassification, Qwen3-Reranker's
+yes/no layout, and the encoders' BertForSequenceClassification and XLMRobertaForSequenceClassification. Scores equal
+transformers' for the same pairs (tokenized as `tokenizer(text, text_pair)`, BERT's with its token_type_ids); bad
+input, a pair past the model's length, score on a chat model and chat on a cross-encoder are clear errors."""
 
 from __future__ import annotations
 
@@ -9,9 +10,17 @@ import math
 
 import openai
 import pytest
+import torch
 from local_worker import ENDPOINT, start_worker, stop_worker
 
-from tests.cross_encoders import build_cross_encoder, reference_scores
+from tests.cross_encoders import (
+    ENCODER_KINDS,
+    build_cross_encoder,
+    build_encoder_cross_encoder,
+    encode_pair,
+    encoder_reference_logits,
+    reference_scores,
+)
 
 QUERY = "What is the capital of France?"
 DOCS = [
@@ -23,21 +32,30 @@ DOCS = [
 TOLERANCE = 1e-4  # float32 both sides; the worker runs in float32 (DTYPE)
 
 
-@pytest.fixture(scope="module", params=["qwen3", "reranker"])
+@pytest.fixture(scope="module", params=["qwen3", "reranker", *ENCODER_KINDS])
 def scorer(request, tmp_path_factory, baked_model_path):
     from transformers import AutoTokenizer
 
     from builder.bake import bake
     from builder.sources import resolve
 
-    folder = tmp_path_factory.mktemp(f"scorer-{request.param}")
-    hf = build_cross_encoder(request.param, folder / "source", baked_model_path)
+    kind = request.param
+    folder = tmp_path_factory.mktemp(f"scorer-{kind}")
+    encoder = kind in ENCODER_KINDS
+    if encoder:
+        hf = build_encoder_cross_encoder(kind, folder / "source")
+    else:
+        hf = build_cross_encoder(kind, folder / "source", baked_model_path)
     bake(resolve(str(folder / "source"), None), folder / "model", served_name="tiny-scorer")
     tokenizer = AutoTokenizer.from_pretrained(str(folder / "model"))
-    w = start_worker(folder / "model", folder / "worker.log", DTYPE="float32", MAX_MODEL_LEN="512")
+    length = "128" if encoder else "512"  # the encoders' position tables hold 128 (BERT 130)
+    w = start_worker(folder / "model", folder / "worker.log", DTYPE="float32", MAX_MODEL_LEN=length)
 
     def want(a: str, b: str) -> float:
-        [score] = reference_scores(hf, request.param, tokenizer(a, text_pair=b)["input_ids"])
+        if encoder:  # the pair as the baked tokenizer joins it, BERT's token_type_ids given to transformers
+            ids, types = encode_pair(folder / "model", a, b)
+            return torch.sigmoid(encoder_reference_logits(hf, kind, ids, types)).item()
+        [score] = reference_scores(hf, kind, tokenizer(a, text_pair=b)["input_ids"])
         return score
 
     with w.http() as http:
@@ -133,6 +151,17 @@ def test_bad_requests_are_400s_naming_the_field(scorer, route, body, param) -> N
     http, _, _ = scorer
     error = post(http, route, body, status=400)["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
+
+
+def test_a_pair_past_the_models_length_is_a_400_not_truncated(scorer) -> None:
+    http, _, _ = scorer
+    long = " ".join(["word"] * 600)  # past 128 and 512 tokens
+    for route, body in (
+        ("/v1/score", {"text_1": QUERY, "text_2": long}),
+        ("/v1/rerank", {"query": long, "documents": DOCS}),
+    ):
+        error = post(http, route, body, status=400)["error"]
+        assert error["type"] == "invalid_request_error" and "maximum context length" in error["message"], error
 
 
 def test_an_unknown_model_is_a_404(scorer) -> None:

@@ -1,11 +1,11 @@
 """POST /v1/score and /v1/rerank (also /v2/rerank): a cross-encoder's relevance scores, in vLLM's shapes.
 
 Each (text_1, text_2) or (query, document) pair is one prompt, tokenized as a pair (the tokenizer's pair template,
-as transformers' `tokenizer(text, text_pair)` and vLLM do) and run as one engine score request: the model's score
-head on the last token (engine/model/classifier.py). `/v1/score` takes vLLM's `text_1` / `text_2` (or its
-`queries` with `documents` or `items`, or `data_1` / `data_2`): one text against one, one against many, or many
-against as many; `/v1/rerank` takes Jina's and Cohere's `query`, `documents`, `top_n` and `return_documents`, and
-answers the documents from the most relevant down.
+as transformers' `tokenizer(text, text_pair)` and vLLM do, with its token_type_ids) and run as one engine score
+request: a decoder's score head on the last token, an encoder's on its first (engine/model/classifier.py).
+`/v1/score` takes vLLM's `text_1` / `text_2` (or its `queries` with `documents` or `items`, or `data_1` / `data_2`):
+one text against one, one against many, or many against as many; `/v1/rerank` takes Jina's and Cohere's `query`,
+`documents`, `top_n` and `return_documents`, and answers the documents from the most relevant down.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class ScoreCall:
     runtime: Runtime
     request: _ScoringRequest
     prompts: list[list[int]]
+    token_type_ids: list[list[int]]  # each prompt's tokens' text of the pair (BERT reads them)
     documents: list[str]  # the second text of each pair (rerank answers them back)
     id: str
     model: str
@@ -106,11 +107,12 @@ def _call(runtime: Runtime, request: _ScoringRequest, first: list[str], second: 
         )
     check_cross_encoder(runtime, f"/v1/{kind}")
     encode = runtime.tokenizer.encode_pair
-    prompts = [encode(a, b, add_special_tokens=request.add_special_tokens) for a, b in zip(first, second, strict=True)]
+    pairs = [encode(a, b, add_special_tokens=request.add_special_tokens) for a, b in zip(first, second, strict=True)]
     return ScoreCall(
         runtime=runtime,
         request=request,
-        prompts=prompts,
+        prompts=[ids for ids, _ in pairs],
+        token_type_ids=[types for _, types in pairs],
         documents=second,
         id=response_id(kind, request.request_id),
         model=model,
@@ -137,15 +139,15 @@ def check_cross_encoder(runtime: Runtime, route: str) -> None:
 def refuse_generation(runtime: Runtime, route: str) -> None:
     """A 400 for a generation or embedding route on a cross-encoder, which only scores, and for any but
     /v1/embeddings on an encoder (BERT-like), which only embeds."""
-    if getattr(runtime.engine, "encoder", False) and route != EMBEDDINGS:
-        raise BadRequest(
-            f"`{runtime.served_model_name}` is an encoder model: it only embeds ({EMBEDDINGS}), not {route}",
-            param="model",
-        )
     if runtime.engine.classifier is not None:
         raise BadRequest(
             f"`{runtime.served_model_name}` is a cross-encoder: it serves {SCORE}, {RERANK} and "
             f"{RERANK_V2}, not {route}",
+            param="model",
+        )
+    if getattr(runtime.engine, "encoder", False) and route != EMBEDDINGS:
+        raise BadRequest(
+            f"`{runtime.served_model_name}` is an encoder model: it only embeds ({EMBEDDINGS}), not {route}",
             param="model",
         )
 
@@ -193,9 +195,15 @@ async def _run(call: ScoreCall) -> list[PoolingOutput]:
     base = engine_request_id(call.id)
     tasks = [
         asyncio.ensure_future(
-            engine.score(p, f"{base}-{i}", truncate_prompt_tokens=truncate or None, activation=activation)
+            engine.score(
+                prompt,
+                f"{base}-{i}",
+                truncate_prompt_tokens=truncate or None,
+                activation=activation,
+                token_type_ids=types,
+            )
         )
-        for i, p in enumerate(call.prompts)
+        for i, (prompt, types) in enumerate(zip(call.prompts, call.token_type_ids, strict=True))
     ]
     try:
         return list(await asyncio.gather(*tasks))

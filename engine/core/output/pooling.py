@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.model.classifier import activate
+from engine.model.classifier import ScoreHead, activate
 from engine.model.pooling import PoolingConfig
 
 
@@ -23,8 +23,11 @@ class PoolingParams:
     config: PoolingConfig
     dimensions: int | None = None
     truncate_prompt_tokens: int | None = None  # keep the prompt's last this many tokens
-    head: torch.Tensor | None = None  # a cross-encoder's score head [num_labels, hidden]: a score, not an embedding
+    head: ScoreHead | None = None  # a cross-encoder's score head (pooled hidden -> logits): a score, not an embedding
     activation: bool = True  # a score's labels through the classifier's activation (False: the raw logits)
+    label_activation: str = "classify"  # which activation (engine.model.classifier.activate)
+    # A text pair's segment of each prompt token (BERT's token_type_ids: 0 for the first text, 1 for the second)
+    token_type_ids: list[int] | None = None
     # A group reads these of any request's parameters: an embedding is one sequence, no logprobs, no adapter.
     n: int = 1
     num_sequences: int = 1
@@ -32,6 +35,10 @@ class PoolingParams:
     adapter: None = None
     priority: int = 0
     structured: None = None
+
+    def segments(self, start: int, end: int) -> list[int]:
+        """The token_type_ids of prompt positions [start, end): 0 where the request gives none."""
+        return [0] * (end - start) if self.token_type_ids is None else self.token_type_ids[start:end]
 
     @property
     def needs_every_row(self) -> bool:
@@ -54,10 +61,11 @@ def fold(
 
 def finish(acc: torch.Tensor, params: PoolingParams, total: int) -> list[float]:
     """The embedding: the mean taken, shortened to `dimensions`, then normalised when the model normalises; or a
-    cross-encoder's label scores, its head applied to the last token's hidden state."""
+    cross-encoder's label scores, its head applied to the pooled token's hidden state (a decoder's last, an
+    encoder's first)."""
     if params.head is not None:
-        logits = params.head.to(acc.device) @ acc.float()
-        return (activate(logits) if params.activation else logits).tolist()
+        logits = params.head(acc.float())
+        return (activate(logits, params.label_activation) if params.activation else logits).tolist()
     vector = acc / total if params.config.method == "mean" else acc
     if params.dimensions is not None:
         vector = vector[: params.dimensions]

@@ -104,6 +104,10 @@ def check_pooling(prompt_token_ids: list[int], params: PoolingParams, limits: Li
             f"context length of {limits.max_model_len} tokens",
             param="truncate_prompt_tokens",
         )
+    # NOTE: only an encoder reads them, and its prompt is never truncated (whole_prompt, above)
+    types = params.token_type_ids
+    if types is not None and (len(types) != len(prompt_token_ids) or any(t not in (0, 1) for t in types)):
+        raise InvalidRequest("token_type_ids must give 0 or 1 for each token of the prompt", param="token_type_ids")
     prompt = _checked_tokens(prompt_token_ids, params.truncate_prompt_tokens, limits)
     if len(prompt) > limits.max_model_len:
         remedy = "Shorten it." if config.whole_prompt else "Shorten it, or set truncate_prompt_tokens."

@@ -28,6 +28,10 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "XLMRobertaModel": ("engine.model.models.bert", "BertModel"),
     "ModernBertModel": ("engine.model.models.modernbert", "ModernBertModel"),
     "NomicBertModel": ("engine.model.models.nomic_bert", "NomicBertModel"),
+    # Their cross-encoders: the encoder and its classification head (scores)
+    "BertForSequenceClassification": ("engine.model.models.bert", "BertModel"),
+    "RobertaForSequenceClassification": ("engine.model.models.bert", "BertModel"),
+    "XLMRobertaForSequenceClassification": ("engine.model.models.bert", "BertModel"),
     "DeepseekV2ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV3ForCausalLM"),
     "Ernie4_5ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),

@@ -1,5 +1,7 @@
 """BERT-family bidirectional encoders (BertModel; RobertaModel and XLMRobertaModel, whose positions start at
-padding_idx + 1): absolute position and token-type embeddings, post-norm layers, GELU MLP. Embeddings only.
+padding_idx + 1): absolute position and token-type embeddings, post-norm layers, GELU MLP. The *Model
+architectures embed; their *ForSequenceClassification cross-encoders score a text pair with the head on its first
+token (ClassificationHead), BERT reading the pair's token_type_ids (RoBERTa and XLM-R's tokenizers give none).
 
 Each sequence's rows attend to each other both ways; the scheduler runs an encoder's prompt in one chunk
 (PoolingConfig.whole_prompt), so a step's rows of a sequence are its whole prompt and attention needs no pages: the
@@ -35,6 +37,13 @@ LAYER_NAMES = {
 }
 # Heads and buffers a sentence-transformers or masked-LM folder may hold that embeddings never read
 SKIPPED = ("pooler.", "lm_head.", "cls.", "embeddings.position_ids")
+# A cross-encoder's head: the hub's names -> ours (BERT's pooler and classifier; RoBERTa's classifier, whose folders may
+# also hold a pooler its head never reads)
+BERT_HEAD = {"pooler.dense.": "classification_head.dense.", "classifier.": "classification_head.out_proj."}
+ROBERTA_HEAD = {
+    "classifier.dense.": "classification_head.dense.",
+    "classifier.out_proj.": "classification_head.out_proj.",
+}
 ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
 
 
@@ -46,6 +55,8 @@ class BertArgs(DecoderShape):
     position_offset: int  # RoBERTa / XLM-R: positions start at padding_idx + 1
     position_rows: int
     hidden_act: str
+    num_labels: int = 0  # a cross-encoder's labels (0: an embedding model, no head)
+    roberta: bool = False  # RoBERTa / XLM-R: its own head names, and no token_type_ids (their tokenizers give none)
 
 
 class BertModel(nn.Module):
@@ -65,6 +76,9 @@ class BertModel(nn.Module):
         self.token_type_embeddings = nn.Embedding(args.type_vocab_size, hidden)
         self.embed_norm = nn.LayerNorm(hidden, eps=args.rms_norm_eps)
         self.layers = nn.ModuleList([EncoderLayer(args) for _ in range(args.num_layers)])
+        self.reads_token_types = args.num_labels > 0 and not args.roberta  # BERT's pair segments
+        if args.num_labels:
+            self.classification_head = ClassificationHead(hidden_size=hidden, num_labels=args.num_labels)
 
     @classmethod
     def read_args(cls, config: dict, names: set[str]) -> BertArgs:
@@ -74,7 +88,9 @@ class BertModel(nn.Module):
         act = config.get("hidden_act", "gelu")
         if act not in ACTIVATIONS:
             raise UnsupportedModel(f"hidden_act {act!r} is not supported ({', '.join(ACTIVATIONS)})", param="model")
-        roberta = config["architectures"][0] in ("RobertaModel", "XLMRobertaModel")
+        architecture = config["architectures"][0]
+        roberta = architecture.startswith(("Roberta", "XLMRoberta"))
+        labels = len(config.get("id2label") or {}) or config.get("num_labels") or 2  # transformers' default: 2
         offset = config.get("pad_token_id", 1) + 1 if roberta else 0
         rows = config["max_position_embeddings"]
         shape = DecoderShape.read({**config, "rms_norm_eps": config.get("layer_norm_eps", 1e-12)}, max_positions=rows)
@@ -85,12 +101,18 @@ class BertModel(nn.Module):
             position_offset=offset,
             position_rows=rows,
             hidden_act=act,
+            num_labels=labels if architecture.endswith("ForSequenceClassification") else 0,
+            roberta=roberta,
         )
 
-    @staticmethod
-    def checkpoint_name(name: str) -> str | None:
+    def checkpoint_name(self, name: str) -> str | None:
         for prefix in ("bert.", "roberta."):
             name = name.removeprefix(prefix)
+        if self.args.num_labels:
+            head_names = ROBERTA_HEAD if self.args.roberta else BERT_HEAD
+            head = next((hub for hub in head_names if name.startswith(hub)), None)
+            if head is not None:
+                return head_names[head] + name.removeprefix(head)
         if name.startswith(SKIPPED):
             return None
         if name.startswith("embeddings."):
@@ -122,9 +144,11 @@ class BertModel(nn.Module):
         meta: AttentionMetadata,
         kv_caches: Any,
         backend: AttentionBackend | list[AttentionBackend],
+        token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The step's final hidden states [tokens, hidden]; each sequence's rows are its whole prompt."""
-        types = torch.zeros_like(input_ids)  # one text: every token is segment 0
+        """The step's final hidden states [tokens, hidden]; each sequence's rows are its whole prompt.
+        token_type_ids: each row's text of a pair (None: one text, every token segment 0)."""
+        types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
         x = (
             self.word_embeddings(input_ids)
             + self.position_embeddings(positions + self.args.position_offset)
@@ -138,6 +162,22 @@ class BertModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
         raise RuntimeError("an encoder has no vocabulary head: it embeds and never samples")
+
+
+class ClassificationHead(nn.Module):
+    """A cross-encoder's head on its first token's final hidden state: tanh(dense(x)), then out_proj to the labels
+    (BERT's pooler and classifier; RoBERTa's and XLM-R's classification head: the same layers, named apart)."""
+
+    def __init__(self, *, hidden_size: int, num_labels: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.out_proj = nn.Linear(hidden_size, num_labels)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        """The labels' logits (float32) for one pooled hidden state [hidden]."""
+        # NOTE: the bias gives the serving dtype: a CPU bf16 model's linears are packed and hold no `weight`
+        x = first.to(self.dense.bias.dtype).unsqueeze(0)
+        return self.out_proj(torch.tanh(self.dense(x)))[0].float()
 
 
 class EncoderLayer(nn.Module):

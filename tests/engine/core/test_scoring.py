@@ -133,7 +133,7 @@ def _rewrite(folder, **keys) -> None:
             {"architectures": ["MistralForSequenceClassification"]},
             "MistralForSequenceClassification is not supported",
         ),
-        ("llama", {"architectures": ["BertForSequenceClassification"]}, "bidirectional encoder (BERT-like)"),
+        ("llama", {"architectures": ["DistilBertForSequenceClassification"]}, "bidirectional encoder (BERT-like)"),
     ],
 )
 def test_checkpoints_the_engine_cannot_score_fail_in_one_line(tmp_path, baked_model_path, kind, keys, words) -> None:

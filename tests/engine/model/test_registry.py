@@ -15,6 +15,7 @@ from engine.model.models import ARCHITECTURES, model_class
 
 ROOT = Path(__file__).resolve().parents[3]
 OTHER_FAMILIES = (
+    "bert",
     "deepseek_v2",
     "falcon_h1",
     "ernie4_5_moe",
