@@ -10,7 +10,8 @@ Each sequence carries the slot contract Gated DeltaNet's does (engine/model/laye
 window [conv_dim, K - 1] in the model dtype and its SSM state [H, P, N] in float32, read from the slots a step gives
 and written back, captured at page boundaries and replayed after a speculative verify, so prefix snapshots,
 preemption, forks and speculative decoding need nothing of their own. On CUDA the conv runs causal_conv1d where it
-runs (engine/cuda/causal_conv.py); the SSD runs the torch rule on every device (no pinned library has its kernel).
+runs (engine/cuda/causal_conv.py) and the SSD fla's simple-GLA kernels where fla imports (engine/cuda/ssd_scan.py);
+elsewhere both run in torch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.cuda import causal_conv
+from engine.cuda import causal_conv, ssd_scan
 from engine.model.layers import ssd
 from engine.model.layers.parallel import TensorParallel
 from engine.model.layers.recurrent_step import RecurrentStep, Replay
@@ -210,8 +211,11 @@ class Mamba2Mixer(nn.Module):
             out = (window * weight).sum(-1)
             xbc = F.silu(out if bias is None else out + bias)
         xs, b, c = self._ssm_inputs(xbc)
-        states = state_pool.index_select(0, index)
-        y = ssd.step_(xs, dt, -self.A_log.float().exp(), b, c, states)
+        a, states = -self.A_log.float().exp(), state_pool.index_select(0, index)
+        if ssd_scan.fla_runs(xbc.device):
+            y, states = ssd_scan.step(xs, dt, a, b, c, states)
+        else:
+            y = ssd.step_(xs, dt, a, b, c, states)
         state_pool.index_copy_(0, index, states)
         return self._skip(y, xs)
 
@@ -251,8 +255,12 @@ class Mamba2Mixer(nn.Module):
         cut = capture[0] if capture is not None else length
         parts = [(0, cut), (cut, length)] if cut < length else [(0, length)]
         state, outs = state_pool[slot].float(), []
+        fla = ssd_scan.fla_runs(xbc.device)
         for lo, hi in parts:
-            y, state = ssd.chunked(xs[lo:hi], dt[lo:hi], a, b[lo:hi], c[lo:hi], state, s.chunk_size)
+            if fla:
+                y, state = ssd_scan.chunked(xs[lo:hi], dt[lo:hi], a, b[lo:hi], c[lo:hi], state)
+            else:
+                y, state = ssd.chunked(xs[lo:hi], dt[lo:hi], a, b[lo:hi], c[lo:hi], state, s.chunk_size)
             outs.append(y)
             if capture is not None and hi == cut:
                 conv_pool[capture[1]].copy_(window[:, cut : cut + s.conv_kernel - 1])
