@@ -26,7 +26,7 @@ from torch import nn
 from engine.cuda import causal_conv, ssd_scan
 from engine.model.layers import ssd
 from engine.model.layers.parallel import TensorParallel
-from engine.model.layers.recurrent_step import RecurrentStep, Replay
+from engine.model.layers.recurrent_step import RecurrentStep
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,24 +139,14 @@ class Mamba2Mixer(nn.Module):
         s = self.shape
         z, xbc, dt = self._project(x)
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*s.dt_limit)
-        if step.is_decode:
-            y = self._decode(xbc, dt, step.slot_index, conv_pool, state_pool)
-            for i, _, dst in step.captures:  # a decode row's snapshot is its state after the step
-                conv_pool[dst].copy_(conv_pool[step.slots[i]])
-                state_pool[dst].copy_(state_pool[step.slots[i]])
-        else:
-            y = torch.empty(x.shape[0], s.num_heads, s.head_dim, dtype=torch.float32, device=x.device)
-            for i, ((start, length), slot) in enumerate(zip(step.spans, step.slots, strict=True)):
-                rows = slice(start, start + length)
-                capture = step.capture_of(i)
-                if i in step.verify:  # outputs from the state, which settle() advances by the accepted rows
-                    y[rows] = self._prefill(xbc[rows], dt[rows], slot, None, conv_pool, state_pool, write=False)
-                    step.pending.append((i, self._replay(xbc[rows], dt[rows], slot, conv_pool, state_pool)))
-                elif length == 1 and capture is None:
-                    index = torch.tensor([slot], device=x.device)
-                    y[rows] = self._decode(xbc[rows], dt[rows], index, conv_pool, state_pool)
-                else:
-                    y[rows] = self._prefill(xbc[rows], dt[rows], slot, capture, conv_pool, state_pool)
+        y = step.run(
+            decode=lambda rows, index, _: self._decode(xbc[rows], dt[rows], index, conv_pool, state_pool),
+            prefill=lambda rows, slot, capture, write: self._prefill(
+                xbc[rows], dt[rows], slot, capture, conv_pool, state_pool, write=write
+            ),
+            empty=lambda: torch.empty(x.shape[0], s.num_heads, s.head_dim, dtype=torch.float32, device=x.device),
+            pools=(conv_pool, state_pool),
+        )
         return self.out_proj(self._gate(y.flatten(1), z))
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -218,16 +208,6 @@ class Mamba2Mixer(nn.Module):
             y = ssd.step_(xs, dt, a, b, c, states)
         state_pool.index_copy_(0, index, states)
         return self._skip(y, xs)
-
-    def _replay(
-        self, xbc: torch.Tensor, dt: torch.Tensor, slot: int, conv_pool: torch.Tensor, state_pool: torch.Tensor
-    ) -> Replay:
-        """Advances `slot` by the first n of these rows (a verify's accepted ones), capture as in _prefill."""
-
-        def replay(n: int, capture: tuple[int, int] | None) -> None:
-            self._prefill(xbc[:n], dt[:n], slot, capture, conv_pool, state_pool)
-
-        return replay
 
     def _prefill(
         self,
