@@ -76,8 +76,11 @@ def step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of R rows, as engine.model.layers.ssd.step_ (decode): x [R, H, P]; dt [R, H]; b, c [R, G, N];
     states [R, H, P, N] float32 (the rows' states, gathered: fla reads and writes a state per batch row, with no slot
-    indices into a pool). Returns (y [R, H, P] float32, the float32 states after the token, a new tensor).
-    Capturable in a CUDA graph once compiled (no autotuning, no host sync)."""
+    indices into a pool). Returns (y [R, H, P] float32, the float32 states after the token, a new tensor). One
+    kernel reads each state once and writes it once, in float32 (the torch step scales it, adds an outer product and
+    reads it back). Capturable in a CUDA graph once a first call has compiled and autotuned it (num_warps, keyed on
+    the head sizes, not the rows: the graph runner's warm-up does), with no host sync; the kernel writes a new
+    tensor, so autotuning's repeated runs leave its inputs as they were."""
     from fla.ops.simple_gla import fused_recurrent_simple_gla as kernel
 
     q, k, v, g = gla_inputs(x, dt, a, b, c)

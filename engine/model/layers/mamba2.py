@@ -202,7 +202,7 @@ class Mamba2Mixer(nn.Module):
             xbc = F.silu(out if bias is None else out + bias)
         xs, b, c = self._ssm_inputs(xbc)
         a, states = -self.A_log.float().exp(), state_pool.index_select(0, index)
-        if ssd_scan.fla_runs(xbc.device):
+        if ssd_scan.fla_runs(xbc.device):  # NOTE: two copies of the rows' states at once, as in the torch step
             y, states = ssd_scan.step(xs, dt, a, b, c, states)
         else:
             y = ssd.step_(xs, dt, a, b, c, states)
