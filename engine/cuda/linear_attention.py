@@ -11,7 +11,7 @@ import importlib
 
 import torch
 
-from engine.cuda import causal_conv
+from engine.cuda import causal_conv, ssd_scan
 
 
 @functools.cache
@@ -32,8 +32,8 @@ def fla_runs(device: torch.device) -> bool:
 def describe(device: torch.device, kind: str = "gated_deltanet") -> str:
     """For the start-up log: which gated delta rule (kind "gated_deltanet") or SSD scan ("mamba2") and which conv a
     hybrid model runs on `device`."""
-    if kind == "mamba2":  # no pinned library has the SSD's kernels (mamba_ssm is not a dependency)
-        return f"Mamba2: SSD scan in torch (float32, on every device); {causal_conv.describe(device)}"
+    if kind == "mamba2":
+        return f"Mamba2: {ssd_scan.describe(device)}; {causal_conv.describe(device)}"
     if fla_runs(device):
         rule = (
             "delta rule through fla (chunk_gated_delta_rule for prefill, fused_recurrent_gated_delta_rule for decode)"

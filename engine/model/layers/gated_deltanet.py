@@ -26,7 +26,7 @@ from torch import nn
 
 from engine.cuda import causal_conv, linear_attention
 from engine.model.layers import delta_rule
-from engine.model.layers.recurrent_step import RecurrentStep, Replay
+from engine.model.layers.recurrent_step import RecurrentStep
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,32 +84,19 @@ class DeltaNetCore(nn.Module):
         mixed, z, b, a = self.project(x)
         beta = torch.sigmoid(b)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        if step.is_decode:
-            # NOTE: only the CPU path reads the slots as Python ints; on CUDA, and in a step a CUDA graph replays,
-            # decode reads slot_index alone (no host sync, no value-dependent shape or branch).
-            cpu_slots = step.slots if x.device.type == "cpu" and not step.indexed else None
-            out = self._decode(mixed, g, beta, step.slot_index, conv_pool, state_pool, cpu_slots)
-            for i, _, dst in step.captures:  # a decode row's snapshot is its state after the step
-                conv_pool[dst].copy_(conv_pool[step.slots[i]])
-                state_pool[dst].copy_(state_pool[step.slots[i]])
-        else:
-            out = torch.empty(x.shape[0], s.num_v_heads, s.head_v_dim, dtype=x.dtype, device=x.device)
-            for i, ((start, length), slot) in enumerate(zip(step.spans, step.slots, strict=True)):
-                rows = slice(start, start + length)
-                capture = step.capture_of(i)
-                if i in step.verify:  # outputs from the state, which settle() advances by the accepted rows
-                    out[rows] = self._prefill(
-                        mixed[rows], g[rows], beta[rows], slot, None, conv_pool, state_pool, write=False
-                    )
-                    step.pending.append(
-                        (i, self._replay(mixed[rows], g[rows], beta[rows], slot, conv_pool, state_pool))
-                    )
-                elif length == 1 and capture is None:
-                    index = torch.tensor([slot], device=x.device)
-                    cpu_slots = [slot] if x.device.type == "cpu" else None
-                    out[rows] = self._decode(mixed[rows], g[rows], beta[rows], index, conv_pool, state_pool, cpu_slots)
-                else:
-                    out[rows] = self._prefill(mixed[rows], g[rows], beta[rows], slot, capture, conv_pool, state_pool)
+        # NOTE: only the CPU path reads the slots as Python ints; on CUDA, and in a step a CUDA graph replays, decode
+        # reads slot_index alone (no host sync, no value-dependent shape or branch).
+        cpu = x.device.type == "cpu"
+        out = step.run(
+            decode=lambda rows, index, slots: self._decode(
+                mixed[rows], g[rows], beta[rows], index, conv_pool, state_pool, slots if cpu else None
+            ),
+            prefill=lambda rows, slot, capture, write: self._prefill(
+                mixed[rows], g[rows], beta[rows], slot, capture, conv_pool, state_pool, write=write
+            ),
+            empty=lambda: torch.empty(x.shape[0], s.num_v_heads, s.head_v_dim, dtype=x.dtype, device=x.device),
+            pools=(conv_pool, state_pool),
+        )
         gated = self.norm(out.reshape(-1, s.head_v_dim), z.reshape(-1, s.head_v_dim))
         return self.out_proj(gated.reshape(x.shape[0], -1))
 
@@ -218,22 +205,6 @@ class DeltaNetCore(nn.Module):
         if not in_place:
             state_pool.index_copy_(0, index, states)
         return o.index_select(0, index - lo) if in_place and not in_order else o
-
-    def _replay(
-        self,
-        mixed: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-        slot: int,
-        conv_pool: torch.Tensor,
-        state_pool: torch.Tensor,
-    ) -> Replay:
-        """Advances `slot` by the first n of these rows (a verify's accepted ones), capture as in _prefill."""
-
-        def replay(n: int, capture: tuple[int, int] | None) -> None:
-            self._prefill(mixed[:n], g[:n], beta[:n], slot, capture, conv_pool, state_pool)
-
-        return replay
 
     def _prefill(
         self,

@@ -10,7 +10,8 @@ Each sequence carries the slot contract Gated DeltaNet's does (engine/model/laye
 window [conv_dim, K - 1] in the model dtype and its SSM state [H, P, N] in float32, read from the slots a step gives
 and written back, captured at page boundaries and replayed after a speculative verify, so prefix snapshots,
 preemption, forks and speculative decoding need nothing of their own. On CUDA the conv runs causal_conv1d where it
-runs (engine/cuda/causal_conv.py); the SSD runs the torch rule on every device (no pinned library has its kernel).
+runs (engine/cuda/causal_conv.py) and the SSD fla's simple-GLA kernels where fla imports (engine/cuda/ssd_scan.py);
+elsewhere both run in torch.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.cuda import causal_conv
+from engine.cuda import causal_conv, ssd_scan
 from engine.model.layers import ssd
 from engine.model.layers.parallel import TensorParallel
-from engine.model.layers.recurrent_step import RecurrentStep, Replay
+from engine.model.layers.recurrent_step import RecurrentStep
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,24 +139,14 @@ class Mamba2Mixer(nn.Module):
         s = self.shape
         z, xbc, dt = self._project(x)
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*s.dt_limit)
-        if step.is_decode:
-            y = self._decode(xbc, dt, step.slot_index, conv_pool, state_pool)
-            for i, _, dst in step.captures:  # a decode row's snapshot is its state after the step
-                conv_pool[dst].copy_(conv_pool[step.slots[i]])
-                state_pool[dst].copy_(state_pool[step.slots[i]])
-        else:
-            y = torch.empty(x.shape[0], s.num_heads, s.head_dim, dtype=torch.float32, device=x.device)
-            for i, ((start, length), slot) in enumerate(zip(step.spans, step.slots, strict=True)):
-                rows = slice(start, start + length)
-                capture = step.capture_of(i)
-                if i in step.verify:  # outputs from the state, which settle() advances by the accepted rows
-                    y[rows] = self._prefill(xbc[rows], dt[rows], slot, None, conv_pool, state_pool, write=False)
-                    step.pending.append((i, self._replay(xbc[rows], dt[rows], slot, conv_pool, state_pool)))
-                elif length == 1 and capture is None:
-                    index = torch.tensor([slot], device=x.device)
-                    y[rows] = self._decode(xbc[rows], dt[rows], index, conv_pool, state_pool)
-                else:
-                    y[rows] = self._prefill(xbc[rows], dt[rows], slot, capture, conv_pool, state_pool)
+        y = step.run(
+            decode=lambda rows, index, _: self._decode(xbc[rows], dt[rows], index, conv_pool, state_pool),
+            prefill=lambda rows, slot, capture, write: self._prefill(
+                xbc[rows], dt[rows], slot, capture, conv_pool, state_pool, write=write
+            ),
+            empty=lambda: torch.empty(x.shape[0], s.num_heads, s.head_dim, dtype=torch.float32, device=x.device),
+            pools=(conv_pool, state_pool),
+        )
         return self.out_proj(self._gate(y.flatten(1), z))
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -210,20 +201,13 @@ class Mamba2Mixer(nn.Module):
             out = (window * weight).sum(-1)
             xbc = F.silu(out if bias is None else out + bias)
         xs, b, c = self._ssm_inputs(xbc)
-        states = state_pool.index_select(0, index)
-        y = ssd.step_(xs, dt, -self.A_log.float().exp(), b, c, states)
+        a, states = -self.A_log.float().exp(), state_pool.index_select(0, index)
+        if ssd_scan.fla_runs(xbc.device):  # NOTE: two copies of the rows' states at once, as in the torch step
+            y, states = ssd_scan.step(xs, dt, a, b, c, states)
+        else:
+            y = ssd.step_(xs, dt, a, b, c, states)
         state_pool.index_copy_(0, index, states)
         return self._skip(y, xs)
-
-    def _replay(
-        self, xbc: torch.Tensor, dt: torch.Tensor, slot: int, conv_pool: torch.Tensor, state_pool: torch.Tensor
-    ) -> Replay:
-        """Advances `slot` by the first n of these rows (a verify's accepted ones), capture as in _prefill."""
-
-        def replay(n: int, capture: tuple[int, int] | None) -> None:
-            self._prefill(xbc[:n], dt[:n], slot, capture, conv_pool, state_pool)
-
-        return replay
 
     def _prefill(
         self,
@@ -251,8 +235,12 @@ class Mamba2Mixer(nn.Module):
         cut = capture[0] if capture is not None else length
         parts = [(0, cut), (cut, length)] if cut < length else [(0, length)]
         state, outs = state_pool[slot].float(), []
+        fla = ssd_scan.fla_runs(xbc.device)
         for lo, hi in parts:
-            y, state = ssd.chunked(xs[lo:hi], dt[lo:hi], a, b[lo:hi], c[lo:hi], state, s.chunk_size)
+            if fla:
+                y, state = ssd_scan.chunked(xs[lo:hi], dt[lo:hi], a, b[lo:hi], c[lo:hi], state)
+            else:
+                y, state = ssd.chunked(xs[lo:hi], dt[lo:hi], a, b[lo:hi], c[lo:hi], state, s.chunk_size)
             outs.append(y)
             if capture is not None and hi == cut:
                 conv_pool[capture[1]].copy_(window[:, cut : cut + s.conv_kernel - 1])

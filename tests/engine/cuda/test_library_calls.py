@@ -48,6 +48,8 @@ WRAPPER_METHODS = ("plan", "run", "begin_forward", "forward", "reset_workspace_b
 EXPECTED = {
     "fla.ops.gated_delta_rule.chunk_gated_delta_rule",
     "fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule",
+    "fla.ops.simple_gla.chunk_simple_gla",
+    "fla.ops.simple_gla.fused_recurrent_simple_gla",
     "causal_conv1d.causal_conv1d_update",
     "causal_conv1d.causal_conv1d_fn",
     "flashinfer.norm.rmsnorm",
