@@ -113,14 +113,19 @@ def sink_module_args(
 
 
 @functools.cache
-def flashinfer_import_error() -> Exception | None:
-    """None when flashinfer imports, else the error it raised (a broken CUDA install raises more than
-    ImportError). The one probe of FlashInfer: the attention backend is chosen from it (engine.attention)."""
+def import_error(module: str) -> Exception | None:
+    """None when `module` imports, else the error it raised: a broken CUDA install, or a Triton without a GPU
+    driver, raises more than ImportError."""
     try:
-        importlib.import_module("flashinfer")
+        importlib.import_module(module)
     except Exception as exc:
         return exc
     return None
+
+
+def flashinfer_import_error() -> Exception | None:
+    """The one probe of FlashInfer: the attention backend is chosen from it (engine.attention)."""
+    return import_error("flashinfer")
 
 
 def flashinfer_available() -> bool:

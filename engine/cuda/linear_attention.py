@@ -6,22 +6,15 @@ fla does not. fla is imported lazily: it needs Triton, which a CPU build of torc
 
 from __future__ import annotations
 
-import functools
-import importlib
-
 import torch
 
 from engine.cuda import causal_conv, ssd_scan
+from engine.cuda.kernels import import_error
 
 
-@functools.cache
 def fla_import_error() -> Exception | None:
-    """None when fla's gated delta rule imports, else the error it raised."""
-    try:
-        importlib.import_module("fla.ops.gated_delta_rule")
-    except Exception as exc:  # a Triton without a GPU driver raises more than ImportError
-        return exc
-    return None
+    """None when fla's gated delta rule import, else the error raised."""
+    return import_error("fla.ops.gated_delta_rule")
 
 
 def fla_runs(device: torch.device) -> bool:

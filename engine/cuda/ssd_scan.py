@@ -8,20 +8,14 @@ imported lazily: it needs Triton, which a CPU build of torch does not have.
 
 from __future__ import annotations
 
-import functools
-import importlib
-
 import torch
 
+from engine.cuda.kernels import import_error
 
-@functools.cache
+
 def fla_import_error() -> Exception | None:
-    """None when fla's simple-GLA kernels import, else the error it raised."""
-    try:
-        importlib.import_module("fla.ops.simple_gla")
-    except Exception as exc:  # a Triton without a GPU driver raises more than ImportError
-        return exc
-    return None
+    """None when fla's simple-GLA kernels import, else the error raised."""
+    return import_error("fla.ops.simple_gla")
 
 
 def fla_runs(device: torch.device) -> bool:
