@@ -101,6 +101,9 @@ def nemotron_h_shape(hidden: int, layers: int) -> dict:
         conv_kernel=4,
         chunk_size=128,
         max_position_embeddings=40960,
+        # Untied, as the release: transformers' NemotronH keeps its own lm_head even when the config ties it,
+        # where the engine (and every other family in transformers) would use the embedding.
+        tie_word_embeddings=False,
     )
 
 
@@ -156,7 +159,7 @@ FAMILIES = {
         model_type="nemotron_h",
         mirrors="NVIDIA-Nemotron-Nano-9B-v2: the first --layers blocks of its pattern (16: M-M-M-MM-M-M-M*-, 8 "
         "Mamba2, 1 attention, 7 MLP), hidden 4480 -> 1024, 40/8 heads -> 8/2 (head_dim 128 kept), Mamba2 128 "
-        "heads of 80 -> 32 of 64 (8 groups, state 128 kept), MLP 3.5x hidden kept",
+        "heads of 80 -> 32 of 64 (8 groups, state 128 kept), MLP 3.5x hidden kept, untied as the release",
         layers=16,
         config=nemotron_h_shape,
         dense_layers=lambda c: sum(b in "M*" for b in c["hybrid_override_pattern"]),
@@ -183,15 +186,11 @@ FAMILIES = {
 
 
 def shape(args) -> dict:
-    """The family's config keywords at --hidden / --layers, with the default model's vocabulary, tied."""
+    """The family's config keywords at --hidden / --layers, with the default model's vocabulary, tied unless the
+    family says otherwise."""
     family = FAMILIES[args.family]
-    return dict(
-        family.config(args.hidden, args.layers),
-        hidden_size=args.hidden,
-        vocab_size=VOCAB,
-        tie_word_embeddings=True,
-        eos_token_id=2,
-    )
+    common = dict(hidden_size=args.hidden, vocab_size=VOCAB, tie_word_embeddings=True, eos_token_id=2)
+    return {**common, **family.config(args.hidden, args.layers)}
 
 
 def save_model(args, folder: Path):
