@@ -157,27 +157,30 @@ FAMILIES = {
     ),
     "nemotron_h": Family(
         model_type="nemotron_h",
-        mirrors="NVIDIA-Nemotron-Nano-9B-v2: the first --layers blocks of its pattern (16: M-M-M-MM-M-M-M*-, 8 "
-        "Mamba2, 1 attention, 7 MLP), hidden 4480 -> 1024, 40/8 heads -> 8/2 (head_dim 128 kept), Mamba2 128 "
-        "heads of 80 -> 32 of 64 (8 groups, state 128 kept), MLP 3.5x hidden kept, untied as the release",
+        mirrors="NVIDIA-Nemotron-Nano-9B-v2: the first --layers blocks of its pattern (16: M-M-M-MM-M-M-M*-, "
+        "8 Mamba2, 1 attention, 7 MLP); hidden 4480 -> --hidden, 40/8 heads -> hidden/128 and 2 (head_dim 128 "
+        "kept), Mamba2 128 heads of 80 -> hidden/32 of 64 (8 groups, state 128 kept), MLP 3.5x hidden kept, "
+        "untied as the release",
         layers=16,
         config=nemotron_h_shape,
         dense_layers=lambda c: sum(b in "M*" for b in c["hybrid_override_pattern"]),
     ),
     "granitemoehybrid": Family(
         model_type="granitemoehybrid",
-        mirrors="Granite-4.0-H-Tiny: the first --layers of its layer types (8: attention at 5, Mamba2 elsewhere), "
-        "hidden 1536 -> 1024, 12/4 heads -> 8/4 (head_dim 128 kept), 64 experts top-6 of 512 -> 32 top-6 of 256, "
-        "shared MLP 1024 kept, Mamba2 48 heads of 64 -> 32 of 64 (1 group, state 128 kept), no positions kept",
+        mirrors="Granite-4.0-H-Tiny: the first --layers of its layer types (8: attention at 5, Mamba2 elsewhere); "
+        "hidden 1536 -> --hidden, 12/4 heads -> hidden/128 and hidden/256 (head_dim 128 kept), 64 experts top-6 "
+        "of 512 -> 32 top-6 of hidden/4, shared MLP 1024 -> hidden, Mamba2 48 heads of 64 -> hidden/32 of 64 "
+        "(1 group, state 128 kept), no positions as the release",
         layers=8,
         config=granitemoehybrid_shape,
         dense_layers=lambda c: c["num_hidden_layers"],
     ),
     "falcon_h1": Family(
         model_type="falcon_h1",
-        mirrors="Falcon-H1-0.5B: its width (hidden 1024, 8/2 heads of 64, Mamba2 d_ssm 1536 = 24 heads of 64, "
-        "state 128, MLP 2048), 36 layers -> --layers, the muP multipliers left at 1; attention and Mamba2 side by "
-        "side in every layer, so the dense twin is the same attention without the Mamba2 half",
+        mirrors="Falcon-H1-0.5B: its proportions at --hidden (the release's 1024: 8/2 heads of 64, Mamba2 d_ssm "
+        "1536 = 24 heads of 64, state 128, MLP 2048), 36 layers -> --layers, the muP multipliers left at 1; "
+        "attention and Mamba2 side by side in every layer, so the dense twin is the same attention without the "
+        "Mamba2 half",
         layers=8,
         config=falcon_h1_shape,
         dense_layers=lambda c: c["num_hidden_layers"],
