@@ -81,7 +81,8 @@ def engine_decode(engine, batch: int, tokens: int, seed: int) -> float:
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     for r in range(batch):
         engine.add_request(f"{seed}-{r}", torch.randint(3, 40000, (PROMPT,), generator=gen).tolist(), params)
-    started, produced, start = set(), 0, 0.0
+    started: set[str] = set()
+    produced, start = 0, 0.0
     while engine.has_unfinished():
         for out in engine.step():
             if len(started) == batch:
