@@ -72,7 +72,7 @@ ACTIVATIONS = {
 ScoreHead = Callable[[torch.Tensor], torch.Tensor]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Classifier:
     """How a cross-encoder scores: its head's source ("score": the checkpoint's score.weight; "tokens": rows of
     lm_head, the first subtracted from the second; "encoder": an encoder family's own head), how many labels it
@@ -128,14 +128,14 @@ def read_classifier(config: dict, shapes: dict[str, tuple[int, ...]]) -> Classif
             raise UnsupportedModel(
                 "a Qwen3-Reranker checkpoint (classifier_from_token) holds an lm_head, not score.weight", param="model"
             )
-        return Classifier("tokens", 1, tuple(tokens), activation)
+        return Classifier(source="tokens", num_labels=1, tokens=tuple(tokens), activation=activation)
     if "score.weight" not in shapes:
         raise UnsupportedModel(f"{architecture} checkpoint lacks score.weight", param="model")
     labels = shapes["score.weight"][0]
     named = config.get("num_labels") or len(config.get("id2label") or {}) or labels
     if named != labels:
         raise UnsupportedModel(f"config.json gives {named} labels, score.weight has {labels}", param="model")
-    return Classifier("score", labels, activation=activation)
+    return Classifier(source="score", num_labels=labels, activation=activation)
 
 
 def read_activation(config: dict) -> str:
@@ -179,7 +179,7 @@ def _encoder_classifier(
             raise UnsupportedModel(
                 f"classifier_pooling {pooling!r} is not supported ({', '.join(MODERNBERT_POOLING)})", param="model"
             )
-    return Classifier("encoder", labels, activation=activation, pooling=pooling)
+    return Classifier(source="encoder", num_labels=labels, activation=activation, pooling=pooling)
 
 
 def attach_score(model: nn.Module, classifier: Classifier | None, hidden_size: int) -> None:
