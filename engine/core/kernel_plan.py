@@ -80,6 +80,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "Mistral3ForConditionalGeneration": ("mistral3", {}),
     "MixtralForCausalLM": ("mixtral", {}),
     "ModernBertModel": ("modernbert", {}),
+    "ModernBertForSequenceClassification": ("modernbert", {}),
     "NemotronHForCausalLM": ("nemotron_h", {}),
     "NomicBertModel": ("nomic_bert", {}),
     "Olmo2ForCausalLM": ("olmo2", {}),

@@ -1,8 +1,10 @@
 """Cross-encoder checkpoints: a model whose pooled final hidden state is scored by a head.
 
 Three layouts, read from config.json as vLLM reads them:
-- `*ForSequenceClassification` of a bidirectional encoder (BERT, RoBERTa, XLM-R): the encoder's own head on its
-  first token (engine/model/models/bert.py builds it: BERT's pooler and classifier, RoBERTa's classification head);
+- `*ForSequenceClassification` of a bidirectional encoder (BERT, RoBERTa, XLM-R, ModernBERT): the encoder's own head
+  on its first token (engine/model/models/bert.py builds it: BERT's pooler and classifier, RoBERTa's classification
+  head), or ModernBERT's on its first token or the mean of its tokens, as `classifier_pooling` says
+  (engine/model/models/modernbert.py: `head` and `classifier`);
 - `*ForSequenceClassification` of a decoder family the engine runs (Llama, Qwen3): the decoder plus `score.weight`
   `[num_labels, hidden]`, no bias, read at the last token (transformers pools the last non-pad token; a request
   here has no padding);
@@ -34,11 +36,15 @@ ENCODER_CLASSIFIERS = (
     "BertForSequenceClassification",
     "RobertaForSequenceClassification",
     "XLMRobertaForSequenceClassification",
+    "ModernBertForSequenceClassification",
 )
+# ModernBERT's `classifier_pooling`: what its head reads (the first token's final hidden state, or the tokens' mean)
+MODERNBERT_POOLING = ("cls", "mean")
 # The classifier architectures served (engine/model/models registers each on its family's class).
 CLASSIFIERS = ("LlamaForSequenceClassification", "Qwen3ForSequenceClassification", *ENCODER_CLASSIFIERS)
 # Bidirectional encoders: the ones engine/model/models runs (ENCODER_MODELS: bert.py, modernbert.py, nomic_bert.py)
-# embed, bert.py's classifiers score; any other is refused by name (masked-LM and other heads, families not built yet).
+# embed, bert.py's and modernbert.py's classifiers score; any other is refused by name (masked-LM and other heads,
+# families not built yet).
 ENCODER_MODELS = ("BertModel", "RobertaModel", "XLMRobertaModel", "ModernBertModel", "NomicBertModel")
 ENCODERS = (
     "Bert",
@@ -66,16 +72,18 @@ ACTIVATIONS = {
 ScoreHead = Callable[[torch.Tensor], torch.Tensor]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Classifier:
     """How a cross-encoder scores: its head's source ("score": the checkpoint's score.weight; "tokens": rows of
     lm_head, the first subtracted from the second; "encoder": an encoder family's own head), how many labels it
-    gives and their activation ("classify": vLLM's default, or one of ACTIVATIONS' values)."""
+    gives and their activation ("classify": vLLM's default, or one of ACTIVATIONS' values); pooling: the token its
+    head reads (None: a decoder's last, an encoder's first) or "mean" (ModernBERT's classifier_pooling)."""
 
     source: str
     num_labels: int
     tokens: tuple[str, ...] = ()
     activation: str = "classify"
+    pooling: str | None = None
 
 
 def refuse_encoder(architecture: str) -> None:
@@ -120,14 +128,14 @@ def read_classifier(config: dict, shapes: dict[str, tuple[int, ...]]) -> Classif
             raise UnsupportedModel(
                 "a Qwen3-Reranker checkpoint (classifier_from_token) holds an lm_head, not score.weight", param="model"
             )
-        return Classifier("tokens", 1, tuple(tokens), activation)
+        return Classifier(source="tokens", num_labels=1, tokens=tuple(tokens), activation=activation)
     if "score.weight" not in shapes:
         raise UnsupportedModel(f"{architecture} checkpoint lacks score.weight", param="model")
     labels = shapes["score.weight"][0]
     named = config.get("num_labels") or len(config.get("id2label") or {}) or labels
     if named != labels:
         raise UnsupportedModel(f"config.json gives {named} labels, score.weight has {labels}", param="model")
-    return Classifier("score", labels, activation=activation)
+    return Classifier(source="score", num_labels=labels, activation=activation)
 
 
 def read_activation(config: dict) -> str:
@@ -148,9 +156,15 @@ def read_activation(config: dict) -> str:
 def _encoder_classifier(
     architecture: str, config: dict, shapes: dict[str, tuple[int, ...]], activation: str
 ) -> Classifier:
-    # BERT: the pooler's dense and `classifier`; RoBERTa / XLM-R: `classifier.dense` and `classifier.out_proj`
-    bert = architecture.startswith("Bert")
-    needed = ("bert.pooler.dense.weight", "classifier.weight") if bert else ("classifier.out_proj.weight",)
+    # BERT: the pooler's dense and `classifier`; RoBERTa / XLM-R: `classifier.dense` and `classifier.out_proj`;
+    # ModernBERT: `head.dense` and `classifier` (under model. or not)
+    if architecture.startswith("ModernBert"):
+        shapes = {name.removeprefix("model."): shape for name, shape in shapes.items()}
+        needed: tuple[str, ...] = ("head.dense.weight", "classifier.weight")
+    elif architecture.startswith("Bert"):
+        needed = ("bert.pooler.dense.weight", "classifier.weight")
+    else:
+        needed = ("classifier.out_proj.weight",)
     missing = [name for name in needed if name not in shapes]
     if missing:
         raise UnsupportedModel(f"{architecture} checkpoint lacks {', '.join(missing)}", param="model")
@@ -158,7 +172,14 @@ def _encoder_classifier(
     named = len(config.get("id2label") or {}) or config.get("num_labels") or labels
     if named != labels:
         raise UnsupportedModel(f"config.json gives {named} labels, {needed[-1]} has {labels}", param="model")
-    return Classifier("encoder", labels, activation=activation)
+    pooling = None
+    if architecture.startswith("ModernBert"):
+        pooling = config.get("classifier_pooling", "cls")
+        if pooling not in MODERNBERT_POOLING:
+            raise UnsupportedModel(
+                f"classifier_pooling {pooling!r} is not supported ({', '.join(MODERNBERT_POOLING)})", param="model"
+            )
+    return Classifier(source="encoder", num_labels=labels, activation=activation, pooling=pooling)
 
 
 def attach_score(model: nn.Module, classifier: Classifier | None, hidden_size: int) -> None:

@@ -82,9 +82,9 @@ def start_spec(
 
 def _pooling(model_path: str, config: dict, classifier: Classifier | None, encoder: bool) -> PoolingConfig:
     # A cross-encoder scores its last token's hidden state as it is (its head reads it unnormalised); an encoder's
-    # its first token's, the whole prompt run at once.
+    # its first token's (ModernBERT's: or the tokens' mean, its classifier_pooling), the whole prompt run at once.
     if classifier is not None:
-        method = "cls" if encoder else "last"
+        method = classifier.pooling or ("cls" if encoder else "last")
         return PoolingConfig(method=method, normalize=False, source="classifier", whole_prompt=encoder)
     return replace(read_pooling(model_path, config), whole_prompt=encoder)
 

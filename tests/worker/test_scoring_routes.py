@@ -1,7 +1,8 @@
 """/v1/score, /v1/rerank and /v2/rerank through the local endpoint (httpx: the OpenAI SDK has no rerank) and as
 RunPod jobs, on tiny random cross-encoders baked by the builder: a Qwen3ForSequenceClassification, Qwen3-Reranker's
-yes/no layout, and the encoders' BertForSequenceClassification and XLMRobertaForSequenceClassification. Scores equal
-transformers' for the same pairs (tokenized as `tokenizer(text, text_pair)`, BERT's with its token_type_ids); bad
+yes/no layout, and the encoders' BertForSequenceClassification, XLMRobertaForSequenceClassification and
+ModernBertForSequenceClassification (mean pooling, pairs past its local window). Scores equal transformers' for the
+same pairs (tokenized as `tokenizer(text, text_pair)`, BERT's with its token_type_ids); bad
 input, a pair past the model's length, score on a chat model and chat on a cross-encoder are clear errors."""
 
 from __future__ import annotations

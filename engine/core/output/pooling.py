@@ -61,10 +61,11 @@ def fold(
 
 def finish(acc: torch.Tensor, params: PoolingParams, total: int) -> list[float]:
     """The embedding: the mean taken, shortened to `dimensions`, then normalised when the model normalises; or a
-    cross-encoder's label scores, its head applied to the pooled token's hidden state (a decoder's last, an
-    encoder's first)."""
+    cross-encoder's label scores, its head applied to the pooled hidden state (a decoder's last token's, an
+    encoder's first token's or, ModernBERT's mean pooling, the tokens' mean)."""
     if params.head is not None:
-        logits = params.head(acc.float())
+        pooled = acc / total if params.config.method == "mean" else acc
+        logits = params.head(pooled.float())
         return (activate(logits, params.label_activation) if params.activation else logits).tolist()
     vector = acc / total if params.config.method == "mean" else acc
     if params.dimensions is not None:

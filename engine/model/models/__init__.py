@@ -32,6 +32,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "BertForSequenceClassification": ("engine.model.models.bert", "BertModel"),
     "RobertaForSequenceClassification": ("engine.model.models.bert", "BertModel"),
     "XLMRobertaForSequenceClassification": ("engine.model.models.bert", "BertModel"),
+    "ModernBertForSequenceClassification": ("engine.model.models.modernbert", "ModernBertModel"),
     "DeepseekV2ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("engine.model.models.deepseek_v2", "DeepseekV3ForCausalLM"),
     "Ernie4_5ForCausalLM": ("engine.model.models.llama", "LlamaForCausalLM"),

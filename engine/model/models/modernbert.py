@@ -1,6 +1,9 @@
 """ModernBERT encoders (ModernBertModel: ModernBERT-base, modernbert-embed, gte-modernbert): rotary positions, pre-norm
 layers whose attention is global on every global_attn_every_n_layers-th layer (from the first) and a local sliding
-window on the others, a GeGLU MLP, LayerNorms and linears without biases unless the config says. Embeddings only.
+window on the others, a GeGLU MLP, LayerNorms and linears without biases unless the config says. ModernBertModel
+embeds; its ModernBertForSequenceClassification cross-encoder (gte-reranker-modernbert-base) scores a text pair with
+transformers' head (ClassificationHead) on the final norm's output pooled as `classifier_pooling` says (the first
+token, or the tokens' mean: engine/model/classifier.py reads it).
 
 A local layer's window is transformers' count: `local_attention` tokens in all, half on each side, so a row sees the
 rows at most local_attention // 2 positions away; its rotary base is local_rope_theta, a global layer's
@@ -35,6 +38,12 @@ LAYER_NAMES = {
 }
 # A masked-LM or classifier checkpoint's heads, which embeddings never read
 SKIPPED = ("head.", "decoder.", "classifier.")
+# A cross-encoder's head: the hub's names -> ours (its prediction head's dense and norm, then `classifier`)
+CLASSIFIER_HEAD = {
+    "head.dense.": "classification_head.dense.",
+    "head.norm.": "classification_head.norm.",
+    "classifier.": "classification_head.out_proj.",
+}
 ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -53,6 +62,9 @@ class ModernBertArgs(DecoderShape):
     attention_bias: bool
     mlp_bias: bool
     hidden_activation: str
+    num_labels: int = 0  # a cross-encoder's labels (0: an embedding model, no head)
+    classifier_activation: str = "gelu"
+    classifier_bias: bool = False
 
 
 def read_rope_thetas(config: dict) -> tuple[float, float]:
@@ -89,16 +101,19 @@ class ModernBertModel(nn.Module):
             [ModernBertLayer(args, first=i == 0, window=window) for i, window in enumerate(args.windows)]
         )
         self.final_norm = nn.LayerNorm(hidden, eps=eps, bias=args.norm_bias)
+        if args.num_labels:
+            self.classification_head = ClassificationHead(args)
         self.global_rotary: RotaryEmbedding | None = None  # built by init_rotary() once the weights are placed
         self.local_rotary: RotaryEmbedding | None = None
 
     @classmethod
     def read_args(cls, config: dict, names: set[str]) -> ModernBertArgs:
         act = config.get("hidden_activation", "gelu")
-        if act not in ACTIVATIONS:
-            raise UnsupportedModel(
-                f"hidden_activation {act!r} is not supported ({', '.join(ACTIVATIONS)})", param="model"
-            )
+        head_act = config.get("classifier_activation", "gelu")
+        for key, value in (("hidden_activation", act), ("classifier_activation", head_act)):
+            if value not in ACTIVATIONS:
+                raise UnsupportedModel(f"{key} {value!r} is not supported ({', '.join(ACTIVATIONS)})", param="model")
+        scores = config["architectures"][0].endswith("ForSequenceClassification")
         layers = config["num_hidden_layers"]
         every = config.get("global_attn_every_n_layers", 3)
         kinds = config.get("layer_types") or [
@@ -118,11 +133,18 @@ class ModernBertModel(nn.Module):
             attention_bias=config.get("attention_bias", False),
             mlp_bias=config.get("mlp_bias", False),
             hidden_activation=act,
+            # transformers' default: 2
+            num_labels=(len(config.get("id2label") or {}) or config.get("num_labels") or 2) if scores else 0,
+            classifier_activation=head_act,
+            classifier_bias=config.get("classifier_bias", False),
         )
 
-    @staticmethod
-    def checkpoint_name(name: str) -> str | None:
+    def checkpoint_name(self, name: str) -> str | None:
         name = name.removeprefix("model.")  # a masked-LM or classifier checkpoint holds the encoder under model.
+        if self.args.num_labels:
+            head = next((hub for hub in CLASSIFIER_HEAD if name.startswith(hub)), None)
+            if head is not None:
+                return CLASSIFIER_HEAD[head] + name.removeprefix(head)
         if name.startswith(SKIPPED):
             return None
         if name.startswith("embeddings."):
@@ -177,6 +199,25 @@ class ModernBertModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
         raise RuntimeError("an encoder has no vocabulary head: it embeds and never samples")
+
+
+class ClassificationHead(nn.Module):
+    """A cross-encoder's head on its pooled final hidden state: transformers' prediction head (dense, activation,
+    LayerNorm), then out_proj (its `classifier`) to the labels; the dropout between them is off at inference."""
+
+    def __init__(self, args: ModernBertArgs) -> None:
+        super().__init__()
+        hidden = args.hidden_size
+        self.dense = nn.Linear(hidden, hidden, bias=args.classifier_bias)
+        self.act = ACTIVATIONS[args.classifier_activation]
+        self.norm = nn.LayerNorm(hidden, eps=args.rms_norm_eps, bias=args.norm_bias)
+        self.out_proj = nn.Linear(hidden, args.num_labels)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        """The labels' logits (float32) for one pooled hidden state [hidden]."""
+        # NOTE: the bias gives the serving dtype: a CPU bf16 model's linears are packed and hold no `weight`
+        x = pooled.to(self.out_proj.bias.dtype).unsqueeze(0)
+        return self.out_proj(self.norm(self.act(self.dense(x))))[0].float()
 
 
 class ModernBertLayer(nn.Module):

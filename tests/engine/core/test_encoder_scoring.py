@@ -1,7 +1,8 @@
-"""Encoder cross-encoders in the engine (Bert-, Roberta- and XLMRobertaForSequenceClassification, tiny random float32
-configs): the head on the first token gives transformers' logits for the same text pairs, batched as
-alone, BERT reading the pair's token_type_ids; the activation is the one config.json names, as vLLM reads it; a pair
-past the model's length is refused, never truncated; a checkpoint the engine cannot score fails in one line."""
+"""Encoder cross-encoders in the engine (Bert-, Roberta-, XLMRoberta- and ModernBertForSequenceClassification, tiny
+random float32 configs): the head on the first token (ModernBERT's: or the tokens' mean, its classifier_pooling) gives
+transformers' logits for the same text pairs, batched as alone, BERT reading the pair's token_type_ids; the activation
+is the one config.json names, as vLLM reads it; a pair past the model's length is refused, never truncated; a
+checkpoint the engine cannot score fails in one line."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ PAIRS = [
 ]
 
 
-@pytest.fixture(scope="module", params=[*ENCODER_KINDS, "roberta"])
+@pytest.fixture(scope="module", params=[*ENCODER_KINDS, "roberta", "modernbert"])
 def scorer(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     hf = build_encoder_cross_encoder(request.param, folder)
@@ -67,9 +68,10 @@ def test_scores_equal_transformers_batched_and_alone(scorer) -> None:
     engine = engine_for(folder)
     assert engine.spec.architecture == type(hf).__name__ and engine.spec.classifier.source == "encoder"
     assert engine.spec.classifier.num_labels == 1
-    assert engine.spec.pooling.method == "cls" and engine.spec.pooling.whole_prompt
+    pooling = "mean" if kind == "modernbert-mean" else "cls"
+    assert engine.spec.pooling.method == pooling and engine.spec.pooling.whole_prompt
     pairs = {str(i): encode_pair(folder, a, b) for i, (a, b) in enumerate(PAIRS)}
-    if kind != "bert":  # RoBERTa's pair template: </s></s> between the texts
+    if kind in ("roberta", "xlm-roberta"):  # RoBERTa's pair template: </s></s> between the texts
         ids = pairs["1"][0]
         assert ids[ids.index(102) + 1] == 102
     batched = score_all(engine, pairs)
@@ -84,13 +86,15 @@ def test_scores_equal_transformers_batched_and_alone(scorer) -> None:
 
 
 def test_bfloat16_on_the_cpu_scores_close_to_float32(scorer) -> None:
-    """bf16 linears are packed for oneDNN on a CPU, the head's among them."""
-    _, folder, _ = scorer
+    """bf16 linears are packed for oneDNN on a CPU, the head's among them. ModernBERT's three pre-norm layers round
+    more (transformers' own bf16 scores of these pairs are up to 0.013 from its float32 ones)."""
+    kind, folder, _ = scorer
     pairs = {str(i): encode_pair(folder, a, b) for i, (a, b) in enumerate(PAIRS)}
     exact = score_all(engine_for(folder), pairs)
     rounded = score_all(make_engine(folder, max_num_batched_tokens=130, max_num_seqs=8, dtype="bfloat16"), pairs)
+    atol = 0.03 if kind.startswith("modernbert") else 0.02
     for rid in pairs:
-        torch.testing.assert_close(torch.tensor(rounded[rid]), torch.tensor(exact[rid]), atol=0.02, rtol=0)
+        torch.testing.assert_close(torch.tensor(rounded[rid]), torch.tensor(exact[rid]), atol=atol, rtol=0)
 
 
 def test_bert_reads_the_pairs_token_type_ids(scorer) -> None:
@@ -101,7 +105,7 @@ def test_bert_reads_the_pairs_token_type_ids(scorer) -> None:
     without = score_all(engine, {"z": (ids, [0] * len(ids))})["z"]
     if kind == "bert":
         assert set(types) == {0, 1} and with_types != without
-    else:  # RoBERTa's and XLM-R's tokenizers give none, and their models read none
+    else:  # RoBERTa's, XLM-R's and ModernBERT's tokenizers give none, and their models read none
         assert with_types == without
 
 
@@ -199,7 +203,7 @@ def _rewrite(folder, **keys) -> None:
     ("keys", "words"),
     [
         ({"architectures": ["DistilBertForSequenceClassification"]}, "bidirectional encoder (BERT-like)"),
-        ({"architectures": ["ModernBertForSequenceClassification"]}, "bidirectional encoder (BERT-like)"),
+        ({"architectures": ["ElectraForSequenceClassification"]}, "bidirectional encoder (BERT-like)"),
         ({"sbert_ce_default_activation_function": "torch.nn.modules.activation.GELU"}, "activation"),
         ({"id2label": {"0": "a", "1": "b"}}, "config.json gives 2 labels, classifier.weight has 1"),
     ],
@@ -208,6 +212,59 @@ def test_checkpoints_the_engine_cannot_score_fail_in_one_line(tmp_path, keys, wo
     from engine.model.folder_check import check_model_folder
 
     build_encoder_cross_encoder("bert", tmp_path)
+    _rewrite(tmp_path, **keys)
+    with pytest.raises(UnsupportedModel) as err:
+        check_model_folder(tmp_path)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_modernbert_pooling_its_first_token_or_the_mean_scores_apart(tmp_path) -> None:
+    """The same weights scored by the first token and by the mean give transformers' two scores, which differ."""
+    got, want = {}, {}
+    for kind in ("modernbert", "modernbert-mean"):
+        hf = build_encoder_cross_encoder(kind, tmp_path / kind)
+        ids, types = encode_pair(tmp_path / kind, *PAIRS[3])  # 60 words: past the local window of 8 either side
+        assert len(ids) > 16
+        got[kind] = score_all(engine_for(tmp_path / kind), {"a": (ids, types)}, activation=False)["a"]
+        want[kind] = encoder_reference_logits(hf, kind, ids, types)
+        torch.testing.assert_close(torch.tensor(got[kind]), want[kind], atol=ATOL, rtol=0)
+    assert abs(got["modernbert"][0] - got["modernbert-mean"][0]) > 1e-3
+
+
+def test_modernbert_head_with_biases_a_tanh_gelu_and_weights_without_the_model_prefix(tmp_path) -> None:
+    """classifier_bias, norm_bias and classifier_activation as config.json sets them; a folder whose encoder tensors
+    lack `model.` (as some exports save them) loads the same."""
+    from safetensors.torch import load_file, save_file
+
+    keys = dict(classifier_bias=True, norm_bias=True, classifier_activation="gelu_pytorch_tanh", num_labels=3)
+    hf = build_encoder_cross_encoder("modernbert-mean", tmp_path, **keys)
+    weights = load_file(tmp_path / "model.safetensors")
+    assert "head.dense.bias" in weights and "head.norm.bias" in weights
+    save_file(
+        {name.removeprefix("model."): w for name, w in weights.items()},
+        tmp_path / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    engine = engine_for(tmp_path)
+    assert engine.spec.classifier.num_labels == 3
+    for a, b in PAIRS:
+        ids, types = encode_pair(tmp_path, a, b)
+        got = score_all(engine, {"a": (ids, types)})["a"]
+        want = torch.softmax(encoder_reference_logits(hf, "modernbert-mean", ids, types), dim=-1)
+        torch.testing.assert_close(torch.tensor(got), want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("keys", "words"),
+    [
+        ({"classifier_pooling": "max"}, "classifier_pooling 'max' is not supported"),
+        ({"classifier_activation": "relu"}, "classifier_activation 'relu' is not supported"),
+    ],
+)
+def test_modernbert_heads_the_engine_cannot_run_fail_in_one_line(tmp_path, keys, words) -> None:
+    from engine.model.folder_check import check_model_folder
+
+    build_encoder_cross_encoder("modernbert", tmp_path)
     _rewrite(tmp_path, **keys)
     with pytest.raises(UnsupportedModel) as err:
         check_model_folder(tmp_path)
