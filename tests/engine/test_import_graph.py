@@ -78,12 +78,13 @@ ARROWS: dict[str, set[str]] = {
 }
 ENGINE_PACKAGES = ("core", "model", "attention", "sample", "text", "image", "cuda")
 FAMILIES = "engine.model.models."
-# Family files and what they build on: models/base.py, models/moe_base.py, models/mtp_base.py and
-# models/mamba2_base.py (the Mamba2 / attention hybrids' bookkeeping), the blocks of layers/, and no other family's
+# Family files and what they build on: models/base.py, models/encoder_base.py, models/moe_base.py, models/mtp_base.py
+# and models/mamba2_base.py (the Mamba2 / attention hybrids' bookkeeping), the blocks of layers/, and no other family's
 # file but these (family -> family files it extends, with why).
 SHARED_MODEL_FILES = {
     "engine.model.models",
     "engine.model.models.base",
+    "engine.model.models.encoder_base",
     "engine.model.models.mamba2_base",
     "engine.model.models.moe_base",
     "engine.model.models.mtp_base",

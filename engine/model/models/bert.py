@@ -20,9 +20,9 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import UnsupportedModel
-from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.encoder_attention import attend_within_sequences
 from engine.model.models.base import DecoderShape
+from engine.model.models.encoder_base import EncoderModel
 
 # The hub's names of a layer's tensors -> ours (layers.N.<ours>)
 LAYER_NAMES = {
@@ -59,17 +59,11 @@ class BertArgs(DecoderShape):
     roberta: bool = False  # RoBERTa / XLM-R: its own head names, and no token_type_ids (their tokenizers give none)
 
 
-class BertModel(nn.Module):
+class BertModel(EncoderModel):
     """A bidirectional encoder whose final hidden states are pooled into embeddings; it never generates."""
 
-    encoder = True
-
     def __init__(self, args: BertArgs) -> None:
-        super().__init__()
-        self.args = args
-        self.lora = None
-        self.fused_kernels = False
-        self.lm_head = None  # no vocabulary head: the loader finds none to keep
+        super().__init__(args)
         hidden = args.hidden_size
         self.word_embeddings = nn.Embedding(args.vocab_size, hidden)
         self.position_embeddings = nn.Embedding(args.position_rows, hidden)
@@ -124,19 +118,6 @@ class BertModel(nn.Module):
                 return f"layers.{index}.{LAYER_NAMES[module]}.{param}"
         return name
 
-    def kv_groups(self, config: dict) -> list[KVGroupSpec]:
-        # NOTE: the scheduler counts a prompt's tokens in pages; the smallest group (one layer, one KV head) keeps
-        # that bookkeeping while the pages, never written, take next to no memory.
-        return [KVGroupSpec(layers=(0,), num_kv_heads=1, head_dim=self.args.head_dim)]
-
-    def init_rotary(
-        self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
-    ) -> None:
-        pass  # absolute position embeddings: no rotary tables
-
-    def tie_weights(self) -> None:
-        pass  # no vocabulary head to tie
-
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -159,9 +140,6 @@ class BertModel(nn.Module):
         for layer in self.layers:
             x = layer(x, bounds)
         return x
-
-    def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
-        raise RuntimeError("an encoder has no vocabulary head: it embeds and never samples")
 
 
 class ClassificationHead(nn.Module):

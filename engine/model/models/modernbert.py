@@ -22,10 +22,10 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import UnsupportedModel
-from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.encoder_attention import attend_within_sequences
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
 from engine.model.models.base import DecoderShape
+from engine.model.models.encoder_base import EncoderModel
 
 # The hub's names of a layer's tensors -> ours (layers.N.<ours>)
 LAYER_NAMES = {
@@ -83,17 +83,11 @@ def read_rope_thetas(config: dict) -> tuple[float, float]:
     return float(global_theta), float(local_theta)
 
 
-class ModernBertModel(nn.Module):
+class ModernBertModel(EncoderModel):
     """A bidirectional encoder whose final hidden states are pooled into embeddings; it never generates."""
 
-    encoder = True
-
     def __init__(self, args: ModernBertArgs) -> None:
-        super().__init__()
-        self.args = args
-        self.lora = None
-        self.fused_kernels = False
-        self.lm_head = None  # no vocabulary head: the loader finds none to keep
+        super().__init__(args)
         hidden, eps = args.hidden_size, args.rms_norm_eps
         self.embed_tokens = nn.Embedding(args.vocab_size, hidden)
         self.embed_norm = nn.LayerNorm(hidden, eps=eps, bias=args.norm_bias)
@@ -156,10 +150,6 @@ class ModernBertModel(nn.Module):
                 return f"layers.{index}.{LAYER_NAMES[module]}.{param}"
         return name
 
-    def kv_groups(self, config: dict) -> list[KVGroupSpec]:
-        # NOTE: as BERT's: the smallest group keeps the scheduler's page bookkeeping; its pages are never written.
-        return [KVGroupSpec(layers=(0,), num_kv_heads=1, head_dim=self.args.head_dim)]
-
     def init_rotary(
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
     ) -> None:
@@ -177,9 +167,6 @@ class ModernBertModel(nn.Module):
             for theta in (a.global_rope_theta, a.local_rope_theta)
         )
 
-    def tie_weights(self) -> None:
-        pass  # no vocabulary head to tie
-
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -196,9 +183,6 @@ class ModernBertModel(nn.Module):
         for layer in self.layers:
             x = layer(x, bounds, global_rotary if layer.window is None else local_rotary)
         return self.final_norm(x)
-
-    def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
-        raise RuntimeError("an encoder has no vocabulary head: it embeds and never samples")
 
 
 class ClassificationHead(nn.Module):

@@ -17,12 +17,12 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import UnsupportedModel
-from engine.model.kv_spec import KVGroupSpec
 from engine.model.layers.activation import silu_and_mul
 from engine.model.layers.encoder_attention import attend_within_sequences
 from engine.model.layers.linear import FusedLinear
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_, rope_parameters
 from engine.model.models.base import DecoderShape
+from engine.model.models.encoder_base import EncoderModel
 
 # The remote-code config's keys -> transformers'
 REMOTE_KEYS = {
@@ -101,17 +101,11 @@ def transformers_config(config: dict) -> dict:
     return renamed
 
 
-class NomicBertModel(nn.Module):
+class NomicBertModel(EncoderModel):
     """A bidirectional encoder whose final hidden states are pooled into embeddings; it never generates."""
 
-    encoder = True
-
     def __init__(self, args: NomicBertArgs) -> None:
-        super().__init__()
-        self.args = args
-        self.lora = None
-        self.fused_kernels = False
-        self.lm_head = None  # no vocabulary head: the loader finds none to keep
+        super().__init__(args)
         hidden = args.hidden_size
         self.word_embeddings = nn.Embedding(args.vocab_size, hidden)
         self.token_type_embeddings = nn.Embedding(args.type_vocab_size, hidden)
@@ -146,10 +140,6 @@ class NomicBertModel(nn.Module):
                 return f"layers.{index}.{LAYER_NAMES[module]}.{param}"
         return name
 
-    def kv_groups(self, config: dict) -> list[KVGroupSpec]:
-        # NOTE: as BERT's: the smallest group keeps the scheduler's page bookkeeping; its pages are never written.
-        return [KVGroupSpec(layers=(0,), num_kv_heads=1, head_dim=self.args.head_dim)]
-
     def init_rotary(
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
     ) -> None:
@@ -162,9 +152,6 @@ class NomicBertModel(nn.Module):
             dtype=dtype,
             device=device,
         )
-
-    def tie_weights(self) -> None:
-        pass  # no vocabulary head to tie
 
     def forward(
         self,
@@ -183,9 +170,6 @@ class NomicBertModel(nn.Module):
         for layer in self.layers:
             x = layer(x, bounds, rotary)
         return x
-
-    def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
-        raise RuntimeError("an encoder has no vocabulary head: it embeds and never samples")
 
 
 class NomicBertLayer(nn.Module):
