@@ -22,7 +22,7 @@ from engine.attention.base import AttentionBackend, AttentionMetadata
 from engine.errors import UnsupportedModel
 from engine.model.layers.encoder_attention import attend_within_sequences
 from engine.model.models.base import DecoderShape
-from engine.model.models.encoder_base import EncoderModel
+from engine.model.models.encoder_base import EncoderModel, head_name, layer_name
 
 # The hub's names of a layer's tensors -> ours (layers.N.<ours>)
 LAYER_NAMES = {
@@ -103,20 +103,14 @@ class BertModel(EncoderModel):
         for prefix in ("bert.", "roberta."):
             name = name.removeprefix(prefix)
         if self.args.num_labels:
-            head_names = ROBERTA_HEAD if self.args.roberta else BERT_HEAD
-            head = next((hub for hub in head_names if name.startswith(hub)), None)
+            head = head_name(name, ROBERTA_HEAD if self.args.roberta else BERT_HEAD)
             if head is not None:
-                return head_names[head] + name.removeprefix(head)
+                return head
         if name.startswith(SKIPPED):
             return None
         if name.startswith("embeddings."):
             return name.removeprefix("embeddings.").replace("LayerNorm", "embed_norm")
-        if name.startswith("encoder.layer."):
-            index, rest = name.removeprefix("encoder.layer.").split(".", 1)
-            module, param = rest.rsplit(".", 1)
-            if module in LAYER_NAMES:
-                return f"layers.{index}.{LAYER_NAMES[module]}.{param}"
-        return name
+        return layer_name(name, "encoder.layer.", LAYER_NAMES) or name
 
     def forward(
         self,

@@ -1,6 +1,6 @@
 """What every bidirectional encoder family (bert.py, modernbert.py, nomic_bert.py) shares: it embeds or scores and
 never samples, so it has no vocabulary head, no LoRA slot and no fused decoder kernels, and its KV group exists only
-for the scheduler's page bookkeeping."""
+for the scheduler's page bookkeeping; and the renaming of their hub tensor names that they all do (heads, layers)."""
 
 from __future__ import annotations
 
@@ -39,3 +39,20 @@ class EncoderModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, exact_rows: torch.Tensor | None = None) -> torch.Tensor:
         raise RuntimeError("an encoder has no vocabulary head: it embeds or scores and never samples")
+
+
+def head_name(name: str, heads: dict[str, str]) -> str | None:
+    """A head's hub tensor name under ours: the first of `heads`' hub prefixes it starts with, replaced; None when
+    it is no head's."""
+    hub = next((prefix for prefix in heads if name.startswith(prefix)), None)
+    return None if hub is None else heads[hub] + name.removeprefix(hub)
+
+
+def layer_name(name: str, prefix: str, modules: dict[str, str]) -> str | None:
+    """`<prefix>N.<module>.<param>` as `layers.N.<ours>.<param>` for a module of `modules` (hub -> ours); None for
+    any other name."""
+    if not name.startswith(prefix):
+        return None
+    index, rest = name.removeprefix(prefix).split(".", 1)
+    module, param = rest.rsplit(".", 1)
+    return f"layers.{index}.{modules[module]}.{param}" if module in modules else None

@@ -25,7 +25,7 @@ from engine.errors import UnsupportedModel
 from engine.model.layers.encoder_attention import attend_within_sequences
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_
 from engine.model.models.base import DecoderShape
-from engine.model.models.encoder_base import EncoderModel
+from engine.model.models.encoder_base import EncoderModel, head_name, layer_name
 
 # The hub's names of a layer's tensors -> ours (layers.N.<ours>)
 LAYER_NAMES = {
@@ -136,19 +136,14 @@ class ModernBertModel(EncoderModel):
     def checkpoint_name(self, name: str) -> str | None:
         name = name.removeprefix("model.")  # a masked-LM or classifier checkpoint holds the encoder under model.
         if self.args.num_labels:
-            head = next((hub for hub in CLASSIFIER_HEAD if name.startswith(hub)), None)
+            head = head_name(name, CLASSIFIER_HEAD)
             if head is not None:
-                return CLASSIFIER_HEAD[head] + name.removeprefix(head)
+                return head
         if name.startswith(SKIPPED):
             return None
         if name.startswith("embeddings."):
             return name.replace("embeddings.tok_embeddings", "embed_tokens").replace("embeddings.norm", "embed_norm")
-        if name.startswith("layers."):
-            index, rest = name.removeprefix("layers.").split(".", 1)
-            module, param = rest.rsplit(".", 1)
-            if module in LAYER_NAMES:
-                return f"layers.{index}.{LAYER_NAMES[module]}.{param}"
-        return name
+        return layer_name(name, "layers.", LAYER_NAMES) or name
 
     def init_rotary(
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None

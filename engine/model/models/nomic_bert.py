@@ -22,7 +22,7 @@ from engine.model.layers.encoder_attention import attend_within_sequences
 from engine.model.layers.linear import FusedLinear
 from engine.model.layers.rotary import RotaryEmbedding, apply_rotary_, rope_parameters
 from engine.model.models.base import DecoderShape
-from engine.model.models.encoder_base import EncoderModel
+from engine.model.models.encoder_base import EncoderModel, layer_name
 
 # The remote-code config's keys -> transformers'
 REMOTE_KEYS = {
@@ -133,12 +133,7 @@ class NomicBertModel(EncoderModel):
         if name.startswith("embeddings."):
             return name.removeprefix("embeddings.").replace("LayerNorm", "embed_norm")
         name = name.removeprefix("encoder.")
-        if name.startswith("layers."):
-            index, rest = name.removeprefix("layers.").split(".", 1)
-            module, param = rest.rsplit(".", 1)
-            if module in LAYER_NAMES:
-                return f"layers.{index}.{LAYER_NAMES[module]}.{param}"
-        return name
+        return layer_name(name, "layers.", LAYER_NAMES) or name
 
     def init_rotary(
         self, max_positions: int, dtype: torch.dtype, device: torch.device, fused: bool | None = None
